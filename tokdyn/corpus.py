@@ -1,0 +1,209 @@
+"""Text sources: where documents come from before they are tokenized.
+
+A :class:`Document` is the unit of the train/probe split: a whole file, a JSON line, or a
+stretch of a pre-tokenized stream. Its ``key`` is stable across machines (a relative path, a
+line number), so the split it drives is deterministic.
+
+Sources:
+
+- :func:`stdlib_documents`: the embedded default, the Python standard library's own ``.py``
+  files (real text every Python install carries); domain = top-level module or package.
+- :func:`text_documents`: a text file or a folder of them; domain = first sub-folder.
+- :func:`jsonl_documents`: JSON lines with a text field (and optionally a domain field).
+- :func:`bin_documents`: a nanoGPT-style pre-tokenized ``.bin`` array (uint16 by default),
+  cut into documents at an end-of-text id or into fixed-size pieces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+
+__all__ = [
+    "Document",
+    "stdlib_documents",
+    "text_documents",
+    "jsonl_documents",
+    "bin_documents",
+    "split_documents",
+]
+
+# Folders of the standard library left out of the default corpus: the test suite is a third of
+# the library and mostly generated-looking fixtures; site-packages is not the standard library.
+_STDLIB_SKIP = frozenset({"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"})
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document: either ``text`` or pre-tokenized ``tokens`` (exactly one is set)."""
+
+    key: str
+    domain: str
+    text: str | None = None
+    tokens: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (self.tokens is None):
+            raise InputError(f"document {self.key!r}: give exactly one of text or tokens")
+
+
+def stdlib_documents(root: str | os.PathLike | None = None, *, include_tests: bool = False) -> list[Document]:
+    """The standard library's own ``.py`` files as documents, in a deterministic order.
+
+    Parameters
+    ----------
+    root : path, optional
+        The standard library folder; defaults to ``sysconfig.get_paths()["stdlib"]``.
+    include_tests : bool
+        Keep ``test``/``tests`` folders (left out by default).
+    """
+    base = Path(root if root is not None else sysconfig.get_paths()["stdlib"])
+    if not base.is_dir():
+        raise InputError(f"standard library folder not found: {base}")
+    skip = _STDLIB_SKIP - ({"test", "tests"} if include_tests else set())
+    docs = []
+    for path in sorted(base.rglob("*.py")):
+        rel = path.relative_to(base)
+        if any(part in skip for part in rel.parts):
+            continue
+        text = _read_text(path)
+        if not text:
+            continue
+        domain = rel.parts[0][:-3] if len(rel.parts) == 1 else rel.parts[0]
+        docs.append(Document(key=rel.as_posix(), domain=domain, text=text))
+    if not docs:
+        raise InputError(f"no .py files found under {base}")
+    return docs
+
+
+def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str = "utf-8") -> list[Document]:
+    """Documents from a text file (one document) or a folder (one document per file).
+
+    Files that are not valid text in ``encoding`` are decoded with replacement characters;
+    empty files are skipped. Domain: the first sub-folder under ``path``, or the file's stem for
+    files directly in it.
+    """
+    p = Path(path)
+    if p.is_file():
+        return [Document(key=p.name, domain=p.stem, text=_read_text(p, encoding))]
+    if not p.is_dir():
+        raise InputError(f"text source not found: {p}")
+    docs = []
+    for f in sorted(x for x in p.rglob(pattern) if x.is_file()):
+        rel = f.relative_to(p)
+        text = _read_text(f, encoding)
+        if text:
+            domain = rel.parts[0] if len(rel.parts) > 1 else f.stem
+            docs.append(Document(key=rel.as_posix(), domain=domain, text=text))
+    if not docs:
+        raise InputError(f"no non-empty files matching {pattern!r} under {p}")
+    return docs
+
+
+def jsonl_documents(
+    path: str | os.PathLike, *, text_field: str = "text", domain_field: str | None = None
+) -> list[Document]:
+    """Documents from a JSON-lines file, one per line with a string ``text_field``."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"JSON lines file not found: {p}")
+    docs = []
+    with open(p, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
+            if not isinstance(rec, dict) or not isinstance(rec.get(text_field), str):
+                raise InputError(f"{p}:{lineno}: expected an object with a string field {text_field!r}")
+            domain = str(rec.get(domain_field, "default")) if domain_field else "default"
+            if rec[text_field]:
+                docs.append(Document(key=f"{p.name}:{lineno}", domain=domain, text=rec[text_field]))
+    if not docs:
+        raise InputError(f"{p}: no documents with a non-empty {text_field!r} field")
+    return docs
+
+
+def bin_documents(
+    path: str | os.PathLike,
+    *,
+    dtype: str = "uint16",
+    eot_id: int | None = None,
+    doc_tokens: int = 4096,
+) -> list[Document]:
+    """Documents from a nanoGPT-style flat token file (``np.memmap`` of ``dtype``).
+
+    With ``eot_id`` the stream is cut at each end-of-text token (a document = the tokens between
+    two of them); otherwise into consecutive pieces of ``doc_tokens`` tokens, so that the split
+    by document still keeps probe text out of training.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"token file not found: {p}")
+    dt = np.dtype(dtype)
+    if dt.kind not in "ui":
+        raise InputError(f"token dtype must be an integer type, got {dtype!r}")
+    if p.stat().st_size % dt.itemsize:
+        raise InputError(f"{p}: size {p.stat().st_size} B is not a multiple of {dt} ({dt.itemsize} B)")
+    arr = np.memmap(p, dtype=dt, mode="r")
+    if arr.size == 0:
+        raise InputError(f"{p}: empty token file")
+    if eot_id is not None:
+        cuts = np.flatnonzero(arr == eot_id)
+        bounds = np.concatenate([[0], cuts + 1, [arr.size]])
+    else:
+        if doc_tokens < 2:
+            raise InputError(f"doc_tokens must be >= 2, got {doc_tokens}")
+        bounds = np.arange(0, arr.size + doc_tokens, doc_tokens).clip(max=arr.size)
+    docs = []
+    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if b - a >= 2:
+            docs.append(Document(key=f"{p.name}@{int(a)}", domain="default", tokens=np.asarray(arr[a:b], dtype=np.int64)))
+    return docs
+
+
+def split_documents(
+    docs: Sequence[Document], *, probe_fraction: float = 0.05, salt: str = "tokdyn"
+) -> tuple[list[Document], list[Document]]:
+    """Deterministic split by document into (train, probe).
+
+    A document goes to the probe side when a hash of ``salt`` and its key falls below
+    ``probe_fraction``: the same key lands on the same side on every machine and for every
+    corpus it appears in, so no probe document is ever trained on.
+    """
+    if not 0.0 < probe_fraction < 1.0:
+        raise InputError(f"probe_fraction must be in (0, 1), got {probe_fraction}")
+    keys = [d.key for d in docs]
+    if len(set(keys)) != len(keys):
+        raise InputError("document keys must be unique to split deterministically")
+    train, probe = [], []
+    for d in docs:
+        h = int.from_bytes(hashlib.sha256(f"{salt}\0{d.key}".encode()).digest()[:8], "big")
+        (probe if h / 2**64 < probe_fraction else train).append(d)
+    if not train or not probe:
+        raise InputError(
+            f"split of {len(docs)} documents with probe_fraction={probe_fraction} left one side empty"
+        )
+    return train, probe
+
+
+def _read_text(path: Path, encoding: str = "utf-8") -> str:
+    return path.read_bytes().decode(encoding, errors="replace")
+
+
+def iter_texts(docs: Iterable[Document]) -> Iterator[str]:
+    """The text of each text document (for training a tokenizer)."""
+    for d in docs:
+        if d.text is not None:
+            yield d.text

@@ -1,0 +1,101 @@
+"""From documents to a training stream and a probe, split by document.
+
+:func:`prepare_corpus` is the one call the pipelines make: read a text source, split its
+documents deterministically into training and probe sides, tokenize, and return the training
+token stream with the probe built from the held-out side.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .corpus import Document, bin_documents, iter_texts, jsonl_documents, split_documents, stdlib_documents, text_documents
+from .errors import InputError
+from .probe import ProbeSet, build_probe
+from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+
+__all__ = ["Corpus", "prepare_corpus", "load_documents", "training_stream", "random_batches"]
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A training stream and the probe held out from it."""
+
+    train_tokens: np.ndarray  # int32 [T]: training documents joined by the end-of-text id
+    probe: ProbeSet
+    tokenizer: Tokenizer
+    n_train_documents: int
+    n_probe_documents: int
+
+
+def load_documents(source: str = "stdlib", *, text_field: str = "text", bin_dtype: str = "uint16", eot_id: int | None = None) -> list[Document]:
+    """Documents from ``source``: ``"stdlib"`` (default), a ``.jsonl`` file, a ``.bin`` token
+    file, or a text file / folder."""
+    if source == "stdlib":
+        return stdlib_documents()
+    if not os.path.exists(source):
+        raise InputError(f"corpus source not found: {source!r} (use 'stdlib', a folder, a text, .jsonl or .bin file)")
+    if source.endswith(".jsonl"):
+        return jsonl_documents(source, text_field=text_field)
+    if source.endswith(".bin"):
+        return bin_documents(source, dtype=bin_dtype, eot_id=eot_id)
+    return text_documents(source)
+
+
+def training_stream(docs: Sequence[Document], tokenizer: Tokenizer) -> np.ndarray:
+    """All documents' tokens joined by ``tokenizer.eot_id``, as int32."""
+    parts = []
+    eot = np.array([tokenizer.eot_id], np.int64)
+    for d in docs:
+        parts.append(d.tokens if d.tokens is not None else tokenizer.encode(d.text))
+        parts.append(eot)
+    if not parts:
+        raise InputError("no training documents")
+    return np.concatenate(parts).astype(np.int32)
+
+
+def prepare_corpus(
+    source: str = "stdlib",
+    *,
+    tokenizer: str | Tokenizer = "byte",
+    vocab_size: int = 1024,
+    context: int = 128,
+    n_probe_sequences: int = 128,
+    probe_fraction: float = 0.05,
+    seed: int = 0,
+) -> Corpus:
+    """Read ``source``, split by document, tokenize, and build the probe.
+
+    ``tokenizer``: ``"byte"``, ``"bpe"`` (a byte-level BPE of ``vocab_size`` trained on the
+    *training* documents only), a path to a ``tokenizer.json``, or a tokenizer object.
+    """
+    docs = load_documents(source)
+    train_docs, probe_docs = split_documents(docs, probe_fraction=probe_fraction)
+    if isinstance(tokenizer, str):
+        if tokenizer == "byte":
+            tok: Tokenizer = ByteTokenizer()
+        elif tokenizer == "bpe":
+            tok = HFTokenizer.train(iter_texts(train_docs), vocab_size=vocab_size)
+        else:
+            tok = HFTokenizer.from_file(tokenizer)
+    else:
+        tok = tokenizer
+    probe = build_probe(probe_docs, tok, context=context, n_sequences=n_probe_sequences, seed=seed)
+    return Corpus(training_stream(train_docs, tok), probe, tok, len(train_docs), len(probe_docs))
+
+
+def random_batches(stream: np.ndarray, *, batch_size: int, context: int, seed: int = 0, device: str | torch.device = "cpu") -> Iterator[torch.Tensor]:
+    """Endless batches ``[batch_size, context + 1]`` of random windows of ``stream``."""
+    if stream.ndim != 1 or stream.size < context + 2:
+        raise InputError(f"training stream of {stream.size} tokens is shorter than one window of {context + 1}")
+    data = torch.from_numpy(stream.astype(np.int64))
+    g = torch.Generator().manual_seed(seed)
+    offs = torch.arange(context + 1)
+    while True:
+        starts = torch.randint(0, data.numel() - context - 1, (batch_size,), generator=g)
+        yield data[starts[:, None] + offs].to(device, non_blocking=True)

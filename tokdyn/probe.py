@@ -1,0 +1,235 @@
+"""Probe sets: the fixed, held-out sequences whose every token's loss tokdyn tracks.
+
+A probe holds token ids ``tokens [S, C+1]``; sequence ``s`` contributes the ``C``
+*contextualized tokens* ``tokens[s, 1:]``, each predicted from the tokens before it (position 0
+has no context and is excluded). Contextualized tokens are numbered row-major: token
+``i = s * C + (p - 1)`` is position ``p`` (1..C) of sequence ``s``. Per token the probe keeps
+``sample_id``, ``token_pos``, ``token_id`` (the target), ``doc_id``, ``doc_pos`` and ``domain``.
+
+A probe imported from a ``losses.npz`` has no token ids (``tokens is None``): it is defined by
+its per-token arrays alone. Either kind has a :attr:`ProbeSet.fingerprint`, a hash of its
+content, stored in every store that uses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from .corpus import Document
+from .errors import InputError
+from .tokenizer import Tokenizer
+
+__all__ = ["ProbeSet", "build_probe"]
+
+_TOKEN_FIELDS = ("sample_id", "token_pos", "token_id", "doc_id", "doc_pos", "domain")
+
+
+@dataclass(frozen=True, eq=False)
+class ProbeSet:
+    """A fixed probe set. Build one with :func:`build_probe` or :meth:`from_tokens`.
+
+    Attributes
+    ----------
+    tokens : int32 [S, C+1] or None
+        Token ids of each probe sequence; None for an index-only (imported) probe.
+    token_arrays : dict of [N] arrays
+        Per contextualized token: ``sample_id``, ``token_pos`` and, where known, ``token_id``,
+        ``doc_id``, ``doc_pos``, ``domain`` (an index into ``domains``) and any extra arrays.
+    domains : tuple of str
+        Domain names, indexed by ``token_arrays["domain"]``.
+    documents : tuple of str
+        Document keys, indexed by ``token_arrays["doc_id"]``.
+    tokenizer : dict
+        The tokenizer's ``spec()``; ``{}`` when unknown.
+    """
+
+    tokens: np.ndarray | None
+    token_arrays: Mapping[str, np.ndarray]
+    domains: tuple[str, ...] = ()
+    documents: tuple[str, ...] = ()
+    tokenizer: Mapping = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        arrays = {k: np.asarray(v) for k, v in self.token_arrays.items()}
+        for name in ("sample_id", "token_pos"):
+            if name not in arrays:
+                raise InputError(f"probe needs a per-token array {name!r}")
+        n = arrays["sample_id"].shape
+        for k, v in arrays.items():
+            if v.ndim != 1 or v.shape != n:
+                raise InputError(f"probe array {k!r} has shape {v.shape}; expected {n} like sample_id")
+            if v.dtype.kind not in "iuf":
+                raise InputError(f"probe array {k!r} has dtype {v.dtype}; expected numbers")
+        if n[0] == 0:
+            raise InputError("probe has no tokens")
+        if self.tokens is not None:
+            t = np.asarray(self.tokens)
+            if t.ndim != 2 or t.shape[1] < 2 or t.dtype.kind not in "iu":
+                raise InputError(f"probe tokens must be integers [S, C+1] with C >= 1, got {t.dtype} {t.shape}")
+            if t.shape[0] * (t.shape[1] - 1) != n[0]:
+                raise InputError(f"probe tokens {t.shape} give {t.shape[0] * (t.shape[1] - 1)} targets, arrays have {n[0]}")
+            object.__setattr__(self, "tokens", t.astype(np.int32, copy=False))
+        object.__setattr__(self, "token_arrays", arrays)
+        object.__setattr__(self, "domains", tuple(self.domains))
+        object.__setattr__(self, "documents", tuple(self.documents))
+        object.__setattr__(self, "tokenizer", dict(self.tokenizer))
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def from_tokens(
+        cls,
+        tokens: np.ndarray,
+        *,
+        doc_id: np.ndarray | None = None,
+        doc_offset: np.ndarray | None = None,
+        domain: np.ndarray | None = None,
+        domains: Sequence[str] = ("default",),
+        documents: Sequence[str] = (),
+        tokenizer: Mapping | None = None,
+    ) -> "ProbeSet":
+        """A probe from token windows ``[S, C+1]`` and per-sequence document info ``[S]``."""
+        t = np.asarray(tokens)
+        if t.ndim != 2 or t.shape[1] < 2:
+            raise InputError(f"probe tokens must have shape [S, C+1] with C >= 1, got {t.shape}")
+        s, c = t.shape[0], t.shape[1] - 1
+        per_seq = {
+            "doc_id": np.zeros(s, np.int32) if doc_id is None else np.asarray(doc_id),
+            "doc_offset": np.zeros(s, np.int64) if doc_offset is None else np.asarray(doc_offset),
+            "domain": np.zeros(s, np.int32) if domain is None else np.asarray(domain),
+        }
+        for k, v in per_seq.items():
+            if v.shape != (s,):
+                raise InputError(f"{k} must have shape ({s},) (one per sequence), got {v.shape}")
+        pos = np.arange(1, c + 1, dtype=np.int32)
+        arrays = {
+            "sample_id": np.repeat(np.arange(s, dtype=np.int32), c),
+            "token_pos": np.tile(pos, s),
+            "token_id": t[:, 1:].reshape(-1).astype(np.int32),
+            "doc_id": np.repeat(per_seq["doc_id"].astype(np.int32), c),
+            "doc_pos": (per_seq["doc_offset"][:, None] + pos[None, :]).reshape(-1).astype(np.int64),
+            "domain": np.repeat(per_seq["domain"].astype(np.int32), c),
+        }
+        return cls(t, arrays, domains=tuple(domains), documents=tuple(documents), tokenizer=tokenizer or {})
+
+    # -- shape ----------------------------------------------------------------------------
+
+    @property
+    def n_tokens(self) -> int:
+        """Number of contextualized tokens ``N``."""
+        return int(self.token_arrays["sample_id"].shape[0])
+
+    @property
+    def n_sequences(self) -> int:
+        if self.tokens is None:
+            return int(np.unique(self.token_arrays["sample_id"]).size)
+        return int(self.tokens.shape[0])
+
+    @property
+    def context(self) -> int | None:
+        """Context length ``C`` (targets per sequence); None for an index-only probe."""
+        return None if self.tokens is None else int(self.tokens.shape[1] - 1)
+
+    @property
+    def has_tokens(self) -> bool:
+        return self.tokens is not None
+
+    def sequence_range(self, token_start: int, token_stop: int) -> tuple[int, int]:
+        """The sequences whose targets are tokens ``[token_start, token_stop)``.
+
+        Both ends must fall on sequence boundaries (multiples of ``C``).
+        """
+        c = self._require_tokens("sequence_range")
+        if token_start % c or (token_stop % c and token_stop != self.n_tokens):
+            raise InputError(f"token range [{token_start}, {token_stop}) is not aligned to sequences of {c} tokens")
+        return token_start // c, -(-token_stop // c)
+
+    def _require_tokens(self, what: str) -> int:
+        if self.tokens is None:
+            raise InputError(f"{what} needs a probe with token ids; this probe is index-only (imported)")
+        return int(self.tokens.shape[1] - 1)
+
+    # -- identity -------------------------------------------------------------------------
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """sha256 (hex, first 32 digits) of the token ids, per-token arrays and names."""
+        h = hashlib.sha256()
+        if self.tokens is not None:
+            h.update(b"tokens")
+            h.update(str(self.tokens.shape).encode())
+            h.update(np.ascontiguousarray(self.tokens, dtype="<i4").tobytes())
+        for k in sorted(self.token_arrays):
+            v = self.token_arrays[k]
+            h.update(k.encode() + b"\0" + str(v.dtype.str).encode())
+            h.update(np.ascontiguousarray(v).tobytes())
+        meta = {"domains": list(self.domains), "documents": list(self.documents), "tokenizer": self.tokenizer}
+        h.update(json.dumps(meta, sort_keys=True).encode())
+        return h.hexdigest()[:32]
+
+    def summary(self) -> dict:
+        return {
+            "fingerprint": self.fingerprint,
+            "n_tokens": self.n_tokens,
+            "n_sequences": self.n_sequences,
+            "context": self.context,
+            "n_documents": len(self.documents),
+            "n_domains": len(self.domains),
+            "tokenizer": dict(self.tokenizer),
+        }
+
+
+def build_probe(
+    docs: Sequence[Document],
+    tokenizer: Tokenizer,
+    *,
+    context: int = 128,
+    n_sequences: int = 128,
+    seed: int = 0,
+) -> ProbeSet:
+    """Cut probe documents into windows of ``context + 1`` tokens and draw ``n_sequences``.
+
+    Windows do not overlap within a document; they are drawn uniformly without replacement
+    (``seed``), then kept in document order. Fewer windows than asked is an error that says how
+    many the documents hold.
+    """
+    if context < 1:
+        raise InputError(f"context must be >= 1, got {context}")
+    if n_sequences < 1:
+        raise InputError(f"n_sequences must be >= 1, got {n_sequences}")
+    if not docs:
+        raise InputError("no probe documents")
+    w = context + 1
+    encoded = [d.tokens if d.tokens is not None else tokenizer.encode(d.text) for d in docs]
+    candidates = [(j, off) for j, ids in enumerate(encoded) for off in range(0, len(ids) - w + 1, w)]
+    if len(candidates) < n_sequences:
+        raise InputError(
+            f"probe documents hold {len(candidates)} windows of {w} tokens; asked for {n_sequences}"
+            " (use fewer sequences, a shorter context, or a larger probe fraction)"
+        )
+    rng = np.random.default_rng(seed)
+    pick = np.sort(rng.choice(len(candidates), size=n_sequences, replace=False))
+    chosen = [candidates[i] for i in pick]
+    tokens = np.stack([encoded[j][off : off + w] for j, off in chosen]).astype(np.int32)
+    vocab = getattr(tokenizer, "vocab_size", None)
+    if vocab is not None and (tokens.min() < 0 or tokens.max() >= vocab):
+        raise InputError(f"token ids outside [0, {vocab}) in probe documents")
+    used_docs = sorted({j for j, _ in chosen})
+    doc_index = {j: k for k, j in enumerate(used_docs)}
+    domain_names = sorted({docs[j].domain for j in used_docs})
+    dom_index = {d: k for k, d in enumerate(domain_names)}
+    return ProbeSet.from_tokens(
+        tokens,
+        doc_id=np.array([doc_index[j] for j, _ in chosen], np.int32),
+        doc_offset=np.array([off for _, off in chosen], np.int64),
+        domain=np.array([dom_index[docs[j].domain] for j, _ in chosen], np.int32),
+        domains=domain_names,
+        documents=[docs[j].key for j in used_docs],
+        tokenizer=tokenizer.spec(),
+    )

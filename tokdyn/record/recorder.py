@@ -1,0 +1,431 @@
+"""Recording per-token probe losses during training.
+
+:class:`TokenLossRecorder` is framework-agnostic: call :meth:`~TokenLossRecorder.maybe_record`
+with the current optimizer step (or let :meth:`~TokenLossRecorder.attach` do it from an
+optimizer hook), and at scheduled steps it evaluates the probe in eval mode without gradients,
+restores the model's mode, and hands the per-token losses to a background writer thread.
+
+What the training step pays: the probe forwards, and on CUDA a non-blocking copy of one float
+per token into pinned host memory. The writer thread waits on a CUDA event, never the training
+stream, and does the NaN count, the zarr write and the commit. A writer failure is re-raised
+in the training process at the next recorder call (:class:`~tokdyn.errors.WriterError`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import InputError, RunExistsError, TokdynError, WriterError
+from ..probe import ProbeSet
+from ..schedule import explicit_schedule
+from ..store import LOSS_DTYPES, RunWriter, TrajectoryStore, open_store
+
+__all__ = ["TokenLossRecorder", "default_forward", "token_losses", "shard_ranges"]
+
+log = logging.getLogger(__name__)
+
+ForwardFn = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+
+
+def default_forward(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """``model(input_ids)`` as logits ``[B, T, V]``: a tensor, ``.logits`` (HF) or the first item."""
+    out = model(input_ids)
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, (tuple, list)) and out:
+        logits = out[0]
+    if not isinstance(logits, torch.Tensor):
+        raise InputError(
+            f"model output of type {type(out).__name__} has no logits; pass forward=fn(model, input_ids) -> logits"
+        )
+    return logits
+
+
+@torch.no_grad()
+def token_losses(
+    model: torch.nn.Module,
+    tokens: torch.Tensor,
+    *,
+    batch_size: int = 32,
+    forward: ForwardFn = default_forward,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-token cross-entropy in nats of ``tokens [S, C+1]``: a tensor ``[S * C]`` on their device.
+
+    The model is put in eval mode for the forwards and its previous mode restored, even on error.
+    """
+    if tokens.ndim != 2 or tokens.shape[1] < 2:
+        raise InputError(f"tokens must have shape [S, C+1], got {tuple(tokens.shape)}")
+    s, c = tokens.shape[0], tokens.shape[1] - 1
+    if out is None:
+        out = torch.empty(s * c, dtype=torch.float32, device=tokens.device)
+    was_training = model.training
+    model.eval()
+    try:
+        for a in range(0, s, batch_size):
+            chunk = tokens[a : a + batch_size]
+            x, y = chunk[:, :-1], chunk[:, 1:]  # (B, C), (B, C)
+            logits = forward(model, x)
+            if logits.shape[:2] != x.shape:
+                raise InputError(f"forward returned logits {tuple(logits.shape)}; expected [B, T, V] with B, T = {tuple(x.shape)}")
+            nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+            out[a * c : (a + chunk.shape[0]) * c] = nll
+    finally:
+        model.train(was_training)
+    return out
+
+
+def shard_ranges(n_sequences: int, context: int, world_size: int, *, token_chunk: int | None = None) -> tuple[int, list[tuple[int, int]]]:
+    """Split ``n_sequences`` probe sequences into ``world_size`` chunk-aligned token ranges.
+
+    Returns ``(token_chunk, ranges)``: every range starts on a chunk boundary, so each rank
+    writes its own chunk objects.
+    """
+    if world_size < 1:
+        raise InputError(f"world_size must be >= 1, got {world_size}")
+    n = n_sequences * context
+    if token_chunk is None:
+        seqs = max(1, min(65536 // context, -(-n_sequences // world_size)))
+        token_chunk = seqs * context
+    n_chunks = -(-n // token_chunk)
+    if n_chunks < world_size:
+        raise InputError(
+            f"probe of {n_sequences} sequences in chunks of {token_chunk // context} cannot be split over "
+            f"{world_size} ranks; use a smaller token_chunk or a larger probe"
+        )
+    bounds = [min(n, (r * n_chunks // world_size) * token_chunk) for r in range(world_size)] + [n]
+    return token_chunk, list(zip(bounds[:-1], bounds[1:]))
+
+
+class TokenLossRecorder:
+    """Evaluates a probe at scheduled steps and appends per-token losses to a store.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model being trained. Its output must be logits ``[B, T, V]`` (or an object with
+        ``.logits``); otherwise pass ``forward``.
+    probe : ProbeSet
+        The probe (with token ids). The store's probe fingerprint must match.
+    store : TrajectoryStore or str
+        A store, or a URL opened (created if missing) with this probe.
+    run : str
+        Run name. An existing run is refused unless ``resume=True``.
+    schedule : sequence of int
+        Steps at which to record (e.g. :func:`~tokdyn.geometric_schedule`).
+    device : torch.device or str, optional
+        Where the probe forwards run; defaults to the model's device.
+    dtype : {"float32", "float16", "float64"}
+        Storage dtype of the losses.
+    batch_size : int
+        Probe sequences per forward.
+    resume : bool
+        Continue an existing run: steps at or before its last committed step are skipped.
+    run_attrs : dict, optional
+        Run metadata (``model_config``, ``seed``, ``data_budget``, ...); parameter counts are
+        filled in from the model when absent.
+    forward : callable, optional
+        ``forward(model, input_ids) -> logits``.
+    queue_size : int
+        Rows that may wait for the writer before ``record`` blocks (back-pressure).
+    rank, world_size : int, optional
+        Distributed position; read from ``torch.distributed`` when it is initialised. Each rank
+        evaluates and writes a disjoint, chunk-aligned shard of the probe.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        probe: ProbeSet,
+        store: TrajectoryStore | str | os.PathLike,
+        run: str,
+        *,
+        schedule: Sequence[int] | np.ndarray,
+        device: torch.device | str | None = None,
+        dtype: str = "float32",
+        batch_size: int = 32,
+        resume: bool = False,
+        run_attrs: Mapping[str, Any] | None = None,
+        forward: ForwardFn | None = None,
+        queue_size: int = 4,
+        rank: int | None = None,
+        world_size: int | None = None,
+        token_chunk: int | None = None,
+    ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(probe, ProbeSet) or not probe.has_tokens:
+            raise InputError("probe must be a ProbeSet with token ids (an imported, index-only probe cannot be evaluated)")
+        if dtype not in LOSS_DTYPES:
+            raise InputError(f"dtype must be one of {LOSS_DTYPES}, got {dtype!r}")
+        if int(batch_size) < 1 or int(queue_size) < 1:
+            raise InputError(f"batch_size and queue_size must be >= 1, got {batch_size} and {queue_size}")
+        self.schedule = explicit_schedule(schedule)
+        self._scheduled = set(self.schedule.tolist())
+        self.model = model
+        self.probe = probe
+        self.forward = forward or default_forward
+        self.batch_size = int(batch_size)
+        self.device = torch.device(device) if device is not None else _model_device(model)
+        self.rank, self.world_size = _dist_position(rank, world_size)
+        if isinstance(store, TrajectoryStore):
+            store.check_probe(probe)
+            self.store = store
+        else:
+            self.store = open_store(store, probe, mode="a") if self.rank == 0 else None
+            if self.world_size > 1:
+                _barrier()
+            if self.store is None:
+                self.store = open_store(store, probe, mode="r+")
+        self.run_name = run
+        self._writer = self._open_writer(run, dtype=dtype, resume=resume, run_attrs=run_attrs, token_chunk=token_chunk)
+
+        # The local shard on the device, once; a reusable output buffer on the device.
+        s0, s1 = probe.sequence_range(self._writer.token_start, self._writer.token_stop)
+        self._tokens = torch.as_tensor(probe.tokens[s0:s1], dtype=torch.long).to(self.device)
+        self._buf = torch.empty(self._writer.n_tokens, dtype=torch.float32, device=self.device)
+        self._cuda = self.device.type == "cuda"
+        # Pinned host buffers cycle between the training thread and the writer.
+        self._free: queue.Queue = queue.Queue()
+        n_host = int(queue_size) + 2
+        for _ in range(n_host):
+            self._free.put(torch.empty(self._writer.n_tokens, dtype=torch.float32, pin_memory=self._cuda))
+        self._queue: queue.Queue = queue.Queue(maxsize=int(queue_size))
+        self._error: BaseException | None = None
+        self._closed = False
+        self.n_recorded = 0
+        self.record_seconds = 0.0  # training-thread time spent inside record()
+        self._thread = threading.Thread(target=self._write_loop, name=f"tokdyn-writer-{run}", daemon=True)
+        self._thread.start()
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _open_writer(self, run: str, *, dtype: str, resume: bool, run_attrs, token_chunk) -> RunWriter:
+        store = self.store
+        if self.world_size > 1:
+            _barrier()  # every rank sees the run list from before rank 0 may create the run
+        exists = run in store.runs
+        if exists and not resume:
+            raise RunExistsError(f"run {run!r} already exists in {store.url}; pass resume=True to continue it")
+        if not exists:
+            if self.rank == 0:
+                attrs = {**_model_attrs(self.model), **dict(run_attrs or {})}
+                attrs.setdefault("schedule", self.schedule.tolist())
+                attrs.setdefault("world_size", self.world_size)
+                chunk, ranges = shard_ranges(self.probe.n_sequences, self.probe.context, self.world_size, token_chunk=token_chunk)
+                store.create_run(
+                    run, axis="T", capacity=len(self.schedule), dtype=dtype,
+                    token_chunk=chunk if self.world_size > 1 else token_chunk, writers=ranges if self.world_size > 1 else None,
+                    attrs=attrs,
+                )  # fmt: skip
+            if self.world_size > 1:
+                _barrier()
+        r = store.run(run)
+        if len(r.writers) != self.world_size:
+            raise TokdynError(
+                f"run {run!r} was recorded with {len(r.writers)} writer(s); this process group has {self.world_size}"
+            )
+        if r.dtype != np.dtype(dtype) and not exists:
+            raise TokdynError(f"run {run!r} stores {r.dtype}, asked for {dtype}")
+        return r.writer(writer=self.rank, resume=resume)
+
+    # -- the training-side API ------------------------------------------------------------
+
+    def should_record(self, step: int) -> bool:
+        """Whether ``step`` is scheduled and not already committed."""
+        return int(step) in self._scheduled and self._writer.accepts(int(step))
+
+    def maybe_record(self, step: int, *, tokens_seen: int | None = None, lr: float | None = None) -> bool:
+        """Record if ``step`` is scheduled (and not yet stored); returns whether it did."""
+        self._check_error()
+        if not self.should_record(step):
+            return False
+        self.record(step, tokens_seen=tokens_seen, lr=lr)
+        return True
+
+    def record(self, step: int, *, tokens_seen: int | None = None, lr: float | None = None) -> None:
+        """Evaluate the probe now and queue the row for ``step``."""
+        self._check_error()
+        if self._closed:
+            raise TokdynError("recorder is closed")
+        t0 = time.perf_counter()
+        wall = time.time()
+        token_losses(self.model, self._tokens, batch_size=self.batch_size, forward=self.forward, out=self._buf)
+        host = self._take_host_buffer()
+        if self._cuda:
+            host.copy_(self._buf, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            host.copy_(self._buf)
+            ready = None
+        meta = {"step": int(step), "tokens_seen": tokens_seen, "lr": lr, "wall_time": wall}
+        self._put((ready, host, meta))
+        self.n_recorded += 1
+        self.record_seconds += time.perf_counter() - t0
+
+    @contextlib.contextmanager
+    def attach(self, optimizer: torch.optim.Optimizer, *, start_step: int = 0, tokens_per_step: int | None = None) -> Iterator["TokenLossRecorder"]:
+        """Record from an optimizer hook: the step counter starts at ``start_step`` and grows by
+        one after every ``optimizer.step()``. Exiting removes exactly the hook it added (even on
+        an exception) and waits for the queued rows to be written.
+
+        The model is recorded at ``start_step`` on entry when that step is scheduled.
+        """
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InputError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        state = {"step": int(start_step)}
+
+        def seen(step: int) -> int | None:
+            return None if tokens_per_step is None else step * int(tokens_per_step)
+
+        def hook(opt, args, kwargs) -> None:
+            state["step"] += 1
+            s = state["step"]
+            self.maybe_record(s, tokens_seen=seen(s), lr=float(opt.param_groups[0]["lr"]))
+
+        self.maybe_record(state["step"], tokens_seen=seen(state["step"]), lr=float(optimizer.param_groups[0]["lr"]))
+        handle = optimizer.register_step_post_hook(hook)
+        try:
+            yield self
+        finally:
+            handle.remove()
+        self.flush()
+
+    def flush(self) -> None:
+        """Block until every queued row is committed; re-raise a writer failure."""
+        if self._thread.is_alive():
+            while self._queue.unfinished_tasks and self._error is None and self._thread.is_alive():
+                time.sleep(0.001)
+        self._check_error()
+
+    def close(self, *, trim: bool = True) -> None:
+        """Write what is queued, stop the writer, and (single writer) trim the arrays to the
+        committed rows. Idempotent; re-raises a writer failure."""
+        if self._closed:
+            self._check_error()
+            return
+        self._closed = True
+        if self._thread.is_alive():
+            self._put(None)
+            self._thread.join()
+        self._check_error()
+        if self.world_size > 1:
+            _barrier()
+        if trim and self.rank == 0:
+            self._writer.trim()
+
+    def __enter__(self) -> "TokenLossRecorder":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # keep what was recorded, but never mask the training error
+            self.close()
+        except Exception as close_exc:  # noqa: BLE001
+            log.error("tokdyn recorder failed while closing after an error: %s", close_exc)
+
+    @property
+    def last_step(self) -> int | None:
+        return self._writer.last_step
+
+    # -- the writer thread ----------------------------------------------------------------
+
+    def _take_host_buffer(self) -> torch.Tensor:
+        while True:
+            self._check_error()
+            try:
+                return self._free.get(timeout=0.1)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    self._check_error()
+                    raise WriterError("background writer stopped unexpectedly")
+
+    def _put(self, item) -> None:
+        while True:
+            self._check_error()
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                if not self._thread.is_alive():
+                    self._check_error()
+                    raise WriterError("background writer stopped unexpectedly") from None
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                ready, host, meta = item
+                if ready is not None:
+                    ready.synchronize()
+                self._writer.append(host.numpy(), **meta)
+                self._free.put(host)
+            except BaseException as exc:  # noqa: BLE001 - surfaced in the training thread
+                self._error = exc
+                return
+            finally:
+                self._queue.task_done()
+
+    def _check_error(self) -> None:
+        if self._error is not None:
+            exc = self._error
+            raise WriterError(
+                f"tokdyn writer for run {self.run_name!r} failed: {type(exc).__name__}: {exc}. "
+                f"Rows up to step {self._writer.last_step} are committed and readable."
+            ) from exc
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _model_attrs(model: torch.nn.Module) -> dict:
+    from ..model import count_parameters
+
+    attrs: dict[str, Any] = dict(count_parameters(model))
+    cfg = getattr(model, "config", None)
+    if cfg is not None:
+        to_dict = getattr(cfg, "to_dict", None)
+        try:
+            attrs["model_config"] = to_dict() if callable(to_dict) else dict(vars(cfg))
+        except TypeError:
+            pass
+    attrs["model_class"] = type(model).__name__
+    return json.loads(json.dumps(attrs, default=str))  # e.g. a torch dtype in a HF config
+
+
+def _dist_position(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    dist = torch.distributed
+    if rank is None and world_size is None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    rank = 0 if rank is None else int(rank)
+    world_size = 1 if world_size is None else int(world_size)
+    if not 0 <= rank < world_size:
+        raise InputError(f"rank {rank} out of range for world_size {world_size}")
+    return rank, world_size
+
+
+def _barrier() -> None:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
