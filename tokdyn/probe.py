@@ -64,8 +64,8 @@ class ProbeSet:
         for k, v in arrays.items():
             if v.ndim != 1 or v.shape != n:
                 raise InputError(f"probe array {k!r} has shape {v.shape}; expected {n} like sample_id")
-            if v.dtype.kind not in "iuf":
-                raise InputError(f"probe array {k!r} has dtype {v.dtype}; expected numbers")
+            if v.dtype.kind not in "iufbU":
+                raise InputError(f"probe array {k!r} has dtype {v.dtype}; expected numbers, booleans or strings")
         if n[0] == 0:
             raise InputError("probe has no tokens")
         if self.tokens is not None:

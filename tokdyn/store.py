@@ -549,10 +549,12 @@ class RunWriter:
         lr: float | None = None,
         wall_time: float | None = None,
         ckpt_fingerprint: int | None = None,
+        warn_nonfinite: bool = True,
     ) -> int:
         """Write one row and commit it; returns its row index.
 
-        Non-finite losses are stored as NaN, counted in the commit record, and warned about.
+        Non-finite losses are stored as NaN and counted in the commit record (and warned about
+        unless ``warn_nonfinite=False``, for sources where NaN already means "missing").
         """
         step = int(step)
         if step < 0:
@@ -571,6 +573,7 @@ class RunWriter:
         n_bad = int(bad.sum())
         if n_bad:
             values = np.where(bad, np.nan, values)
+        if n_bad and warn_nonfinite:
             warnings.warn(
                 f"run {self.run.name!r} step {step}: {n_bad} non-finite losses stored as NaN", RuntimeWarning, stacklevel=2
             )
@@ -591,8 +594,10 @@ class RunWriter:
         if n_bad:
             self._nonfinite += n_bad
             self._nonfinite_rows[str(k)] = n_bad
-        # The commit: one atomic metadata write, after the data.
-        self._commit_group.attrs.update(
+        # The commit: one atomic metadata write, after the data. (Not ``attrs.update``: zarr's
+        # MutableMapping.update writes once per key, and a kill between two writes would leave
+        # ``rows`` and ``last_step`` out of step; the crash test caught exactly that.)
+        self._commit_group.update_attributes(
             {"rows": k + 1, "last_step": step, "nonfinite": self._nonfinite, "nonfinite_rows": self._nonfinite_rows}
         )
         self.rows, self.last_step = k + 1, step
@@ -608,9 +613,11 @@ class RunWriter:
                 "up front (capacity = schedule length) when writing from several processes"
             )
         new = max(rows, 2 * cap)
-        self.run._loss.resize((new, self.run.n_tokens))
+        # Coordinates first: capacity is read from the loss array, so a process killed between
+        # the two leaves coordinates longer than the losses, which the next growth repairs.
         for arr in self._arrays.values():
             arr.resize((new,))
+        self.run._loss.resize((new, self.run.n_tokens))
 
     def trim(self) -> None:
         """Shrink the arrays to the committed rows (single writer), so xarray sees no padding."""
@@ -635,9 +642,11 @@ def _write_probe(g: zarr.Group, probe: ProbeSet) -> None:
     for name, arr in probe.token_arrays.items():
         if name in ("tokens",) or not name.isidentifier():
             raise InputError(f"probe array name {name!r} is not allowed")
-        g.create_array(name, shape=(n,), chunks=(min(n, 1 << 20),), dtype=arr.dtype, dimension_names=("token",),
-                       compressors=_compressor())[...] = arr  # fmt: skip
-    g.attrs.update(
+        with warnings.catch_warnings():  # fixed-width strings (npz metadata) have no v3 spec yet
+            warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification.*")
+            g.create_array(name, shape=(n,), chunks=(min(n, 1 << 20),), dtype=arr.dtype, dimension_names=("token",),
+                           compressors=_compressor())[...] = arr  # fmt: skip
+    g.update_attributes(
         {
             "fingerprint": probe.fingerprint,
             "n_tokens": n,
@@ -654,7 +663,9 @@ def _read_probe(g: zarr.Group) -> ProbeSet:
     a = dict(g.attrs)
     try:
         names = a["token_arrays"]
-        arrays = {name: g[name][...] for name in names}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification.*")
+            arrays = {name: g[name][...] for name in names}
         tokens = g["tokens"][...] if "tokens" in g.array_keys() else None
     except KeyError as exc:
         raise StoreError(f"probe group is incomplete: missing {exc}") from None

@@ -1,0 +1,297 @@
+"""The trajectory store: schema, append/commit, resume, crash safety, xarray view, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import zarr
+
+import tokdyn
+from tokdyn.errors import (
+    InputError,
+    NotAStoreError,
+    ProbeMismatchError,
+    RunExistsError,
+    RunNotFoundError,
+    SchemaVersionError,
+    StepOrderError,
+    StoreError,
+)
+
+
+def make_probe(n_seq=6, context=8, seed=0) -> tokdyn.ProbeSet:
+    rng = np.random.default_rng(seed)
+    return tokdyn.ProbeSet.from_tokens(rng.integers(0, 257, size=(n_seq, context + 1)), tokenizer={"kind": "byte"})
+
+
+def row_values(step: int, n: int) -> np.ndarray:
+    """Deterministic row content, so a reader can check any committed row independently."""
+    return (np.sin(np.arange(n) * 0.1 + step) + 2.0).astype(np.float32)
+
+
+@pytest.fixture
+def probe():
+    return make_probe()
+
+
+@pytest.fixture
+def store(tmp_path, probe):
+    return tokdyn.open_store(tmp_path / "s.zarr", probe, mode="a")
+
+
+def test_create_write_read_roundtrip(store, probe):
+    run = store.create_run("r", capacity=2, attrs={"seed": 3, "n_params": 10})
+    w = run.writer()
+    steps = [0, 1, 2, 4, 8]
+    for s in steps:
+        w.append(row_values(s, probe.n_tokens), step=s, tokens_seen=s * 100, lr=0.1 * s)
+    assert run.n_committed == 5
+    assert run.capacity >= 5  # grew past the initial capacity of 2
+    np.testing.assert_array_equal(run.steps, steps)
+    np.testing.assert_array_equal(run.coord("tokens_seen"), [s * 100 for s in steps])
+    np.testing.assert_allclose(run.coord("lr"), [0.1 * s for s in steps])
+    np.testing.assert_array_equal(run.axis_values, np.array(steps, float))
+    expected = np.stack([row_values(s, probe.n_tokens) for s in steps])
+    np.testing.assert_array_equal(run.losses(), expected)
+    np.testing.assert_array_equal(run.losses(tokens=slice(8, 16)), expected[:, 8:16])
+    w.trim()
+    assert run.capacity == 5
+    # A fresh read-only handle sees the same.
+    again = tokdyn.open_store(store.url, mode="r").run("r")
+    np.testing.assert_array_equal(again.losses(), expected)
+    assert again.attrs["seed"] == 3 and again.attrs["schema_version"] == tokdyn.store.SCHEMA_VERSION
+
+
+def test_probe_roundtrip_and_fingerprint(store, probe):
+    reopened = tokdyn.open_store(store.url, mode="r")
+    p2 = reopened.probe
+    assert p2.fingerprint == probe.fingerprint
+    np.testing.assert_array_equal(p2.tokens, probe.tokens)
+    for k, v in probe.token_arrays.items():
+        np.testing.assert_array_equal(p2.token_arrays[k], v)
+    assert tokdyn.open_store(store.url, mode="r").probe_fingerprint == probe.fingerprint
+
+
+def test_probe_mismatch_refused(store):
+    other = make_probe(seed=1)
+    with pytest.raises(ProbeMismatchError, match="fingerprint"):
+        tokdyn.open_store(store.url, other, mode="a")
+
+
+def test_float16_storage(store, probe):
+    run = store.create_run("h", dtype="float16")
+    run.writer().append(row_values(0, probe.n_tokens), step=0)
+    out = run.losses()
+    assert out.dtype == np.float16
+    np.testing.assert_array_equal(out[0], row_values(0, probe.n_tokens).astype(np.float16))
+
+
+def test_step_order_and_no_overwrite(store, probe):
+    run = store.create_run("r")
+    w = run.writer()
+    w.append(row_values(5, probe.n_tokens), step=5)
+    for bad in (5, 3):
+        with pytest.raises(StepOrderError, match="not after the last committed step 5"):
+            w.append(row_values(bad, probe.n_tokens), step=bad)
+    assert run.n_committed == 1
+    np.testing.assert_array_equal(run.losses()[0], row_values(5, probe.n_tokens))
+
+
+def test_resume_requires_flag_and_continues(store, probe):
+    run = store.create_run("r")
+    w = run.writer()
+    for s in (0, 1, 2):
+        w.append(row_values(s, probe.n_tokens), step=s)
+    with pytest.raises(RunExistsError, match="resume=True"):
+        run.writer()
+    w2 = run.writer(resume=True)
+    assert w2.rows == 3 and w2.last_step == 2
+    assert not w2.accepts(2) and w2.accepts(3)
+    w2.append(row_values(4, probe.n_tokens), step=4)
+    np.testing.assert_array_equal(run.steps, [0, 1, 2, 4])
+    with pytest.raises(RunExistsError):
+        store.create_run("r")
+
+
+def test_nonfinite_stored_as_nan_and_counted(store, probe):
+    run = store.create_run("r")
+    v = row_values(0, probe.n_tokens)
+    v[[1, 5]] = [np.inf, np.nan]
+    with pytest.warns(RuntimeWarning, match="2 non-finite"):
+        run.writer().append(v, step=0)
+    got = run.losses()[0]
+    assert np.isnan(got[[1, 5]]).all() and np.isfinite(np.delete(got, [1, 5])).all()
+    assert run.nonfinite() == (2, {0: 2})
+    assert run.info()["nonfinite_losses"] == 2
+
+
+def test_uncommitted_tail_is_invisible_and_overwritten(store, probe):
+    """Data written past the commit (a process killed between write and commit) is not seen,
+    and a resumed writer overwrites it."""
+    run = store.create_run("r", capacity=4)
+    w = run.writer()
+    w.append(row_values(0, probe.n_tokens), step=0)
+    run._loss[1, :] = 99.0  # a row in flight, never committed
+    run._group["step"][1] = 7
+    assert run.n_committed == 1
+    np.testing.assert_array_equal(run.steps, [0])
+    w2 = run.writer(resume=True)
+    w2.append(row_values(3, probe.n_tokens), step=3)
+    np.testing.assert_array_equal(run.losses()[1], row_values(3, probe.n_tokens))
+    np.testing.assert_array_equal(run.steps, [0, 3])
+
+
+def test_multiple_writers_commit_min(store, probe):
+    c = probe.context
+    run = store.create_run("d", capacity=3, token_chunk=2 * c, writers=[(0, 2 * c), (2 * c, probe.n_tokens)])
+    w0, w1 = run.writer(writer=0), run.writer(writer=1)
+    full = row_values(0, probe.n_tokens)
+    w0.append(full[: 2 * c], step=0)
+    assert run.n_committed == 0  # only one token range written
+    w1.append(full[2 * c :], step=0)
+    assert run.n_committed == 1
+    np.testing.assert_array_equal(run.losses()[0], full)
+    with pytest.raises(InputError, match="tile"):
+        store.create_run("bad", token_chunk=2 * c, writers=[(0, 2 * c), (3 * c, probe.n_tokens)])
+    with pytest.raises(InputError, match="chunk boundary"):
+        store.create_run("bad2", token_chunk=2 * c, writers=[(0, c), (c, probe.n_tokens)])
+
+
+def test_xarray_view(store, probe):
+    xr = pytest.importorskip("xarray")
+    run = store.create_run("r", capacity=10)
+    w = run.writer()
+    for s in (0, 1, 3):
+        w.append(row_values(s, probe.n_tokens), step=s)
+    ds = run.to_xarray()
+    assert ds["loss"].dims == ("checkpoint", "token")
+    np.testing.assert_array_equal(ds["step"].values, [0, 1, 3])
+    w.trim()  # after trimming, plain xarray.open_zarr sees exactly the committed rows
+    ds2 = xr.open_zarr(store.url, group="runs/r", consolidated=False)
+    assert ds2["loss"].shape == (3, probe.n_tokens)
+    assert "step" in ds2["loss"].coords
+    np.testing.assert_array_equal(ds2["loss"].values, run.losses())
+
+
+def test_dask_view_chunks(store, probe):
+    run = store.create_run("r")
+    w = run.writer()
+    for s in range(4):
+        w.append(row_values(s, probe.n_tokens), step=s)
+    arr = run.to_dask(token_block=16)
+    assert arr.chunks[0] == (4,) and set(arr.chunks[1][:-1]) == {16}
+    np.testing.assert_array_equal(arr.compute(), run.losses())
+
+
+def test_not_a_store_and_schema_version(tmp_path, probe):
+    with pytest.raises(NotAStoreError, match="no tokdyn store"):
+        tokdyn.open_store(tmp_path / "missing.zarr", mode="r")
+    g = zarr.open_group(str(tmp_path / "plain.zarr"), mode="w")
+    g.attrs["x"] = 1
+    with pytest.raises(NotAStoreError, match="not a tokdyn store"):
+        tokdyn.open_store(tmp_path / "plain.zarr", mode="r")
+    with pytest.raises(NotAStoreError):  # and "a" does not clobber a foreign zarr group
+        tokdyn.open_store(tmp_path / "plain.zarr", probe, mode="a")
+    st = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="a")
+    meta = dict(st._group.attrs["tokdyn"])
+    meta["schema_version"] = 99
+    st._group.attrs["tokdyn"] = meta
+    with pytest.raises(SchemaVersionError, match="version 99"):
+        tokdyn.open_store(tmp_path / "s.zarr", mode="r")
+
+
+def test_run_errors(store):
+    with pytest.raises(RunNotFoundError, match="no run 'nope'"):
+        store.run("nope")
+    with pytest.raises(InputError, match="run name"):
+        store.create_run("a/b")
+    with pytest.raises(InputError, match="axis"):
+        store.create_run("x", axis="Q")
+    with pytest.raises(InputError, match="dtype"):
+        store.create_run("x", dtype="int8")
+    with pytest.raises(InputError, match="JSON"):
+        store.create_run("x", attrs={"f": object()})
+    ro = tokdyn.open_store(store.url, mode="r")
+    with pytest.raises(StoreError, match="read-only"):
+        ro.create_run("y")
+
+
+def test_writer_validates_rows(store, probe):
+    w = store.create_run("r").writer()
+    with pytest.raises(InputError, match="shape"):
+        w.append(np.zeros(3), step=0)
+    with pytest.raises(InputError, match="numbers"):
+        w.append(np.array(["a"] * probe.n_tokens), step=0)
+    with pytest.raises(StepOrderError):
+        w.append(np.zeros(probe.n_tokens), step=-1)
+
+
+def test_memory_url_store(probe):
+    pytest.importorskip("fsspec")
+    url = f"memory://tokdyn-test-{os.getpid()}-{time.time_ns()}"
+    st = tokdyn.open_store(url, probe, mode="a")
+    st.create_run("r").writer().append(row_values(0, probe.n_tokens), step=0)
+    again = tokdyn.open_store(url, mode="r")
+    np.testing.assert_array_equal(again.run("r").losses()[0], row_values(0, probe.n_tokens))
+    assert again.info()["runs"]["r"]["shape"] == [1, probe.n_tokens]
+
+
+def test_info_is_json(store, probe):
+    store.create_run("r").writer().append(row_values(0, probe.n_tokens), step=0)
+    info = store.info()
+    json.dumps(info)
+    assert info["probe"]["fingerprint"] == probe.fingerprint
+    assert info["runs"]["r"]["steps"] == [0]
+    assert info["size_bytes"] > 0
+
+
+_KILL_CHILD = textwrap.dedent(
+    """
+    import sys, numpy as np, tokdyn
+    sys.path.insert(0, {tests!r})
+    from test_store import make_probe, row_values
+    probe = make_probe(n_seq=64, context=64)
+    st = tokdyn.open_store({url!r}, probe, mode="a")
+    run = st.run("k") if "k" in st.runs else st.create_run("k", capacity=1, token_chunk=512)
+    w = run.writer(resume=True)
+    for s in range(1, 100000):
+        if w.accepts(s):
+            w.append(row_values(s, probe.n_tokens), step=s)
+            print(s, flush=True)
+    """
+)
+
+
+def test_sigkill_during_appends_loses_nothing_committed(tmp_path):
+    """Kill an appending process at random instants, restart it with resume, and check that
+    every committed row is complete and correct and that steps continue without gaps."""
+    url = str(tmp_path / "k.zarr")
+    code = _KILL_CHILD.format(tests=os.path.dirname(__file__), url=url)
+    rng = np.random.default_rng(0)
+    probe = make_probe(n_seq=64, context=64)
+    last = 0
+    for _ in range(6):
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # Wait until it is appending, then kill it at a random instant.
+        first = proc.stdout.readline()
+        assert first, proc.stderr.read().decode()
+        time.sleep(rng.uniform(0.0, 0.3))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        run = tokdyn.open_store(url, mode="r").run("k")
+        k = run.n_committed
+        assert k >= last  # nothing committed is ever lost
+        np.testing.assert_array_equal(run.steps, np.arange(1, k + 1))
+        got = run.losses()
+        expected = np.stack([row_values(s, probe.n_tokens) for s in range(1, k + 1)])
+        np.testing.assert_array_equal(got, expected)
+        last = k
+    assert last > 6

@@ -1,0 +1,133 @@
+"""The ``tokdyn`` command line: parse, call the library, print.
+
+Every command exits 0 on success, 1 on an input or store error (one line on stderr, no
+traceback) and 2 on a usage error (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .errors import TokdynError
+
+__all__ = ["main", "build_parser"]
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from .store import open_store
+
+    info = open_store(args.store, mode="r").info()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    p = info["probe"]
+    size = info["size_bytes"]
+    print(f"store      {info['url']}")
+    print(f"schema     v{info['schema_version']}" + (f", {size / 1e6:.2f} MB on disk" if size is not None else ""))
+    print(f"probe      {p['fingerprint']}  {p['n_tokens']:,} tokens" + (f" = {p['n_sequences']} x {p['context']}" if p["context"] else " (index-only)"))
+    if not info["runs"]:
+        print("runs       none")
+    for name, r in info["runs"].items():
+        if "error" in r:
+            print(f"run {name:<12} ERROR: {r['error']}")
+            continue
+        steps = r["steps"]
+        span = f"steps {steps[0]}..{steps[-1]}" if steps else "no rows"
+        extra = f", {r['nonfinite_losses']} non-finite losses (NaN)" if r["nonfinite_losses"] else ""
+        params = r["attrs"].get("n_params_non_embedding")
+        params = f", {params:,} non-emb params" if params else ""
+        print(f"run {name:<12} axis {r['axis']}  {r['shape'][0]} x {r['shape'][1]:,} {r['dtype']}  {span}{params}{extra}")
+    return 0
+
+
+def _cmd_import_npz(args: argparse.Namespace) -> int:
+    from .interchange import import_npz
+
+    run = import_npz(args.input, args.store, run=args.run, dtype=args.dtype)
+    print(f"imported {args.input} as run {run.name!r} (axis {run.axis}, {run.n_committed} x {run.n_tokens:,}) into {args.store}")
+    return 0
+
+
+def _cmd_export_npz(args: argparse.Namespace) -> int:
+    from .interchange import export_npz
+
+    out = export_npz(args.store, args.output, run=args.run)
+    print(f"wrote {out}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(args.out, steps=args.steps, n_points=args.points, device=args.device, seed=args.seed,
+             n_probe_sequences=args.probe_sequences, progress=not args.no_progress)  # fmt: skip
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokdyn", description="Token-level training dynamics analyzer.")
+    parser.add_argument("--version", action="version", version=f"tokdyn {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="train the tiny GPT on the standard library with the recorder attached")
+    p.add_argument("--out", default="tokdyn-demo", help="output folder (default: tokdyn-demo)")
+    p.add_argument("--steps", type=int, default=800, help="training steps (default: 800)")
+    p.add_argument("--points", type=int, default=40, help="log-spaced recording points (default: 40)")
+    p.add_argument("--probe-sequences", type=int, default=128, help="probe sequences of 128 tokens (default: 128)")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("info", help="runs, shapes, steps, probe fingerprint and size of a store")
+    p.add_argument("store")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("import-npz", help="import a losses.npz (the paper's format) as a run")
+    p.add_argument("input", help="losses.npz")
+    p.add_argument("store", help="store (created if missing)")
+    p.add_argument("--run", help="run name (default: the file's stem)")
+    p.add_argument("--dtype", choices=("float32", "float16", "float64"), help="storage dtype (default: the file's)")
+    p.set_defaults(func=_cmd_import_npz)
+
+    p = sub.add_parser("export-npz", help="export a run as a losses.npz")
+    p.add_argument("store")
+    p.add_argument("output", help="OUT.npz")
+    p.add_argument("--run", required=True)
+    p.set_defaults(func=_cmd_export_npz)
+
+    p = sub.add_parser("record-offline", help="evaluate the probe on every checkpoint in a folder")
+    try:
+        from .record.offline import add_cli_arguments, run_cli
+    except ImportError as exc:  # pragma: no cover - only when an optional dependency is missing
+        p.set_defaults(func=lambda a, exc=exc: _missing(exc))
+    else:
+        add_cli_arguments(p)
+        p.set_defaults(func=run_cli)
+    return parser
+
+
+def _missing(exc: ImportError) -> int:
+    raise TokdynError(f"this command needs a package that is not installed: {exc}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (TokdynError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        print(f"tokdyn {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"tokdyn {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Interchange with the paper's public ``losses.npz`` format.
+
+The file holds ``axis_values [K]``, ``loss_matrix [N, K]`` (nats), ``axis_name [1]`` (``"T"``,
+``"D"`` or ``"M"``) and optional per-token arrays ``[N]`` (``sample_id``, ``token_pos`` and other
+metadata). tokdyn reads and writes that schema unchanged, always with ``allow_pickle=False``.
+A float32 matrix survives import then export bit for bit (NaN included).
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError, NotAStoreError, ProbeMismatchError, UnsafeFileError
+from .probe import ProbeSet
+from .store import AXES, LOSS_DTYPES, Run, TrajectoryStore, open_store
+
+__all__ = ["read_npz", "import_npz", "export_npz"]
+
+_REQUIRED = ("axis_values", "loss_matrix", "axis_name")
+
+
+def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Load and validate a ``losses.npz``; returns its arrays.
+
+    Raises :class:`UnsafeFileError` for object (pickled) arrays and :class:`InputError` for a
+    missing key, wrong shapes, non-float losses or unsorted axis values.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"npz file not found: {p}")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except ValueError as exc:
+        if "pickle" in str(exc).lower() or "object" in str(exc).lower():
+            raise UnsafeFileError(f"{p} holds object arrays that need pickle to load; tokdyn never unpickles data files") from None
+        raise InputError(f"{p} is not a readable npz file: {exc}") from None
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise InputError(f"{p} is not a readable npz file: {exc}") from None
+    missing = [k for k in _REQUIRED if k not in arrays]
+    if missing:
+        raise InputError(f"{p} lacks {', '.join(missing)}; a losses.npz holds {', '.join(_REQUIRED)}")
+    ax, lm, name = arrays["axis_values"], arrays["loss_matrix"], arrays["axis_name"]
+    if lm.ndim != 2 or lm.dtype.kind != "f":
+        raise InputError(f"loss_matrix must be a float array [N, K], got {lm.dtype} {lm.shape}")
+    n, k = lm.shape
+    if n == 0 or k == 0:
+        raise InputError(f"loss_matrix is empty ({lm.shape})")
+    if ax.shape != (k,) or ax.dtype.kind not in "fiu":
+        raise InputError(f"axis_values must be numbers of shape ({k},) to match loss_matrix {lm.shape}, got {ax.dtype} {ax.shape}")
+    if not np.all(np.isfinite(ax)) or np.any(np.diff(ax) <= 0):
+        raise InputError("axis_values must be finite and strictly increasing")
+    if name.size != 1 or name.dtype.kind not in "US" or str(name.reshape(-1)[0]) not in AXES:
+        raise InputError(f"axis_name must be one string among {AXES}, got {name!r}")
+    for key, v in arrays.items():
+        if key in _REQUIRED:
+            continue
+        if v.shape != (n,):
+            raise InputError(f"per-token array {key!r} has shape {v.shape}; expected ({n},) like loss_matrix rows")
+        if v.dtype.kind not in "iufbU":
+            raise InputError(f"per-token array {key!r} has unsupported dtype {v.dtype}")
+    return arrays
+
+
+def import_npz(
+    path: str | os.PathLike, store: str | os.PathLike | TrajectoryStore, *, run: str | None = None, dtype: str | None = None
+) -> Run:
+    """Import a ``losses.npz`` as a run of ``store`` (created if missing).
+
+    The run's axis is the file's ``axis_name``; its rows are the ``K`` axis points. Into an
+    existing store, the file must describe the same tokens: ``N`` equal, and every per-token
+    array the file shares with the store's probe equal. ``dtype`` defaults to the file's, so
+    nothing is rounded unless asked.
+    """
+    arrays = read_npz(path)
+    lm = arrays["loss_matrix"]
+    n, k = lm.shape
+    dtype = dtype or str(lm.dtype)
+    if dtype not in LOSS_DTYPES:
+        raise InputError(f"dtype must be one of {LOSS_DTYPES}, got {dtype!r}")
+    axis = str(arrays["axis_name"].reshape(-1)[0])
+    token_arrays = {key: v for key, v in arrays.items() if key not in _REQUIRED}
+    st = _open_or_create(store, token_arrays, n)
+    name = run or Path(path).stem
+    r = st.create_run(name, axis=axis, capacity=k, dtype=dtype, attrs={"source": "npz", "source_file": Path(path).name})
+    w = r.writer()
+    axis_values = arrays["axis_values"]
+    integral = axis == "T" and bool(np.all(axis_values >= 0) and np.all(axis_values == np.round(axis_values)))
+    steps = axis_values.astype(np.int64) if integral else np.arange(k)  # D/M rows are numbered
+    for j in range(k):
+        w.append(lm[:, j], step=int(steps[j]), axis_value=float(axis_values[j]), wall_time=np.nan, warn_nonfinite=False)
+    return r
+
+
+def _open_or_create(store, token_arrays: dict, n: int) -> TrajectoryStore:
+    """The target store: an existing one must describe the same tokens; a new one gets an
+    index-only probe made of the file's per-token arrays."""
+    if isinstance(store, TrajectoryStore):
+        st = store
+    else:
+        try:
+            st = TrajectoryStore.open(store, mode="r+")
+        except NotAStoreError:
+            full = dict(token_arrays)
+            full.setdefault("sample_id", np.arange(n, dtype=np.int32))
+            full.setdefault("token_pos", np.zeros(n, dtype=np.int32))
+            return open_store(store, ProbeSet(None, full), mode="a")
+    _check_compatible(st.probe, token_arrays, n)
+    return st
+
+
+def export_npz(store: str | os.PathLike | TrajectoryStore, out: str | os.PathLike, *, run: str) -> Path:
+    """Write run ``run`` as a ``losses.npz`` (float16 losses widen exactly to float32)."""
+    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
+    r = st.run(run)
+    if r.n_committed == 0:
+        raise InputError(f"run {run!r} has no committed rows to export")
+    losses = r.losses()
+    if losses.dtype == np.float16:
+        losses = losses.astype(np.float32)
+    arrays = {
+        "axis_values": r.axis_values,
+        "loss_matrix": np.ascontiguousarray(losses.T),
+        "axis_name": np.array([r.axis]),
+        **st.probe.token_arrays,
+    }
+    out = Path(out)
+    if out.suffix != ".npz":
+        raise InputError(f"output must end in .npz, got {out}")
+    if not out.parent.exists():
+        raise InputError(f"output folder does not exist: {out.parent}")
+    tmp = out.with_name(out.name + ".tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, out)  # never leave a half-written file under the final name
+    return out
+
+
+def _check_compatible(store_probe: ProbeSet, token_arrays: dict, n: int) -> None:
+    if store_probe.n_tokens != n:
+        raise ProbeMismatchError(f"npz has {n} tokens; the store's probe has {store_probe.n_tokens}")
+    for key, v in token_arrays.items():
+        mine = store_probe.token_arrays.get(key)
+        if mine is not None and not np.array_equal(mine, v):
+            raise ProbeMismatchError(f"npz per-token array {key!r} differs from the store's probe; these are different tokens")
