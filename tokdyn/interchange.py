@@ -32,6 +32,8 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     p = Path(path)
     if not p.is_file():
         raise InputError(f"npz file not found: {p}")
+    if not zipfile.is_zipfile(p):  # np.load would take any other file for a pickle
+        raise InputError(f"{p} is not a readable npz file (not a zip archive)")
     try:
         with np.load(p, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
