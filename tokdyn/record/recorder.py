@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from ..errors import InputError, RunExistsError, TokdynError, WriterError
 from ..probe import ProbeSet
 from ..schedule import explicit_schedule
-from ..store import LOSS_DTYPES, RunWriter, TrajectoryStore, open_store
+from ..store import DEFAULT_TOKEN_CHUNK, LOSS_DTYPES, RunWriter, TrajectoryStore, open_store
 
 __all__ = ["TokenLossRecorder", "default_forward", "token_losses", "shard_ranges"]
 
@@ -98,7 +98,7 @@ def shard_ranges(n_sequences: int, context: int, world_size: int, *, token_chunk
         raise InputError(f"world_size must be >= 1, got {world_size}")
     n = n_sequences * context
     if token_chunk is None:
-        seqs = max(1, min(65536 // context, -(-n_sequences // world_size)))
+        seqs = max(1, min(DEFAULT_TOKEN_CHUNK // context, -(-n_sequences // world_size)))
         token_chunk = seqs * context
     n_chunks = -(-n // token_chunk)
     if n_chunks < world_size:
