@@ -27,12 +27,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import InputError, RunExistsError, TokdynError, WriterError
+from ..errors import InputError, RunExistsError, StepOrderError, TokdynError, WriterError
 from ..probe import ProbeSet
 from ..schedule import explicit_schedule
 from ..store import DEFAULT_TOKEN_CHUNK, LOSS_DTYPES, RunWriter, TrajectoryStore, open_store
 
-__all__ = ["TokenLossRecorder", "default_forward", "token_losses", "shard_ranges"]
+__all__ = ["TokenLossRecorder", "default_forward", "token_losses", "shard_ranges", "model_attrs"]
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def token_losses(
     s, c = tokens.shape[0], tokens.shape[1] - 1
     if out is None:
         out = torch.empty(s * c, dtype=torch.float32, device=tokens.device)
-    was_training = model.training
+    modes = [(m, m.training) for m in model.modules()]  # each submodule's own mode (a frozen part stays eval)
     model.eval()
     try:
         for a in range(0, s, batch_size):
@@ -84,7 +84,8 @@ def token_losses(
             nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
             out[a * c : (a + chunk.shape[0]) * c] = nll
     finally:
-        model.train(was_training)
+        for m, training in modes:
+            m.training = training
     return out
 
 
@@ -206,6 +207,7 @@ class TokenLossRecorder:
         self._queue: queue.Queue = queue.Queue(maxsize=int(queue_size))
         self._error: BaseException | None = None
         self._closed = False
+        self._last_queued: int | None = self._writer.last_step  # the last step handed to the writer
         self.n_recorded = 0
         self.record_seconds = 0.0  # training-thread time spent inside record()
         self._thread = threading.Thread(target=self._write_loop, name=f"tokdyn-writer-{run}", daemon=True)
@@ -215,14 +217,14 @@ class TokenLossRecorder:
 
     def _open_writer(self, run: str, *, dtype: str, resume: bool, run_attrs, token_chunk) -> RunWriter:
         store = self.store
-        if self.world_size > 1:
-            _barrier()  # every rank sees the run list from before rank 0 may create the run
         exists = run in store.runs
+        if self.world_size > 1:
+            _barrier()  # every rank has looked at the run list before rank 0 may create the run
         if exists and not resume:
             raise RunExistsError(f"run {run!r} already exists in {store.url}; pass resume=True to continue it")
         if not exists:
             if self.rank == 0:
-                attrs = {**_model_attrs(self.model), **dict(run_attrs or {})}
+                attrs = {**model_attrs(self.model), **dict(run_attrs or {})}
                 attrs.setdefault("schedule", self.schedule.tolist())
                 attrs.setdefault("world_size", self.world_size)
                 chunk, ranges = shard_ranges(self.probe.n_sequences, self.probe.context, self.world_size, token_chunk=token_chunk)
@@ -246,7 +248,8 @@ class TokenLossRecorder:
 
     def should_record(self, step: int) -> bool:
         """Whether ``step`` is scheduled and not already committed."""
-        return int(step) in self._scheduled and self._writer.accepts(int(step))
+        step = int(step)
+        return step in self._scheduled and (self._last_queued is None or step > self._last_queued)
 
     def maybe_record(self, step: int, *, tokens_seen: int | None = None, lr: float | None = None) -> bool:
         """Record if ``step`` is scheduled (and not yet stored); returns whether it did."""
@@ -261,6 +264,12 @@ class TokenLossRecorder:
         self._check_error()
         if self._closed:
             raise TokdynError("recorder is closed")
+        step = int(step)
+        if self._last_queued is not None and step <= self._last_queued:
+            raise StepOrderError(
+                f"step {step} is not after step {self._last_queued}, the last one recorded in run {self.run_name!r}; "
+                "rows are never overwritten or duplicated"
+            )
         t0 = time.perf_counter()
         wall = time.time()
         token_losses(self.model, self._tokens, batch_size=self.batch_size, forward=self.forward, out=self._buf)
@@ -274,6 +283,7 @@ class TokenLossRecorder:
             ready = None
         meta = {"step": int(step), "tokens_seen": tokens_seen, "lr": lr, "wall_time": wall}
         self._put((ready, host, meta))
+        self._last_queued = step
         self.n_recorded += 1
         self.record_seconds += time.perf_counter() - t0
 
@@ -295,7 +305,10 @@ class TokenLossRecorder:
         def hook(opt, args, kwargs) -> None:
             state["step"] += 1
             s = state["step"]
-            self.maybe_record(s, tokens_seen=seen(s), lr=float(opt.param_groups[0]["lr"]))
+            if self.should_record(s):  # read lr (maybe a device tensor: a sync) only for a recorded row
+                self.record(s, tokens_seen=seen(s), lr=float(opt.param_groups[0]["lr"]))
+            else:
+                self._check_error()
 
         self.maybe_record(state["step"], tokens_seen=seen(state["step"]), lr=float(optimizer.param_groups[0]["lr"]))
         handle = optimizer.register_step_post_hook(hook)
@@ -336,7 +349,10 @@ class TokenLossRecorder:
             self.close()
             return
         try:  # keep what was recorded, but never mask the training error
-            self.close()
+            if self.world_size > 1:
+                self.flush()  # no barrier: the other ranks may never reach close()
+            else:
+                self.close()
         except Exception as close_exc:  # noqa: BLE001
             log.error("tokdyn recorder failed while closing after an error: %s", close_exc)
 
@@ -399,7 +415,8 @@ def _model_device(model: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _model_attrs(model: torch.nn.Module) -> dict:
+def model_attrs(model: torch.nn.Module) -> dict:
+    """Run attributes known from the model itself: parameter counts, config, class name."""
     from ..model import count_parameters
 
     attrs: dict[str, Any] = dict(count_parameters(model))

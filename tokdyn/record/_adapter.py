@@ -1,0 +1,105 @@
+"""What the framework callbacks share: the recorder (or the factory that builds it), a guard that
+hands each step over once, and a learning-rate snapshot read without a device sync."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..errors import InputError
+from .recorder import TokenLossRecorder
+
+
+class RecorderBinding:
+    """A recorder as a training framework's callback drives it.
+
+    Parameters
+    ----------
+    recorder : TokenLossRecorder or callable
+        The recorder, or a zero-argument callable returning one, called by :meth:`start` (once the
+        framework has placed the model on its device and set up the process group).
+    close : bool
+        :meth:`end` closes the recorder (default) or only flushes it.
+    tokens_per_step : int, optional
+        Tokens per optimizer update, stored as ``tokens_seen = step * tokens_per_step``.
+    placement_hint : str
+        Advice appended to the error raised when the model is not where the recorder evaluates.
+    """
+
+    def __init__(
+        self,
+        recorder: TokenLossRecorder | Callable[[], TokenLossRecorder],
+        *,
+        close: bool,
+        tokens_per_step: int | None,
+        placement_hint: str,
+    ) -> None:
+        if not isinstance(recorder, TokenLossRecorder) and not callable(recorder):
+            raise InputError(f"recorder must be a TokenLossRecorder or a callable returning one, got {type(recorder).__name__}")
+        if tokens_per_step is not None and int(tokens_per_step) < 1:
+            raise InputError(f"tokens_per_step must be >= 1, got {tokens_per_step}")
+        self._factory = None if isinstance(recorder, TokenLossRecorder) else recorder
+        self.recorder: TokenLossRecorder | None = recorder if isinstance(recorder, TokenLossRecorder) else None
+        self.close_at_end = bool(close)
+        self.tokens_per_step = None if tokens_per_step is None else int(tokens_per_step)
+        self.placement_hint = placement_hint
+        self.lr: float | torch.Tensor | None = None
+        self._last_step: int | None = None  # the last step handed to the recorder
+
+    def start(self, optimizer=None) -> TokenLossRecorder:
+        """Build the recorder if needed, check where the model lives, snapshot the rate."""
+        if self.recorder is None:
+            rec = self._factory()
+            if not isinstance(rec, TokenLossRecorder):
+                raise InputError(f"the recorder factory returned {type(rec).__name__}, not a TokenLossRecorder")
+            self.recorder = rec
+        _check_placement(self.recorder, self.placement_hint)
+        self.snapshot_lr(optimizer)
+        return self.recorder
+
+    def snapshot_lr(self, optimizer) -> None:
+        """Keep the first group's learning rate; a tensor rate is copied on its device
+        (schedulers update it in place) and read only when a row is recorded."""
+        groups = getattr(optimizer, "param_groups", None)  # also accelerate's / Lightning's wrappers
+        if not groups:
+            self.lr = None
+            return
+        lr = groups[0]["lr"]
+        self.lr = lr.detach().clone() if isinstance(lr, torch.Tensor) else float(lr)
+
+    def record(self, step: int, tokens_seen: int | None = None) -> None:
+        """Hand ``step`` to the recorder once (several hooks may fire on one optimizer step)."""
+        step = int(step)
+        if self._last_step is not None and step <= self._last_step:
+            return
+        self._last_step = step
+        rec = self.recorder
+        if rec.should_record(step):  # read the rate (maybe a device tensor) only for a recorded row
+            if tokens_seen is None and self.tokens_per_step is not None:
+                tokens_seen = step * self.tokens_per_step
+            rec.record(step, tokens_seen=tokens_seen, lr=None if self.lr is None else float(self.lr))
+        else:
+            rec.maybe_record(step)  # records nothing; raises a pending writer failure
+
+    def end(self) -> None:
+        """Training ended: close the recorder (or flush it, with ``close=False``)."""
+        if self.recorder is None:
+            return
+        if self.close_at_end:
+            self.recorder.close()
+        else:
+            self.recorder.flush()
+
+
+def _check_placement(rec: TokenLossRecorder, hint: str) -> None:
+    """Fail early, with advice, when the recorder cannot evaluate the model it was given."""
+    model = rec.model
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise InputError("build the recorder on the unwrapped model (ddp.module), not the DistributedDataParallel wrapper")
+    p = next(model.parameters(), None)
+    if p is None:
+        return
+    dev, want = p.device, rec.device
+    if dev.type != want.type or (dev.index is not None and want.index is not None and dev.index != want.index):
+        raise InputError(f"the model is on {dev} but the recorder evaluates on {want}; {hint}")

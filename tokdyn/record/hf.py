@@ -1,0 +1,98 @@
+"""Hugging Face ``transformers.Trainer`` adapter: record the probe from a ``TrainerCallback``.
+
+::
+
+    from tokdyn.record.hf import TokdynTrainerCallback
+
+    args = TrainingArguments(...)  # under torchrun this sets up the process group
+    rec = TokenLossRecorder(model, probe, "runs.zarr", "gpt2-small", schedule=geometric_schedule(max_steps, 40))
+    Trainer(model=model, args=args, train_dataset=ds, callbacks=[TokdynTrainerCallback(rec)]).train()
+
+The callback records at ``state.global_step`` (optimizer updates done) after every update, and
+at the starting step when training begins (step 0, or the step a resumed run restarts from);
+the recorder skips unscheduled and already-stored steps. When training ends it closes the
+recorder (flushing every queued row). ``Trainer`` does not call any callback when training
+raises, so wrap ``trainer.train()`` in ``with rec:`` to keep the rows recorded before an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ._adapter import RecorderBinding
+from .recorder import TokenLossRecorder
+
+try:
+    from transformers import TrainerCallback
+except ImportError as exc:  # pragma: no cover - exercised only without transformers
+    raise ImportError(
+        f"tokdyn.record.hf needs the transformers package ({exc}); install it with: pip install 'tokdyn[hf]'"
+    ) from exc
+
+__all__ = ["TokdynTrainerCallback"]
+
+
+class TokdynTrainerCallback(TrainerCallback):
+    """Records per-token probe losses during ``Trainer.train()``.
+
+    Parameters
+    ----------
+    recorder : TokenLossRecorder or callable
+        The recorder (built on the *unwrapped* model, on the device the Trainer trains on), or a
+        zero-argument callable returning one, called when training begins: by then the Trainer
+        has placed the model on its device.
+    close : bool
+        Close the recorder when training ends (the default). With ``False`` it is only flushed,
+        and the caller closes it, e.g. to train again with the same recorder.
+    tokens_per_step : int, optional
+        Tokens per optimizer update, stored as ``tokens_seen = step * tokens_per_step``. By
+        default ``state.num_input_tokens_seen`` is stored when the Trainer counts it
+        (``TrainingArguments(include_num_input_tokens_seen=True)``), and nothing otherwise.
+
+    The learning rate stored with a row is that of the update that produced the weights (read
+    after ``optimizer.step()``, before the scheduler steps); step 0 gets the first update's.
+    """
+
+    def __init__(
+        self,
+        recorder: TokenLossRecorder | Callable[[], TokenLossRecorder],
+        *,
+        close: bool = True,
+        tokens_per_step: int | None = None,
+    ) -> None:
+        self._binding = RecorderBinding(
+            recorder, close=close, tokens_per_step=tokens_per_step,
+            placement_hint="build the recorder after the Trainer has placed the model, pass device=..., "
+            "or pass a factory (lambda: TokenLossRecorder(...))",
+        )  # fmt: skip
+
+    @property
+    def recorder(self) -> TokenLossRecorder | None:
+        """The recorder (None until training begins when a factory was given)."""
+        return self._binding.recorder
+
+    # -- Trainer events -------------------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._binding.start(kwargs.get("optimizer"))
+        self._record(args, state)
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self._binding.snapshot_lr(kwargs.get("optimizer"))  # before lr_scheduler.step(): this update's rate
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._record(args, state)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._binding.end()
+
+    def _record(self, args, state) -> None:
+        counted = None if self._binding.tokens_per_step is not None else _counted_tokens(args, state)
+        self._binding.record(state.global_step, tokens_seen=counted)
+
+
+def _counted_tokens(args, state) -> int | None:
+    """``state.num_input_tokens_seen`` when the Trainer counts input tokens, else None."""
+    counted = getattr(state, "num_input_tokens_seen", 0) or 0
+    counting = getattr(args, "include_num_input_tokens_seen", "no") not in (False, None, "no")
+    return int(counted) if counting or counted > 0 else None

@@ -1,0 +1,107 @@
+"""Lightning adapter: record the probe from a ``lightning.pytorch`` (or ``pytorch_lightning``) Callback.
+
+::
+
+    from tokdyn.record.lightning import TokdynLightningCallback
+
+    cb = TokdynLightningCallback(lambda: TokenLossRecorder(net, probe, "runs.zarr", "lit", schedule=schedule))
+    Trainer(max_steps=max_steps, callbacks=[cb]).fit(module, loader)
+
+The callback records at ``trainer.global_step`` (optimizer updates done) after every training
+batch, and at the starting step when training starts; the recorder skips unscheduled and
+already-stored steps, and the callback never hands it one step twice (with gradient
+accumulation several batches end on one step). It closes the recorder when training ends, and
+flushes it when training raises, so the rows recorded before the error stay readable.
+
+Under DDP pass a factory (a zero-argument callable returning the recorder): Lightning starts the
+process group and moves the model to its device inside ``fit``, and the recorder must be built
+after both, on every rank.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ._adapter import RecorderBinding
+from .recorder import TokenLossRecorder
+
+try:
+    import lightning.pytorch as pl
+except ImportError:
+    try:
+        import pytorch_lightning as pl
+    except ImportError as exc:  # pragma: no cover - exercised only without Lightning
+        raise ImportError(
+            f"tokdyn.record.lightning needs Lightning ({exc}); install it with: pip install 'tokdyn[lightning]'"
+        ) from exc
+
+__all__ = ["TokdynLightningCallback"]
+
+log = logging.getLogger(__name__)
+
+
+class TokdynLightningCallback(pl.Callback):
+    """Records per-token probe losses during ``Trainer.fit``.
+
+    Built on ``lightning.pytorch.Callback`` when the ``lightning`` package is installed, else on
+    ``pytorch_lightning.Callback``: use it with the matching ``Trainer``.
+
+    Parameters
+    ----------
+    recorder : TokenLossRecorder or callable
+        The recorder, built on the network being trained (e.g. the ``TinyGPT`` inside the
+        ``LightningModule``, never a DDP wrapper), or a zero-argument callable returning one,
+        called at ``on_train_start`` once the process group exists and the model is on its device.
+    close : bool
+        Close the recorder when training ends (the default); with ``False`` it is only flushed.
+    tokens_per_step : int, optional
+        Tokens per optimizer update, stored as ``tokens_seen = step * tokens_per_step``.
+
+    The learning rate stored with a row is that of the update that produced the weights (read
+    just before ``optimizer.step()``; Lightning steps the scheduler before the batch-end hook);
+    step 0 gets the first update's.
+    """
+
+    def __init__(
+        self,
+        recorder: TokenLossRecorder | Callable[[], TokenLossRecorder],
+        *,
+        close: bool = True,
+        tokens_per_step: int | None = None,
+    ) -> None:
+        super().__init__()
+        self._binding = RecorderBinding(
+            recorder, close=close, tokens_per_step=tokens_per_step,
+            placement_hint="pass a factory (lambda: TokenLossRecorder(...)) so the recorder is built after "
+            "Lightning places the model, or pass device=...",
+        )  # fmt: skip
+
+    @property
+    def recorder(self) -> TokenLossRecorder | None:
+        """The recorder (None until training starts when a factory was given)."""
+        return self._binding.recorder
+
+    # -- Lightning hooks ------------------------------------------------------------------
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._binding.start(trainer.optimizers[0] if trainer.optimizers else None)
+        self._binding.record(trainer.global_step)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self._binding.snapshot_lr(optimizer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._binding.record(trainer.global_step)  # once per step, even with gradient accumulation
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._binding.end()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        # Flush, not close: close() waits on a barrier under DDP, which a failed rank never reaches.
+        if self.recorder is None:
+            return
+        try:
+            self.recorder.flush()
+        except Exception as exc:  # noqa: BLE001 - never mask the training error
+            log.error("tokdyn recorder failed while flushing after a training error: %s", exc)
