@@ -60,6 +60,24 @@ def _cmd_export_npz(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_fit(args: argparse.Namespace) -> int:
+    from .fit.job import fit_run
+
+    res = fit_run(args.store, args.run, backend=args.backend, device=args.device, scheduler=args.scheduler,
+                  workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, progress=not args.no_progress)  # fmt: skip
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"fitted run {res['run']!r}: {res['n_tokens']:,} tokens on {res['n_points']} points, "
+          f"{res['blocks_fitted']} blocks fitted, {res['blocks_resumed']} already done, "
+          f"{res['seconds']:.1f} s ({res['backend']}, {res['scheduler']})")  # fmt: skip
+    total = sum(res["class_counts"].values())
+    for name, count in sorted(res["class_counts"].items(), key=lambda kv: -kv[1]):
+        share = res["class_loss_share"].get(name, float("nan"))
+        print(f"  {name:<16} {count:>9,} tokens ({count / total:6.1%})  {share:7.1%} of the loss drop")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -87,6 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("store")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("fit", help="fit a learning event to every token of a run (dask over token blocks)")
+    p.add_argument("store")
+    p.add_argument("--run", required=True)
+    p.add_argument("--scheduler", help="threads (default), processes, sync, or tcp://HOST:PORT of a dask cluster")
+    p.add_argument("--workers", type=int, help="local workers (default: one per core)")
+    p.add_argument("--backend", default="auto", choices=("auto", "numba", "numpy", "torch"))
+    p.add_argument("--device", help="torch device for --backend torch (e.g. cuda)")
+    p.add_argument("--batch-rows", type=int, default=16384, help="tokens fitted at once inside a block")
+    p.add_argument("--refit", action="store_true", help="discard a stored fit and fit again")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_fit)
 
     p = sub.add_parser("import-npz", help="import a losses.npz (the paper's format) as a run")
     p.add_argument("input", help="losses.npz")

@@ -1,0 +1,171 @@
+"""Model comparison and classes: hand-computed BIC and rules, planted classes, two steps."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tokdyn.errors import InputError
+from tokdyn.fit import CLASS_CODES, FitOptions, class_loss_share, classify, fit_sigmoids
+from tokdyn.fit.models import (
+    bic,
+    choose_model,
+    constant_fit,
+    line_fit,
+    order_events,
+    two_sigmoid_curve,
+)
+from tokdyn.fit.sigmoid import sigmoid_curve
+from tokdyn.fit.synthetic import plant_sigmoids, plant_two_steps
+
+X = np.linspace(1.0, 5.0, 60)
+
+
+def test_bic_by_hand():
+    # n ln(SSE/n) + k ln n with n = 10, SSE = 2.5, k = 4
+    assert bic(np.array([2.5]), np.array([10]), 4)[0] == pytest.approx(
+        10 * math.log(0.25) + 4 * math.log(10)
+    )
+    assert np.isposinf(bic(np.array([np.nan]), np.array([10]), 4)[0])
+    assert np.isfinite(bic(np.array([0.0]), np.array([10]), 4)[0])  # exact fit: floored
+
+
+def test_choose_model_walks_up_with_margin():
+    bics = np.array([
+        [100.0, 95.0, 80.0, 79.0],  # line not 10 better; sigmoid 20 better than both -> 2
+        [100.0, 85.0, 80.0, 60.0],  # line wins (15); sigmoid 5 better only; two 20 better -> 3
+        [100.0, 99.0, 95.0, 91.0],  # nothing 10 better than the constant -> 0
+        [100.0, 80.0, 75.0, np.inf],  # line; sigmoid only 5 better; two not fitted -> 1
+    ])
+    assert choose_model(bics, 10.0).tolist() == [2, 3, 0, 1]
+
+
+def test_constant_and_line_by_hand():
+    x = np.array([0.0, 1.0, 2.0, 3.0])
+    Y = np.array([[1.0, 3.0, 5.0, 7.0]])
+    W = np.ones_like(Y)
+    mean, sse = constant_fit(Y, W)
+    assert mean[0] == 4.0 and sse[0] == 20.0
+    a, b, sse_l = line_fit(x, Y, W)
+    assert (a[0], b[0]) == pytest.approx((1.0, 2.0)) and sse_l[0] == pytest.approx(0.0)
+    W[0, 3] = 0  # a missing point is skipped
+    mean, _ = constant_fit(np.where(W > 0, Y, 0.0), W)
+    assert mean[0] == 3.0
+
+
+def test_order_events_swaps():
+    p2 = np.array([[1.0, 2.0, 4.0, 0.1, 3.0, 2.0, 0.2]])
+    assert order_events(p2).tolist() == [[1.0, 3.0, 2.0, 0.2, 2.0, 4.0, 0.1]]
+
+
+def _rules(**over):
+    base = dict(
+        model=np.array([2]), status=np.array([0]), level_first=np.array([6.0]),
+        level_last=np.array([2.0]), const_rms=np.array([1.5]), delta=np.array([4.0]),
+        mu=np.array([3.0]), r2=np.array([0.9]), delta1=np.array([np.nan]),
+        mu1=np.array([np.nan]), delta2=np.array([np.nan]), mu2=np.array([np.nan]),
+        x_first=np.array([1.0]), x_last=np.array([5.0]), options=FitOptions(),
+    )
+    base.update({k: np.array([v]) if not isinstance(v, FitOptions) else v for k, v in over.items()})
+    return int(classify(**base)[0])
+
+
+@pytest.mark.parametrize(
+    "over, expected",
+    [
+        ({}, "learned"),
+        ({"status": 4}, "unfit"),
+        ({"status": 5}, "unfit"),
+        ({"r2": 0.3}, "noisy"),
+        ({"mu": 0.5}, "already_known"),  # left-censored
+        ({"mu": 5.5}, "not_yet_learned"),  # right-censored
+        ({"level_first": 0.9, "level_last": 0.1}, "already_known"),  # low from the start
+        ({"delta": -4.0, "level_first": 2.0, "level_last": 6.0}, "forgotten"),
+        ({"level_first": 6.0, "level_last": 5.8}, "not_yet_learned"),  # no clear drop
+        ({"model": 1}, "gradual"),
+        ({"model": 0, "level_first": 6.0, "level_last": 6.0, "const_rms": 0.2},
+         "not_yet_learned"),
+        ({"model": 0, "level_first": 6.0, "level_last": 6.0, "const_rms": 0.8}, "noisy"),
+        ({"model": 0, "level_first": 0.5, "level_last": 0.5}, "already_known"),
+        ({"model": 3, "delta1": 2.0, "mu1": 2.0, "delta2": 2.0, "mu2": 4.0}, "multi_step"),
+        # second event too small or outside: judged as one sigmoid
+        ({"model": 3, "delta1": 3.8, "mu1": 2.0, "delta2": 0.2, "mu2": 4.0}, "learned"),
+        ({"model": 3, "delta1": 2.0, "mu1": 2.0, "delta2": 2.0, "mu2": 5.5}, "learned"),
+    ],
+)
+def test_class_rules(over, expected):
+    assert _rules(**over) == CLASS_CODES[expected]
+
+
+def test_thresholds_are_configurable():
+    assert _rules(delta=0.8, level_first=3.0, level_last=2.2) == CLASS_CODES["learned"]
+    strict = FitOptions(delta_min=1.0)
+    assert _rules(delta=0.8, level_first=3.0, level_last=2.2, options=strict) == CLASS_CODES[
+        "not_yet_learned"
+    ]
+
+
+def test_class_loss_share_by_hand():
+    codes = np.array([0, 0, 4, 3, 7])
+    drop = np.array([2.0, 3.0, 6.0, -1.0, np.nan])  # total 10
+    share = class_loss_share(codes, drop)
+    assert share["learned"] == pytest.approx(0.5)
+    assert share["multi_step"] == pytest.approx(0.6)
+    assert share["forgotten"] == pytest.approx(-0.1)
+    assert share["unfit"] == 0.0
+    assert sum(share.values()) == pytest.approx(1.0)
+    with pytest.raises(InputError, match="one length"):
+        class_loss_share(codes, drop[:3])
+
+
+def _planted_classes(rng):
+    n = 150
+    noise = lambda sd=0.2: sd * rng.standard_normal((n, X.size))  # noqa: E731
+    mu = lambda lo, hi: rng.uniform(lo, hi, (n, 1))  # noqa: E731
+    return {
+        "learned": plant_sigmoids(n, X, rng=rng, delta_range=(2, 5), s_range=(0.05, 0.4)).Y,
+        "forgotten": sigmoid_curve(X, 2.0, 5.0, mu(1.8, 4.2), 0.2) + noise(),
+        "multi_step": plant_two_steps(n, X, rng=rng).Y,
+        "gradual": 8.0 - 1.2 * X + noise(),
+        "not_yet_learned": 7.0 + noise() + 0 * X,
+        "already_known": 0.4 + noise(0.05) + 0 * X,
+        "noisy": 5.0 + noise(1.0),
+    }
+
+
+def test_planted_classes():
+    for name, Y in _planted_classes(np.random.default_rng(5)).items():
+        fit = fit_sigmoids(X, Y, backend="auto")
+        right = np.mean(fit.class_name == name)
+        assert right >= (0.9 if name == "multi_step" else 0.97), (name, right)
+
+
+def test_two_steps_recovered():
+    pl = plant_two_steps(300, X, rng=np.random.default_rng(9))
+    fit = fit_sigmoids(X, pl.Y, backend="auto")
+    multi = fit.class_name == "multi_step"
+    t = pl.truth
+    for k in ("mu1", "mu2"):
+        assert np.median(np.abs(fit.to_dict()[k][multi] - t[k][multi])) < 0.05
+    for k in ("delta1", "delta2"):
+        assert np.median(np.abs(fit.to_dict()[k][multi] - t[k][multi])) < 0.15
+    # every multi-step token gives the spectrum two events, each with its own time and drop
+    ev = fit.events()
+    assert np.sum(np.isin(ev["token"], np.flatnonzero(multi))) == 2 * multi.sum()
+    # the fitted fall over the observed range is the planted one
+    clean = two_sigmoid_curve(X[[0, -1]][None, :], *(t[k][:, None] for k in (
+        "linf", "delta1", "mu1", "s1", "delta2", "mu2", "s2")))
+    assert np.median(np.abs(fit.drop - (clean[:, 0] - clean[:, 1]))[multi]) < 0.1
+
+
+def test_shares_sum_to_mean_loss_drop():
+    rng = np.random.default_rng(2)
+    Y = np.concatenate(list(_planted_classes(rng).values()))
+    fit = fit_sigmoids(X, Y, backend="auto")
+    # drop per token is the chosen model's fall over the observed range: its mean is close to
+    # the fall of the mean loss between the first and last few points
+    measured = Y[:, :3].mean() - Y[:, -3:].mean()
+    assert np.nanmean(fit.drop) == pytest.approx(measured, abs=0.1)
+    assert sum(fit.class_loss_share().values()) == pytest.approx(1.0)

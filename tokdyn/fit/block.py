@@ -1,0 +1,449 @@
+"""Fit a block of trajectories: every model, BIC, class and age of acquisition per token.
+
+:func:`fit_block` is the plain function over one block (x [K], Y [B, K]) that returns the fixed
+record :data:`FIT_FIELDS` (1-D arrays of length B), the unit a store lifts over its token
+chunks. :func:`fit_sigmoids` is the same for arrays in memory of any size, returning a
+:class:`SigmoidFit`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tokdyn.errors import InputError
+from tokdyn.fit.backends import inverse_diagonal, prepare_rows, resolve_backend, run_lm
+from tokdyn.fit.lm import LM_CONVERGED, MODEL_SIGMOID, MODEL_TWO_SIGMOIDS
+from tokdyn.fit.models import (
+    N_PARAMS,
+    bic,
+    choose_model,
+    class_loss_share,
+    classify,
+    model_level,
+    order_events,
+    two_sigmoid_bounds,
+    two_sigmoid_start,
+)
+from tokdyn.fit.options import (
+    CLASS_CODES,
+    CLASS_NAMES,
+    MODEL_NAMES,
+    STATUS_CODES,
+    STATUS_NAMES,
+    FitOptions,
+)
+from tokdyn.fit.sigmoid import age_of_acquisition
+
+__all__ = ["FIT_FIELDS", "SigmoidFit", "fit_block", "fit_sigmoids", "validate_inputs"]
+
+F8, I4, I1 = np.dtype(np.float64), np.dtype(np.int32), np.dtype(np.int8)
+
+FIT_FIELDS: dict[str, np.dtype] = {
+    # data
+    "n_points": I4,  # observed (non-NaN) points used
+    "x_first": F8,  # first and last observed x
+    "x_last": F8,
+    # one sigmoid (METHOD.md section 2)
+    "status": I1,  # STATUS_NAMES
+    "n_iter": I4,
+    "l0": F8,
+    "linf": F8,
+    "mu": F8,
+    "s": F8,
+    "delta": F8,  # l0 - linf
+    "l0_se": F8,
+    "linf_se": F8,
+    "mu_se": F8,
+    "s_se": F8,
+    "sse": F8,
+    "rms": F8,
+    "r2": F8,
+    # constant and line
+    "mean": F8,
+    "const_rms": F8,  # RMS about the mean
+    "line_intercept": F8,  # l = line_intercept + line_slope * x
+    "line_slope": F8,
+    # two sigmoids, events ordered mu1 <= mu2; l0 = linf2 + delta1 + delta2
+    "status2": I1,
+    "n_iter2": I4,
+    "linf2": F8,
+    "delta1": F8,
+    "mu1": F8,
+    "s1": F8,
+    "delta2": F8,
+    "mu2": F8,
+    "s2": F8,
+    "sse2": F8,
+    # comparison and classes
+    "bic_constant": F8,
+    "bic_line": F8,
+    "bic_sigmoid": F8,
+    "bic_two_sigmoids": F8,
+    "model": I1,  # MODEL_NAMES; -1 where nothing was fitted
+    "class_code": I1,  # CLASS_NAMES
+    "drop": F8,  # chosen model's loss at x_first minus at x_last
+    "aoa": F8,  # Chang et al.'s age of acquisition (x units); NaN without vocab_size
+}
+
+
+def validate_inputs(x: Any, Y: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Check and convert the arrays of one call; raise one InputError that says what is wrong.
+
+    x must be 1-D, finite and strictly increasing (log10 of positive axis values: drop step
+    0 first); Y must be 2-D [B, K] real numbers with K = len(x). NaN in Y marks a missing point;
+    other bad values (inf, negative, huge) are judged per trajectory, not here.
+    """
+    x_arr = np.asarray(x)
+    Y_arr = np.asarray(Y)
+    if x_arr.ndim != 1:
+        raise InputError(f"x: expected a 1-D array of axis positions, got shape {x_arr.shape}")
+    if not (np.issubdtype(x_arr.dtype, np.number) and not np.iscomplexobj(x_arr)):
+        raise InputError(f"x: expected real numbers, got dtype {x_arr.dtype}")
+    if Y_arr.ndim != 2:
+        raise InputError(
+            f"Y: expected a 2-D array [trajectories, points], got shape {Y_arr.shape}"
+        )
+    if not (np.issubdtype(Y_arr.dtype, np.number) and not np.iscomplexobj(Y_arr)):
+        raise InputError(f"Y: expected real numbers, got dtype {Y_arr.dtype}")
+    if Y_arr.shape[1] != x_arr.shape[0]:
+        raise InputError(
+            f"Y: expected {x_arr.shape[0]} columns (one per x), got shape {Y_arr.shape}"
+        )
+    x_arr = x_arr.astype(np.float64)
+    if not np.all(np.isfinite(x_arr)):
+        raise InputError(
+            "x: expected finite values (x = log10(axis value); leave step 0 out), "
+            f"got {x_arr[~np.isfinite(x_arr)][:5].tolist()}"
+        )
+    if x_arr.size > 1 and not np.all(np.diff(x_arr) > 0):
+        bad = int(np.argmin(np.diff(x_arr) > 0))
+        raise InputError(
+            f"x: expected strictly increasing values, got x[{bad}]={x_arr[bad]!r} then "
+            f"x[{bad + 1}]={x_arr[bad + 1]!r}"
+        )
+    return x_arr, np.ascontiguousarray(Y_arr, dtype=np.float64)
+
+
+def _on_bound(p, lo, hi, cols) -> np.ndarray:
+    """[B] True where a parameter of ``cols`` sits on its bound (to rounding: the solver
+    works in ln s, so s comes back through exp(log(bound)))."""
+    pb, lob, hib = p[:, cols], lo[:, cols], hi[:, cols]
+    tol = 1e-12 * (1.0 + np.abs(pb))
+    return np.any((pb <= lob + tol) | (pb >= hib - tol), axis=1)
+
+
+def _final_status(lm_status, p, lo, hi, cov_ok, bounded_cols) -> np.ndarray:
+    """Solver outcome -> status code. A converged fit on a bound is ``hit_bound`` (even if
+    also singular: the bound is the better explanation), else ``singular`` where J^T J is."""
+    at_bound = _on_bound(p, lo, hi, bounded_cols)
+    converged = lm_status == LM_CONVERGED
+    status = np.where(converged, STATUS_CODES["converged"], STATUS_CODES["failed"])
+    status = np.where(converged & ~cov_ok, STATUS_CODES["singular"], status)
+    return np.where(converged & at_bound, STATUS_CODES["hit_bound"], status)
+
+
+def _log_cols(a: np.ndarray, cols: list[int]) -> np.ndarray:
+    """Copy of a with ln taken of the width columns (the solver's parameterization)."""
+    out = a.copy()
+    out[:, cols] = np.log(a[:, cols])
+    return out
+
+
+class _Solver:
+    """run_lm with the options and backend of one call, in the solver's parameters."""
+
+    def __init__(self, x: np.ndarray, options: FitOptions, backend: str, device: Any) -> None:
+        self.x, self.options, self.backend, self.device = x, options, backend, device
+
+    def __call__(self, model, Y, p0, lo, hi, width_cols):
+        """Fit from p0 within [lo, hi]; returns run_lm's dict with natural parameters."""
+        o = self.options
+        ftol = o.ftol if model == MODEL_SIGMOID else o.ftol_two
+        res = run_lm(
+            model, self.x, Y, _log_cols(p0, width_cols), _log_cols(lo, width_cols),
+            _log_cols(hi, width_cols), max_iter=o.max_iter, ftol=ftol, xtol=o.xtol,
+            backend=self.backend, device=self.device,
+        )
+        res["p"][:, width_cols] = np.exp(res["p"][:, width_cols])
+        return res
+
+    def standard_errors(self, res, n, width_cols):
+        """SEs [B, P] of the natural parameters (se of s = s * se of ln s) and ok [B].
+
+        cov = s^2 (J^T J)^-1 with s^2 = SSE / (n - P), as scipy's curve_fit reports it.
+        """
+        P = res["p"].shape[1]
+        inv_diag, ok = inverse_diagonal(res["A"], self.backend)
+        var = inv_diag * (res["sse"] / np.maximum(n - P, 1))[:, None]
+        ok = ok & np.all(np.isfinite(var) & (var >= 0), axis=1)
+        se = np.where(ok[:, None], np.sqrt(np.abs(var)), np.nan)
+        se[:, width_cols] *= res["p"][:, width_cols]
+        return se, ok
+
+
+def _fit_sigmoid(solve: _Solver, Y, prep):
+    """One sigmoid per row, with a restart for fits that end on a bound or fail."""
+    p0, lo, hi = prep["p0"], prep["lo"], prep["hi"]
+    res = solve(MODEL_SIGMOID, Y, p0, lo, hi, [3])
+    # A fit ending on a bound may have slid into a boundary basin (a sharp step on one noisy
+    # point, or an event pushed out of range); try again from a wide, central start.
+    at_bound = _on_bound(res["p"], lo, hi, [2, 3])
+    again = np.flatnonzero(at_bound | (res["status"] != LM_CONVERGED))
+    if again.size:
+        first, last = prep["x_first"][again], prep["x_last"][again]
+        p_alt = p0[again].copy()
+        p_alt[:, 2] = 0.5 * (first + last)
+        p_alt[:, 3] = np.clip(0.2 * (last - first), lo[again, 3], hi[again, 3])
+        alt = solve(MODEL_SIGMOID, Y[again], p_alt, lo[again], hi[again], [3])
+        total_iter = res["n_iter"][again] + alt["n_iter"]
+        better = alt["sse"] < res["sse"][again]
+        for k in res:
+            res[k][again[better]] = alt[k][better]
+        res["n_iter"][again] = total_iter  # both runs count
+    se, cov_ok = solve.standard_errors(res, prep["n"], [3])
+    status = _final_status(res["status"], res["p"], lo, hi, cov_ok, [2, 3])
+    return res, se, status
+
+
+def _fit_two_sigmoids(solve: _Solver, Y, p1, prep):
+    lo, hi = two_sigmoid_bounds(prep["lo"], prep["hi"])
+    res = solve(MODEL_TWO_SIGMOIDS, Y, two_sigmoid_start(p1, lo, hi), lo, hi, [3, 6])
+    _, cov_ok = solve.standard_errors(res, prep["n"], [3, 6])
+    status = _final_status(res["status"], res["p"], lo, hi, cov_ok, [2, 3, 5, 6])
+    return res, order_events(res["p"]), status
+
+
+def fit_block(
+    x: Any,
+    Y: Any,
+    *,
+    options: FitOptions | None = None,
+    backend: str = "auto",
+    device: Any = None,
+) -> dict[str, np.ndarray]:
+    """Fit every trajectory of one block; return :data:`FIT_FIELDS` as 1-D arrays of length B.
+
+    Parameters
+    ----------
+    x : array [K]
+        log10 of the axis values (finite, strictly increasing).
+    Y : array [B, K]
+        Token losses in nats; NaN marks a missing point.
+    options : FitOptions, optional
+    backend, device : see :func:`fit_sigmoids`.
+
+    Bad trajectories never raise: each gets a status (and class ``unfit``) instead.
+    """
+    options = FitOptions() if options is None else FitOptions.from_kwargs(options)
+    x, Y = validate_inputs(x, Y)
+    backend, device = resolve_backend(backend, device)
+    # Degenerate rows (denormal or flat data) may overflow or divide by zero on the way;
+    # their status says so, so numpy's warnings would only be noise.
+    with np.errstate(all="ignore"):
+        return _fit_checked_block(x, Y, options, backend, device)
+
+
+def _fit_checked_block(x, Y, options, backend, device) -> dict[str, np.ndarray]:
+    """fit_block after its arguments are checked."""
+    B = Y.shape[0]
+    out = {name: np.full(B, np.nan if dt.kind == "f" else 0, dtype=dt)
+           for name, dt in FIT_FIELDS.items()}
+    prep = prepare_rows(x, Y, options, backend)
+    n = prep["n"]
+    invalid = prep["invalid"]
+    out["n_points"][:] = n
+    out["x_first"][:], out["x_last"][:] = prep["x_first"], prep["x_last"]
+    unfit_status = np.where(invalid, STATUS_CODES["invalid_input"], STATUS_CODES["too_few_points"])
+    out["status"][:] = out["status2"][:] = unfit_status
+    out["model"][:] = -1
+    out["class_code"][:] = CLASS_CODES["unfit"]
+
+    rows = np.flatnonzero(~invalid & (n >= options.min_points))
+    if rows.size == 0:
+        return out
+    if rows.size < B:
+        Y = Y[rows]
+        prep = {k: v[rows] for k, v in prep.items()}
+    nr = prep["n"].astype(np.float64)
+    xf, xl = prep["x_first"], prep["x_last"]
+    mean, sse_c, sse_l = prep["mean"], prep["sse_const"], prep["sse_line"]
+    solve = _Solver(x, options, backend, device)
+
+    res1, se1, status1 = _fit_sigmoid(solve, Y, prep)
+    p1, sse1 = res1["p"], res1["sse"]
+    has_spread = sse_c > 0
+    r2 = np.where(has_spread, 1.0 - sse1 / np.where(has_spread, sse_c, 1.0), np.nan)
+    # A flat trajectory: R^2 undefined and the event not identified, whatever the solver says.
+    status1 = np.where((status1 == STATUS_CODES["converged"]) & ~has_spread,
+                       STATUS_CODES["singular"], status1)
+
+    def put(name: str, values) -> None:
+        out[name][rows] = values
+
+    put("status", status1)
+    put("n_iter", res1["n_iter"])
+    for j, name in enumerate(("l0", "linf", "mu", "s")):
+        put(name, p1[:, j])
+        put(name + "_se", se1[:, j])
+    put("delta", p1[:, 0] - p1[:, 1])
+    put("sse", sse1)
+    put("rms", np.sqrt(sse1 / nr))
+    put("r2", r2)
+    put("mean", mean)
+    put("const_rms", np.sqrt(sse_c / nr))
+    put("line_intercept", prep["intercept"])
+    put("line_slope", prep["slope"])
+
+    bics = np.full((rows.size, 4), np.inf)
+    for m, sse in enumerate((sse_c, sse_l, sse1)):
+        bics[:, m] = bic(sse, nr, N_PARAMS[m])
+    p2 = np.full((rows.size, 7), np.nan)
+    if options.two_step:
+        res2, p2, status2 = _fit_two_sigmoids(solve, Y, p1, prep)
+        bics[:, 3] = bic(res2["sse"], nr, N_PARAMS[3])
+        put("status2", status2)
+        put("n_iter2", res2["n_iter"])
+        for j, name in enumerate(("linf2", "delta1", "mu1", "s1", "delta2", "mu2", "s2")):
+            put(name, p2[:, j])
+        put("sse2", res2["sse"])
+    else:
+        put("status2", STATUS_CODES["not_fitted"])
+    for j, name in enumerate(("bic_constant", "bic_line", "bic_sigmoid", "bic_two_sigmoids")):
+        put(name, bics[:, j])
+
+    model = choose_model(bics, options.bic_margin)
+    levels = dict(mean=mean, intercept=prep["intercept"], slope=prep["slope"], p1=p1, p2=p2)
+    first = model_level(model, xf, **levels)
+    last = model_level(model, xl, **levels)
+    code = classify(
+        model=model, status=status1, level_first=first, level_last=last,
+        const_rms=np.sqrt(sse_c / nr), delta=p1[:, 0] - p1[:, 1], mu=p1[:, 2], r2=r2,
+        delta1=p2[:, 1], mu1=p2[:, 2], delta2=p2[:, 4], mu2=p2[:, 5],
+        x_first=xf, x_last=xl, options=options,
+    )
+    put("model", model)
+    put("class_code", code)
+    put("drop", first - last)
+    if options.vocab_size is not None:
+        put("aoa", age_of_acquisition(*p1.T, xl, options.vocab_size))
+    return out
+
+
+class SigmoidFit:
+    """Per-trajectory results of :func:`fit_sigmoids`: one 1-D array per :data:`FIT_FIELDS` name.
+
+    Fields are attributes (``fit.mu``, ``fit.status``); ``to_dict()`` gives them all.
+    """
+
+    def __init__(self, fields: dict[str, np.ndarray], options: FitOptions) -> None:
+        missing = set(FIT_FIELDS) - set(fields)
+        if missing:
+            raise InputError(f"SigmoidFit: missing fields {sorted(missing)}")
+        self._fields = {name: fields[name] for name in FIT_FIELDS}
+        self.options = options
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        fields = self.__dict__.get("_fields", {})
+        if name in fields:
+            return fields[name]
+        raise AttributeError(f"SigmoidFit has no field {name!r}; fields: {list(FIT_FIELDS)}")
+
+    def __len__(self) -> int:
+        return len(self._fields["status"])
+
+    def __repr__(self) -> str:
+        names, counts = np.unique(self.class_name, return_counts=True)
+        classes = ", ".join(f"{k}={v}" for k, v in zip(names, counts))
+        return f"SigmoidFit({len(self)} trajectories: {classes})"
+
+    def to_dict(self) -> dict[str, np.ndarray]:
+        return dict(self._fields)
+
+    @property
+    def status_name(self) -> np.ndarray:
+        return _names(self._fields["status"], STATUS_NAMES)
+
+    @property
+    def class_name(self) -> np.ndarray:
+        return _names(self._fields["class_code"], CLASS_NAMES)
+
+    @property
+    def model_name(self) -> np.ndarray:
+        return _names(self._fields["model"], {-1: "none", **MODEL_NAMES})
+
+    def class_loss_share(self) -> dict[str, float]:
+        """Each class's share of the total loss drop (see :func:`class_loss_share`)."""
+        return class_loss_share(self._fields["class_code"], self._fields["drop"])
+
+    def events(self) -> dict[str, np.ndarray]:
+        """Learning events for the spectrum: one per sigmoid token, two per multi-step token.
+
+        Returns 1-D arrays ``token`` (row index), ``mu``, ``s``, ``delta``. Tokens whose
+        chosen model is a sigmoid contribute their sigmoid; tokens of class ``multi_step``
+        contribute both events of the two-sigmoid fit; others contribute none.
+        """
+        f = self._fields
+        multi = f["class_code"] == CLASS_CODES["multi_step"]
+        single = (f["model"] >= 2) & ~multi & np.isfinite(f["mu"])
+        t1 = np.flatnonzero(single)
+        tm = np.flatnonzero(multi)
+        return {
+            "token": np.concatenate([t1, tm, tm]),
+            "mu": np.concatenate([f["mu"][t1], f["mu1"][tm], f["mu2"][tm]]),
+            "s": np.concatenate([f["s"][t1], f["s1"][tm], f["s2"][tm]]),
+            "delta": np.concatenate([f["delta"][t1], f["delta1"][tm], f["delta2"][tm]]),
+        }
+
+
+def _names(codes: np.ndarray, table: dict[int, str]) -> np.ndarray:
+    lookup = np.array([table.get(int(c), "?") for c in range(-1, max(table) + 1)])
+    return lookup[np.clip(codes.astype(np.int64), -1, max(table)) + 1]
+
+
+def fit_sigmoids(
+    x: Any,
+    Y: Any,
+    *,
+    backend: str = "auto",
+    device: Any = None,
+    options: FitOptions | None = None,
+    block_rows: int | None = None,
+    **overrides: Any,
+) -> SigmoidFit:
+    """Fit the sigmoid (and the models it is compared with) to every trajectory of Y.
+
+    Parameters
+    ----------
+    x : array [K]
+        log10 of the axis values (step, tokens, parameters), finite and strictly increasing.
+    Y : array [B, K]
+        Token losses in nats; NaN marks a missing point.
+    backend : {"auto", "numba", "numpy", "torch"}
+        "auto": numba if installed, else torch on CUDA if visible, else numpy (see
+        docs/fitting.md for the measurements behind that order).
+    device : torch device for backend "torch" (default: CUDA if available, else CPU).
+    options : FitOptions, optional; ``**overrides`` replace single options
+        (``fit_sigmoids(x, Y, vocab_size=50304)``).
+    block_rows : rows fitted at once (bounds the memory of the temporaries); default 65536,
+        or 262144 on a CUDA device.
+
+    Returns
+    -------
+    SigmoidFit with one array of length B per :data:`FIT_FIELDS` name.
+    """
+    opts = FitOptions.from_kwargs(options, **overrides)
+    x, Y = validate_inputs(x, Y)
+    if block_rows is not None and not (isinstance(block_rows, int) and block_rows >= 1):
+        raise InputError(f"block_rows: expected None or an int >= 1, got {block_rows!r}")
+    backend, device = resolve_backend(backend, device)
+    if block_rows is None:
+        cuda = backend == "torch" and device.type == "cuda"
+        block_rows = 1 << 18 if cuda else 1 << 16
+    parts = [
+        fit_block(x, Y[start : start + block_rows], options=opts, backend=backend, device=device)
+        for start in range(0, max(Y.shape[0], 1), block_rows)
+    ]
+    fields = {name: np.concatenate([part[name] for part in parts]) for name in FIT_FIELDS}
+    return SigmoidFit(fields, opts)

@@ -1,0 +1,278 @@
+"""The models compared per token (constant, line, sigmoid, two sigmoids), BIC, and classes.
+
+The two-sigmoid model has parameters (linf, d1, mu1, s1, d2, mu2, s2):
+
+    l(x) = linf + d1 sigma(-(x - mu1)/s1) + d2 sigma(-(x - mu2)/s2),   mu1 <= mu2 after the fit
+
+so each of its two events has a learning time, width and loss drop of its own (METHOD.md
+section 6: many tokens learn in two steps, and each step belongs in the spectrum).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tokdyn.errors import InputError
+from tokdyn.fit.options import CLASS_CODES, CLASS_NAMES, STATUS_CODES, FitOptions
+from tokdyn.fit.sigmoid import Z_CLIP, sigmoid_curve
+
+__all__ = [
+    "N_PARAMS",
+    "constant_fit",
+    "line_fit",
+    "two_sigmoid_curve",
+    "two_sigmoid_evaluate",
+    "two_sigmoid_start",
+    "two_sigmoid_bounds",
+    "order_events",
+    "bic",
+    "choose_model",
+    "classify",
+    "class_loss_share",
+    "model_level",
+]
+
+# Free parameters of each model, by MODEL_NAMES code (the noise variance is common to all).
+N_PARAMS = {0: 1, 1: 2, 2: 4, 3: 7}
+
+
+def constant_fit(Y: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean level [B] and sum of squares [B] of the best constant (Y is 0 where W is 0)."""
+    n = np.maximum(W.sum(1), 1.0)
+    mean = (Y * W).sum(1) / n
+    sse = (((Y - mean[:, None]) * W) ** 2).sum(1)
+    return mean, sse
+
+
+def line_fit(
+    x: np.ndarray, Y: np.ndarray, W: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Least-squares line ``l = intercept + slope * x`` per row: (intercept, slope, sse), [B]."""
+    n = np.maximum(W.sum(1), 1.0)
+    xm = (W * x).sum(1) / n
+    ym = (Y * W).sum(1) / n
+    dx = (x[None, :] - xm[:, None]) * W
+    sxx = (dx * dx).sum(1)
+    sxy = (dx * (Y - ym[:, None])).sum(1)
+    slope = np.where(sxx > 0, sxy / np.where(sxx > 0, sxx, 1.0), 0.0)
+    intercept = ym - slope * xm
+    sse = (((Y - intercept[:, None] - slope[:, None] * x[None, :]) * W) ** 2).sum(1)
+    return intercept, slope, sse
+
+
+def two_sigmoid_curve(x, linf, d1, mu1, s1, d2, mu2, s2):
+    """l(x) of the two-sigmoid model for arrays that broadcast (numpy)."""
+    return (
+        linf
+        + sigmoid_curve(x, d1, 0.0, mu1, s1)
+        + sigmoid_curve(x, d2, 0.0, mu2, s2)
+    )
+
+
+def two_sigmoid_evaluate(ops, x, Y, W, q):
+    """Sum of squares, J^T J and J^T r of the two-sigmoid model (any backend).
+
+    q [B, 7] = (linf, d1, mu1, ln s1, d2, mu2, ln s2): widths in logs, as for the sigmoid.
+    """
+    linf, d1, mu1, ls1, d2, mu2, ls2 = (q[:, j : j + 1] for j in range(7))  # each (B, 1)
+    cols = [W]
+    fit = linf
+    for d, mu, log_s in ((d1, mu1, ls1), (d2, mu2, ls2)):
+        s = ops.exp(log_s)
+        z = ops.clip_scalar((x[None, :] - mu) / s, -Z_CLIP, Z_CLIP)  # (B, K)
+        e = ops.exp(z)
+        g = 1.0 / (1.0 + e)
+        t = d * g * (e * g)
+        fit = fit + d * g
+        cols += [g * W, t / s * W, t * z * W]
+    r = (fit - Y) * W
+    J = ops.stack(cols, axis=1)  # (B, 7, K)
+    A = J @ J.swapaxes(1, 2)
+    grad = (J @ r[:, :, None])[:, :, 0]
+    return (r * r).sum(-1), A, grad
+
+
+def two_sigmoid_bounds(lo1: np.ndarray, hi1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds [B, 7] from the sigmoid's [B, 4]: both events' mu and s bounded as its mu and s;
+    the level and the drops unbounded."""
+    B = lo1.shape[0]
+    lo = np.full((B, 7), -np.inf)
+    hi = np.full((B, 7), np.inf)
+    for j in (2, 5):
+        lo[:, j], hi[:, j] = lo1[:, 2], hi1[:, 2]
+    for j in (3, 6):
+        lo[:, j], hi[:, j] = lo1[:, 3], hi1[:, 3]
+    return lo, hi
+
+
+def two_sigmoid_start(p1: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Start values [B, 7] from the one-sigmoid fit p1 = (l0, linf, mu, s) [B, 4].
+
+    A two-step curve fitted by one sigmoid gives mu between the steps and a width covering
+    both, so the start splits that event in two halves at mu -+ 1.5 s, each half as wide.
+    Rows whose sigmoid fit is not finite start from zeros clipped into the bounds.
+    """
+    l0, linf, mu, s = p1.T
+    d = l0 - linf
+    start = np.stack(
+        [linf, 0.5 * d, mu - 1.5 * s, 0.5 * s, 0.5 * d, mu + 1.5 * s, 0.5 * s], axis=1
+    )
+    start = np.where(np.isfinite(start), start, 0.0)
+    return np.minimum(np.maximum(start, lo), hi)
+
+
+def order_events(p2: np.ndarray) -> np.ndarray:
+    """Swap the two events of p2 [B, 7] where needed so that mu1 <= mu2."""
+    out = p2.copy()
+    swap = p2[:, 2] > p2[:, 5]
+    out[swap, 1:4], out[swap, 4:7] = p2[swap, 4:7], p2[swap, 1:4]
+    return out
+
+
+def bic(sse: np.ndarray, n: np.ndarray, k: int) -> np.ndarray:
+    """Gaussian BIC ``n ln(SSE/n) + k ln n`` [B]; +inf where SSE is not finite or n < 1.
+
+    SSE is floored at 1e-24 n so an exact fit gives a finite (very low) value.
+    """
+    n = np.asarray(n, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sse_f = np.maximum(sse, 1e-24 * n)
+        out = n * np.log(sse_f / n) + k * np.log(n)
+    return np.where(np.isfinite(sse) & (n >= 1) & np.isfinite(out), out, np.inf)
+
+
+def choose_model(bics: np.ndarray, margin: float) -> np.ndarray:
+    """Model code [B] from BICs [B, 4] (constant, line, sigmoid, two sigmoids).
+
+    Walk from the simplest model up; a richer model is chosen when its BIC is below that of
+    *every* simpler model by at least ``margin``.
+    """
+    chosen = np.zeros(bics.shape[0], dtype=np.int8)
+    best_simpler = bics[:, 0].copy()
+    for m in range(1, bics.shape[1]):
+        wins = bics[:, m] < best_simpler - margin
+        chosen[wins] = m
+        best_simpler = np.minimum(best_simpler, bics[:, m])
+    return chosen
+
+
+def classify(
+    *,
+    model: np.ndarray,
+    status: np.ndarray,
+    level_first: np.ndarray,
+    level_last: np.ndarray,
+    const_rms: np.ndarray,
+    delta: np.ndarray,
+    mu: np.ndarray,
+    r2: np.ndarray,
+    delta1: np.ndarray,
+    mu1: np.ndarray,
+    delta2: np.ndarray,
+    mu2: np.ndarray,
+    x_first: np.ndarray,
+    x_last: np.ndarray,
+    options: FitOptions,
+) -> np.ndarray:
+    """Class code [B] (:data:`CLASS_NAMES`) of each token, by the rules of docs/fitting.md.
+
+    All arguments are [B] arrays: the chosen model (:func:`choose_model`), the sigmoid fit's
+    status, the chosen model's fitted loss at the first and last observed x, the RMS about the
+    mean, the sigmoid's delta, mu and R^2, the two-sigmoid events, and the observed x range.
+    First rule that applies wins:
+
+    1. ``unfit``: status too_few_points or invalid_input.
+    2. constant chosen: ``already_known`` if the level <= known_loss, else ``noisy`` if the
+       scatter about it > noise_rms, else ``not_yet_learned``.
+    3. two sigmoids chosen, both events' |drop| >= delta_min and both mu inside the observed
+       range: ``multi_step`` (otherwise judged as a sigmoid below).
+    4. any model whose fitted change over the observed range is below delta_min in size ("no
+       clear drop"): ``already_known`` if it starts <= known_loss, else ``not_yet_learned``.
+    5. line chosen: ``already_known`` if it starts <= known_loss, else ``gradual``.
+    6. sigmoid chosen: ``forgotten`` if delta < 0; ``already_known`` if mu is before the first
+       point or the loss starts <= known_loss; ``not_yet_learned`` if mu is after the last
+       point; ``noisy`` if R^2 < r2_min; else ``learned``.
+    """
+    o = options
+    code = np.full(model.shape, CLASS_CODES["noisy"], dtype=np.int8)
+    known = level_first <= o.known_loss
+    change = level_first - level_last
+    unfit = (status == STATUS_CODES["too_few_points"]) | (status == STATUS_CODES["invalid_input"])
+    const = model == 0
+    inside1 = (mu1 >= x_first) & (mu1 <= x_last)
+    inside2 = (mu2 >= x_first) & (mu2 <= x_last)
+    multi = (
+        (model == 3)
+        & (np.abs(delta1) >= o.delta_min)
+        & (np.abs(delta2) >= o.delta_min)
+        & inside1
+        & inside2
+    )
+    flat = ~const & ~multi & (np.abs(change) < o.delta_min)
+    line = (model == 1) & ~flat
+    sig = (model >= 2) & ~multi & ~flat
+
+    def put(mask: np.ndarray, name: str) -> None:
+        code[mask] = CLASS_CODES[name]
+
+    # Written from the last rule to the first, so that earlier rules overwrite later ones.
+    put(sig, "learned")
+    put(sig & (r2 < o.r2_min), "noisy")
+    put(sig & (mu > x_last), "not_yet_learned")
+    put(sig & ((mu < x_first) | known), "already_known")
+    put(sig & (delta < 0), "forgotten")
+    put(line, "gradual")
+    put(line & known, "already_known")
+    put(flat, "not_yet_learned")
+    put(flat & known, "already_known")
+    put(multi, "multi_step")
+    put(const & (const_rms > o.noise_rms), "noisy")
+    put(const & (const_rms <= o.noise_rms), "not_yet_learned")
+    put(const & known, "already_known")
+    put(unfit, "unfit")
+    return code
+
+
+def class_loss_share(class_code: np.ndarray, drop: np.ndarray) -> dict[str, float]:
+    """Each class's share of the total loss drop, by class name (shares sum to 1).
+
+    ``drop`` [N] is each token's fitted loss at the first observed point minus at the last
+    (the ``drop`` field of a fit), so the total is N times the drop of the mean loss over the
+    observed range; tokens that got worse count negatively. NaN drops (unfit tokens) count
+    as 0. Shares are NaN when the total is 0.
+    """
+    class_code = np.asarray(class_code)
+    drop = np.asarray(drop, dtype=np.float64)
+    if class_code.shape != drop.shape or class_code.ndim != 1:
+        raise InputError(
+            f"class_code and drop: expected two 1-D arrays of one length, got shapes "
+            f"{class_code.shape} and {drop.shape}"
+        )
+    drop = np.where(np.isfinite(drop), drop, 0.0)
+    total = drop.sum()
+    out = {}
+    for code, name in CLASS_NAMES.items():
+        part = drop[class_code == code].sum()
+        out[name] = float(part / total) if total != 0 else float("nan")
+    return out
+
+
+def model_level(
+    model: np.ndarray,
+    at: np.ndarray,
+    *,
+    mean: np.ndarray,
+    intercept: np.ndarray,
+    slope: np.ndarray,
+    p1: np.ndarray,
+    p2: np.ndarray,
+) -> np.ndarray:
+    """The chosen model's fitted loss [B] at x = ``at`` [B]."""
+    sig1 = sigmoid_curve(at, *p1.T)
+    sig2 = two_sigmoid_curve(at, *p2.T)
+    return np.select(
+        [model == 0, model == 1, model == 2, model == 3],
+        [mean, intercept + slope * at, sig1, sig2],
+        np.nan,
+    )
+
