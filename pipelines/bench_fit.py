@@ -60,6 +60,56 @@ def scipy_loop(x: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray, fl
     return params, sse, time.perf_counter() - start
 
 
+def store_mode(tokens: int, rows: int, seed: int) -> None:
+    """Write a float16 store of planted events, then time `tokdyn fit` on it in a child process."""
+    import resource
+    import subprocess
+    import sys
+    import tempfile
+
+    import tokdyn
+
+    rng = np.random.default_rng(seed)
+    steps = np.unique(np.round(np.geomspace(100, 1_000_000, rows)).astype(np.int64))  # distinct integers
+    x = np.log10(steps)
+    mu = rng.uniform(x[0] + 0.1 * (x[-1] - x[0]), x[-1] - 0.1 * (x[-1] - x[0]), tokens)
+    s = rng.uniform(0.05, 0.5, tokens)
+    linf = rng.uniform(1.0, 3.0, tokens)
+    delta = rng.uniform(1.0, 6.0, tokens)
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.arange(tokens, dtype=np.int32), "token_pos": np.ones(tokens, np.int32)})
+    out = {"bench": "fit_store", "tokens": tokens, "rows": int(len(steps)), "dtype": "float16"}
+    with tempfile.TemporaryDirectory() as d:
+        url = f"{d}/bench.zarr"
+        st = tokdyn.open_store(url, probe, mode="w")
+        w = st.create_run("r", capacity=len(steps), dtype="float16").writer()
+        t0 = time.perf_counter()
+        for j, step in enumerate(steps):  # one row at a time, as the recorder writes
+            row = linf + delta / (1 + np.exp((x[j] - mu) / s)) + 0.2 * rng.standard_normal(tokens)
+            w.append(row.astype(np.float32), step=int(step), warn_nonfinite=False)
+        out["write_s"] = round(time.perf_counter() - t0, 1)
+        runs = [("full", []), ("sigmoid_only", ["--no-two-step"])]
+        runs += [(f"sigmoid_only_{sch}", ["--no-two-step", "--scheduler", sch]) for sch in ("sync", "processes")]
+        for label, extra in runs:
+            cmd = [sys.executable, "-m", "tokdyn.cli", "fit", url, "--run", "r", "--refit", "--no-progress", "--json", *extra]
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            wall = time.perf_counter() - t0
+            if proc.returncode:
+                raise SystemExit(proc.stderr)
+            res = json.loads(proc.stdout)
+            fit = tokdyn.fit.read_fit(url, "r", fields=("mu",))
+            out[label] = {
+                "wall_s": round(wall, 1),
+                "fits_per_s": round(tokens / wall),
+                "peak_rss_MB": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
+                "scheduler": res["scheduler"],
+                "backend": res["backend"],
+                "mu_mae": round(float(np.nanmedian(np.abs(fit["mu"] - mu))), 5),
+            }
+    out["note"] = "peak_rss_MB is the largest child so far (RUSAGE_CHILDREN keeps the maximum)"
+    print(json.dumps(out))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=200_000, help="trajectories fitted by tokdyn")
@@ -72,7 +122,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3,
                     help="time tokdyn's sigmoid fit and the scipy loop this many times, keep "
                          "the fastest (the least disturbed on a shared machine)")
+    ap.add_argument("--store-tokens", type=int, help="store mode: tokens in the store")
+    ap.add_argument("--store-rows", type=int, default=200, help="store mode: checkpoints in the store")
     args = ap.parse_args()
+    if args.store_tokens:
+        store_mode(args.store_tokens, args.store_rows, args.seed)
+        return
 
     x = log_axis(np.geomspace(10.0, 1e5, args.points))  # 4 decades, log-spaced checkpoints
     planted = plant_sigmoids(args.n, x, rng=np.random.default_rng(args.seed), noise=args.noise)

@@ -312,3 +312,59 @@ def test_a_different_probe_is_refused(tiny_model, probe, store_path):
     with pytest.raises(ProbeMismatchError):
         TokenLossRecorder(tiny_model, other, tokdyn.open_store(store_path, mode="r+"), "b", schedule=[0])
     assert tokdyn.open_store(store_path, mode="r").runs == ["a"]
+
+
+# -- dtype on resume, capacity with several ranks, rows at interpreter exit ----------------
+
+
+def test_resume_keeps_the_stored_dtype_and_refuses_another(tiny_model, probe, store_path):
+    with TokenLossRecorder(tiny_model, probe, store_path, "h", schedule=[0, 1], dtype="float16") as rec:
+        rec.record(0)
+    with pytest.raises(tokdyn.InputError, match="stores float16"):
+        TokenLossRecorder(tiny_model, probe, store_path, "h", schedule=[0, 1], resume=True, dtype="float32")
+    with TokenLossRecorder(tiny_model, probe, store_path, "h", schedule=[0, 1], resume=True) as rec:
+        rec.record(1)
+    run = read_run(store_path, "h")
+    assert run.dtype == np.float16 and run.steps.tolist() == [0, 1]
+
+
+def test_full_multi_rank_run_refuses_at_the_call(tiny_model, probe, store_path):
+    # rank 0 of 2 without a process group: barriers are no-ops, the run gets two writers.
+    rec = TokenLossRecorder(tiny_model, probe, store_path, "ddp", schedule=[0, 1], rank=0, world_size=2)
+    rec.record(0)
+    rec.record(1)
+    with pytest.raises(tokdyn.StoreError, match="allocated 2 rows"):
+        rec.record(2)  # not in the schedule: the preallocated run has no room, said here, not in the writer
+    rec.flush()
+
+
+@pytest.mark.parametrize("ending, code", [("pass", 0), ("raise RuntimeError('training crashed')", 1)])
+def test_rows_queued_at_exit_are_written(tmp_path, ending, code):
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import time, numpy as np, torch, tokdyn
+        from tokdyn.model import GPTConfig, TinyGPT
+        from tokdyn.record import TokenLossRecorder
+        from tokdyn.store import RunWriter
+        slow = RunWriter.append
+        def append(self, *a, **k):
+            time.sleep(0.2)  # a slow disk: rows are still queued when the script ends
+            return slow(self, *a, **k)
+        RunWriter.append = append
+        torch.manual_seed(0)
+        probe = tokdyn.ProbeSet.from_tokens(np.random.default_rng(0).integers(0, 257, (4, 17)))
+        model = TinyGPT(GPTConfig(context=16, n_layer=1, n_head=2, n_embd=16))
+        rec = TokenLossRecorder(model, probe, {str(tmp_path / 's.zarr')!r}, "r", schedule=[0, 1, 2])
+        for s in (0, 1, 2):
+            rec.record(s)
+        # no close(): the script just ends, or crashes
+        {ending}
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code, proc.stderr
+    assert read_run(str(tmp_path / "s.zarr"), "r").steps.tolist() == [0, 1, 2]

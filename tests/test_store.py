@@ -295,3 +295,22 @@ def test_sigkill_during_appends_loses_nothing_committed(tmp_path):
         np.testing.assert_array_equal(got, expected)
         last = k
     assert last > 6
+
+
+def test_coordinates_survive_growth_trim_and_resume(store, probe):
+    """Per-checkpoint values are rewritten a chunk at a time from the writer's memory: check them
+    across capacity growth, a trim, a resumed writer, and a chunk boundary."""
+    from tokdyn.store import COORD_CHUNK
+
+    run = store.create_run("c", capacity=3)
+    w = run.writer()
+    steps = list(range(COORD_CHUNK + 5))
+    for s in steps[:10]:
+        w.append(row_values(s, probe.n_tokens), step=s, lr=s / 10)
+    w.trim()
+    w2 = run.writer(resume=True)
+    for s in steps[10:]:
+        w2.append(row_values(s, probe.n_tokens), step=s, lr=s / 10)
+    np.testing.assert_array_equal(run.steps, steps)
+    np.testing.assert_allclose(run.coord("lr"), [s / 10 for s in steps])
+    assert run.losses().shape == (len(steps), probe.n_tokens)

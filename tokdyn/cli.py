@@ -61,9 +61,11 @@ def _cmd_export_npz(args: argparse.Namespace) -> int:
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
+    from .fit import FitOptions
     from .fit.job import fit_run
 
-    res = fit_run(args.store, args.run, backend=args.backend, device=args.device, scheduler=args.scheduler,
+    options = FitOptions(two_step=not args.no_two_step, **({"vocab_size": args.vocab_size} if args.vocab_size else {}))
+    res = fit_run(args.store, args.run, options=options, backend=args.backend, device=args.device, scheduler=args.scheduler,
                   workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, progress=not args.no_progress)  # fmt: skip
     if args.json:
         print(json.dumps(res, indent=2))
@@ -115,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="torch device for --backend torch (e.g. cuda)")
     p.add_argument("--batch-rows", type=int, default=16384, help="tokens fitted at once inside a block")
     p.add_argument("--refit", action="store_true", help="discard a stored fit and fit again")
+    p.add_argument("--no-two-step", action="store_true", help="skip the two-sigmoid fit (about 8x faster; no multi-step class)")
+    p.add_argument("--vocab-size", type=int, help="vocabulary size for the age of acquisition (default: the probe's tokenizer)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_fit)

@@ -76,8 +76,8 @@ def fit_run(
     store : TrajectoryStore or URL
     run : str
     options : FitOptions, optional
-        Thresholds and solver settings (default ``FitOptions()``, with ``vocab_size`` taken from
-        the probe's tokenizer when known, for the age of acquisition).
+        Thresholds and solver settings (default ``FitOptions()``). When ``vocab_size`` is not
+        set it is taken from the probe's tokenizer, if known, for the age of acquisition.
     backend, device : see :func:`tokdyn.fit.fit_sigmoids`.
     scheduler : {"threads", "processes", "sync"} or "tcp://HOST:PORT", optional
         Local dask scheduler (default ``"threads"``), or the address of a running
@@ -108,8 +108,8 @@ def fit_run(
     opts = options if options is not None else FitOptions()
     if not isinstance(opts, FitOptions):
         raise InputError(f"options must be a FitOptions, got {type(opts).__name__}")
-    vocab = st.probe.tokenizer.get("vocab_size") if options is None else None
-    if vocab and opts.vocab_size is None:
+    vocab = st.probe.tokenizer.get("vocab_size")
+    if vocab and opts.vocab_size is None:  # the age of acquisition needs the vocabulary size
         opts = dataclasses.replace(opts, vocab_size=int(vocab))
     backend, device = resolve_backend(backend, device)
     distributed = scheduler is not None and "://" in scheduler
@@ -146,6 +146,7 @@ def fit_run(
     meta.update({"complete": True, "backend": backend, "finished": _now()})
     meta["seconds"] = meta.get("seconds", 0.0) + seconds
     g.update_attributes({"tokdyn_fit": meta})
+    fitted = sum(min(block, n - b * block) for b in todo)  # tokens fitted by this call
     res = read_fit(st, run, fields=("status", "class_code", "drop"))
     status_counts = {STATUS_NAMES[c]: int(v) for c, v in zip(*np.unique(res["status"], return_counts=True))}
     class_counts = {CLASS_NAMES[c]: int(v) for c, v in zip(*np.unique(res["class_code"], return_counts=True))}
@@ -157,7 +158,7 @@ def fit_run(
         "blocks_fitted": len(todo),
         "blocks_resumed": n_blocks - len(todo),
         "seconds": seconds,
-        "fits_per_s": (len(todo) and sum(min(block, n - b * block) for b in todo) / max(seconds, 1e-9)) or 0.0,
+        "fits_per_s": fitted / seconds if fitted else 0.0,
         "backend": backend,
         "scheduler": scheduler,
         "status_counts": status_counts,

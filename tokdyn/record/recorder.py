@@ -13,6 +13,7 @@ in the training process at the next recorder call (:class:`~tokdyn.errors.Writer
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -20,6 +21,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import InputError, RunExistsError, StepOrderError, TokdynError, WriterError
+from ..errors import InputError, RunExistsError, StepOrderError, StoreError, TokdynError, WriterError
 from ..probe import ProbeSet
 from ..schedule import explicit_schedule
 from ..store import DEFAULT_TOKEN_CHUNK, LOSS_DTYPES, RunWriter, TrajectoryStore, open_store
@@ -129,8 +131,9 @@ class TokenLossRecorder:
         Steps at which to record (e.g. :func:`~tokdyn.geometric_schedule`).
     device : torch.device or str, optional
         Where the probe forwards run; defaults to the model's device.
-    dtype : {"float32", "float16", "float64"}
-        Storage dtype of the losses.
+    dtype : {"float32", "float16", "float64"}, optional
+        Storage dtype of the losses: float32 for a new run; a resumed run keeps its own, and
+        asking for another is an error (nothing is rounded silently).
     batch_size : int
         Probe sequences per forward.
     resume : bool
@@ -156,7 +159,7 @@ class TokenLossRecorder:
         *,
         schedule: Sequence[int] | np.ndarray,
         device: torch.device | str | None = None,
-        dtype: str = "float32",
+        dtype: str | None = None,
         batch_size: int = 32,
         resume: bool = False,
         run_attrs: Mapping[str, Any] | None = None,
@@ -170,7 +173,7 @@ class TokenLossRecorder:
             raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(probe, ProbeSet) or not probe.has_tokens:
             raise InputError("probe must be a ProbeSet with token ids (an imported, index-only probe cannot be evaluated)")
-        if dtype not in LOSS_DTYPES:
+        if dtype is not None and dtype not in LOSS_DTYPES:
             raise InputError(f"dtype must be one of {LOSS_DTYPES}, got {dtype!r}")
         if int(batch_size) < 1 or int(queue_size) < 1:
             raise InputError(f"batch_size and queue_size must be >= 1, got {batch_size} and {queue_size}")
@@ -208,14 +211,18 @@ class TokenLossRecorder:
         self._error: BaseException | None = None
         self._closed = False
         self._last_queued: int | None = self._writer.last_step  # the last step handed to the writer
+        self._rows_queued = self._writer.rows
         self.n_recorded = 0
         self.record_seconds = 0.0  # training-thread time spent inside record()
+        # A daemon, so that it never keeps a finished job alive; rows still queued when the
+        # script ends (normally or with an exception) are written by _flush_at_exit.
         self._thread = threading.Thread(target=self._write_loop, name=f"tokdyn-writer-{run}", daemon=True)
         self._thread.start()
+        _register_exit_flush(self)
 
     # -- set-up ---------------------------------------------------------------------------
 
-    def _open_writer(self, run: str, *, dtype: str, resume: bool, run_attrs, token_chunk) -> RunWriter:
+    def _open_writer(self, run: str, *, dtype: str | None, resume: bool, run_attrs, token_chunk) -> RunWriter:
         store = self.store
         exists = run in store.runs
         if self.world_size > 1:
@@ -229,7 +236,7 @@ class TokenLossRecorder:
                 attrs.setdefault("world_size", self.world_size)
                 chunk, ranges = shard_ranges(self.probe.n_sequences, self.probe.context, self.world_size, token_chunk=token_chunk)
                 store.create_run(
-                    run, axis="T", capacity=len(self.schedule), dtype=dtype,
+                    run, axis="T", capacity=len(self.schedule), dtype=dtype or "float32",
                     token_chunk=chunk if self.world_size > 1 else token_chunk, writers=ranges if self.world_size > 1 else None,
                     attrs=attrs,
                 )  # fmt: skip
@@ -240,8 +247,8 @@ class TokenLossRecorder:
             raise TokdynError(
                 f"run {run!r} was recorded with {len(r.writers)} writer(s); this process group has {self.world_size}"
             )
-        if r.dtype != np.dtype(dtype) and not exists:
-            raise TokdynError(f"run {run!r} stores {r.dtype}, asked for {dtype}")
+        if dtype is not None and r.dtype != np.dtype(dtype):
+            raise InputError(f"run {run!r} stores {r.dtype} losses; asked for {dtype}. Resume it with dtype={str(r.dtype)!r} or None")
         return r.writer(writer=self.rank, resume=resume)
 
     # -- the training-side API ------------------------------------------------------------
@@ -270,6 +277,11 @@ class TokenLossRecorder:
                 f"step {step} is not after step {self._last_queued}, the last one recorded in run {self.run_name!r}; "
                 "rows are never overwritten or duplicated"
             )
+        if self.world_size > 1 and self._rows_queued >= self._writer.run.capacity:
+            raise StoreError(
+                f"run {self.run_name!r} was allocated {self._writer.run.capacity} rows (its schedule) and is full; "
+                "with several ranks the store cannot grow, so record only scheduled steps"
+            )
         t0 = time.perf_counter()
         wall = time.time()
         token_losses(self.model, self._tokens, batch_size=self.batch_size, forward=self.forward, out=self._buf)
@@ -284,6 +296,7 @@ class TokenLossRecorder:
         meta = {"step": int(step), "tokens_seen": tokens_seen, "lr": lr, "wall_time": wall}
         self._put((ready, host, meta))
         self._last_queued = step
+        self._rows_queued += 1
         self.n_recorded += 1
         self.record_seconds += time.perf_counter() - t0
 
@@ -407,6 +420,31 @@ class TokenLossRecorder:
                 f"tokdyn writer for run {self.run_name!r} failed: {type(exc).__name__}: {exc}. "
                 f"Rows up to step {self._writer.last_step} are committed and readable."
             ) from exc
+
+
+_OPEN: "weakref.WeakSet[TokenLossRecorder]" = weakref.WeakSet()
+_EXIT_HOOK = []
+
+
+def _register_exit_flush(rec: TokenLossRecorder) -> None:
+    """Write queued rows at interpreter exit. The hook must run before the thread pools that zarr
+    does its I/O on refuse new work, which happens at *threading* shutdown, before ``atexit``:
+    so it is registered there (last registered, first run), after zarr has been imported."""
+    _OPEN.add(rec)
+    if not _EXIT_HOOK:
+        register = getattr(threading, "_register_atexit", None) or atexit.register
+        register(_flush_at_exit)
+        _EXIT_HOOK.append(register)
+
+
+def _flush_at_exit() -> None:
+    for rec in list(_OPEN):
+        if rec._closed or not rec._thread.is_alive():
+            continue
+        try:
+            rec.flush()
+        except Exception as exc:  # noqa: BLE001 - exiting anyway: say what was lost
+            log.error("tokdyn recorder for run %r could not write its last rows at exit: %s", rec.run_name, exc)
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
