@@ -150,3 +150,48 @@ def test_console_script_exits_nonzero_without_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tokdyn.cli", "info", str(tmp_path / "x.zarr")], capture_output=True, text=True)
     assert proc.returncode == 1
     assert "no tokdyn store" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bad_name_or_partial_import_leaves_the_store_usable(tmp_path):
+    write_npz(tmp_path / "bad.npz", **{"doc id": np.arange(50)})
+    with pytest.raises(InputError, match="not allowed"):
+        import_npz(tmp_path / "bad.npz", tmp_path / "s.zarr")
+    write_npz(tmp_path / "good.npz")
+    run = import_npz(tmp_path / "good.npz", tmp_path / "s.zarr")  # nothing half-made in the way
+    assert run.n_committed == 6
+
+
+def test_partial_import_is_removed(tmp_path, monkeypatch):
+    write_npz(tmp_path / "in.npz")
+    import_npz(tmp_path / "in.npz", tmp_path / "s.zarr", run="first")
+    calls = {"n": 0}
+    real = tokdyn.RunWriter.append
+
+    def failing(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(28, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(tokdyn.RunWriter, "append", failing)
+    with pytest.raises(OSError):
+        import_npz(tmp_path / "in.npz", tmp_path / "s.zarr", run="second")
+    monkeypatch.setattr(tokdyn.RunWriter, "append", real)
+    assert tokdyn.open_store(tmp_path / "s.zarr", mode="r").runs == ["first"]
+    assert import_npz(tmp_path / "in.npz", tmp_path / "s.zarr", run="second").n_committed == 6
+
+
+def test_unsigned_decreasing_axis_and_bytes_axis_name(tmp_path):
+    arrays = {"axis_values": np.array([10, 5], np.uint64), "loss_matrix": np.ones((3, 2), np.float32), "axis_name": np.array(["T"])}
+    np.savez(tmp_path / "u.npz", **arrays)
+    with pytest.raises(InputError, match="strictly increasing"):
+        read_npz(tmp_path / "u.npz")
+    arrays.update(axis_values=np.array([5, 10], np.uint64), axis_name=np.array([b"D"]))
+    np.savez(tmp_path / "b.npz", **arrays)
+    assert import_npz(tmp_path / "b.npz", tmp_path / "s.zarr").axis == "D"
+
+
+def test_cli_bad_device_is_one_line(tmp_path, capsys):
+    code = main(["demo", "--out", str(tmp_path / "d"), "--device", "cpuu", "--steps", "2"])
+    err = capsys.readouterr().err
+    assert code == 1 and "not a torch device" in err and "Traceback" not in err

@@ -314,3 +314,58 @@ def test_coordinates_survive_growth_trim_and_resume(store, probe):
     np.testing.assert_array_equal(run.steps, steps)
     np.testing.assert_allclose(run.coord("lr"), [s / 10 for s in steps])
     assert run.losses().shape == (len(steps), probe.n_tokens)
+
+
+def test_multi_writer_run_keeps_capacity_and_resumes(store, probe):
+    c = probe.context
+    ranges = [(0, 2 * c), (2 * c, probe.n_tokens)]
+    run = store.create_run("ddp", capacity=4, token_chunk=2 * c, writers=ranges)
+    full = [row_values(s, probe.n_tokens) for s in range(4)]
+    for j, (a, b) in enumerate(ranges):
+        w = run.writer(writer=j)
+        for s in (0, 1):
+            w.append(full[s][a:b], step=s)
+        w.trim()  # what a normal close does: must not shrink a multi-writer run
+    assert run.capacity == 4
+    for j, (a, b) in enumerate(ranges):  # the next job resumes and records the rest
+        w = run.writer(writer=j, resume=True)
+        for s in (2, 3):
+            w.append(full[s][a:b], step=s)
+    np.testing.assert_array_equal(run.losses(), np.stack(full))
+
+
+def test_reader_opened_before_growth_sees_every_row(store, probe):
+    run = store.create_run("g", capacity=1)
+    reader = tokdyn.open_store(store.url, mode="r").run("g")
+    w = run.writer()
+    for s in range(3):
+        w.append(row_values(s, probe.n_tokens), step=s)
+    assert reader.losses().shape == (3, probe.n_tokens)
+    assert reader.to_dask().shape == (3, probe.n_tokens)
+
+
+def test_big_endian_probe_arrays_round_trip(tmp_path):
+    n = 12
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.arange(n, dtype=">i4"), "token_pos": np.ones(n, dtype=">i8")})
+    tokdyn.open_store(tmp_path / "be.zarr", probe, mode="a")
+    again = tokdyn.open_store(tmp_path / "be.zarr", probe, mode="r")
+    assert again.probe.fingerprint == probe.fingerprint
+
+
+def test_failed_store_creation_leaves_nothing_behind(tmp_path):
+    bad = tokdyn.ProbeSet(None, {"sample_id": np.arange(3), "token_pos": np.ones(3), "tokens": np.ones(3)})
+    with pytest.raises(InputError, match="not allowed"):
+        tokdyn.open_store(tmp_path / "x.zarr", bad, mode="a")
+    tokdyn.open_store(tmp_path / "x.zarr", make_probe(), mode="a")  # the path is free again
+
+
+def test_to_xarray_after_a_crash_between_resizes(store, probe):
+    run = store.create_run("x", capacity=2)
+    w = run.writer()
+    for s in range(2):
+        w.append(row_values(s, probe.n_tokens), step=s)
+    for name in ("step", "lr"):
+        run._group[name].resize((8,))  # a process killed after growing some coordinates only
+    ds = run.to_xarray()
+    assert ds["loss"].shape == (2, probe.n_tokens)
+    np.testing.assert_array_equal(ds["step"].values, [0, 1])

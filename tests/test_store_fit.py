@@ -159,3 +159,12 @@ def test_localcluster_matches_local(tmp_path, data):
     ref, f = read_fit(ref_store, "r"), read_fit(st, "r")
     for name in FIT_FIELDS:
         np.testing.assert_array_equal(f[name], ref[name], err_msg=name)
+
+
+def test_read_fit_refuses_a_stale_fit(tmp_path, data):
+    Y = data[0][:100]
+    st = make_store(tmp_path / "h.zarr", Y)
+    fit_run(st, "r", progress=False)
+    st.run("r").writer(resume=True).append(Y[:, -1], step=50_000)
+    with pytest.raises(StoreError, match="--refit"):
+        read_fit(st, "r")

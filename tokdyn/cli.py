@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (TokdynError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+    except (TokdynError, OSError, ImportError) as exc:  # input, store, disk and missing-package errors
         print(f"tokdyn {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -52,8 +52,10 @@ def training_stream(docs: Sequence[Document], tokenizer: Tokenizer) -> np.ndarra
     parts = []
     eot = np.array([tokenizer.eot_id], np.int64)
     for d in docs:
-        parts.append(d.tokens if d.tokens is not None else tokenizer.encode(d.text))
-        parts.append(eot)
+        ids = d.tokens if d.tokens is not None else tokenizer.encode(d.text)
+        parts.append(ids)
+        if not (len(ids) and ids[-1] == tokenizer.eot_id):  # a .bin document may end in its own
+            parts.append(eot)
     if not parts:
         raise InputError("no training documents")
     return np.concatenate(parts).astype(np.int32)
@@ -97,5 +99,5 @@ def random_batches(stream: np.ndarray, *, batch_size: int, context: int, seed: i
     g = torch.Generator().manual_seed(seed)
     offs = torch.arange(context + 1)
     while True:
-        starts = torch.randint(0, data.numel() - context - 1, (batch_size,), generator=g)
+        starts = torch.randint(0, data.numel() - context, (batch_size,), generator=g)  # the last window too
         yield data[starts[:, None] + offs].to(device, non_blocking=True)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from .data import prepare_corpus
 from .errors import InputError
@@ -38,6 +39,12 @@ def run_demo(
     log=print,
 ) -> dict:
     """Run the demo into folder ``out``; returns the summary also written to ``summary.json``."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InputError(f"--device: not a torch device: {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {device}: CUDA is not available on this machine")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} exists and is not a folder")

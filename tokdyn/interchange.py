@@ -9,6 +9,7 @@ A float32 matrix survives import then export bit for bit (NaN included).
 from __future__ import annotations
 
 import os
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -54,9 +55,9 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise InputError(f"loss_matrix is empty ({lm.shape})")
     if ax.shape != (k,) or ax.dtype.kind not in "fiu":
         raise InputError(f"axis_values must be numbers of shape ({k},) to match loss_matrix {lm.shape}, got {ax.dtype} {ax.shape}")
-    if not np.all(np.isfinite(ax)) or np.any(np.diff(ax) <= 0):
+    if not np.all(np.isfinite(ax)) or np.any(np.diff(ax.astype(np.float64)) <= 0):  # no unsigned wrap-around
         raise InputError("axis_values must be finite and strictly increasing")
-    if name.size != 1 or name.dtype.kind not in "US" or str(name.reshape(-1)[0]) not in AXES:
+    if name.size != 1 or name.dtype.kind not in "US" or _axis_name(name) not in AXES:
         raise InputError(f"axis_name must be one string among {AXES}, got {name!r}")
     for key, v in arrays.items():
         if key in _REQUIRED:
@@ -65,6 +66,8 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
             raise InputError(f"per-token array {key!r} has shape {v.shape}; expected ({n},) like loss_matrix rows")
         if v.dtype.kind not in "iufbU":
             raise InputError(f"per-token array {key!r} has unsupported dtype {v.dtype}")
+        if not key.isidentifier() or key == "tokens":
+            raise InputError(f"per-token array name {key!r} is not allowed (use a Python identifier other than 'tokens')")
     return arrays
 
 
@@ -84,7 +87,7 @@ def import_npz(
     dtype = dtype or str(lm.dtype)
     if dtype not in LOSS_DTYPES:
         raise InputError(f"dtype must be one of {LOSS_DTYPES}, got {dtype!r}")
-    axis = str(arrays["axis_name"].reshape(-1)[0])
+    axis = _axis_name(arrays["axis_name"])
     token_arrays = {key: v for key, v in arrays.items() if key not in _REQUIRED}
     st = _open_or_create(store, token_arrays, n)
     name = run or Path(path).stem
@@ -93,8 +96,12 @@ def import_npz(
     axis_values = arrays["axis_values"]
     integral = axis == "T" and bool(np.all(axis_values >= 0) and np.all(axis_values == np.round(axis_values)))
     steps = axis_values.astype(np.int64) if integral else np.arange(k)  # D/M rows are numbered
-    for j in range(k):
-        w.append(lm[:, j], step=int(steps[j]), axis_value=float(axis_values[j]), wall_time=np.nan, warn_nonfinite=False)
+    try:
+        for j in range(k):
+            w.append(lm[:, j], step=int(steps[j]), axis_value=float(axis_values[j]), wall_time=np.nan, warn_nonfinite=False)
+    except BaseException:
+        st.delete_run(name)  # never leave a partial run that blocks a retry
+        raise
     return r
 
 
@@ -135,10 +142,20 @@ def export_npz(store: str | os.PathLike | TrajectoryStore, out: str | os.PathLik
         raise InputError(f"output must end in .npz, got {out}")
     if not out.parent.exists():
         raise InputError(f"output folder does not exist: {out.parent}")
-    tmp = out.with_name(out.name + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, out)  # never leave a half-written file under the final name
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, out)  # never leave a half-written file under the final name
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return out
+
+
+def _axis_name(a: np.ndarray) -> str:
+    v = a.reshape(-1)[0]
+    return v.decode("ascii", "replace") if isinstance(v, bytes) else str(v)
 
 
 def _check_compatible(store_probe: ProbeSet, token_arrays: dict, n: int) -> None:

@@ -56,7 +56,10 @@ class ProbeSet:
     tokenizer: Mapping = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        arrays = {k: np.asarray(v) for k, v in self.token_arrays.items()}
+        arrays = {}
+        for k, v in self.token_arrays.items():
+            v = np.asarray(v)  # native byte order: zarr hands arrays back that way, and the fingerprint hashes dtypes
+            arrays[k] = v.astype(v.dtype.newbyteorder("=")) if v.dtype.byteorder not in "=|" else v
         for name in ("sample_id", "token_pos"):
             if name not in arrays:
                 raise InputError(f"probe needs a per-token array {name!r}")

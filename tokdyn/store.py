@@ -87,6 +87,14 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def _delete_group(group: zarr.Group) -> None:
+    """Remove everything under ``group`` (best effort)."""
+    try:
+        zarr_sync(group.store.delete_dir(group.path))
+    except Exception:  # noqa: BLE001 - cleaning up after another error
+        pass
+
+
 def _open_group(url: str | os.PathLike, mode: str, storage_options: Mapping | None = None) -> zarr.Group:
     kwargs = {"storage_options": dict(storage_options)} if storage_options else {}
     return zarr.open_group(store=str(url) if isinstance(url, os.PathLike) else url, mode=mode, **kwargs)
@@ -132,8 +140,12 @@ class TrajectoryStore:
             group = _open_group(url, "w" if overwrite else "w-", storage_options)
         except (FileExistsError, zarr.errors.ContainsGroupError, zarr.errors.ContainsArrayError):
             raise StoreError(f"{url} already exists; open it, or pass overwrite=True to replace it") from None
-        _write_probe(group.create_group("probe"), probe)
-        group.create_group("runs")
+        try:
+            _write_probe(group.create_group("probe"), probe)
+            group.create_group("runs")
+        except BaseException:
+            _delete_group(group)  # never leave a half-made store that blocks the next attempt
+            raise
         # The root attribute is written last: a store is recognised only once its probe is whole.
         group.attrs["tokdyn"] = {
             "kind": STORE_KIND,
@@ -275,6 +287,12 @@ class TrajectoryStore:
             "created": _now(),
         }
         return Run(self, name, g)
+
+    def delete_run(self, name: str) -> None:
+        """Remove run ``name`` and everything stored under it (its fit too)."""
+        self._require_writable()
+        self.run(name)  # RunNotFoundError if absent
+        del self._group["runs"][name]
 
     def _token_chunk(self, token_chunk: int | None) -> int:
         c = self.probe.context or 1
@@ -433,6 +451,11 @@ class Run:
 
     # -- reading --------------------------------------------------------------------------
 
+    def _refresh(self, k: int) -> None:
+        """Reopen the loss array when a writer grew it since this view was opened."""
+        if k > self._loss.shape[0]:
+            self._loss = self._group["loss"]
+
     def coord(self, name: str) -> np.ndarray:
         """Per-checkpoint array ``name`` (one of ``step``, ``axis_value``, ``tokens_seen``, ...)."""
         if name not in COORDS:
@@ -451,6 +474,7 @@ class Run:
     def losses(self, tokens: slice | None = None, rows: slice | None = None) -> np.ndarray:
         """Loss matrix ``[checkpoint, token]`` in nats (committed rows only; NaN = not finite)."""
         k = self.n_committed
+        self._refresh(k)
         rsl = slice(0, k) if rows is None else _clip(rows, k)
         tsl = slice(None) if tokens is None else tokens
         if k == 0:
@@ -464,6 +488,7 @@ class Run:
         k = self.n_committed
         if k == 0:
             raise StoreError(f"run {self.name!r} has no committed rows")
+        self._refresh(k)
         arr = da.from_zarr(self._loss)[:k]
         return arr.rechunk((k, token_block or self.token_chunk))
 
@@ -471,9 +496,15 @@ class Run:
         """An ``xarray.Dataset`` of the committed rows: ``loss`` (checkpoint, token) with coordinates."""
         import xarray as xr
 
-        ds = xr.open_zarr(self._group.store, group=self._group.path, consolidated=False)
-        ds = ds.isel(checkpoint=slice(0, self.n_committed))
-        return ds.assign_attrs(n_committed=self.n_committed)
+        k = self.n_committed
+        # Open each array on its own and cut it to the committed rows: after a crash the arrays
+        # may have different lengths (see RunWriter._ensure_capacity), which xarray would refuse.
+        names = ["loss", *COORDS]
+        parts = {n: xr.open_zarr(self._group.store, group=self._group.path, consolidated=False,
+                                 drop_variables=[m for m in names if m != n])[n].isel(checkpoint=slice(0, k))
+                 for n in names}  # fmt: skip
+        ds = xr.Dataset({"loss": parts["loss"]}, coords={n: parts[n] for n in COORDS})
+        return ds.assign_attrs(n_committed=k, **{"tokdyn_run": self.attrs})
 
     def nonfinite(self) -> tuple[int, dict[int, int]]:
         """Total count of non-finite losses recorded (stored as NaN) and the count per row."""
@@ -658,8 +689,9 @@ class RunWriter:
         self.run._loss.resize((new, self.run.n_tokens))
 
     def trim(self) -> None:
-        """Shrink the arrays to the committed rows (single writer), so xarray sees no padding."""
-        if len(self.run.writers) > 1 and self.index != 0:
+        """Shrink the arrays to the committed rows, so xarray sees no padding. Single writer
+        only: a run of several writers keeps its capacity (it cannot grow again on resume)."""
+        if len(self.run.writers) > 1:  # never resize a multi-writer run: it could not be resumed
             return
         k = self.run.n_committed
         if k and self.run.capacity != k:

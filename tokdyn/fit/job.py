@@ -170,7 +170,7 @@ def fit_run(
 def read_fit(store: TrajectoryStore | str | os.PathLike, run: str, *, fields=None) -> dict[str, np.ndarray]:
     """The stored fit of ``run`` as a dict of ``[token]`` arrays (all :data:`FIT_FIELDS` by default).
 
-    Raises :class:`StoreError` when the run has not been fitted completely.
+    Raises :class:`StoreError` when the run has not been fitted completely, or has grown since.
     """
     st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
     r = st.run(run)
@@ -181,6 +181,11 @@ def read_fit(store: TrajectoryStore | str | os.PathLike, run: str, *, fields=Non
     meta = g.attrs.get("tokdyn_fit", {})
     if not meta.get("complete"):
         raise StoreError(f"the fit of run {run!r} is incomplete (interrupted?); run `tokdyn fit` again to finish it")
+    if meta.get("n_committed") != r.n_committed:
+        raise StoreError(
+            f"the fit of run {run!r} was made on {meta.get('n_committed')} rows; the run now has {r.n_committed}. "
+            f"Refit it: `tokdyn fit {st.url} --run {run} --refit`"
+        )
     names = list(FIT_FIELDS) if fields is None else list(fields)
     unknown = [f for f in names if f not in FIT_FIELDS]
     if unknown:
