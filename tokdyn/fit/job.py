@@ -29,6 +29,7 @@ from tokdyn.fit.backends import resolve_backend
 from tokdyn.fit.block import FIT_FIELDS, fit_block
 from tokdyn.fit.models import class_loss_share
 from tokdyn.fit.options import CLASS_NAMES, MODEL_NAMES, STATUS_NAMES, FitOptions
+from tokdyn.fit.sigmoid import log_axis
 from tokdyn.store import Run, TrajectoryStore, open_store
 
 __all__ = ["FIT_SCHEMA_VERSION", "fit_run", "read_fit", "fit_inputs", "LOCAL_SCHEDULERS"]
@@ -49,10 +50,10 @@ def fit_inputs(run: Run) -> tuple[np.ndarray, np.ndarray]:
     rows = np.flatnonzero(np.isfinite(av) & (av > 0))
     if rows.size < 2:
         raise InputError(f"run {run.name!r} has {rows.size} rows with a positive axis value; a fit needs more")
-    x = np.log10(av[rows])
-    if np.any(np.diff(x) <= 0):
-        raise InputError(f"run {run.name!r}: axis values are not strictly increasing; cannot fit")
-    return rows, x
+    try:
+        return rows, log_axis(av[rows])
+    except InputError as exc:
+        raise InputError(f"run {run.name!r}: {exc}") from None
 
 
 def fit_run(
