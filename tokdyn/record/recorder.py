@@ -234,12 +234,10 @@ class TokenLossRecorder:
                 attrs = {**model_attrs(self.model), **dict(run_attrs or {})}
                 attrs.setdefault("schedule", self.schedule.tolist())
                 attrs.setdefault("world_size", self.world_size)
+                # One writer per rank (a single one covering every token without distribution).
                 chunk, ranges = shard_ranges(self.probe.n_sequences, self.probe.context, self.world_size, token_chunk=token_chunk)
-                store.create_run(
-                    run, axis="T", capacity=len(self.schedule), dtype=dtype or "float32",
-                    token_chunk=chunk if self.world_size > 1 else token_chunk, writers=ranges if self.world_size > 1 else None,
-                    attrs=attrs,
-                )  # fmt: skip
+                store.create_run(run, axis="T", capacity=len(self.schedule), dtype=dtype or "float32",
+                                 token_chunk=chunk, writers=ranges, attrs=attrs)  # fmt: skip
             if self.world_size > 1:
                 _barrier()
         r = store.run(run)
