@@ -460,7 +460,9 @@ class Run:
         """Per-checkpoint array ``name`` (one of ``step``, ``axis_value``, ``tokens_seen``, ...)."""
         if name not in COORDS:
             raise InputError(f"unknown coordinate {name!r}; expected one of {', '.join(COORDS)}")
-        k = self.n_committed
+        return self._read_coord(name, self.n_committed)
+
+    def _read_coord(self, name: str, k: int) -> np.ndarray:
         return self._group[name][:k] if k else np.empty(0, COORDS[name][0])
 
     @property
@@ -517,17 +519,17 @@ class Run:
         return total, per_row
 
     def info(self) -> dict:
-        steps = self.steps
+        k = self.n_committed  # read the commit records once
         nonfinite, _ = self.nonfinite()
         return {
             "axis": self.axis,
-            "shape": [self.n_committed, self.n_tokens],
+            "shape": [k, self.n_tokens],
             "capacity": self.capacity,
             "dtype": str(self.dtype),
             "token_chunk": self.token_chunk,
             "writers": len(self.writers),
-            "steps": steps.tolist(),
-            "axis_values": self.axis_values.tolist(),
+            "steps": self._read_coord("step", k).tolist(),
+            "axis_values": self._read_coord("axis_value", k).tolist(),
             "nonfinite_losses": nonfinite,
             "attrs": {k: v for k, v in self.attrs.items() if k not in ("writers",)},
         }
