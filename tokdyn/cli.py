@@ -7,6 +7,7 @@ traceback) and 2 on a usage error (argparse).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Sequence
@@ -136,15 +137,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True)
     p.set_defaults(func=_cmd_export_npz)
 
-    p = sub.add_parser("record-offline", help="evaluate the probe on every checkpoint in a folder")
-    try:
-        from .record.offline import add_cli_arguments, run_cli
-    except ImportError as exc:  # pragma: no cover - only when an optional dependency is missing
-        p.set_defaults(func=lambda a, exc=exc: _missing(exc))
-    else:
-        add_cli_arguments(p)
-        p.set_defaults(func=run_cli)
+    # Commands whose arguments live with their stage: the module gives add_cli_arguments(parser)
+    # and run_cli(args).
+    for name, module, help_ in _STAGE_COMMANDS:
+        p = sub.add_parser(name, help=help_)
+        try:
+            mod = importlib.import_module(module, __package__)
+        except ImportError as exc:  # pragma: no cover - only when an optional dependency is missing
+            p.set_defaults(func=lambda a, exc=exc: _missing(exc))
+        else:
+            mod.add_cli_arguments(p)
+            p.set_defaults(func=mod.run_cli)
     return parser
+
+
+_STAGE_COMMANDS = (
+    ("record-offline", ".record.offline", "evaluate the probe on every checkpoint in a folder"),
+    ("curriculum", ".curriculum.cli", "learnability model and training-data weights from a fitted pilot run"),
+)
 
 
 def _missing(exc: ImportError) -> int:
