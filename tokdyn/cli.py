@@ -12,6 +12,8 @@ import json
 import sys
 from collections.abc import Sequence
 
+import numpy as np
+
 from . import __version__
 from .errors import TokdynError
 
@@ -81,6 +83,90 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bandwidth(text: str) -> str | float:
+    try:
+        return float(text)
+    except ValueError:
+        return text  # a rule name; the library checks it
+
+
+def _cmd_spectrum(args: argparse.Namespace) -> int:
+    from .reconstruct import reconstruct_run
+
+    rec = reconstruct_run(args.store, args.run, which=args.events, bandwidth=_bandwidth(args.bandwidth), n_boot=args.boot)
+    spec = rec.spectrum
+    out = {"run": args.run, "axis": rec.axis, "bandwidth": spec.bandwidth, "n_events": spec.n_events,
+           "n_tokens": spec.n_tokens, "total_drop": spec.total_drop, "x_range": list(spec.x_range),
+           "spectrum_power_law": rec.spectrum_power_law.to_dict() if rec.spectrum_power_law else None,
+           "loss_power_law": rec.loss_power_law.to_dict() if rec.loss_power_law else None}  # fmt: skip
+    if args.json:
+        print(json.dumps({**out, "spectrum": spec.to_dict()}, indent=2))
+        return 0
+    print(f"run {args.run!r} (axis {rec.axis}): {spec.n_events:,} events of {spec.n_tokens:,} tokens ({args.events}), "
+          f"drop seen {spec.total_drop:.3f} nats/token, bandwidth {spec.bandwidth:.3f} decades")  # fmt: skip
+    peak = np.abs(spec.density).max() or 1.0
+    for lo, hi, v in zip(spec.edges[:-1], spec.edges[1:], spec.hist):
+        print(f"  x {lo:6.2f}..{hi:6.2f}  {v:8.3f} nats/decade  " + "#" * int(round(40 * max(v, 0) / peak)))
+    for pl in (rec.spectrum_power_law, rec.loss_power_law):
+        if pl is not None:
+            print(f"power law of the {pl.what:<8} alpha = {pl.alpha:.3f} [{pl.alpha_lo:.3f}, {pl.alpha_hi:.3f}]  R^2 {pl.r2:.3f}")
+    return 0
+
+
+def _cmd_reconstruct(args: argparse.Namespace) -> int:
+    from .reconstruct import reconstruct_run
+
+    run = args.run
+    if args.axis:
+        run = _axis_run(args)
+    rec = reconstruct_run(args.store, run, which=args.events, bandwidth=_bandwidth(args.bandwidth), n_boot=args.boot)
+    if args.json:
+        print(json.dumps(rec.to_dict() if args.curves else rec.summary(), indent=2))
+        return 0
+    s = rec.summary()
+    print(f"run {run!r} (axis {rec.axis}): {s['n_points']} points, {s['n_tokens']:,} tokens, {s['n_events']:,} events ({args.events})")
+    print(f"  R^2 of -dL/dlog10 a  sum of sigmoids {s['r2_events']:.3f}   spectrum alone {s['r2_spectrum']:.3f}")
+    print(f"  relative L2 error    sum of sigmoids {s['rel_l2_events']:.3f}   spectrum alone {s['rel_l2_spectrum']:.3f}")
+    print(f"  loss drop carried by events {s['drop_share_events']:.1%}, by well-fitted events {s['drop_share_well_fitted']:.1%}")
+    print("       x   measured   sigmoids   spectrum")
+    for row in zip(rec.x, rec.measured, rec.from_events, rec.from_spectrum):
+        print("  " + "  ".join(f"{v:8.3f}" for v in row))
+    return 0
+
+
+def _axis_run(args: argparse.Namespace) -> str:
+    """The run holding axis D or M: found, or assembled from the store's runs and fitted."""
+    from .axes import assemble_axis, find_axis_run
+    from .fit.job import fit_run
+    from .store import open_store
+
+    st = open_store(args.store, mode="r")
+    name = None if args.rebuild else find_axis_run(st, args.axis)
+    if name is None:
+        st = open_store(args.store, mode="r+")
+        runs = args.runs.split(",") if args.runs else None
+        run = assemble_axis(st, args.axis, runs=runs, overwrite=args.rebuild)
+        name = run.name
+        print(f"assembled run {name!r}: final rows of {[s['run'] for s in run.attrs['sources']]}", file=sys.stderr)
+    try:
+        from .fit.job import read_fit
+
+        read_fit(st, name, fields=("status",))
+    except TokdynError:
+        fit_run(args.store, name, progress=False, refit=True)
+        print(f"fitted run {name!r}", file=sys.stderr)
+    return name
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import check_writable, write_report
+
+    check_writable(args.out)  # before any work
+    out = write_report(args.store, args.out, runs=args.run or None)
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -123,6 +209,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_fit)
+
+    def analysis_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--events", default="two_step", choices=("two_step", "bic", "classified"),
+                       help="which fitted sigmoids make the sum (default: two_step; see docs/method.md)")
+        p.add_argument("--bandwidth", default="auto",
+                       help="spectrum bandwidth: auto (= events), events, widths, silverman, or decades (default: auto)")
+        p.add_argument("--boot", type=int, default=200, help="bootstrap resamples for the exponent's interval (default: 200)")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("spectrum", help="learning-time spectrum of a fitted run, with its power law")
+    p.add_argument("store")
+    p.add_argument("--run", required=True)
+    analysis_options(p)
+    p.set_defaults(func=_cmd_spectrum)
+
+    p = sub.add_parser("reconstruct", help="measured vs rebuilt -dL/dlog a of a run (T) or of the D or M axis")
+    p.add_argument("store")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run", help="a fitted run (any axis)")
+    which.add_argument("--axis", choices=("D", "M"), help="the store's D or M axis (assembled from its runs and fitted if needed)")
+    p.add_argument("--runs", help="with --axis: comma-separated runs forming the axis (default: found from run metadata)")
+    p.add_argument("--rebuild", action="store_true", help="with --axis: assemble and fit the axis again")
+    p.add_argument("--curves", action="store_true", help="with --json: include the curves and the spectrum")
+    analysis_options(p)
+    p.set_defaults(func=_cmd_reconstruct)
+
+    p = sub.add_parser("report", help="one self-contained HTML report of a store's fitted runs")
+    p.add_argument("store")
+    p.add_argument("--out", default="report.html", help="output HTML file (default: report.html)")
+    p.add_argument("--run", action="append", help="a run to include (repeatable; default: every fitted run)")
+    p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("import-npz", help="import a losses.npz (the paper's format) as a run")
     p.add_argument("input", help="losses.npz")

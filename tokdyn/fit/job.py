@@ -32,7 +32,7 @@ from tokdyn.fit.options import CLASS_NAMES, MODEL_NAMES, STATUS_NAMES, FitOption
 from tokdyn.fit.sigmoid import log_axis
 from tokdyn.store import Run, TrajectoryStore, open_store
 
-__all__ = ["FIT_SCHEMA_VERSION", "fit_run", "read_fit", "fit_inputs", "LOCAL_SCHEDULERS"]
+__all__ = ["FIT_SCHEMA_VERSION", "fit_run", "read_fit", "stored_options", "fit_inputs", "LOCAL_SCHEDULERS"]
 
 FIT_SCHEMA_VERSION = 1
 LOCAL_SCHEDULERS = ("threads", "processes", "sync")
@@ -192,6 +192,17 @@ def read_fit(store: TrajectoryStore | str | os.PathLike, run: str, *, fields=Non
     if unknown:
         raise InputError(f"unknown fit fields {unknown}; expected some of {list(FIT_FIELDS)}")
     return {name: g[name][...] for name in names}
+
+
+def stored_options(store: TrajectoryStore | str | os.PathLike, run: str) -> FitOptions:
+    """The :class:`FitOptions` the stored fit of ``run`` was made with."""
+    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
+    try:
+        meta = st.run(run)._group["fit"].attrs.get("tokdyn_fit", {})
+    except KeyError:
+        raise StoreError(f"run {run!r} has not been fitted; run `tokdyn fit {st.url} --run {run}` first") from None
+    known = {f.name for f in dataclasses.fields(FitOptions)}
+    return FitOptions(**{k: v for k, v in dict(meta.get("options", {})).items() if k in known})
 
 
 # -- internals -----------------------------------------------------------------------------

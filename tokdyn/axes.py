@@ -1,0 +1,150 @@
+"""The D and M axes: one run per data budget or model size, arranged into one loss matrix.
+
+Along T a run's own checkpoints are the axis. Along D (data budget, tokens) and M (non-embedding
+parameters) every axis point is a separate training run taken to completion; its *final*
+checkpoint's per-token losses are one row. :func:`assemble_axis` writes those rows, sorted by
+axis value, as a derived run of axis ``D`` or ``M`` (named ``axis-D`` / ``axis-M``) in the same
+store, so that fitting (``tokdyn fit``) and reconstruction treat it exactly like a T run. A
+``losses.npz`` of axis D or M imported with ``tokdyn import-npz`` is such a run already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .errors import InputError, ProbeMismatchError, RunExistsError, StoreError
+from .store import Run, TrajectoryStore, open_store
+
+__all__ = ["AXIS_ATTRS", "axis_sources", "assemble_axis", "axis_run_name", "find_axis_run"]
+
+# The run attribute that gives each source run's position on the axis.
+AXIS_ATTRS = {"D": "data_budget", "M": "n_params_non_embedding"}
+MIN_AXIS_RUNS = 3
+
+
+def axis_run_name(axis: str) -> str:
+    _check_axis(axis)
+    return f"axis-{axis}"
+
+
+def _check_axis(axis: str) -> None:
+    if axis not in AXIS_ATTRS:
+        raise InputError(f"axis must be one of {sorted(AXIS_ATTRS)} (T is a run's own checkpoints), got {axis!r}")
+
+
+def axis_sources(store: TrajectoryStore, axis: str) -> list[str]:
+    """The runs of ``store`` that make up axis ``axis`` when none are named.
+
+    Runs tagged ``attrs["sweep"] == axis`` (as ``pipelines/scaling_sweep.py`` tags them) if there
+    are any; otherwise the T runs that carry the axis attribute (``data_budget`` or
+    ``n_params_non_embedding``) and share everything else that matters: for D the model
+    configuration, for M the data budget. Ambiguity is an error that asks for explicit runs.
+    """
+    _check_axis(axis)
+    attr = AXIS_ATTRS[axis]
+    runs = [store.run(n) for n in store.runs if not n.startswith("axis-")]
+    tagged = [r.name for r in runs if r.attrs.get("sweep") == axis]
+    if tagged:
+        return tagged
+    groups: dict[str, list[str]] = {}
+    for r in runs:
+        if r.axis != "T" or r.attrs.get(attr) is None or r.n_committed == 0:
+            continue
+        other = r.attrs.get("model_config") if axis == "D" else r.attrs.get("data_budget")
+        groups.setdefault(repr(other), []).append(r.name)
+    usable = [g for g in groups.values() if len({store.run(n).attrs[attr] for n in g}) >= MIN_AXIS_RUNS]
+    if len(usable) == 1:
+        return usable[0]
+    if not usable:
+        found = sum(len(g) for g in groups.values())
+        raise InputError(
+            f"axis {axis} needs at least {MIN_AXIS_RUNS} runs with distinct {attr!r} "
+            f"({'same model config' if axis == 'D' else 'same data budget'}); {store.url} has {found} "
+            f"candidate run(s). Train more, or name the runs"
+        )
+    raise InputError(f"several groups of runs could form axis {axis}: {usable}; name the runs to use")
+
+
+def assemble_axis(
+    store: TrajectoryStore | str,
+    axis: str,
+    *,
+    runs: Sequence[str | Run] | None = None,
+    name: str | None = None,
+    overwrite: bool = False,
+) -> Run:
+    """Write the final rows of ``runs`` as run ``name`` (default ``axis-<axis>``) of axis ``axis``.
+
+    Parameters
+    ----------
+    store : the store to write into (a path or an open writable store).
+    axis : {"D", "M"}
+    runs : names of runs of this store, or :class:`Run` objects of any store recorded on the
+        same probe; default :func:`axis_sources`. Each needs ``attrs[AXIS_ATTRS[axis]] > 0``.
+    overwrite : replace an existing run ``name`` (and its fit).
+
+    Rows are sorted by axis value; ``step`` is the row index, ``tokens_seen`` the source's last.
+    Raises InputError for fewer than 3 runs or repeated axis values, ProbeMismatchError when a
+    source was recorded on another probe.
+    """
+    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r+")
+    st._require_writable()
+    _check_axis(axis)
+    attr = AXIS_ATTRS[axis]
+    name = name or axis_run_name(axis)
+    sources = [st.run(r) if isinstance(r, str) else r for r in (axis_sources(st, axis) if runs is None else runs)]
+    if any(not isinstance(r, Run) for r in sources):
+        raise InputError("runs must be run names or Run objects")
+    if len(sources) < MIN_AXIS_RUNS:
+        raise InputError(f"axis {axis} needs at least {MIN_AXIS_RUNS} runs, got {len(sources)}: {[r.name for r in sources]}")
+    fp = st.probe.fingerprint
+    values = []
+    for r in sources:
+        if r.store.probe.fingerprint != fp or r.n_tokens != st.probe.n_tokens:
+            raise ProbeMismatchError(
+                f"run {r.name!r} of {r.store.url} was recorded on probe {r.store.probe.fingerprint} "
+                f"({r.n_tokens:,} tokens); axis {axis} of {st.url} uses probe {fp} ({st.probe.n_tokens:,} tokens)"
+            )
+        if r.n_committed == 0:
+            raise StoreError(f"run {r.name!r} has no committed rows")
+        v = r.attrs.get(attr)
+        if not isinstance(v, (int, float)) or not v > 0:
+            raise InputError(f"run {r.name!r} has no positive {attr!r} attribute (found {v!r}); it cannot sit on axis {axis}")
+        values.append(float(v))
+    order = np.argsort(values, kind="stable")
+    sorted_values = np.asarray(values)[order]
+    if np.any(np.diff(sorted_values) <= 0):
+        dup = sorted_values[np.flatnonzero(np.diff(sorted_values) <= 0)[0]]
+        raise InputError(f"two runs share {attr} = {dup:g}; an axis needs distinct values")
+    if name in st.runs:
+        if not overwrite:
+            raise RunExistsError(f"run {name!r} already exists in {st.url}; pass overwrite=True (--overwrite) to rebuild it")
+        st.delete_run(name)
+    first = sources[0]
+    out = st.create_run(
+        name, axis=axis, capacity=len(sources), dtype=str(first.dtype),
+        attrs={"sources": [{"store": r.store.url, "run": r.name, attr: values[i]} for i, r in enumerate(sources)],
+               "axis_attr": attr, "derived": "final committed row of each source run"},
+    )  # fmt: skip
+    w = out.writer()
+    for k, i in enumerate(order):
+        r = sources[i]
+        last = r.n_committed - 1
+        row = r.losses(rows=slice(last, last + 1))[0]
+        seen = int(r.coord("tokens_seen")[last])
+        w.append(row, step=k, axis_value=values[i], tokens_seen=seen if seen >= 0 else None, warn_nonfinite=False)
+    return st.run(name)
+
+
+def find_axis_run(store: TrajectoryStore, axis: str) -> str | None:
+    """The run of ``store`` that holds axis ``axis``: ``axis-<axis>`` if present, else the only
+    run whose axis is ``axis`` (an imported losses.npz); None when there is none."""
+    _check_axis(axis)
+    if axis_run_name(axis) in store.runs:
+        return axis_run_name(axis)
+    found = [n for n in store.runs if store.run(n).axis == axis]
+    if len(found) > 1:
+        raise InputError(f"several runs of axis {axis} in {store.url}: {found}; pass --run NAME")
+    return found[0] if found else None

@@ -1,0 +1,224 @@
+"""Rebuild the derivative of the mean probe loss from the learning events (METHOD.md section 3).
+
+Three curves on the axis points of one run (a T run, or a D or M axis assembled by
+:mod:`tokdyn.axes`), all ``-dL/dx`` with ``x = log10(axis value)``, in nats per decade:
+
+- **measured**: from the mean probe loss ``L(x)``, by local quadratic regression (a finite
+  difference with light Gaussian smoothing over neighbouring axis points);
+- **events**: the sum of the fitted sigmoids, ``(1/N) sum_i delta_i sigma(-(x-mu_i)/s_i)``,
+  differentiated by the *same* estimator as the measurement, so both see the same grid and the
+  same smoothing (its analytic derivative is reported beside it);
+- **spectrum**: the learning-time spectrum alone, ``rho(x)`` (the delta approximation: every
+  event a step at its ``mu``, smoothed by the spectrum's bandwidth).
+
+Each prediction is scored by R^2 and the relative L2 error against the measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError
+from .spectrum import Events, PowerLaw, Spectrum, learning_time_spectrum, loss_power_law, run_events, spectrum_power_law
+
+__all__ = ["Reconstruction", "measured_derivative", "reconstruct", "reconstruct_run", "scores"]
+
+
+def measured_derivative(x, loss, *, smoothing: float | None = None) -> np.ndarray:
+    """``-dL/dx`` [K] of a curve sampled at increasing x [K], by local quadratic regression.
+
+    At each point a quadratic in ``x - x_k`` is fitted by least squares with Gaussian weights
+    of standard deviation ``smoothing`` decades (default: 1.5 x the median spacing of x, so a
+    handful of neighbours count); its slope is the derivative. Where fewer than 3 points carry
+    weight the plain three-point finite difference is used. NaN losses are skipped.
+    """
+    x, loss = np.asarray(x, np.float64), np.asarray(loss, np.float64)
+    if x.ndim != 1 or x.shape != loss.shape:
+        raise InputError(f"x and loss: expected two 1-D arrays of one length, got {x.shape} and {loss.shape}")
+    if x.size < 3:
+        raise InputError(f"a derivative needs at least 3 axis points, got {x.size}")
+    if not (np.all(np.isfinite(x)) and np.all(np.diff(x) > 0)):
+        raise InputError("x must be finite and strictly increasing")
+    h = 1.5 * float(np.median(np.diff(x))) if smoothing is None else float(smoothing)
+    if not (math.isfinite(h) and h > 0):
+        raise InputError(f"smoothing must be a positive number of decades, got {smoothing}")
+    ok = np.isfinite(loss)
+    if ok.sum() < 3:
+        raise InputError(f"a derivative needs at least 3 finite loss values, got {int(ok.sum())}")
+    xo, lo = x[ok], loss[ok]
+    out = np.empty(x.size)
+    fallback = -np.gradient(lo, xo)
+    for k, xk in enumerate(x):
+        d = xo - xk
+        w = np.exp(-0.5 * (d / h) ** 2)
+        if (w > 1e-3).sum() < 3:
+            out[k] = np.interp(xk, xo, fallback)
+            continue
+        A = np.stack([np.ones_like(d), d, d * d], axis=1) * np.sqrt(w)[:, None]
+        coef, *_ = np.linalg.lstsq(A, lo * np.sqrt(w), rcond=None)
+        out[k] = -coef[1]
+    return out
+
+
+def scores(predicted, measured) -> dict:
+    """R^2 and relative L2 error of a predicted curve against a measured one."""
+    p, m = np.asarray(predicted, np.float64), np.asarray(measured, np.float64)
+    ok = np.isfinite(p) & np.isfinite(m)
+    if ok.sum() < 2:
+        return {"r2": float("nan"), "rel_l2": float("nan")}
+    p, m = p[ok], m[ok]
+    ss = ((m - m.mean()) ** 2).sum()
+    norm = math.sqrt((m * m).sum())
+    err = p - m
+    return {
+        "r2": float(1 - (err * err).sum() / ss) if ss > 0 else float("nan"),
+        "rel_l2": float(math.sqrt((err * err).sum()) / norm) if norm > 0 else float("nan"),
+    }
+
+
+@dataclass(frozen=True)
+class Reconstruction:
+    """Measured and rebuilt ``-dL/dx`` on the axis points of one run; see the module docstring.
+
+    Attributes
+    ----------
+    axis, run : what was rebuilt.
+    x [K] : log10 axis values; ``mean_loss`` [K] the mean probe loss (nats).
+    measured, from_events, from_events_analytic, from_spectrum : [K] ``-dL/dx``, nats/decade.
+    r2_events, rel_l2_events, r2_spectrum, rel_l2_spectrum, r2_events_analytic : the scores.
+    drop_share_events : share of the measured loss drop over the range that the events carry.
+    drop_share_well_fitted : share carried by events whose fit converged with R^2 >= r2_min.
+    spectrum : the :class:`Spectrum`; ``spectrum_power_law``/``loss_power_law`` the exponents.
+    """
+
+    axis: str
+    run: str
+    x: np.ndarray
+    mean_loss: np.ndarray
+    measured: np.ndarray
+    from_events: np.ndarray
+    from_events_analytic: np.ndarray
+    from_spectrum: np.ndarray
+    r2_events: float
+    rel_l2_events: float
+    r2_events_analytic: float
+    r2_spectrum: float
+    rel_l2_spectrum: float
+    drop_share_events: float
+    drop_share_well_fitted: float
+    smoothing: float
+    spectrum: Spectrum
+    spectrum_power_law: PowerLaw | None
+    loss_power_law: PowerLaw | None
+    n_tokens: int
+    n_events: int
+
+    def summary(self) -> dict:
+        """The scalar results, JSON-able."""
+        return {
+            "run": self.run, "axis": self.axis, "n_points": int(self.x.size), "n_tokens": self.n_tokens,
+            "n_events": self.n_events, "x_range": [float(self.x[0]), float(self.x[-1])],
+            "r2_events": self.r2_events, "rel_l2_events": self.rel_l2_events,
+            "r2_events_analytic": self.r2_events_analytic,
+            "r2_spectrum": self.r2_spectrum, "rel_l2_spectrum": self.rel_l2_spectrum,
+            "drop_share_events": self.drop_share_events, "drop_share_well_fitted": self.drop_share_well_fitted,
+            "bandwidth": self.spectrum.bandwidth, "smoothing": self.smoothing,
+            "spectrum_power_law": self.spectrum_power_law.to_dict() if self.spectrum_power_law else None,
+            "loss_power_law": self.loss_power_law.to_dict() if self.loss_power_law else None,
+        }  # fmt: skip
+
+    def to_dict(self) -> dict:
+        """Everything, with the curves as lists."""
+        curves = {k: getattr(self, k).tolist() for k in ("x", "mean_loss", "measured", "from_events",
+                                                          "from_events_analytic", "from_spectrum")}  # fmt: skip
+        return {**self.summary(), "curves": curves, "spectrum": self.spectrum.to_dict()}
+
+
+def reconstruct(
+    x,
+    mean_loss,
+    events: Events,
+    *,
+    axis: str = "T",
+    run: str = "",
+    bandwidth: str | float = "auto",
+    smoothing: float | None = None,
+    n_boot: int = 200,
+    seed: int = 0,
+) -> Reconstruction:
+    """Rebuild ``-dL/dx`` of ``mean_loss`` [K] at x [K] from ``events``; see the module docstring.
+
+    ``events`` must come from a fit of the same tokens on the same x (their ``n_tokens`` is the
+    N the mean is taken over). ``n_boot`` bootstrap resamples give the spectrum exponent's
+    interval (0 skips the power laws' intervals; the exponents are still fitted).
+    """
+    x, mean_loss = np.asarray(x, np.float64), np.asarray(mean_loss, np.float64)
+    if not isinstance(events, Events):
+        raise InputError(f"events must be an Events, got {type(events).__name__}")
+    measured = measured_derivative(x, mean_loss, smoothing=smoothing)
+    h_s = 1.5 * float(np.median(np.diff(x))) if smoothing is None else float(smoothing)
+    spec = learning_time_spectrum(events, bandwidth=bandwidth)
+    # events.curve is the events' share of L: its -d/dx through the measurement's estimator.
+    from_events = measured_derivative(x, events.curve(x), smoothing=h_s) if len(events) else np.zeros_like(x)
+    analytic = events.derivative(x)
+    from_spectrum = spec.at(x)
+    s_ev, s_an, s_sp = scores(from_events, measured), scores(analytic, measured), scores(from_spectrum, measured)
+    measured_drop = float(mean_loss[np.isfinite(mean_loss)][0] - mean_loss[np.isfinite(mean_loss)][-1])
+    ev_drop = float(events.curve(x[:1])[0] - events.curve(x[-1:])[0])
+    well = events.subset(events.well_fitted)
+    well_drop = float(well.curve(x[:1])[0] - well.curve(x[-1:])[0]) if len(well) else 0.0
+    try:
+        spl = spectrum_power_law(events, bandwidth=spec.bandwidth, n_boot=n_boot, seed=seed)
+    except InputError:
+        spl = None
+    try:
+        lpl = loss_power_law(x, mean_loss)
+    except InputError:
+        lpl = None
+    share = (lambda d: d / measured_drop if measured_drop != 0 else float("nan"))
+    return Reconstruction(
+        axis=axis, run=run, x=x, mean_loss=mean_loss, measured=measured, from_events=from_events,
+        from_events_analytic=analytic, from_spectrum=from_spectrum,
+        r2_events=s_ev["r2"], rel_l2_events=s_ev["rel_l2"], r2_events_analytic=s_an["r2"],
+        r2_spectrum=s_sp["r2"], rel_l2_spectrum=s_sp["rel_l2"],
+        drop_share_events=share(ev_drop), drop_share_well_fitted=share(well_drop), smoothing=h_s,
+        spectrum=spec, spectrum_power_law=spl, loss_power_law=lpl, n_tokens=events.n_tokens, n_events=len(events),
+    )  # fmt: skip
+
+
+def reconstruct_run(
+    store,
+    run: str,
+    *,
+    which: str = "two_step",
+    bandwidth: str | float = "auto",
+    smoothing: float | None = None,
+    n_boot: int = 200,
+    seed: int = 0,
+) -> Reconstruction:
+    """:func:`reconstruct` for a fitted run of a store: its mean probe loss on the fitted rows
+    and the events of its stored fit (``which``: see :func:`tokdyn.spectrum.events_from_fit`)."""
+    from .fit.job import fit_inputs
+    from .store import TrajectoryStore, open_store
+
+    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
+    r = st.run(run)
+    events = run_events(st, run, which=which)  # StoreError if not fitted
+    rows, x = fit_inputs(r)
+    mean_loss = mean_probe_loss(r, rows)
+    return reconstruct(x, mean_loss, events, axis=r.axis, run=run, bandwidth=bandwidth, smoothing=smoothing,
+                       n_boot=n_boot, seed=seed)  # fmt: skip
+
+
+def mean_probe_loss(r, rows: np.ndarray | None = None) -> np.ndarray:
+    """Mean loss over tokens [K] of the given rows of run ``r`` (all committed rows by default),
+    computed with dask over token chunks; NaN losses (non-finite when recorded) are skipped."""
+    import dask.array as da
+
+    arr = r.to_dask()
+    if rows is not None:
+        arr = arr[np.asarray(rows)]
+    return np.asarray(da.nanmean(arr.astype(np.float64), axis=1).compute())

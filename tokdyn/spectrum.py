@@ -1,0 +1,546 @@
+"""The learning-time spectrum: the loss-drop-weighted density of learning times on a log axis.
+
+METHOD.md section 3. Every fitted learning event ``(mu_i, s_i, delta_i)`` puts its loss drop
+``delta_i`` (nats) at its learning time ``mu_i`` (log10 of the axis); the spectrum
+
+    rho(x) = (1/N) sum_i delta_i * K_h(x - mu_i)          [nats per decade, per token]
+
+is the kernel density of those drops over all N probe tokens. Sharp events make ``rho`` the
+derivative ``-dL/dx`` of the mean probe loss (the delta approximation, :mod:`tokdyn.reconstruct`),
+and a power law ``rho ~ 10**(-alpha x)`` is a power law ``L(a) = L_inf + A a**(-alpha)``.
+
+The functions here take plain arrays (:class:`Events`); :func:`run_events` reads them from a
+fitted run of a store.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import InputError
+from .fit.options import CLASS_CODES, STATUS_CODES, FitOptions
+
+__all__ = [
+    "Events",
+    "Spectrum",
+    "PowerLaw",
+    "events_from_fit",
+    "run_events",
+    "select_bandwidth",
+    "learning_time_spectrum",
+    "fit_power_law",
+    "spectrum_power_law",
+    "loss_power_law",
+    "BANDWIDTH_RULES",
+    "spectra_by",
+]
+
+BANDWIDTH_RULES = ("auto", "events", "widths", "silverman")
+_LOGISTIC_SD = math.pi / math.sqrt(3.0)  # standard deviation of the logistic density of scale 1
+
+
+@dataclass(frozen=True)
+class Events:
+    """Learning events of ``n_tokens`` probe tokens (a token may carry 0, 1 or 2 events).
+
+    Attributes
+    ----------
+    token : int array [E]
+        Token index of each event.
+    mu, s, delta : float arrays [E]
+        Learning time (log10 axis units), width (decades) and loss drop (nats) of each event.
+    n_tokens : int
+        N, the number of probe tokens the density is normalised by (tokens without an event
+        count as zero drop).
+    x_range : (float, float)
+        First and last observed x of the trajectories the events were fitted on.
+    well_fitted : bool array [E]
+        Whether the event's fit converged with R^2 >= the fit's ``r2_min``.
+    """
+
+    token: np.ndarray
+    mu: np.ndarray
+    s: np.ndarray
+    delta: np.ndarray
+    n_tokens: int
+    x_range: tuple[float, float]
+    well_fitted: np.ndarray = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        arrays = {name: np.asarray(getattr(self, name)) for name in ("token", "mu", "s", "delta")}
+        n = arrays["mu"].shape
+        for name, a in arrays.items():
+            if a.ndim != 1 or a.shape != n:
+                raise InputError(f"Events.{name}: expected a 1-D array of length {n[0] if n else '?'}, got shape {a.shape}")
+        for name in ("mu", "s", "delta"):
+            if not np.all(np.isfinite(arrays[name])):
+                raise InputError(f"Events.{name}: every event needs a finite value")
+        if np.any(arrays["s"] <= 0):
+            raise InputError("Events.s: widths must be > 0")
+        if int(self.n_tokens) < 1:
+            raise InputError(f"Events.n_tokens must be >= 1, got {self.n_tokens}")
+        if arrays["token"].size and (arrays["token"].min() < 0 or arrays["token"].max() >= int(self.n_tokens)):
+            raise InputError("Events.token: token indices must lie in [0, n_tokens)")
+        lo, hi = (float(v) for v in self.x_range)
+        if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo):
+            raise InputError(f"Events.x_range: expected two finite x with first < last, got {self.x_range}")
+        wf = np.ones(n, bool) if self.well_fitted is None else np.asarray(self.well_fitted, bool)
+        if wf.shape != n:
+            raise InputError(f"Events.well_fitted: expected length {n[0]}, got shape {wf.shape}")
+        for name, a in arrays.items():
+            object.__setattr__(self, name, a.astype(np.int64 if name == "token" else np.float64))
+        object.__setattr__(self, "well_fitted", wf)
+        object.__setattr__(self, "x_range", (lo, hi))
+        object.__setattr__(self, "n_tokens", int(self.n_tokens))
+
+    def __len__(self) -> int:
+        return int(self.mu.size)
+
+    def subset(self, mask: np.ndarray) -> "Events":
+        """The events where ``mask [E]`` is true (same N, so densities stay comparable)."""
+        m = np.asarray(mask, bool)
+        if m.shape != self.mu.shape:
+            raise InputError(f"Events.subset: mask must have shape {self.mu.shape}, got {m.shape}")
+        return Events(self.token[m], self.mu[m], self.s[m], self.delta[m], self.n_tokens, self.x_range, self.well_fitted[m])
+
+    def for_tokens(self, token_mask: np.ndarray) -> "Events":
+        """The events of the tokens where ``token_mask [N]`` is true."""
+        t = np.asarray(token_mask, bool)
+        if t.shape != (self.n_tokens,):
+            raise InputError(f"Events.for_tokens: mask must have shape ({self.n_tokens},), got {t.shape}")
+        return self.subset(t[self.token])
+
+    def curve(self, x: np.ndarray) -> np.ndarray:
+        """The events' share of the mean loss at x [G]: ``(1/N) sum_i delta_i sigma(-(x-mu_i)/s_i)``.
+
+        The sum of fitted sigmoids, up to a constant: its derivative is the events' prediction
+        of ``dL/dx``. Evaluated in blocks of events to bound memory.
+        """
+        x = np.asarray(x, np.float64)
+        out = np.zeros(x.shape)
+        for a in range(0, len(self), 1 << 16):
+            sl = slice(a, a + (1 << 16))
+            z = (x[None, :] - self.mu[sl, None]) / self.s[sl, None]
+            out += (self.delta[sl, None] * _sigmoid(-z)).sum(axis=0)
+        return out / self.n_tokens
+
+    def derivative(self, x: np.ndarray) -> np.ndarray:
+        """``-dL/dx`` of the events at x [G]: ``(1/N) sum_i delta_i sigma'((x-mu_i)/s_i) / s_i``."""
+        x = np.asarray(x, np.float64)
+        out = np.zeros(x.shape)
+        for a in range(0, len(self), 1 << 16):
+            sl = slice(a, a + (1 << 16))
+            z = (x[None, :] - self.mu[sl, None]) / self.s[sl, None]
+            g = _sigmoid(z)
+            out += (self.delta[sl, None] * g * (1 - g) / self.s[sl, None]).sum(axis=0)
+        return out / self.n_tokens
+
+    def realized_drop(self) -> np.ndarray:
+        """[E] the part of each event's drop that happens inside the observed x range (nats).
+
+        ``delta * (sigma(-(x_first - mu)/s) - sigma(-(x_last - mu)/s))``: an event centred
+        outside the range, or wider than it, was only partly seen, and the spectrum counts only
+        what was seen (the censoring correction of the delta approximation).
+        """
+        lo, hi = self.x_range
+        return self.delta * (_sigmoid(-(lo - self.mu) / self.s) - _sigmoid(-(hi - self.mu) / self.s))
+
+    @property
+    def total_drop(self) -> float:
+        """``(1/N) sum_i delta_i``: the mean loss drop the events carry, in nats."""
+        return float(self.delta.sum() / self.n_tokens)
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))  # overflow-free logistic
+
+
+EVENT_SETS = ("two_step", "bic", "classified")
+
+
+def events_from_fit(
+    fit: Mapping[str, np.ndarray], *, which: str = "two_step", options: FitOptions | None = None
+) -> Events:
+    """The learning events of a fit (``read_fit`` fields, or ``SigmoidFit.to_dict()``).
+
+    which : {"two_step", "bic", "classified"}
+        Which fitted sigmoids make up the sum. ``"two_step"`` (default): both events of every
+        token's two-sigmoid fit where that fit did not fail, else its one sigmoid; a token
+        learned in one step then has a second event of negligible drop, or two events that
+        coincide. ``"bic"``: both events only where BIC chose the two-sigmoid model, else the
+        one sigmoid. ``"classified"``: the events of :meth:`tokdyn.fit.SigmoidFit.events`, i.e.
+        only tokens whose chosen model is a sigmoid, plus both events of ``multi_step`` tokens
+        (the line of a ``gradual`` token and flat tokens carry none). In every set a token whose
+        fits failed carries no event.
+    options : FitOptions
+        For ``r2_min``, which decides ``well_fitted`` (default ``FitOptions()``).
+    """
+    if which not in EVENT_SETS:
+        raise InputError(f"which must be one of {EVENT_SETS}, got {which!r}")
+    need = ("mu", "s", "delta", "status", "r2", "model", "class_code", "mu1", "s1", "delta1", "mu2", "s2", "delta2",
+            "status2", "x_first", "x_last")  # fmt: skip
+    missing = [k for k in need if k not in fit]
+    if missing:
+        raise InputError(f"a fit needs the fields {missing} to give events; pass read_fit(...) with all fields")
+    f = {k: np.asarray(fit[k]) for k in need}
+    n = f["mu"].shape[0]
+    if n == 0:
+        raise InputError("the fit has no tokens")
+    opts = options or FitOptions()
+    good_status = (STATUS_CODES["converged"], STATUS_CODES["hit_bound"])
+    sig_ok = np.isfinite(f["mu"]) & np.isfinite(f["s"]) & np.isfinite(f["delta"]) & (f["s"] > 0)
+    two_ok = (
+        np.isfinite(f["mu1"]) & np.isfinite(f["mu2"]) & np.isfinite(f["delta1"]) & np.isfinite(f["delta2"])
+        & (f["s1"] > 0) & (f["s2"] > 0)
+    )  # fmt: skip
+    if which == "two_step":
+        two = two_ok & np.isin(f["status2"], good_status + (STATUS_CODES["singular"],))
+        one = ~two & sig_ok
+    elif which == "bic":
+        two = (f["model"] == 3) & two_ok
+        one = ~two & sig_ok
+    else:
+        two = (f["class_code"] == CLASS_CODES["multi_step"]) & two_ok
+        one = ~two & (f["model"] >= 2) & sig_ok
+    t1, t2 = np.flatnonzero(one), np.flatnonzero(two)
+    good1 = np.isin(f["status"][t1], good_status) & (f["r2"][t1] >= opts.r2_min)
+    good2 = np.isin(f["status2"][t2], good_status)
+    x_first, x_last = np.nanmin(f["x_first"]), np.nanmax(f["x_last"])
+    if not (np.isfinite(x_first) and np.isfinite(x_last)):
+        raise InputError("the fit has no observed x range (every token unfit)")
+    return Events(
+        token=np.concatenate([t1, t2, t2]),
+        mu=np.concatenate([f["mu"][t1], f["mu1"][t2], f["mu2"][t2]]),
+        s=np.concatenate([f["s"][t1], f["s1"][t2], f["s2"][t2]]),
+        delta=np.concatenate([f["delta"][t1], f["delta1"][t2], f["delta2"][t2]]),
+        n_tokens=n,
+        x_range=(float(x_first), float(x_last)),
+        well_fitted=np.concatenate([good1, good2, good2]),
+    )
+
+
+def run_events(store, run: str, *, which: str = "two_step") -> Events:
+    """The events of a fitted run of a store (:func:`tokdyn.fit.read_fit` then :func:`events_from_fit`)."""
+    from .fit.job import read_fit, stored_options
+
+    return events_from_fit(read_fit(store, run), which=which, options=stored_options(store, run))
+
+
+# -- the density ---------------------------------------------------------------------------
+
+
+def select_bandwidth(events: Events, rule: str | float = "auto") -> float:
+    """The kernel bandwidth of the spectrum, in decades, chosen from the events.
+
+    rule : {"auto", "events", "widths", "silverman"} or a positive float
+        ``"events"`` (what ``"auto"`` means): the one Gaussian width that makes the delta
+        approximation closest (least squares over the observed range) to the events' own sum of
+        sigmoid derivatives, i.e. the single kernel that best stands in for all the event
+        widths; searched on a log grid from 0.01 to 1 decade. ``"widths"``: the standard
+        deviation of a typical event, ``(pi/sqrt 3) * median s`` weighted by |realized drop|.
+        ``"silverman"``: Silverman's rule for the |delta|-weighted learning times
+        (``0.9 min(sd, IQR/1.34) n_eff**-0.2``, Kish's effective sample size). None of them
+        looks at the checkpoint grid (METHOD.md section 6); docs/method.md compares them.
+    """
+    if isinstance(rule, (int, float)) and not isinstance(rule, bool):
+        if not (math.isfinite(rule) and rule > 0):
+            raise InputError(f"bandwidth must be a positive number of decades, got {rule}")
+        return float(rule)
+    if rule not in BANDWIDTH_RULES:
+        raise InputError(f"bandwidth must be a positive float or one of {BANDWIDTH_RULES}, got {rule!r}")
+    if len(events) == 0:
+        raise InputError("no learning events: the spectrum is empty (no token's fit gave a sigmoid)")
+    w = np.abs(events.realized_drop())
+    if not w.sum() > 0:
+        raise InputError("no event's loss drop falls inside the observed range: the spectrum is empty")
+    if rule == "widths":
+        return float(_LOGISTIC_SD * _weighted_quantile(events.s, w, 0.5))
+    if rule == "silverman":
+        mean = np.average(events.mu, weights=w)
+        sd = math.sqrt(np.average((events.mu - mean) ** 2, weights=w))
+        iqr = _weighted_quantile(events.mu, w, 0.75) - _weighted_quantile(events.mu, w, 0.25)
+        spread = min(sd, iqr / 1.34) if iqr > 0 else sd
+        n_eff = w.sum() ** 2 / (w**2).sum()
+        return float(max(0.9 * spread * n_eff ** (-0.2), 1e-3))
+    # "events"/"auto": match the events' own derivative (a subsample bounds the cost).
+    ev = events
+    if len(ev) > 200_000:
+        ev = ev.subset(np.random.default_rng(0).permutation(len(ev)) < 200_000)
+    lo, hi = ev.x_range
+    xs = np.linspace(lo, hi, 200)
+    target = ev.derivative(xs)
+    realized = ev.realized_drop()
+    best, best_err = None, np.inf
+    for h in np.geomspace(0.01, 1.0, 41):
+        err = float(((_kde(ev.mu, realized, xs, h, ev.x_range) / ev.n_tokens - target) ** 2).sum())
+        if err < best_err:
+            best, best_err = float(h), err
+    return best
+
+
+def _weighted_quantile(v: np.ndarray, w: np.ndarray, q: float) -> float:
+    order = np.argsort(v)
+    cw = np.cumsum(w[order])
+    return float(v[order][min(np.searchsorted(cw, q * cw[-1]), v.size - 1)])
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    """A learning-time spectrum on a grid of x = log10(axis value).
+
+    Attributes
+    ----------
+    x : [G] grid (log10 axis units); ``density`` [G] rho(x) in nats per decade per token.
+    edges : [B+1] histogram bin edges; ``hist`` [B] the weighted histogram, same units.
+    bandwidth : Gaussian kernel standard deviation, decades.
+    x_range : the observed range; events outside it are censored (their mu is bounded there).
+    n_events, n_tokens, total_drop : events used, tokens normalised by, ``sum delta / N``.
+    """
+
+    x: np.ndarray
+    density: np.ndarray
+    edges: np.ndarray
+    hist: np.ndarray
+    bandwidth: float
+    x_range: tuple[float, float]
+    n_events: int
+    n_tokens: int
+    total_drop: float
+
+    def at(self, x) -> np.ndarray:
+        """rho at arbitrary x (linear interpolation on the grid, 0 outside the observed range)."""
+        return np.interp(np.asarray(x, np.float64), self.x, self.density, left=0.0, right=0.0)
+
+    def to_dict(self) -> dict:
+        return {
+            "x": self.x.tolist(), "density": self.density.tolist(), "edges": self.edges.tolist(),
+            "hist": self.hist.tolist(), "bandwidth": self.bandwidth, "x_range": list(self.x_range),
+            "n_events": self.n_events, "n_tokens": self.n_tokens, "total_drop": self.total_drop,
+        }  # fmt: skip
+
+
+def learning_time_spectrum(
+    events: Events,
+    *,
+    bandwidth: str | float = "auto",
+    grid: int = 256,
+    bins: int | None = None,
+    weights: np.ndarray | None = None,
+) -> Spectrum:
+    """rho(x) = (1/N) sum_i w_i d_i N(x; mu_i, h^2): Gaussian kernel density of loss drops.
+
+    ``d_i`` is the part of event i's drop seen inside the observed range
+    (:meth:`Events.realized_drop`), so rho integrates to the drop of the mean loss that the
+    events carry over that range.
+
+    Parameters
+    ----------
+    events : Events
+    bandwidth : rule or decades, see :func:`select_bandwidth`.
+    grid : points of the returned grid, which spans the observed range (the spectrum is 0
+        outside it: nothing was seen there).
+    bins : histogram bins over the observed range (default: one per bandwidth, at least 8).
+    weights : [E] optional multiplicities of the events (a bootstrap resample).
+
+    The density is computed by linear binning on a fine grid and one FFT-free convolution,
+    so it costs O(E + G_fine * kernel) whatever the number of events.
+    """
+    if len(events) == 0:
+        raise InputError("no learning events: the spectrum is empty (no token's fit gave a sigmoid)")
+    if not (isinstance(grid, int) and grid >= 8):
+        raise InputError(f"grid must be an int >= 8, got {grid!r}")
+    h = select_bandwidth(events, bandwidth)
+    lo_obs, hi_obs = events.x_range
+    realized = events.realized_drop()
+    wd = realized if weights is None else realized * _check_weights(weights, len(events))
+    x = np.linspace(lo_obs, hi_obs, grid)
+    density = _kde(events.mu, wd, x, h, events.x_range) / events.n_tokens
+    if bins is None:
+        bins = max(8, int(round((hi_obs - lo_obs) / h)))
+    if not (isinstance(bins, int) and bins >= 1):
+        raise InputError(f"bins must be an int >= 1, got {bins!r}")
+    edges = np.linspace(lo_obs, hi_obs, bins + 1)
+    hist, _ = np.histogram(np.clip(events.mu, lo_obs, hi_obs), bins=edges, weights=wd)
+    hist = hist / np.diff(edges) / events.n_tokens
+    return Spectrum(x=x, density=density, edges=edges, hist=hist, bandwidth=h, x_range=(lo_obs, hi_obs),
+                    n_events=len(events), n_tokens=events.n_tokens, total_drop=float(wd.sum() / events.n_tokens))  # fmt: skip
+
+
+def _check_weights(weights, n: int) -> np.ndarray:
+    w = np.asarray(weights, np.float64)
+    if w.shape != (n,) or not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise InputError(f"weights: expected {n} finite non-negative numbers, got shape {w.shape}")
+    return w
+
+
+def _kde(mu: np.ndarray, w: np.ndarray, x: np.ndarray, h: float, bounds: tuple[float, float]) -> np.ndarray:
+    """sum_i w_i N(x; mu_i, h^2) on [lo, hi] with mass reflected at both bounds, at points x.
+
+    Events are placed at ``clip(mu, lo, hi)``: a censored event's seen drop happens at the edge
+    of the observed range. Reflection (the standard boundary correction of a kernel density)
+    keeps the kernel mass that would leak past an edge inside the range. Computed by linear
+    binning on a fine grid and one convolution: O(E + fine grid * kernel).
+    """
+    lo, hi = bounds
+    dx = min(h / 8.0, (hi - lo) / 256)
+    n_fine = int(math.ceil((hi - lo) / dx)) + 1
+    dx = (hi - lo) / (n_fine - 1)
+    pos = (np.clip(mu, lo, hi) - lo) / dx
+    i0 = np.minimum(np.floor(pos).astype(np.int64), n_fine - 1)
+    frac = pos - i0
+    i1 = np.minimum(i0 + 1, n_fine - 1)
+    binned = np.bincount(i0, w * (1 - frac), n_fine) + np.bincount(i1, w * frac, n_fine)
+    half = int(math.ceil(5 * h / dx))
+    k = np.exp(-0.5 * (np.arange(-half, half + 1) * dx / h) ** 2) * dx / (h * math.sqrt(2 * math.pi))
+    padded = np.pad(binned, half, mode="reflect")
+    fine = np.convolve(padded, k, mode="valid") / dx
+    return np.interp(x, lo + dx * np.arange(n_fine), fine, left=0.0, right=0.0)
+
+
+# -- power laws ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """A power-law fit: ``alpha`` with a 95 % interval ``(alpha_lo, alpha_hi)``.
+
+    ``what`` says which: the spectrum (``rho ~ 10**(-alpha x)``, fitted on its log inside the
+    uncensored range) or the mean loss (``L = L_inf + A a**(-alpha)``, least squares).
+    ``r2`` is the fit's R^2 (of log rho, or of L); ``x_fit`` the x range fitted.
+    """
+
+    what: str
+    alpha: float
+    alpha_lo: float
+    alpha_hi: float
+    r2: float
+    x_fit: tuple[float, float]
+    params: dict
+
+    def to_dict(self) -> dict:
+        return {"what": self.what, "alpha": self.alpha, "alpha_ci95": [self.alpha_lo, self.alpha_hi], "r2": self.r2,
+                "x_fit": list(self.x_fit), **self.params}  # fmt: skip
+
+
+def fit_power_law(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """Least-squares line of log10 y on x: returns (alpha, log10 A, R^2) with y ~ A 10**(-alpha x)."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    ok = np.isfinite(x) & np.isfinite(y) & (y > 0)
+    if ok.sum() < 3:
+        raise InputError(f"a power-law fit needs at least 3 positive points, got {int(ok.sum())}")
+    ly = np.log10(y[ok])
+    slope, intercept = np.polyfit(x[ok], ly, 1)
+    resid = ly - (intercept + slope * x[ok])
+    ss = ((ly - ly.mean()) ** 2).sum()
+    return float(-slope), float(intercept), float(1 - (resid**2).sum() / ss) if ss > 0 else float("nan")
+
+
+def spectrum_power_law(
+    events: Events,
+    *,
+    bandwidth: str | float = "auto",
+    n_boot: int = 200,
+    seed: int = 0,
+    trim: float | None = None,
+) -> PowerLaw:
+    """Power-law exponent of the spectrum inside the uncensored range, with a bootstrap interval.
+
+    The fit is a line through ``log10 rho(x)`` on the grid points at least ``trim`` decades
+    (default: one bandwidth) inside the observed range, where events are not piled up on the
+    bounds of ``mu``. The interval is the 2.5-97.5 percentile range over ``n_boot`` Poisson
+    bootstrap resamples of the tokens (all events of a token share its multiplicity), each with
+    the same bandwidth.
+    """
+    if not (isinstance(n_boot, int) and n_boot >= 0):
+        raise InputError(f"n_boot must be an int >= 0, got {n_boot!r}")
+    spec = learning_time_spectrum(events, bandwidth=bandwidth)
+    h = spec.bandwidth
+    trim = h if trim is None else float(trim)
+    lo, hi = spec.x_range[0] + trim, spec.x_range[1] - trim
+    if not hi - lo > 0:
+        raise InputError(
+            f"the observed range ({spec.x_range[1] - spec.x_range[0]:.2f} decades) is too short for a spectrum "
+            f"power law with {trim:.2f} decades trimmed at each edge"
+        )
+    xs = np.linspace(lo, hi, 32)
+    alpha, log_a, r2 = fit_power_law(xs, spec.at(xs))
+    rng = np.random.default_rng(seed)
+    boots = []
+    for _ in range(n_boot):
+        mult = rng.poisson(1.0, events.n_tokens)[events.token]
+        try:
+            b = learning_time_spectrum(events, bandwidth=h, weights=mult)
+            boots.append(fit_power_law(xs, b.at(xs))[0])
+        except InputError:
+            continue
+    a_lo, a_hi = (np.percentile(boots, [2.5, 97.5]).tolist() if len(boots) >= 10 else (float("nan"), float("nan")))
+    return PowerLaw("spectrum", alpha, float(a_lo), float(a_hi), r2, (lo, hi),
+                    {"log10_amplitude": log_a, "bandwidth": h, "n_boot": len(boots)})  # fmt: skip
+
+
+def loss_power_law(x: np.ndarray, loss: np.ndarray) -> PowerLaw:
+    """Direct fit of ``L(a) = L_inf + A a**(-alpha)`` (``a = 10**x``) to the mean loss curve.
+
+    Least squares by scipy's trust-region solver with ``alpha`` in (0, 10] and
+    ``0 <= L_inf <= min L``; the interval is +-1.96 standard errors from the Jacobian.
+    """
+    from scipy.optimize import curve_fit
+
+    x, loss = np.asarray(x, np.float64), np.asarray(loss, np.float64)
+    if x.ndim != 1 or x.shape != loss.shape:
+        raise InputError(f"x and loss: expected two 1-D arrays of one length, got {x.shape} and {loss.shape}")
+    ok = np.isfinite(x) & np.isfinite(loss)
+    x, loss = x[ok], loss[ok]
+    if x.size < 4:
+        raise InputError(f"a power-law fit of the loss needs at least 4 finite points, got {x.size}")
+    x0 = x[0]
+
+    def model(xv, linf, log_a, alpha):
+        return linf + 10.0 ** (log_a - alpha * (xv - x0))
+
+    lmin = float(loss.min())
+    linf0 = max(0.0, lmin - 0.1 * (loss.max() - lmin) - 1e-3)
+    alpha0, log_a0, _ = _safe_line(x - x0, loss - linf0)
+    p0 = [linf0, log_a0, min(max(alpha0, 1e-3), 9.0)]
+    try:
+        p, cov = curve_fit(model, x, loss, p0=p0, bounds=([0.0, -10.0, 1e-6], [lmin, 10.0, 10.0]), method="trf", maxfev=20000)
+    except (RuntimeError, ValueError) as exc:
+        raise InputError(f"the power-law fit of the mean loss did not converge: {exc}") from None
+    resid = loss - model(x, *p)
+    ss = ((loss - loss.mean()) ** 2).sum()
+    se = float(np.sqrt(cov[2, 2])) if np.all(np.isfinite(cov)) else float("nan")
+    return PowerLaw("loss", float(p[2]), float(p[2] - 1.96 * se), float(p[2] + 1.96 * se),
+                    float(1 - (resid**2).sum() / ss) if ss > 0 else float("nan"), (float(x[0]), float(x[-1])),
+                    {"L_inf": float(p[0]), "A_at_first_point": float(10 ** p[1])})  # fmt: skip
+
+
+def _safe_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    try:
+        return fit_power_law(x, y)
+    except InputError:
+        return 0.5, float(np.log10(max(np.nanmax(y), 1e-6))), float("nan")
+
+
+
+def spectra_by(
+    events: Events, group: np.ndarray, labels: list[str] | dict, *, bandwidth: str | float = "auto", min_events: int = 10
+) -> dict[str, Spectrum]:
+    """One spectrum per group of tokens (``group [N]`` codes indexing ``labels``), all on the
+    bandwidth of the whole (so they add up to it) and normalised by the same N, so each is
+    that group's contribution to rho. Groups with fewer than ``min_events`` events are left out.
+    """
+    g = np.asarray(group)
+    if g.shape != (events.n_tokens,):
+        raise InputError(f"group must have one code per token, shape ({events.n_tokens},), got {g.shape}")
+    names = dict(enumerate(labels)) if not isinstance(labels, dict) else dict(labels)
+    h = select_bandwidth(events, bandwidth)
+    out = {}
+    for code, name in names.items():
+        sub = events.for_tokens(g == code)
+        if len(sub) >= min_events:
+            out[str(name)] = learning_time_spectrum(sub, bandwidth=h)
+    return out

@@ -1,0 +1,143 @@
+"""Per-token measurements from the literature, computed from the same loss matrix (METHOD.md section 5).
+
+- **Cartography** (Swayamdipta et al. 2020): ``confidence`` = mean over checkpoints of the
+  gold-token probability ``p = exp(-loss)``, ``variability`` = its standard deviation.
+- **Forgetting events** (Toneva et al. 2019): how often a token goes from *learned* (loss below
+  ``learned_loss`` nats, default ln 2: the gold token has p > 1/2, so it is the model's top
+  choice) at one checkpoint to not learned at the next.
+- **Rho-1 classes** (Lin et al. 2024): each token's loss at an early and a late checkpoint,
+  each called high or low against ``threshold`` nats: H->H, H->L, L->H, L->L.
+
+Everything is a dask reduction over token chunks of the run, so memory stays bounded by one
+chunk whatever the store's size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError, StoreError
+from .store import Run
+
+__all__ = ["TokenStats", "RHO1_CLASSES", "token_stats", "frequency_bands", "position_bands"]
+
+RHO1_CLASSES = ("H->H", "H->L", "L->H", "L->L")
+
+
+@dataclass(frozen=True)
+class TokenStats:
+    """Per-token arrays [N] (``rho1`` holds codes into :data:`RHO1_CLASSES`) and their settings."""
+
+    confidence: np.ndarray
+    variability: np.ndarray
+    forgetting_events: np.ndarray
+    rho1: np.ndarray
+    early_row: int
+    late_row: int
+    threshold: float
+    learned_loss: float
+
+    def rho1_shares(self) -> dict[str, float]:
+        """Fraction of tokens in each Rho-1 class."""
+        counts = np.bincount(self.rho1[self.rho1 >= 0], minlength=4)
+        total = counts.sum()
+        return {name: float(c / total) if total else float("nan") for name, c in zip(RHO1_CLASSES, counts)}
+
+    def summary(self) -> dict:
+        fe = self.forgetting_events
+        return {
+            "confidence_mean": float(np.nanmean(self.confidence)),
+            "variability_mean": float(np.nanmean(self.variability)),
+            "forgetting_events_mean": float(fe.mean()),
+            "tokens_ever_forgotten": float((fe > 0).mean()),
+            "rho1_shares": self.rho1_shares(),
+            "early_row": self.early_row, "late_row": self.late_row,
+            "threshold": self.threshold, "learned_loss": self.learned_loss,
+        }  # fmt: skip
+
+
+def token_stats(
+    run: Run,
+    *,
+    early_row: int | None = None,
+    late_row: int = -1,
+    threshold: float | None = None,
+    learned_loss: float = math.log(2.0),
+) -> TokenStats:
+    """Cartography, forgetting events and Rho-1 classes of every token of ``run``.
+
+    Parameters
+    ----------
+    early_row, late_row : rows (checkpoints) compared for Rho-1; default: the first row with a
+        positive axis value (step 0 is the untrained model, where every token is "high"), and
+        the last row. Negative indices count from the end.
+    threshold : loss (nats) separating high from low for Rho-1; default the median token loss
+        at the late row, so "low" means "as well learned as the typical token at the end".
+    learned_loss : loss (nats) below which a token counts as learned for forgetting events.
+    """
+    import dask.array as da
+
+    if not isinstance(run, Run):
+        raise InputError(f"run must be a store Run, got {type(run).__name__}")
+    k = run.n_committed
+    if k < 2:
+        raise StoreError(f"run {run.name!r} has {k} committed rows; token statistics need at least 2")
+    if early_row is None:
+        positive = np.flatnonzero(run.axis_values > 0)
+        early_row = int(positive[0]) if positive.size else 0
+    rows = []
+    for name, r in (("early_row", early_row), ("late_row", late_row)):
+        if not isinstance(r, (int, np.integer)) or not -k <= r < k:
+            raise InputError(f"{name} must be a row index in [-{k}, {k}), got {r!r}")
+        rows.append(int(r) % k)
+    if rows[0] >= rows[1]:
+        raise InputError(f"early_row ({rows[0]}) must come before late_row ({rows[1]})")
+    if not (math.isfinite(learned_loss) and learned_loss > 0):
+        raise InputError(f"learned_loss must be a positive number of nats, got {learned_loss}")
+
+    L = run.to_dask().astype(np.float64)  # [K, N]
+    p = da.exp(-L)
+    learned = L < learned_loss  # NaN compares False: a missing point is never "learned"
+    forgets = (learned[:-1] & ~learned[1:] & da.isfinite(L[1:])).sum(axis=0)
+    early, late = L[rows[0]], L[rows[1]]
+    conf, var, fe, early, late = da.compute(da.nanmean(p, axis=0), da.nanstd(p, axis=0), forgets, early, late)
+    thr = float(np.nanmedian(late)) if threshold is None else float(threshold)
+    if not math.isfinite(thr):
+        raise InputError(f"threshold must be a finite loss in nats, got {threshold}")
+    code = np.where(early >= thr, 0, 2) + np.where(late >= thr, 0, 1)  # H->H 0, H->L 1, L->H 2, L->L 3
+    code = np.where(np.isfinite(early) & np.isfinite(late), code, -1).astype(np.int8)
+    return TokenStats(np.asarray(conf), np.asarray(var), np.asarray(fe, np.int32), code, rows[0], rows[1], thr, float(learned_loss))
+
+
+def frequency_bands(token_id: np.ndarray, n_bands: int = 4) -> tuple[np.ndarray, list[str]]:
+    """Band [N] of each token by how often its id occurs in the probe (quantiles of log count).
+
+    Returns band codes 0 (rarest) .. n_bands-1 (most frequent) and a label per band.
+    """
+    tid = np.asarray(token_id)
+    if tid.ndim != 1 or tid.size == 0:
+        raise InputError("token_id: expected a non-empty 1-D array")
+    if not (isinstance(n_bands, int) and n_bands >= 1):
+        raise InputError(f"n_bands must be an int >= 1, got {n_bands!r}")
+    _, inverse, counts = np.unique(tid, return_inverse=True, return_counts=True)
+    freq = counts[inverse]
+    edges = np.unique(np.quantile(freq, np.linspace(0, 1, n_bands + 1)))
+    band = np.clip(np.searchsorted(edges, freq, side="right") - 1, 0, max(len(edges) - 2, 0))
+    labels = [f"{int(edges[b])}-{int(edges[b + 1])} occurrences" for b in range(max(len(edges) - 1, 1))] if len(edges) > 1 \
+        else [f"{int(edges[0])} occurrences"]  # fmt: skip
+    return band.astype(np.int64), labels
+
+
+def position_bands(token_pos: np.ndarray, context: int | None) -> tuple[np.ndarray, list[str]]:
+    """Band [N] of each token by its position in the sequence, on doubling bands 1, 2-3, 4-7, ..."""
+    pos = np.asarray(token_pos, np.int64)
+    if pos.ndim != 1 or pos.size == 0 or pos.min() < 0:
+        raise InputError("token_pos: expected a non-empty 1-D array of positions >= 0")
+    top = int(context or pos.max() + 1)
+    n = max(1, int(math.ceil(math.log2(max(top, 2)))))
+    band = np.clip(np.floor(np.log2(np.maximum(pos, 1))).astype(np.int64), 0, n - 1)
+    labels = [f"{2**b}-{min(2 ** (b + 1) - 1, top)}" for b in range(n)]
+    return band, labels
