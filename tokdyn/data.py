@@ -19,7 +19,7 @@ from .errors import InputError
 from .probe import ProbeSet, build_probe
 from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
-__all__ = ["Corpus", "prepare_corpus", "load_documents", "training_stream", "random_batches"]
+__all__ = ["Corpus", "prepare_corpus", "load_documents", "training_stream", "random_batches", "WindowDataset"]
 
 
 @dataclass(frozen=True)
@@ -101,3 +101,39 @@ def random_batches(stream: np.ndarray, *, batch_size: int, context: int, seed: i
     while True:
         starts = torch.randint(0, data.numel() - context, (batch_size,), generator=g)  # the last window too
         yield data[starts[:, None] + offs].to(device, non_blocking=True)
+
+
+class WindowDataset(torch.utils.data.Dataset):
+    """The training stream as numbered samples: window ``i`` is ``stream[i*C : i*C + C + 1]``.
+
+    Windows of ``C + 1`` tokens overlap by one token (the last target of one window is the first
+    input of the next), so every token after the first is a target of exactly one window. This
+    is what a sampler over training samples draws from (``tokdyn.curriculum``); items are int64
+    tensors ``[C+1]``, which a ``DataLoader`` stacks into batches ``[B, C+1]``.
+    """
+
+    def __init__(self, stream: np.ndarray, *, context: int) -> None:
+        stream = np.asarray(stream)
+        if stream.ndim != 1 or stream.dtype.kind not in "iu":
+            raise InputError(f"stream must be a 1-D integer array of token ids, got {stream.dtype} {stream.shape}")
+        if int(context) < 1:
+            raise InputError(f"context must be >= 1, got {context}")
+        if stream.size < context + 1:
+            raise InputError(f"training stream of {stream.size} tokens is shorter than one window of {context + 1}")
+        self.stream = stream
+        self.context = int(context)
+
+    def __len__(self) -> int:
+        return (self.stream.size - 1) // self.context
+
+    def windows(self) -> np.ndarray:
+        """All windows as a read-only view ``[len(self), C+1]`` of the stream (no copy)."""
+        view = np.lib.stride_tricks.sliding_window_view(self.stream, self.context + 1)[:: self.context]
+        return view[: len(self)]
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        i = int(i)
+        if not 0 <= i < len(self):
+            raise IndexError(f"window {i} out of range for {len(self)} windows")
+        a = i * self.context
+        return torch.from_numpy(self.stream[a : a + self.context + 1].astype(np.int64))

@@ -21,7 +21,7 @@ from .model import GPTConfig, TinyGPT
 from .record import TokenLossRecorder
 from .schedule import geometric_schedule
 
-__all__ = ["TrainConfig", "train", "record_tiny_run"]
+__all__ = ["TrainConfig", "train", "record_tiny_run", "resolve_device"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,17 @@ class TrainConfig:
             raise InputError("need lr > 0, warmup >= 0 and 0 <= min_lr_frac <= 1")
 
 
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device``; an :class:`InputError` for a bad name or absent CUDA."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InputError(f"not a torch device: {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"device {device}: CUDA is not available on this machine")
+    return dev
+
+
 def lr_factor(step: int, cfg: TrainConfig) -> float:
     """Linear warm-up, then cosine decay to ``min_lr_frac``."""
     if step < cfg.warmup:
@@ -58,11 +69,16 @@ def train(
     recorder: TokenLossRecorder | None = None,
     start_step: int = 0,
     on_step: Callable[[int, torch.Tensor], None] | None = None,
+    loss_weights: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
 ) -> dict:
     """Train ``model`` on ``batches [B, C+1]`` for ``cfg.steps`` optimizer steps.
 
-    With a ``recorder``, it is attached to the optimizer for the whole loop (step 0, the
-    untrained model, is recorded first when scheduled). Returns the last loss and timings.
+    ``batches`` is any iterator of token batches: :func:`~tokdyn.data.random_batches`, or
+    ``iter(DataLoader(WindowDataset(...), sampler=...))``. With a ``recorder``, it is attached
+    to the optimizer for the whole loop (step 0, the untrained model, is recorded first when
+    scheduled). ``loss_weights(batch, step) -> [B, C]`` weights each token's loss (the loss is
+    ``sum(w * nll) / sum(w)``; e.g. :class:`tokdyn.curriculum.TokenWeights`), ``step`` being the
+    0-based update the batch is for. Returns the last loss and timings.
     """
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s + start_step, cfg))
@@ -75,7 +91,12 @@ def train(
             batch = next(batches)
             x, y = batch[:, :-1], batch[:, 1:]
             logits = model(x)  # (B, C, V)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            if loss_weights is None:
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            else:
+                w = loss_weights(batch, step)  # (B, C), on the device
+                nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+                loss = (w.reshape(-1) * nll).sum() / w.sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:

@@ -1,0 +1,520 @@
+"""The learnability model: each training token's learning time and loss drop, from cheap keys.
+
+A pilot run's fitted events say, for every pilot token, *when* it was learned (``mu``, log10
+pilot steps) and *how much* loss it shed (``delta``, nats). :class:`LearnabilityTable` turns
+them into a predictor for any token of the training pool, keyed by the token with its preceding
+one or two tokens (METHOD.md section 4):
+
+- **targets** per pilot token (:func:`token_targets`): ``delta`` = the sum of its events' loss
+  drops (0 for a token with no event), ``mu`` = the drop-weighted mean learning time of its
+  events with a positive drop (NaN when it has none);
+- **keys** (:func:`context_keys`): order 1 is the target id, order 2 adds the previous token,
+  order 3 the one before; a target whose window has no such token uses the id ``V`` (no token);
+- **estimates** per key: mean ``delta`` per occurrence, drop-weighted mean ``mu``, each shrunk
+  toward the next shorter key's estimate with ``prior`` pseudo-occurrences (order 1 toward the
+  global mean); keys of order >= 2 seen fewer than ``min_count`` times are dropped;
+- **lookup**: the longest key present in the table answers, else a shorter one, else the global
+  estimate. It runs in torch (``searchsorted`` and ``where``, no host sync), on the CPU for the
+  sampler and on the training device for per-token loss weights.
+
+docs/curriculum.md gives the file format (``save``/``load``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import __version__
+from ..errors import InputError, StoreError
+from ..store import _jsonable  # numpy scalars and arrays as JSON, one InputError otherwise
+
+__all__ = [
+    "LearnabilityOptions",
+    "LearnabilityTable",
+    "context_keys",
+    "token_targets",
+    "build_table",
+    "load_table",
+    "TABLE_KIND",
+    "TABLE_SCHEMA_VERSION",
+]
+
+TABLE_KIND = "tokdyn-learnability"
+TABLE_SCHEMA_VERSION = 1
+MAX_ORDER = 3
+_FIELDS = ("keys", "mu", "delta", "count", "n_events")  # per order, saved as <field>_<order>
+
+
+@dataclass(frozen=True)
+class LearnabilityOptions:
+    """How the table is built (all ours, METHOD.md section 4).
+
+    Parameters
+    ----------
+    order : int
+        Longest key: the target and its ``order - 1`` preceding tokens (1 to 3).
+    min_count : int
+        Keys of order >= 2 seen fewer times in the pilot are dropped (lookups back off).
+    prior : float
+        Pseudo-occurrences of the shorter key's estimate mixed into each key's (shrinkage).
+    holdout : float
+        Fraction of pilot sequences held out to check the predictions (0: no check).
+    seed : int
+        Chooses the held-out sequences.
+    """
+
+    order: int = 3
+    min_count: int = 5
+    prior: float = 5.0
+    holdout: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.order, int) and 1 <= self.order <= MAX_ORDER):
+            raise InputError(f"order must be an int from 1 to {MAX_ORDER}, got {self.order!r}")
+        if not (isinstance(self.min_count, int) and self.min_count >= 1):
+            raise InputError(f"min_count must be an int >= 1, got {self.min_count!r}")
+        if not (np.isfinite(self.prior) and self.prior >= 0):
+            raise InputError(f"prior must be a finite number >= 0, got {self.prior!r}")
+        if not 0 <= self.holdout < 1:
+            raise InputError(f"holdout must be in [0, 1), got {self.holdout!r}")
+
+
+# -- keys and targets ----------------------------------------------------------------------
+
+
+def _check_vocab(vocab_size: int) -> int:
+    v = int(vocab_size)
+    if v < 1 or (v + 1) ** MAX_ORDER >= 2**63:
+        raise InputError(f"vocab_size must be in [1, {round(2 ** (63 / MAX_ORDER)) - 2}] for int64 keys, got {vocab_size}")
+    return v
+
+
+def context_keys(tokens: torch.Tensor, *, order: int, vocab_size: int) -> list[torch.Tensor]:
+    """Keys of every target of ``tokens [..., L]``: a list of ``order`` int64 tensors ``[..., L-1]``.
+
+    Key ``k`` (1-based) of the target at position ``p`` is
+    ``tokens[p] + b * tokens[p-1] + b**2 * tokens[p-2]`` up to ``k`` terms, with ``b = V + 1``
+    and the id ``V`` standing for "no token" before the window's start. The key of order
+    ``k - 1`` is the key of order ``k`` modulo ``b**(k-1)``.
+    """
+    v = _check_vocab(vocab_size)
+    if tokens.ndim < 1 or tokens.shape[-1] < 2:
+        raise InputError(f"tokens must have shape [..., L] with L >= 2, got {tuple(tokens.shape)}")
+    tokens = tokens.long()
+    n = tokens.shape[-1] - 1
+    base = v + 1
+    key = tokens[..., 1:].clone()
+    keys = [key]
+    for j in range(1, order):
+        pad = min(j - 1, n)  # targets whose j-th preceding token lies before the window
+        prev = torch.cat([tokens.new_full(tokens.shape[:-1] + (pad,), v), tokens[..., : n - pad]], dim=-1)
+        key = key + prev * base**j
+        keys.append(key)
+    return keys
+
+
+def token_targets(events: Mapping[str, np.ndarray], n_tokens: int) -> dict[str, np.ndarray]:
+    """Per-token targets ``[n_tokens]`` from learning events (``SigmoidFit.events()``).
+
+    ``delta``: sum of the token's event drops (0 without events); ``weight``: sum of its
+    positive drops; ``mu``: the positive-drop-weighted mean learning time (NaN without one).
+    """
+    tok = np.asarray(events["token"], dtype=np.int64)
+    mu = np.asarray(events["mu"], dtype=np.float64)
+    delta = np.asarray(events["delta"], dtype=np.float64)
+    if not (tok.shape == mu.shape == delta.shape and tok.ndim == 1):
+        raise InputError("events must hold 1-D arrays token, mu, delta of one length")
+    if tok.size and (tok.min() < 0 or tok.max() >= n_tokens):
+        raise InputError(f"event token indices must lie in [0, {n_tokens})")
+    ok = np.isfinite(mu) & np.isfinite(delta)
+    tok, mu, delta = tok[ok], mu[ok], delta[ok]
+    pos = np.clip(delta, 0.0, None)
+    d = np.bincount(tok, weights=delta, minlength=n_tokens)
+    w = np.bincount(tok, weights=pos, minlength=n_tokens)
+    wmu = np.bincount(tok, weights=pos * mu, minlength=n_tokens)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = np.where(w > 0, wmu / w, np.nan)
+    return {"delta": d, "mu": m, "weight": w}
+
+
+# -- the table -----------------------------------------------------------------------------
+
+
+class LearnabilityTable:
+    """Predicted learning time ``mu`` (log10 pilot steps) and loss drop ``delta`` (nats) per key.
+
+    Build one with :meth:`fit` (arrays) or :func:`build_table` (a fitted pilot run in a store);
+    save and load it with :meth:`save` / :func:`load_table`. Tensors live on ``self.device``;
+    :meth:`to` gives a copy elsewhere (e.g. the training GPU).
+
+    Attributes
+    ----------
+    vocab_size : int
+    order : int
+    mu_global, delta_global : float
+        The answer for a token none of whose keys is in the table.
+    meta : dict
+        Provenance: tokenizer spec, pilot (store, run, x range, tokens per step), options and the
+        held-out check (``meta["validation"]``).
+    """
+
+    def __init__(self, *, vocab_size: int, levels: list[dict[str, torch.Tensor]], mu_global: float,
+                 delta_global: float, meta: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+        self.vocab_size = _check_vocab(vocab_size)
+        if not 1 <= len(levels) <= MAX_ORDER:
+            raise InputError(f"a table has 1 to {MAX_ORDER} key orders, got {len(levels)}")
+        if not (np.isfinite(mu_global) and np.isfinite(delta_global)):
+            raise InputError(f"global estimates must be finite, got mu={mu_global}, delta={delta_global}")
+        for k, lev in enumerate(levels, 1):
+            missing = [f for f in _FIELDS if f not in lev]
+            if missing:
+                raise InputError(f"order {k} of the table lacks {missing}")
+            n = lev["keys"].shape
+            if any(lev[f].shape != n or lev[f].ndim != 1 for f in _FIELDS):
+                raise InputError(f"order {k}: every field must be 1-D of the keys' length {tuple(n)}")
+            if n[0] > 1 and not bool(torch.all(lev["keys"][1:] > lev["keys"][:-1])):
+                raise InputError(f"order {k}: keys must be sorted and unique")
+            if n[0] and not (bool(torch.isfinite(lev["mu"]).all()) and bool(torch.isfinite(lev["delta"]).all())):
+                raise InputError(f"order {k}: mu and delta must be finite")
+        self.levels = levels
+        self.mu_global = float(mu_global)
+        self.delta_global = float(delta_global)
+        self.meta = dict(meta or {})
+
+    # -- shape ----------------------------------------------------------------------------
+
+    @property
+    def order(self) -> int:
+        return len(self.levels)
+
+    @property
+    def device(self) -> torch.device:
+        return self.levels[0]["keys"].device
+
+    @property
+    def n_keys(self) -> list[int]:
+        """Keys kept per order."""
+        return [int(lev["keys"].numel()) for lev in self.levels]
+
+    @property
+    def validation(self) -> dict | None:
+        """The held-out check made when the table was built (None without one)."""
+        return self.meta.get("validation")
+
+    def __repr__(self) -> str:
+        return f"LearnabilityTable(vocab_size={self.vocab_size}, order={self.order}, keys={self.n_keys}, device={self.device})"
+
+    def to(self, device: torch.device | str) -> "LearnabilityTable":
+        """A copy with every tensor on ``device`` (keys int64, estimates float32)."""
+        levels = [{f: t.to(device) for f, t in lev.items()} for lev in self.levels]
+        return LearnabilityTable(vocab_size=self.vocab_size, levels=levels, mu_global=self.mu_global,
+                                 delta_global=self.delta_global, meta=self.meta)  # fmt: skip
+
+    # -- fitting --------------------------------------------------------------------------
+
+    @classmethod
+    def fit(cls, tokens: np.ndarray, targets: Mapping[str, np.ndarray], *, vocab_size: int,
+            options: LearnabilityOptions | None = None, meta: Mapping[str, Any] | None = None) -> "LearnabilityTable":  # fmt: skip
+        """Fit the table on pilot windows ``tokens [S, C+1]`` and per-target ``targets``
+        (:func:`token_targets`: ``delta``, ``mu``, ``weight``, each ``[S*C]``, row-major)."""
+        opts = options or LearnabilityOptions()
+        keys, d, m, w = _pilot_arrays(tokens, targets, vocab_size=vocab_size, order=opts.order)
+        return _fit_arrays(keys, d, m, w, vocab_size=vocab_size, options=opts, meta=meta)
+
+    # -- prediction -----------------------------------------------------------------------
+
+    def lookup(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``mu``, ``delta`` (float32) and the key order that answered (int8, 0 = global) for every
+        target of ``tokens [..., L]`` (shape ``[..., L-1]``), on the table's device.
+
+        Only tensor operations: no host synchronisation, so it can run inside a CUDA step.
+        Token ids must lie in ``[0, vocab_size)``; check them with :meth:`check_tokens` on the host.
+        """
+        keys = context_keys(tokens.to(self.device), order=self.order, vocab_size=self.vocab_size)
+        return self._lookup_keys(keys)
+
+    def _lookup_keys(self, keys: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        shape = keys[0].shape
+        mu = torch.full(shape, self.mu_global, dtype=torch.float32, device=self.device)
+        delta = torch.full(shape, self.delta_global, dtype=torch.float32, device=self.device)
+        level = torch.zeros(shape, dtype=torch.int8, device=self.device)
+        for k, (lev, q) in enumerate(zip(self.levels, keys), 1):  # shorter keys first: longer ones override
+            n = lev["keys"].numel()
+            if n == 0:
+                continue
+            idx = torch.searchsorted(lev["keys"], q).clamp_(max=n - 1)
+            hit = lev["keys"][idx] == q
+            mu = torch.where(hit, lev["mu"][idx], mu)
+            delta = torch.where(hit, lev["delta"][idx], delta)
+            level = torch.where(hit, torch.full_like(level, k), level)
+        return mu, delta, level
+
+    def predict(self, tokens: np.ndarray, *, batch: int = 16384) -> dict[str, np.ndarray]:
+        """Host-side :meth:`lookup` of windows ``tokens [N, L]`` in batches: numpy ``mu``,
+        ``delta`` (float32) and ``level`` (int8), each ``[N, L-1]``."""
+        arr = np.asarray(tokens)
+        if arr.ndim != 2 or arr.shape[1] < 2:
+            raise InputError(f"tokens must have shape [N, L] with L >= 2, got {arr.shape}")
+        self.check_tokens(arr)
+        out = {k: np.empty((arr.shape[0], arr.shape[1] - 1), dt) for k, dt in (("mu", np.float32), ("delta", np.float32), ("level", np.int8))}
+        for a in range(0, arr.shape[0], batch):
+            part = torch.from_numpy(np.ascontiguousarray(arr[a : a + batch], dtype=np.int64))
+            for name, t in zip(("mu", "delta", "level"), self.lookup(part)):
+                out[name][a : a + batch] = t.cpu().numpy()
+        return out
+
+    # -- compatibility --------------------------------------------------------------------
+
+    def check_tokens(self, tokens: np.ndarray) -> None:
+        """Raise :class:`InputError` when ids fall outside this table's vocabulary."""
+        arr = np.asarray(tokens)
+        if arr.dtype.kind not in "iu":
+            raise InputError(f"token ids must be integers, got {arr.dtype}")
+        if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= self.vocab_size):
+            raise InputError(
+                f"token ids span [{int(arr.min())}, {int(arr.max())}] but the learnability table was built for a "
+                f"vocabulary of {self.vocab_size} (tokenizer {self.meta.get('tokenizer', {})}); "
+                "build the table from a pilot with the training run's tokenizer"
+            )
+
+    def check_tokenizer(self, tokenizer: Any) -> None:
+        """Raise :class:`InputError` unless ``tokenizer`` (an object with ``spec()``, a spec dict
+        or a vocabulary size) is the one the table was built for."""
+        if isinstance(tokenizer, (int, np.integer)) and not isinstance(tokenizer, bool):
+            spec = {"vocab_size": int(tokenizer)}
+        elif isinstance(tokenizer, Mapping):
+            spec = dict(tokenizer)
+        elif hasattr(tokenizer, "spec"):
+            spec = dict(tokenizer.spec())
+        else:
+            raise InputError(f"tokenizer must be a tokenizer, its spec() dict or a vocabulary size, got {type(tokenizer).__name__}")
+        mine = self.meta.get("tokenizer", {})
+        if spec.get("vocab_size") != self.vocab_size:
+            raise InputError(
+                f"the learnability table was built for a vocabulary of {self.vocab_size} (tokenizer {mine}); "
+                f"the training run's has {spec.get('vocab_size')} ({spec}). Build the table from a pilot with this tokenizer"
+            )
+        for field in ("kind", "sha256"):
+            if field in spec and field in mine and spec[field] != mine[field]:
+                raise InputError(
+                    f"the learnability table was built with tokenizer {mine}, the training run uses {spec} "
+                    f"({field} differs); the keys would mean other tokens. Build the table from a pilot with this tokenizer"
+                )
+
+    # -- files ----------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the table as one ``.npz`` (temporary file, then rename: never half-written)."""
+        path = Path(path)
+        if path.suffix != ".npz":
+            raise InputError(f"a learnability table is saved as .npz, got {path}")
+        meta = {**self.meta, "kind": TABLE_KIND, "schema_version": TABLE_SCHEMA_VERSION, "vocab_size": self.vocab_size,
+                "order": self.order, "mu_global": self.mu_global, "delta_global": self.delta_global}  # fmt: skip
+        arrays = {"meta": np.frombuffer(json.dumps(_jsonable(meta, "table metadata")).encode(), dtype=np.uint8)}
+        for k, lev in enumerate(self.levels, 1):
+            for f in _FIELDS:
+                arrays[f"{f}_{k}"] = lev[f].cpu().numpy()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
+        try:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **arrays)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+
+def load_table(path: str | os.PathLike, *, device: torch.device | str = "cpu") -> LearnabilityTable:
+    """Load a table written by :meth:`LearnabilityTable.save` onto ``device``."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"learnability table not found: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except ValueError as exc:
+        raise InputError(f"{path} is not a learnability table: {exc}") from None
+    try:
+        meta = json.loads(bytes(data["meta"]).decode())
+    except (KeyError, ValueError, UnicodeDecodeError):
+        raise InputError(f"{path} is not a learnability table (no readable 'meta')") from None
+    if meta.get("kind") != TABLE_KIND:
+        raise InputError(f"{path} is not a learnability table (kind {meta.get('kind')!r})")
+    if meta.get("schema_version") != TABLE_SCHEMA_VERSION:
+        raise InputError(f"{path} has table schema version {meta.get('schema_version')!r}; this tokdyn reads {TABLE_SCHEMA_VERSION}")
+    levels = []
+    for k in range(1, int(meta.get("order", 0)) + 1):
+        try:
+            levels.append({f: torch.from_numpy(np.asarray(data[f"{f}_{k}"])).to(device) for f in _FIELDS})
+        except KeyError as exc:
+            raise InputError(f"{path}: array {exc} is missing") from None
+    rest = {k: v for k, v in meta.items() if k not in ("vocab_size", "mu_global", "delta_global", "order")}
+    return LearnabilityTable(vocab_size=meta["vocab_size"], levels=levels, mu_global=meta["mu_global"],
+                             delta_global=meta["delta_global"], meta=rest)  # fmt: skip
+
+
+# -- from a fitted pilot run ---------------------------------------------------------------
+
+
+def build_table(store, run: str, *, options: LearnabilityOptions | None = None) -> LearnabilityTable:
+    """The learnability table of pilot run ``run`` (fitted with ``tokdyn fit``) in ``store``.
+
+    The held-out check fits a table on ``1 - holdout`` of the pilot sequences and scores its
+    predictions on the rest (``table.validation``); the returned table is then fitted on all.
+
+    Raises :class:`StoreError` when the run has no (complete) fit or no learning events, and
+    :class:`InputError` when its probe has no token ids or no vocabulary size.
+    """
+    from ..fit import FitOptions, SigmoidFit
+    from ..fit.job import fit_inputs, read_fit
+    from ..store import TrajectoryStore, open_store
+
+    opts = options or LearnabilityOptions()
+    if not isinstance(opts, LearnabilityOptions):
+        raise InputError(f"options must be a LearnabilityOptions, got {type(opts).__name__}")
+    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
+    r = st.run(run)
+    probe = st.probe
+    if not probe.has_tokens:
+        raise InputError(f"{st.url}: the probe is index-only (imported); a learnability table needs its token ids")
+    vocab = probe.tokenizer.get("vocab_size")
+    if not vocab:
+        raise InputError(f"{st.url}: the probe's tokenizer spec has no vocab_size; record the pilot with a known tokenizer")
+    fit = SigmoidFit(read_fit(st, run), FitOptions())  # StoreError when not (completely) fitted
+    events = fit.events()
+    if events["token"].size == 0 or not np.any(events["delta"] > 0):
+        raise StoreError(
+            f"run {run!r} is fitted but has no learning event with a positive loss drop; a pilot needs tokens that "
+            "were learned (train it longer, or on more steps of the schedule)"
+        )
+    targets = token_targets(events, probe.n_tokens)
+    _, x = fit_inputs(r)
+    meta = {
+        "tokenizer": dict(probe.tokenizer),
+        "pilot": {
+            "store": st.url, "run": run, "probe_fingerprint": probe.fingerprint, "n_tokens": probe.n_tokens,
+            "n_events": int(events["token"].size), "x_first": float(x[0]), "x_last": float(x[-1]),
+            "tokens_per_step": r.attrs.get("tokens_per_step"), "axis": r.axis,
+        },
+        "options": asdict(opts),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "tokdyn_version": __version__,
+    }  # fmt: skip
+    keys, d, m, w = _pilot_arrays(probe.tokens, targets, vocab_size=vocab, order=opts.order)
+    meta["validation"] = holdout_check(keys, d, m, w, sequence_length=probe.context, vocab_size=vocab, options=opts)
+    return _fit_arrays(keys, d, m, w, vocab_size=vocab, options=opts, meta=meta)
+
+
+def holdout_check(keys: list[np.ndarray], delta: np.ndarray, mu: np.ndarray, weight: np.ndarray, *,
+                  sequence_length: int, vocab_size: int, options: LearnabilityOptions) -> dict | None:  # fmt: skip
+    """Fit on all but a random ``options.holdout`` of the sequences, predict the rest, and score
+    the predictions: Spearman rank correlation and mean absolute error of ``delta`` (every
+    held-out token) and of ``mu`` (held-out tokens with a positive event), beside the error of
+    predicting the global mean, and the share of lookups answered at each key order."""
+    from scipy.stats import spearmanr
+
+    if options.holdout == 0:
+        return None
+    n_seq = delta.size // sequence_length
+    rng = np.random.default_rng(options.seed)
+    n_out = int(round(options.holdout * n_seq))
+    if n_out < 1 or n_out >= n_seq:
+        raise InputError(f"holdout {options.holdout} of {n_seq} pilot sequences leaves no sequence on one side")
+    held = np.zeros(n_seq, bool)
+    held[rng.choice(n_seq, size=n_out, replace=False)] = True
+    held = np.repeat(held, sequence_length)
+    fit = _fit_arrays([k[~held] for k in keys], delta[~held], mu[~held], weight[~held], vocab_size=vocab_size, options=options)
+    p_mu, p_delta, level = (t.numpy() for t in fit._lookup_keys([torch.from_numpy(k[held]) for k in keys]))
+    d_true, m_true = delta[held], mu[held]
+    has = np.isfinite(m_true)
+
+    def rho(a, b) -> float:
+        return float(spearmanr(a, b).statistic) if a.size > 2 and np.ptp(a) > 0 and np.ptp(b) > 0 else float("nan")
+
+    return {
+        "holdout": options.holdout,
+        "n_tokens": int(held.sum()),
+        "n_tokens_with_event": int(has.sum()),
+        "delta_spearman": rho(p_delta, d_true),
+        "delta_mae": float(np.mean(np.abs(p_delta - d_true))),
+        "delta_mae_global": float(np.mean(np.abs(fit.delta_global - d_true))),
+        "mu_spearman": rho(p_mu[has], m_true[has]),
+        "mu_mae": float(np.mean(np.abs(p_mu[has] - m_true[has]))) if has.any() else float("nan"),
+        "mu_mae_global": float(np.mean(np.abs(fit.mu_global - m_true[has]))) if has.any() else float("nan"),
+        "level_share": {str(k): float(np.mean(level == k)) for k in range(options.order + 1)},
+    }
+
+
+# -- internals -----------------------------------------------------------------------------
+
+
+def _pilot_arrays(tokens, targets, *, vocab_size: int, order: int):
+    """Flat keys (one int64 array per order) and targets ``[S*C]`` of pilot windows."""
+    t = np.asarray(tokens)
+    if t.ndim != 2 or t.shape[1] < 2 or t.dtype.kind not in "iu":
+        raise InputError(f"pilot tokens must be integer windows [S, C+1], got {t.dtype} {t.shape}")
+    v = _check_vocab(vocab_size)
+    if t.min() < 0 or t.max() >= v:
+        raise InputError(f"pilot token ids span [{t.min()}, {t.max()}], outside the vocabulary of {v}")
+    n = t.shape[0] * (t.shape[1] - 1)
+    arrays = []
+    for name in ("delta", "mu", "weight"):
+        a = np.asarray(targets[name], dtype=np.float64)
+        if a.shape != (n,):
+            raise InputError(f"target {name!r} must have shape ({n},) (one per pilot target), got {a.shape}")
+        arrays.append(a)
+    keys = [k.reshape(-1).numpy() for k in context_keys(torch.from_numpy(t.astype(np.int64)), order=order, vocab_size=v)]
+    return (keys, *arrays)
+
+
+def _fit_arrays(keys, delta, mu, weight, *, vocab_size: int, options: LearnabilityOptions, meta=None) -> LearnabilityTable:
+    """The table from flat per-token keys and targets (see the module docstring)."""
+    if delta.size == 0:
+        raise InputError("no pilot tokens to fit the learnability table on")
+    has = np.isfinite(mu) & (weight > 0)
+    if not has.any():
+        raise InputError("no pilot token has a learning event with a positive loss drop")
+    w = np.where(has, weight, 0.0)
+    wmu = np.where(has, w * np.nan_to_num(mu), 0.0)
+    d_glob = float(delta.mean())
+    mu_glob = float(wmu.sum() / w.sum())
+    w_bar = float(w[has].mean())  # drop of a typical learned token: the prior's weight per pseudo-occurrence
+    prior = options.prior
+    base = vocab_size + 1
+    levels, parent = [], None
+    for k, key in enumerate(keys, 1):
+        uniq, inv, count = np.unique(key, return_inverse=True, return_counts=True)
+        s_d = np.bincount(inv, weights=delta)
+        s_w = np.bincount(inv, weights=w)
+        s_wmu = np.bincount(inv, weights=wmu)
+        n_ev = np.bincount(inv, weights=has.astype(np.float64))
+        if parent is None:
+            p_d, p_mu = np.full(uniq.size, d_glob), np.full(uniq.size, mu_glob)
+        else:  # every key's parent (one token shorter) occurs in the data, so it is in `parent`
+            pk, pmu, pd = parent
+            j = np.searchsorted(pk, uniq % base ** (k - 1))
+            p_d, p_mu = pd[j], pmu[j]
+        est_d = (s_d + prior * p_d) / (count + prior)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            est_mu = np.where(s_w + prior * w_bar > 0, (s_wmu + prior * w_bar * p_mu) / (s_w + prior * w_bar), p_mu)
+        parent = (uniq, est_mu, est_d)  # all keys, kept or not: the next order shrinks toward them
+        keep = count >= (1 if k == 1 else options.min_count)
+        levels.append({
+            "keys": torch.from_numpy(uniq[keep].astype(np.int64)),
+            "mu": torch.from_numpy(est_mu[keep].astype(np.float32)),
+            "delta": torch.from_numpy(est_d[keep].astype(np.float32)),
+            "count": torch.from_numpy(count[keep].astype(np.int64)),
+            "n_events": torch.from_numpy(n_ev[keep].astype(np.int64)),
+        })  # fmt: skip
+    return LearnabilityTable(vocab_size=vocab_size, levels=levels, mu_global=mu_glob, delta_global=d_glob, meta=meta)

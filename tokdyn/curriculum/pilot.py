@@ -1,0 +1,82 @@
+"""The pilot: record and fit trajectories of tokens drawn from the *training* pool.
+
+The curriculum needs learning times of the tokens it will reweight, so the pilot's probe is a
+random set of training samples (windows of the training stream), not held-out text. The pilot
+is an ordinary recorded run (:func:`tokdyn.train.record_tiny_run`, or your own loop with
+:class:`~tokdyn.record.TokenLossRecorder` on :func:`pilot_probe`), fitted with
+:func:`tokdyn.fit.fit_run`; :func:`~tokdyn.curriculum.build_table` then reads its events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from ..data import Corpus, WindowDataset
+from ..errors import InputError
+from ..model import GPTConfig
+from ..probe import ProbeSet
+from ..train import TrainConfig, record_tiny_run
+
+__all__ = ["pilot_probe", "run_pilot"]
+
+
+def pilot_probe(stream: np.ndarray, *, context: int, n_sequences: int, tokenizer: dict, seed: int = 0) -> ProbeSet:
+    """A probe of ``n_sequences`` training samples (windows ``[C+1]`` of ``stream``, as numbered by
+    :class:`~tokdyn.data.WindowDataset`), drawn uniformly without replacement and kept in order.
+
+    Its ``doc_pos`` is the target's offset in the training stream; ``tokenizer`` is the spec
+    (``tokenizer.spec()``) stored with the probe, which the learnability table keeps.
+    """
+    ds = WindowDataset(stream, context=context)
+    if int(n_sequences) < 1:
+        raise InputError(f"n_sequences must be >= 1, got {n_sequences}")
+    if n_sequences > len(ds):
+        raise InputError(f"the training stream holds {len(ds)} windows of {context + 1} tokens; asked for {n_sequences}")
+    if not isinstance(tokenizer, dict) or not tokenizer.get("vocab_size"):
+        raise InputError("tokenizer must be the training tokenizer's spec() dict, with its vocab_size")
+    pick = np.sort(np.random.default_rng(seed).choice(len(ds), size=int(n_sequences), replace=False))
+    windows = ds.windows()[pick]
+    return ProbeSet.from_tokens(
+        windows,
+        doc_offset=pick.astype(np.int64) * ds.context,
+        domains=("train",),
+        documents=("training stream",),
+        tokenizer=tokenizer,
+    )
+
+
+def run_pilot(
+    store: str | os.PathLike,
+    *,
+    corpus: Corpus,
+    run: str = "pilot",
+    model_config: GPTConfig | None = None,
+    train_config: TrainConfig = TrainConfig(),
+    n_sequences: int = 256,
+    n_points: int = 40,
+    probe_seed: int = 0,
+    device: str = "cpu",
+    fit: bool = True,
+    progress: bool = False,
+) -> dict:
+    """Train the tiny GPT on ``corpus``'s training stream while recording a probe drawn from that
+    stream (:func:`pilot_probe`) into ``store``, then fit every token (``fit=True``).
+
+    Returns the training summary with ``fit`` (the :func:`~tokdyn.fit.fit_run` summary).
+    """
+    if not isinstance(corpus, Corpus):
+        raise InputError(f"corpus must be a tokdyn.data.Corpus, got {type(corpus).__name__}")
+    context = model_config.context if model_config is not None else corpus.probe.context
+    probe = pilot_probe(corpus.train_tokens, context=context, n_sequences=n_sequences,
+                        tokenizer=corpus.tokenizer.spec(), seed=probe_seed)  # fmt: skip
+    stats = record_tiny_run(os.fspath(store), run=run, corpus=dataclasses.replace(corpus, probe=probe),
+                            model_config=model_config, train_config=train_config, n_points=n_points,
+                            device=device, progress=progress)  # fmt: skip
+    if fit:
+        from ..fit.job import fit_run
+
+        stats["fit"] = fit_run(os.fspath(store), run, progress=progress)
+    return stats

@@ -1,0 +1,77 @@
+"""Device-side curriculum: per-token loss weights looked up inside the training step.
+
+:class:`TokenWeights` holds the learnability table on the training device and maps a batch
+``[B, C+1]`` to weights ``[B, C]`` with tensor operations only (``searchsorted``, ``gather``,
+``where``, a mean): nothing is copied to the host and nothing waits for the device, so it adds
+no synchronisation to a CUDA step. Use the weights as
+
+    nll = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(w)
+    loss = (w * nll).sum() / w.sum()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import InputError
+from ..train import resolve_device
+from .learnability import LearnabilityTable
+from .schedule import CurriculumConfig
+
+__all__ = ["TokenWeights"]
+
+
+class TokenWeights:
+    """``weights(tokens [B, C+1], step) -> [B, C]``: float32, batch mean 1, each ``>= floor``.
+
+    Parameters
+    ----------
+    table : LearnabilityTable
+    config : CurriculumConfig
+    tokenizer : tokenizer, spec dict or int
+        The training run's tokenizer (or vocabulary size), checked against the table's.
+    device : torch device
+        Where the training step runs; the table is copied there once.
+
+    ``step`` is the 0-based optimizer update the batch is for: a Python int (checked against
+    the schedule's range on the host, no device work) or a 0-d integer tensor on the device
+    (for captured graphs; not range-checked, since that would need a sync). Token ids must be
+    in the table's vocabulary (guaranteed by the tokenizer check). With ``floor == 0`` a batch
+    in which no token scores gets uniform weights (1) rather than zeros.
+    """
+
+    def __init__(self, table: LearnabilityTable, config: CurriculumConfig, *, tokenizer: Any,
+                 device: torch.device | str = "cpu") -> None:  # fmt: skip
+        if not isinstance(table, LearnabilityTable):
+            raise InputError(f"table must be a LearnabilityTable, got {type(table).__name__}")
+        if not isinstance(config, CurriculumConfig):
+            raise InputError(f"config must be a CurriculumConfig, got {type(config).__name__}")
+        table.check_tokenizer(tokenizer)
+        if not any(bool((lv["delta"] > 0).any()) for lv in table.levels) and table.delta_global <= 0:
+            raise InputError("the learnability table predicts no positive loss drop for any key: every curriculum weight would be zero")
+        self.device = resolve_device(device)
+        self.table = table.to(self.device)
+        self.config = config
+
+    def x(self, step: int | torch.Tensor) -> float | torch.Tensor:
+        """``log10`` pilot step of update ``step`` (plus lead): a float, or a device tensor."""
+        if isinstance(step, torch.Tensor):
+            c = self.config
+            return torch.log10((step.to(torch.float32) + 1.0) * c.time_scale) + c.lead
+        return self.config.x(step)
+
+    def __call__(self, tokens: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+        if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2 or tokens.shape[1] < 2:
+            raise InputError(f"tokens must be a tensor [B, C+1], got {getattr(tokens, 'shape', type(tokens).__name__)}")
+        x = self.x(step)
+        mu, delta, _ = self.table.lookup(tokens)  # (B, C) each, on the device
+        q = self.config.sharpen(self.config.learnability(x, mu, delta))
+        mean = q.mean()
+        share = torch.where(mean > 0, q / mean.clamp(min=torch.finfo(q.dtype).tiny), torch.ones_like(q))
+        f = self.config.floor
+        return f + (1.0 - f) * share
+
+    def __repr__(self) -> str:
+        return f"TokenWeights({self.table!r}, {self.config})"
