@@ -60,6 +60,9 @@ class Events:
         First and last observed x of the trajectories the events were fitted on.
     well_fitted : bool array [E]
         Whether the event's fit converged with R^2 >= the fit's ``r2_min``.
+    resolution : float
+        Typical spacing (decades) of the points the events were fitted on: no event can be
+        placed more finely than that, so the spectrum is never smoothed less (0: unknown).
     """
 
     token: np.ndarray
@@ -69,6 +72,7 @@ class Events:
     n_tokens: int
     x_range: tuple[float, float]
     well_fitted: np.ndarray = field(default=None)  # type: ignore[assignment]
+    resolution: float = 0.0
 
     def __post_init__(self) -> None:
         arrays = {name: np.asarray(getattr(self, name)) for name in ("token", "mu", "s", "delta")}
@@ -96,6 +100,9 @@ class Events:
         object.__setattr__(self, "well_fitted", wf)
         object.__setattr__(self, "x_range", (lo, hi))
         object.__setattr__(self, "n_tokens", int(self.n_tokens))
+        if not (math.isfinite(self.resolution) and self.resolution >= 0):
+            raise InputError(f"Events.resolution must be a finite number >= 0, got {self.resolution}")
+        object.__setattr__(self, "resolution", float(self.resolution))
 
     def __len__(self) -> int:
         return int(self.mu.size)
@@ -105,7 +112,8 @@ class Events:
         m = np.asarray(mask, bool)
         if m.shape != self.mu.shape:
             raise InputError(f"Events.subset: mask must have shape {self.mu.shape}, got {m.shape}")
-        return Events(self.token[m], self.mu[m], self.s[m], self.delta[m], self.n_tokens, self.x_range, self.well_fitted[m])
+        return Events(self.token[m], self.mu[m], self.s[m], self.delta[m], self.n_tokens, self.x_range, self.well_fitted[m],
+                      self.resolution)  # fmt: skip
 
     def for_tokens(self, token_mask: np.ndarray) -> "Events":
         """The events of the tokens where ``token_mask [N]`` is true."""
@@ -212,7 +220,10 @@ def events_from_fit(
     x_first, x_last = np.nanmin(f["x_first"]), np.nanmax(f["x_last"])
     if not (np.isfinite(x_first) and np.isfinite(x_last)):
         raise InputError("the fit has no observed x range (every token unfit)")
+    spacing = (f["x_last"] - f["x_first"]) / np.maximum(np.asarray(fit["n_points"]) - 1, 1) if "n_points" in fit else np.array([])
+    spacing = spacing[np.isfinite(spacing) & (spacing > 0)]
     return Events(
+        resolution=float(np.median(spacing)) if spacing.size else 0.0,
         token=np.concatenate([t1, t2, t2]),
         mu=np.concatenate([f["mu"][t1], f["mu1"][t2], f["mu2"][t2]]),
         s=np.concatenate([f["s"][t1], f["s1"][t2], f["s2"][t2]]),
@@ -240,7 +251,8 @@ def select_bandwidth(events: Events, rule: str | float = "auto") -> float:
         ``"events"`` (what ``"auto"`` means): the one Gaussian width that makes the delta
         approximation closest (least squares over the observed range) to the events' own sum of
         sigmoid derivatives, i.e. the single kernel that best stands in for all the event
-        widths; searched on a log grid from 0.01 to 1 decade. ``"widths"``: the standard
+        widths; searched on a log grid from 0.01 to 1 decade, and never below the events'
+        ``resolution`` (the spacing of the points they were fitted on). ``"widths"``: the standard
         deviation of a typical event, ``(pi/sqrt 3) * median s`` weighted by |realized drop|.
         ``"silverman"``: Silverman's rule for the |delta|-weighted learning times
         (``0.9 min(sd, IQR/1.34) n_eff**-0.2``, Kish's effective sample size). None of them
@@ -279,7 +291,7 @@ def select_bandwidth(events: Events, rule: str | float = "auto") -> float:
         err = float(((_kde(ev.mu, realized, xs, h, ev.x_range) / ev.n_tokens - target) ** 2).sum())
         if err < best_err:
             best, best_err = float(h), err
-    return best
+    return max(best, events.resolution)
 
 
 def _weighted_quantile(v: np.ndarray, w: np.ndarray, q: float) -> float:
@@ -314,6 +326,11 @@ class Spectrum:
     def at(self, x) -> np.ndarray:
         """rho at arbitrary x (linear interpolation on the grid, 0 outside the observed range)."""
         return np.interp(np.asarray(x, np.float64), self.x, self.density, left=0.0, right=0.0)
+
+    def drop_curve(self, x) -> np.ndarray:
+        """The loss the spectrum implies, up to a constant: ``-int_{x_first}^{x} rho`` at x."""
+        cum = np.concatenate([[0.0], np.cumsum(0.5 * (self.density[1:] + self.density[:-1]) * np.diff(self.x))])
+        return -np.interp(np.asarray(x, np.float64), self.x, cum)
 
     def to_dict(self) -> dict:
         return {
@@ -396,8 +413,12 @@ def _kde(mu: np.ndarray, w: np.ndarray, x: np.ndarray, h: float, bounds: tuple[f
     binned = np.bincount(i0, w * (1 - frac), n_fine) + np.bincount(i1, w * frac, n_fine)
     half = int(math.ceil(5 * h / dx))
     k = np.exp(-0.5 * (np.arange(-half, half + 1) * dx / h) ** 2) * dx / (h * math.sqrt(2 * math.pi))
-    padded = np.pad(binned, half, mode="reflect")
-    fine = np.convolve(padded, k, mode="valid") / dx
+    ext = np.convolve(np.pad(binned, half), k, mode="same") / dx  # on [lo - half dx, hi + half dx]
+    fine = ext[half : half + n_fine].copy()
+    # Fold what leaked past each bound back about it: f(x) + f(2 lo - x) (the bound itself doubles).
+    m = min(half, n_fine - 1)
+    fine[: m + 1] += ext[half - m : half + 1][::-1]
+    fine[n_fine - 1 - m :] += ext[half + n_fine - 1 : half + n_fine + m][::-1]
     return np.interp(x, lo + dx * np.arange(n_fine), fine, left=0.0, right=0.0)
 
 

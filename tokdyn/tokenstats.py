@@ -71,11 +71,11 @@ def token_stats(
 
     Parameters
     ----------
-    early_row, late_row : rows (checkpoints) compared for Rho-1; default: the first row with a
-        positive axis value (step 0 is the untrained model, where every token is "high"), and
-        the last row. Negative indices count from the end.
-    threshold : loss (nats) separating high from low for Rho-1; default the median token loss
-        at the late row, so "low" means "as well learned as the typical token at the end".
+    early_row, late_row : rows (checkpoints) compared for Rho-1; default: the row nearest the
+        middle of the log axis (a partly trained model, as Rho-1 compares) and the last row.
+        Negative indices count from the end.
+    threshold : loss (nats) separating high from low for Rho-1; default the median of all
+        token losses at the two rows.
     learned_loss : loss (nats) below which a token counts as learned for forgetting events.
     """
     import dask.array as da
@@ -85,9 +85,14 @@ def token_stats(
     k = run.n_committed
     if k < 2:
         raise StoreError(f"run {run.name!r} has {k} committed rows; token statistics need at least 2")
-    if early_row is None:
-        positive = np.flatnonzero(run.axis_values > 0)
-        early_row = int(positive[0]) if positive.size else 0
+    if early_row is None:  # the row nearest the middle of the log axis
+        av = run.axis_values
+        positive = np.flatnonzero(av > 0)
+        if positive.size >= 2:
+            x = np.log10(av[positive])
+            early_row = int(positive[np.argmin(np.abs(x - 0.5 * (x[0] + x[-1])))])
+        else:
+            early_row = 0
     rows = []
     for name, r in (("early_row", early_row), ("late_row", late_row)):
         if not isinstance(r, (int, np.integer)) or not -k <= r < k:
@@ -104,7 +109,7 @@ def token_stats(
     forgets = (learned[:-1] & ~learned[1:] & da.isfinite(L[1:])).sum(axis=0)
     early, late = L[rows[0]], L[rows[1]]
     conf, var, fe, early, late = da.compute(da.nanmean(p, axis=0), da.nanstd(p, axis=0), forgets, early, late)
-    thr = float(np.nanmedian(late)) if threshold is None else float(threshold)
+    thr = float(np.nanmedian(np.concatenate([early, late]))) if threshold is None else float(threshold)
     if not math.isfinite(thr):
         raise InputError(f"threshold must be a finite loss in nats, got {threshold}")
     code = np.where(early >= thr, 0, 2) + np.where(late >= thr, 0, 1)  # H->H 0, H->L 1, L->H 2, L->L 3

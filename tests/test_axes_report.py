@@ -1,0 +1,225 @@
+"""D/M axes assembled from runs, per-token statistics, the CLI of the spectrum stage and the report."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+import tokdyn
+from tokdyn.axes import assemble_axis, axis_sources, find_axis_run
+from tokdyn.cli import main
+from tokdyn.errors import InputError, ProbeMismatchError, RunExistsError, StoreError
+from tokdyn.fit.job import fit_run
+from tokdyn.reconstruct import reconstruct_run
+from tokdyn.report import write_report
+from tokdyn.tokenstats import frequency_bands, position_bands, token_stats
+
+N = 1500
+BUDGETS = np.geomspace(1e5, 1e8, 10)  # tokens
+
+
+def make_probe(n=N, seed=0):
+    rng = np.random.default_rng(seed)
+    return tokdyn.ProbeSet(None, {"sample_id": np.arange(n, dtype=np.int32) // 50, "token_pos": (np.arange(n) % 50 + 1).astype(np.int32),
+                                  "token_id": rng.integers(0, 40, n).astype(np.int32)})  # fmt: skip
+
+
+def planted_axis(seed=0):
+    """Per-token losses at each budget: one sigmoid in log10 budget per token, small noise."""
+    rng = np.random.default_rng(seed)
+    x = np.log10(BUDGETS)
+    mu = rng.uniform(5.5, 7.5, N)
+    s = rng.uniform(0.05, 0.2, N)
+    d = rng.uniform(1, 4, N)
+    Y = 1 + d[:, None] / (1 + np.exp((x[None, :] - mu[:, None]) / s[:, None]))
+    return (Y + rng.normal(0, 0.05, Y.shape)).clip(0.01)
+
+
+def budget_store(path, *, budgets=BUDGETS, probe=None, tag=None):
+    """One T run per budget (three checkpoints each; the last holds the planted final losses)."""
+    Y = planted_axis()
+    st = tokdyn.open_store(path, probe or make_probe(), mode="w")
+    for j, b in enumerate(budgets):
+        attrs = {"data_budget": float(b), "model_config": {"n_layer": 2}, **({"sweep": tag} if tag else {})}
+        w = st.create_run(f"d{j}", capacity=3, attrs=attrs).writer()
+        col = int(np.argmin(np.abs(np.log(BUDGETS / b))))  # the planted column of this budget
+        for k, step in enumerate((0, 10, 100)):
+            w.append(Y[:, col] + (2 - k), step=step)
+    return st, Y
+
+
+@pytest.fixture(scope="module")
+def budget_template(tmp_path_factory):
+    path = tmp_path_factory.mktemp("axis") / "a.zarr"
+    _, Y = budget_store(path)
+    return path, Y
+
+
+@pytest.fixture
+def budgets(budget_template, tmp_path):
+    """A fresh copy of the ten-budget store (building it is the slow part)."""
+    src, Y = budget_template
+    shutil.copytree(src, tmp_path / "a.zarr")
+    return tokdyn.open_store(tmp_path / "a.zarr", mode="r+"), Y
+
+
+def test_assemble_axis_takes_final_rows_sorted_by_budget(budgets):
+    st, Y = budgets
+    assert sorted(axis_sources(st, "D")) == [f"d{j}" for j in range(10)]
+    order = [3, 1, 0, 2, 9, 8, 5, 4, 6, 7]
+    run = assemble_axis(st, "D", runs=[f"d{j}" for j in order])
+    assert run.name == "axis-D" and run.axis == "D" and find_axis_run(st, "D") == "axis-D"
+    np.testing.assert_allclose(run.axis_values, BUDGETS)
+    np.testing.assert_allclose(run.losses(), Y.T, rtol=1e-6)  # float32 storage
+    with pytest.raises(RunExistsError, match="overwrite"):
+        assemble_axis(st, "D")
+    assert assemble_axis(st, "D", overwrite=True).n_committed == 10
+
+
+def test_axis_is_fitted_and_reconstructed_like_a_run(budgets):
+    st, _ = budgets
+    assemble_axis(st, "D")
+    fit_run(st, "axis-D", progress=False)
+    rec = reconstruct_run(st, "axis-D", n_boot=0)
+    assert rec.axis == "D" and rec.x.size == 10
+    assert rec.r2_events > 0.9
+
+
+@pytest.mark.parametrize("n_runs", [1, 2])
+def test_axis_needs_three_runs(tmp_path, n_runs):
+    st, _ = budget_store(tmp_path / "a.zarr", budgets=BUDGETS[:n_runs])
+    with pytest.raises(InputError, match="at least 3"):
+        assemble_axis(st, "D")
+    with pytest.raises(InputError, match="at least 3"):
+        assemble_axis(st, "D", runs=[f"d{j}" for j in range(n_runs)])
+
+
+def test_axis_refuses_repeated_values_and_missing_attrs(tmp_path):
+    st, _ = budget_store(tmp_path / "a.zarr", budgets=[1e5, 1e6, 1e6])
+    with pytest.raises(InputError, match="distinct"):
+        assemble_axis(st, "D", runs=["d0", "d1", "d2"])
+    with pytest.raises(InputError, match="n_params_non_embedding"):
+        assemble_axis(st, "M", runs=["d0", "d1", "d2"])
+    with pytest.raises(InputError, match="axis must be"):
+        assemble_axis(st, "T")
+
+
+def test_axis_refuses_runs_recorded_on_another_probe(budgets, tmp_path):
+    st, _ = budgets
+    other, _ = budget_store(tmp_path / "b.zarr", budgets=BUDGETS[:3], probe=make_probe(seed=1))
+    with pytest.raises(ProbeMismatchError, match="probe"):
+        assemble_axis(st, "D", runs=["d0", "d1", other.run("d2")])
+    assert "axis-D" not in st.runs  # nothing half-made
+
+
+def test_token_stats_by_hand(tmp_path):
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.zeros(3, np.int32), "token_pos": np.arange(1, 4, dtype=np.int32)})
+    st = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="w")
+    L = np.array([[5.0, 5.0, 0.1], [0.1, 5.0, 0.1], [2.0, 5.0, 0.1], [0.1, 0.2, 0.1], [3.0, 0.3, 0.1]])  # [K, N]
+    w = st.create_run("r", capacity=5).writer()
+    for k, row in enumerate(L):
+        w.append(row, step=k)
+    ts = token_stats(st.run("r"), early_row=1, threshold=1.0)
+    p = np.exp(-L)
+    np.testing.assert_allclose(ts.confidence, p.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(ts.variability, p.std(0), rtol=1e-5)
+    np.testing.assert_array_equal(ts.forgetting_events, [2, 0, 0])  # token 0: learned -> lost at rows 1->2 and 3->4
+    # rows 1 and 4: token 0: 0.1 -> 3.0 (L->H), 1: 5 -> 0.3 (H->L), 2: L->L
+    np.testing.assert_array_equal(ts.rho1, [2, 1, 3])
+    assert ts.rho1_shares() == pytest.approx({"H->H": 0, "H->L": 1 / 3, "L->H": 1 / 3, "L->L": 1 / 3})
+    assert token_stats(st.run("r")).early_row == 2  # steps 1..4: log10 midpoint 0.3 is nearest step 2
+    with pytest.raises(InputError, match="before"):
+        token_stats(st.run("r"), early_row=4, late_row=2)
+    with pytest.raises(InputError, match="row index"):
+        token_stats(st.run("r"), early_row=9)
+
+
+def test_frequency_and_position_bands():
+    band, labels = frequency_bands(np.array([1, 1, 1, 1, 2, 2, 3, 4]), n_bands=2)
+    assert band.tolist() == [1, 1, 1, 1, 0, 0, 0, 0] and len(labels) == 2
+    band, labels = position_bands(np.array([1, 2, 3, 4, 7, 8, 127]), 128)
+    assert band.tolist() == [0, 1, 1, 2, 2, 3, 6] and labels[0] == "1-1" and len(labels) == 7
+
+
+# -- CLI and report ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fitted_T(tmp_path):
+    """A store with one fitted T run of planted events on 30 log-spaced steps."""
+    rng = np.random.default_rng(0)
+    steps = np.unique(np.round(np.geomspace(1, 3000, 30)).astype(int))
+    x = np.log10(steps)
+    mu, s, d = rng.uniform(0.5, 3.0, N), rng.uniform(0.05, 0.2, N), rng.uniform(1, 4, N)
+    Y = 1 + d[:, None] / (1 + np.exp((x[None, :] - mu[:, None]) / s[:, None])) + rng.normal(0, 0.1, (N, x.size))
+    path = tmp_path / "t.zarr"
+    st = tokdyn.open_store(path, make_probe(), mode="w")
+    w = st.create_run("main", capacity=len(steps) + 1, attrs={"seed": 0}).writer()
+    w.append(np.full(N, 5.0), step=0)
+    for j, step in enumerate(steps):
+        w.append(Y[:, j].clip(0.01), step=int(step))
+    return path
+
+
+def test_cli_spectrum_and_reconstruct(fitted_T, capsys):
+    assert main(["spectrum", str(fitted_T), "--run", "main"]) == 1
+    assert "has not been fitted" in capsys.readouterr().err
+    assert main(["fit", str(fitted_T), "--run", "main", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["spectrum", str(fitted_T), "--run", "main", "--json", "--boot", "20"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["spectrum_power_law"]["n_boot"] == 20 and len(out["spectrum"]["density"]) == 256
+    assert main(["reconstruct", str(fitted_T), "--run", "main", "--json", "--boot", "0"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["axis"] == "T" and rec["r2_events"] > 0.95 and rec["r2_spectrum"] > 0.8
+    assert main(["reconstruct", str(fitted_T), "--run", "main", "--boot", "0", "--bandwidth", "0.15"]) == 0
+    assert "spectrum alone" in capsys.readouterr().out
+    assert main(["reconstruct", str(fitted_T), "--axis", "M"]) == 1
+    err = capsys.readouterr().err
+    assert "at least 3" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert main(["spectrum", str(fitted_T), "--run", "main", "--bandwidth", "wide"]) == 1
+    assert "bandwidth" in capsys.readouterr().err
+
+
+def test_cli_reconstruct_axis_assembles_and_fits(tmp_path, capsys):
+    budget_store(tmp_path / "a.zarr", budgets=BUDGETS[[9, 0, 2, 4, 6, 7, 8]], tag="D")
+    assert main(["reconstruct", str(tmp_path / "a.zarr"), "--axis", "D", "--json", "--boot", "0"]) == 0
+    captured = capsys.readouterr()
+    assert "assembled run 'axis-D'" in captured.err and "fitted" in captured.err
+    assert json.loads(captured.out)["r2_events"] > 0.9
+    assert main(["reconstruct", str(tmp_path / "a.zarr"), "--axis", "D", "--json", "--boot", "0"]) == 0  # reused
+    assert "assembled" not in capsys.readouterr().err
+
+
+def test_report_is_one_self_contained_file(fitted_T, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    assert main(["report", str(fitted_T), "--out", str(out)]) == 1  # nothing fitted yet
+    assert "no fitted run" in capsys.readouterr().err and not out.exists()
+    fit_run(fitted_T, "main", progress=False)
+    assert main(["report", str(fitted_T), "--out", str(out)]) == 0
+    html = out.read_text()
+    assert html.count("<img") >= 6 and "data:image/png;base64," in html
+    assert not re.search(r"(src|href)=['\"]?(http|file|/)", html)  # nothing outside the file
+    assert "R² sigmoid sum" in html and "main" in html
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("bad", ["missing/dir/r.html", "."])
+def test_report_path_that_cannot_be_written(fitted_T, tmp_path, capsys, bad):
+    target = str(tmp_path / bad) if bad != "." else str(tmp_path)
+    assert main(["report", str(fitted_T), "--out", target]) == 1
+    err = capsys.readouterr().err
+    assert "report" in err and "Traceback" not in err
+    with pytest.raises(InputError):
+        write_report(fitted_T, target)
+
+
+def test_analysis_of_unfitted_run_is_a_clear_error(fitted_T):
+    with pytest.raises(StoreError, match="not been fitted"):
+        reconstruct_run(fitted_T, "main")
+    assert math.isfinite(0.0)

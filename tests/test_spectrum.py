@@ -1,0 +1,218 @@
+"""Spectrum and reconstruction against planted ground truth, hand-computed values and invariances."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tokdyn.errors import InputError
+from tokdyn.fit import fit_sigmoids
+from tokdyn.fit.sigmoid import sigmoid_curve
+from tokdyn.fit.synthetic import plant_two_steps
+from tokdyn.reconstruct import measured_derivative, reconstruct, scores
+from tokdyn.spectrum import (
+    Events,
+    events_from_fit,
+    fit_power_law,
+    learning_time_spectrum,
+    loss_power_law,
+    select_bandwidth,
+    spectra_by,
+    spectrum_power_law,
+)
+
+X = np.linspace(0.0, 3.0, 41)  # log10 steps 1 .. 1000
+
+
+def power_law_mu(n: int, alpha: float, lo: float, hi: float, rng) -> np.ndarray:
+    """Learning times with density proportional to 10**(-alpha x) on [lo, hi] (inverse CDF)."""
+    k = alpha * math.log(10)
+    u = rng.uniform(size=n)
+    return lo - np.log(1 - u * (1 - math.exp(-k * (hi - lo)))) / k
+
+
+def planted_events(n=20000, alpha=0.5, s=(0.03, 0.08), seed=0, lo=-0.5, hi=3.5) -> Events:
+    rng = np.random.default_rng(seed)
+    mu = power_law_mu(n, alpha, lo, hi, rng)
+    return Events(np.arange(n), mu, rng.uniform(*s, n), np.full(n, 2.0), n, (X[0], X[-1]))
+
+
+def planted_curves(ev: Events, noise=0.0, seed=1):
+    """Trajectories [N, K] of the events' tokens (one event each, plateau 1 nat)."""
+    rng = np.random.default_rng(seed)
+    Y = sigmoid_curve(X[None, :], 1 + ev.delta[:, None], 1.0, ev.mu[:, None], ev.s[:, None])
+    return Y + noise * rng.standard_normal(Y.shape)
+
+
+# -- events --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(mu=[np.nan]), "mu"),
+        (dict(s=[0.0]), "widths"),
+        (dict(token=[5]), "token indices"),
+        (dict(x_range=(1.0, 1.0)), "x_range"),
+        (dict(delta=[1.0, 2.0]), "delta"),
+        (dict(n_tokens=0), "n_tokens"),
+    ],
+)
+def test_events_validate_their_input(kwargs, match):
+    base = dict(token=[0], mu=[1.0], s=[0.1], delta=[1.0], n_tokens=2, x_range=(0.0, 3.0))
+    with pytest.raises(InputError, match=match):
+        Events(**{**base, **kwargs})
+
+
+def test_realized_drop_by_hand():
+    # an event centred on the lower edge: half its drop happened before the first point
+    ev = Events([0, 1], [0.0, 1.5], [0.1, 0.01], [2.0, 3.0], 2, (0.0, 3.0))
+    np.testing.assert_allclose(ev.realized_drop(), [1.0, 3.0], atol=1e-9)
+
+
+def test_multi_step_tokens_contribute_both_events():
+    rng = np.random.default_rng(0)
+    p = plant_two_steps(400, X, rng=rng, noise=0.05)
+    fit = fit_sigmoids(p.x, p.Y).to_dict()
+    ev = events_from_fit(fit, which="two_step")
+    assert len(ev) >= 2 * 390  # nearly every token gives two events
+    two = np.bincount(ev.token, minlength=400) == 2
+    # both planted learning times are found for the tokens with two events
+    mus = np.sort(np.stack([ev.mu[ev.token == t] for t in np.flatnonzero(two)[:200]]), axis=1)
+    truth = np.stack([p.truth["mu1"], p.truth["mu2"]], axis=1)[np.flatnonzero(two)[:200]]
+    assert np.median(np.abs(mus - truth)) < 0.05
+    classified = events_from_fit(fit, which="classified")
+    multi = fit["class_code"] == 4
+    assert multi.mean() > 0.8
+    assert np.all(np.bincount(classified.token, minlength=400)[multi] == 2)
+
+
+def test_events_from_fit_rejects_incomplete_fields():
+    with pytest.raises(InputError, match="fields"):
+        events_from_fit({"mu": np.zeros(3)})
+    with pytest.raises(InputError, match="which"):
+        events_from_fit({}, which="everything")
+
+
+# -- the density ---------------------------------------------------------------------------
+
+
+def test_spectrum_integrates_to_the_seen_drop():
+    ev = planted_events(5000)
+    spec = learning_time_spectrum(ev, bandwidth=0.1, grid=2001)
+    integral = np.trapezoid(spec.density, spec.x)
+    assert integral == pytest.approx(ev.realized_drop().sum() / ev.n_tokens, rel=2e-3)
+    assert spec.total_drop == pytest.approx(ev.realized_drop().sum() / ev.n_tokens)
+    assert np.sum(spec.hist * np.diff(spec.edges)) == pytest.approx(spec.total_drop, rel=1e-9)
+
+
+def test_spectrum_of_one_event_is_a_gaussian():
+    ev = Events([0], [1.5], [0.01], [2.0], 4, (0.0, 3.0))
+    spec = learning_time_spectrum(ev, bandwidth=0.2, grid=301)
+    expect = 2.0 / 4 * np.exp(-0.5 * ((spec.x - 1.5) / 0.2) ** 2) / (0.2 * math.sqrt(2 * math.pi))
+    np.testing.assert_allclose(spec.density, expect, atol=2e-3 * expect.max())
+
+
+def test_spectra_by_group_add_up_to_the_whole():
+    ev = planted_events(3000)
+    group = np.arange(3000) % 3
+    parts = spectra_by(ev, group, ["a", "b", "c"], bandwidth=0.1, min_events=0)
+    whole = learning_time_spectrum(ev, bandwidth=0.1)
+    np.testing.assert_allclose(sum(p.density for p in parts.values()), whole.density, rtol=1e-9, atol=1e-12)
+
+
+def test_bandwidth_rules():
+    ev = planted_events(20000, s=(0.1, 0.1))
+    assert select_bandwidth(ev, 0.07) == 0.07
+    # the single Gaussian that best replaces logistic events of width s has sd near pi/sqrt(3) s
+    assert 0.12 <= select_bandwidth(ev, "events") <= 0.25
+    assert select_bandwidth(ev, "widths") == pytest.approx(math.pi / math.sqrt(3) * 0.1)
+    assert 0 < select_bandwidth(ev, "silverman") < 0.2
+    for bad in ("grid", -1.0, float("nan"), True):
+        with pytest.raises(InputError, match="bandwidth"):
+            select_bandwidth(ev, bad)
+
+
+def test_spectrum_power_law_recovers_planted_exponent():
+    ev = planted_events(40000, alpha=0.5)
+    pl = spectrum_power_law(ev, bandwidth=0.1, n_boot=50, seed=0)
+    assert abs(pl.alpha - 0.5) < 0.05
+    assert pl.alpha_lo < pl.alpha < pl.alpha_hi
+    assert pl.alpha_hi - pl.alpha_lo < 0.1
+    assert pl.r2 > 0.95
+
+
+def test_fit_power_law_by_hand():
+    x = np.array([0.0, 1.0, 2.0])
+    alpha, log_a, r2 = fit_power_law(x, 3 * 10 ** (-0.7 * x))
+    assert (alpha, 10**log_a, r2) == pytest.approx((0.7, 3.0, 1.0))
+    with pytest.raises(InputError, match="3 positive"):
+        fit_power_law(x, np.array([1.0, -1.0, 0.0]))
+
+
+def test_loss_power_law_recovers_planted_curve():
+    a = np.geomspace(1, 1e4, 30)
+    pl = loss_power_law(np.log10(a), 1.2 + 3.0 * a**-0.35)
+    assert pl.alpha == pytest.approx(0.35, abs=1e-4)
+    assert pl.params["L_inf"] == pytest.approx(1.2, abs=1e-3)
+    assert pl.r2 > 0.9999
+
+
+# -- the measured derivative and the scores -----------------------------------------------
+
+
+def test_measured_derivative_is_exact_for_a_quadratic():
+    x = np.sort(np.random.default_rng(0).uniform(0, 3, 25))
+    loss = 5 - 1.3 * x + 0.2 * x**2
+    np.testing.assert_allclose(measured_derivative(x, loss), 1.3 - 0.4 * x, atol=1e-9)
+    np.testing.assert_allclose(measured_derivative(x, loss, smoothing=0.05), 1.3 - 0.4 * x, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "x, loss, match",
+    [([0, 1], [1, 2], "at least 3"), ([0, 2, 1], [1, 2, 3], "increasing"), ([0, 1, 2], [1, np.nan, np.nan], "finite loss")],
+)
+def test_measured_derivative_rejects_bad_input(x, loss, match):
+    with pytest.raises(InputError, match=match):
+        measured_derivative(np.array(x, float), np.array(loss, float))
+
+
+def test_scores_by_hand():
+    s = scores([1.0, 2.0, 4.0], [1.0, 2.0, 3.0])
+    assert s["r2"] == pytest.approx(1 - 1 / 2)
+    assert s["rel_l2"] == pytest.approx(1 / math.sqrt(14))
+
+
+# -- reconstruction ------------------------------------------------------------------------
+
+
+def test_planted_events_rebuild_the_planted_curve():
+    ev = planted_events(20000, s=(0.05, 0.15))
+    Y = planted_curves(ev)
+    rec = reconstruct(X, Y.mean(axis=0), ev, n_boot=0)
+    assert rec.r2_events > 0.999  # the truth, through the same estimator as the measurement
+    assert rec.r2_spectrum > 0.95  # the delta approximation of sharp events
+    assert rec.drop_share_events == pytest.approx(1.0, abs=1e-6)
+
+
+def test_fitted_events_rebuild_a_noisy_curve():
+    ev = planted_events(4000, s=(0.05, 0.15), lo=0.2, hi=2.8)
+    Y = planted_curves(ev, noise=0.3)
+    fit = fit_sigmoids(X, Y).to_dict()
+    got = events_from_fit(fit)
+    rec = reconstruct(X, Y.mean(axis=0), got, n_boot=0)
+    assert rec.r2_events > 0.95 and rec.r2_spectrum > 0.9
+    assert 0.9 < rec.drop_share_events < 1.1
+
+
+def test_reconstruction_is_invariant_to_token_order():
+    ev = planted_events(3000)
+    Y = planted_curves(ev, noise=0.1)
+    perm = np.random.default_rng(3).permutation(3000)
+    shuffled = Events(np.argsort(perm)[ev.token], ev.mu, ev.s, ev.delta, ev.n_tokens, ev.x_range)
+    a = reconstruct(X, Y.mean(axis=0), ev, n_boot=0)
+    b = reconstruct(X, Y[perm].mean(axis=0), shuffled, n_boot=0)
+    assert a.r2_events == pytest.approx(b.r2_events, abs=1e-12)
+    assert a.r2_spectrum == pytest.approx(b.r2_spectrum, abs=1e-12)
