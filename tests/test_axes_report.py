@@ -174,6 +174,14 @@ def test_cli_spectrum_and_reconstruct(fitted_T, capsys):
     assert main(["spectrum", str(fitted_T), "--run", "main", "--json", "--boot", "20"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["spectrum_power_law"]["n_boot"] == 20 and len(out["spectrum"]["density"]) == 256
+    assert main(["spectrum", str(fitted_T), "--run", "main", "--json", "--boot", "0", "--by", "frequency"]) == 0
+    by = json.loads(capsys.readouterr().out)
+    parts = sum(np.array(g["density"]) for g in by["groups"].values())  # the bands add up to the whole
+    np.testing.assert_allclose(parts, by["spectrum"]["density"], atol=1e-9)
+    assert main(["spectrum", str(fitted_T), "--run", "main", "--boot", "0", "--by", "position"]) == 0
+    assert "by position" in capsys.readouterr().out
+    assert main(["spectrum", str(fitted_T), "--run", "main", "--boot", "0", "--by", "domain"]) == 1  # index-only probe
+    assert "no domain information" in capsys.readouterr().err
     assert main(["reconstruct", str(fitted_T), "--run", "main", "--json", "--boot", "0"]) == 0
     rec = json.loads(capsys.readouterr().out)
     assert rec["axis"] == "T" and rec["r2_events"] > 0.95 and rec["r2_spectrum"] > 0.8

@@ -1,4 +1,4 @@
-"""Smoke tests of the end-to-end entry points at tiny sizes: the demo and train_tiny.py."""
+"""Smoke tests of the end-to-end entry points at tiny sizes: the demo, train_tiny.py, scaling_sweep.py."""
 
 from __future__ import annotations
 
@@ -29,6 +29,20 @@ def test_demo_records_and_fits(tmp_path, capsys):
     assert fit["status"].shape == (6 * 128,)
     assert abs(sum(summary["fit"]["class_counts"].values()) - 6 * 128) == 0
     assert "share of the loss drop" in capsys.readouterr().out
+    rec = summary["reconstruction"]
+    for key in ("r2_sigmoid_sum", "r2_spectrum", "rel_l2_sigmoid_sum", "drop_share_events", "bandwidth_decades"):
+        assert np.isfinite(rec[key]), key
+    assert set(summary["class_shares_of_loss_drop"]) >= {"learned", "multi_step", "gradual"}
+    assert summary["tokens_fitted"] <= 6 * 128
+    assert {"corpus_s", "train_record_s", "fit_s", "spectrum_s", "report_s", "total_s"} <= set(summary["timings_s"])
+    html = (out / "report.html").read_text()
+    assert html.count("<img") >= 6 and "tokdyn demo" in html
+
+
+def test_demo_refuses_an_unwritable_output(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert main(["demo", "--out", str(tmp_path / "file"), "--steps", "2", "--no-progress"]) == 1
+    assert "not a folder" in capsys.readouterr().err
 
 
 def test_train_tiny_pipeline(tmp_path):
@@ -41,3 +55,23 @@ def test_train_tiny_pipeline(tmp_path):
     run = tokdyn.open_store(store, mode="r").run("tiny")
     assert run.dtype == np.float16 and run.n_committed == stats["rows_recorded"]
     assert run.attrs["model_config"]["n_layer"] == 1 and run.attrs["n_params_non_embedding"] > 0
+
+
+def test_scaling_sweep_quick(tmp_path):
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, str(ROOT / "pipelines" / "scaling_sweep.py"), "--out", str(out), "--quick", "--no-progress"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    head = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert head["quick"] and head["n_tokens"] == 8 * 32
+    result = json.loads((out / "sweep.json").read_text())
+    st = tokdyn.open_store(out / "store.zarr", mode="r")
+    for axis in ("D", "M"):
+        run = st.run(f"axis-{axis}")
+        assert run.axis == axis and run.n_committed == 6
+        assert np.all(np.diff(run.axis_values) > 0)
+        assert np.isfinite(result["axes"][axis]["r2_events"])
+    # the D axis's points are the D runs' data budgets, the M axis's their parameter counts
+    budgets = sorted(st.run(f"D{i}").attrs["data_budget"] for i in range(6))
+    np.testing.assert_allclose(st.run("axis-D").axis_values, budgets)
+    assert (out / "report.html").stat().st_size > 10_000

@@ -99,14 +99,27 @@ def _cmd_spectrum(args: argparse.Namespace) -> int:
            "n_tokens": spec.n_tokens, "total_drop": spec.total_drop, "x_range": list(spec.x_range),
            "spectrum_power_law": rec.spectrum_power_law.to_dict() if rec.spectrum_power_law else None,
            "loss_power_law": rec.loss_power_law.to_dict() if rec.loss_power_law else None}  # fmt: skip
+    groups = {}
+    if args.by:
+        from .analysis import analyze_run
+
+        by = analyze_run(args.store, args.run, which=args.events, bandwidth=spec.bandwidth, n_boot=0).by_group
+        if args.by not in by:
+            raise TokdynError(f"--by {args.by}: the probe has no {args.by} information (available: {', '.join(by)})")
+        groups = by[args.by]
     if args.json:
-        print(json.dumps({**out, "spectrum": spec.to_dict()}, indent=2))
+        print(json.dumps({**out, "spectrum": spec.to_dict(), **({"by": args.by, "groups": {k: g.to_dict() for k, g in groups.items()}}
+                                                                  if args.by else {})}, indent=2))  # fmt: skip
         return 0
     print(f"run {args.run!r} (axis {rec.axis}): {spec.n_events:,} events of {spec.n_tokens:,} tokens ({args.events}), "
           f"drop seen {spec.total_drop:.3f} nats/token, bandwidth {spec.bandwidth:.3f} decades")  # fmt: skip
     peak = np.abs(spec.density).max() or 1.0
     for lo, hi, v in zip(spec.edges[:-1], spec.edges[1:], spec.hist):
         print(f"  x {lo:6.2f}..{hi:6.2f}  {v:8.3f} nats/decade  " + "#" * int(round(40 * max(v, 0) / peak)))
+    if groups:
+        print(f"by {args.by}: drop seen (nats/token), learning time of the peak (x), events")
+        for label, g in sorted(groups.items(), key=lambda kv: -kv[1].total_drop):
+            print(f"  {label:<28} {g.total_drop:8.3f}   x {g.x[np.argmax(g.density)]:6.2f}   {g.n_events:,}")
     for pl in (rec.spectrum_power_law, rec.loss_power_law):
         if pl is not None:
             print(f"power law of the {pl.what:<8} alpha = {pl.alpha:.3f} [{pl.alpha_lo:.3f}, {pl.alpha_hi:.3f}]  R^2 {pl.r2:.3f}")
@@ -221,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("spectrum", help="learning-time spectrum of a fitted run, with its power law")
     p.add_argument("store")
     p.add_argument("--run", required=True)
+    p.add_argument("--by", choices=("class", "domain", "frequency", "position"), help="also the spectrum of each group of tokens")
     analysis_options(p)
     p.set_defaults(func=_cmd_spectrum)
 
