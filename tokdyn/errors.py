@@ -19,6 +19,7 @@ __all__ = [
     "StepOrderError",
     "UnsafeFileError",
     "WriterError",
+    "RunBusyError",
 ]
 
 
@@ -67,3 +68,8 @@ class UnsafeFileError(InputError):
 
 class WriterError(TokdynError, RuntimeError):
     """The background writer failed; raised in the training process at the next call."""
+
+
+class RunBusyError(StoreError, RuntimeError):
+    """Another live process is writing the same token range of a run (or creating the store or
+    run); a second writer is refused, never interleaved."""

@@ -102,6 +102,8 @@ def import_npz(
     except BaseException:
         st.delete_run(name)  # never leave a partial run that blocks a retry
         raise
+    finally:
+        w.release()
     return r
 
 

@@ -27,7 +27,9 @@ import asyncio
 import datetime as _dt
 import json
 import os
+import socket
 import time
+import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,14 +37,18 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec
+from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync as zarr_sync
+from zarr.storage import StorePath
 
 from . import __version__
 from .errors import (
     InputError,
+    TokdynError,
     NotAStoreError,
     ProbeMismatchError,
+    RunBusyError,
     RunExistsError,
     RunNotFoundError,
     SchemaVersionError,
@@ -74,13 +80,15 @@ CODECS = ("lz4", "zstd", "none")
 
 
 def _compressor(codec: str = "lz4") -> tuple:
-    """Byte-shuffled Blosc. lz4 (default) keeps the writer above 300 MB/s on 2 cores; zstd
-    stores ~10 % fewer bytes at about half the speed (docs/store.md has the measurements)."""
-    if codec == "none":
-        return ()
+    """Byte-shuffled Blosc, then a CRC32C checksum of the chunk. lz4 (default) keeps the writer
+    above 300 MB/s on 2 cores; zstd stores ~10 % fewer bytes at about half the speed
+    (docs/store.md has the measurements). The checksum makes a damaged chunk an error on read:
+    Blosc alone decodes a chunk cut short without complaint, as zeros (docs/reliability.md)."""
     if codec not in CODECS:
         raise InputError(f"codec must be one of {CODECS}, got {codec!r}")
-    return (BloscCodec(cname=codec, clevel=5 if codec == "lz4" else 3, shuffle="shuffle"),)
+    if codec == "none":
+        return (Crc32cCodec(),)
+    return (BloscCodec(cname=codec, clevel=5 if codec == "lz4" else 3, shuffle="shuffle"), Crc32cCodec())
 
 
 def _now() -> str:
@@ -95,8 +103,9 @@ def _delete_group(group: zarr.Group) -> None:
         pass
 
 
-def _open_group(url: str | os.PathLike, mode: str, storage_options: Mapping | None = None) -> zarr.Group:
-    kwargs = {"storage_options": dict(storage_options)} if storage_options else {}
+def _open_group(url: str | os.PathLike, mode: str, storage_options: Mapping | None = None, **kwargs) -> zarr.Group:
+    if storage_options:
+        kwargs["storage_options"] = dict(storage_options)
     return zarr.open_group(store=str(url) if isinstance(url, os.PathLike) else url, mode=mode, **kwargs)
 
 
@@ -135,9 +144,10 @@ class TrajectoryStore:
         """Create a new store for ``probe`` at ``url``; an existing one is an error unless ``overwrite``."""
         if not isinstance(probe, ProbeSet):
             raise InputError(f"probe must be a ProbeSet, got {type(probe).__name__}")
+        _check_url(url)
         url = os.fspath(url) if isinstance(url, os.PathLike) else url
-        try:
-            group = _open_group(url, "w" if overwrite else "w-", storage_options)
+        try:  # the group is born with a marker naming its creator, so a killed creation is recognised
+            group = _open_group(url, "w" if overwrite else "w-", storage_options, attributes={CREATING: _owner()})
         except (FileExistsError, zarr.errors.ContainsGroupError, zarr.errors.ContainsArrayError):
             raise StoreError(f"{url} already exists; open it, or pass overwrite=True to replace it") from None
         try:
@@ -146,15 +156,16 @@ class TrajectoryStore:
         except BaseException:
             _delete_group(group)  # never leave a half-made store that blocks the next attempt
             raise
-        # The root attribute is written last: a store is recognised only once its probe is whole.
-        group.attrs["tokdyn"] = {
+        # The root attribute is written last (replacing the marker, one write): a store is
+        # recognised only once its probe is whole.
+        group.attrs.put({"tokdyn": {
             "kind": STORE_KIND,
             "schema_version": SCHEMA_VERSION,
             "probe_fingerprint": probe.fingerprint,
             "tokdyn_version": __version__,
             "zarr_version": zarr.__version__,
             "created": _now(),
-        }
+        }})
         store = cls(group, url, writable=True)
         store._probe = probe
         return store
@@ -166,13 +177,14 @@ class TrajectoryStore:
         """Open an existing store, read-only (``mode="r"``) or for appending (``"r+"``)."""
         if mode not in ("r", "r+"):
             raise InputError(f"mode must be 'r' or 'r+', got {mode!r}")
+        _check_url(url)
         url = os.fspath(url) if isinstance(url, os.PathLike) else url
         try:
             group = _open_group(url, mode, storage_options)
         except (FileNotFoundError, zarr.errors.GroupNotFoundError, zarr.errors.NodeTypeValidationError):
             raise NotAStoreError(f"no tokdyn store at {url}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError) as exc:
-            raise StoreError(f"{url}: store metadata is unreadable ({exc})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
+            raise StoreError(f"{url}: store metadata is unreadable ({type(exc).__name__}: {exc})") from None
         return cls(group, url, writable=mode == "r+")
 
     # -- probe ----------------------------------------------------------------------------
@@ -211,6 +223,8 @@ class TrajectoryStore:
             g = self._group[f"runs/{name}"]
         except KeyError:
             raise RunNotFoundError(f"no run {name!r} in {self.url}; runs: {', '.join(self.runs) or 'none'}") from None
+        except (ValueError, TypeError) as exc:  # a zarr.json cut short or overwritten
+            raise StoreError(f"run {name!r} in {self.url}: metadata unreadable ({type(exc).__name__}: {exc})") from None
         return Run(self, name, g)
 
     def create_run(
@@ -249,7 +263,9 @@ class TrajectoryStore:
         self._require_writable()
         _check_run_name(name)
         if name in self.runs:
-            raise RunExistsError(f"run {name!r} already exists in {self.url}; resume it or choose another name")
+            if self.has_run(name):
+                raise RunExistsError(f"run {name!r} already exists in {self.url}; resume it or choose another name")
+            self._discard_aborted_run(name)
         if axis not in AXES:
             raise InputError(f"axis must be one of {AXES}, got {axis!r}")
         if dtype not in LOSS_DTYPES:
@@ -262,7 +278,7 @@ class TrajectoryStore:
         ranges = [(0, n)] if writers is None else [(int(a), int(b)) for a, b in writers]
         _check_writer_ranges(ranges, n, chunk)
         run_attrs = _jsonable(dict(attrs or {}), "run attrs")
-        g = self._group["runs"].create_group(name)
+        g = self._group["runs"].create_group(name, attributes={CREATING: _owner()})
         cap = int(capacity)
         g.create_array(
             "loss", shape=(cap, n), chunks=(1, chunk), dtype=dtype, fill_value=np.nan,
@@ -270,12 +286,14 @@ class TrajectoryStore:
             attributes={"units": "nats", "long_name": "per-token cross-entropy", "coordinates": " ".join(COORDS)},
         )  # fmt: skip
         for cname, (cdtype, fill) in COORDS.items():
-            g.create_array(cname, shape=(cap,), chunks=(COORD_CHUNK,), dtype=cdtype, fill_value=fill, dimension_names=("checkpoint",))
+            g.create_array(cname, shape=(cap,), chunks=(COORD_CHUNK,), dtype=cdtype, fill_value=fill, dimension_names=("checkpoint",),
+                           compressors=_compressor())  # fmt: skip
         commits = g.create_group("commits")
         for j in range(len(ranges)):
             commits.create_group(f"w{j}", attributes={"rows": 0, "last_step": None, "nonfinite": 0, "nonfinite_rows": {}})
-        # Written last: a run group without this attribute is an aborted creation.
-        g.attrs["tokdyn_run"] = {
+        # Written last, replacing the marker: a run group without it is an aborted creation
+        # (it holds no committed row: writers need this metadata).
+        g.attrs.put({"tokdyn_run": {
             **run_attrs,
             "axis": axis,
             "dtype": dtype,
@@ -285,8 +303,30 @@ class TrajectoryStore:
             "schema_version": SCHEMA_VERSION,
             "tokdyn_version": __version__,
             "created": _now(),
-        }
+        }})
         return Run(self, name, g)
+
+    def has_run(self, name: str) -> bool:
+        """Whether run ``name`` exists and its creation finished (an aborted one is replaced by
+        :meth:`create_run`)."""
+        _check_run_name(name)
+        if name not in self.runs:
+            return False
+        try:
+            return isinstance(self._group[f"runs/{name}"].attrs.get("tokdyn_run"), Mapping)
+        except (KeyError, ValueError, TypeError):
+            return False
+
+    def _discard_aborted_run(self, name: str) -> None:
+        """Remove a run group whose creation never finished (no committed row can be in it),
+        unless its creator is still alive (:class:`RunBusyError`)."""
+        try:
+            owner = self._group[f"runs/{name}"].attrs.get(CREATING)
+        except (KeyError, ValueError, TypeError):
+            owner = None
+        if owner is not None:
+            _refuse_if_live(owner, f"run {name!r} of {self.url} is being created")
+        zarr_sync(self._group.store.delete_dir(_join(self._group.path, "runs", name)))
 
     def delete_run(self, name: str) -> None:
         """Remove run ``name`` and everything stored under it (its fit too)."""
@@ -320,7 +360,8 @@ class TrajectoryStore:
         fs = getattr(st, "fs", None)
         if fs is not None:
             try:
-                fs = getattr(fs, "sync_fs", fs)
+                if getattr(fs, "asynchronous", False):  # zarr's fsspec filesystems are async
+                    return int(zarr_sync(fs._du(st.path, total=True)))
                 return int(fs.du(st.path, total=True))
             except Exception:  # noqa: BLE001 - size is informative only
                 return None
@@ -361,6 +402,7 @@ def open_store(
     """
     if mode not in ("r", "r+", "a", "w"):
         raise InputError(f"mode must be one of 'r', 'r+', 'a', 'w', got {mode!r}")
+    _check_url(url)
     if probe is not None and not isinstance(probe, ProbeSet):
         raise InputError(f"probe must be a ProbeSet, got {type(probe).__name__}")
     if mode == "w":
@@ -373,6 +415,8 @@ def open_store(
         except NotAStoreError:
             if probe is None:
                 raise
+            if _aborted_creation(url, storage_options):  # a creator killed half-way: start again
+                return TrajectoryStore.create(url, probe, overwrite=True, storage_options=storage_options)
             if _exists_nonempty(url, storage_options):
                 raise
             return TrajectoryStore.create(url, probe, storage_options=storage_options)
@@ -382,6 +426,19 @@ def open_store(
         store.check_probe(probe)
         store._probe = store._probe or probe
     return store
+
+
+def _aborted_creation(url: str | os.PathLike, storage_options: Mapping | None) -> bool:
+    """True when ``url`` holds a store whose creation never finished and whose creator is gone.
+    A creation still in progress in a live process is :class:`RunBusyError`."""
+    try:
+        attrs = dict(_open_group(url, "r", storage_options).attrs)
+    except Exception:  # noqa: BLE001 - not a zarr group at all: not ours to replace
+        return False
+    if "tokdyn" in attrs or CREATING not in attrs:
+        return False
+    _refuse_if_live(attrs[CREATING], f"store {url} is being created")
+    return True
 
 
 def _exists_nonempty(url: str | os.PathLike, storage_options: Mapping | None) -> bool:
@@ -418,20 +475,55 @@ class Run:
         self.name = name
         self._group = group
         self.attrs: dict = dict(meta)
-        self.axis: str = meta["axis"]
-        self.writers: list[tuple[int, int]] = [tuple(w) for w in meta["writers"]]
-        self._loss = group["loss"]
+        try:
+            self.axis: str = meta["axis"]
+            self.writers: list[tuple[int, int]] = [(int(a), int(b)) for a, b in meta["writers"]]
+            self._loss = group["loss"]
+            coords = {c: group[c] for c in COORDS}
+        except (KeyError, ValueError, TypeError) as exc:
+            raise StoreError(f"run {name!r} in {store.url} is damaged: {type(exc).__name__}: {exc}") from None
+        self._check_arrays(coords)
+
+    def _check_arrays(self, coords: Mapping[str, Any]) -> None:
+        """Refuse arrays of a dtype or shape a tokdyn writer never makes (object dtype included):
+        whatever wrote them, tokdyn would misread them."""
+        loss, where = self._loss, f"run {self.name!r} in {self.store.url}"
+        if not isinstance(loss, zarr.Array) or str(loss.dtype) not in LOSS_DTYPES or loss.ndim != 2:
+            raise StoreError(f"{where}: loss must be a 2-D array of {'/'.join(LOSS_DTYPES)}, found {getattr(loss, 'dtype', type(loss).__name__)} with shape {getattr(loss, 'shape', None)}")
+        n = self.store._group["probe"].attrs.get("n_tokens")
+        if loss.shape[1] != n or not self.writers or self.writers[0][0] != 0 or self.writers[-1][1] != loss.shape[1]:
+            raise StoreError(f"{where}: loss has {loss.shape[1]} tokens and writers {self.writers}; the probe has {n}")
+        for name, arr in coords.items():
+            if not isinstance(arr, zarr.Array) or arr.ndim != 1 or arr.dtype != np.dtype(COORDS[name][0]):
+                raise StoreError(f"{where}: {name} must be a 1-D {COORDS[name][0]} array, found {getattr(arr, 'dtype', type(arr).__name__)} {getattr(arr, 'shape', None)}")
 
     # -- commit state ---------------------------------------------------------------------
 
     def _commit(self, j: int) -> _Commit:
-        a = zarr.open_group(store=self._group.store, path=f"{self._group.path}/commits/w{j}", mode="r").attrs
-        return _Commit(int(a["rows"]), a.get("last_step"), int(a.get("nonfinite", 0)), dict(a.get("nonfinite_rows", {})))
+        try:
+            a = zarr.open_group(store=self._group.store, path=f"{self._group.path}/commits/w{j}", mode="r").attrs
+            c = _Commit(int(a["rows"]), a.get("last_step"), int(a.get("nonfinite", 0)), dict(a.get("nonfinite_rows", {})))
+        except (KeyError, ValueError, TypeError, FileNotFoundError, zarr.errors.GroupNotFoundError) as exc:
+            raise StoreError(f"run {self.name!r}: commit record of token range {j} is unreadable ({type(exc).__name__}: {exc})") from None
+        if c.rows < 0 or (c.rows and not isinstance(c.last_step, int)):
+            raise StoreError(f"run {self.name!r}: commit record of token range {j} is damaged (rows {c.rows}, last step {c.last_step!r})")
+        return c
 
     @property
     def n_committed(self) -> int:
         """Rows complete in every token range: the rows readers see."""
-        return min(self._commit(j).rows for j in range(len(self.writers)))
+        k = min(self._commit(j).rows for j in range(len(self.writers)))
+        self._refresh(k)
+        if k > self._loss.shape[0]:
+            raise StoreError(f"run {self.name!r}: the commit records count {k} rows, but the loss array holds {self._loss.shape[0]}; the store is damaged")
+        return k
+
+    def break_lock(self, writer: int | None = None) -> None:
+        """Remove the writer lock of token range ``writer`` (all by default). Only for a lock left
+        by a process on another machine that is known to be gone: a crash on this machine is
+        recognised, and its lock taken over, without this."""
+        for j in range(len(self.writers)) if writer is None else [int(writer)]:
+            zarr_sync(self._group.store.delete(_join(self._group.path, "commits", f"w{j}", LOCK_NAME)))
 
     @property
     def capacity(self) -> int:
@@ -463,7 +555,21 @@ class Run:
         return self._read_coord(name, self.n_committed)
 
     def _read_coord(self, name: str, k: int) -> np.ndarray:
-        return self._group[name][:k] if k else np.empty(0, COORDS[name][0])
+        if not k:
+            return np.empty(0, COORDS[name][0])
+        out = self._read(lambda: self._group[name][:k], f"{name}[:{k}]")
+        if name == "step" and (out.size != k or out.min() < 0 or np.any(np.diff(out) <= 0)):
+            raise StoreError(f"run {self.name!r}: committed steps must be >= 0 and strictly increasing, found {out[:8].tolist()}...; the store is damaged")
+        return out
+
+    def _read(self, read, what: str):
+        """Run a chunk read; damaged chunk data (cut short, overwritten) is a StoreError naming it."""
+        try:
+            return read()
+        except (TokdynError, OSError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - codecs raise RuntimeError, ValueError, TypeError...
+            raise StoreError(f"run {self.name!r}: cannot decode {what} ({type(exc).__name__}: {exc}); a chunk of it is damaged") from None
 
     @property
     def steps(self) -> np.ndarray:
@@ -481,7 +587,23 @@ class Run:
         tsl = slice(None) if tokens is None else tokens
         if k == 0:
             return np.empty((0, len(range(*tsl.indices(self.n_tokens)))), self.dtype)
-        return self._loss[rsl, tsl]
+        out = self._read(lambda: self._loss[rsl, tsl], f"loss[{rsl.start}:{rsl.stop}, {tsl.start}:{tsl.stop}]")
+        self._check_nan_counts(out, range(k)[rsl])
+        return out
+
+    def _check_nan_counts(self, block: np.ndarray, rows: range) -> None:
+        """A missing chunk reads as NaN (the fill value). Every NaN a writer stored is counted in
+        its commit record, so a row with more NaN than counted has lost chunk data."""
+        nan = np.isnan(block).sum(axis=1)
+        if not nan.any():
+            return
+        _, counted = self.nonfinite()
+        for i, r in enumerate(rows):
+            if nan[i] > counted.get(r, 0):
+                raise StoreError(
+                    f"run {self.name!r} row {r}: {int(nan[i])} losses read as missing where {counted.get(r, 0)} non-finite "
+                    "were recorded; chunk files of this row are missing from the store"
+                )
 
     def to_dask(self, token_block: int | None = None):
         """The committed loss matrix as a dask array chunked ``(all rows, token_block)``."""
@@ -579,6 +701,60 @@ class RunWriter:
         self._arrays = {name: run._group[name] for name in COORDS} if self._is_coord_writer else {}
         self._coord_chunk_start: int | None = None
         self._coord_buffers: dict[str, np.ndarray] = {}
+        self._lock = StorePath(run._group.store, _join(run._group.path, "commits", f"w{writer}", LOCK_NAME))
+        self._token: str | None = None
+        self._claim()
+
+    # -- the writer lock ------------------------------------------------------------------
+
+    def _claim(self) -> None:
+        """Take this token range's lock: create it exclusively, or take it over from a process
+        that is gone (a crash) or from an earlier writer of this same process; refuse when
+        another live process holds it."""
+        me = {**_owner(), "token": uuid.uuid4().hex}
+        for _ in range(3):
+            _write_json_key(self._lock, me, exclusive=True)
+            holder = _read_json_key(self._lock)
+            if holder is not None and holder.get("token") == me["token"]:
+                self._token = me["token"]
+                return
+            if holder is not None:
+                _refuse_if_live(holder, f"run {self.run.name!r} token range {self.index} is being written",
+                                if_gone=f"break the lock with tokdyn.open_store(url, mode='r+').run({self.run.name!r}).break_lock()")  # fmt: skip
+                zarr_sync(self._lock.delete())  # its holder crashed, or is an older writer of ours
+        raise RunBusyError(f"run {self.run.name!r} token range {self.index}: another process keeps taking the writer lock")
+
+    def _check_owner(self) -> None:
+        """Before touching data: the lock must still be ours and the commit record must still be
+        where this writer left it; otherwise another writer has appended, and this one stops."""
+        holder = _read_json_key(self._lock)
+        if self._token is None or holder is None or holder.get("token") != self._token:
+            who = "nobody (it was released)" if not holder else f"process {holder.get('pid')} on {holder.get('host')}"
+            raise RunBusyError(
+                f"this writer of run {self.run.name!r} token range {self.index} no longer holds its lock (held by {who}); "
+                "it stops rather than interleave rows with the other writer"
+            )
+        c = self.run._commit(self.index)
+        if c.rows != self.rows or c.last_step != self.last_step:
+            raise RunBusyError(
+                f"run {self.run.name!r} token range {self.index} was appended to by another writer "
+                f"({c.rows} rows, last step {c.last_step}; this writer expected {self.rows}, {self.last_step}); it stops"
+            )
+
+    def release(self) -> None:
+        """Give the lock back (the recorder does this on close). Idempotent."""
+        if self._token is None:
+            return
+        holder = _read_json_key(self._lock)
+        if holder is not None and holder.get("token") == self._token:
+            zarr_sync(self._lock.delete())
+        self._token = None
+
+    def __enter__(self) -> "RunWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
     @property
     def n_tokens(self) -> int:
@@ -618,6 +794,10 @@ class RunWriter:
             raise InputError(f"losses must have shape ({self.n_tokens},) for tokens [{self.token_start}, {self.token_stop}), got {values.shape}")
         if values.dtype.kind not in "fiu":
             raise InputError(f"losses must be numbers, got dtype {values.dtype}")
+        if axis_value is not None and not np.isfinite(float(axis_value)):
+            raise InputError(f"axis_value must be finite, got {axis_value} for step {step}")
+        with np.errstate(over="ignore", invalid="ignore"):  # counted below: a loss beyond float16 is inf
+            values = values.astype(self.run.dtype, copy=False)
         bad = ~np.isfinite(values)
         n_bad = int(bad.sum())
         if n_bad:
@@ -626,9 +806,10 @@ class RunWriter:
             warnings.warn(
                 f"run {self.run.name!r} step {step}: {n_bad} non-finite losses stored as NaN", RuntimeWarning, stacklevel=2
             )
+        self._check_owner()
         k = self.rows
         self._ensure_capacity(k + 1)
-        writes = [(self.run._loss, (k, slice(self.token_start, self.token_stop)), values.astype(self.run.dtype, copy=False))]
+        writes = [(self.run._loss, (k, slice(self.token_start, self.token_stop)), values)]
         if self._is_coord_writer:
             row = {
                 "step": step,
@@ -712,6 +893,86 @@ def _write_concurrently(writes: list[tuple[zarr.Array, tuple, np.ndarray]]) -> N
     zarr_sync(write_all())
 
 
+# -- who is writing: creation markers and writer locks ------------------------------------
+#
+# A store or run under creation carries ``attrs[CREATING]`` (its creator) until its metadata is
+# complete; a writer holds ``commits/w<j>/writer.lock`` while it appends. Both name the process
+# (host, pid, start time), so a later process can tell a crashed owner (take over) from a live
+# one (refuse: two writers would interleave rows).
+
+CREATING = "tokdyn_creating"
+LOCK_NAME = "writer.lock"
+
+
+def _owner() -> dict:
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "start": _proc_stat(pid)[1], "since": _now()}
+
+
+def _proc_stat(pid: int) -> tuple[str | None, str | None]:
+    """(state, start time) of process ``pid`` from /proc (Linux); (None, None) elsewhere or if gone."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as fh:
+            data = fh.read()
+    except (OSError, ValueError, TypeError, OverflowError):
+        return None, None
+    fields = data[data.rindex(b")") + 2 :].split()  # after "pid (comm) "
+    return fields[0].decode(), fields[19].decode()
+
+
+def _owner_state(owner: Any) -> str:
+    """``"self"`` (this process), ``"alive"``, ``"dead"`` or ``"unknown"`` (another machine)."""
+    if not isinstance(owner, Mapping) or not isinstance(owner.get("pid"), int):
+        return "dead"  # unreadable: whoever wrote it did not finish writing it
+    if owner.get("host") != socket.gethostname():
+        return "unknown"
+    pid = owner["pid"]
+    state, start = _proc_stat(pid)
+    if pid == os.getpid() and start == owner.get("start"):
+        return "self"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "dead"
+    except PermissionError:
+        pass  # another user's process: alive
+    except (OverflowError, ValueError):
+        return "dead"
+    if state == "Z" or (start is not None and owner.get("start") is not None and start != owner["start"]):
+        return "dead"  # a zombie, or the pid was reused by another process
+    return "alive"
+
+
+def _refuse_if_live(owner: Any, what: str, *, if_gone: str = "delete it and try again") -> str:
+    """Raise :class:`RunBusyError` when ``owner`` may still be running; returns its state."""
+    state = _owner_state(owner)
+    if state in ("alive", "unknown"):
+        where = f"process {owner.get('pid')} on {owner.get('host')} (since {owner.get('since')})"
+        hint = "wait for it to finish, or stop it" if state == "alive" else (
+            f"this machine cannot tell whether it still runs; if it does not, {if_gone}")  # fmt: skip
+        raise RunBusyError(f"{what} by {where}; a second writer is refused rather than interleaved: {hint}")
+    return state
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def _read_json_key(sp: StorePath) -> Any:
+    buf = zarr_sync(sp.get(prototype=default_buffer_prototype()))
+    if buf is None:
+        return None
+    try:
+        return json.loads(buf.to_bytes())
+    except (ValueError, UnicodeDecodeError):
+        return {}  # a lock cut short: its writer died while writing it
+
+
+def _write_json_key(sp: StorePath, obj: Any, *, exclusive: bool) -> None:
+    buf = default_buffer_prototype().buffer.from_bytes(json.dumps(obj).encode())
+    zarr_sync(sp.set_if_not_exists(buf) if exclusive else sp.set(buf))
+
+
 # -- probe (de)serialisation --------------------------------------------------------------
 
 
@@ -747,14 +1008,27 @@ def _read_probe(g: zarr.Group) -> ProbeSet:
         names = a["token_arrays"]
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification.*")
-            arrays = {name: g[name][...] for name in names}
-        tokens = g["tokens"][...] if "tokens" in g.array_keys() else None
-    except KeyError as exc:
-        raise StoreError(f"probe group is incomplete: missing {exc}") from None
+            nodes = {name: g[name] for name in names}
+            if "tokens" in g.array_keys():
+                nodes["tokens"] = g["tokens"]
+            for name, arr in nodes.items():  # object / variable-length dtypes are never read
+                if not isinstance(arr, zarr.Array) or np.dtype(arr.dtype).kind not in "iufbUS":
+                    raise StoreError(f"probe array {name!r} has dtype {getattr(arr, 'dtype', None)}; tokdyn reads numbers and fixed-width strings only")
+            arrays = {name: nodes[name][...] for name in names}
+        tokens = nodes["tokens"][...] if "tokens" in nodes else None
+    except (TokdynError, OSError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a missing array, bad metadata, a chunk codecs cannot decode
+        raise StoreError(f"probe group is incomplete or damaged: {type(exc).__name__}: {exc}") from None
     return ProbeSet(tokens, arrays, domains=a.get("domains", ()), documents=a.get("documents", ()), tokenizer=a.get("tokenizer", {}))
 
 
 # -- validation helpers -------------------------------------------------------------------
+
+
+def _check_url(url: Any) -> None:
+    if not isinstance(url, (str, os.PathLike)) or not os.fspath(url):
+        raise InputError(f"store must be a path or an fsspec URL, got {url!r}")
 
 
 def _check_run_name(name: str) -> None:

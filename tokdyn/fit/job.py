@@ -47,7 +47,9 @@ def fit_inputs(run: Run) -> tuple[np.ndarray, np.ndarray]:
     if k == 0:
         raise StoreError(f"run {run.name!r} has no committed rows to fit")
     av = run.axis_values
-    rows = np.flatnonzero(np.isfinite(av) & (av > 0))
+    if not np.all(np.isfinite(av)):  # never a silently dropped row: a writer stores finite values only
+        raise StoreError(f"run {run.name!r} has non-finite axis values at rows {np.flatnonzero(~np.isfinite(av))[:8].tolist()}; the store is damaged")
+    rows = np.flatnonzero(av > 0)
     if rows.size < 2:
         raise InputError(f"run {run.name!r} has {rows.size} rows with a positive axis value; a fit needs more")
     try:
@@ -255,7 +257,7 @@ def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backe
     r = st.run(run)
     g = r._group["fit"]
     a, e = b * block, min(n, (b + 1) * block)
-    Y = r._loss[: int(rows.max()) + 1, a:e][rows]  # [K, B] in the stored dtype
+    Y = r.losses(tokens=slice(a, e), rows=slice(0, int(rows.max()) + 1))[rows]  # [K, B] in the stored dtype; damage is a StoreError
     out = {name: np.empty(e - a, dtype=dt) for name, dt in FIT_FIELDS.items()}
     for s in range(0, e - a, batch_rows):
         part = fit_block(x, Y[:, s : s + batch_rows].T.astype(np.float64), options=options, backend=backend, device=device)

@@ -616,7 +616,7 @@ def record_offline(
         raise InputError(f"axis must be one of {AXES}, got {axis!r}")
     device = torch.device(device)
     ts = _open_target_store(store, probe)
-    exists = run in ts.runs
+    exists = ts.has_run(run)  # an aborted creation (a crash) is replaced, not resumed
     if exists and not resume:
         raise RunExistsError(f"run {run!r} already exists in {ts.url}; pass resume=True (--resume) to continue it")
     existing = ts.run(run) if exists else None
@@ -709,8 +709,10 @@ def record_offline(
     finally:
         bar.close()
         torch.set_num_threads(restore)
-        if writer is not None and writer.rows:
-            writer.trim()
+        if writer is not None:
+            if writer.rows:
+                writer.trim()
+            writer.release()
     return {
         "store": ts.url,
         "run": run,

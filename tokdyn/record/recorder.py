@@ -21,6 +21,7 @@ import os
 import queue
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -224,7 +225,7 @@ class TokenLossRecorder:
 
     def _open_writer(self, run: str, *, dtype: str | None, resume: bool, run_attrs, token_chunk) -> RunWriter:
         store = self.store
-        exists = run in store.runs
+        exists = store.has_run(run)  # an aborted creation (a crash) is replaced, not resumed
         if self.world_size > 1:
             _barrier()  # every rank has looked at the run list before rank 0 may create the run
         if exists and not resume:
@@ -309,6 +310,7 @@ class TokenLossRecorder:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InputError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         state = {"step": int(start_step)}
+        self._warn_skipped(int(start_step))
 
         def seen(step: int) -> int | None:
             return None if tokens_per_step is None else step * int(tokens_per_step)
@@ -328,6 +330,23 @@ class TokenLossRecorder:
         finally:
             handle.remove()
         self.flush()
+
+    def _warn_skipped(self, start_step: int) -> None:
+        """A resumed loop that starts after scheduled steps that were never committed will never
+        record them: say so (the usual cause is a training checkpoint saved while rows were
+        still queued; flush() before saving one)."""
+        last = self._writer.last_step
+        if last is None:
+            return
+        missed = [int(s) for s in self.schedule if last < s < start_step]
+        if missed:
+            warnings.warn(
+                f"run {self.run_name!r}: scheduled steps {missed[:6]}{'...' if len(missed) > 6 else ''} lie between its last "
+                f"committed step {last} and start_step {start_step} and will never be recorded. Call rec.flush() before "
+                "saving a training checkpoint, so that a restart from it never skips a row",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def flush(self) -> None:
         """Block until every queued row is committed; re-raise a writer failure."""
@@ -351,6 +370,7 @@ class TokenLossRecorder:
             _barrier()
         if trim and self.rank == 0:
             self._writer.trim()
+        self._writer.release()
 
     def __enter__(self) -> "TokenLossRecorder":
         return self

@@ -1,0 +1,158 @@
+"""Crashes and failing disks: SIGKILLed recording and fitting (the kill harness in a reduced
+form), a writer thread whose disk fills up or refuses writes, aborted creations, and the
+resume rule that keeps a restart from skipping rows.
+
+The full harness (`python pipelines/kill_harness.py --kills 120 --fit-kills 20`) gives the
+figures in docs/reliability.md; here every kill target is hit once.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import tokdyn
+from reliability_fixtures import FailingDisk, kill_harness, snapshot
+from test_recorder import perturb
+from tokdyn.errors import WriterError
+from tokdyn.record import TokenLossRecorder
+from tokdyn.store import CREATING, _owner
+
+
+def test_sigkilled_recording_resumes_equal_to_an_uninterrupted_run(tmp_path):
+    """One SIGKILL in each phase: store creation, training, probe evaluation, a row's chunk
+    writes, a row's commit, a training checkpoint, close; then a few at random instants."""
+    targets = ["opening", "writing", "committing", "checkpointing", "random"]
+    res = kill_harness.record_harness(len(targets), seed=1, targets=targets, workdir=str(tmp_path), log=lambda *_: None)
+    assert res["violations"] == [], res["violations"]
+    assert res["kills"] == len(targets) and res["rows_lost"] == 0
+    assert res["episodes"] >= 1  # at least one run went from kills to a complete, reference-equal store
+    # A targeted kill lands in its phase unless the life ended first; most must have.
+    assert sum(res["by_phase"].get(t, 0) for t in targets[:-1]) >= 3, res["by_phase"]
+
+
+def test_sigkilled_fit_resumes_equal_to_an_uninterrupted_fit(tmp_path):
+    res = kill_harness.fit_harness(1, seed=2, job=dict(n_tokens=2000, token_chunk=250), workdir=str(tmp_path), log=lambda *_: None)
+    assert res["violations"] == [], res["violations"]
+    assert res["kills"] == 1 and res["blocks_lost"] == 0
+
+
+# -- a writer thread that fails -------------------------------------------------------------
+
+
+def _record(rec: TokenLossRecorder, model, step: int) -> None:
+    perturb(model, step)
+    rec.record(step)
+
+
+@pytest.mark.parametrize(
+    "err, where",
+    [
+        (errno.ENOSPC, "chunk"),  # disk full while a row's second chunk is written: half a row on disk
+        (errno.EACCES, "commit"),  # permission lost on the commit record: the whole row on disk, uncommitted
+    ],
+)
+def test_failing_disk_surfaces_in_training_and_keeps_committed_rows(err, where, tiny_model, probe, store_path, monkeypatch, reference_losses):
+    c = probe.context
+    disk = FailingDisk(monkeypatch, err, match=(lambda k: "/loss/c/" in k and k.endswith("/1")) if where == "chunk"
+                       else (lambda k: k.endswith("commits/w0/zarr.json")))  # fmt: skip
+    rec = TokenLossRecorder(tiny_model, probe, store_path, "disk", schedule=range(10), token_chunk=2 * c)
+    expected = []
+    for step in range(3):
+        _record(rec, tiny_model, step)
+        expected.append(reference_losses(tiny_model, probe.tokens))
+    rec.flush()
+    before = snapshot(store_path)
+    disk.armed = True
+    _record(rec, tiny_model, 3)
+    with pytest.raises(WriterError) as info:
+        rec.flush()
+    msg = str(info.value)
+    assert ("No space left on device" if err == errno.ENOSPC else "Permission denied") in msg
+    assert "Rows up to step 2 are committed and readable" in msg
+    assert disk.failures >= 1
+    # Readable up to the last committed row, those rows untouched, nothing of the failed row visible.
+    run = tokdyn.open_store(store_path, mode="r").run("disk")
+    assert run.steps.tolist() == [0, 1, 2]
+    np.testing.assert_allclose(run.losses(), np.stack(expected), rtol=1e-6, atol=1e-6)
+    after = snapshot(store_path)
+    committed_chunks = [n for n in before if n.startswith(("runs/disk/loss/c/0/", "runs/disk/loss/c/1/", "runs/disk/loss/c/2/"))]
+    assert len(committed_chunks) == 3 * probe.n_tokens // (2 * c)
+    assert all(after[n] == before[n] for n in committed_chunks)
+    with pytest.raises(WriterError):
+        rec.close()
+    # The disk comes back: a resumed recorder in the same process takes over and goes on.
+    disk.armed = False
+    with TokenLossRecorder(tiny_model, probe, store_path, "disk", schedule=range(10), resume=True) as rec2:
+        _record(rec2, tiny_model, 4)
+    run = tokdyn.open_store(store_path, mode="r").run("disk")
+    assert run.steps.tolist() == [0, 1, 2, 4]
+    np.testing.assert_allclose(run.losses()[3], reference_losses(tiny_model, probe.tokens), rtol=1e-6, atol=1e-6)
+
+
+# -- creation killed half-way ---------------------------------------------------------------
+
+
+def _dead_owner() -> dict:
+    owner = _owner()
+    owner["pid"] = 2**22 + 12345  # above the default pid_max: no such process
+    return owner
+
+
+def test_a_store_whose_creation_was_killed_is_created_again(tmp_path, probe):
+    url = tmp_path / "s.zarr"
+    st = tokdyn.open_store(url, probe, mode="a")
+    g = st._group
+    g.attrs.put({CREATING: _dead_owner()})  # what a creator killed before its last write leaves
+    with pytest.raises(tokdyn.NotAStoreError):
+        tokdyn.open_store(url, mode="r")  # not a store (yet): readers never see half a probe
+    again = tokdyn.open_store(url, probe, mode="a")  # the recorder's call: starts again
+    assert again.probe.fingerprint == probe.fingerprint and again.runs == []
+
+
+def test_a_run_whose_creation_was_killed_is_replaced(tmp_path, probe):
+    st = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="a")
+    st.create_run("r")
+    st._group["runs/r"].attrs.put({CREATING: _dead_owner()})  # killed before the run metadata was written
+    assert not st.has_run("r") and "r" in st.runs
+    assert "error" in st.info()["runs"]["r"]  # visible as broken, not as a run
+    run = st.create_run("r", capacity=2)
+    assert st.has_run("r") and run.n_committed == 0
+
+
+def test_a_store_being_created_by_a_live_process_is_not_taken(tmp_path, probe):
+    from reliability_fixtures import live_foreign_owner
+
+    url = tmp_path / "s.zarr"
+    tokdyn.open_store(url, probe, mode="a")._group.attrs.put({CREATING: live_foreign_owner()})
+    with pytest.raises(tokdyn.errors.RunBusyError, match="being created by process"):
+        tokdyn.open_store(url, probe, mode="a")
+
+
+# -- resume: a training checkpoint saved while rows were queued ------------------------------
+
+
+def test_resume_warns_about_scheduled_steps_it_can_never_record(tiny_model, probe, store_path):
+    opt = torch.optim.SGD(tiny_model.parameters(), lr=0.1)
+    with TokenLossRecorder(tiny_model, probe, store_path, "gap", schedule=[0, 1, 2, 5, 8, 12]) as rec:
+        rec.record(0)
+        rec.record(1)
+    rec = TokenLossRecorder(tiny_model, probe, store_path, "gap", schedule=[0, 1, 2, 5, 8, 12], resume=True)
+    with pytest.warns(RuntimeWarning, match=r"scheduled steps \[2, 5\] .* last committed step 1 and start_step 6.*flush"):
+        with rec.attach(opt, start_step=6):
+            pass
+    rec.close()
+
+
+def test_commit_record_is_one_json_document(tmp_path, probe):
+    """The commit is one zarr.json write (atomic rename locally): rows and last_step together."""
+    st = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="a")
+    with st.create_run("r").writer() as w:
+        w.append(np.ones(probe.n_tokens, np.float32), step=3)
+    doc = json.loads((tmp_path / "s.zarr" / "runs" / "r" / "commits" / "w0" / "zarr.json").read_text())
+    assert doc["attributes"]["rows"] == 1 and doc["attributes"]["last_step"] == 3
+    assert not (tmp_path / "s.zarr" / "runs" / "r" / "commits" / "w0" / "writer.lock").exists()  # released
