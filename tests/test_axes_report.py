@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 import shutil
 
@@ -230,4 +229,21 @@ def test_report_path_that_cannot_be_written(fitted_T, tmp_path, capsys, bad):
 def test_analysis_of_unfitted_run_is_a_clear_error(fitted_T):
     with pytest.raises(StoreError, match="not been fitted"):
         reconstruct_run(fitted_T, "main")
-    assert math.isfinite(0.0)
+
+
+def test_imported_npz_axis_is_found_fitted_and_reconstructed(budgets, tmp_path, capsys):
+    st, _ = budgets
+    assemble_axis(st, "D")
+    npz = tmp_path / "losses.npz"
+    assert main(["export-npz", str(st.url), str(npz), "--run", "axis-D"]) == 0
+    other = tmp_path / "imported.zarr"
+    assert main(["import-npz", str(npz), str(other), "--run", "paper-D"]) == 0
+    capsys.readouterr()
+    assert main(["reconstruct", str(other), "--axis", "D", "--json", "--boot", "0"]) == 0
+    captured = capsys.readouterr()
+    assert "assembled" not in captured.err and "fitted run 'paper-D'" in captured.err
+    got = json.loads(captured.out)
+    assert got["run"] == "paper-D" and got["axis"] == "D"
+    fit_run(st, "axis-D", progress=False)
+    want = reconstruct_run(st, "axis-D", n_boot=0)
+    assert got["r2_events"] == pytest.approx(want.r2_events, abs=1e-3)  # same losses, same answer
