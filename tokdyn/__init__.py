@@ -24,6 +24,9 @@ from .probe import ProbeSet, build_probe
 from .schedule import explicit_schedule, geometric_schedule, make_schedule, pythia_schedule
 from .store import Run, RunWriter, TrajectoryStore, open_store
 from .tokenizer import ByteTokenizer, HFTokenizer, get_tokenizer
+from .spectrum import Events, Spectrum, events_from_fit, learning_time_spectrum, run_events, spectrum_power_law
+from .reconstruct import Reconstruction, reconstruct_run
+from .axes import assemble_axis
 
 __all__ = [
     "__version__",
@@ -32,6 +35,8 @@ __all__ = [
     "ProbeSet", "build_probe",
     "geometric_schedule", "pythia_schedule", "explicit_schedule", "make_schedule",
     "TrajectoryStore", "Run", "RunWriter", "open_store",
+    "Events", "Spectrum", "events_from_fit", "run_events", "learning_time_spectrum", "spectrum_power_law",
+    "Reconstruction", "reconstruct_run", "assemble_axis",
     "TokdynError", "InputError", "StoreError", "NotAStoreError", "SchemaVersionError", "RunNotFoundError",
     "RunExistsError", "ProbeMismatchError", "StepOrderError", "UnsafeFileError", "WriterError",
 ]  # fmt: skip
