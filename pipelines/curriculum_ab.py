@@ -1,6 +1,6 @@
 """Curriculum A/B: does reweighting training by when tokens become learnable speed it up?
 
-    python pipelines/curriculum_ab.py --out curriculum-ab            # defaults: ~15-20 min on 2 CPU cores
+    python pipelines/curriculum_ab.py --out curriculum-ab            # defaults: 7-9 min on 2 CPU cores
     python pipelines/curriculum_ab.py --out /tmp/ab --quick          # seconds: a smoke test
     python pipelines/curriculum_ab.py --out ab-gpu --device cuda --steps 3000 --n-layer 6 --n-embd 256 --batch-size 64
 

@@ -24,7 +24,7 @@ from tokdyn.curriculum import (
     load_table,
     token_targets,
 )
-from tokdyn.curriculum.experiment import compare_curves, steps_to_reach, summarize
+from tokdyn.curriculum.experiment import compare_curves, steps_to_reach, summarize, weight_diagnostics
 from tokdyn.data import WindowDataset
 from tokdyn.errors import InputError
 from tokdyn.model import GPTConfig, TinyGPT
@@ -393,3 +393,16 @@ def test_steps_to_reach_and_comparison_by_hand():
     s = summarize([1.0, 2.0, 3.0])
     assert s["mean"] == 2.0 and s["sd"] == pytest.approx(1.0)
     assert s["ci95"][1] - 2.0 == pytest.approx(4.302652729911275 / math.sqrt(3))
+
+
+def test_weight_diagnostics_of_uniform_and_of_concentrated_weights():
+    ds = WindowDataset(np.array([0, 1, 1, 1, 2, 2, 2] * 4 + [0]), context=3)  # windows alternate early / late tokens
+    for floor, expect in ((1.0, 1.0), (0.0, None)):
+        cfg = CurriculumConfig(total_steps=1000, floor=floor, width=0.1)
+        d = weight_diagnostics(SampleSchedule(_table(HAND), ds, cfg, tokenizer=V), TokenWeights(_table(HAND), cfg, tokenizer=V),
+                               ds, steps=[2, 999], n_windows=len(ds))  # fmt: skip
+        if expect is not None:
+            np.testing.assert_allclose(d["sample_effective_share"] + d["token_effective_share"], 1.0)
+            np.testing.assert_allclose(d["sample_max_over_uniform"] + d["token_max_over_uniform"], 1.0)
+        else:  # all weight on about half the windows / tokens
+            assert all(0.3 < v < 0.75 for v in d["sample_effective_share"] + d["token_effective_share"])

@@ -52,8 +52,8 @@ def corpus(tmp_path_factory):
 def pilot(corpus, tmp_path_factory):
     store = tmp_path_factory.mktemp("pilot") / "pilot.zarr"
     mcfg = GPTConfig(vocab_size=corpus.tokenizer.vocab_size, context=CONTEXT, n_layer=1, n_head=2, n_embd=32)
-    stats = run_pilot(store, corpus=corpus, model_config=mcfg, train_config=TrainConfig(steps=60, batch_size=8, seed=5),
-                      n_sequences=48, n_points=14)  # fmt: skip
+    stats = run_pilot(store, corpus=corpus, model_config=mcfg, train_config=TrainConfig(steps=40, batch_size=8, seed=5),
+                      n_sequences=48, n_points=12)  # fmt: skip
     return store, stats
 
 
@@ -184,6 +184,9 @@ def test_ab_experiment_quick(corpus, tmp_path):
     base = saved["curves"]["baseline"]["0"]
     assert base["steps"] == [6, 12, 18, 24, 30] and len(base["val_loss"]) == 5
     assert base["val_loss"][-1] < base["val_loss"][0]
+    diag = saved["weight_diagnostics"]["width"]
+    for name in ("sample_effective_share", "token_effective_share"):
+        assert all(0 < v <= 1 + 1e-9 for v in diag[name]) and len(diag[name]) == len(diag["steps"])
     # the token arm sees the same batches as the baseline, so only the weights differ
     assert saved["curves"]["token"]["0"]["val_loss"] != base["val_loss"]
 

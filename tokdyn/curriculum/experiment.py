@@ -157,7 +157,11 @@ def run_ab(out: str | Path, config: ABConfig = ABConfig(), *, corpus: Corpus | N
     comparison = {arm: compare_curves(curves["baseline"], curves[arm]) for arm in cfg.arms if arm != "baseline"}
     probe_steps = np.unique(np.geomspace(1, cfg.steps, 6).round().astype(int) - 1)
     widths = sorted({ARMS[a][1] for a in cfg.arms if ARMS[a][1]})
-    diagnostics = {f: weight_diagnostics(table, ds, cfg, f, steps=probe_steps, tokenizer=corpus.tokenizer) for f in widths}
+    diagnostics = {}
+    for f in widths:
+        sched = schedules.get(f) or SampleSchedule(table, ds, cfg.curriculum(f), tokenizer=corpus.tokenizer)
+        tw = TokenWeights(table, cfg.curriculum(f), tokenizer=corpus.tokenizer, device=dev)
+        diagnostics[f] = weight_diagnostics(sched, tw, ds, steps=probe_steps)
     results = {
         "config": asdict(cfg),
         "pilot": {"seconds": pilot_s, "classes": pilot["fit"]["class_counts"],
@@ -203,20 +207,17 @@ def _train_arm(mcfg, cfg: ABConfig, ds, sampler, weights, val, eval_steps, *, se
 # -- metrics -------------------------------------------------------------------------------
 
 
-def weight_diagnostics(table, ds: WindowDataset, cfg: ABConfig, width_field: str, *, steps, tokenizer,
+def weight_diagnostics(schedule: SampleSchedule, weights: TokenWeights, ds: WindowDataset, *, steps,
                        n_windows: int = 256, seed: int = 0) -> dict:  # fmt: skip
-    """How strongly each way of applying the schedule reweights, at ``steps``.
+    """How strongly each way of applying one schedule reweights, at ``steps``.
 
     Effective share ``(sum w)^2 / (n sum w^2)`` (1: uniform; 0.1: as if a tenth of the data
     carried the weight) and the largest weight relative to uniform: of the sampling
     probabilities over all training samples, and of the token weights over ``n_windows``
     random training windows.
     """
-    curriculum = cfg.curriculum(width_field)
-    sched = SampleSchedule(table, ds, curriculum, tokenizer=tokenizer)
-    tw = TokenWeights(table, curriculum, tokenizer=tokenizer)
     pick = np.random.default_rng(seed).choice(len(ds), size=min(n_windows, len(ds)), replace=False)
-    batch = torch.stack([ds[int(i)] for i in pick])
+    batch = torch.stack([ds[int(i)] for i in pick]).to(weights.device)
 
     def stats(w: np.ndarray) -> tuple[float, float]:
         return float(w.sum() ** 2 / (w.size * (w * w).sum())), float(w.max() / w.mean())
@@ -224,12 +225,12 @@ def weight_diagnostics(table, ds: WindowDataset, cfg: ABConfig, width_field: str
     out = {"steps": [int(s) for s in steps], "sample_effective_share": [], "sample_max_over_uniform": [],
            "token_effective_share": [], "token_max_over_uniform": []}  # fmt: skip
     for step in out["steps"]:
-        for name, w in (("sample", sched.probabilities(step)), ("token", tw(batch, step).numpy().astype(np.float64))):
+        token_w = weights(batch, step).cpu().numpy().astype(np.float64)
+        for name, w in (("sample", schedule.probabilities(step)), ("token", token_w)):
             share, top = stats(w)
             out[f"{name}_effective_share"].append(share)
             out[f"{name}_max_over_uniform"].append(top)
     return out
-
 
 
 def steps_to_reach(steps, losses, target: float) -> tuple[float, bool]:
