@@ -30,6 +30,7 @@ from tokdyn.data import prepare_corpus
 from tokdyn.errors import TokdynError
 from tokdyn.fit.job import fit_run
 from tokdyn.model import GPTConfig
+from tokdyn.reconstruct import reconstruct_run
 from tokdyn.report import check_writable, write_report
 from tokdyn.train import TrainConfig, record_tiny_run
 
@@ -113,11 +114,17 @@ def run_sweep(args) -> dict:
     timings["report"] = round(time.perf_counter() - t, 1)
     timings["total"] = round(time.perf_counter() - t0, 1)
     summaries = {a.axis: a.summary() for a in analysis.runs}
+    for axis in ("D", "M"):  # the other event sets, for comparison (docs/method.md)
+        for which in ("bic", "classified"):
+            other = reconstruct_run(str(store), f"axis-{axis}", which=which, n_boot=0)
+            summaries[axis][f"r2_events_{which}"] = other.r2_events
+            summaries[axis][f"r2_spectrum_{which}"] = other.r2_spectrum
     headline = {
         "quick": quick,
         "n_tokens": corpus.probe.n_tokens,
         **{f"r2_events_{ax}": summaries[ax]["r2_events"] for ax in ("D", "M")},
         **{f"r2_spectrum_{ax}": summaries[ax]["r2_spectrum"] for ax in ("D", "M")},
+        **{f"r2_events_bic_{ax}": summaries[ax]["r2_events_bic"] for ax in ("D", "M")},
         **{f"drop_share_events_{ax}": summaries[ax]["drop_share_events"] for ax in ("D", "M")},
         "total_s": timings["total"],
     }

@@ -72,6 +72,16 @@ def test_realized_drop_by_hand():
     np.testing.assert_allclose(ev.realized_drop(), [1.0, 3.0], atol=1e-9)
 
 
+def test_seen_centre_by_hand():
+    # inside: mu; centred on the lower edge: the mean of the seen half of a logistic,
+    # lo + s * 2 ln 2 (the mean of x over x > mu of the logistic density is s * 2 ln 2)
+    ev = Events([0, 1], [1.5, 0.0], [0.05, 0.1], [1.0, 1.0], 2, (0.0, 3.0))
+    np.testing.assert_allclose(ev.seen_centre(), [1.5, 0.1 * 2 * math.log(2)], atol=1e-9)
+    np.testing.assert_allclose(ev.positions("mu"), [1.5, 0.0])
+    with pytest.raises(InputError, match="placement"):
+        ev.positions("middle")
+
+
 def test_multi_step_tokens_contribute_both_events():
     rng = np.random.default_rng(0)
     p = plant_two_steps(400, X, rng=rng, noise=0.05)

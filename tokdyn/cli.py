@@ -93,7 +93,8 @@ def _bandwidth(text: str) -> str | float:
 def _cmd_spectrum(args: argparse.Namespace) -> int:
     from .reconstruct import reconstruct_run
 
-    rec = reconstruct_run(args.store, args.run, which=args.events, bandwidth=_bandwidth(args.bandwidth), n_boot=args.boot)
+    rec = reconstruct_run(args.store, args.run, which=args.events, bandwidth=_bandwidth(args.bandwidth), n_boot=args.boot,
+                          placement=args.placement)  # fmt: skip
     spec = rec.spectrum
     out = {"run": args.run, "axis": rec.axis, "bandwidth": spec.bandwidth, "n_events": spec.n_events,
            "n_tokens": spec.n_tokens, "total_drop": spec.total_drop, "x_range": list(spec.x_range),
@@ -132,7 +133,8 @@ def _cmd_reconstruct(args: argparse.Namespace) -> int:
     run = args.run
     if args.axis:
         run = _axis_run(args)
-    rec = reconstruct_run(args.store, run, which=args.events, bandwidth=_bandwidth(args.bandwidth), n_boot=args.boot)
+    rec = reconstruct_run(args.store, run, which=args.events, bandwidth=_bandwidth(args.bandwidth), n_boot=args.boot,
+                          placement=args.placement)  # fmt: skip
     if args.json:
         print(json.dumps(rec.to_dict() if args.curves else rec.summary(), indent=2))
         return 0
@@ -228,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="which fitted sigmoids make the sum (default: two_step; see docs/method.md)")
         p.add_argument("--bandwidth", default="auto",
                        help="spectrum bandwidth: auto (= events), events, widths, silverman, or decades (default: auto)")
+        p.add_argument("--placement", default="mu", choices=("mu", "seen"),
+                       help="where an event's seen drop sits in the spectrum: its learning time (default) or the centre of its seen part")
         p.add_argument("--boot", type=int, default=200, help="bootstrap resamples for the exponent's interval (default: 200)")
         p.add_argument("--json", action="store_true", help="machine-readable output")
 

@@ -32,8 +32,8 @@ def measured_derivative(x, loss, *, smoothing: float | None = None) -> np.ndarra
 
     At each point a quadratic in ``x - x_k`` is fitted by least squares with Gaussian weights
     of standard deviation ``smoothing`` decades (default: 1.5 x the median spacing of x, so a
-    handful of neighbours count); its slope is the derivative. Where fewer than 3 points carry
-    weight the plain three-point finite difference is used. NaN losses are skipped.
+    handful of neighbours count), widened where needed to reach the 3 nearest other points;
+    its slope is the derivative (exact for a quadratic). NaN losses are skipped.
     """
     x, loss = np.asarray(x, np.float64), np.asarray(loss, np.float64)
     if x.ndim != 1 or x.shape != loss.shape:
@@ -50,15 +50,14 @@ def measured_derivative(x, loss, *, smoothing: float | None = None) -> np.ndarra
         raise InputError(f"a derivative needs at least 3 finite loss values, got {int(ok.sum())}")
     xo, lo = x[ok], loss[ok]
     out = np.empty(x.size)
-    fallback = -np.gradient(lo, xo, edge_order=2)  # exact for a quadratic, also at the ends
     for k, xk in enumerate(x):
         d = xo - xk
-        w = np.exp(-0.5 * (d / h) ** 2)
-        if (w > 1e-3).sum() < 3:
-            out[k] = np.interp(xk, xo, fallback)
-            continue
-        A = np.stack([np.ones_like(d), d, d * d], axis=1) * np.sqrt(w)[:, None]
-        coef, *_ = np.linalg.lstsq(A, lo * np.sqrt(w), rcond=None)
+        # LOESS-style floor: at least the 3 nearest other points carry weight (the ends of a
+        # geometric grid are sparse), so the local quadratic is always determined.
+        hk = max(h, float(np.sort(np.abs(d))[min(3, d.size - 1)]))
+        w = np.sqrt(np.exp(-0.5 * (d / hk) ** 2))
+        A = np.stack([np.ones_like(d), d, d * d], axis=1) * w[:, None]
+        coef, *_ = np.linalg.lstsq(A, lo * w, rcond=None)
         out[k] = -coef[1]
     return out
 
@@ -148,6 +147,7 @@ def reconstruct(
     smoothing: float | None = None,
     n_boot: int = 200,
     seed: int = 0,
+    placement: str = "mu",
 ) -> Reconstruction:
     """Rebuild ``-dL/dx`` of ``mean_loss`` [K] at x [K] from ``events``; see the module docstring.
 
@@ -160,7 +160,7 @@ def reconstruct(
         raise InputError(f"events must be an Events, got {type(events).__name__}")
     measured = measured_derivative(x, mean_loss, smoothing=smoothing)
     h_s = 1.5 * float(np.median(np.diff(x))) if smoothing is None else float(smoothing)
-    spec = learning_time_spectrum(events, bandwidth=bandwidth)
+    spec = learning_time_spectrum(events, bandwidth=bandwidth, placement=placement)
     # events.curve is the events' share of L: its -d/dx through the measurement's estimator.
     from_events = measured_derivative(x, events.curve(x), smoothing=h_s) if len(events) else np.zeros_like(x)
     analytic = events.derivative(x)
@@ -171,7 +171,7 @@ def reconstruct(
     well = events.subset(events.well_fitted)
     well_drop = float(well.curve(x[:1])[0] - well.curve(x[-1:])[0]) if len(well) else 0.0
     try:
-        spl = spectrum_power_law(events, bandwidth=spec.bandwidth, n_boot=n_boot, seed=seed)
+        spl = spectrum_power_law(events, bandwidth=spec.bandwidth, n_boot=n_boot, seed=seed, placement=placement)
     except InputError:
         spl = None
     try:
@@ -198,6 +198,7 @@ def reconstruct_run(
     smoothing: float | None = None,
     n_boot: int = 200,
     seed: int = 0,
+    placement: str = "mu",
 ) -> Reconstruction:
     """:func:`reconstruct` for a fitted run of a store: its mean probe loss on the fitted rows
     and the events of its stored fit (``which``: see :func:`tokdyn.spectrum.events_from_fit`)."""
@@ -210,7 +211,7 @@ def reconstruct_run(
     rows, x = fit_inputs(r)
     mean_loss = mean_probe_loss(r, rows)
     return reconstruct(x, mean_loss, events, axis=r.axis, run=run, bandwidth=bandwidth, smoothing=smoothing,
-                       n_boot=n_boot, seed=seed)  # fmt: skip
+                       n_boot=n_boot, seed=seed, placement=placement)  # fmt: skip
 
 
 def mean_probe_loss(r, rows: np.ndarray | None = None) -> np.ndarray:

@@ -36,10 +36,12 @@ __all__ = [
     "spectrum_power_law",
     "loss_power_law",
     "BANDWIDTH_RULES",
+    "PLACEMENTS",
     "spectra_by",
 ]
 
 BANDWIDTH_RULES = ("auto", "events", "widths", "silverman")
+PLACEMENTS = ("mu", "seen")
 _LOGISTIC_SD = math.pi / math.sqrt(3.0)  # standard deviation of the logistic density of scale 1
 
 
@@ -157,6 +159,29 @@ class Events:
         lo, hi = self.x_range
         return self.delta * (_sigmoid(-(lo - self.mu) / self.s) - _sigmoid(-(hi - self.mu) / self.s))
 
+    def seen_centre(self) -> np.ndarray:
+        """[E] where each event's seen drop happens on average: the mean of x over the observed
+        range, weighted by the event's sigmoid derivative. ``mu`` for an event well inside the
+        range; inside the range, near the edge, for a censored one (its seen tail)."""
+        lo, hi = self.x_range
+        zl, zh = (lo - self.mu) / self.s, (hi - self.mu) / self.s
+        gl, gh = _sigmoid(zl), _sigmoid(zh)
+        seen = gh - gl
+        # int_lo^hi x dG = hi G(hi) - lo G(lo) - s (softplus(zh) - softplus(zl)),  G(x) = sigma((x - mu)/s)
+        moment = hi * gh - lo * gl - self.s * (np.logaddexp(0, zh) - np.logaddexp(0, zl))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            centre = moment / seen
+        return np.where((seen > 1e-9) & np.isfinite(centre), np.clip(centre, lo, hi), np.clip(self.mu, lo, hi))
+
+    def positions(self, placement: str = "mu") -> np.ndarray:
+        """[E] where the spectrum puts each event's seen drop: its learning time ``mu``
+        (``"mu"``, the literal delta approximation; outside the range it lands on the edge), or
+        :meth:`seen_centre` (``"seen"``)."""
+        if placement not in PLACEMENTS:
+            raise InputError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+        lo, hi = self.x_range
+        return np.clip(self.mu, lo, hi) if placement == "mu" else self.seen_centre()
+
     @property
     def total_drop(self) -> float:
         """``(1/N) sum_i delta_i``: the mean loss drop the events carry, in nats."""
@@ -177,7 +202,8 @@ def events_from_fit(
 
     which : {"two_step", "bic", "classified"}
         Which fitted sigmoids make up the sum. ``"two_step"`` (default): both events of every
-        token's two-sigmoid fit where that fit did not fail, else its one sigmoid; a token
+        token's two-sigmoid fit where that fit did not fail and the token has more than 7
+        points (the two-sigmoid model's parameters), else its one sigmoid; a token
         learned in one step then has a second event of negligible drop, or two events that
         coincide. ``"bic"``: both events only where BIC chose the two-sigmoid model, else the
         one sigmoid. ``"classified"``: the events of :meth:`tokdyn.fit.SigmoidFit.events`, i.e.
@@ -206,7 +232,10 @@ def events_from_fit(
         & (f["s1"] > 0) & (f["s2"] > 0)
     )  # fmt: skip
     if which == "two_step":
-        two = two_ok & np.isin(f["status2"], good_status + (STATUS_CODES["singular"],))
+        # Two sigmoids have 7 parameters: only a trajectory with more points than that can
+        # carry them (on a short D or M axis every token keeps its one sigmoid).
+        enough = np.asarray(fit["n_points"]) > 7 if "n_points" in fit else np.ones(n, bool)
+        two = two_ok & enough & np.isin(f["status2"], good_status + (STATUS_CODES["singular"],))
         one = ~two & sig_ok
     elif which == "bic":
         two = (f["model"] == 3) & two_ok
@@ -244,7 +273,7 @@ def run_events(store, run: str, *, which: str = "two_step") -> Events:
 # -- the density ---------------------------------------------------------------------------
 
 
-def select_bandwidth(events: Events, rule: str | float = "auto") -> float:
+def select_bandwidth(events: Events, rule: str | float = "auto", *, placement: str = "mu") -> float:
     """The kernel bandwidth of the spectrum, in decades, chosen from the events.
 
     rule : {"auto", "events", "widths", "silverman"} or a positive float
@@ -285,10 +314,10 @@ def select_bandwidth(events: Events, rule: str | float = "auto") -> float:
     lo, hi = ev.x_range
     xs = np.linspace(lo, hi, 200)
     target = ev.derivative(xs)
-    realized = ev.realized_drop()
+    realized, centre = ev.realized_drop(), ev.positions(placement)
     best, best_err = None, np.inf
     for h in np.geomspace(0.01, 1.0, 41):
-        err = float(((_kde(ev.mu, realized, xs, h, ev.x_range) / ev.n_tokens - target) ** 2).sum())
+        err = float(((_kde(centre, realized, xs, h, ev.x_range) / ev.n_tokens - target) ** 2).sum())
         if err < best_err:
             best, best_err = float(h), err
     return max(best, events.resolution)
@@ -347,12 +376,14 @@ def learning_time_spectrum(
     grid: int = 256,
     bins: int | None = None,
     weights: np.ndarray | None = None,
+    placement: str = "mu",
 ) -> Spectrum:
     """rho(x) = (1/N) sum_i w_i d_i N(x; mu_i, h^2): Gaussian kernel density of loss drops.
 
     ``d_i`` is the part of event i's drop seen inside the observed range
     (:meth:`Events.realized_drop`), so rho integrates to the drop of the mean loss that the
-    events carry over that range.
+    events carry over that range; it sits at ``mu_i`` (``placement="mu"``) or where the seen
+    part happens on average (``"seen"``), see :meth:`Events.positions`.
 
     Parameters
     ----------
@@ -370,18 +401,19 @@ def learning_time_spectrum(
         raise InputError("no learning events: the spectrum is empty (no token's fit gave a sigmoid)")
     if not (isinstance(grid, int) and grid >= 8):
         raise InputError(f"grid must be an int >= 8, got {grid!r}")
-    h = select_bandwidth(events, bandwidth)
+    h = select_bandwidth(events, bandwidth, placement=placement)
     lo_obs, hi_obs = events.x_range
     realized = events.realized_drop()
     wd = realized if weights is None else realized * _check_weights(weights, len(events))
     x = np.linspace(lo_obs, hi_obs, grid)
-    density = _kde(events.mu, wd, x, h, events.x_range) / events.n_tokens
+    centre = events.positions(placement)
+    density = _kde(centre, wd, x, h, events.x_range) / events.n_tokens
     if bins is None:
         bins = max(8, int(round((hi_obs - lo_obs) / h)))
     if not (isinstance(bins, int) and bins >= 1):
         raise InputError(f"bins must be an int >= 1, got {bins!r}")
     edges = np.linspace(lo_obs, hi_obs, bins + 1)
-    hist, _ = np.histogram(np.clip(events.mu, lo_obs, hi_obs), bins=edges, weights=wd)
+    hist, _ = np.histogram(centre, bins=edges, weights=wd)
     hist = hist / np.diff(edges) / events.n_tokens
     return Spectrum(x=x, density=density, edges=edges, hist=hist, bandwidth=h, x_range=(lo_obs, hi_obs),
                     n_events=len(events), n_tokens=events.n_tokens, total_drop=float(wd.sum() / events.n_tokens))  # fmt: skip
@@ -397,8 +429,7 @@ def _check_weights(weights, n: int) -> np.ndarray:
 def _kde(mu: np.ndarray, w: np.ndarray, x: np.ndarray, h: float, bounds: tuple[float, float]) -> np.ndarray:
     """sum_i w_i N(x; mu_i, h^2) on [lo, hi] with mass reflected at both bounds, at points x.
 
-    Events are placed at ``clip(mu, lo, hi)``: a censored event's seen drop happens at the edge
-    of the observed range. Reflection (the standard boundary correction of a kernel density)
+    Positions outside [lo, hi] are clipped to it. Reflection (the standard boundary correction of a kernel density)
     keeps the kernel mass that would leak past an edge inside the range. Computed by linear
     binning on a fine grid and one convolution: O(E + fine grid * kernel).
     """
@@ -467,6 +498,7 @@ def spectrum_power_law(
     n_boot: int = 200,
     seed: int = 0,
     trim: float | None = None,
+    placement: str = "mu",
 ) -> PowerLaw:
     """Power-law exponent of the spectrum inside the uncensored range, with a bootstrap interval.
 
@@ -478,7 +510,7 @@ def spectrum_power_law(
     """
     if not (isinstance(n_boot, int) and n_boot >= 0):
         raise InputError(f"n_boot must be an int >= 0, got {n_boot!r}")
-    spec = learning_time_spectrum(events, bandwidth=bandwidth)
+    spec = learning_time_spectrum(events, bandwidth=bandwidth, placement=placement)
     h = spec.bandwidth
     trim = h if trim is None else float(trim)
     lo, hi = spec.x_range[0] + trim, spec.x_range[1] - trim
@@ -494,7 +526,7 @@ def spectrum_power_law(
     for _ in range(n_boot):
         mult = rng.poisson(1.0, events.n_tokens)[events.token]
         try:
-            b = learning_time_spectrum(events, bandwidth=h, weights=mult)
+            b = learning_time_spectrum(events, bandwidth=h, weights=mult, placement=placement)
             boots.append(fit_power_law(xs, b.at(xs))[0])
         except InputError:
             continue
@@ -548,7 +580,8 @@ def _safe_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
 
 
 def spectra_by(
-    events: Events, group: np.ndarray, labels: list[str] | dict, *, bandwidth: str | float = "auto", min_events: int = 10
+    events: Events, group: np.ndarray, labels: list[str] | dict, *, bandwidth: str | float = "auto", min_events: int = 10,
+    placement: str = "mu",
 ) -> dict[str, Spectrum]:
     """One spectrum per group of tokens (``group [N]`` codes indexing ``labels``), all on the
     bandwidth of the whole (so they add up to it) and normalised by the same N, so each is
@@ -558,10 +591,10 @@ def spectra_by(
     if g.shape != (events.n_tokens,):
         raise InputError(f"group must have one code per token, shape ({events.n_tokens},), got {g.shape}")
     names = dict(enumerate(labels)) if not isinstance(labels, dict) else dict(labels)
-    h = select_bandwidth(events, bandwidth)
+    h = select_bandwidth(events, bandwidth, placement=placement)
     out = {}
     for code, name in names.items():
         sub = events.for_tokens(g == code)
         if len(sub) >= min_events:
-            out[str(name)] = learning_time_spectrum(sub, bandwidth=h)
+            out[str(name)] = learning_time_spectrum(sub, bandwidth=h, placement=placement)
     return out
