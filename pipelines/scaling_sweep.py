@@ -34,8 +34,9 @@ from tokdyn.reconstruct import reconstruct_run
 from tokdyn.report import check_writable, write_report
 from tokdyn.train import TrainConfig, record_tiny_run
 
-# (n_layer, n_embd, n_head): non-embedding parameters grow ~100x over the sweep.
-SIZES = [(1, 32, 2), (1, 48, 2), (2, 64, 4), (2, 96, 4), (3, 128, 4), (4, 160, 4)]
+# (n_layer, n_embd, n_head): non-embedding parameters grow ~1000x over the sweep (3 decades),
+# so that -dL/dlog M has structure to rebuild, not only a level.
+SIZES = [(1, 8, 2), (1, 16, 2), (1, 32, 2), (2, 48, 4), (2, 64, 4), (2, 96, 4), (3, 128, 4), (4, 160, 4)]
 SIZES_QUICK = [(1, 8, 2), (1, 12, 2), (1, 16, 2), (2, 16, 2), (2, 24, 2), (2, 32, 2)]
 D_MODEL = (2, 96, 4)
 D_MODEL_QUICK = (1, 16, 2)
@@ -48,11 +49,12 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--scale", type=int, default=1, help="multiply widths and budgets (for a GPU)")
     ap.add_argument("--m-steps", type=int, help="training steps of every M-sweep run (default 400; quick 30)")
-    ap.add_argument("--d-steps", help="comma-separated step budgets of the D sweep (default 50,100,...,1600; quick 6..96)")
+    ap.add_argument("--d-steps", help="comma-separated step budgets of the D sweep (default 6,12,25,...,1600; quick 6..96)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--points", type=int, default=6, help="log-spaced recording points per run (its own T axis)")
     ap.add_argument("--probe-sequences", type=int, help="probe sequences (default 64; quick 8)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--analyze-only", action="store_true", help="reuse the runs already in OUT/store.zarr: assemble, fit, rebuild, report")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -69,7 +71,7 @@ def run_sweep(args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     check_writable(out / "report.html")
     store = out / "store.zarr"
-    if store.exists():
+    if store.exists() and not args.analyze_only:
         shutil.rmtree(store)
     quick, k = args.quick, max(1, int(args.scale))
     context = 32 if quick else 128
@@ -77,12 +79,14 @@ def run_sweep(args) -> dict:
     d_model = D_MODEL_QUICK if quick else D_MODEL
     d_model = (d_model[0], d_model[1] * k, d_model[2])
     m_steps = args.m_steps or (30 if quick else 400) * k
-    d_steps = [int(s) for s in args.d_steps.split(",")] if args.d_steps else [s * k for s in ((6, 12, 24, 48, 72, 96) if quick else (50, 100, 200, 400, 800, 1600))]
+    d_steps = [int(s) for s in args.d_steps.split(",")] if args.d_steps else [s * k for s in ((6, 12, 24, 48, 72, 96) if quick else (6, 12, 25, 50, 100, 200, 400, 800, 1600))]
     t0 = time.perf_counter()
     corpus = prepare_corpus(context=context, n_probe_sequences=args.probe_sequences or (8 if quick else 64), seed=args.seed)
     timings, runs = {}, {"M": [], "D": []}
 
     def train(name: str, arch: tuple, steps: int) -> None:
+        if args.analyze_only:
+            return
         n_layer, n_embd, n_head = arch
         mcfg = GPTConfig(vocab_size=corpus.tokenizer.vocab_size, context=context, n_layer=n_layer, n_embd=n_embd, n_head=n_head)
         t = time.perf_counter()
@@ -103,7 +107,7 @@ def run_sweep(args) -> dict:
         runs["D"].append(f"D{i}")
     t = time.perf_counter()
     for axis in ("M", "D"):
-        assemble_axis(str(store), axis, runs=runs[axis])
+        assemble_axis(str(store), axis, runs=runs[axis], overwrite=args.analyze_only)
         fit_run(str(store), f"axis-{axis}", progress=False)
     analysis = analyze_store(str(store), runs=["axis-M", "axis-D"])
     timings["fit_and_reconstruct"] = round(time.perf_counter() - t, 1)

@@ -52,9 +52,9 @@ def measured_derivative(x, loss, *, smoothing: float | None = None) -> np.ndarra
     out = np.empty(x.size)
     for k, xk in enumerate(x):
         d = xo - xk
-        # LOESS-style floor: at least the 3 nearest other points carry weight (the ends of a
-        # geometric grid are sparse), so the local quadratic is always determined.
-        hk = max(h, float(np.sort(np.abs(d))[min(3, d.size - 1)]))
+        # LOESS-style floor: the 3 nearest other points lie within 2 bandwidths (weight >= e^-2;
+        # the ends of a geometric grid are sparse), so the local quadratic is always determined.
+        hk = max(h, 0.5 * float(np.sort(np.abs(d))[min(3, d.size - 1)]))
         w = np.sqrt(np.exp(-0.5 * (d / hk) ** 2))
         A = np.stack([np.ones_like(d), d, d * d], axis=1) * w[:, None]
         coef, *_ = np.linalg.lstsq(A, lo * w, rcond=None)
