@@ -79,6 +79,10 @@ class Phase:
     def reset(self) -> None:
         self._mm[:] = bytes(16)
 
+    def close(self) -> None:
+        self._mm.close()
+        self._fh.close()
+
 
 # -- the recording job (runs in the child) ------------------------------------------------
 
@@ -341,8 +345,8 @@ def record_harness(n_kills: int, *, seed: int = 0, targets: list[str] | None = N
     job = dict(RECORD_JOB)
     own = workdir is None
     root = Path(tempfile.mkdtemp(prefix="tokdyn-kill-") if own else workdir)
+    phase = Phase(root / "phase", create=True)
     try:
-        phase = Phase(root / "phase", create=True)
         ref_store = str(root / "reference.zarr")
         (root / "ref").mkdir()
         life_s = _timed_reference(ctx, train_and_record, (job, ref_store, "r", str(root / "ref"), str(root / "phase")))
@@ -362,8 +366,10 @@ def record_harness(n_kills: int, *, seed: int = 0, targets: list[str] | None = N
                 phase.rows = prev_k
                 proc = ctx.Process(target=train_and_record, args=(job, store, "r", str(ep), str(root / "phase")))
                 proc.start()
-                target = targets[out["kills"]] if in_order else str(rng.choice(targets))
-                seen = _kill_when(proc, phase, target, rng, life_s) if out["kills"] < n_kills else None
+                seen = None
+                if out["kills"] < n_kills:  # the last episode runs to its end once the kills are done
+                    target = targets[out["kills"]] if in_order else str(rng.choice(targets))
+                    seen = _kill_when(proc, phase, target, rng, life_s)
                 proc.join()
                 out["lives"] += 1
                 got = _read_run(store, "r")
@@ -389,6 +395,7 @@ def record_harness(n_kills: int, *, seed: int = 0, targets: list[str] | None = N
         out["by_phase"] = dict(out["by_phase"])
         return out
     finally:
+        phase.close()
         if own:
             shutil.rmtree(root, ignore_errors=True)
 
@@ -404,8 +411,8 @@ def fit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workdir
     rng = np.random.default_rng(seed)
     own = workdir is None
     root = Path(tempfile.mkdtemp(prefix="tokdyn-fitkill-") if own else workdir)
+    phase = Phase(root / "phase", create=True)
     try:
-        phase = Phase(root / "phase", create=True)
         base = str(root / "base.zarr")
         job = dict(FIT_JOB, **(job or {}))
         make_fit_store(base, job)
@@ -464,6 +471,7 @@ def fit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workdir
         out["by_phase"] = dict(out["by_phase"])
         return out
     finally:
+        phase.close()
         if own:
             shutil.rmtree(root, ignore_errors=True)
 

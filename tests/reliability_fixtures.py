@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "pipelines"))
 
 import kill_harness  # noqa: E402  (pipelines/ is not a package)
 
-__all__ = ["kill_harness", "FailingDisk", "snapshot", "run_cli", "s3_endpoint", "live_foreign_owner"]
+__all__ = ["kill_harness", "FailingDisk", "snapshot", "run_cli", "cli_error_line", "s3_endpoint", "live_foreign_owner"]
 
 
 class FailingDisk:
@@ -99,5 +99,3 @@ def cli_error_line(err: str) -> str:
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
 
-
-__all__ += ["cli_error_line", "errno"]

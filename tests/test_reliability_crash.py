@@ -24,15 +24,15 @@ from tokdyn.store import CREATING, _owner
 
 
 def test_sigkilled_recording_resumes_equal_to_an_uninterrupted_run(tmp_path):
-    """One SIGKILL in each phase: store creation, training, probe evaluation, a row's chunk
-    writes, a row's commit, a training checkpoint, close; then a few at random instants."""
-    targets = ["opening", "writing", "committing", "checkpointing", "random"]
+    """A SIGKILL while creating the store and run, in a row's chunk writes, in a row's commit,
+    and at a random instant (the full harness adds training, evaluation, checkpoints, close)."""
+    targets = ["opening", "writing", "committing", "random"]
     res = kill_harness.record_harness(len(targets), seed=1, targets=targets, workdir=str(tmp_path), log=lambda *_: None)
     assert res["violations"] == [], res["violations"]
     assert res["kills"] == len(targets) and res["rows_lost"] == 0
     assert res["episodes"] >= 1  # at least one run went from kills to a complete, reference-equal store
-    # A targeted kill lands in its phase unless the life ended first; most must have.
-    assert sum(res["by_phase"].get(t, 0) for t in targets[:-1]) >= 3, res["by_phase"]
+    # A targeted kill lands in its phase unless the wait for it timed out; most must have.
+    assert sum(res["by_phase"].get(t, 0) for t in targets[:-1]) >= 2, res["by_phase"]
 
 
 def test_sigkilled_fit_resumes_equal_to_an_uninterrupted_fit(tmp_path):
