@@ -35,6 +35,7 @@ def test_sigkilled_recording_resumes_equal_to_an_uninterrupted_run(tmp_path):
     assert sum(res["by_phase"].get(t, 0) for t in targets[:-1]) >= 2, res["by_phase"]
 
 
+@pytest.mark.slow  # ~10 s; CI keeps test_store_fit's interrupted-fit resume, the full harness kills fits 20 times
 def test_sigkilled_fit_resumes_equal_to_an_uninterrupted_fit(tmp_path):
     res = kill_harness.fit_harness(1, seed=2, job=dict(n_tokens=2000, token_chunk=250), workdir=str(tmp_path), log=lambda *_: None)
     assert res["violations"] == [], res["violations"]

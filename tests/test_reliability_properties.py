@@ -34,7 +34,7 @@ def committed_runs(draw):
     return n_seq, k, chunk, dtype, tail, np.array(values).reshape(k, -1), slice(a, b), slice(r0, r1), block
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(committed_runs())
 def test_every_read_path_sees_the_committed_matrix_only(tmp_path_factory, case):
     n_seq, k, chunk, dtype, tail, M, tokens, rows, block = case
