@@ -11,6 +11,7 @@ from .errors import (
     InputError,
     NotAStoreError,
     ProbeMismatchError,
+    RunBusyError,
     RunExistsError,
     RunNotFoundError,
     SchemaVersionError,
@@ -38,5 +39,5 @@ __all__ = [
     "Events", "Spectrum", "events_from_fit", "run_events", "learning_time_spectrum", "spectrum_power_law",
     "Reconstruction", "reconstruct_run", "assemble_axis",
     "TokdynError", "InputError", "StoreError", "NotAStoreError", "SchemaVersionError", "RunNotFoundError",
-    "RunExistsError", "ProbeMismatchError", "StepOrderError", "UnsafeFileError", "WriterError",
+    "RunExistsError", "RunBusyError", "ProbeMismatchError", "StepOrderError", "UnsafeFileError", "WriterError",
 ]  # fmt: skip

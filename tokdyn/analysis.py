@@ -63,7 +63,7 @@ def fitted_runs(store: TrajectoryStore) -> tuple[list[str], list[str]]:
         try:
             read_fit(store, name, fields=("status",))
             done.append(name)
-        except StoreError:
+        except StoreError:  # not fitted, or a run that cannot be opened (an interrupted creation)
             todo.append(name)
     return done, todo
 
@@ -125,7 +125,7 @@ def analyze_store(
     st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
     done, todo = fitted_runs(st)
     if runs is None:
-        names = [n for n in done if st.run(n).axis == "T"]
+        names = [n for n in done if st.run(n).axis == "T"]  # fitted runs open cleanly
         for axis in ("D", "M"):
             found = find_axis_run(st, axis)
             if found is not None and found in done:

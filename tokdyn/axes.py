@@ -44,7 +44,14 @@ def axis_sources(store: TrajectoryStore, axis: str) -> list[str]:
     """
     _check_axis(axis)
     attr = AXIS_ATTRS[axis]
-    runs = [store.run(n) for n in store.runs if not n.startswith("axis-")]
+    runs = []
+    for n in store.runs:
+        if n.startswith("axis-"):
+            continue
+        try:
+            runs.append(store.run(n))
+        except StoreError:  # an interrupted creation or a damaged run: not a candidate
+            continue
     tagged = [r.name for r in runs if r.attrs.get("sweep") == axis]
     if tagged:
         return tagged
@@ -144,7 +151,14 @@ def find_axis_run(store: TrajectoryStore, axis: str) -> str | None:
     _check_axis(axis)
     if axis_run_name(axis) in store.runs:
         return axis_run_name(axis)
-    found = [n for n in store.runs if store.run(n).axis == axis]
+    found = [n for n in store.runs if _axis_of(store, n) == axis]
     if len(found) > 1:
         raise InputError(f"several runs of axis {axis} in {store.url}: {found}; pass --run NAME")
     return found[0] if found else None
+
+
+def _axis_of(store: TrajectoryStore, name: str) -> str | None:
+    try:
+        return store.run(name).axis
+    except StoreError:
+        return None

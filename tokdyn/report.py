@@ -21,7 +21,7 @@ import numpy as np
 
 from . import __version__
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store
-from .errors import InputError
+from .errors import InputError, TokdynError
 from .fit.models import two_sigmoid_curve
 from .fit.options import CLASS_CODES, CLASS_NAMES
 from .fit.sigmoid import sigmoid_curve
@@ -383,8 +383,12 @@ def _plot_cartography(a: RunAnalysis):
 def _metadata_tables(st: TrajectoryStore, an: StoreAnalysis) -> str:
     rows = []
     for name in st.runs:
-        r = st.run(name)
-        info = r.info()
+        try:
+            r = st.run(name)
+            info = r.info()
+        except TokdynError as exc:  # a damaged run is listed, not fatal to the report
+            rows.append([_e(name), "", "", "", "", _e(f"cannot be read: {exc}")])
+            continue
         attrs = {k: v for k, v in info["attrs"].items() if k not in ("schema_version", "tokdyn_version", "token_chunk", "codec")}
         steps = info["steps"]
         rows.append([_e(name), r.axis, f"{info['shape'][0]} x {info['shape'][1]:,}",
