@@ -14,7 +14,6 @@ import shutil
 import time
 from pathlib import Path
 
-import torch
 
 from .data import prepare_corpus
 from .errors import InputError
@@ -23,7 +22,7 @@ from .fit.job import fit_run
 from .reconstruct import reconstruct_run
 from .report import check_writable, write_report
 from .store import open_store
-from .train import TrainConfig, record_tiny_run
+from .train import TrainConfig, record_tiny_run, resolve_device
 
 __all__ = ["run_demo"]
 
@@ -42,12 +41,7 @@ def run_demo(
     log=print,
 ) -> dict:
     """Run the demo into folder ``out``; returns the summary also written to ``summary.json``."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise InputError(f"--device: not a torch device: {device!r}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"--device {device}: CUDA is not available on this machine")
+    resolve_device(device)  # a clear error before any work
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} exists and is not a folder")

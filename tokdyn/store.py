@@ -277,7 +277,7 @@ class TrajectoryStore:
         compressors = _compressor(codec)
         ranges = [(0, n)] if writers is None else [(int(a), int(b)) for a, b in writers]
         _check_writer_ranges(ranges, n, chunk)
-        run_attrs = _jsonable(dict(attrs or {}), "run attrs")
+        run_attrs = jsonable(dict(attrs or {}), "run attrs")
         g = self._group["runs"].create_group(name, attributes={CREATING: _owner()})
         cap = int(capacity)
         g.create_array(
@@ -1048,7 +1048,7 @@ def _check_writer_ranges(ranges: list[tuple[int, int]], n: int, chunk: int) -> N
         raise InputError(f"writer token ranges end at {pos}; the probe has {n} tokens")
 
 
-def _jsonable(obj: Any, what: str) -> Any:
+def jsonable(obj: Any, what: str) -> Any:
     try:
         return json.loads(json.dumps(obj, default=_json_default))
     except (TypeError, ValueError) as exc:

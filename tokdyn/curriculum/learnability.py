@@ -35,7 +35,7 @@ import torch
 
 from .. import __version__
 from ..errors import InputError, StoreError
-from ..store import _jsonable  # numpy scalars and arrays as JSON, one InputError otherwise
+from ..store import jsonable  # numpy scalars and arrays as JSON, one InputError otherwise
 
 __all__ = [
     "LearnabilityOptions",
@@ -320,7 +320,7 @@ class LearnabilityTable:
             raise InputError(f"a learnability table is saved as .npz, got {path}")
         meta = {**self.meta, "kind": TABLE_KIND, "schema_version": TABLE_SCHEMA_VERSION, "vocab_size": self.vocab_size,
                 "order": self.order, "mu_global": self.mu_global, "delta_global": self.delta_global}  # fmt: skip
-        arrays = {"meta": np.frombuffer(json.dumps(_jsonable(meta, "table metadata")).encode(), dtype=np.uint8)}
+        arrays = {"meta": np.frombuffer(json.dumps(jsonable(meta, "table metadata")).encode(), dtype=np.uint8)}
         for k, lev in enumerate(self.levels, 1):
             for f in _FIELDS:
                 arrays[f"{f}_{k}"] = lev[f].cpu().numpy()
