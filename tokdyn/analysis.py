@@ -15,10 +15,10 @@ import numpy as np
 
 from .axes import find_axis_run
 from .errors import InputError, StoreError
-from .fit.job import read_fit, stored_options
+from .fit.job import fit_inputs, read_fit, stored_options
 from .fit.models import class_loss_share
 from .fit.options import CLASS_NAMES
-from .reconstruct import Reconstruction, reconstruct_run
+from .reconstruct import Reconstruction, mean_probe_loss, reconstruct
 from .spectrum import Events, events_from_fit, spectra_by
 from .store import TrajectoryStore, open_store
 from .tokenstats import TokenStats, frequency_bands, position_bands, token_stats
@@ -82,9 +82,10 @@ def analyze_run(
     per-group spectra and the token statistics (the cheap part only)."""
     st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
     r = st.run(run)
-    fit = read_fit(st, run)
+    fit = read_fit(st, run)  # read once: the events, the classes and the report all use it
     events = events_from_fit(fit, which=which, options=stored_options(st, run))
-    rec = reconstruct_run(st, run, which=which, bandwidth=bandwidth, n_boot=n_boot, seed=seed)
+    rows, x = fit_inputs(r)
+    rec = reconstruct(x, mean_probe_loss(r, rows), events, axis=r.axis, run=run, bandwidth=bandwidth, n_boot=n_boot, seed=seed)
     codes, counts = np.unique(fit["class_code"], return_counts=True)
     analysis = RunAnalysis(
         run=run, axis=r.axis, reconstruction=rec, events=events, fit=fit,
