@@ -161,13 +161,16 @@ def reconstruct(
     measured = measured_derivative(x, mean_loss, smoothing=smoothing)
     h_s = 1.5 * float(np.median(np.diff(x))) if smoothing is None else float(smoothing)
     spec = learning_time_spectrum(events, bandwidth=bandwidth, placement=placement)
-    # events.curve is the events' share of L: its -d/dx through the measurement's estimator.
-    from_events = measured_derivative(x, events.curve(x), smoothing=h_s) if len(events) else np.zeros_like(x)
+    # The events' share of L (the spectrum above has refused an empty set): its -d/dx through
+    # the measurement's estimator is the prediction, and its fall over the range their drop.
+    curve = events.curve(x)
+    from_events = measured_derivative(x, curve, smoothing=h_s)
     analytic = events.derivative(x)
     from_spectrum = spec.at(x)
     s_ev, s_an, s_sp = scores(from_events, measured), scores(analytic, measured), scores(from_spectrum, measured)
-    measured_drop = float(mean_loss[np.isfinite(mean_loss)][0] - mean_loss[np.isfinite(mean_loss)][-1])
-    ev_drop = float(events.curve(x[:1])[0] - events.curve(x[-1:])[0])
+    finite = mean_loss[np.isfinite(mean_loss)]
+    measured_drop = float(finite[0] - finite[-1])
+    ev_drop = float(curve[0] - curve[-1])
     well = events.subset(events.well_fitted)
     well_drop = float(well.curve(x[:1])[0] - well.curve(x[-1:])[0]) if len(well) else 0.0
     try:

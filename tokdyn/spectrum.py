@@ -356,11 +356,6 @@ class Spectrum:
         """rho at arbitrary x (linear interpolation on the grid, 0 outside the observed range)."""
         return np.interp(np.asarray(x, np.float64), self.x, self.density, left=0.0, right=0.0)
 
-    def drop_curve(self, x) -> np.ndarray:
-        """The loss the spectrum implies, up to a constant: ``-int_{x_first}^{x} rho`` at x."""
-        cum = np.concatenate([[0.0], np.cumsum(0.5 * (self.density[1:] + self.density[:-1]) * np.diff(self.x))])
-        return -np.interp(np.asarray(x, np.float64), self.x, cum)
-
     def to_dict(self) -> dict:
         return {
             "x": self.x.tolist(), "density": self.density.tolist(), "edges": self.edges.tolist(),
