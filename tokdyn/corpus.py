@@ -8,6 +8,8 @@ Sources:
 
 - :func:`stdlib_documents`: the embedded default, the Python standard library's own ``.py``
   files (real text every Python install carries); domain = top-level module or package.
+- :func:`stdlib_mixture_documents`: a mixture of real domains every Python install carries
+  (``code``, ``prose``, ``decimal``, ``certs``, ``markup``); absent ones are left out.
 - :func:`text_documents`: a text file or a folder of them; domain = first sub-folder.
 - :func:`jsonl_documents`: JSON lines with a text field (and optionally a domain field).
 - :func:`bin_documents`: a nanoGPT-style pre-tokenized ``.bin`` array (uint16 by default),
@@ -31,6 +33,9 @@ from .errors import InputError
 __all__ = [
     "Document",
     "stdlib_documents",
+    "stdlib_mixture_documents",
+    "MIXTURE_DOMAINS",
+    "relabel_documents",
     "text_documents",
     "jsonl_documents",
     "bin_documents",
@@ -83,6 +88,93 @@ def stdlib_documents(root: str | os.PathLike | None = None, *, include_tests: bo
     if not docs:
         raise InputError(f"no .py files found under {base}")
     return docs
+
+
+# The mixture's domains, in order, and the files that make each (relative to the stdlib folder).
+# Certificates live in test/certdata/ from 3.12 on (and in some 3.11 builds), in test/ before.
+MIXTURE_DOMAINS = ("code", "prose", "decimal", "certs", "markup")
+_MARKUP_SUFFIXES = (".xml", ".toml", ".json", ".html", ".txt", ".rst")
+
+
+def stdlib_mixture_documents(root: str | os.PathLike | None = None, *, domains: Sequence[str] = MIXTURE_DOMAINS,
+                             max_code_documents: int | None = 400) -> list[Document]:  # fmt: skip
+    """A mixture of real domains that every Python install carries, one label per document.
+
+    - ``code``: the standard library's ``.py`` files (as :func:`stdlib_documents`, without
+      ``pydoc_data``); at most ``max_code_documents`` of them, picked by a hash of the path so
+      the choice is the same everywhere (None: all).
+    - ``prose``: the English help topics of ``pydoc_data/topics.py``, one document per topic.
+    - ``decimal``: the decimal arithmetic test vectors ``test/decimaltestdata/*.decTest``.
+    - ``certs``: PEM certificates and keys under ``test/`` (base64 bodies: barely learnable).
+    - ``markup``: XML, TOML, JSON, HTML, reStructuredText and plain-text files under ``test/``
+      (e-mail messages, doctest files, parser fixtures), outside the folders above.
+
+    Domains whose files are absent (Debian and some containers strip ``test/``) are left out;
+    :class:`InputError` only when none is left.
+    """
+    base = Path(root if root is not None else sysconfig.get_paths()["stdlib"])
+    if not base.is_dir():
+        raise InputError(f"standard library folder not found: {base}")
+    unknown = [d for d in domains if d not in MIXTURE_DOMAINS]
+    if unknown:
+        raise InputError(f"unknown mixture domains {unknown}; choose from {list(MIXTURE_DOMAINS)}")
+    docs: list[Document] = []
+    if "code" in domains:
+        code = [d for d in stdlib_documents(base) if not d.key.startswith("pydoc_data/")]
+        if max_code_documents is not None and len(code) > max_code_documents:
+            code = sorted(code, key=lambda d: hashlib.sha256(d.key.encode()).digest())[:max_code_documents]
+            code.sort(key=lambda d: d.key)
+        docs += [Document(key="code/" + d.key, domain="code", text=d.text) for d in code]
+    if "prose" in domains:
+        docs += _pydoc_topics(base)
+    test = base / "test"
+    if "decimal" in domains:
+        for f in sorted((test / "decimaltestdata").glob("*.decTest")):
+            if text := _read_text(f):
+                docs.append(Document(key="decimal/" + f.name, domain="decimal", text=text))
+    if "certs" in domains and test.is_dir():
+        for f in sorted(test.rglob("*.pem")):
+            if text := _read_text(f):
+                docs.append(Document(key="certs/" + f.relative_to(test).as_posix(), domain="certs", text=text))
+    if "markup" in domains and test.is_dir():
+        for f in sorted(test.rglob("*")):
+            rel = f.relative_to(test)
+            if f.suffix in _MARKUP_SUFFIXES and f.is_file() and rel.parts[0] not in ("decimaltestdata", "certdata"):
+                if text := _read_text(f):
+                    docs.append(Document(key="markup/" + rel.as_posix(), domain="markup", text=text))
+    if not docs:
+        raise InputError(f"none of the mixture domains {list(domains)} has files under {base}")
+    return docs
+
+
+def _pydoc_topics(base: Path) -> list[Document]:
+    """The help topics of ``pydoc_data/topics.py`` (a dict literal), read without importing it."""
+    import ast
+
+    path = base / "pydoc_data" / "topics.py"
+    if not path.is_file():
+        return []
+    try:
+        tree = ast.parse(_read_text(path))
+        topics = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign))
+    except (SyntaxError, ValueError, StopIteration):
+        return []
+    return [Document(key=f"prose/{k}", domain="prose", text=v) for k, v in sorted(topics.items()) if isinstance(v, str) and v]
+
+
+def relabel_documents(docs: Sequence[Document], mapping) -> list[Document]:
+    """The same documents with the domain ``mapping`` gives them.
+
+    ``mapping``: a dict from document key to domain (keys it lacks keep their domain), or a
+    callable ``(document) -> domain``.
+    """
+    out = []
+    for d in docs:
+        new = mapping(d) if callable(mapping) else mapping.get(d.key, d.domain)
+        if not isinstance(new, str) or not new:
+            raise InputError(f"document {d.key!r}: the mapping gave domain {new!r}; expected a non-empty string")
+        out.append(Document(key=d.key, domain=new, text=d.text, tokens=d.tokens))
+    return out
 
 
 def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str = "utf-8") -> list[Document]:

@@ -7,6 +7,7 @@ token stream with the probe built from the held-out side.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -14,12 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .corpus import Document, bin_documents, iter_texts, jsonl_documents, split_documents, stdlib_documents, text_documents
+from .corpus import (Document, bin_documents, iter_texts, jsonl_documents, relabel_documents, split_documents, stdlib_documents,
+                     stdlib_mixture_documents, text_documents)  # fmt: skip
 from .errors import InputError
 from .probe import ProbeSet, build_probe
 from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
-__all__ = ["Corpus", "prepare_corpus", "load_documents", "training_stream", "random_batches", "WindowDataset"]
+__all__ = ["Corpus", "prepare_corpus", "load_documents", "training_stream", "random_batches", "WindowDataset",
+           "DomainCorpus", "prepare_domains", "split_by_domain", "MixtureDataset"]
 
 
 @dataclass(frozen=True)
@@ -33,15 +36,20 @@ class Corpus:
     n_probe_documents: int
 
 
-def load_documents(source: str = "stdlib", *, text_field: str = "text", bin_dtype: str = "uint16", eot_id: int | None = None) -> list[Document]:
-    """Documents from ``source``: ``"stdlib"`` (default), a ``.jsonl`` file, a ``.bin`` token
-    file, or a text file / folder."""
+def load_documents(source: str = "stdlib", *, text_field: str = "text", domain_field: str | None = None,
+                   bin_dtype: str = "uint16", eot_id: int | None = None) -> list[Document]:  # fmt: skip
+    """Documents from ``source``: ``"stdlib"`` (default), ``"stdlib-mix"`` (the mixture of
+    domains, :func:`~tokdyn.corpus.stdlib_mixture_documents`), a ``.jsonl`` file (domain from
+    ``domain_field``), a ``.bin`` token file, or a text file / folder (domain = first
+    sub-folder)."""
     if source == "stdlib":
         return stdlib_documents()
+    if source == "stdlib-mix":
+        return stdlib_mixture_documents()
     if not os.path.exists(source):
-        raise InputError(f"corpus source not found: {source!r} (use 'stdlib', a folder, a text, .jsonl or .bin file)")
+        raise InputError(f"corpus source not found: {source!r} (use 'stdlib', 'stdlib-mix', a folder, a text, .jsonl or .bin file)")
     if source.endswith(".jsonl"):
-        return jsonl_documents(source, text_field=text_field)
+        return jsonl_documents(source, text_field=text_field, domain_field=domain_field)
     if source.endswith(".bin"):
         return bin_documents(source, dtype=bin_dtype, eot_id=eot_id)
     return text_documents(source)
@@ -137,3 +145,146 @@ class WindowDataset(torch.utils.data.Dataset):
             raise IndexError(f"window {i} out of range for {len(self)} windows")
         a = i * self.context
         return torch.from_numpy(self.stream[a : a + self.context + 1].astype(np.int64))
+
+
+# -- corpora of labelled domains (the curriculum's mixture) ---------------------------------
+
+
+@dataclass(frozen=True)
+class DomainCorpus:
+    """Per-domain training streams and held-out validation streams, split by document.
+
+    ``train[k]`` and ``val[k]`` are int32 token streams of domain ``domains[k]`` (documents
+    joined by the end-of-text id); no validation document is ever in a training stream.
+    """
+
+    domains: tuple[str, ...]
+    train: tuple[np.ndarray, ...]
+    val: tuple[np.ndarray, ...]
+    tokenizer: Tokenizer
+    n_documents: dict  # domain -> [training, validation] documents
+
+    def val_windows(self, *, context: int, per_domain: int) -> np.ndarray:
+        """``per_domain`` windows ``[C+1]`` of each domain's validation stream, spread evenly over
+        it (non-overlapping while the stream is long enough): int64 ``[D, per_domain, C+1]``."""
+        out = np.empty((len(self.domains), per_domain, context + 1), np.int64)
+        for k, stream in enumerate(self.val):
+            n = stream.size - context
+            if n < 1:
+                raise InputError(f"domain {self.domains[k]!r}: validation stream of {stream.size} tokens is shorter than one window")
+            starts = np.linspace(0, n - 1, per_domain).round().astype(np.int64)
+            out[k] = stream[starts[:, None] + np.arange(context + 1)]
+        return out
+
+
+def split_by_domain(docs: Sequence[Document], *, val_fraction: float = 0.1, salt: str = "tokdyn") -> tuple[list[Document], list[Document]]:
+    """Split documents into (train, validation) within each domain.
+
+    In each domain the documents are ordered by a hash of ``salt`` and their key, and taken
+    into validation until it holds ``val_fraction`` of the domain's characters (or tokens),
+    at least one document, and never the last one: every domain with two or more documents has
+    held-out text, and the split is the same on every machine. A domain with a single document
+    is dropped from validation (it stays in training) -- split its text into documents first.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise InputError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    if len({d.key for d in docs}) != len(docs):
+        raise InputError("document keys must be unique to split deterministically")
+    by: dict[str, list[Document]] = {}
+    for d in docs:
+        by.setdefault(d.domain, []).append(d)
+    train, val = [], []
+    for dom, group in by.items():
+        size = lambda d: len(d.text) if d.text is not None else d.tokens.size  # noqa: E731
+        total, held = sum(size(d) for d in group), 0
+        order = sorted(group, key=lambda d: hashlib.sha256(f"{salt}\0{d.key}".encode()).digest())
+        for i, d in enumerate(order):
+            if i < len(order) - 1 and (i == 0 or held < val_fraction * total):
+                val.append(d)
+                held += size(d)
+            else:
+                train.append(d)
+    return train, val
+
+
+def prepare_domains(
+    source: str | Sequence[Document] = "stdlib-mix",
+    *,
+    tokenizer: str | Tokenizer = "byte",
+    vocab_size: int = 1024,
+    val_fraction: float = 0.1,
+    text_field: str = "text",
+    domain_field: str | None = None,
+    mapping=None,
+    min_tokens: int = 1024,
+    max_train_tokens: int | None = None,
+) -> DomainCorpus:
+    """Read ``source`` (as :func:`load_documents`, or a list of documents), label, split each
+    domain by document into training and validation, tokenize.
+
+    ``mapping`` (dict key -> domain, or callable) relabels documents
+    (:func:`~tokdyn.corpus.relabel_documents`). Domains with fewer than ``min_tokens`` training
+    or validation tokens are left out, with the reason in ``n_documents``; an
+    :class:`InputError` when none is left. ``max_train_tokens`` cuts each domain's training
+    stream to that many tokens (small runs and tests).
+    """
+    docs = list(source) if not isinstance(source, str) else load_documents(source, text_field=text_field, domain_field=domain_field)
+    if mapping is not None:
+        docs = relabel_documents(docs, mapping)
+    train_docs, val_docs = split_by_domain(docs, val_fraction=val_fraction)
+    if isinstance(tokenizer, str):
+        tok: Tokenizer = ByteTokenizer() if tokenizer == "byte" else (
+            HFTokenizer.train(iter_texts(train_docs), vocab_size=vocab_size) if tokenizer == "bpe" else HFTokenizer.from_file(tokenizer))  # fmt: skip
+    else:
+        tok = tokenizer
+    names = list(dict.fromkeys(d.domain for d in docs))
+    domains, train, val, counts = [], [], [], {}
+    for name in names:
+        tr = [d for d in train_docs if d.domain == name]
+        va = [d for d in val_docs if d.domain == name]
+        if not tr or not va:
+            counts[name] = {"train": len(tr), "val": len(va), "left_out": "needs documents on both sides"}
+            continue
+        a, b = training_stream(tr, tok), training_stream(va, tok)
+        if max_train_tokens is not None:
+            a = a[: int(max_train_tokens)]
+        if min(a.size, b.size) < min_tokens:
+            counts[name] = {"train": len(tr), "val": len(va), "left_out": f"fewer than {min_tokens} tokens on one side"}
+            continue
+        domains.append(name)
+        train.append(a)
+        val.append(b)
+        counts[name] = {"train": len(tr), "val": len(va), "train_tokens": int(a.size), "val_tokens": int(b.size)}
+    if not domains:
+        raise InputError(f"no domain has enough text for training and validation: {counts}")
+    return DomainCorpus(tuple(domains), tuple(train), tuple(val), tok, counts)
+
+
+class MixtureDataset(torch.utils.data.Dataset):
+    """The training windows of every domain as one numbered pool.
+
+    Sample ``i`` is a window ``[C+1]`` of one domain's training stream (numbered as
+    :class:`WindowDataset` within the domain, domains one after another); ``domain_ids[i]`` is
+    its domain's index, ``counts[k]`` the number of windows of domain ``k``.
+    """
+
+    def __init__(self, corpus: DomainCorpus, *, context: int) -> None:
+        self.parts = [WindowDataset(s, context=context) for s in corpus.train]
+        self.context = int(context)
+        self.counts = np.array([len(p) for p in self.parts], np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)])
+        self.domain_ids = np.repeat(np.arange(len(self.parts)), self.counts)
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        i = int(i)
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample {i} out of range for {len(self)} windows")
+        k = int(self.domain_ids[i])
+        return self.parts[k][i - int(self.starts[k])]
+
+    def batch(self, indices) -> torch.Tensor:
+        """Samples ``indices`` stacked into ``[B, C+1]`` int64 (faster than a DataLoader)."""
+        return torch.stack([self[int(i)] for i in indices])

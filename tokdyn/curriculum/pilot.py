@@ -20,7 +20,7 @@ from ..model import GPTConfig
 from ..probe import ProbeSet
 from ..train import TrainConfig, record_tiny_run
 
-__all__ = ["pilot_probe", "run_pilot"]
+__all__ = ["pilot_probe", "run_pilot", "mixture_probe", "run_mixture_pilot"]
 
 
 def pilot_probe(stream: np.ndarray, *, context: int, n_sequences: int, tokenizer: dict, seed: int = 0) -> ProbeSet:
@@ -79,4 +79,59 @@ def run_pilot(
         from ..fit.job import fit_run
 
         stats["fit"] = fit_run(os.fspath(store), run, progress=progress)
+    return stats
+
+
+def mixture_probe(dataset, *, per_domain: int, domains, tokenizer: dict, seed: int = 0) -> ProbeSet:
+    """A probe of ``per_domain`` training windows of each domain of a
+    :class:`~tokdyn.data.MixtureDataset`, labelled by domain (``probe.token_arrays["domain"]``
+    is the index into ``domains``); ``doc_offset`` is the sample index in the pool."""
+    rng = np.random.default_rng(seed)
+    picks = []
+    for k, n in enumerate(dataset.counts):
+        if per_domain > n:
+            raise InputError(f"domain {domains[k]!r} has {n} training windows; asked for {per_domain}")
+        picks.append(dataset.starts[k] + np.sort(rng.choice(int(n), size=int(per_domain), replace=False)))
+    pick = np.concatenate(picks)
+    windows = np.stack([dataset[int(i)].numpy() for i in pick])
+    return ProbeSet.from_tokens(windows, doc_offset=pick.astype(np.int64), domain=dataset.domain_ids[pick].astype(np.int32),
+                                domains=tuple(domains), documents=("training pool",), tokenizer=tokenizer)  # fmt: skip
+
+
+def run_mixture_pilot(
+    store: str | os.PathLike,
+    *,
+    dataset,
+    domains,
+    batches,
+    model_config: GPTConfig,
+    train_config: TrainConfig,
+    tokenizer: dict,
+    per_domain: int = 32,
+    n_points: int = 30,
+    run: str = "pilot",
+    device: str = "cpu",
+) -> dict:
+    """Train the tiny GPT on ``batches`` (the baseline mixture) while recording
+    :func:`mixture_probe` into ``store``, then fit every token. Returns the training summary
+    with ``fit`` and ``probe_domain`` (each probe token's domain index)."""
+    import torch
+
+    from ..fit.job import fit_run
+    from ..model import TinyGPT
+    from ..record import TokenLossRecorder
+    from ..schedule import geometric_schedule
+    from ..train import train
+
+    probe = mixture_probe(dataset, per_domain=per_domain, domains=domains, tokenizer=tokenizer, seed=train_config.seed)
+    torch.manual_seed(train_config.seed)
+    model = TinyGPT(model_config).to(device)
+    attrs = {"model_config": model_config.to_dict(), "seed": train_config.seed,
+             "tokens_per_step": train_config.batch_size * model_config.context}  # fmt: skip
+    with TokenLossRecorder(model, probe, os.fspath(store), run, schedule=geometric_schedule(train_config.steps, n_points),
+                           device=device, run_attrs=attrs) as rec:  # fmt: skip
+        stats = train(model, batches, train_config, recorder=rec)
+    stats["fit"] = fit_run(os.fspath(store), run, progress=False)
+    stats["probe_domain"] = probe.token_arrays["domain"].copy()
+    stats["probe_pos"] = probe.token_arrays["token_pos"].copy()
     return stats

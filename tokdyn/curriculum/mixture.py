@@ -1,0 +1,271 @@
+"""Curriculum v2: reshape the *domain mixture* by when each domain's loss becomes learnable.
+
+From a pilot run (the uniform mixture, another seed) with a probe of training windows labelled
+by domain, every token's learning events give, per domain ``k``, the loss-drop-weighted
+learning-time density
+
+    r_k(x) = (1 / N_k) sum_{events e of domain k} max(delta_e, 0) K((x - mu_e) / s'_e) / s'_e
+
+i.e. the rate ``-dL_k/dx`` (nats per decade of steps, per token) at which the domain's loss
+falls at ``x = log10 step`` (``K`` the logistic density, ``s'_e = sqrt(s_e^2 + width^2)``:
+each event smoothed by ``width`` decades). At update ``t`` the domain weights are
+
+    w_k(t) = floor * b_k + (1 - floor) * b_k r_k(x_t)^(1/T) / sum_j b_j r_j(x_t)^(1/T)
+
+with ``b`` the baseline mixture (equal by default) and ``x_t = log10((t + 1) time_scale) +
+lead``: a domain whose drop lies ahead is deferred, one that has stopped falling (base64
+certificates) keeps only the floor, and none is starved. The batch size, hence the token
+budget, is unchanged.
+
+**Enrichment** (:meth:`MixtureSchedule.enrichment`): the learnable-now drop the schedule feeds
+the model, over the uniform mixture's,
+
+    E = sum_t sum_k w_k(t) r_k(x_t) / sum_t sum_k b_k r_k(x_t)
+
+and the most any schedule with the same floor could reach (all non-floor weight on the
+fastest-falling domain at each step). When that best value is near 1, the domains fall in
+proportion and no mixture schedule can help: :func:`enrichment_verdict` says so.
+
+Everything here is our design (METHOD.md section 4.3); each choice is a field of
+:class:`MixtureConfig`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import InputError
+
+__all__ = ["MixtureConfig", "DomainRates", "MixtureSchedule", "enrichment_verdict", "ContextSchedule", "pilot_events"]
+
+_NO_HELP = 1.05  # best achievable enrichment below this: no schedule can help
+
+
+def pilot_events(store, run: str):
+    """The fitted learning events of a pilot run (:class:`tokdyn.spectrum.Events`).
+
+    The one place this package reads fit results from a store.
+    """
+    from ..spectrum import run_events
+
+    return run_events(store, run)
+
+
+@dataclass(frozen=True)
+class MixtureConfig:
+    """Knobs of the mixture schedule (docs/curriculum.md).
+
+    total_steps : optimizer updates covered (``0 .. total_steps - 1``).
+    floor : share in [0, 1] of each step's weight kept at the baseline mixture (1: baseline).
+    temperature : ``T > 0``; rates are raised to ``1/T`` (large: flatter).
+    width : smoothing of each event, decades.
+    lead : decades added to ``x`` (> 0: favour a domain shortly before its drop).
+    time_scale : pilot steps per training step.
+    """
+
+    total_steps: int
+    floor: float = 0.3
+    temperature: float = 1.0
+    width: float = 0.2
+    lead: float = 0.0
+    time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.total_steps, (int, np.integer)) and self.total_steps >= 1):
+            raise InputError(f"total_steps must be an int >= 1, got {self.total_steps!r}")
+        if not 0 <= self.floor <= 1:
+            raise InputError(f"floor must be in [0, 1], got {self.floor!r}")
+        for name in ("temperature", "time_scale"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise InputError(f"{name} must be > 0, got {v!r}")
+        if not (math.isfinite(self.width) and self.width >= 0):
+            raise InputError(f"width must be >= 0 decades, got {self.width!r}")
+        if not math.isfinite(self.lead):
+            raise InputError(f"lead must be finite, got {self.lead!r}")
+
+    def x(self, step: int) -> float:
+        if not 0 <= int(step) < self.total_steps:
+            raise InputError(f"the schedule covers steps 0..{self.total_steps - 1}; asked for step {step}")
+        return math.log10((int(step) + 1) * self.time_scale) + self.lead
+
+
+class DomainRates:
+    """Per-domain rate of loss fall ``r_k(x)`` (nats per decade per token) on a grid of ``x``.
+
+    Build it with :meth:`from_events` (a pilot's fitted events and each token's domain) or
+    :meth:`from_curves` (per-domain loss curves, e.g. a pilot's validation losses).
+    """
+
+    def __init__(self, domains, x: np.ndarray, rates: np.ndarray) -> None:
+        x, rates = np.asarray(x, np.float64), np.asarray(rates, np.float64)
+        self.domains = tuple(str(d) for d in domains)
+        if x.ndim != 1 or x.size < 2 or np.any(np.diff(x) <= 0):
+            raise InputError("x must be an increasing grid of at least 2 points")
+        if rates.shape != (x.size, len(self.domains)):
+            raise InputError(f"rates must have shape {(x.size, len(self.domains))} (grid x domains), got {rates.shape}")
+        if not np.all(np.isfinite(rates)):
+            raise InputError("rates must be finite")
+        self.x, self.rates = x, np.clip(rates, 0.0, None)
+
+    @classmethod
+    def from_events(cls, events, token_domain: np.ndarray, domains, *, width: float = 0.2,
+                    grid: np.ndarray | None = None) -> "DomainRates":  # fmt: skip
+        """From :class:`tokdyn.spectrum.Events` of ``N`` probe tokens and ``token_domain [N]``
+        (indices into ``domains``); each event smoothed by ``width`` decades."""
+        dom = np.asarray(token_domain)
+        if dom.shape != (events.n_tokens,):
+            raise InputError(f"token_domain must have one entry per probe token ({events.n_tokens}), got shape {dom.shape}")
+        lo, hi = events.x_range
+        x = np.linspace(lo - 0.5, hi + 0.5, 241) if grid is None else np.asarray(grid, np.float64)
+        rates = np.zeros((x.size, len(domains)))
+        s = np.sqrt(events.s**2 + width**2)
+        for k in range(len(domains)):
+            n_k = int((dom == k).sum())
+            sel = dom[events.token] == k
+            if n_k == 0 or not sel.any():
+                continue
+            z = (x[:, None] - events.mu[sel]) / s[sel]  # (G, E_k)
+            e = np.exp(-np.abs(z))
+            rates[:, k] = (np.clip(events.delta[sel], 0, None) * e / (1 + e) ** 2 / s[sel]).sum(1) / n_k
+        return cls(domains, x, rates)
+
+    @classmethod
+    def from_curves(cls, steps, losses, domains, *, width: float = 0.2, grid: np.ndarray | None = None) -> "DomainRates":
+        """From per-domain loss curves ``losses [S, D]`` at ``steps [S]`` (>= 1): the fall
+        ``-dL_k/dlog10 step`` between points, smoothed by a Gaussian of ``width`` decades."""
+        s, loss = np.asarray(steps, np.float64), np.asarray(losses, np.float64)
+        if s.ndim != 1 or loss.shape != (s.size, len(domains)) or s.size < 2 or np.any(s < 1) or np.any(np.diff(s) <= 0):
+            raise InputError("steps must be increasing, >= 1, and losses of shape [steps, domains]")
+        lx = np.log10(s)
+        mid, r = (lx[1:] + lx[:-1]) / 2, -np.diff(loss, axis=0) / np.diff(lx)[:, None]
+        x = np.linspace(lx[0], lx[-1], 241) if grid is None else np.asarray(grid, np.float64)
+        k = np.exp(-0.5 * ((x[:, None] - mid[None, :]) / max(width, 1e-6)) ** 2) * np.diff(lx)[None, :]
+        return cls(domains, x, (k @ np.clip(r, 0, None)) / k.sum(1, keepdims=True))
+
+    def at(self, x: float) -> np.ndarray:
+        """``r_k(x)`` for every domain ``[D]`` (0 outside the grid)."""
+        return np.array([np.interp(x, self.x, self.rates[:, k], left=0.0, right=0.0) for k in range(len(self.domains))])
+
+    def to_dict(self) -> dict:
+        return {"domains": list(self.domains), "x": self.x.tolist(), "rates": self.rates.tolist()}
+
+
+class MixtureSchedule:
+    """Domain weights step by step (module docstring), from :class:`DomainRates`.
+
+    Parameters
+    ----------
+    rates : DomainRates
+    config : MixtureConfig
+    base : float array [D], optional
+        The baseline mixture (default: equal weights).
+    """
+
+    def __init__(self, rates: DomainRates, config: MixtureConfig, *, base=None) -> None:
+        if not isinstance(rates, DomainRates):
+            raise InputError(f"rates must be DomainRates, got {type(rates).__name__}")
+        d = len(rates.domains)
+        b = np.full(d, 1.0 / d) if base is None else np.asarray(base, np.float64)
+        if b.shape != (d,) or np.any(b < 0) or not np.isclose(b.sum(), 1.0):
+            raise InputError(f"base must be {d} weights >= 0 summing to 1, got {np.asarray(base).tolist()}")
+        self.rates, self.config, self.base = rates, config, b
+        self.table_ = np.stack([self._weights(t) for t in range(config.total_steps)])  # (steps, D)
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        return self.rates.domains
+
+    def _weights(self, step: int) -> np.ndarray:
+        c = self.config
+        r = self.rates.at(c.x(step))
+        q = self.base * (r if c.temperature == 1 else r ** (1.0 / c.temperature))
+        q = q / q.sum() if q.sum() > 0 else self.base
+        return c.floor * self.base + (1.0 - c.floor) * q
+
+    def weights(self, step: int) -> np.ndarray:
+        """Domain weights ``[D]`` (sum 1) for update ``step``."""
+        self.config.x(step)  # range check
+        return self.table_[int(step)]
+
+    def enrichment(self) -> dict:
+        """``schedule``: the enrichment E of these weights; ``best``: the most any schedule with
+        this floor reaches; ``unbounded``: with floor 0; ``per_step``: E at each step."""
+        r = np.stack([self.rates.at(self.config.x(t)) for t in range(self.config.total_steps)])  # (steps, D)
+        base = r @ self.base
+        den = base.sum()
+        if not den > 0:
+            return {"schedule": 1.0, "best": 1.0, "unbounded": 1.0, "per_step": [1.0] * len(r)}
+        f = self.config.floor
+        best = f * base + (1 - f) * r.max(1)
+        per = np.divide((self.table_ * r).sum(1), base, out=np.ones(len(r)), where=base > 0)
+        return {"schedule": float((self.table_ * r).sum() / den), "best": float(best.sum() / den),
+                "unbounded": float(r.max(1).sum() / den), "per_step": per.tolist()}  # fmt: skip
+
+    def to_dict(self) -> dict:
+        return {"domains": list(self.domains), "config": asdict(self.config), "base": self.base.tolist(),
+                "weights": self.table_.tolist(), "enrichment": self.enrichment()}  # fmt: skip
+
+
+def enrichment_verdict(e: dict) -> str:
+    """One line on what the enrichment means."""
+    if e["best"] < _NO_HELP:
+        return (f"enrichment {e['schedule']:.3f} (best possible {e['best']:.3f}): the domains' loss falls in proportion, "
+                "so no mixture schedule can help here; keep the uniform mixture")  # fmt: skip
+    return (f"enrichment {e['schedule']:.3f}: the schedule feeds {e['schedule'] - 1:+.1%} more learnable-now loss drop "
+            f"than the uniform mixture (best possible with this floor {e['best']:.3f})")  # fmt: skip
+
+
+class ContextSchedule:
+    """Short-to-long context keyed to the spectrum's position bands.
+
+    ``contexts`` are increasing lengths dividing the model context ``C`` (e.g. 16, 32, 64).
+    The run trains at ``contexts[i]`` until the step at which the pilot's tokens at positions
+    in ``(contexts[i], contexts[i+1]]`` (which need the longer context) reach the
+    drop-weighted quantile ``start`` of their learning times; before that the long positions
+    have little to learn. A batch ``[B, C+1]`` is cut into ``C / c`` pieces of ``c`` targets
+    (:meth:`split`), so a step sees exactly the same target tokens at every context.
+    """
+
+    def __init__(self, contexts, switch_steps, *, total_steps: int) -> None:
+        self.contexts = tuple(int(c) for c in contexts)
+        self.switch_steps = tuple(int(s) for s in switch_steps)
+        if len(self.switch_steps) != len(self.contexts) - 1 or any(np.diff(self.contexts) <= 0):
+            raise InputError("contexts must increase, with one switch step fewer than contexts")
+        if any(self.contexts[-1] % c for c in self.contexts):
+            raise InputError(f"every context must divide the longest ({self.contexts[-1]}), got {self.contexts}")
+        self.total_steps = int(total_steps)
+
+    @classmethod
+    def from_events(cls, events, token_pos: np.ndarray, *, contexts, total_steps: int, start: float = 0.25,
+                    time_scale: float = 1.0) -> "ContextSchedule":  # fmt: skip
+        """Switch steps from the events of probe tokens at positions ``token_pos [N]`` (1-based)."""
+        pos = np.asarray(token_pos)[events.token]
+        w = np.clip(events.delta, 0, None)
+        switches = []
+        for lo, hi in zip(contexts[:-1], contexts[1:]):
+            sel = (pos > lo) & (pos <= hi) & (w > 0)
+            if not sel.any():
+                switches.append(0)
+                continue
+            order = np.argsort(events.mu[sel])
+            cum = np.cumsum(w[sel][order]) / w[sel].sum()
+            x = float(events.mu[sel][order][np.searchsorted(cum, start)])
+            switches.append(int(np.clip(round(10**x / time_scale) - 1, 0, total_steps)))
+        return cls(contexts, np.maximum.accumulate(switches), total_steps=total_steps)
+
+    def context(self, step: int) -> int:
+        return self.contexts[int(np.searchsorted(self.switch_steps, int(step), side="right"))]
+
+    @staticmethod
+    def split(batch, c: int):
+        """``(x, y)`` of ``batch [B, C+1]`` cut into pieces of ``c`` targets: ``[B*C/c, c]`` each."""
+        B, C1 = batch.shape
+        x, y = batch[:, :-1], batch[:, 1:]
+        return x.reshape(B * (C1 - 1) // c, c), y.reshape(B * (C1 - 1) // c, c)
+
+    def to_dict(self) -> dict:
+        return {"contexts": list(self.contexts), "switch_steps": list(self.switch_steps)}
