@@ -1,13 +1,16 @@
-"""Curriculum A/B: does reweighting training by when tokens become learnable speed it up?
+"""Curriculum A/B v2: does reshaping the domain mixture by learnability speed training up?
 
-    python pipelines/curriculum_ab.py --out curriculum-ab            # defaults: 7-9 min on 2 CPU cores
-    python pipelines/curriculum_ab.py --out /tmp/ab --quick          # seconds: a smoke test
-    python pipelines/curriculum_ab.py --out ab-gpu --device cuda --steps 3000 --n-layer 6 --n-embd 256 --batch-size 64
+    python pipelines/curriculum_ab.py --out curriculum-ab            # defaults: <= 15 min on 2 unloaded CPU cores
+    python pipelines/curriculum_ab.py --out /tmp/ab --quick          # CI smoke test (well under a minute)
+    python pipelines/curriculum_ab.py --out ab-gpu --device cuda --seeds $(seq 0 31) --workers 8 --steps 2000
+    python pipelines/curriculum_ab.py --out ab-v1 --v1               # the first design (per-token weights)
 
-A pilot run (tokens drawn from the training pool, recorded and fitted), its learnability table,
-then a uniform baseline and the curriculum arms (sample weights, token weights, two kernel
-widths) over several seeds with the same token budget. Writes pilot.zarr, learnability.npz,
-results.json and curves.png into --out and prints one JSON line of the headline figures.
+On the standard library's mixture of domains (code, prose, decimal test vectors, certificates,
+markup): a pilot (its compute reported apart), the mixture schedule's enrichment, then per seed
+the uniform budget ladder (0.8x, 0.9x, 1.0x, fully annealed), an A/A arm and the curriculum arms,
+all drawing coupled batches. Prints per arm the speed-up read off the ladder and the AUC ratio
+with paired bootstrap 95 % intervals, the positive control and the A/A difference; writes
+results.json and curves.png into --out (tokdyn.curriculum.ab).
 """
 
 from __future__ import annotations
@@ -17,47 +20,65 @@ import dataclasses
 import json
 import sys
 
-from tokdyn.curriculum.experiment import ARMS, ABConfig, run_ab
-from tokdyn.curriculum.learnability import LearnabilityOptions
 from tokdyn.errors import TokdynError
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="curriculum-ab", help="output folder (default: curriculum-ab)")
-    ap.add_argument("--quick", action="store_true", help="tiny sizes (tests); other options still override")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (CI); other options still override")
+    ap.add_argument("--v1", action="store_true", help="run the first design (tokdyn.curriculum.experiment) instead")
+    ap.add_argument("--source", help="'stdlib-mix' (default), a folder of text (domain = sub-folder) or a .jsonl with a 'domain' field")
     ap.add_argument("--device", help="torch device (default cpu)")
-    ap.add_argument("--seeds", type=int, nargs="+", help="training seeds (default 0 1 2)")
-    ap.add_argument("--arms", nargs="+", choices=list(ARMS), help="arms to run (baseline always included)")
-    for field in ("steps", "batch_size", "context", "n_layer", "n_head", "n_embd", "pilot_steps", "pilot_sequences",
-                  "pilot_points", "eval_points", "val_sequences"):  # fmt: skip
+    ap.add_argument("--seeds", type=int, nargs="+", help="training seeds (default 0..9)")
+    ap.add_argument("--arms", nargs="+", help="arms: aa mixture reducible short_long mixture_hand")
+    ap.add_argument("--ladder", type=float, nargs="+", help="baseline budgets (default 0.8 0.9 1.0)")
+    for field in ("steps", "batch_size", "context", "n_layer", "n_head", "n_embd", "pilot_per_domain", "pilot_points",
+                  "val_tokens", "eval_points", "workers", "threads", "aa_train_seeds", "max_train_tokens"):  # fmt: skip
         ap.add_argument("--" + field.replace("_", "-"), type=int)
-    for field in ("lr", "width", "wide_width", "floor", "temperature", "lead"):
+    for field in ("lr", "floor", "temperature", "width", "lead", "reducible_floor", "reducible_width", "context_start"):
         ap.add_argument("--" + field.replace("_", "-"), type=float)
-    ap.add_argument("--kernel", choices=("logistic", "gaussian"))
-    ap.add_argument("--min-count", type=int, help="learnability: least count of a key of order >= 2")
+    ap.add_argument("--contexts", type=int, nargs="+", help="short-to-long contexts (default 16 32 64)")
     args = ap.parse_args()
+    if args.v1:
+        return _v1(args)
 
-    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("out", "quick", "min_count")}
+    from tokdyn.curriculum.ab import MixtureABConfig, run_mixture_ab
+
+    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("out", "quick", "v1")}
+    for k in ("seeds", "arms", "ladder", "contexts"):
+        if k in given:
+            given[k] = tuple(given[k])
+    try:
+        cfg = MixtureABConfig.quick(**given) if args.quick else MixtureABConfig(**given)
+        res = run_mixture_ab(args.out, cfg)
+    except TokdynError as exc:
+        print(f"curriculum_ab: error: {exc}", file=sys.stderr)
+        return 1
+    except TypeError as exc:
+        print(f"curriculum_ab: error: {exc}", file=sys.stderr)
+        return 1
+    head = {arm: {"speedup": c["speedup"], "auc_ratio": c["auc_ratio"]["mean"], "auc_ratio_ci95": c["auc_ratio"]["ci95"]}
+            for arm, c in res["comparison"].items()}  # fmt: skip
+    print(json.dumps({"arms": head, "enrichment": res["enrichment"]["schedule"], "enrichment_best": res["enrichment"]["best"],
+                      "positive_control": res["positive_control"], "aa": res["aa"], "total_seconds": res["total_seconds"],
+                      "pilot_seconds": res["pilot"]["seconds"]}, default=str))  # fmt: skip
+    return 0
+
+
+def _v1(args) -> int:
+    from tokdyn.curriculum.experiment import ABConfig, run_ab
+
+    given = {k: v for k, v in vars(args).items() if v is not None and k in {f.name for f in dataclasses.fields(ABConfig)}}
     if "seeds" in given:
         given["seeds"] = tuple(given["seeds"])
-    if "arms" in given:
-        given["arms"] = tuple(dict.fromkeys(("baseline", *given["arms"])))
     try:
         cfg = ABConfig.quick(**given) if args.quick else ABConfig(**given)
-        if args.min_count is not None:
-            cfg = dataclasses.replace(cfg, learnability=dataclasses.replace(cfg.learnability, min_count=args.min_count))
         res = run_ab(args.out, cfg)
     except TokdynError as exc:
         print(f"curriculum_ab: error: {exc}", file=sys.stderr)
         return 1
-    head = {arm: {"speedup_mean": c["speedup"]["mean"], "speedup_ci95": c["speedup"]["ci95"],
-                  "auc_ratio_mean": c["auc_ratio"]["mean"], "auc_ratio_ci95": c["auc_ratio"]["ci95"],
-                  "per_seed_speedup": c["per_seed"]["speedup"], "not_reached": c["not_reached"]}
-            for arm, c in res["comparison"].items()}  # fmt: skip
-    v = res["pilot"]["validation"] or {}
-    print(json.dumps({"arms": head, "mu_spearman": v.get("mu_spearman"), "delta_spearman": v.get("delta_spearman"),
-                      "total_seconds": res["total_seconds"]}))  # fmt: skip
+    print(json.dumps({arm: c["speedup"] for arm, c in res["comparison"].items()}))
     return 0
 
 

@@ -370,14 +370,15 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
                               train_config=TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.pilot_seed),
                               tokenizer=corpus.tokenizer.spec(), per_domain=cfg.pilot_per_domain, n_points=cfg.pilot_points,
                               device=str(dev))  # fmt: skip
-    events = pilot_events(store, "pilot")
-    rates = DomainRates.from_events(events, pilot["probe_domain"], corpus.domains, width=cfg.width)
+    pe = pilot_events(store, "pilot")
+    events = pe.events
+    rates = DomainRates.from_events(events, pe.token_domain, corpus.domains, width=cfg.width)
     table = None
     if "reducible" in cfg.arms:
         table = build_table(store, "pilot", options=LearnabilityOptions(min_count=2 if cfg.steps < 100 else 5, holdout=0.0))
         table.save(out / "learnability.npz")
     arms, arm_info = build_arms(cfg, dataset=ds, base=base, rates=rates, table=table, events=events,
-                                probe_pos=pilot["probe_pos"], domains=corpus.domains)  # fmt: skip
+                                probe_pos=pe.token_pos, domains=corpus.domains)  # fmt: skip
     pilot_s = time.perf_counter() - t
     pilot_info = {"seconds": pilot_s, "steps": cfg.steps, "tokens": cfg.steps * cfg.batch_size * cfg.context,
                   "train_seconds": pilot["train_seconds"], "n_events": len(events), "rates": rates.to_dict(),

@@ -4,6 +4,7 @@
 
     tokdyn curriculum build pilot.zarr --run pilot --out learnability.npz
     tokdyn curriculum show learnability.npz
+    tokdyn curriculum schedule pilot.zarr --run pilot --steps 600 --out mixture.json
 """
 
 from __future__ import annotations
@@ -28,6 +29,18 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--holdout", type=float, default=0.2, help="fraction of pilot sequences held out for the check (default 0.2; 0: none)")
     p.add_argument("--seed", type=int, default=0, help="chooses the held-out sequences")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("schedule", help="domain-mixture schedule (.json) from a fitted pilot whose probe is labelled by domain; prints its enrichment")
+    p.add_argument("store", help="store holding the pilot run (probe windows of the training pool, labelled by domain)")
+    p.add_argument("--run", required=True, help="the pilot run")
+    p.add_argument("--steps", type=int, required=True, help="optimizer steps of the run the schedule is for")
+    p.add_argument("--out", required=True, help="output file (.json)")
+    p.add_argument("--floor", type=float, default=0.3, help="share of each step's weight kept at the baseline mixture (default 0.3)")
+    p.add_argument("--temperature", type=float, default=1.0, help="rates are raised to 1/T (default 1)")
+    p.add_argument("--width", type=float, default=0.2, help="smoothing of each learning event, decades (default 0.2)")
+    p.add_argument("--lead", type=float, default=0.0, help="decades to look ahead (default 0)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="pilot steps per training step (default 1)")
+    p.add_argument("--base", type=float, nargs="+", help="baseline mixture, one weight per domain in the probe's order (default equal)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("show", help="what a learnability table holds and how well it predicted held-out pilot tokens")
     p.add_argument("table", help="a .npz written by `tokdyn curriculum build`")
     p.add_argument("--json", action="store_true")
@@ -36,6 +49,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     from .learnability import LearnabilityOptions, build_table, load_table
 
+    if args.curriculum_command == "schedule":
+        return _schedule(args)
     if args.curriculum_command == "build":
         if not str(args.out).endswith(".npz"):
             raise InputError(f"--out must name a .npz file, got {args.out}")
@@ -70,3 +85,37 @@ def _print(table, as_json: bool, *, header: str) -> None:
     print(f"    delta     rank corr {v['delta_spearman']:.3f}, MAE {v['delta_mae']:.3f} nats (global mean: {v['delta_mae_global']:.3f})")
     shares = ", ".join(f"{'global' if k == '0' else 'order ' + k} {s:.0%}" for k, s in v["level_share"].items())
     print(f"    answered  {shares}")
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .mixture import DomainRates, MixtureConfig, MixtureSchedule, enrichment_verdict, pilot_events
+
+    if not str(args.out).endswith(".json"):
+        raise InputError(f"--out must name a .json file, got {args.out}")
+    pe = pilot_events(args.store, args.run)
+    present = np.unique(pe.token_domain)
+    if present.size < 2:
+        raise InputError(f"the pilot's probe holds one domain ({pe.domains[int(present[0])] if pe.domains else 'unlabelled'}); "
+                         "a mixture schedule needs a probe of two or more labelled domains (tokdyn.curriculum.mixture_probe)")  # fmt: skip
+    cfg = MixtureConfig(total_steps=args.steps, floor=args.floor, temperature=args.temperature, width=args.width,
+                        lead=args.lead, time_scale=args.time_scale)  # fmt: skip
+    rates = DomainRates.from_events(pe.events, pe.token_domain, pe.domains, width=args.width)
+    base = None
+    if args.base is not None:
+        if len(args.base) != len(pe.domains) or min(args.base) < 0 or sum(args.base) <= 0:
+            raise InputError(f"--base needs {len(pe.domains)} weights >= 0 (domains {list(pe.domains)}), got {args.base}")
+        base = np.asarray(args.base) / sum(args.base)
+    sched = MixtureSchedule(rates, cfg, base=base)
+    path = sched.save(args.out)
+    e = sched.enrichment()
+    if args.json:
+        print(json.dumps({"out": path, "domains": list(sched.domains), "enrichment": {k: v for k, v in e.items() if k != "per_step"},
+                          "verdict": enrichment_verdict(e)}, indent=2))  # fmt: skip
+        return 0
+    print(f"wrote {path}")
+    print(f"  {enrichment_verdict(e)}")
+    for s in sorted({0, 9, args.steps // 10, args.steps // 3, args.steps - 1} & set(range(args.steps))):
+        print(f"  step {s + 1:>6}: " + ", ".join(f"{d} {w:.2f}" for d, w in zip(sched.domains, sched.weights(s))))
+    return 0

@@ -39,8 +39,10 @@ class CurriculumTrainer(Trainer):
 
     def __init__(self, *args, curriculum_sampler: CurriculumSampler | None = None,
                  token_weights: TokenWeights | None = None, **kwargs) -> None:  # fmt: skip
-        if curriculum_sampler is not None and not isinstance(curriculum_sampler, CurriculumSampler):
-            raise InputError(f"curriculum_sampler must be a CurriculumSampler, got {type(curriculum_sampler).__name__}")
+        from .coupled import CoupledSampler
+
+        if curriculum_sampler is not None and not isinstance(curriculum_sampler, (CurriculumSampler, CoupledSampler)):
+            raise InputError(f"curriculum_sampler must be a CurriculumSampler or CoupledSampler, got {type(curriculum_sampler).__name__}")
         if token_weights is not None and not isinstance(token_weights, TokenWeights):
             raise InputError(f"token_weights must be a TokenWeights, got {type(token_weights).__name__}")
         super().__init__(*args, **kwargs)

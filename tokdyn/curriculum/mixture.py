@@ -39,19 +39,34 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["MixtureConfig", "DomainRates", "MixtureSchedule", "enrichment_verdict", "ContextSchedule", "pilot_events"]
+__all__ = ["MixtureConfig", "DomainRates", "MixtureSchedule", "enrichment_verdict", "ContextSchedule", "PilotEvents",
+           "pilot_events", "load_mixture_schedule", "mixture_sampler"]
 
 _NO_HELP = 1.05  # best achievable enrichment below this: no schedule can help
 
 
-def pilot_events(store, run: str):
-    """The fitted learning events of a pilot run (:class:`tokdyn.spectrum.Events`).
+@dataclass(frozen=True)
+class PilotEvents:
+    """A fitted pilot's learning events and, per probe token, its domain and position."""
 
-    The one place this package reads fit results from a store.
+    events: object  # tokdyn.spectrum.Events
+    token_domain: np.ndarray  # int [N], index into domains
+    token_pos: np.ndarray  # int [N], 1-based position in its window
+    domains: tuple[str, ...]
+
+
+def pilot_events(store, run: str) -> PilotEvents:
+    """The fitted learning events of pilot run ``run`` with its probe's domain labels.
+
+    The one place this package reads fit results (and the probe) from a store.
     """
     from ..spectrum import run_events
+    from ..store import open_store
 
-    return run_events(store, run)
+    events = run_events(store, run)
+    probe = open_store(store, mode="r").probe
+    return PilotEvents(events, np.asarray(probe.token_arrays["domain"]), np.asarray(probe.token_arrays["token_pos"]),
+                       tuple(probe.domains))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -206,8 +221,62 @@ class MixtureSchedule:
                 "unbounded": float(r.max(1).sum() / den), "per_step": per.tolist()}  # fmt: skip
 
     def to_dict(self) -> dict:
-        return {"domains": list(self.domains), "config": asdict(self.config), "base": self.base.tolist(),
-                "weights": self.table_.tolist(), "enrichment": self.enrichment()}  # fmt: skip
+        return {"kind": "tokdyn-mixture-schedule", "schema_version": 1, "domains": list(self.domains),
+                "config": asdict(self.config), "base": self.base.tolist(), "weights": self.table_.tolist(),
+                "enrichment": self.enrichment(), "rates": self.rates.to_dict()}  # fmt: skip
+
+    def save(self, path) -> str:
+        """Write the schedule as JSON (temporary file, then rename)."""
+        import json
+        import os
+
+        path = os.fspath(path)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(self.to_dict(), fh)
+        os.replace(tmp, path)
+        return path
+
+
+def load_mixture_schedule(path) -> MixtureSchedule:
+    """A schedule written by :meth:`MixtureSchedule.save` (or ``tokdyn curriculum schedule``)."""
+    import json
+
+    try:
+        with open(path) as fh:
+            d = json.load(fh)
+    except FileNotFoundError:
+        raise InputError(f"mixture schedule not found: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not a JSON mixture schedule ({exc.msg})") from None
+    if not isinstance(d, dict) or d.get("kind") != "tokdyn-mixture-schedule":
+        raise InputError(f"{path}: not a tokdyn mixture schedule (kind {d.get('kind') if isinstance(d, dict) else None!r})")
+    if d.get("schema_version") != 1:
+        raise InputError(f"{path}: mixture schedule schema version {d.get('schema_version')!r}; this tokdyn reads 1")
+    r = d["rates"]
+    return MixtureSchedule(DomainRates(r["domains"], r["x"], r["rates"]), MixtureConfig(**d["config"]), base=d["base"])
+
+
+def mixture_sampler(domain_ids, schedule: MixtureSchedule, *, samples_per_step: int, seed: int = 0,
+                    domains=None, arm: bool = True):  # fmt: skip
+    """A :class:`~tokdyn.curriculum.coupled.CoupledSampler` over a pool of training samples
+    whose domain is ``domain_ids [N]`` (indices into ``schedule.domains``, or names when
+    ``domains`` maps them), drawing the schedule's mixture step by step (``arm=False``: its
+    baseline mixture, coupled to it)."""
+    from .coupled import CoupledSampler, domain_probabilities
+
+    ids = np.asarray(domain_ids)
+    if domains is not None:
+        pos = {d: i for i, d in enumerate(schedule.domains)}
+        missing = sorted(set(domains) - set(pos))
+        if missing:
+            raise InputError(f"domains {missing} are not in the schedule's {list(schedule.domains)}")
+        ids = np.array([pos[d] for d in domains])[ids]
+    if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= len(schedule.domains):
+        raise InputError(f"domain_ids must be indices into the schedule's {len(schedule.domains)} domains")
+    base = domain_probabilities(ids, schedule.base)
+    probs = (lambda step: domain_probabilities(ids, schedule.weights(step))) if arm else None
+    return CoupledSampler(base, probs, samples_per_step=samples_per_step, total_steps=schedule.config.total_steps, seed=seed)
 
 
 def enrichment_verdict(e: dict) -> str:

@@ -114,7 +114,7 @@ def run_mixture_pilot(
 ) -> dict:
     """Train the tiny GPT on ``batches`` (the baseline mixture) while recording
     :func:`mixture_probe` into ``store``, then fit every token. Returns the training summary
-    with ``fit`` and ``probe_domain`` (each probe token's domain index)."""
+    with ``fit``; :func:`~tokdyn.curriculum.mixture.pilot_events` reads the events back."""
     import torch
 
     from ..fit.job import fit_run
@@ -132,6 +132,4 @@ def run_mixture_pilot(
                            device=device, run_attrs=attrs) as rec:  # fmt: skip
         stats = train(model, batches, train_config, recorder=rec)
     stats["fit"] = fit_run(os.fspath(store), run, progress=False)
-    stats["probe_domain"] = probe.token_arrays["domain"].copy()
-    stats["probe_pos"] = probe.token_arrays["token_pos"].copy()
     return stats
