@@ -289,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
 _STAGE_COMMANDS = (
     ("record-offline", ".record.offline", "evaluate the probe on every checkpoint in a folder"),
     ("curriculum", ".curriculum.cli", "learnability model and training-data weights from a fitted pilot run"),
+    ("compare", ".curriculum.compare_cmd", "per-token learning-time shift between two fitted runs on one probe"),
 )
 
 

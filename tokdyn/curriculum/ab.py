@@ -93,6 +93,7 @@ class MixtureABConfig:
     reducible_width: float = 0.3
     contexts: tuple[int, ...] = (16, 32, 64)
     context_start: float = 0.25
+    compare_seed: int | None = None
     device: str = "cpu"
     workers: int = 2
     threads: int = 1
@@ -119,7 +120,7 @@ class MixtureABConfig:
         base = dict(steps=40, batch_size=8, context=32, n_layer=1, n_head=2, n_embd=32, seeds=(0, 1, 2), aa_train_seeds=3,
                     arms=("aa", "mixture", "reducible", "short_long"), pilot_per_domain=6, pilot_points=10,
                     val_tokens=2048, eval_points=4, contexts=(8, 16, 32), workers=1,
-                    max_train_tokens=40_000)  # fmt: skip
+                    max_train_tokens=40_000, compare_seed=0)  # fmt: skip
         return cls(**{**base, **overrides})
 
     def model_config(self, vocab_size: int) -> GPTConfig:
@@ -264,8 +265,11 @@ def evaluate_domains(model, val: torch.Tensor, *, batch: int = 128) -> np.ndarra
     return np.array(out)
 
 
-def _run_job(job: tuple[int, str, float]) -> dict:
-    """Train one run (seed, arm, budget) and return its validation losses."""
+def _run_job(job: tuple[int, str, float], record: dict | None = None) -> dict:
+    """Train one run (seed, arm, budget) and return its validation losses; with ``record``
+    (``store``, ``run``, ``probe``, ``n_points``) the pilot's probe is recorded along the way."""
+    import contextlib
+
     seed, arm, budget = job
     st = _WORKER
     cfg: MixtureABConfig = st["cfg"]
@@ -282,9 +286,30 @@ def _run_job(job: tuple[int, str, float]) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, tc))
     eval_at = set(st["eval_steps"]) if budget == 1.0 else set()
-    curve, digest, kept = [], hashlib.sha256(), 0
+    curve, digest = [], hashlib.sha256()
     t0 = time.perf_counter()
-    for t in range(steps):
+    stack = contextlib.ExitStack()
+    if record is not None:
+        from ..record import TokenLossRecorder
+        from ..schedule import geometric_schedule
+
+        rec = stack.enter_context(TokenLossRecorder(model, record["probe"], record["store"], record["run"], device=dev,
+                                                    schedule=geometric_schedule(steps, record["n_points"])))  # fmt: skip
+        stack.enter_context(rec.attach(opt))
+    with stack:
+        kept = _loop(model, opt, sched, sampler, spec, ds, val, cfg, tc, eval_at, dev, digest, curve)
+    final = evaluate_domains(model, val)
+    if eval_at:
+        curve.append(final.tolist())
+    return {"seed": seed, "arm": arm, "budget": budget, "steps": steps, "final": final.tolist(),
+            "final_mixture": float(final.mean()), "curve": curve, "draws_sha256": digest.hexdigest(),
+            "kept_share": kept / (steps * cfg.batch_size), "seconds": time.perf_counter() - t0}  # fmt: skip
+
+
+def _loop(model, opt, sched, sampler, spec, ds, val, cfg, tc, eval_at, dev, digest, curve) -> int:
+    """The training steps of one run; returns how many drawn indices were the baseline's."""
+    kept = 0
+    for t in range(tc.steps):
         idx, keep = sampler.kept(t)
         digest.update(idx.astype(np.int64).tobytes())
         kept += int(keep.sum())
@@ -298,14 +323,9 @@ def _run_job(job: tuple[int, str, float]) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
         opt.step()
         sched.step()
-        if t + 1 in eval_at and t + 1 < steps:
+        if t + 1 in eval_at and t + 1 < tc.steps:
             curve.append(evaluate_domains(model, val).tolist())
-    final = evaluate_domains(model, val)
-    if eval_at:
-        curve.append(final.tolist())
-    return {"seed": seed, "arm": arm, "budget": budget, "steps": steps, "final": final.tolist(),
-            "final_mixture": float(final.mean()), "curve": curve, "draws_sha256": digest.hexdigest(),
-            "kept_share": kept / (steps * cfg.batch_size), "seconds": time.perf_counter() - t0}  # fmt: skip
+    return kept
 
 
 def _map(jobs, state: dict, cfg: MixtureABConfig, log) -> list[dict]:
@@ -409,6 +429,9 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
     runs = _map(jobs, state, cfg, log)
     train_s = time.perf_counter() - t
 
+    compare = None
+    if cfg.compare_seed is not None:
+        compare = _record_and_compare(cfg, state, store, runs, log)
     log("[4/4] compare")
     aa_identical = _aa_check(cfg, ds, base, arms.get("aa"))
     results = {
@@ -423,6 +446,7 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
         "eval_steps": eval_steps,
         "runs": runs,
         "aa_batches_identical": aa_identical,
+        "compare": compare,
         **summarize_runs(runs, cfg, corpus.domains),
         "train_seconds": train_s,
         "total_seconds": time.perf_counter() - t_start,
@@ -436,6 +460,33 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
         log("      " + line)
     log(f"done in {results['total_seconds']:.0f} s (pilot {pilot_s:.0f} s, runs {train_s:.0f} s); wrote {out / 'results.json'}")
     return results
+
+
+def _record_and_compare(cfg: MixtureABConfig, state: dict, store: Path, runs: list[dict], log) -> dict:
+    """Rerun seed ``compare_seed``'s baseline and arms recording the pilot's probe into the
+    pilot store, fit them, and compare each arm's learning times with the baseline's
+    (:func:`tokdyn.compare.compare_runs`). The reruns must reproduce the unrecorded runs."""
+    from ..compare import compare_runs
+    from ..fit.job import fit_run
+    from ..store import open_store
+
+    seed = cfg.compare_seed
+    probe = open_store(store, mode="r").probe
+    _init_worker(state, cfg.threads)
+    out, same = {}, True
+    log(f"      recording seed {seed}'s baseline and arms on the pilot's probe for tokdyn compare")
+    for arm in ("base", *cfg.arms):
+        name = f"s{seed}-{arm}"
+        r = _run_job((seed, arm, 1.0), record={"store": os.fspath(store), "run": name, "probe": probe, "n_points": cfg.pilot_points})
+        ref = next((x for x in runs if (x["seed"], x["arm"], x["budget"]) == (seed, arm, 1.0)), None)
+        same &= ref is None or ref["final"] == r["final"]
+        fit_run(os.fspath(store), name, progress=False)
+    for arm in cfg.arms:
+        out[arm] = compare_runs(store, f"s{seed}-base", f"s{seed}-{arm}")
+        o = out[arm]["overall"]
+        log(f"      compare {arm:<12} median shift {o['median_shift']:+.3f} decades, {o['share_earlier']:.0%} of tokens earlier, "
+            f"loss drop moved earlier {o['drop_share_earlier']:.1%} / later {o['drop_share_later']:.1%}")  # fmt: skip
+    return {"seed": seed, "store": os.fspath(store), "reruns_reproduce": bool(same), "arms": out}
 
 
 def _aa_check(cfg: MixtureABConfig, ds, base, spec: ArmSpec | None) -> dict | None:

@@ -119,3 +119,34 @@ def _schedule(args: argparse.Namespace) -> int:
     for s in sorted({0, 9, args.steps // 10, args.steps // 3, args.steps - 1} & set(range(args.steps))):
         print(f"  step {s + 1:>6}: " + ", ".join(f"{d} {w:.2f}" for d, w in zip(sched.domains, sched.weights(s))))
     return 0
+
+
+# -- tokdyn compare ---------------------------------------------------------------------------
+
+
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("store", help="store holding both runs (one probe)")
+    parser.add_argument("--run", action="append", required=True, metavar="NAME", help="give twice: --run A --run B (shift = B - A)")
+    parser.add_argument("--tolerance", type=float, default=0.05, help="decades a token must move to count as earlier/later (default 0.05)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from ..compare import compare_runs
+
+    if len(args.run) != 2:
+        raise InputError(f"give exactly two runs (--run A --run B), got {len(args.run)}")
+    res = compare_runs(args.store, args.run[0], args.run[1], tolerance=args.tolerance)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"learning-time shift of {res['run_b']!r} against {res['run_a']!r} (decades; < 0: learned earlier), "
+          f"{res['overall']['n_tokens']} of {res['n_probe_tokens']} tokens with an event in both")  # fmt: skip
+    print(f"  {'group':<24} {'tokens':>7} {'median':>8} {'q25':>8} {'q75':>8} {'earlier':>8} {'drop moved earlier':>19} {'later':>7}")
+    rows = [("all", res["overall"])] + [(f"class {k}", v) for k, v in res["by_class"].items()] + \
+           [(f"domain {k}", v) for k, v in res["by_domain"].items()]  # fmt: skip
+    for name, s in rows:
+        if s.get("n_tokens"):
+            print(f"  {name:<24} {s['n_tokens']:>7} {s['median_shift']:>+8.3f} {s['q25']:>+8.3f} {s['q75']:>+8.3f} "
+                  f"{s['share_earlier']:>8.1%} {s['drop_share_earlier']:>19.1%} {s['drop_share_later']:>7.1%}")  # fmt: skip
+    return 0

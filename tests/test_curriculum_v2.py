@@ -1,0 +1,219 @@
+"""Curriculum v2: domains, coupled sampling, mixture schedule, enrichment, budget ladder.
+
+Every check compares against an independent answer: bit-identical A/A draws, hand-computed
+enrichment and weights, planted ladders and planted learning events.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tokdyn.corpus import Document, relabel_documents, stdlib_mixture_documents
+from tokdyn.curriculum.coupled import CoupledSampler, domain_probabilities
+from tokdyn.curriculum.measure import matched_budget, paired_bootstrap, speedup
+from tokdyn.curriculum.mixture import (ContextSchedule, DomainRates, MixtureConfig, MixtureSchedule, enrichment_verdict,
+                                       load_mixture_schedule, mixture_sampler)  # fmt: skip
+from tokdyn.data import MixtureDataset, prepare_domains, split_by_domain
+from tokdyn.errors import InputError
+from tokdyn.spectrum import Events
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _flat_rates(values, domains=("a", "b")) -> DomainRates:
+    x = np.linspace(-1, 4, 11)
+    return DomainRates(domains, x, np.tile(np.asarray(values, float), (x.size, 1)))
+
+
+# -- coupled sampling --------------------------------------------------------------------
+
+
+def test_aa_arm_draws_are_bit_identical_to_the_baseline():
+    ids = np.repeat([0, 1, 2], [50, 7, 300])
+    base = domain_probabilities(ids, [1 / 3, 1 / 3, 1 / 3])
+    flat = MixtureSchedule(_flat_rates([1.0, 5.0, 0.0], ("a", "b", "c")), MixtureConfig(total_steps=40, floor=1.0))
+    a = CoupledSampler(base, samples_per_step=16, total_steps=40, seed=3)
+    b = CoupledSampler(base, lambda s: domain_probabilities(ids, flat.weights(s)), samples_per_step=16, total_steps=40, seed=3)
+    for t in range(40):
+        idx, kept = b.kept(t)
+        assert np.array_equal(idx, a.draws(t)) and kept.all()
+    assert list(a) == list(b)
+
+
+def test_coupled_draws_follow_the_arm_distribution_and_keep_one_minus_tv():
+    n = 6
+    base = np.full(n, 1 / n)
+    p = np.array([0.4, 0.3, 0.1, 0.1, 0.1, 0.0])
+    s = CoupledSampler(base, lambda t: p, samples_per_step=500, total_steps=200, seed=0)
+    counts, kept = np.zeros(n), 0
+    for t in range(200):
+        idx, k = s.kept(t)
+        counts += np.bincount(idx, minlength=n)
+        kept += k.sum()
+    freq = counts / counts.sum()
+    assert np.abs(freq - p).max() < 0.006  # 100k draws: standard error <= 0.0016
+    tv = 0.5 * np.abs(p - base).sum()
+    assert kept / 100_000 == pytest.approx(1 - tv, abs=0.006)
+
+
+def test_domain_probabilities_hand_computed():
+    p = domain_probabilities(np.array([0, 0, 1, 1, 1, 1]), [0.5, 0.5])
+    assert np.allclose(p, [0.25, 0.25, 0.125, 0.125, 0.125, 0.125])
+    with pytest.raises(InputError, match="sum to 1"):
+        domain_probabilities(np.array([0, 1]), [0.5, 0.6])
+
+
+# -- mixture schedule and enrichment ------------------------------------------------------
+
+
+def test_enrichment_hand_computed():
+    sched = MixtureSchedule(_flat_rates([2.0, 0.0]), MixtureConfig(total_steps=10, floor=0.5))
+    # q = b*r / sum = [1, 0]; w = 0.5*[.5,.5] + 0.5*[1,0] = [.75, .25]
+    assert np.allclose(sched.weights(3), [0.75, 0.25])
+    e = sched.enrichment()
+    assert e["schedule"] == pytest.approx(0.75 * 2 / (0.5 * 2))  # 1.5
+    assert e["best"] == pytest.approx(1.5) and e["unbounded"] == pytest.approx(2.0)
+    assert "+50.0%" in enrichment_verdict(e)
+
+
+def test_equal_rates_give_enrichment_one_and_the_tool_says_no_schedule_can_help():
+    e = MixtureSchedule(_flat_rates([3.0, 3.0]), MixtureConfig(total_steps=20)).enrichment()
+    assert e["schedule"] == pytest.approx(1.0) and e["best"] == pytest.approx(1.0)
+    assert "no mixture schedule can help" in enrichment_verdict(e)
+
+
+def test_planted_events_defer_the_late_domain_and_floor_the_stalled_one():
+    # domain 0 learned at step ~3, domain 1 at step ~300, domain 2 never (no events)
+    n = 30
+    token = np.arange(20)
+    mu = np.where(token < 10, 0.5, 2.5)
+    ev = Events(token=token, mu=mu, s=np.full(20, 0.1), delta=np.full(20, 2.0), n_tokens=n, x_range=(0.0, 3.0))
+    dom = np.repeat([0, 1, 2], 10)
+    rates = DomainRates.from_events(ev, dom, ("early", "late", "stalled"), width=0.1)
+    sched = MixtureSchedule(rates, MixtureConfig(total_steps=1000, floor=0.3))
+    early, late = sched.weights(2), sched.weights(315)
+    assert early[0] > 0.7 and late[1] > 0.7
+    assert np.allclose([early[2], late[2]], 0.1)  # the floor: 0.3 * 1/3
+    assert np.isclose(early.sum(), 1) and np.isclose(late.sum(), 1)
+    assert sched.enrichment()["schedule"] > 1.5
+
+
+def test_schedule_round_trips_and_drives_a_sampler(tmp_path):
+    sched = MixtureSchedule(_flat_rates([2.0, 1.0]), MixtureConfig(total_steps=5, floor=0.2))
+    back = load_mixture_schedule(sched.save(tmp_path / "m.json"))
+    assert np.allclose(back.table_, sched.table_)
+    s = mixture_sampler(np.array([1, 0, 0, 1]), back, samples_per_step=4)
+    assert s.draws(0).shape == (4,) and s.n_samples == 4
+    named = mixture_sampler(np.array([0, 1, 1, 0]), back, samples_per_step=4, domains=["b", "a"])  # ids index these names
+    assert np.array_equal(named.base, s.base)
+    (tmp_path / "bad.json").write_text(json.dumps({"kind": "other"}))
+    with pytest.raises(InputError, match="not a tokdyn mixture schedule"):
+        load_mixture_schedule(tmp_path / "bad.json")
+
+
+# -- budget ladder ------------------------------------------------------------------------
+
+
+def test_planted_ladder_reads_back_budgets_and_the_positive_control():
+    budgets = [0.8, 0.9, 1.0]
+    loss = lambda b: 3.0 - 0.4 * math.log(b)  # noqa: E731  (linear in log budget)
+    lad = [loss(b) for b in budgets]
+    bstar, inside = matched_budget(budgets, lad, loss(0.95))
+    assert bstar == pytest.approx(0.95) and inside
+    # an arm that matches 1/0.9 of the budget saves 10 % of the steps (extrapolated, flagged)
+    v, inside = speedup(budgets, lad, loss(1 / 0.9))
+    assert v == pytest.approx(0.10) and not inside
+    # the positive control: the 0.9x run read against the other rungs
+    v, _ = speedup([0.8, 1.0], [loss(0.8), loss(1.0)], loss(0.9))
+    assert v == pytest.approx(1 - 1 / 0.9)
+
+
+def test_paired_bootstrap_of_constant_values_is_that_value():
+    r = paired_bootstrap([0.1] * 10)
+    assert r["mean"] == pytest.approx(0.1) and r["ci95"] == [pytest.approx(0.1), pytest.approx(0.1)]
+    r = paired_bootstrap(np.arange(10.0))
+    assert r["ci95"][0] < 4.5 < r["ci95"][1]
+
+
+# -- data ---------------------------------------------------------------------------------
+
+
+def test_split_by_domain_holds_out_every_domain_by_document():
+    docs = [Document(key=f"{d}/{i}", domain=d, text="x" * 100) for d in "abc" for i in range(10)]
+    docs.append(Document(key="solo", domain="solo", text="y" * 100))
+    train, val = split_by_domain(docs, val_fraction=0.2)
+    assert {d.domain for d in val} == {"a", "b", "c"}  # a one-document domain stays in training
+    assert not {d.key for d in train} & {d.key for d in val}
+    assert all(sum(d.domain == k for d in val) == 2 for k in "abc")
+    assert split_by_domain(docs, val_fraction=0.2) == (train, val)
+
+
+def test_mixture_degrades_gracefully_without_test_folder(tmp_path):
+    (tmp_path / "pydoc_data").mkdir()
+    (tmp_path / "pydoc_data" / "topics.py").write_text("topics = {'a': 'Some prose about a.', 'b': 'More prose.'}\n")
+    (tmp_path / "mod.py").write_text("x = 1\n")
+    docs = stdlib_mixture_documents(tmp_path)
+    assert sorted({d.domain for d in docs}) == ["code", "prose"]
+    with pytest.raises(InputError, match="none of the mixture domains"):
+        stdlib_mixture_documents(tmp_path, domains=("certs",))
+
+
+def test_relabel_and_prepare_domains_from_a_jsonl(tmp_path):
+    rows = [{"text": f"{'abc ' * 200}{i}", "src": "A" if i % 2 else "B"} for i in range(12)]
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    corpus = prepare_domains(str(path), domain_field="src", min_tokens=64)
+    assert set(corpus.domains) == {"A", "B"}
+    ds = MixtureDataset(corpus, context=16)
+    assert len(ds) == ds.counts.sum() and ds[len(ds) - 1].shape == (17,)
+    assert corpus.val_windows(context=16, per_domain=3).shape == (2, 3, 17)
+    docs = relabel_documents([Document(key="k", domain="x", text="t")], {"k": "y"})
+    assert docs[0].domain == "y"
+    with pytest.raises(InputError, match="expected a non-empty string"):
+        relabel_documents(docs, lambda d: "")
+
+
+def test_context_split_keeps_every_target():
+    batch = torch.arange(2 * 17).reshape(2, 17)
+    x, y = ContextSchedule.split(batch, 4)
+    assert x.shape == (8, 4) and torch.equal(y.reshape(2, 16), batch[:, 1:]) and torch.equal(x.reshape(2, 16), batch[:, :-1])
+    cs = ContextSchedule((4, 8, 16), (10, 20), total_steps=30)
+    assert [cs.context(s) for s in (0, 9, 10, 19, 20, 29)] == [4, 4, 8, 8, 16, 16]
+
+
+# -- the pipeline -------------------------------------------------------------------------
+
+
+def test_curriculum_ab_quick_pipeline(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, str(ROOT / "pipelines" / "curriculum_ab.py"), "--quick", "--out", str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["aa"]["draws_identical"] and res["aa"]["max_abs_final_loss_diff"] == 0.0
+    assert res["aa_batches_identical"]["identical"]
+    assert res["comparison"]["aa"]["speedup"]["mean"] == 0.0
+    assert set(res["comparison"]) >= {"mixture", "reducible", "short_long"}
+    assert res["positive_control"]["expected"] == pytest.approx(-1 / 9)
+    assert res["enrichment"]["schedule"] >= 1.0 and res["validation"]["tokens"] >= 2048
+    assert (tmp_path / "curves.png").exists()
+    # tokdyn compare on the recorded reruns: they reproduce the runs, and A/A moved no event
+    cmp = res["compare"]
+    assert cmp["reruns_reproduce"]
+    aa = cmp["arms"]["aa"]["overall"]
+    assert aa["median_shift"] == 0.0 and aa["q25"] == 0.0 and aa["q75"] == 0.0 and aa["drop_share_earlier"] == 0.0
+    cli = subprocess.run([sys.executable, "-m", "tokdyn.cli", "compare", cmp["store"], "--run", "s0-base", "--run", "s0-mixture"],
+                         capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert cli.returncode == 0 and "domain certs" in cli.stdout, cli.stderr
+    bad = subprocess.run([sys.executable, "-m", "tokdyn.cli", "compare", cmp["store"], "--run", "s0-base"],
+                         capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "exactly two runs" in bad.stderr

@@ -1,0 +1,89 @@
+"""Learning-time shift between two runs on the same probe (``tokdyn compare``).
+
+Did a curriculum move learning events? For two fitted runs of one store (same probe: a
+curriculum arm and its baseline), every probe token's learning time is the drop-weighted mean
+``mu`` of its events (``two_step`` event set of :mod:`tokdyn.spectrum`) and its drop their sum.
+Over tokens with a positive drop in both runs, ``shift = mu_B - mu_A`` (decades; < 0: learned
+earlier in B); reported overall, by the token's class in run A and by domain: the median and
+quartiles of the shift, the share of tokens that moved earlier, and the share of run A's loss
+drop carried by tokens that moved earlier by more than ``tolerance`` decades (and later).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError
+
+__all__ = ["TokenTimes", "token_times", "compare_runs"]
+
+
+@dataclass(frozen=True)
+class TokenTimes:
+    """Per probe token: learning time ``mu`` (nan without a positive drop), total ``drop``, class
+    name and domain name."""
+
+    mu: np.ndarray
+    drop: np.ndarray
+    klass: np.ndarray
+    domain: np.ndarray
+
+
+def token_times(store, run: str) -> TokenTimes:
+    """Per-token learning times of a fitted run. The one place this module reads fit results."""
+    from .fit.job import read_fit, stored_options
+    from .fit.options import CLASS_NAMES
+    from .spectrum import events_from_fit
+    from .store import open_store
+
+    fit = read_fit(store, run)
+    ev = events_from_fit(fit, options=stored_options(store, run))
+    probe = open_store(store, mode="r").probe
+    n = ev.n_tokens
+    w = np.clip(ev.delta, 0, None)
+    drop = np.bincount(ev.token, weights=w, minlength=n)
+    wmu = np.bincount(ev.token, weights=w * ev.mu, minlength=n)
+    mu = np.divide(wmu, drop, out=np.full(n, np.nan), where=drop > 0)
+    names = np.array([CLASS_NAMES.get(int(c), "?") for c in range(max(CLASS_NAMES) + 1)])
+    klass = names[np.clip(np.asarray(fit["class_code"]).astype(int), 0, names.size - 1)]
+    doms = np.array(list(probe.domains) or ["default"])
+    dom_idx = np.asarray(probe.token_arrays["domain"]).astype(int)
+    domain = doms[np.clip(dom_idx, 0, doms.size - 1)]
+    return TokenTimes(mu, drop, klass, domain)
+
+
+def _summary(shift: np.ndarray, drop: np.ndarray, tol: float) -> dict:
+    if shift.size == 0:
+        return {"n_tokens": 0}
+    q = np.quantile(shift, [0.25, 0.5, 0.75])
+    total = drop.sum()
+    return {"n_tokens": int(shift.size), "median_shift": float(q[1]), "q25": float(q[0]), "q75": float(q[2]),
+            "mean_shift": float(shift.mean()), "share_earlier": float((shift < 0).mean()),
+            "drop_share_earlier": float(drop[shift < -tol].sum() / total) if total > 0 else float("nan"),
+            "drop_share_later": float(drop[shift > tol].sum() / total) if total > 0 else float("nan")}  # fmt: skip
+
+
+def compare_runs(store, run_a: str, run_b: str, *, tolerance: float = 0.05) -> dict:
+    """The learning-time shift of ``run_b`` against ``run_a`` (module docstring).
+
+    Raises :class:`InputError` when the runs are the same or share no token with an event.
+    """
+    if run_a == run_b:
+        raise InputError(f"compare needs two different runs, got {run_a!r} twice")
+    a, b = token_times(store, run_a), token_times(store, run_b)
+    if a.mu.shape != b.mu.shape:
+        raise InputError(f"runs {run_a!r} and {run_b!r} have {a.mu.size} and {b.mu.size} probe tokens; they must share the probe")
+    both = np.isfinite(a.mu) & np.isfinite(b.mu)
+    if not both.any():
+        raise InputError(f"no probe token has a positive learning event in both {run_a!r} and {run_b!r}")
+    shift, drop = (b.mu - a.mu)[both], a.drop[both]
+    out = {"run_a": run_a, "run_b": run_b, "tolerance": tolerance, "n_probe_tokens": int(a.mu.size),
+           "overall": _summary(shift, drop, tolerance), "by_class": {}, "by_domain": {},
+           "histogram": dict(zip(("counts", "edges"), (lambda h: (h[0].tolist(), h[1].tolist()))(np.histogram(shift, bins=40))))}  # fmt: skip
+    for key, labels in (("by_class", a.klass[both]), ("by_domain", a.domain[both])):
+        for lab in sorted(set(labels.tolist())):
+            m = labels == lab
+            out[key][lab] = _summary(shift[m], drop[m], tolerance)
+    return out
