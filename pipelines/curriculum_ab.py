@@ -69,7 +69,15 @@ def main() -> int:
 def _v1(args) -> int:
     from tokdyn.curriculum.experiment import ABConfig, run_ab
 
+    from tokdyn.curriculum.experiment import ARMS
+
     given = {k: v for k, v in vars(args).items() if v is not None and k in {f.name for f in dataclasses.fields(ABConfig)}}
+    if "arms" in given:
+        unknown = [a for a in given["arms"] if a not in ARMS]
+        if unknown:
+            print(f"curriculum_ab: error: --v1 arms are {list(ARMS)}, got {unknown}", file=sys.stderr)
+            return 1
+        given["arms"] = tuple(dict.fromkeys(("baseline", *given["arms"])))
     if "seeds" in given:
         given["seeds"] = tuple(given["seeds"])
     try:
@@ -78,7 +86,13 @@ def _v1(args) -> int:
     except TokdynError as exc:
         print(f"curriculum_ab: error: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps({arm: c["speedup"] for arm, c in res["comparison"].items()}))
+    head = {arm: {"speedup_mean": c["speedup"]["mean"], "speedup_ci95": c["speedup"]["ci95"],
+                  "auc_ratio_mean": c["auc_ratio"]["mean"], "auc_ratio_ci95": c["auc_ratio"]["ci95"],
+                  "per_seed_speedup": c["per_seed"]["speedup"], "not_reached": c["not_reached"]}
+            for arm, c in res["comparison"].items()}  # fmt: skip
+    v = res["pilot"]["validation"] or {}
+    print(json.dumps({"arms": head, "mu_spearman": v.get("mu_spearman"), "delta_spearman": v.get("delta_spearman"),
+                      "total_seconds": res["total_seconds"]}))  # fmt: skip
     return 0
 
 

@@ -193,7 +193,7 @@ def test_ab_experiment_quick(corpus, tmp_path):
 
 @pytest.mark.slow
 def test_curriculum_ab_pipeline_quick(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / "curriculum_ab.py"), "--quick", "--out", str(tmp_path / "q")],
+    proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / "curriculum_ab.py"), "--v1", "--quick", "--out", str(tmp_path / "q")],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     head = json.loads(proc.stdout.strip().splitlines()[-1])
