@@ -38,6 +38,7 @@ def main() -> int:
         ap.add_argument("--" + field.replace("_", "-"), type=int)
     for field in ("lr", "floor", "temperature", "width", "lead", "reducible_floor", "reducible_width", "context_start"):
         ap.add_argument("--" + field.replace("_", "-"), type=float)
+    ap.add_argument("--pilot-probe", choices=("train", "heldout"), help="pilot probe windows: training pool (default) or held-out documents")
     ap.add_argument("--contexts", type=int, nargs="+", help="short-to-long contexts (default 16 32 64)")
     args = ap.parse_args()
     if args.v1:

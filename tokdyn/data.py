@@ -164,15 +164,18 @@ class DomainCorpus:
     tokenizer: Tokenizer
     n_documents: dict  # domain -> [training, validation] documents
 
-    def val_windows(self, *, context: int, per_domain: int) -> np.ndarray:
+    def val_windows(self, *, context: int, per_domain: int, offset: float = 0.0) -> np.ndarray:
         """``per_domain`` windows ``[C+1]`` of each domain's validation stream, spread evenly over
-        it (non-overlapping while the stream is long enough): int64 ``[D, per_domain, C+1]``."""
+        it (non-overlapping while the stream is long enough): int64 ``[D, per_domain, C+1]``.
+        ``offset`` (in [0, 1)) shifts every start by that share of the spacing: 0.5 gives the
+        windows between those of 0 (another sample of the same held-out documents)."""
         out = np.empty((len(self.domains), per_domain, context + 1), np.int64)
         for k, stream in enumerate(self.val):
             n = stream.size - context
             if n < 1:
                 raise InputError(f"domain {self.domains[k]!r}: validation stream of {stream.size} tokens is shorter than one window")
-            starts = np.linspace(0, n - 1, per_domain).round().astype(np.int64)
+            step = (n - 1) / max(per_domain, 1)
+            starts = np.clip(np.linspace(0, n - 1, per_domain) + offset * step, 0, n - 1).round().astype(np.int64)
             out[k] = stream[starts[:, None] + np.arange(context + 1)]
         return out
 

@@ -82,6 +82,7 @@ class MixtureABConfig:
     aa_train_seeds: int = 1
     pilot_seed: int = 1000
     pilot_per_domain: int = 32
+    pilot_probe: str = "train"
     pilot_points: int = 30
     val_tokens: int = 32768
     eval_points: int = 10
@@ -111,6 +112,8 @@ class MixtureABConfig:
             raise InputError(f"need 2 <= eval_points <= steps, got {self.eval_points} and {self.steps}")
         if self.contexts[-1] != self.context:
             raise InputError(f"the longest of contexts {self.contexts} must be the model context {self.context}")
+        if self.pilot_probe not in ("train", "heldout"):
+            raise InputError(f"pilot_probe must be 'train' (training windows) or 'heldout' (held-out windows), got {self.pilot_probe!r}")
         if self.workers < 1 or self.threads < 1:
             raise InputError("workers and threads must be >= 1")
 
@@ -389,7 +392,7 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
     pilot = run_mixture_pilot(store, dataset=ds, domains=corpus.domains, batches=batches, model_config=mcfg,
                               train_config=TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.pilot_seed),
                               tokenizer=corpus.tokenizer.spec(), per_domain=cfg.pilot_per_domain, n_points=cfg.pilot_points,
-                              device=str(dev))  # fmt: skip
+                              device=str(dev), probe=_heldout_probe(corpus, cfg) if cfg.pilot_probe == "heldout" else None)  # fmt: skip
     pe = pilot_events(store, "pilot")
     events = pe.events
     rates = DomainRates.from_events(events, pe.token_domain, corpus.domains, width=cfg.width)
@@ -460,6 +463,18 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
         log("      " + line)
     log(f"done in {results['total_seconds']:.0f} s (pilot {pilot_s:.0f} s, runs {train_s:.0f} s); wrote {out / 'results.json'}")
     return results
+
+
+def _heldout_probe(corpus: DomainCorpus, cfg: MixtureABConfig):
+    """A pilot probe of held-out windows: the validation documents' windows halfway between
+    the measurement's own windows (the per-domain spectra then say when each domain's
+    *held-out* loss falls; the schedule has seen those documents, not those windows)."""
+    from ..probe import ProbeSet
+
+    w = corpus.val_windows(context=cfg.context, per_domain=cfg.pilot_per_domain, offset=0.5)  # (D, n, C+1)
+    dom = np.repeat(np.arange(w.shape[0]), w.shape[1]).astype(np.int32)
+    return ProbeSet.from_tokens(w.reshape(-1, w.shape[-1]), domain=dom, domains=corpus.domains, documents=("held-out",),
+                                tokenizer=corpus.tokenizer.spec())  # fmt: skip
 
 
 def _record_and_compare(cfg: MixtureABConfig, state: dict, store: Path, runs: list[dict], log) -> dict:

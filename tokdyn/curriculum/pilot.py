@@ -111,9 +111,10 @@ def run_mixture_pilot(
     n_points: int = 30,
     run: str = "pilot",
     device: str = "cpu",
+    probe: ProbeSet | None = None,
 ) -> dict:
     """Train the tiny GPT on ``batches`` (the baseline mixture) while recording
-    :func:`mixture_probe` into ``store``, then fit every token. Returns the training summary
+    :func:`mixture_probe` (or ``probe``) into ``store``, then fit every token. Returns the training summary
     with ``fit``; :func:`~tokdyn.curriculum.mixture.pilot_events` reads the events back."""
     import torch
 
@@ -123,7 +124,8 @@ def run_mixture_pilot(
     from ..schedule import geometric_schedule
     from ..train import train
 
-    probe = mixture_probe(dataset, per_domain=per_domain, domains=domains, tokenizer=tokenizer, seed=train_config.seed)
+    if probe is None:
+        probe = mixture_probe(dataset, per_domain=per_domain, domains=domains, tokenizer=tokenizer, seed=train_config.seed)
     torch.manual_seed(train_config.seed)
     model = TinyGPT(model_config).to(device)
     attrs = {"model_config": model_config.to_dict(), "seed": train_config.seed,
