@@ -34,7 +34,7 @@ def main() -> int:
     ap.add_argument("--arms", nargs="+", help="arms: aa mixture reducible short_long mixture_hand")
     ap.add_argument("--ladder", type=float, nargs="+", help="baseline budgets (default 0.8 0.9 1.0)")
     for field in ("steps", "batch_size", "context", "n_layer", "n_head", "n_embd", "pilot_per_domain", "pilot_points",
-                  "val_tokens", "eval_points", "workers", "threads", "aa_train_seeds", "max_train_tokens"):  # fmt: skip
+                  "val_tokens", "eval_points", "workers", "threads", "aa_train_seeds", "max_train_tokens", "compare_seed"):  # fmt: skip
         ap.add_argument("--" + field.replace("_", "-"), type=int)
     for field in ("lr", "floor", "temperature", "width", "lead", "reducible_floor", "reducible_width", "context_start"):
         ap.add_argument("--" + field.replace("_", "-"), type=float)

@@ -12,7 +12,13 @@
    :class:`CurriculumSampler`, for a DataLoader or the HF Trainer) or device-side as per-token
    loss weights (:class:`TokenWeights`).
 
-docs/curriculum.md has a complete example; ``pipelines/curriculum_ab.py`` measures it.
+v2 (the default, :mod:`tokdyn.curriculum.mixture`): per-domain learning-time densities from a
+pilot whose probe is labelled by domain (:func:`run_mixture_pilot`, :func:`pilot_events`,
+:class:`DomainRates`) become a mixture schedule (:class:`MixtureSchedule`, with its
+enrichment), drawn through a sampler coupled to the baseline's (:class:`CoupledSampler`,
+:func:`mixture_sampler`); :mod:`tokdyn.curriculum.ab` measures it on a budget ladder.
+
+docs/curriculum.md has complete examples; ``pipelines/curriculum_ab.py`` measures both.
 """
 
 from .learnability import LearnabilityOptions, LearnabilityTable, build_table, context_keys, load_table, token_targets
@@ -20,10 +26,17 @@ from .pilot import pilot_probe, run_pilot
 from .sampler import CurriculumSampler
 from .schedule import CurriculumConfig, SampleSchedule, kernel
 from .weights import TokenWeights
+from .coupled import CoupledSampler, domain_probabilities
+from .mixture import (ContextSchedule, DomainRates, MixtureConfig, MixtureSchedule, PilotEvents, enrichment_verdict,
+                      load_mixture_schedule, mixture_sampler, pilot_events)
+from .pilot import mixture_probe, run_mixture_pilot
 
 __all__ = [
     "pilot_probe", "run_pilot",
     "LearnabilityOptions", "LearnabilityTable", "build_table", "load_table", "context_keys", "token_targets",
     "CurriculumConfig", "SampleSchedule", "kernel",
     "CurriculumSampler", "TokenWeights",
+    "CoupledSampler", "domain_probabilities", "mixture_probe", "run_mixture_pilot", "pilot_events", "PilotEvents",
+    "DomainRates", "MixtureConfig", "MixtureSchedule", "enrichment_verdict", "load_mixture_schedule", "mixture_sampler",
+    "ContextSchedule",
 ]  # fmt: skip

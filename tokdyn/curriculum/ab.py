@@ -371,7 +371,8 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     torch.set_num_threads(cfg.threads)
-    corpus = corpus or prepare_domains(cfg.source, max_train_tokens=cfg.max_train_tokens)
+    corpus = corpus or prepare_domains(cfg.source, max_train_tokens=cfg.max_train_tokens,
+                                       domain_field="domain" if cfg.source.endswith(".jsonl") else None)  # fmt: skip
     if len(corpus.domains) < 2:
         log(f"note: only one domain ({corpus.domains[0]}) has text here: a mixture schedule cannot do anything")
     ds = MixtureDataset(corpus, context=cfg.context)
