@@ -217,3 +217,34 @@ def test_curriculum_ab_quick_pipeline(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "tokdyn.cli", "compare", cmp["store"], "--run", "s0-base"],
                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "exactly two runs" in bad.stderr
+
+
+def test_hf_trainer_draws_the_mixture_samplers_sequence(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    from tokdyn.curriculum.hf import CurriculumTrainer
+
+    ids = np.repeat([0, 1], [30, 10])
+
+    class Windows(torch.utils.data.Dataset):
+        asked: list = []
+
+        def __len__(self):
+            return ids.size
+
+        def __getitem__(self, i):
+            self.asked.append(int(i))
+            w = torch.arange(9) + int(i)
+            return {"input_ids": w, "labels": w}
+
+    sched = MixtureSchedule(_flat_rates([3.0, 1.0]), MixtureConfig(total_steps=4, floor=0.2))
+    sampler = mixture_sampler(ids, sched, samples_per_step=4, seed=5)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=9, n_embd=16, n_layer=1, n_head=2))
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=4, per_device_train_batch_size=4, report_to=[],
+                             use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True)  # fmt: skip
+    ds = Windows()
+    CurriculumTrainer(model=model, args=args, train_dataset=ds, curriculum_sampler=sampler).train()
+    assert ds.asked == np.concatenate([sampler.draws(s) for s in range(4)]).tolist()
