@@ -34,7 +34,6 @@ The design is METHOD.md section 4.3-4.4:
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -54,7 +53,7 @@ from ..errors import InputError
 from ..model import GPTConfig, TinyGPT
 from ..train import TrainConfig, lr_factor, resolve_device
 from .coupled import CoupledSampler, domain_probabilities
-from .measure import auc_ratio, matched_budget, paired_bootstrap, speedup
+from .measure import auc_ratio, paired_bootstrap, speedup
 from .mixture import ContextSchedule, DomainRates, MixtureConfig, MixtureSchedule, enrichment_verdict, pilot_events
 
 __all__ = ["MixtureABConfig", "MIXTURE_ARMS", "run_mixture_ab", "ArmSpec", "build_arms"]
@@ -623,7 +622,3 @@ def plot_mixture(res: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def replace(cfg: MixtureABConfig, **kw) -> MixtureABConfig:
-    return dataclasses.replace(cfg, **kw)
