@@ -217,6 +217,13 @@ def test_curriculum_ab_quick_pipeline(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "tokdyn.cli", "compare", cmp["store"], "--run", "s0-base"],
                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "exactly two runs" in bad.stderr
+    # tokdyn curriculum schedule on the pilot: the same enrichment as the pipeline printed
+    sched = subprocess.run([sys.executable, "-m", "tokdyn.cli", "curriculum", "schedule", str(tmp_path / "pilot.zarr"), "--run",
+                            "pilot", "--steps", "40", "--out", str(tmp_path / "m.json"), "--json"],
+                           capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert sched.returncode == 0, sched.stderr
+    assert json.loads(sched.stdout)["enrichment"]["schedule"] == pytest.approx(res["enrichment"]["schedule"])
+    assert load_mixture_schedule(tmp_path / "m.json").weights(39).shape == (len(res["domains"]),)
 
 
 def test_hf_trainer_draws_the_mixture_samplers_sequence(tmp_path):
