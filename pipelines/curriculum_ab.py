@@ -39,6 +39,8 @@ def main() -> int:
     for field in ("lr", "floor", "temperature", "width", "lead", "reducible_floor", "reducible_width", "context_start"):
         ap.add_argument("--" + field.replace("_", "-"), type=float)
     ap.add_argument("--pilot-probe", choices=("train", "heldout"), help="pilot probe windows: training pool (default) or held-out documents")
+    ap.add_argument("--no-compare", action="store_true", help="do not rerun a seed for tokdyn compare (on in --quick)")
+    ap.add_argument("--reuse", help="a previous results.json whose baseline (ladder) runs match: they are not retrained")
     ap.add_argument("--contexts", type=int, nargs="+", help="short-to-long contexts (default 16 32 64)")
     args = ap.parse_args()
     if args.v1:
@@ -46,7 +48,9 @@ def main() -> int:
 
     from tokdyn.curriculum.ab import MixtureABConfig, run_mixture_ab
 
-    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("out", "quick", "v1")}
+    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("out", "quick", "v1", "no_compare")}
+    if args.no_compare:
+        given["compare_seed"] = None
     for k in ("seeds", "arms", "ladder", "contexts"):
         if k in given:
             given[k] = tuple(given[k])

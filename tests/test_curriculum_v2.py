@@ -255,3 +255,20 @@ def test_hf_trainer_draws_the_mixture_samplers_sequence(tmp_path):
     ds = Windows()
     CurriculumTrainer(model=model, args=args, train_dataset=ds, curriculum_sampler=sampler).train()
     assert ds.asked == np.concatenate([sampler.draws(s) for s in range(4)]).tolist()
+
+
+def test_reuse_takes_only_matching_baselines(tmp_path):
+    from dataclasses import asdict
+
+    from tokdyn.curriculum.ab import MixtureABConfig, _reusable_base_runs
+
+    cfg = MixtureABConfig.quick()
+    runs = [{"seed": 0, "arm": "base", "budget": 1.0}, {"seed": 0, "arm": "mixture", "budget": 1.0},
+            {"seed": 9, "arm": "base", "budget": 1.0}]  # fmt: skip
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"config": asdict(cfg), "runs": runs}))
+    got = _reusable_base_runs(MixtureABConfig.quick(reuse=str(path)), lambda m: None)
+    assert got == runs[:1]  # arms and other seeds are never taken
+    path.write_text(json.dumps({"config": {**asdict(cfg), "steps": 41}, "runs": runs}))
+    with pytest.raises(InputError, match="other settings"):
+        _reusable_base_runs(MixtureABConfig.quick(reuse=str(path)), lambda m: None)

@@ -94,6 +94,7 @@ class MixtureABConfig:
     contexts: tuple[int, ...] = (16, 32, 64)
     context_start: float = 0.25
     compare_seed: int | None = None
+    reuse: str | None = None
     device: str = "cpu"
     workers: int = 2
     threads: int = 1
@@ -102,8 +103,10 @@ class MixtureABConfig:
         unknown = [a for a in self.arms if a not in MIXTURE_ARMS]
         if unknown:
             raise InputError(f"unknown arms {unknown}; choose from {list(MIXTURE_ARMS)}")
-        if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
-            raise InputError(f"seeds must be distinct and at least one, got {self.seeds}")
+        if len(set(self.seeds)) != len(self.seeds) or not self.seeds or min(self.seeds) < 0:
+            raise InputError(f"seeds must be distinct, >= 0 and at least one, got {self.seeds}")
+        if self.compare_seed is not None and self.compare_seed not in self.seeds:
+            raise InputError(f"compare_seed {self.compare_seed} is not one of the seeds {list(self.seeds)}")
         lad = tuple(self.ladder)
         if len(lad) < 2 or lad[-1] != 1.0 or any(b <= a for a, b in zip(lad, lad[1:])) or lad[0] <= 0:
             raise InputError(f"ladder must be >= 2 increasing budgets ending at 1.0, got {self.ladder}")
@@ -423,13 +426,16 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
         for a in cfg.arms:
             if a != "aa" or s_i < cfg.aa_train_seeds:
                 jobs.append((s, a, 1.0))
+    reused = _reusable_base_runs(cfg, log) if cfg.reuse else []
+    done = {(r["seed"], r["arm"], r["budget"]) for r in reused}
+    jobs = [j for j in jobs if j not in done]
     jobs.sort(key=lambda j: -j[2])  # longest first: better packing over workers
     eval_steps = np.unique(np.linspace(0, cfg.steps, cfg.eval_points + 1).round().astype(int)[1:]).tolist()
     log(f"[3/4] {len(jobs)} runs ({len(cfg.seeds)} seeds; ladder {list(cfg.ladder)}; arms {list(cfg.arms)}) on {cfg.workers} worker(s)")
     state = {"cfg": cfg, "device": str(dev), "arms": arms, "dataset": ds, "val": val, "base": base,
              "model_config": mcfg, "eval_steps": eval_steps}  # fmt: skip
     t = time.perf_counter()
-    runs = _map(jobs, state, cfg, log)
+    runs = reused + _map(jobs, state, cfg, log)
     train_s = time.perf_counter() - t
 
     compare = None
@@ -463,6 +469,28 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
         log("      " + line)
     log(f"done in {results['total_seconds']:.0f} s (pilot {pilot_s:.0f} s, runs {train_s:.0f} s); wrote {out / 'results.json'}")
     return results
+
+
+# what must agree for a previous run's baselines to stand in for this one's
+_LADDER_FIELDS = ("source", "max_train_tokens", "steps", "batch_size", "context", "n_layer", "n_head", "n_embd", "lr",
+                  "val_tokens", "eval_points", "threads", "device")
+
+
+def _reusable_base_runs(cfg: MixtureABConfig, log) -> list[dict]:
+    """The baseline (ladder) runs of a previous ``results.json`` (``cfg.reuse``) made with the
+    same data, model, steps and validation: they are deterministic, so rerunning them would
+    reproduce them. Arms are never reused."""
+    try:
+        prev = json.loads(Path(cfg.reuse).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"--reuse {cfg.reuse}: not a readable results.json ({exc})") from None
+    pc = prev.get("config", {})
+    diff = {k: (pc.get(k), getattr(cfg, k)) for k in _LADDER_FIELDS if pc.get(k) != getattr(cfg, k)}
+    if diff:
+        raise InputError(f"--reuse {cfg.reuse}: its baselines were made with other settings (then, now): {diff}")
+    out = [r for r in prev.get("runs", []) if r["arm"] == "base" and r["seed"] in cfg.seeds and r["budget"] in cfg.ladder]
+    log(f"      reusing {len(out)} baseline runs of {cfg.reuse}")
+    return out
 
 
 def _heldout_probe(corpus: DomainCorpus, cfg: MixtureABConfig):
