@@ -108,8 +108,8 @@ class MixtureABConfig:
         if self.compare_seed is not None and self.compare_seed not in self.seeds:
             raise InputError(f"compare_seed {self.compare_seed} is not one of the seeds {list(self.seeds)}")
         lad = tuple(self.ladder)
-        if len(lad) < 2 or lad[-1] != 1.0 or any(b <= a for a, b in zip(lad, lad[1:])) or lad[0] <= 0:
-            raise InputError(f"ladder must be >= 2 increasing budgets ending at 1.0, got {self.ladder}")
+        if len(lad) < 2 or 1.0 not in lad or any(b <= a for a, b in zip(lad, lad[1:])) or lad[0] <= 0:
+            raise InputError(f"ladder must be >= 2 increasing budgets including 1.0, got {self.ladder}")
         if self.eval_points < 2 or self.steps < self.eval_points:
             raise InputError(f"need 2 <= eval_points <= steps, got {self.eval_points} and {self.steps}")
         if self.contexts[-1] != self.context:
@@ -550,9 +550,10 @@ def summarize_runs(runs: list[dict], cfg: MixtureABConfig, domains) -> dict:
     seeds = [s for s in cfg.seeds if all((s, "base", b) in by for b in cfg.ladder)]
     ladder = {s: [by[(s, "base", b)]["final_mixture"] for b in cfg.ladder] for s in seeds}
     lad_dom = {s: np.array([by[(s, "base", b)]["final"] for b in cfg.ladder]) for s in seeds}  # (R, D)
+    full = cfg.ladder.index(1.0)
     arms = {}
     for arm in cfg.arms:
-        sp, auc, outside, dom_sp, finals = [], [], [], [], []
+        sp, auc, outside, dom_sp, finals, diffs = [], [], [], [], [], []
         for s in seeds:
             r = by.get((s, arm, 1.0))
             if r is None:
@@ -560,6 +561,7 @@ def summarize_runs(runs: list[dict], cfg: MixtureABConfig, domains) -> dict:
             v, inside = speedup(cfg.ladder, ladder[s], r["final_mixture"])
             sp.append(v)
             finals.append(r["final_mixture"])
+            diffs.append(r["final_mixture"] - ladder[s][full])
             if not inside:
                 outside.append(s)
             b = by[(s, "base", 1.0)]
@@ -572,14 +574,14 @@ def summarize_runs(runs: list[dict], cfg: MixtureABConfig, domains) -> dict:
                      "per_seed": {"speedup": sp, "auc_ratio": auc, "final_mixture": finals},
                      "outside_ladder": outside,
                      "domain_speedup": {dom: paired_bootstrap(d[:, k]) for k, dom in enumerate(domains)},
-                     "final_loss_diff": paired_bootstrap([f - ladder[s][-1] for f, s in zip(finals, seeds)])}  # fmt: skip
+                     "final_loss_diff": paired_bootstrap(diffs)}  # fmt: skip
     control = None
     if 0.9 in cfg.ladder and len(cfg.ladder) >= 3:
         i = cfg.ladder.index(0.9)
         rest = [b for b in cfg.ladder if b != 0.9]
         vals = []
         for s in seeds:
-            ls = [l for b, l in zip(cfg.ladder, ladder[s]) if b != 0.9]
+            ls = [lo for b, lo in zip(cfg.ladder, ladder[s]) if b != 0.9]
             vals.append(speedup(rest, ls, ladder[s][i], used=1.0)[0])
         control = {"expected": 1 - 1 / 0.9, "speedup": paired_bootstrap(vals), "per_seed": vals,
                    "matched_budget": paired_bootstrap([1 / (1 - v) for v in vals])}  # fmt: skip
