@@ -124,12 +124,13 @@ def _open_or_create(store, token_arrays: dict, n: int) -> TrajectoryStore:
     return st
 
 
-def export_npz(store: str | os.PathLike | TrajectoryStore, out: str | os.PathLike, *, run: str) -> Path:
-    """Write run ``run`` as a ``losses.npz`` (float16 losses widen exactly to float32)."""
-    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
-    r = st.run(run)
+def export_npz(run: Run, out: str | os.PathLike) -> Path:
+    """Write ``run`` as a ``losses.npz`` (float16 losses widen exactly to float32)."""
+    if not isinstance(run, Run):
+        raise InputError(f"run must be a tokdyn Run (open_store(url).run(name)), got {type(run).__name__}")
+    r, st = run, run.store
     if r.n_committed == 0:
-        raise InputError(f"run {run!r} has no committed rows to export")
+        raise InputError(f"run {r.name!r} has no committed rows to export")
     losses = r.losses()
     if losses.dtype == np.float16:
         losses = losses.astype(np.float32)

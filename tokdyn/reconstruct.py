@@ -193,8 +193,7 @@ def reconstruct(
 
 
 def reconstruct_run(
-    store,
-    run: str,
+    run,
     *,
     which: str = "two_step",
     bandwidth: str | float = "auto",
@@ -202,19 +201,17 @@ def reconstruct_run(
     n_boot: int = 200,
     seed: int = 0,
     placement: str = "mu",
+    events: Events | None = None,
 ) -> Reconstruction:
-    """:func:`reconstruct` for a fitted run of a store: its mean probe loss on the fitted rows
-    and the events of its stored fit (``which``: see :func:`tokdyn.spectrum.events_from_fit`)."""
+    """:func:`reconstruct` for a fitted :class:`~tokdyn.store.Run`: its mean probe loss on the
+    fitted rows and the events of its stored fit (``which``: see
+    :func:`tokdyn.spectrum.events_from_fit`), or ``events`` already made from it."""
     from .fit.job import fit_inputs
-    from .store import TrajectoryStore, open_store
 
-    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
-    r = st.run(run)
-    events = run_events(st, run, which=which)  # StoreError if not fitted
-    rows, x = fit_inputs(r)
-    mean_loss = mean_probe_loss(r, rows)
-    return reconstruct(x, mean_loss, events, axis=r.axis, run=run, bandwidth=bandwidth, smoothing=smoothing,
-                       n_boot=n_boot, seed=seed, placement=placement)  # fmt: skip
+    events = run_events(run, which=which) if events is None else events  # StoreError if not fitted
+    rows, x = fit_inputs(run)
+    return reconstruct(x, mean_probe_loss(run, rows), events, axis=run.axis, run=run.name, bandwidth=bandwidth,
+                       smoothing=smoothing, n_boot=n_boot, seed=seed, placement=placement)  # fmt: skip
 
 
 def mean_probe_loss(r, rows: np.ndarray | None = None) -> np.ndarray:

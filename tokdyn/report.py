@@ -26,7 +26,7 @@ from .fit.models import two_sigmoid_curve
 from .fit.options import CLASS_CODES, CLASS_NAMES
 from .fit.sigmoid import sigmoid_curve
 from .fit.job import fit_inputs
-from .store import TrajectoryStore, open_store
+from .store import TrajectoryStore, as_store
 from .tokenstats import RHO1_CLASSES
 
 __all__ = ["write_report", "render_report", "check_writable"]
@@ -65,7 +65,7 @@ def write_report(
     ``extra``: a dict shown as a table at the top (the demo puts its stage timings there).
     """
     p = check_writable(out)
-    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
+    st = as_store(store)
     an = analysis if analysis is not None else analyze_store(st, runs=runs)
     text = render_report(st, an, title=title, extra=extra)
     tmp = p.with_name(p.name + ".tmp")
@@ -248,7 +248,7 @@ def _plot_trajectories(st: TrajectoryStore, a: RunAnalysis, per_class: int = 3):
         idx = np.flatnonzero(f["class_code"] == CLASS_CODES[c])
         picks[c] = np.sort(rng.choice(idx, min(per_class, idx.size), replace=False))
     tokens = np.unique(np.concatenate(list(picks.values())))
-    Y = r._loss.get_orthogonal_selection((rows, tokens)).astype(np.float64)  # [K, picked]
+    Y = r.losses_at(rows, tokens).astype(np.float64)  # [K, picked]
     col = {t: j for j, t in enumerate(tokens)}
     ncol = 4
     nrow = -(-len(classes) // ncol)

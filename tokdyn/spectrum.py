@@ -263,11 +263,12 @@ def events_from_fit(
     )
 
 
-def run_events(store, run: str, *, which: str = "two_step") -> Events:
-    """The events of a fitted run of a store (:func:`tokdyn.fit.read_fit` then :func:`events_from_fit`)."""
-    from .fit.job import read_fit, stored_options
+def run_events(run, *, which: str = "two_step", fit: Mapping[str, np.ndarray] | None = None) -> Events:
+    """The events of a fitted :class:`~tokdyn.store.Run` (its stored fit, or the fields already
+    read from it as ``fit``, then :func:`events_from_fit` with the options it was fitted with)."""
+    from .fit.job import stored_options
 
-    return events_from_fit(read_fit(store, run), which=which, options=stored_options(store, run))
+    return events_from_fit(run.fit.read() if fit is None else fit, which=which, options=stored_options(run))
 
 
 # -- the density ---------------------------------------------------------------------------

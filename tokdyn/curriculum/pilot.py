@@ -77,6 +77,7 @@ def run_pilot(
                             device=device, progress=progress)  # fmt: skip
     if fit:
         from ..fit.job import fit_run
+        from ..store import open_store
 
-        stats["fit"] = fit_run(os.fspath(store), run, progress=progress)
+        stats["fit"] = fit_run(open_store(store, mode="r+").run(run), progress=progress).summary()
     return stats
