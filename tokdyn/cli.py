@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _STAGE_COMMANDS = (
-    ("record-offline", ".record.offline", "evaluate the probe on every checkpoint in a folder"),
+    ("record-offline", ".record.offline.cli", "evaluate the probe on every checkpoint in a folder"),
     ("curriculum", ".curriculum.cli", "learnability model and training-data weights from a fitted pilot run"),
 )
 
