@@ -2,11 +2,12 @@
 
 A bare state dict's model is rebuilt by a builder from :mod:`tokdyn.runtime`'s registry, chosen
 by its spec's ``"type"``: the recorder imports no model class, the command line still records the
-demo model's checkpoints.
+demo model's checkpoints, and transformers is imported once, safely, before worker threads start.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib.util
 import json
@@ -21,10 +22,12 @@ import pytest
 import torch
 
 import tokdyn
-from offline_fixtures import direct_losses, make_probe, save_torch
+from offline_fixtures import direct_losses, hf_config, make_hf_model, make_probe, save_torch
 from tokdyn.errors import InputError
 from tokdyn.model import GPTConfig, TinyGPT
-from tokdyn.record.offline import build_model, record_offline
+from tokdyn.record.offline import CheckpointRef, build_model, record_offline
+from tokdyn.record.offline.cli import add_cli_arguments, run_cli
+from tokdyn.record.offline.loading import needs_transformers
 from tokdyn.runtime import model_kinds, register_model_builder
 from tokdyn.store import open_store
 
@@ -171,3 +174,66 @@ def test_importing_the_recorder_loads_no_model_and_no_command_line():
     """
     proc = _python(code)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+# -- transformers -----------------------------------------------------------------------------
+
+
+def test_first_import_of_transformers_is_safe_from_threads():
+    """transformers swaps a lazy module into sys.modules mid-import: 16 threads importing it at
+    once got ``module 'transformers' has no attribute 'PreTrainedModel'`` in 8 of 10 fresh
+    processes before the import was taken under a lock."""
+    pytest.importorskip("transformers")
+    code = """
+        import threading
+        from tokdyn.record.offline.models import import_transformers
+
+        N = 16
+        barrier = threading.Barrier(N)
+        errors = []
+
+        def work():
+            barrier.wait()
+            try:
+                import_transformers().PreTrainedModel
+            except Exception as exc:
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=work) for _ in range(N)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        print(errors or "ok")
+    """
+    proc = _python(code)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", (proc.stdout + proc.stderr)[-3000:]
+
+
+def test_transformers_is_imported_before_workers_only_when_needed(tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "step_1.pt").write_bytes(b"")
+    ref = CheckpointRef(1, bare / "step_1.pt", "torch")
+    assert not needs_transformers([ref])  # no spec: loading it reports the error
+    (bare / "config.json").write_text(json.dumps(DEMO_CONFIG.to_dict()))
+    assert not needs_transformers([ref])  # GPTConfig fields: the tiny GPT
+    hf_config().to_json_file(bare / "config.json")
+    assert needs_transformers([ref]) and not needs_transformers([ref], model_factory=lambda: TinyGPT(DEMO_CONFIG))
+    (tmp_path / "checkpoint-5").mkdir()
+    assert needs_transformers([CheckpointRef(5, tmp_path / "checkpoint-5", "hf")])
+
+
+def test_no_progress_silences_transformers_loading_bars(tmp_path, capfd):
+    transformers = pytest.importorskip("transformers")
+    make_hf_model(1).save_pretrained(tmp_path / "ckpts" / "checkpoint-10")
+    open_store(tmp_path / "src.zarr", make_probe(), mode="a")
+    parser = add_cli_arguments(argparse.ArgumentParser(prog="tokdyn record-offline"))
+    argv = ["--checkpoints", str(tmp_path / "ckpts"), "--out", str(tmp_path / "o.zarr"), "--run", "r",
+            "--probe", str(tmp_path / "src.zarr"), "--workers", "1"]  # fmt: skip
+    assert transformers.utils.logging.is_progress_bar_enabled()
+    capfd.readouterr()
+    assert run_cli(parser.parse_args(argv + ["--no-progress"])) == 0
+    err = capfd.readouterr().err
+    assert "it/s]" not in err and "%|" not in err, err  # no tqdm bar, ours or transformers'
+    assert transformers.utils.logging.is_progress_bar_enabled()  # the process-wide switch is restored

@@ -14,7 +14,7 @@ import os
 import pickle
 import re
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from ...errors import InputError, UnsafeFileError
 from .discovery import MANIFEST, SAFETENSORS_SUFFIXES, CheckpointRef
 from .models import HF_LOCK, build_model, import_transformers, model_spec_beside
 
-__all__ = ["read_state_dict", "load_checkpoint", "weights_fingerprint", "ModelFactory", "MODEL_DTYPES"]
+__all__ = ["read_state_dict", "load_checkpoint", "weights_fingerprint", "needs_transformers", "ModelFactory", "MODEL_DTYPES"]
 
 WRAPPER_KEYS = ("state_dict", "model_state_dict", "model", "module")  # {"model": state_dict}, ...
 STRIP_PREFIXES = ("module.", "_orig_mod.")  # DDP, torch.compile
@@ -179,6 +179,24 @@ def _load_into(model: torch.nn.Module, sd: Mapping[str, torch.Tensor], p: Path) 
         if untied:
             raise InputError(f"{p} lacks weights the model needs: {untied[:8]}. Check the model config")
 
+
+
+def needs_transformers(refs: Iterable[CheckpointRef], model_factory: ModelFactory | None = None) -> bool:
+    """Whether loading ``refs`` uses transformers: an HF folder, or a bare state dict whose spec is ``"hf"``.
+
+    A spec that cannot be read counts as not: loading that checkpoint reports the error.
+    """
+    for ref in refs:
+        if ref.kind == "hf":
+            return True
+        if model_factory is None:
+            try:
+                found = _model_spec_for(ref)
+            except InputError:
+                continue
+            if found is not None and isinstance(found[0], Mapping) and found[0].get("type") == "hf":
+                return True
+    return False
 
 
 def _load_hf(folder: Path) -> torch.nn.Module:

@@ -6,15 +6,18 @@ spec's type picks a builder from the registry in :mod:`tokdyn.runtime`: ``"tinyg
 registered by :mod:`tokdyn.model`, ``"hf"`` (any transformers causal LM) here, and a user's own
 model with :func:`tokdyn.runtime.register_model_builder`. So the recorder imports no model class.
 
-transformers builds models under process-global patches (meta-device init, tied weights), so two threads in ``from_pretrained``/``from_config`` corrupt
+transformers is imported once, under a lock, and builds models under process-global patches
+(meta-device init, tied weights), so two threads in ``from_pretrained``/``from_config`` corrupt
 each other: HF construction is serialised (:data:`HF_LOCK`); the probe forwards stay parallel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +26,11 @@ import torch
 from ...errors import InputError
 from ...runtime import model_builder, model_kinds, register_model_builder
 
-__all__ = ["build_model", "model_spec_beside", "import_transformers", "HF_LOCK", "MODEL_SPEC_FILES"]
+__all__ = ["build_model", "model_spec_beside", "import_transformers", "hf_progress_bars", "HF_LOCK", "MODEL_SPEC_FILES"]
 
 MODEL_SPEC_FILES = ("tokdyn_model.json", "config.json")  # beside bare state dicts, first found wins
 HF_LOCK = threading.Lock()  # held while transformers builds or loads a model
+_IMPORT_LOCK = threading.Lock()
 
 
 def build_model(spec: Mapping[str, Any], *, where: str = "model spec") -> torch.nn.Module:
@@ -66,12 +70,39 @@ def model_spec_beside(folder: Path) -> tuple[Mapping, Path] | None:
 
 
 def import_transformers():
-    """The ``transformers`` module, or an InputError saying how to install it."""
-    try:
-        import transformers
-    except ImportError:
-        raise InputError("loading Hugging Face checkpoints needs transformers: pip install 'tokdyn[hf]'") from None
+    """The ``transformers`` module, imported under a lock with the names tokdyn uses resolved.
+
+    Its first import is not thread-safe: it swaps a lazy module into ``sys.modules`` midway, so a
+    second thread can get a module without ``PreTrainedModel``. Import it before starting threads.
+    """
+    with _IMPORT_LOCK:
+        try:
+            import transformers
+        except ImportError:
+            raise InputError("loading Hugging Face checkpoints needs transformers: pip install 'tokdyn[hf]'") from None
+        transformers.PreTrainedModel, transformers.AutoConfig, transformers.AutoModelForCausalLM  # noqa: B018 - load them now
     return transformers
+
+
+@contextlib.contextmanager
+def hf_progress_bars(enabled: bool) -> Iterator[None]:
+    """transformers' own progress bars (one per ``from_pretrained``) off unless ``enabled``.
+
+    The switch is process-wide in transformers: it is restored on exit. A no-op when transformers
+    has not been imported.
+    """
+    hf = sys.modules.get("transformers")
+    if enabled or hf is None:
+        yield
+        return
+    hf_logging = hf.utils.logging
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _build_hf(config: dict[str, Any]) -> torch.nn.Module:

@@ -25,7 +25,8 @@ from ...probe import ProbeSet
 from ...store import AXES, LOSS_DTYPES, TrajectoryStore, open_store
 from ..recorder import model_attrs, token_losses
 from .discovery import CheckpointRef, discover_checkpoints, manifest_axis, order_refs
-from .loading import MODEL_DTYPES, ModelFactory, load_checkpoint, weights_fingerprint
+from .loading import MODEL_DTYPES, ModelFactory, load_checkpoint, needs_transformers, weights_fingerprint
+from .models import hf_progress_bars, import_transformers
 
 __all__ = ["record_offline", "DuplicateWeightsWarning"]
 
@@ -108,11 +109,14 @@ def record_offline(
     restore_threads = torch.get_num_threads()
     try:
         todo = rows.skip_committed(refs)
+        if needs_transformers(todo, model_factory):
+            import_transformers()  # here, once: its first import is not safe from several threads
         evaluate = functools.partial(
             _evaluate, tokens=tokens, model_factory=model_factory, device=device, model_dtype=model_dtype,
             batch_size=int(batch_size), threads=_threads_per_worker(workers, device), restore_threads=restore_threads,
         )  # fmt: skip
-        _record_in_order(todo, evaluate, rows, workers=workers, progress=progress)
+        with hf_progress_bars(progress):
+            _record_in_order(todo, evaluate, rows, workers=workers, progress=progress)
     finally:
         torch.set_num_threads(restore_threads)
         rows.close()
