@@ -81,7 +81,7 @@ def record_offline(
         Continue an existing run: checkpoints at or before its last committed step are skipped
         (a D/M sweep must then list the committed axis values first, unchanged).
     progress : bool
-        Show a tqdm bar.
+        Show a tqdm bar; False also turns off transformers' per-checkpoint loading bars.
     axis : {"T", "D", "M"}, optional
         Default: the manifest's ``"axis"``, else T (or the existing run's axis when resuming).
     run_attrs : dict, optional
