@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import importlib
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,7 +28,6 @@ _BUILDERS: dict[str, ModelBuilder] = {}
 # Kinds that ship with tokdyn, and the module that registers each when imported: a spec of such a
 # kind works in a process that never imported that module (e.g. `tokdyn record-offline`).
 _PROVIDERS: Mapping[str, str] = {"tinygpt": "tokdyn.model"}
-_LOCK = threading.RLock()  # re-entrant: a provider registers while model_builder imports it
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -70,8 +68,7 @@ def register_model_builder(kind: str, builder: ModelBuilder) -> ModelBuilder:
         raise InputError(f"a model kind is a non-empty string, got {kind!r}")
     if not callable(builder):
         raise InputError(f"the builder for model kind {kind!r} is not callable: {builder!r}")
-    with _LOCK:
-        _BUILDERS[kind] = builder
+    _BUILDERS[kind] = builder
     return builder
 
 
@@ -79,10 +76,11 @@ def model_builder(kind: str) -> ModelBuilder:
     """The builder registered for ``kind``, importing the module that provides a built-in kind."""
     if not isinstance(kind, str):
         raise InputError(f"model type must be one of {list(model_kinds())}, got {kind!r}")
-    with _LOCK:
-        if kind not in _BUILDERS and kind in _PROVIDERS:
-            importlib.import_module(_PROVIDERS[kind])
-        builder = _BUILDERS.get(kind)
+    if kind not in _BUILDERS and kind in _PROVIDERS:
+        # No lock of ours around the import: Python's import lock already makes a second thread
+        # wait for the module, and a lock held across an import could deadlock with it.
+        importlib.import_module(_PROVIDERS[kind])
+    builder = _BUILDERS.get(kind)
     if builder is None:
         raise InputError(f"model type must be one of {list(model_kinds())}, got {kind!r}")
     return builder
@@ -90,5 +88,4 @@ def model_builder(kind: str) -> ModelBuilder:
 
 def model_kinds() -> tuple[str, ...]:
     """The model kinds a spec may name: those registered and those tokdyn provides."""
-    with _LOCK:
-        return tuple(sorted(set(_BUILDERS) | set(_PROVIDERS)))
+    return tuple(sorted(set(_BUILDERS) | set(_PROVIDERS)))
