@@ -180,7 +180,6 @@ def _load_into(model: torch.nn.Module, sd: Mapping[str, torch.Tensor], p: Path) 
             raise InputError(f"{p} lacks weights the model needs: {untied[:8]}. Check the model config")
 
 
-
 def needs_transformers(refs: Iterable[CheckpointRef], model_factory: ModelFactory | None = None) -> bool:
     """Whether loading ``refs`` uses transformers: an HF folder, or a bare state dict whose spec is ``"hf"``.
 
