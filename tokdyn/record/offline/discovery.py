@@ -64,7 +64,6 @@ class CheckpointRef:
         object.__setattr__(self, "path", Path(self.path))
 
 
-
 def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) -> list[CheckpointRef]:
     """The checkpoints in folder ``path``, sorted by step (T) or by ``axis_value`` (D, M).
 
@@ -216,7 +215,6 @@ def order_refs(refs: Sequence[CheckpointRef], axis: str, where: str) -> list[Che
     if axis != "T":
         refs = [dataclasses.replace(r, step=k) for k, r in enumerate(refs)]
     return refs
-
 
 
 def manifest_axis(path: str | os.PathLike) -> str | None:

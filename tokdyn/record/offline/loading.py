@@ -108,7 +108,6 @@ def _strip_prefixes(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         sd = {k[len(prefix) :]: v for k, v in sd.items()}
 
 
-
 def load_checkpoint(
     ref: CheckpointRef,
     *,

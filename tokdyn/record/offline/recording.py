@@ -166,7 +166,6 @@ def _resolve_probe(probe) -> ProbeSet | None:
     raise InputError(f"probe must be a ProbeSet or a store (path), got {type(probe).__name__}")
 
 
-
 def _run_to_resume(ts: TrajectoryStore, run: str, *, resume: bool, axis: str | None):
     """The existing run to continue, or None for a new one; an existing run needs ``resume``."""
     if not ts.has_run(run):  # an aborted creation (a crash) is replaced, not resumed
@@ -249,7 +248,6 @@ def _progress_bar(total: int, run: str, *, enabled: bool):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=f"record {run}", unit="ckpt", disable=not enabled or total == 0)
-
 
 
 # -- one checkpoint, in a worker thread ----------------------------------------------------
