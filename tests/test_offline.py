@@ -30,13 +30,12 @@ from tokdyn.model import GPTConfig, TinyGPT, count_parameters
 from tokdyn.record.offline import (
     CheckpointRef,
     DuplicateWeightsWarning,
-    add_cli_arguments,
     discover_checkpoints,
     read_state_dict,
     record_offline,
-    run_cli,
     weights_fingerprint,
 )
+from tokdyn.cli.record import add_cli_arguments, run_cli
 from tokdyn.store import open_store
 
 ATOL = 1e-5  # float32 losses, same weights, possibly a different thread count

@@ -21,8 +21,9 @@ from .analysis import analyze_store
 from .fit.job import fit_run
 from .reconstruct import reconstruct_run
 from .report import check_writable, write_report
+from .runtime import resolve_device
 from .store import open_store
-from .train import TrainConfig, record_tiny_run, resolve_device
+from .train import TrainConfig, record_tiny_run
 
 __all__ = ["run_demo"]
 
