@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ..interchange import export_npz, import_npz
 from ..store import LOSS_DTYPES, as_store
@@ -30,10 +31,12 @@ def register(sub) -> None:
 
 
 def _info(args: argparse.Namespace) -> int:
+    """Exits 1 when a run cannot be read (it is listed with its error)."""
     info = as_store(args.store).info()
+    damaged = sorted(name for name, r in info["runs"].items() if "error" in r)
     if args.json:
         print(json.dumps(info, indent=2))
-        return 0
+        return 1 if damaged else 0
     p = info["probe"]
     size = info["size_bytes"]
     print(f"store      {info['url']}")
@@ -51,6 +54,9 @@ def _info(args: argparse.Namespace) -> int:
         params = r["attrs"].get("n_params_non_embedding")
         params = f", {params:,} non-emb params" if params else ""
         print(f"run {name:<12} axis {r['axis']}  {r['shape'][0]} x {r['shape'][1]:,} {r['dtype']}  {span}{params}{extra}")
+    if damaged:
+        print(f"tokdyn info: error: {len(damaged)} run(s) cannot be read: {', '.join(damaged)}", file=sys.stderr)
+        return 1
     return 0
 
 

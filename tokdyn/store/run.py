@@ -16,7 +16,7 @@ from zarr.core.sync import sync as zarr_sync
 from ..errors import InputError, SchemaVersionError, StoreError, TokdynError
 from .fit import FitResults
 from .locks import LOCK_NAME
-from .schema import COORDS, LOSS_DTYPES, SCHEMA_VERSION, join
+from .schema import AXES, COORDS, LOSS_DTYPES, SCHEMA_VERSION, join
 from .writer import RunWriter
 
 if TYPE_CHECKING:
@@ -55,6 +55,8 @@ class Run:
             coords = {c: group[c] for c in COORDS}
         except (KeyError, ValueError, TypeError) as exc:
             raise StoreError(f"run {name!r} in {store.url} is damaged: {type(exc).__name__}: {exc}") from None
+        if self.axis not in AXES:  # read into reports and file names: only the values a writer makes
+            raise StoreError(f"run {name!r} in {store.url} is damaged: its axis is {str(self.axis)[:40]!r}, expected one of {AXES}")
         self._check_arrays(coords)
         self.fit = FitResults(self)
         """The run's fit results (:class:`tokdyn.store.FitResults`)."""
