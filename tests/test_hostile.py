@@ -88,9 +88,9 @@ def test_user_strings_reach_the_report_escaped_and_literal(text, tmp_path_factor
     d = tmp_path_factory.mktemp("h")
     st = fitted_store(d / "s.zarr", domains=(text, "plain"), attrs={"model_config": {"name": text}, "note": text})
     out = tokdyn.write_report(st, d / "report.html")
-    page = out.read_text().lower()
-    assert "<script" not in page and "<img " not in page and "</td></table>" not in page
-    assert "<" not in text or text.lower() not in page
+    page = out.read_text()
+    assert "<script" not in page.lower()
+    assert "<" not in text or text not in page  # never raw: only its escaped form can appear
 
 
 def test_a_damaged_axis_attribute_is_refused_when_read(tmp_path, capsys):

@@ -119,7 +119,9 @@ def _render(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None, extra:
         if a.by_group:
             parts.append(_figure(_plot_groups(a), "Spectra by class, domain, token frequency band and position band "
                                   "(each group's contribution to the spectrum: they add up to the whole)."))  # fmt: skip
-            parts.append(_figure(_plot_time_vs_token(st, a), "Learning time of each learned token against how often its "
+            fig = _plot_time_vs_token(st, a)
+            if fig is not None:
+                parts.append(_figure(fig, "Learning time of each learned token against how often its "
                                   "token id occurs in the probe, and against its position (medians per bin in black)."))  # fmt: skip
         if a.stats is not None:
             parts.append(_figure(_plot_cartography(a), "Dataset cartography (confidence: mean gold probability over "
@@ -353,12 +355,17 @@ def _plot_time_vs_token(st: TrajectoryStore, a: RunAnalysis):
     f = a.fit
     learned = np.isin(f["class_code"], [CLASS_CODES["learned"], CLASS_CODES["multi_step"]]) & np.isfinite(f["mu"])
     mu = np.where(f["class_code"] == CLASS_CODES["multi_step"], f["mu1"], f["mu"])
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
-    tid = np.asarray(ta["token_id"])
-    _, inverse, counts = np.unique(tid, return_inverse=True, return_counts=True)
-    freq = np.log10(counts[inverse])
-    pos = np.log2(np.maximum(np.asarray(ta["token_pos"]), 1))
-    for ax, v, label in ((ax0, freq, "log10 occurrences of the token id in the probe"), (ax1, pos, "log2 position in the sequence")):
+    panels = []  # what the probe can say about each token
+    if "token_id" in ta:
+        _, inverse, counts = np.unique(np.asarray(ta["token_id"]), return_inverse=True, return_counts=True)
+        panels.append((np.log10(counts[inverse]), "log10 occurrences of the token id in the probe"))
+    if "token_pos" in ta:
+        panels.append((np.log2(np.maximum(np.asarray(ta["token_pos"]), 1)), "log2 position in the sequence"))
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), sharey=True, squeeze=False)
+    ax0 = axes[0, 0]
+    for ax, (v, label) in zip(axes[0], panels):
         if learned.sum():
             ax.hexbin(v[learned], mu[learned], gridsize=40, cmap="Blues", mincnt=1, bins="log")
             edges = np.unique(np.quantile(v[learned], np.linspace(0, 1, 11)))
