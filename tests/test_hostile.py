@@ -58,7 +58,7 @@ def test_any_exception_a_command_raises_is_one_line(exc, monkeypatch, capsys, tm
     def boom(*a, **k):
         raise exc
 
-    monkeypatch.setattr(cli_store, "as_store", boom)
+    monkeypatch.setattr(cli_store, "open_cli_store", boom)
     assert main(["info", str(tmp_path)]) == 1
     line = cli_error_line(capsys.readouterr().err)
     assert line.startswith("tokdyn info: error: ")

@@ -91,7 +91,11 @@ def import_npz(
     token_arrays = {key: v for key, v in arrays.items() if key not in _REQUIRED}
     st = _open_or_create(store, token_arrays, n)
     name = run or Path(path).stem
-    r = st.create_run(name, axis=axis, capacity=k, dtype=dtype, attrs={"source": "npz", "source_file": Path(path).name})
+    try:
+        r = st.create_run(name, axis=axis, capacity=k, dtype=dtype, attrs={"source": "npz", "source_file": Path(path).name})
+    except BaseException:
+        st.discard_if_new()  # a failed command leaves no new store behind
+        raise
     w = r.writer()
     axis_values = arrays["axis_values"]
     integral = axis == "T" and bool(np.all(axis_values >= 0) and np.all(axis_values == np.round(axis_values)))
@@ -101,6 +105,7 @@ def import_npz(
             w.append(lm[:, j], step=int(steps[j]), axis_value=float(axis_values[j]), wall_time=np.nan, warn_nonfinite=False)
     except BaseException:
         st.delete_run(name)  # never leave a partial run that blocks a retry
+        st.discard_if_new()
         raise
     finally:
         w.release()

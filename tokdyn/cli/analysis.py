@@ -11,21 +11,21 @@ import numpy as np
 from ..analysis import axis_run, run_spectrum
 from ..reconstruct import reconstruct_run
 from ..report import check_writable, write_report
-from ..store import as_store
+from ._common import add_run_argument, add_store_argument, open_cli_run, store_path
 
 
 def register(sub) -> None:
     p = sub.add_parser("spectrum", help="learning-time spectrum of a fitted run, with its power law")
-    p.add_argument("store", help="the store")
-    p.add_argument("--run", required=True, help="a fitted run")
+    add_store_argument(p)
+    add_run_argument(p, what="a fitted run")
     p.add_argument("--by", choices=("class", "domain", "frequency", "position"), help="also the spectrum of each group of tokens")
     _analysis_options(p)
     p.set_defaults(func=_spectrum)
 
     p = sub.add_parser("reconstruct", help="measured vs rebuilt -dL/dlog a of a run (T) or of the D or M axis")
-    p.add_argument("store", help="the store")
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--run", help="a fitted run (any axis)")
+    add_store_argument(p)
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--run", metavar="NAME", help="a fitted run of any axis (default: the store's only run)")
     which.add_argument("--axis", choices=("D", "M"), help="the store's D or M axis (assembled from its runs and fitted if needed)")
     p.add_argument("--runs", help="with --axis: comma-separated runs forming the axis (default: found from run metadata)")
     p.add_argument("--rebuild", action="store_true", help="with --axis: assemble and fit the axis again")
@@ -34,9 +34,9 @@ def register(sub) -> None:
     p.set_defaults(func=_reconstruct)
 
     p = sub.add_parser("report", help="one self-contained HTML report of a store's fitted runs")
-    p.add_argument("store", help="the store")
+    add_store_argument(p)
     p.add_argument("--out", default="report.html", help="output HTML file (default: report.html)")
-    p.add_argument("--run", action="append", help="a run to include (repeatable; default: every fitted run)")
+    p.add_argument("--run", action="append", metavar="NAME", help="a run to include (repeatable; default: every fitted run)")
     p.set_defaults(func=_report)
 
 
@@ -59,13 +59,13 @@ def _bandwidth(text: str) -> str | float:
 
 
 def _spectrum(args: argparse.Namespace) -> int:
-    run = as_store(args.store).run(args.run)
+    run = open_cli_run(args.store, args.run)
     res = run_spectrum(run, which=args.events, bandwidth=args.bandwidth, n_boot=args.boot, placement=args.placement, by=args.by)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
         return 0
     rec, spec = res.reconstruction, res.reconstruction.spectrum
-    print(f"run {args.run!r} (axis {rec.axis}): {spec.n_events:,} events of {spec.n_tokens:,} tokens ({args.events}), "
+    print(f"run {run.name!r} (axis {rec.axis}): {spec.n_events:,} events of {spec.n_tokens:,} tokens ({args.events}), "
           f"drop seen {spec.total_drop:.3f} nats/token, bandwidth {spec.bandwidth:.3f} decades")  # fmt: skip
     peak = np.abs(spec.density).max() or 1.0
     for lo, hi, v in zip(spec.edges[:-1], spec.edges[1:], spec.hist):
@@ -82,14 +82,14 @@ def _spectrum(args: argparse.Namespace) -> int:
 
 def _reconstruct(args: argparse.Namespace) -> int:
     if args.axis:
-        found = axis_run(args.store, args.axis, runs=args.runs.split(",") if args.runs else None, rebuild=args.rebuild)
+        found = axis_run(store_path(args.store), args.axis, runs=args.runs.split(",") if args.runs else None, rebuild=args.rebuild)
         run = found.run
         if found.assembled:
             print(f"assembled run {run.name!r}: final rows of {[s['run'] for s in run.attrs['sources']]}", file=sys.stderr)
         if found.fitted:
             print(f"fitted run {run.name!r}", file=sys.stderr)
     else:
-        run = as_store(args.store).run(args.run)
+        run = open_cli_run(args.store, args.run)
     rec = reconstruct_run(run, which=args.events, bandwidth=args.bandwidth, n_boot=args.boot, placement=args.placement)
     if args.json:
         print(json.dumps(rec.to_dict() if args.curves else rec.summary(), indent=2))
@@ -107,6 +107,6 @@ def _reconstruct(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     check_writable(args.out)  # before any work
-    out = write_report(args.store, args.out, runs=args.run or None)
+    out = write_report(store_path(args.store), args.out, runs=args.run or None)
     print(f"wrote {out}")
     return 0

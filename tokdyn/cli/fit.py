@@ -6,13 +6,13 @@ import argparse
 import json
 
 from ..fit import FitOptions, fit_run
-from ..store import as_store
+from ._common import add_run_argument, add_store_argument, open_cli_run
 
 
 def register(sub) -> None:
     p = sub.add_parser("fit", help="fit a learning event to every token of a run (dask over token blocks)")
-    p.add_argument("store", help="the store")
-    p.add_argument("--run", required=True, help="the run to fit")
+    add_store_argument(p)
+    add_run_argument(p, what="the run to fit")
     p.add_argument("--scheduler", help="threads (default), processes, sync, or tcp://HOST:PORT of a dask cluster")
     p.add_argument("--workers", type=int, help="local workers (default: one per core)")
     p.add_argument("--backend", default="auto", choices=("auto", "numba", "numpy", "torch"), help="the solver's backend (default: auto)")
@@ -28,7 +28,7 @@ def register(sub) -> None:
 
 def _fit(args: argparse.Namespace) -> int:
     options = FitOptions(two_step=not args.no_two_step, **({"vocab_size": args.vocab_size} if args.vocab_size else {}))
-    run = as_store(args.store, mode="r+").run(args.run)
+    run = open_cli_run(args.store, args.run, mode="r+")
     res = fit_run(run, options=options, backend=args.backend, device=args.device, scheduler=args.scheduler,
                   workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, progress=not args.no_progress)  # fmt: skip
     if args.json:

@@ -7,12 +7,13 @@ import json
 import sys
 
 from ..interchange import export_npz, import_npz
-from ..store import LOSS_DTYPES, as_store
+from ..store import LOSS_DTYPES
+from ._common import add_run_argument, add_store_argument, open_cli_run, open_cli_store
 
 
 def register(sub) -> None:
     p = sub.add_parser("info", help="runs, shapes, steps, probe fingerprint and size of a store")
-    p.add_argument("store", help="the store (a path or an fsspec URL)")
+    add_store_argument(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_info)
 
@@ -24,15 +25,15 @@ def register(sub) -> None:
     p.set_defaults(func=_import_npz)
 
     p = sub.add_parser("export-npz", help="export a run as a losses.npz")
-    p.add_argument("store", help="the store")
+    add_store_argument(p)
     p.add_argument("output", help="OUT.npz")
-    p.add_argument("--run", required=True, help="the run to export")
+    add_run_argument(p, what="the run to export")
     p.set_defaults(func=_export_npz)
 
 
 def _info(args: argparse.Namespace) -> int:
     """Exits 1 when a run cannot be read (it is listed with its error)."""
-    info = as_store(args.store).info()
+    info = open_cli_store(args.store).info()
     damaged = sorted(name for name, r in info["runs"].items() if "error" in r)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -67,6 +68,6 @@ def _import_npz(args: argparse.Namespace) -> int:
 
 
 def _export_npz(args: argparse.Namespace) -> int:
-    out = export_npz(as_store(args.store).run(args.run), args.output)
+    out = export_npz(open_cli_run(args.store, args.run), args.output)
     print(f"wrote {out}")
     return 0

@@ -107,6 +107,7 @@ class TrajectoryStore:
         self.storage_options: dict = dict(storage_options or {})
         self.probe_fingerprint: str = meta["probe_fingerprint"]
         self._probe: ProbeSet | None = None
+        self.created = False  # made by this object (create, or open_store mode "a"/"w" on nothing)
 
     # -- opening --------------------------------------------------------------------------
 
@@ -141,6 +142,7 @@ class TrajectoryStore:
         }})
         store = cls(group, url, writable=True, storage_options=storage_options)
         store._probe = probe
+        store.created = True
         return store
 
     @classmethod
@@ -300,6 +302,26 @@ class TrajectoryStore:
         if creator is not None:
             refuse_if_live(creator, f"run {name!r} of {self.url} is being created")
         zarr_sync(self._group.store.delete_dir(join(self._group.path, "runs", name)))
+
+    def discard_if_new(self) -> bool:
+        """Remove the whole store if this object created it and it holds no committed row: what
+        a command that failed half-way calls, so that it leaves no new store behind. Returns
+        whether the store was removed."""
+        if not (self.created and self.writable):
+            return False
+        for name in self.runs:
+            try:
+                if self.run(name).n_committed:
+                    return False
+            except StoreError:  # an aborted run creation: no rows
+                continue
+        _delete_group(self._group)
+        root = getattr(self._group.store, "root", None)  # a local folder: remove it too
+        if root is not None and not self._group.path:
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
+        return True
 
     def delete_run(self, name: str) -> None:
         """Remove run ``name`` and everything stored under it (its fit too)."""

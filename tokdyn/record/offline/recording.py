@@ -98,14 +98,17 @@ def record_offline(
     _check_options(dtype=dtype, model_dtype=model_dtype, batch_size=batch_size, axis=axis)
     device = torch.device(device)
     ts = _open_target_store(store, probe)
-    existing = _run_to_resume(ts, run, resume=resume, axis=axis)
-    refs, axis, source = _checkpoint_refs(checkpoints, axis or (existing.axis if existing is not None else None))
-    if existing is not None and existing.axis != axis:
-        raise InputError(f"run {run!r} has axis {existing.axis}; the checkpoints form an axis-{axis} sweep")
-    workers = _worker_count(workers, device)
-    tokens = _probe_tokens(ts, device)
-
-    rows = _RunRows(ts, run, existing, axis=axis, capacity=len(refs), dtype=dtype, source=source, run_attrs=run_attrs)
+    try:
+        existing = _run_to_resume(ts, run, resume=resume, axis=axis)
+        refs, axis, source = _checkpoint_refs(checkpoints, axis or (existing.axis if existing is not None else None))
+        if existing is not None and existing.axis != axis:
+            raise InputError(f"run {run!r} has axis {existing.axis}; the checkpoints form an axis-{axis} sweep")
+        workers = _worker_count(workers, device)
+        tokens = _probe_tokens(ts, device)
+        rows = _RunRows(ts, run, existing, axis=axis, capacity=len(refs), dtype=dtype, source=source, run_attrs=run_attrs)
+    except BaseException:
+        ts.discard_if_new()  # a failed command leaves no new store behind
+        raise
     restore_threads = torch.get_num_threads()
     try:
         todo = rows.skip_committed(refs)
@@ -117,6 +120,10 @@ def record_offline(
         )  # fmt: skip
         with hf_progress_bars(progress):
             _record_in_order(todo, evaluate, rows, workers=workers, progress=progress)
+    except BaseException:
+        rows.close()
+        ts.discard_if_new()  # nothing was committed into a store this call made: remove it
+        raise
     finally:
         torch.set_num_threads(restore_threads)
         rows.close()
@@ -311,6 +318,7 @@ class _RunRows:
         self.fingerprints: dict[int, int] = {}
         self.duplicates: list[list[int]] = []
         self._seen: dict[int, tuple[int, str]] = {}  # fingerprint -> (step, "step S (path)")
+        self._closed = False
 
     def skip_committed(self, refs: Sequence[CheckpointRef]) -> list[CheckpointRef]:
         """The checkpoints after the run's last committed step (all, for a new run)."""
@@ -355,10 +363,12 @@ class _RunRows:
         self.fingerprints[ref.step] = res.fingerprint
 
     def close(self) -> None:
-        if self.writer is not None:
+        """Trim the run to its rows and release the writer. Idempotent."""
+        if self.writer is not None and not self._closed:
             if self.writer.rows:
                 self.writer.trim()
             self.writer.release()
+        self._closed = True
 
     def summary(self, *, seconds: float) -> dict:
         return {
