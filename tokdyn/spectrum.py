@@ -426,8 +426,8 @@ def learning_time_spectrum(
         with ``kernel="event"`` each bin holds the part of each event's drop seen inside it.
     weights : [E] optional multiplicities of the events (a bootstrap resample).
 
-    The density is computed by binning on a fine grid (the delta kernel: linear binning of the
-    positions; the event kernel: each sigmoid's exact drop inside each fine cell) and one
+    The density is computed by linear binning on a fine grid (the delta kernel: of the
+    positions; the event kernel: of each sigmoid's whole drop, in closed form) and one
     convolution, so it costs O(E + G_fine * kernel) for the delta kernel, O(E * G_fine) for the
     event kernel.
     """
@@ -454,7 +454,9 @@ def learning_time_spectrum(
         total = float(wd.sum() / events.n_tokens)
     else:
         fine, dx = _fine_grid(h, events.x_range)
-        cells = _drops_between(events, _cell_edges(fine, dx), w)  # [F] seen drop in each fine cell
+        cells = np.zeros(fine.size)  # [F] the events' seen drops, linearly binned
+        for sl, m in _node_blocks(events, fine, dx):
+            cells += m.sum(axis=0) if w is None else w[sl] @ m
         density = _smooth(cells, dx, h, x, lo_obs) / events.n_tokens
         hist = _drops_between(events, edges, w)
         total = float(cells.sum() / events.n_tokens)
@@ -479,11 +481,6 @@ def _fine_grid(h: float, bounds: tuple[float, float]) -> tuple[np.ndarray, float
     return lo + dx * np.arange(n_fine), dx
 
 
-def _cell_edges(fine: np.ndarray, dx: float) -> np.ndarray:
-    """[F+1] edges of the cells around the fine grid points (half cells at the two bounds)."""
-    return np.concatenate([fine[:1], fine[:-1] + dx / 2, fine[-1:]])
-
-
 def _drop_blocks(events: Events, edges: np.ndarray):
     """Yield ``(slice, D [B, C])``: the part of each event's drop inside each of the C intervals
     between ``edges`` [C+1], ``delta_i (sigma(-(e_k - mu_i)/s_i) - sigma(-(e_k+1 - mu_i)/s_i))``.
@@ -494,6 +491,30 @@ def _drop_blocks(events: Events, edges: np.ndarray):
         sl = slice(a, a + step)
         g = _sigmoid((edges[None, :] - events.mu[sl, None]) / events.s[sl, None])  # [B, C+1]
         yield sl, events.delta[sl, None] * np.diff(g, axis=1)
+
+
+def _node_blocks(events: Events, fine: np.ndarray, dx: float):
+    """Yield ``(slice, M [B, F])``: each event's drop linearly binned onto the fine grid [F].
+
+    Linear binning of a point mass, applied to the event's whole sigmoid: node j gets
+    ``int hat_j(u) dF_i(u)``, ``F_i(u) = delta_i sigma((u - mu_i)/s_i)`` the drop done by u and
+    ``hat_j`` the tent of half-width dx on node j (half tents at the bounds). By parts this is
+    ``A_j - A_(j-1)`` with ``A_k`` the mean of F_i over the k-th cell, in closed form through
+    ``int sigma = s softplus``. Exact for any width: a point mass gets linear binning, and each
+    row sums to :meth:`Events.realized_drop`.
+    """
+    step = max(1, (1 << 21) // fine.size)  # bounds a block's memory
+    for a in range(0, len(events), step):
+        sl = slice(a, a + step)
+        s, d = events.s[sl, None], events.delta[sl, None]
+        z = (fine[None, :] - events.mu[sl, None]) / s  # [B, F]
+        f = d * _sigmoid(z)
+        cell_mean = d * s * np.diff(np.logaddexp(0.0, z), axis=1) / dx  # [B, F-1]
+        m = np.empty_like(f)
+        m[:, 0] = cell_mean[:, 0] - f[:, 0]
+        m[:, 1:-1] = np.diff(cell_mean, axis=1)
+        m[:, -1] = f[:, -1] - cell_mean[:, -1]
+        yield sl, m
 
 
 def _drops_between(events: Events, edges: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
@@ -636,8 +657,8 @@ def _event_bootstrap(events: Events, spec: Spectrum, token_mults: list[np.ndarra
     fine, dx = _fine_grid(spec.bandwidth, spec.x_range)
     mult = np.stack(token_mults).astype(np.uint8)  # [n_boot, N]; Poisson(1) counts stay far below 256
     cells = np.zeros((mult.shape[0], fine.size))  # [n_boot, F]
-    for sl, d in _drop_blocks(events, _cell_edges(fine, dx)):
-        cells += mult[:, events.token[sl]].astype(np.float64) @ d
+    for sl, m in _node_blocks(events, fine, dx):
+        cells += mult[:, events.token[sl]].astype(np.float64) @ m
     out = []
     for c in cells:
         density = _smooth(c, dx, spec.bandwidth, spec.x, spec.x_range[0]) / events.n_tokens
