@@ -121,3 +121,6 @@ def test_kernel_is_validated():
         learning_time_spectrum(ev, kernel="gaussian")
     with pytest.raises(InputError, match="kernel"):
         reconstruct(X, np.linspace(3, 1, X.size), ev, n_boot=0, kernel="box")
+    with pytest.raises(InputError, match="placement"):  # point-mass placement means nothing to the event kernel
+        learning_time_spectrum(ev, placement="seen")
+    learning_time_spectrum(ev, placement="seen", kernel="delta")

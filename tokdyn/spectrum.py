@@ -411,7 +411,8 @@ def learning_time_spectrum(
         was seen. ``"delta"``: the delta approximation, a Gaussian ``d_i N(x; p_i, h^2)`` of
         every event's seen drop ``d_i`` (:meth:`Events.realized_drop`) at one position ``p_i``,
         ``mu_i`` (``placement="mu"``) or where the seen part happens on average (``"seen"``,
-        see :meth:`Events.positions`); ``placement`` applies to this kernel only.
+        see :meth:`Events.positions`); ``placement`` applies to this kernel only (``"seen"`` with
+        the event kernel is an error).
 
     Either way rho integrates to the drop of the mean loss that the events carry over the
     observed range (kernel mass past an edge is reflected back).
@@ -436,6 +437,9 @@ def learning_time_spectrum(
     if not (isinstance(grid, int) and grid >= 8):
         raise InputError(f"grid must be an int >= 8, got {grid!r}")
     _check_kernel(kernel)
+    if kernel == "event" and placement != "mu":
+        raise InputError(f"placement={placement!r} moves point masses and applies to kernel='delta' only: the event "
+                         "kernel spreads each drop where its sigmoid put it")  # fmt: skip
     h = select_bandwidth(events, bandwidth, placement=placement, kernel=kernel)
     lo_obs, hi_obs = events.x_range
     w = None if weights is None else _check_weights(weights, len(events))
