@@ -4,6 +4,7 @@ folder is understood as its store, and every argument says what it is."""
 from __future__ import annotations
 
 import argparse
+import json
 
 import numpy as np
 import pytest
@@ -65,3 +66,15 @@ def test_a_failed_command_leaves_no_new_store_behind(tmp_path, capsys):
     assert main(["import-npz", str(tmp_path / "bad run name.npz"), str(out), "--run", "a/b"]) == 1
     cli_error_line(capsys.readouterr().err)
     assert not out.exists()
+
+
+def test_spectrum_kernel_and_placement_from_the_command_line(tmp_path, capsys):
+    fitted_store(tmp_path / "s.zarr")
+    s = str(tmp_path / "s.zarr")
+    assert main(["reconstruct", s, "--boot", "0", "--json"]) == 0
+    event = json.loads(capsys.readouterr().out)
+    assert main(["reconstruct", s, "--boot", "0", "--json", "--kernel", "delta", "--placement", "seen"]) == 0
+    delta = json.loads(capsys.readouterr().out)
+    assert event["kernel"] == "event" and delta["kernel"] == "delta"
+    assert main(["spectrum", s, "--boot", "0", "--placement", "seen"]) == 1  # the event kernel has no placement
+    assert "placement" in cli_error_line(capsys.readouterr().err)

@@ -185,6 +185,7 @@ def run_spectrum(
     bandwidth: str | float = "auto",
     n_boot: int = 200,
     placement: str = "mu",
+    kernel: str = "event",
     by: str | None = None,
 ) -> RunSpectrum:
     """The spectrum of a fitted run (through its reconstruction, which carries both power laws)
@@ -192,7 +193,7 @@ def run_spectrum(
     band at the same bandwidth."""
     fit = run.fit.read()
     events = run_events(run, which=which, fit=fit)
-    rec = reconstruct_run(run, events=events, bandwidth=bandwidth, n_boot=n_boot, placement=placement)
+    rec = reconstruct_run(run, events=events, bandwidth=bandwidth, n_boot=n_boot, placement=placement, kernel=kernel)
     if by is None:
         return RunSpectrum(rec)
     groups = group_spectra(run, events, fit, bandwidth=rec.spectrum.bandwidth)

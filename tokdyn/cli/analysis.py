@@ -45,8 +45,11 @@ def _analysis_options(p: argparse.ArgumentParser) -> None:
                    help="which fitted sigmoids make the sum (default: two_step; see docs/method.md)")
     p.add_argument("--bandwidth", default="auto", type=_bandwidth,
                    help="spectrum bandwidth: auto (= events), events, widths, silverman, or decades (default: auto)")
+    p.add_argument("--kernel", default="event", choices=("event", "delta"),
+                   help="each event's shape in the spectrum: its own sigmoid's derivative (default), or a step at its "
+                        "learning time (the delta approximation: learning times alone)")
     p.add_argument("--placement", default="mu", choices=("mu", "seen"),
-                   help="where an event's seen drop sits in the spectrum: its learning time (default) or the centre of its seen part")
+                   help="with --kernel delta: where an event's seen drop sits, at its learning time (default) or the centre of its seen part")
     p.add_argument("--boot", type=int, default=200, help="bootstrap resamples for the exponent's interval (default: 200)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -60,7 +63,8 @@ def _bandwidth(text: str) -> str | float:
 
 def _spectrum(args: argparse.Namespace) -> int:
     run = open_cli_run(args.store, args.run)
-    res = run_spectrum(run, which=args.events, bandwidth=args.bandwidth, n_boot=args.boot, placement=args.placement, by=args.by)
+    res = run_spectrum(run, which=args.events, bandwidth=args.bandwidth, n_boot=args.boot, placement=args.placement,
+                       kernel=args.kernel, by=args.by)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
         return 0
@@ -90,7 +94,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
             print(f"fitted run {run.name!r}", file=sys.stderr)
     else:
         run = open_cli_run(args.store, args.run)
-    rec = reconstruct_run(run, which=args.events, bandwidth=args.bandwidth, n_boot=args.boot, placement=args.placement)
+    rec = reconstruct_run(run, which=args.events, bandwidth=args.bandwidth, n_boot=args.boot, placement=args.placement,
+                          kernel=args.kernel)
     if args.json:
         print(json.dumps(rec.to_dict() if args.curves else rec.summary(), indent=2))
         return 0
