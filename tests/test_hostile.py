@@ -137,3 +137,48 @@ def test_a_killed_fit_creation_is_redone_without_refit(tmp_path):
     put_lock(st, "runs/r/commits/fit.lock", {**live_foreign_owner(), "pid": 2**22 + 12345})  # by a process now gone
     res = tokdyn.fit_run(st.run("r"), progress=False)
     assert res.blocks_fitted == res.blocks and st.run("r").fit.complete
+
+
+# -- npz members are checked before they are inflated ---------------------------------------
+
+
+def _npz_claiming(path, shape, *, dtype="<f4"):
+    """An npz whose loss_matrix header claims ``shape`` but whose data is a few bytes."""
+    import zipfile
+
+    header = {"descr": dtype, "fortran_order": False, "shape": shape}
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, header)
+    buf.write(bytes(64))
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("loss_matrix.npy", buf.getvalue())
+        for name, arr in {"axis_values": np.array([1.0, 2.0]), "axis_name": np.array(["T"])}.items():
+            b = io.BytesIO()
+            np.save(b, arr)
+            zf.writestr(f"{name}.npy", b.getvalue())
+
+
+def test_an_npz_header_claiming_more_than_memory_is_refused_before_allocating(tmp_path, capsys):
+    _npz_claiming(tmp_path / "huge.npz", (10**6, 10**6))
+    assert main(["import-npz", str(tmp_path / "huge.npz"), str(tmp_path / "s.zarr")]) == 1
+    assert "more than this machine's memory" in cli_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_a_member_that_would_inflate_is_checked_from_its_header(tmp_path):
+    """A small file whose per-token member inflates to 200 MB but has the wrong length is refused
+    without inflating it."""
+    import tracemalloc
+
+    n, k = 10, 3
+    np.savez_compressed(tmp_path / "bomb.npz", loss_matrix=np.ones((n, k), np.float32), axis_values=np.arange(1.0, k + 1),
+                        axis_name=np.array(["T"]), sample_id=np.zeros(50_000_000, np.int32))  # fmt: skip
+    assert (tmp_path / "bomb.npz").stat().st_size < 2_000_000
+    tracemalloc.start()
+    with pytest.raises(tokdyn.InputError, match="sample_id.*declares shape"):
+        tokdyn.interchange.read_npz(tmp_path / "bomb.npz")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 20_000_000, peak

@@ -35,6 +35,7 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise InputError(f"npz file not found: {p}")
     if not zipfile.is_zipfile(p):  # np.load would take any other file for a pickle
         raise InputError(f"{p} is not a readable npz file (not a zip archive)")
+    _check_headers(p)  # shapes, dtypes and sizes from the members' headers, before inflating any data
     try:
         with np.load(p, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
@@ -69,6 +70,59 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         if not key.isidentifier() or key == "tokens":
             raise InputError(f"per-token array name {key!r} is not allowed (use a Python identifier other than 'tokens')")
     return arrays
+
+
+def _member_headers(p: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """``{name: (shape, dtype)}`` of every array of an npz, read from the ``.npy`` headers only
+    (a few hundred bytes of each member are inflated, never the data)."""
+    out = {}
+    try:
+        with zipfile.ZipFile(p) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise InputError(f"{p}: member {info.filename!r} is not an array; an npz holds .npy members only")
+                with zf.open(info) as fh:
+                    version = np.lib.format.read_magic(fh)
+                    if version not in ((1, 0), (2, 0), (3, 0)):
+                        raise InputError(f"{p}: member {info.filename!r} has an unknown .npy version {version}")
+                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read(fh, max_header_size=10_000)
+                out[info.filename[:-4]] = (tuple(int(d) for d in shape), np.dtype(dtype))
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, TypeError) as exc:
+        if isinstance(exc, ValueError) and "object" in str(exc).lower():
+            raise UnsafeFileError(f"{p} holds object arrays that need pickle to load; tokdyn never unpickles data files") from None
+        raise InputError(f"{p} is not a readable npz file: {type(exc).__name__}: {exc}") from None
+    return out
+
+
+def _check_headers(p: Path) -> None:
+    """Refuse, before any data is inflated, an npz whose declared arrays are not a losses.npz or
+    would not fit in this machine's memory."""
+    headers = _member_headers(p)
+    limit = _memory_bytes()
+    for name, (shape, dtype) in headers.items():
+        if dtype.hasobject:
+            raise UnsafeFileError(f"{p} holds object arrays that need pickle to load; tokdyn never unpickles data files")
+        size = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if limit and size > limit:
+            raise InputError(f"{p}: array {name!r} declares shape {shape} of {dtype} ({size / 2**30:,.1f} GiB), more than "
+                             f"this machine's memory ({limit / 2**30:,.1f} GiB)")  # fmt: skip
+    if "loss_matrix" in headers:
+        shape, dtype = headers["loss_matrix"]
+        if len(shape) != 2 or dtype.kind != "f":
+            raise InputError(f"loss_matrix must be a float array [N, K], got {dtype} {shape}")
+        n, k = shape
+        for name, (sh, _) in headers.items():
+            want = (k,) if name == "axis_values" else (1,) if name == "axis_name" else None if name == "loss_matrix" else (n,)
+            if want is not None and sh != want and not (name == "axis_name" and int(np.prod(sh)) == 1):
+                raise InputError(f"{'per-token ' if want == (n,) else ''}array {name!r} declares shape {sh}; expected {want} to match loss_matrix {shape}")
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def import_npz(
