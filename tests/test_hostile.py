@@ -182,3 +182,32 @@ def test_a_member_that_would_inflate_is_checked_from_its_header(tmp_path):
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 20_000_000, peak
+
+
+# -- special files among checkpoints ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to a device", "fifo in an HF folder", "fifo manifest"])
+def test_special_files_among_checkpoints_are_refused_not_read(kind, tmp_path, capsys):
+    """A FIFO blocked record-offline forever; a link to /dev/zero read without end. Every such
+    file is refused with one line before anything opens it (the test has a timeout)."""
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    if kind == "fifo":
+        os.mkfifo(folder / "step_100.pt")
+    elif kind == "link to a device":
+        (folder / "step_100.safetensors").symlink_to("/dev/zero")
+    elif kind == "fifo in an HF folder":
+        (folder / "checkpoint-100").mkdir()
+        (folder / "checkpoint-100" / "config.json").write_text("{}")
+        os.mkfifo(folder / "checkpoint-100" / "model.safetensors")
+    else:
+        os.mkfifo(folder / "manifest.json")
+    probe = tokdyn.ProbeSet.from_tokens(np.random.default_rng(0).integers(0, 50, (4, 9)))
+    tokdyn.open_store(tmp_path / "probe.zarr", probe, mode="w")
+    code = main(["record-offline", "--checkpoints", str(folder), "--out", str(tmp_path / "o.zarr"), "--run", "r",
+                 "--probe", str(tmp_path / "probe.zarr"), "--no-progress"])  # fmt: skip
+    assert code == 1
+    line = cli_error_line(capsys.readouterr().err)
+    assert "not a regular file" in line, line
+    assert not (tmp_path / "o.zarr").exists()

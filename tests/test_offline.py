@@ -302,7 +302,8 @@ def test_model_factory_and_missing_model(tmp_path, probe):
         save_torch(m, tmp_path / f"step_{s}.pt")
     with pytest.raises(InputError, match="model_factory"):
         record_offline(tmp_path, tmp_path / "s.zarr", "r", probe=probe, progress=False)
-    record_offline(tmp_path, tmp_path / "s.zarr", "r", model_factory=lambda: TinyGPT(cfg), progress=False)
+    assert not (tmp_path / "s.zarr").exists()  # the failed call left no new store behind
+    record_offline(tmp_path, tmp_path / "s.zarr", "r", probe=probe, model_factory=lambda: TinyGPT(cfg), progress=False)
     run = open_store(tmp_path / "s.zarr", mode="r").run("r")
     np.testing.assert_allclose(run.losses()[1], direct_losses(models[2], probe), rtol=0, atol=ATOL)
     with pytest.raises(InputError, match="does not fit the model"):  # wrong config: a clear message

@@ -8,7 +8,6 @@ manifest are read here; nothing is loaded.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import warnings
@@ -21,6 +20,7 @@ import numpy as np
 
 from ...errors import InputError
 from ...store import AXES
+from .files import check_regular, check_regular_tree, read_json
 
 __all__ = ["CheckpointRef", "discover_checkpoints", "order_refs", "manifest_axis", "MANIFEST", "KINDS"]
 
@@ -79,7 +79,7 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
     in ``axis_value`` order.
     """
     root = Path(path)
-    if root.is_file() and root.name.endswith(".json"):
+    if root.name.endswith(".json") and root.exists() and not root.is_dir():
         return _read_manifest(root, axis)
     if not root.exists():
         raise InputError(f"checkpoint folder {root} does not exist")
@@ -88,7 +88,7 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
         if kind is None:
             raise InputError(f"{root} is not a checkpoint (expected {', '.join(TORCH_SUFFIXES + SAFETENSORS_SUFFIXES)})")
         return order_refs([CheckpointRef(_step_from_name(root), root, kind)], axis or "T", str(root))
-    if (root / MANIFEST).is_file():
+    if (root / MANIFEST).exists():  # whatever it is: read_json refuses anything but a regular file
         return _read_manifest(root / MANIFEST, axis)
     axis = axis or "T"
     if axis != "T":
@@ -127,12 +127,17 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
 
 
 def _kind_of(p: Path) -> str | None:
+    """The kind of checkpoint at ``p`` (None: not one). A checkpoint that is not made of regular
+    files (a FIFO, a device, a link to one) is an :class:`InputError`: reading it could block
+    or never end."""
     if p.is_dir():
-        return "hf" if (p / "config.json").is_file() else None
-    if p.suffix in SAFETENSORS_SUFFIXES:
-        return "safetensors"
-    if p.suffix in TORCH_SUFFIXES:
-        return "torch"
+        if not (p / "config.json").exists():
+            return None
+        check_regular_tree(p)
+        return "hf"
+    if p.suffix in SAFETENSORS_SUFFIXES + TORCH_SUFFIXES:
+        check_regular(p)
+        return "safetensors" if p.suffix in SAFETENSORS_SUFFIXES else "torch"
     return None
 
 
@@ -150,10 +155,7 @@ def _step_from_name(p: Path) -> int:
 
 
 def _read_manifest(path: Path, axis: str | None) -> list[CheckpointRef]:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"cannot read manifest {path}: {exc}") from None
+    doc = read_json(path, "manifest")
     if not isinstance(doc, Mapping) or not isinstance(doc.get("checkpoints"), list) or not doc["checkpoints"]:
         raise InputError(f'{path}: a manifest is {{"checkpoints": [{{"path": ..., "step": ...}}, ...]}} with at least one entry')
     axis = axis or doc.get("axis", "T")
@@ -222,6 +224,6 @@ def manifest_axis(path: str | os.PathLike) -> str | None:
     p = Path(path)
     m = p if p.is_file() else p / MANIFEST
     if m.is_file() and m.name.endswith(".json"):
-        doc = json.loads(m.read_text())
+        doc = read_json(m, "manifest")
         return doc.get("axis") if isinstance(doc, Mapping) else None
     return None

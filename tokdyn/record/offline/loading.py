@@ -22,6 +22,7 @@ import torch
 
 from ...errors import InputError, UnsafeFileError
 from .discovery import MANIFEST, SAFETENSORS_SUFFIXES, CheckpointRef
+from .files import check_regular
 from .models import HF_LOCK, build_model, import_transformers, model_spec_beside
 
 __all__ = ["read_state_dict", "load_checkpoint", "weights_fingerprint", "needs_transformers", "ModelFactory", "MODEL_DTYPES"]
@@ -48,6 +49,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         The file is not a readable checkpoint, or holds no state dict.
     """
     p = Path(path)
+    check_regular(p)
     if p.suffix in SAFETENSORS_SUFFIXES:
         from safetensors import SafetensorError
         from safetensors.torch import load_file

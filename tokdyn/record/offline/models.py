@@ -14,7 +14,6 @@ each other: HF construction is serialised (:data:`HF_LOCK`); the probe forwards 
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -25,6 +24,7 @@ import torch
 
 from ...errors import InputError
 from ...runtime import model_builder, model_kinds, register_model_builder
+from .files import read_json
 
 __all__ = ["build_model", "model_spec_beside", "import_transformers", "hf_progress_bars", "HF_LOCK", "MODEL_SPEC_FILES"]
 
@@ -58,11 +58,8 @@ def model_spec_beside(folder: Path) -> tuple[Mapping, Path] | None:
     """
     for name in MODEL_SPEC_FILES:
         f = folder / name
-        if f.is_file():
-            try:
-                spec = json.loads(f.read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise InputError(f"cannot read model spec {f}: {exc}") from None
+        if f.exists():
+            spec = read_json(f, "model spec")
             if name == "config.json":
                 spec = {"type": "hf" if "model_type" in spec else "tinygpt", "config": spec}
             return spec, f
