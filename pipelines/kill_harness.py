@@ -117,7 +117,7 @@ def _instrument_recording(phase: Phase) -> None:
     """Publish what the child is doing; behaviour is unchanged (wrappers only set bytes)."""
     import zarr
 
-    import tokdyn.store as store_mod
+    import tokdyn.store.writer as store_mod
     from tokdyn.record.recorder import TokenLossRecorder
 
     write = store_mod._write_concurrently
@@ -225,12 +225,13 @@ def run_fit_cli(store: str, phase_path: str) -> None:
     import zarr
 
     import tokdyn.fit.job as job_mod
+    import tokdyn.store.fit as store_fit
     from tokdyn.cli import main
 
     sys.stdout = open(os.devnull, "w")  # the summary table is not what the harness checks
     phase = Phase(phase_path)
     at = lambda name: phase.set(_MAIN, FIT_PHASES.index(name))  # noqa: E731
-    fit_block, prepare, update = job_mod.fit_block, job_mod._prepare_group, zarr.Group.update_attributes
+    fit_block, prepare, update = job_mod.fit_block, store_fit.FitWriter._prepare, zarr.Group.update_attributes
 
     def fitting(*a, **k):
         at("fitting")
@@ -246,7 +247,7 @@ def run_fit_cli(store: str, phase_path: str) -> None:
         at("committing")
         return update(self, new)
 
-    job_mod.fit_block, job_mod._prepare_group, zarr.Group.update_attributes = fitting, preparing, committing
+    job_mod.fit_block, store_fit.FitWriter._prepare, zarr.Group.update_attributes = fitting, preparing, committing
     rc = main(["fit", store, "--run", "r", "--scheduler", "sync", "--no-two-step", "--no-progress", "--batch-rows", "250"])
     at("done")
     os._exit(rc)
@@ -403,6 +404,8 @@ def record_harness(n_kills: int, *, seed: int = 0, targets: list[str] | None = N
 def fit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workdir: str | None = None, log=print) -> dict:
     """Kill `tokdyn fit` lives until ``n_kills`` kills; every restart must keep the done blocks
     and the end result must equal an uninterrupted fit."""
+    import zarr
+
     import tokdyn
     from tokdyn.fit import FIT_FIELDS
     from tokdyn.fit.job import read_fit
@@ -442,7 +445,7 @@ def fit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workdir
                 proc.join()
                 out["lives"] += 1
                 bad = []
-                g = tokdyn.open_store(store, mode="r").run("r")._group
+                g = zarr.open_group(store, path="runs/r", mode="r")  # below tokdyn: what is on disk
                 done = g["fit/done"][...] if "fit" in g.group_keys() and "done" in g["fit"].array_keys() else np.zeros(0)
                 if int(done.sum()) < prev_done:
                     bad.append(f"{prev_done - int(done.sum())} done blocks lost")

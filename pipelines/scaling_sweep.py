@@ -33,6 +33,7 @@ from tokdyn.model import GPTConfig
 from tokdyn.reconstruct import reconstruct_run
 from tokdyn.report import check_writable, write_report
 from tokdyn.train import TrainConfig, record_tiny_run
+from tokdyn.store import as_store
 
 # (n_layer, n_embd, n_head): non-embedding parameters grow ~1000x over the sweep (3 decades),
 # so that -dL/dlog M has structure to rebuild, not only a level.
@@ -108,7 +109,7 @@ def run_sweep(args) -> dict:
     t = time.perf_counter()
     for axis in ("M", "D"):
         assemble_axis(str(store), axis, runs=runs[axis], overwrite=args.analyze_only)
-        fit_run(str(store), f"axis-{axis}", progress=False)
+        fit_run(as_store(str(store), mode="r+").run(f"axis-{axis}"), progress=False)
     analysis = analyze_store(str(store), runs=["axis-M", "axis-D"])
     timings["fit_and_reconstruct"] = round(time.perf_counter() - t, 1)
     t = time.perf_counter()
@@ -120,7 +121,7 @@ def run_sweep(args) -> dict:
     summaries = {a.axis: a.summary() for a in analysis.runs}
     for axis in ("D", "M"):  # the other event sets, for comparison (docs/method.md)
         for which in ("bic", "classified"):
-            other = reconstruct_run(str(store), f"axis-{axis}", which=which, n_boot=0)
+            other = reconstruct_run(as_store(str(store)).run(f"axis-{axis}"), which=which, n_boot=0)
             summaries[axis][f"r2_events_{which}"] = other.r2_events
             summaries[axis][f"r2_spectrum_{which}"] = other.r2_spectrum
     headline = {

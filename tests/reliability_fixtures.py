@@ -20,7 +20,8 @@ sys.path.insert(0, str(ROOT / "pipelines"))
 
 import kill_harness  # noqa: E402  (pipelines/ is not a package)
 
-__all__ = ["kill_harness", "FailingDisk", "snapshot", "run_cli", "cli_error_line", "s3_endpoint", "live_foreign_owner"]
+__all__ = ["kill_harness", "FailingDisk", "snapshot", "run_cli", "cli_error_line", "s3_endpoint", "live_foreign_owner",
+           "raw", "put_lock", "read_lock"]
 
 
 class FailingDisk:
@@ -87,7 +88,7 @@ def s3_endpoint() -> Iterator[dict]:
 def live_foreign_owner() -> dict:
     """An owner record of a live process on this machine that is not this one (pid 1, or the
     parent), as another writer would leave in a lock."""
-    from tokdyn.store import _proc_stat
+    from tokdyn.store.locks import _proc_stat
 
     pid = 1 if _proc_stat(1)[0] is not None else os.getppid()
     return {"host": socket.gethostname(), "pid": pid, "start": _proc_stat(pid)[1], "since": "earlier", "token": "other"}
@@ -99,3 +100,28 @@ def cli_error_line(err: str) -> str:
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
 
+
+
+def raw(store, path: str = ""):
+    """The zarr group or array at ``path`` of a tokdyn store, opened past tokdyn: what crash and
+    damage tests write into directly, as a dying process or a damaged disk would."""
+    import zarr
+
+    return zarr.open(store=store.url, path=path, mode="r+", storage_options=store.storage_options or None)
+
+
+def put_lock(store, key: str, holder: dict | None, *, exclusive: bool = True) -> None:
+    """Write (or with ``holder=None`` read back) a writer lock key of a store as another process would."""
+    from zarr.storage import StorePath
+
+    from tokdyn.store.locks import _write_json_key
+
+    _write_json_key(StorePath(raw(store).store, key), holder, exclusive=exclusive)
+
+
+def read_lock(store, key: str):
+    from zarr.storage import StorePath
+
+    from tokdyn.store.locks import _read_json_key
+
+    return _read_json_key(StorePath(raw(store).store, key))

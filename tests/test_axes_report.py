@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import tokdyn
+from tokdyn.store import as_store
 from tokdyn.axes import assemble_axis, axis_sources, find_axis_run
 from tokdyn.cli import main
 from tokdyn.errors import InputError, ProbeMismatchError, RunExistsError, StoreError
@@ -83,8 +84,8 @@ def test_assemble_axis_takes_final_rows_sorted_by_budget(budgets):
 def test_axis_is_fitted_and_reconstructed_like_a_run(budgets):
     st, _ = budgets
     assemble_axis(st, "D")
-    fit_run(st, "axis-D", progress=False)
-    rec = reconstruct_run(st, "axis-D", n_boot=0)
+    fit_run(st.run("axis-D"), progress=False)
+    rec = reconstruct_run(st.run("axis-D"), n_boot=0)
     assert rec.axis == "D" and rec.x.size == 10
     assert rec.r2_events > 0.9
 
@@ -207,7 +208,7 @@ def test_report_is_one_self_contained_file(fitted_T, tmp_path, capsys):
     out = tmp_path / "r.html"
     assert main(["report", str(fitted_T), "--out", str(out)]) == 1  # nothing fitted yet
     assert "no fitted run" in capsys.readouterr().err and not out.exists()
-    fit_run(fitted_T, "main", progress=False)
+    fit_run(as_store(fitted_T, mode="r+").run("main"), progress=False)
     assert main(["report", str(fitted_T), "--out", str(out)]) == 0
     html = out.read_text()
     assert html.count("<img") >= 6 and "data:image/png;base64," in html
@@ -228,7 +229,7 @@ def test_report_path_that_cannot_be_written(fitted_T, tmp_path, capsys, bad):
 
 def test_analysis_of_unfitted_run_is_a_clear_error(fitted_T):
     with pytest.raises(StoreError, match="not been fitted"):
-        reconstruct_run(fitted_T, "main")
+        reconstruct_run(as_store(fitted_T).run("main"))
 
 
 def test_imported_npz_axis_is_found_fitted_and_reconstructed(budgets, tmp_path, capsys):
@@ -244,6 +245,6 @@ def test_imported_npz_axis_is_found_fitted_and_reconstructed(budgets, tmp_path, 
     assert "assembled" not in captured.err and "fitted run 'paper-D'" in captured.err
     got = json.loads(captured.out)
     assert got["run"] == "paper-D" and got["axis"] == "D"
-    fit_run(st, "axis-D", progress=False)
-    want = reconstruct_run(st, "axis-D", n_boot=0)
+    fit_run(st.run("axis-D"), progress=False)
+    want = reconstruct_run(st.run("axis-D"), n_boot=0)
     assert got["r2_events"] == pytest.approx(want.r2_events, abs=1e-3)  # same losses, same answer

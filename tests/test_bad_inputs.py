@@ -21,7 +21,7 @@ import torch
 import zarr
 
 import tokdyn
-from reliability_fixtures import cli_error_line, run_cli, snapshot
+from reliability_fixtures import cli_error_line, raw, run_cli, snapshot
 from test_offline import _Touch
 from test_store import make_probe, row_values
 from tokdyn.errors import InputError, StoreError, TokdynError, UnsafeFileError
@@ -237,7 +237,7 @@ def _damaged_run(tmp: Path, **arrays) -> tokdyn.Run:
         for s in STEPS:
             w.append(row_values(s, probe.n_tokens), step=s)
     for name, values in arrays.items():
-        st.run("r")._group[name][: len(values)] = values
+        raw(st, f"runs/r/{name}")[: len(values)] = values
     return tokdyn.open_store(tmp / "d.zarr", mode="r").run("r")
 
 
@@ -271,7 +271,7 @@ API_CASES: dict[str, tuple[Callable[[Path], object], type[Exception], str]] = {
     "fitter with Y of strings": (lambda t: _fitter().fit(X, Y.astype(str)), InputError, r"Y"),
     "fitter with a NaN threshold": (lambda t: _fitter(min_points=float("nan")).fit(X, Y), InputError, r"min_points"),
     "fit options with a negative width bound": (lambda t: tokdyn.fit.FitOptions(s_min=-1.0), InputError, r"s_min"),
-    "fit_run with zero workers": (lambda t: tokdyn.fit.fit_run(t / "x.zarr", "r", workers=0), InputError, r"workers must be >= 1"),
+    "fit_run with zero workers": (lambda t: tokdyn.fit.fit_run(_writer(t).run, workers=0), InputError, r"workers must be >= 1"),
 }
 
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import tokdyn
+from tokdyn.store import as_store
 from tokdyn.cli import main
 from tokdyn.curriculum import (
     CurriculumConfig,
@@ -103,7 +104,7 @@ def test_pilot_without_fit_or_events_gives_one_clear_error(pilot, corpus, tmp_pa
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "has not been fitted" in err
     # fitted, but flat: no learning events
-    fit_run(str(store), "flat", progress=False)
+    fit_run(as_store(str(store), mode="r+").run("flat"), progress=False)
     with pytest.raises(StoreError, match="no learning event with a positive loss drop"):
         build_table(str(store), "flat")
     assert main(["curriculum", "build", str(store), "--run", "flat", "--out", str(tmp_path / "t.npz")]) == 1

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tokdyn
+from tokdyn.store import as_store
 from tokdyn.cli import main
 from tokdyn.errors import InputError, ProbeMismatchError, UnsafeFileError
 from tokdyn.interchange import export_npz, import_npz, read_npz
@@ -37,7 +38,7 @@ def test_float32_roundtrip_is_exact(tmp_path):
     run = import_npz(tmp_path / "in.npz", tmp_path / "s.zarr")
     assert run.name == "in" and run.axis == "T" and run.dtype == np.float32
     np.testing.assert_array_equal(run.steps, [1, 2, 4, 8, 16, 32])
-    export_npz(tmp_path / "s.zarr", tmp_path / "out.npz", run="in")
+    export_npz(as_store(tmp_path / "s.zarr").run("in"), tmp_path / "out.npz")
     with np.load(tmp_path / "out.npz", allow_pickle=False) as out:
         assert sorted(out.files) == sorted(src)
         for key, v in src.items():

@@ -30,13 +30,12 @@ from tokdyn.model import GPTConfig, TinyGPT, count_parameters
 from tokdyn.record.offline import (
     CheckpointRef,
     DuplicateWeightsWarning,
-    add_cli_arguments,
     discover_checkpoints,
     read_state_dict,
     record_offline,
-    run_cli,
     weights_fingerprint,
 )
+from tokdyn.cli.record import add_cli_arguments, run_cli
 from tokdyn.store import open_store
 
 ATOL = 1e-5  # float32 losses, same weights, possibly a different thread count
@@ -303,7 +302,8 @@ def test_model_factory_and_missing_model(tmp_path, probe):
         save_torch(m, tmp_path / f"step_{s}.pt")
     with pytest.raises(InputError, match="model_factory"):
         record_offline(tmp_path, tmp_path / "s.zarr", "r", probe=probe, progress=False)
-    record_offline(tmp_path, tmp_path / "s.zarr", "r", model_factory=lambda: TinyGPT(cfg), progress=False)
+    assert not (tmp_path / "s.zarr").exists()  # the failed call left no new store behind
+    record_offline(tmp_path, tmp_path / "s.zarr", "r", probe=probe, model_factory=lambda: TinyGPT(cfg), progress=False)
     run = open_store(tmp_path / "s.zarr", mode="r").run("r")
     np.testing.assert_allclose(run.losses()[1], direct_losses(models[2], probe), rtol=0, atol=ATOL)
     with pytest.raises(InputError, match="does not fit the model"):  # wrong config: a clear message

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tokdyn
-from reliability_fixtures import kill_harness, live_foreign_owner
+from reliability_fixtures import kill_harness, live_foreign_owner, put_lock, raw, read_lock
 from test_store import make_probe, row_values
 from tokdyn.errors import RunBusyError, RunExistsError, WriterError
 from tokdyn.record import TokenLossRecorder
@@ -166,26 +166,23 @@ def test_commits_by_another_writer_stop_this_one(tmp_path):
     run = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="a").create_run("r")
     w = run.writer()
     w.append(row_values(0, probe.n_tokens), step=0)
-    w._commit_group.update_attributes({"rows": 2, "last_step": 7})  # what another writer's commit looks like
+    raw(run.store, "runs/r/commits/w0").update_attributes({"rows": 2, "last_step": 7})  # what another writer's commit looks like
     with pytest.raises(RunBusyError, match="appended to by another writer"):
         w.append(row_values(1, probe.n_tokens), step=1)
 
 
 def test_a_lock_from_another_machine_is_refused_until_broken(tmp_path):
-    from tokdyn.store import _read_json_key, _write_json_key
-    from zarr.storage import StorePath
-
     probe = make_probe()
     run = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="a").create_run("r")
-    lock = StorePath(run._group.store, "runs/r/commits/w0/writer.lock")
-    _write_json_key(lock, {**live_foreign_owner(), "host": "gpu-node-17"}, exclusive=True)
+    lock = "runs/r/commits/w0/writer.lock"
+    put_lock(run.store, lock, {**live_foreign_owner(), "host": "gpu-node-17"})
     with pytest.raises(RunBusyError, match=r"gpu-node-17.*cannot tell whether it still runs.*break_lock"):
         run.writer()
-    _write_json_key(lock, live_foreign_owner(), exclusive=False)  # a live process on this machine
+    put_lock(run.store, lock, live_foreign_owner(), exclusive=False)  # a live process on this machine
     with pytest.raises(RunBusyError, match="wait for it to finish"):
         run.writer()
     run.break_lock()
-    assert _read_json_key(lock) is None
+    assert read_lock(run.store, lock) is None
     with run.writer() as w:
         w.append(row_values(0, probe.n_tokens), step=0)
     with pytest.raises(RunExistsError):  # the usual rule still comes first

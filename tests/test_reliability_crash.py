@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import tokdyn
-from reliability_fixtures import FailingDisk, kill_harness, snapshot
+from reliability_fixtures import FailingDisk, kill_harness, raw, snapshot
 from test_recorder import perturb
 from tokdyn.errors import WriterError
 from tokdyn.record import TokenLossRecorder
-from tokdyn.store import CREATING, _owner
+from tokdyn.store.locks import CREATING, owner
 
 
 def test_sigkilled_recording_resumes_equal_to_an_uninterrupted_run(tmp_path):
@@ -99,16 +99,15 @@ def test_failing_disk_surfaces_in_training_and_keeps_committed_rows(err, where, 
 
 
 def _dead_owner() -> dict:
-    owner = _owner()
-    owner["pid"] = 2**22 + 12345  # above the default pid_max: no such process
-    return owner
+    who = owner()
+    who["pid"] = 2**22 + 12345  # above the default pid_max: no such process
+    return who
 
 
 def test_a_store_whose_creation_was_killed_is_created_again(tmp_path, probe):
     url = tmp_path / "s.zarr"
     st = tokdyn.open_store(url, probe, mode="a")
-    g = st._group
-    g.attrs.put({CREATING: _dead_owner()})  # what a creator killed before its last write leaves
+    raw(st).attrs.put({CREATING: _dead_owner()})  # what a creator killed before its last write leaves
     with pytest.raises(tokdyn.NotAStoreError):
         tokdyn.open_store(url, mode="r")  # not a store (yet): readers never see half a probe
     again = tokdyn.open_store(url, probe, mode="a")  # the recorder's call: starts again
@@ -118,7 +117,7 @@ def test_a_store_whose_creation_was_killed_is_created_again(tmp_path, probe):
 def test_a_run_whose_creation_was_killed_is_replaced(tmp_path, probe):
     st = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="a")
     st.create_run("r")
-    st._group["runs/r"].attrs.put({CREATING: _dead_owner()})  # killed before the run metadata was written
+    raw(st, "runs/r").attrs.put({CREATING: _dead_owner()})  # killed before the run metadata was written
     assert not st.has_run("r") and "r" in st.runs
     assert "error" in st.info()["runs"]["r"]  # visible as broken, not as a run
     run = st.create_run("r", capacity=2)
@@ -129,7 +128,7 @@ def test_a_store_being_created_by_a_live_process_is_not_taken(tmp_path, probe):
     from reliability_fixtures import live_foreign_owner
 
     url = tmp_path / "s.zarr"
-    tokdyn.open_store(url, probe, mode="a")._group.attrs.put({CREATING: live_foreign_owner()})
+    raw(tokdyn.open_store(url, probe, mode="a")).attrs.put({CREATING: live_foreign_owner()})
     with pytest.raises(tokdyn.errors.RunBusyError, match="being created by process"):
         tokdyn.open_store(url, probe, mode="a")
 

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tokdyn
+from reliability_fixtures import raw
 from tokdyn.fit import fit_sigmoids
 
 CONTEXT = 4
@@ -45,8 +46,8 @@ def test_every_read_path_sees_the_committed_matrix_only(tmp_path_factory, case):
         for j in range(k):
             w.append(M[j], step=10 * j + 1)
     for j in range(tail):  # a dead writer's rows: data and coordinates, never committed
-        run._loss[k + j, :] = -1.0
-        run._group["step"][k + j] = 10_000 + j
+        raw(st_, "runs/r/loss")[k + j, :] = -1.0
+        raw(st_, "runs/r/step")[k + j] = 10_000 + j
     expected = M.astype(dtype)
     reader = tokdyn.open_store(st_.url, mode="r").run("r")
     np.testing.assert_array_equal(reader.losses(), expected)

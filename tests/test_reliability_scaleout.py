@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import tokdyn
-from reliability_fixtures import live_foreign_owner, s3_endpoint
+from tokdyn.store import as_store
+from reliability_fixtures import live_foreign_owner, put_lock, raw, s3_endpoint
 from test_store import make_probe, row_values
 from test_store_fit import make_store, planted
 from tokdyn.errors import ProbeMismatchError, RunBusyError, RunExistsError, StepOrderError, StoreError
@@ -80,7 +81,7 @@ def test_uncommitted_rows_and_several_writers_on_each_backend(backend):
     run.writer(writer=0).append(full[: 2 * c], step=0)
     assert _open(backend, mode="r").run("d").n_committed == 0  # one token range is not a row
     run.writer(writer=1).append(full[2 * c :], step=0)
-    run._loss[1, :] = 99.0  # a row written by a process that died before committing it
+    raw(st, "runs/d/loss")[1, :] = 99.0  # a row written by a process that died before committing it
     reader = _open(backend, mode="r").run("d")
     assert reader.n_committed == 1 and reader.steps.tolist() == [0]
     np.testing.assert_array_equal(reader.losses(), full[None])
@@ -90,10 +91,7 @@ def test_writer_lock_and_damage_detection_on_each_backend(backend):
     probe = make_probe()
     st = _open(backend, probe)
     run = st.create_run("r", token_chunk=2 * probe.context)
-    from tokdyn.store import _write_json_key
-    from zarr.storage import StorePath
-
-    _write_json_key(StorePath(run._group.store, "runs/r/commits/w0/writer.lock"), live_foreign_owner(), exclusive=True)
+    put_lock(st, "runs/r/commits/w0/writer.lock", live_foreign_owner())
     with pytest.raises(RunBusyError, match="refused rather than interleaved"):
         run.writer()
     run.break_lock()
@@ -102,7 +100,7 @@ def test_writer_lock_and_damage_detection_on_each_backend(backend):
             w.append(row_values(s, probe.n_tokens), step=s)
     from zarr.core.sync import sync
 
-    sync(run._group.store.delete("runs/r/loss/c/1/1"))  # a chunk object lost from the bucket
+    sync(raw(st).store.delete("runs/r/loss/c/1/1"))  # a chunk object lost from the bucket
     with pytest.raises(StoreError, match="row 1: 16 losses read as missing"):
         _open(backend, mode="r").run("r").losses()
 
@@ -115,11 +113,11 @@ def test_fit_and_npz_round_trip_on_each_backend(backend, tmp_path, monkeypatch):
     Y = planted(200)[0]
     url, options = backend
     local = make_store(tmp_path / "ref.zarr", Y, token_chunk=100)
-    fit_run(local, "r", scheduler="sync", progress=False)
-    export_npz(local, tmp_path / "r.npz", run="r")
+    fit_run(as_store(local, mode="r+").run("r"), scheduler="sync", progress=False)
+    export_npz(as_store(local).run("r"), tmp_path / "r.npz")
     assert import_npz(tmp_path / "r.npz", _create_for_npz(backend, Y), run="r").n_committed == Y.shape[1]
-    res = fit_run(url, "r", scheduler="threads", workers=2, progress=False, storage_options=options)
-    assert res["blocks"] == 1  # the imported run has the default chunking: one block
+    res = fit_run(as_store(url, mode="r+", storage_options=options).run("r"), scheduler="threads", workers=2, progress=False)
+    assert res.blocks == 1  # the imported run has the default chunking: one block
     ref, got = read_fit(local, "r"), read_fit(_open(backend, mode="r"), "r")
     for name in FIT_FIELDS:
         np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
@@ -138,7 +136,7 @@ def test_distributed_fit_survives_a_worker_killed_mid_job(tmp_path):
     distributed = pytest.importorskip("distributed")
     Y = planted(3000, seed=4)[0]
     ref_store = make_store(tmp_path / "ref.zarr", Y, token_chunk=250)
-    fit_run(ref_store, "r", scheduler="sync", progress=False)
+    fit_run(ref_store.run("r"), scheduler="sync", progress=False)
     st = make_store(tmp_path / "d.zarr", Y, token_chunk=250)
     killed = {}
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
@@ -149,7 +147,7 @@ def test_distributed_fit_survives_a_worker_killed_mid_job(tmp_path):
 
             def fit():
                 try:
-                    result["res"] = fit_run(str(tmp_path / "d.zarr"), "r", scheduler=cluster.scheduler_address, progress=False)
+                    result["res"] = fit_run(as_store(str(tmp_path / "d.zarr"), mode="r+").run("r"), scheduler=cluster.scheduler_address, progress=False)
                 except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
                     result["error"] = exc
                 finally:
@@ -161,8 +159,8 @@ def test_distributed_fit_survives_a_worker_killed_mid_job(tmp_path):
 
             def fit_done():
                 try:
-                    return st.run("r")._group["fit/done"][...]
-                except KeyError:  # the fit group is not made yet
+                    return raw(st, "runs/r/fit/done")[...]
+                except (KeyError, FileNotFoundError):  # the fit group is not made yet
                     return np.zeros(1)
 
             while time.monotonic() < deadline and not done.is_set():

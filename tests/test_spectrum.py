@@ -120,7 +120,7 @@ def test_spectrum_integrates_to_the_seen_drop():
 
 def test_spectrum_of_one_event_is_a_gaussian():
     ev = Events([0], [1.5], [0.01], [2.0], 4, (0.0, 3.0))
-    spec = learning_time_spectrum(ev, bandwidth=0.2, grid=301)
+    spec = learning_time_spectrum(ev, bandwidth=0.2, grid=301, kernel="delta")
     expect = 2.0 / 4 * np.exp(-0.5 * ((spec.x - 1.5) / 0.2) ** 2) / (0.2 * math.sqrt(2 * math.pi))
     np.testing.assert_allclose(spec.density, expect, atol=2e-3 * expect.max())
 
@@ -137,7 +137,13 @@ def test_bandwidth_rules():
     ev = planted_events(20000, s=(0.1, 0.1))
     assert select_bandwidth(ev, 0.07) == 0.07
     # the single Gaussian that best replaces logistic events of width s has sd near pi/sqrt(3) s
-    assert 0.12 <= select_bandwidth(ev, "events") <= 0.25
+    assert 0.12 <= select_bandwidth(ev, "events", kernel="delta") <= 0.25
+    # events that carry their own widths need no more smoothing than the points resolve
+    assert select_bandwidth(ev, "events") == 0.01
+    coarse = Events(ev.token, ev.mu, ev.s, ev.delta, ev.n_tokens, ev.x_range, resolution=0.075)
+    assert select_bandwidth(coarse, "auto") == 0.075
+    with pytest.raises(InputError, match="kernel"):
+        select_bandwidth(ev, "auto", kernel="box")
     assert select_bandwidth(ev, "widths") == pytest.approx(math.pi / math.sqrt(3) * 0.1)
     assert 0 < select_bandwidth(ev, "silverman") < 0.2
     for bad in ("grid", -1.0, float("nan"), True):

@@ -15,6 +15,7 @@ import pytest
 import zarr
 
 import tokdyn
+from reliability_fixtures import raw
 from tokdyn.errors import (
     InputError,
     NotAStoreError,
@@ -139,8 +140,8 @@ def test_uncommitted_tail_is_invisible_and_overwritten(store, probe):
     run = store.create_run("r", capacity=4)
     w = run.writer()
     w.append(row_values(0, probe.n_tokens), step=0)
-    run._loss[1, :] = 99.0  # a row in flight, never committed
-    run._group["step"][1] = 7
+    raw(store, "runs/r/loss")[1, :] = 99.0  # a row in flight, never committed
+    raw(store, "runs/r/step")[1] = 7
     assert run.n_committed == 1
     np.testing.assert_array_equal(run.steps, [0])
     w2 = run.writer(resume=True)
@@ -201,9 +202,9 @@ def test_not_a_store_and_schema_version(tmp_path, probe):
     with pytest.raises(NotAStoreError):  # and "a" does not clobber a foreign zarr group
         tokdyn.open_store(tmp_path / "plain.zarr", probe, mode="a")
     st = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="a")
-    meta = dict(st._group.attrs["tokdyn"])
+    meta = dict(raw(st).attrs["tokdyn"])
     meta["schema_version"] = 99
-    st._group.attrs["tokdyn"] = meta
+    raw(st).attrs["tokdyn"] = meta
     with pytest.raises(SchemaVersionError, match="version 99"):
         tokdyn.open_store(tmp_path / "s.zarr", mode="r")
 
@@ -300,7 +301,7 @@ def test_sigkill_during_appends_loses_nothing_committed(tmp_path):
 def test_coordinates_survive_growth_trim_and_resume(store, probe):
     """Per-checkpoint values are rewritten a chunk at a time from the writer's memory: check them
     across capacity growth, a trim, a resumed writer, and a chunk boundary."""
-    from tokdyn.store import COORD_CHUNK
+    from tokdyn.store.schema import COORD_CHUNK
 
     run = store.create_run("c", capacity=3)
     w = run.writer()
@@ -365,7 +366,7 @@ def test_to_xarray_after_a_crash_between_resizes(store, probe):
     for s in range(2):
         w.append(row_values(s, probe.n_tokens), step=s)
     for name in ("step", "lr"):
-        run._group[name].resize((8,))  # a process killed after growing some coordinates only
+        raw(store, f"runs/x/{name}").resize((8,))  # a process killed after growing some coordinates only
     ds = run.to_xarray()
     assert ds["loss"].shape == (2, probe.n_tokens)
     np.testing.assert_array_equal(ds["step"].values, [0, 1])

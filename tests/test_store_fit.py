@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import tokdyn
+from tokdyn.store import as_store
 from tokdyn.cli import main
 from tokdyn.errors import InputError, RunNotFoundError, StoreError
 from tokdyn.fit import CLASS_CODES, FIT_FIELDS
@@ -46,14 +47,14 @@ def data():
 def test_planted_events_recovered(tmp_path, data):
     Y, mu, s = data
     st = make_store(tmp_path / "a.zarr", Y, token_chunk=1000)
-    res = fit_run(st, "r", progress=False)
-    assert res["blocks"] == 3 and res["blocks_fitted"] == 3 and res["n_points"] == len(STEPS) - 1  # step 0 left out
+    res = fit_run(st.run("r"), progress=False)
+    assert res.blocks == 3 and res.blocks_fitted == 3 and res.n_points == len(STEPS) - 1  # step 0 left out
     f = read_fit(st, "r")
     assert set(f) == set(FIT_FIELDS)
     assert np.median(np.abs(f["mu"] - mu)) < 0.03  # decades
     assert np.mean(f["class_code"] == CLASS_CODES["learned"]) > 0.9
-    assert res["class_loss_share"]["learned"] > 0.9
-    assert abs(sum(v for v in res["class_loss_share"].values()) - 1) < 1e-9
+    assert res.class_loss_share["learned"] > 0.9
+    assert abs(sum(v for v in res.class_loss_share.values()) - 1) < 1e-9
 
 
 def test_results_invariant_to_scheduler_and_chunking(tmp_path, data):
@@ -61,7 +62,7 @@ def test_results_invariant_to_scheduler_and_chunking(tmp_path, data):
     ref = None
     for i, (chunk, sched, batch) in enumerate([(400, "sync", 16384), (400, "threads", 100), (1200, "sync", 16384), (300, "processes", 16384)]):
         st = make_store(tmp_path / f"s{i}.zarr", Y, token_chunk=chunk)
-        fit_run(st, "r", scheduler=sched, batch_rows=batch, progress=False, workers=2)
+        fit_run(st.run("r"), scheduler=sched, batch_rows=batch, progress=False, workers=2)
         f = read_fit(st, "r")
         if ref is None:
             ref = f
@@ -73,7 +74,7 @@ def test_results_invariant_to_scheduler_and_chunking(tmp_path, data):
 def test_resume_after_interruption_fits_only_missing_blocks(tmp_path, data, monkeypatch):
     Y = data[0][:1000]
     ref_store = make_store(tmp_path / "ref.zarr", Y, token_chunk=200)
-    fit_run(ref_store, "r", scheduler="sync", progress=False)
+    fit_run(ref_store.run("r"), scheduler="sync", progress=False)
     ref = read_fit(ref_store, "r")
 
     st = make_store(tmp_path / "b.zarr", Y, token_chunk=200)
@@ -88,12 +89,12 @@ def test_resume_after_interruption_fits_only_missing_blocks(tmp_path, data, monk
 
     monkeypatch.setattr(fitjob, "fit_block", flaky)
     with pytest.raises(KeyboardInterrupt):
-        fit_run(st, "r", scheduler="sync", progress=False)
+        fit_run(st.run("r"), scheduler="sync", progress=False)
     with pytest.raises(StoreError, match="incomplete"):
         read_fit(st, "r")
     monkeypatch.setattr(fitjob, "fit_block", real)
-    res = fit_run(st, "r", scheduler="sync", progress=False)
-    assert res["blocks_resumed"] == 2 and res["blocks_fitted"] == 3
+    res = fit_run(st.run("r"), scheduler="sync", progress=False)
+    assert res.blocks_resumed == 2 and res.blocks_fitted == 3
     f = read_fit(st, "r")
     for name in FIT_FIELDS:
         np.testing.assert_array_equal(f[name], ref[name], err_msg=name)
@@ -102,37 +103,37 @@ def test_resume_after_interruption_fits_only_missing_blocks(tmp_path, data, monk
 def test_stale_fit_needs_refit(tmp_path, data):
     Y = data[0][:300]
     st = make_store(tmp_path / "c.zarr", Y)
-    fit_run(st, "r", progress=False)
+    fit_run(st.run("r"), progress=False)
     w = st.run("r").writer(resume=True)
     w.append(Y[:, -1], step=20_000)
     with pytest.raises(StoreError, match="refit"):
-        fit_run(st, "r", progress=False)
-    res = fit_run(st, "r", refit=True, progress=False)
-    assert res["n_points"] == len(STEPS)  # the new row is used
-    assert res["blocks_fitted"] == res["blocks"]
+        fit_run(st.run("r"), progress=False)
+    res = fit_run(st.run("r"), refit=True, progress=False)
+    assert res.n_points == len(STEPS)  # the new row is used
+    assert res.blocks_fitted == res.blocks
 
 
 def test_fit_errors(tmp_path, data):
     st = make_store(tmp_path / "d.zarr", data[0][:50])
     with pytest.raises(RunNotFoundError):
-        fit_run(st, "nope")
+        fit_run(st.run("nope"))
     with pytest.raises(InputError, match="scheduler"):
-        fit_run(st, "r", scheduler="gpu-cluster")
+        fit_run(st.run("r"), scheduler="gpu-cluster")
     with pytest.raises(InputError, match="backend"):
-        fit_run(st, "r", backend="jax")
+        fit_run(st.run("r"), backend="jax")
     with pytest.raises(StoreError, match="not been fitted"):
         read_fit(st, "r")
     st.create_run("empty")
     with pytest.raises(StoreError, match="no committed rows"):
-        fit_run(st, "empty")
+        fit_run(st.run("empty"))
     with pytest.raises(StoreError, match="read-only"):
-        fit_run(tokdyn.open_store(tmp_path / "d.zarr", mode="r"), "r")
+        fit_run(tokdyn.open_store(tmp_path / "d.zarr", mode="r").run("r"))
 
 
 def test_fit_results_readable_with_xarray(tmp_path, data):
     xr = pytest.importorskip("xarray")
     st = make_store(tmp_path / "e.zarr", data[0][:200])
-    fit_run(st, "r", progress=False)
+    fit_run(st.run("r"), progress=False)
     ds = xr.open_zarr(st.url, group="runs/r/fit", consolidated=False)
     assert ds["mu"].dims == ("token",)
     np.testing.assert_array_equal(ds["mu"].values, read_fit(st, "r")["mu"])
@@ -151,11 +152,11 @@ def test_localcluster_matches_local(tmp_path, data):
     distributed = pytest.importorskip("distributed")
     Y = data[0][:600]
     ref_store = make_store(tmp_path / "ref.zarr", Y, token_chunk=200)
-    fit_run(ref_store, "r", scheduler="sync", progress=False)
+    fit_run(ref_store.run("r"), scheduler="sync", progress=False)
     st = make_store(tmp_path / "g.zarr", Y, token_chunk=200)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        res = fit_run(st, "r", scheduler=cluster.scheduler_address, progress=False)
-    assert res["blocks_fitted"] == 3
+        res = fit_run(st.run("r"), scheduler=cluster.scheduler_address, progress=False)
+    assert res.blocks_fitted == 3
     ref, f = read_fit(ref_store, "r"), read_fit(st, "r")
     for name in FIT_FIELDS:
         np.testing.assert_array_equal(f[name], ref[name], err_msg=name)
@@ -164,7 +165,7 @@ def test_localcluster_matches_local(tmp_path, data):
 def test_read_fit_refuses_a_stale_fit(tmp_path, data):
     Y = data[0][:100]
     st = make_store(tmp_path / "h.zarr", Y)
-    fit_run(st, "r", progress=False)
+    fit_run(st.run("r"), progress=False)
     st.run("r").writer(resume=True).append(Y[:, -1], step=50_000)
     with pytest.raises(StoreError, match="--refit"):
         read_fit(st, "r")

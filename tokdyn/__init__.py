@@ -2,11 +2,16 @@
 
 Record every probe token's loss along training (``record``), fit one learning event per token
 (``fit``), and rebuild the validation-loss derivative from the spectrum of learning times.
+
+The names below are loaded on first use, so ``import tokdyn.store`` (or any one stage) does not
+import the others: docs/architecture.md gives the stages and what each may import.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
-from .corpus import Document, bin_documents, jsonl_documents, split_documents, stdlib_documents, text_documents
+import importlib
+
+from ._version import __version__
 from .errors import (
     InputError,
     NotAStoreError,
@@ -21,23 +26,37 @@ from .errors import (
     UnsafeFileError,
     WriterError,
 )
-from .probe import ProbeSet, build_probe
-from .schedule import explicit_schedule, geometric_schedule, make_schedule, pythia_schedule
-from .store import Run, RunWriter, TrajectoryStore, open_store
-from .tokenizer import ByteTokenizer, HFTokenizer, get_tokenizer
-from .spectrum import Events, Spectrum, events_from_fit, learning_time_spectrum, run_events, spectrum_power_law
-from .reconstruct import Reconstruction, reconstruct_run
-from .axes import assemble_axis
+
+_LAZY = {  # public name: the module that defines it
+    **dict.fromkeys(["Document", "bin_documents", "jsonl_documents", "split_documents", "stdlib_documents", "text_documents"], "corpus"),
+    **dict.fromkeys(["ProbeSet", "build_probe"], "probe"),
+    **dict.fromkeys(["explicit_schedule", "geometric_schedule", "make_schedule", "pythia_schedule"], "schedule"),
+    **dict.fromkeys(["Run", "RunWriter", "TrajectoryStore", "FitResults", "open_store", "as_store"], "store"),
+    **dict.fromkeys(["ByteTokenizer", "HFTokenizer", "get_tokenizer"], "tokenizer"),
+    **dict.fromkeys(["TokenLossRecorder"], "record"),
+    **dict.fromkeys(["FitOptions", "fit_run", "fit_inputs", "stored_options"], "fit"),
+    **dict.fromkeys(["Events", "Spectrum", "events_from_fit", "learning_time_spectrum", "run_events", "spectrum_power_law"], "spectrum"),
+    **dict.fromkeys(["Reconstruction", "reconstruct_run"], "reconstruct"),
+    **dict.fromkeys(["assemble_axis"], "axes"),
+    **dict.fromkeys(["RunAnalysis", "StoreAnalysis", "analyze_run", "analyze_store"], "analysis"),
+    **dict.fromkeys(["write_report"], "report"),
+}  # fmt: skip
 
 __all__ = [
-    "__version__",
-    "Document", "stdlib_documents", "text_documents", "jsonl_documents", "bin_documents", "split_documents",
-    "ByteTokenizer", "HFTokenizer", "get_tokenizer",
-    "ProbeSet", "build_probe",
-    "geometric_schedule", "pythia_schedule", "explicit_schedule", "make_schedule",
-    "TrajectoryStore", "Run", "RunWriter", "open_store",
-    "Events", "Spectrum", "events_from_fit", "run_events", "learning_time_spectrum", "spectrum_power_law",
-    "Reconstruction", "reconstruct_run", "assemble_axis",
+    "__version__", *_LAZY,
     "TokdynError", "InputError", "StoreError", "NotAStoreError", "SchemaVersionError", "RunNotFoundError",
     "RunExistsError", "RunBusyError", "ProbeMismatchError", "StepOrderError", "UnsafeFileError", "WriterError",
 ]  # fmt: skip
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tokdyn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

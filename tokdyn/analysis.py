@@ -13,17 +13,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .axes import find_axis_run
+from .axes import assemble_axis, find_axis_run
 from .errors import InputError, StoreError
-from .fit.job import fit_inputs, read_fit, stored_options
+from .fit.job import fit_run
 from .fit.models import class_loss_share
 from .fit.options import CLASS_NAMES
-from .reconstruct import Reconstruction, mean_probe_loss, reconstruct
-from .spectrum import Events, events_from_fit, spectra_by
-from .store import TrajectoryStore, open_store
+from .reconstruct import Reconstruction, reconstruct_run
+from .spectrum import Events, run_events, spectra_by
+from .store import Run, TrajectoryStore, as_store
 from .tokenstats import TokenStats, frequency_bands, position_bands, token_stats
 
-__all__ = ["RunAnalysis", "StoreAnalysis", "analyze_run", "analyze_store", "fitted_runs"]
+__all__ = ["RunAnalysis", "StoreAnalysis", "RunSpectrum", "AxisRun", "analyze_run", "analyze_store", "fitted_runs",
+           "group_spectra", "run_spectrum", "axis_run"]
 
 
 @dataclass
@@ -57,20 +58,19 @@ class StoreAnalysis:
 
 
 def fitted_runs(store: TrajectoryStore) -> tuple[list[str], list[str]]:
-    """(runs with a complete, current fit; runs without one)."""
+    """(runs with a complete, current fit; runs without one, or that cannot be opened)."""
     done, todo = [], []
     for name in store.runs:
         try:
-            read_fit(store, name, fields=("status",))
-            done.append(name)
-        except StoreError:  # not fitted, or a run that cannot be opened (an interrupted creation)
-            todo.append(name)
+            complete = store.run(name).fit.complete
+        except StoreError:  # a run that cannot be opened (an interrupted creation, damage)
+            complete = False
+        (done if complete else todo).append(name)
     return done, todo
 
 
 def analyze_run(
-    store: TrajectoryStore | str,
-    run: str,
+    run: Run,
     *,
     which: str = "two_step",
     bandwidth: str | float = "auto",
@@ -80,36 +80,38 @@ def analyze_run(
 ) -> RunAnalysis:
     """Analyse one fitted run (StoreError if it has not been fitted); ``groups=False`` skips the
     per-group spectra and the token statistics (the cheap part only)."""
-    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
-    r = st.run(run)
-    fit = read_fit(st, run)  # read once: the events, the classes and the report all use it
-    events = events_from_fit(fit, which=which, options=stored_options(st, run))
-    rows, x = fit_inputs(r)
-    rec = reconstruct(x, mean_probe_loss(r, rows), events, axis=r.axis, run=run, bandwidth=bandwidth, n_boot=n_boot, seed=seed)
+    fit = run.fit.read()  # read once: the events, the classes and the report all use it
+    events = run_events(run, which=which, fit=fit)
+    rec = reconstruct_run(run, events=events, bandwidth=bandwidth, n_boot=n_boot, seed=seed)
     codes, counts = np.unique(fit["class_code"], return_counts=True)
     analysis = RunAnalysis(
-        run=run, axis=r.axis, reconstruction=rec, events=events, fit=fit,
+        run=run.name, axis=run.axis, reconstruction=rec, events=events, fit=fit,
         class_counts={CLASS_NAMES[int(c)]: int(n) for c, n in zip(codes, counts)},
         class_loss_share=class_loss_share(fit["class_code"], fit["drop"]),
     )  # fmt: skip
     if not groups:
         return analysis
-    h = rec.spectrum.bandwidth
-    probe = st.probe
+    analysis.by_group = group_spectra(run, events, fit, bandwidth=rec.spectrum.bandwidth)
+    if run.n_committed >= 2:
+        analysis.stats = token_stats(run)
+    return analysis
+
+
+def group_spectra(run: Run, events: Events, fit: dict, *, bandwidth: float) -> dict:
+    """Spectra of the events by class, and by domain, token frequency band and position band
+    where the probe has that information: ``{"class": {label: Spectrum}, "domain": ...}``."""
+    probe = run.store.probe
     ta = probe.token_arrays
-    by = {"class": spectra_by(events, fit["class_code"], CLASS_NAMES, bandwidth=h)}
+    by = {"class": spectra_by(events, fit["class_code"], CLASS_NAMES, bandwidth=bandwidth)}
     if "domain" in ta and probe.domains:
-        by["domain"] = spectra_by(events, np.asarray(ta["domain"]), list(probe.domains), bandwidth=h)
+        by["domain"] = spectra_by(events, np.asarray(ta["domain"]), list(probe.domains), bandwidth=bandwidth)
     if "token_id" in ta:
         band, labels = frequency_bands(np.asarray(ta["token_id"]))
-        by["frequency"] = spectra_by(events, band, labels, bandwidth=h)
+        by["frequency"] = spectra_by(events, band, labels, bandwidth=bandwidth)
     if "token_pos" in ta:
         band, labels = position_bands(np.asarray(ta["token_pos"]), probe.context)
-        by["position"] = spectra_by(events, band, labels, bandwidth=h)
-    analysis.by_group = by
-    if r.n_committed >= 2:
-        analysis.stats = token_stats(r)
-    return analysis
+        by["position"] = spectra_by(events, band, labels, bandwidth=bandwidth)
+    return by
 
 
 def analyze_store(
@@ -123,7 +125,7 @@ def analyze_store(
     """Analyse the named runs (default: every fitted run of axis T) and the D and M axes when the
     store holds a fitted run of that axis. Full per-group detail for T runs; the cheap part for
     D and M (a handful of points)."""
-    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
+    st = as_store(store)
     done, todo = fitted_runs(st)
     if runs is None:
         names = [n for n in done if st.run(n).axis == "T"]  # fitted runs open cleanly
@@ -146,6 +148,79 @@ def analyze_store(
         )
     out = []
     for n in names:
-        out.append(analyze_run(st, n, which=which, bandwidth=bandwidth, n_boot=n_boot, groups=st.run(n).axis == "T"))
+        r = st.run(n)
+        out.append(analyze_run(r, which=which, bandwidth=bandwidth, n_boot=n_boot, groups=r.axis == "T"))
     return StoreAnalysis(st.url, out, [n for n in todo if n not in names])
 
+
+
+@dataclass
+class RunSpectrum:
+    """The learning-time spectrum of a run with its reconstruction, and optionally the spectra of
+    one grouping of its tokens (``by``: class, domain, frequency or position)."""
+
+    reconstruction: Reconstruction
+    by: str | None = None
+    groups: dict = field(default_factory=dict)  # {label: Spectrum}
+
+    def summary(self) -> dict:
+        rec, spec = self.reconstruction, self.reconstruction.spectrum
+        out = {"run": rec.run, "axis": rec.axis, "bandwidth": spec.bandwidth, "n_events": spec.n_events,
+               "n_tokens": spec.n_tokens, "total_drop": spec.total_drop, "x_range": list(spec.x_range),
+               "spectrum_power_law": rec.spectrum_power_law.to_dict() if rec.spectrum_power_law else None,
+               "loss_power_law": rec.loss_power_law.to_dict() if rec.loss_power_law else None}  # fmt: skip
+        return out
+
+    def to_dict(self) -> dict:
+        out = {**self.summary(), "spectrum": self.reconstruction.spectrum.to_dict()}
+        if self.by:
+            out.update(by=self.by, groups={k: g.to_dict() for k, g in self.groups.items()})
+        return out
+
+
+def run_spectrum(
+    run: Run,
+    *,
+    which: str = "two_step",
+    bandwidth: str | float = "auto",
+    n_boot: int = 200,
+    placement: str = "mu",
+    kernel: str = "event",
+    by: str | None = None,
+) -> RunSpectrum:
+    """The spectrum of a fitted run (through its reconstruction, which carries both power laws)
+    and, with ``by``, the spectra of its tokens grouped by class, domain, frequency or position
+    band at the same bandwidth."""
+    fit = run.fit.read()
+    events = run_events(run, which=which, fit=fit)
+    rec = reconstruct_run(run, events=events, bandwidth=bandwidth, n_boot=n_boot, placement=placement, kernel=kernel)
+    if by is None:
+        return RunSpectrum(rec)
+    groups = group_spectra(run, events, fit, bandwidth=rec.spectrum.bandwidth)
+    if by not in groups:
+        raise InputError(f"by {by}: the probe has no {by} information (available: {', '.join(groups)})")
+    return RunSpectrum(rec, by, groups[by])
+
+
+@dataclass(frozen=True)
+class AxisRun:
+    """The run holding a store's D or M axis, and what :func:`axis_run` did to make it."""
+
+    run: Run
+    assembled: bool
+    fitted: bool
+
+
+def axis_run(store: TrajectoryStore | str, axis: str, *, runs: list[str] | None = None, rebuild: bool = False) -> AxisRun:
+    """The fitted run of axis ``axis`` (D or M) of ``store``: found (:func:`tokdyn.axes.find_axis_run`),
+    or assembled from the store's runs (``runs``, or those found from run metadata) when there is
+    none or ``rebuild``; fitted when it has no complete, current fit."""
+    st = as_store(store)
+    name = None if rebuild else find_axis_run(st, axis)
+    if name is not None and st.run(name).fit.complete:
+        return AxisRun(st.run(name), assembled=False, fitted=False)
+    if not st.writable:
+        st = as_store(st.url, mode="r+", storage_options=st.storage_options)
+    run = assemble_axis(st, axis, runs=runs, overwrite=rebuild) if name is None else st.run(name)
+    fit_run(run, progress=False, refit=True)
+    return AxisRun(run, assembled=name is None, fitted=True)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .errors import InputError, ProbeMismatchError, RunExistsError, StoreError
-from .store import Run, TrajectoryStore, open_store
+from .store import Run, TrajectoryStore, as_store
 
 __all__ = ["AXIS_ATTRS", "axis_sources", "assemble_axis", "axis_run_name", "find_axis_run"]
 
@@ -96,8 +96,7 @@ def assemble_axis(
     Raises InputError for fewer than 3 runs or repeated axis values, ProbeMismatchError when a
     source was recorded on another probe.
     """
-    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r+")
-    st._require_writable()
+    st = as_store(store, mode="r+")
     _check_axis(axis)
     attr = AXIS_ATTRS[axis]
     name = name or axis_run_name(axis)

@@ -33,14 +33,15 @@ class TokenTimes:
 
 def token_times(store, run: str) -> TokenTimes:
     """Per-token learning times of a fitted run. The one place this module reads fit results."""
-    from .fit.job import read_fit, stored_options
     from .fit.options import CLASS_NAMES
-    from .spectrum import events_from_fit
+    from .spectrum import run_events
     from .store import open_store
 
-    fit = read_fit(store, run)
-    ev = events_from_fit(fit, options=stored_options(store, run))
-    probe = open_store(store, mode="r").probe
+    st = open_store(store, mode="r")
+    r = st.run(run)
+    fit = r.fit.read()
+    ev = run_events(r, fit=fit)
+    probe = st.probe
     n = ev.n_tokens
     w = np.clip(ev.delta, 0, None)
     drop = np.bincount(ev.token, weights=w, minlength=n)

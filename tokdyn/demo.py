@@ -21,8 +21,9 @@ from .analysis import analyze_store
 from .fit.job import fit_run
 from .reconstruct import reconstruct_run
 from .report import check_writable, write_report
+from .runtime import resolve_device
 from .store import open_store
-from .train import TrainConfig, record_tiny_run, resolve_device
+from .train import TrainConfig, record_tiny_run
 
 __all__ = ["run_demo"]
 
@@ -69,23 +70,23 @@ def run_demo(
 
     t = time.perf_counter()
     log("[3/5] fit one sigmoid learning event (and the models it is compared with) per token")
-    fit = fit_run(str(store_path), "tiny", progress=progress)
+    run = open_store(store_path, mode="r+").run("tiny")
+    fit = fit_run(run, progress=progress).summary()
     timings["fit_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
     log("[4/5] learning-time spectrum and the loss derivative it rebuilds")
-    analysis = analyze_store(str(store_path), runs=["tiny"])
+    analysis = analyze_store(run.store, runs=["tiny"])
     main = analysis.runs[0]
     rec = main.reconstruction
     # The same reconstruction with only the events BIC chose, for comparison (docs/method.md).
-    bic = reconstruct_run(str(store_path), "tiny", which="bic", n_boot=0)
+    bic = reconstruct_run(run, which="bic", n_boot=0)
     timings["spectrum_s"] = time.perf_counter() - t
     log(f"      R^2 of -dL/dlog10 t: sum of fitted sigmoids {rec.r2_events:.3f}, spectrum alone {rec.r2_spectrum:.3f}")
 
     t = time.perf_counter()
     log("[5/5] report")
     timings["report_s"] = 0.0  # filled in below; the report shows the timings so far
-    run = open_store(store_path, mode="r").run("tiny")
     mean = rec.mean_loss
     sp, lp = rec.spectrum_power_law, rec.loss_power_law
     summary = {

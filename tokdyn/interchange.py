@@ -35,6 +35,7 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise InputError(f"npz file not found: {p}")
     if not zipfile.is_zipfile(p):  # np.load would take any other file for a pickle
         raise InputError(f"{p} is not a readable npz file (not a zip archive)")
+    _check_headers(p)  # shapes, dtypes and sizes from the members' headers, before inflating any data
     try:
         with np.load(p, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
@@ -71,6 +72,59 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _member_headers(p: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """``{name: (shape, dtype)}`` of every array of an npz, read from the ``.npy`` headers only
+    (a few hundred bytes of each member are inflated, never the data)."""
+    out = {}
+    try:
+        with zipfile.ZipFile(p) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise InputError(f"{p}: member {info.filename!r} is not an array; an npz holds .npy members only")
+                with zf.open(info) as fh:
+                    version = np.lib.format.read_magic(fh)
+                    if version not in ((1, 0), (2, 0), (3, 0)):
+                        raise InputError(f"{p}: member {info.filename!r} has an unknown .npy version {version}")
+                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read(fh, max_header_size=10_000)
+                out[info.filename[:-4]] = (tuple(int(d) for d in shape), np.dtype(dtype))
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, TypeError) as exc:
+        if isinstance(exc, ValueError) and "object" in str(exc).lower():
+            raise UnsafeFileError(f"{p} holds object arrays that need pickle to load; tokdyn never unpickles data files") from None
+        raise InputError(f"{p} is not a readable npz file: {type(exc).__name__}: {exc}") from None
+    return out
+
+
+def _check_headers(p: Path) -> None:
+    """Refuse, before any data is inflated, an npz whose declared arrays are not a losses.npz or
+    would not fit in this machine's memory."""
+    headers = _member_headers(p)
+    limit = _memory_bytes()
+    for name, (shape, dtype) in headers.items():
+        if dtype.hasobject:
+            raise UnsafeFileError(f"{p} holds object arrays that need pickle to load; tokdyn never unpickles data files")
+        size = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if limit and size > limit:
+            raise InputError(f"{p}: array {name!r} declares shape {shape} of {dtype} ({size / 2**30:,.1f} GiB), more than "
+                             f"this machine's memory ({limit / 2**30:,.1f} GiB)")  # fmt: skip
+    if "loss_matrix" in headers:
+        shape, dtype = headers["loss_matrix"]
+        if len(shape) != 2 or dtype.kind != "f":
+            raise InputError(f"loss_matrix must be a float array [N, K], got {dtype} {shape}")
+        n, k = shape
+        for name, (sh, _) in headers.items():
+            want = (k,) if name == "axis_values" else (1,) if name == "axis_name" else None if name == "loss_matrix" else (n,)
+            if want is not None and sh != want and not (name == "axis_name" and int(np.prod(sh)) == 1):
+                raise InputError(f"{'per-token ' if want == (n,) else ''}array {name!r} declares shape {sh}; expected {want} to match loss_matrix {shape}")
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def import_npz(
     path: str | os.PathLike, store: str | os.PathLike | TrajectoryStore, *, run: str | None = None, dtype: str | None = None
 ) -> Run:
@@ -91,7 +145,11 @@ def import_npz(
     token_arrays = {key: v for key, v in arrays.items() if key not in _REQUIRED}
     st = _open_or_create(store, token_arrays, n)
     name = run or Path(path).stem
-    r = st.create_run(name, axis=axis, capacity=k, dtype=dtype, attrs={"source": "npz", "source_file": Path(path).name})
+    try:
+        r = st.create_run(name, axis=axis, capacity=k, dtype=dtype, attrs={"source": "npz", "source_file": Path(path).name})
+    except BaseException:
+        st.discard_if_new()  # a failed command leaves no new store behind
+        raise
     w = r.writer()
     axis_values = arrays["axis_values"]
     integral = axis == "T" and bool(np.all(axis_values >= 0) and np.all(axis_values == np.round(axis_values)))
@@ -101,6 +159,7 @@ def import_npz(
             w.append(lm[:, j], step=int(steps[j]), axis_value=float(axis_values[j]), wall_time=np.nan, warn_nonfinite=False)
     except BaseException:
         st.delete_run(name)  # never leave a partial run that blocks a retry
+        st.discard_if_new()
         raise
     finally:
         w.release()
@@ -124,12 +183,13 @@ def _open_or_create(store, token_arrays: dict, n: int) -> TrajectoryStore:
     return st
 
 
-def export_npz(store: str | os.PathLike | TrajectoryStore, out: str | os.PathLike, *, run: str) -> Path:
-    """Write run ``run`` as a ``losses.npz`` (float16 losses widen exactly to float32)."""
-    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
-    r = st.run(run)
+def export_npz(run: Run, out: str | os.PathLike) -> Path:
+    """Write ``run`` as a ``losses.npz`` (float16 losses widen exactly to float32)."""
+    if not isinstance(run, Run):
+        raise InputError(f"run must be a tokdyn Run (open_store(url).run(name)), got {type(run).__name__}")
+    r, st = run, run.store
     if r.n_committed == 0:
-        raise InputError(f"run {run!r} has no committed rows to export")
+        raise InputError(f"run {r.name!r} has no committed rows to export")
     losses = r.losses()
     if losses.dtype == np.float16:
         losses = losses.astype(np.float32)

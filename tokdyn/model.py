@@ -7,15 +7,16 @@ minutes, large enough to show stepwise token learning on the standard-library co
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import InputError
+from .runtime import count_parameters, register_model_builder
 
-__all__ = ["GPTConfig", "TinyGPT", "count_parameters"]
+__all__ = ["GPTConfig", "TinyGPT", "count_parameters", "build_tinygpt"]  # count_parameters: from tokdyn.runtime
 
 
 @dataclass(frozen=True)
@@ -96,19 +97,13 @@ class TinyGPT(nn.Module):
         return self.head(self.ln_f(x))  # (B, T, V)
 
 
-def count_parameters(model: nn.Module) -> dict[str, int]:
-    """Total and non-embedding parameter counts (tied weights counted once).
+def build_tinygpt(config: dict) -> TinyGPT:
+    """A freshly initialised TinyGPT from ``GPTConfig`` fields: the ``"tinygpt"`` model kind that
+    rebuilds saved checkpoints (``{"type": "tinygpt", "config": {...}}``)."""
+    names = {f.name for f in fields(GPTConfig)}
+    if unknown := set(config) - names:
+        raise InputError(f"unknown GPTConfig fields {sorted(unknown)}; expected some of {sorted(names)}")
+    return TinyGPT(GPTConfig(**config))
 
-    Non-embedding excludes token and position embeddings (and a head tied to the token
-    embedding), following Kaplan et al.'s convention for the M axis.
-    """
-    seen, total, emb = set(), 0, 0
-    for module in model.modules():
-        for p in module.parameters(recurse=False):
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            total += p.numel()
-            if isinstance(module, nn.Embedding):
-                emb += p.numel()
-    return {"n_params": total, "n_params_non_embedding": total - emb}
+
+register_model_builder("tinygpt", build_tinygpt)

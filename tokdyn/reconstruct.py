@@ -8,10 +8,13 @@ Three curves on the axis points of one run (a T run, or a D or M axis assembled 
 - **events**: the sum of the fitted sigmoids, ``(1/N) sum_i delta_i sigma(-(x-mu_i)/s_i)``,
   differentiated by the *same* estimator as the measurement, so both see the same grid and the
   same smoothing (its analytic derivative is reported beside it);
-- **spectrum**: the learning-time spectrum alone, ``rho(x)`` (the delta approximation: every
-  event a step at its ``mu``, smoothed by the spectrum's bandwidth).
+- **spectrum**: the learning-time spectrum alone, ``rho(x)`` (:func:`tokdyn.spectrum.learning_time_spectrum`:
+  every event's drop spread over its own sigmoid, smoothed by the spectrum's bandwidth; with
+  ``kernel="delta"`` the delta approximation, every event a step at its ``mu``).
 
-Each prediction is scored by R^2 and the relative L2 error against the measurement.
+Each prediction is scored by R^2 and the relative L2 error against the measurement, over all
+axis points and over the interior ones (without the two end points, where the measured
+derivative is one-sided).
 """
 
 from __future__ import annotations
@@ -116,15 +119,19 @@ class Reconstruction:
     n_events: int
 
     def summary(self) -> dict:
-        """The scalar results, JSON-able."""
+        """The scalar results, JSON-able. ``*_interior``: the scores without the two end points."""
+        inner = slice(1, -1)
+        ev_in, sp_in = scores(self.from_events[inner], self.measured[inner]), scores(self.from_spectrum[inner], self.measured[inner])
         return {
             "run": self.run, "axis": self.axis, "n_points": int(self.x.size), "n_tokens": self.n_tokens,
             "n_events": self.n_events, "x_range": [float(self.x[0]), float(self.x[-1])],
             "r2_events": self.r2_events, "rel_l2_events": self.rel_l2_events,
             "r2_events_analytic": self.r2_events_analytic,
             "r2_spectrum": self.r2_spectrum, "rel_l2_spectrum": self.rel_l2_spectrum,
+            "r2_events_interior": ev_in["r2"], "rel_l2_events_interior": ev_in["rel_l2"],
+            "r2_spectrum_interior": sp_in["r2"], "rel_l2_spectrum_interior": sp_in["rel_l2"],
             "drop_share_events": self.drop_share_events, "drop_share_well_fitted": self.drop_share_well_fitted,
-            "bandwidth": self.spectrum.bandwidth, "smoothing": self.smoothing,
+            "bandwidth": self.spectrum.bandwidth, "kernel": self.spectrum.kernel, "smoothing": self.smoothing,
             "spectrum_power_law": self.spectrum_power_law.to_dict() if self.spectrum_power_law else None,
             "loss_power_law": self.loss_power_law.to_dict() if self.loss_power_law else None,
         }  # fmt: skip
@@ -148,19 +155,21 @@ def reconstruct(
     n_boot: int = 200,
     seed: int = 0,
     placement: str = "mu",
+    kernel: str = "event",
 ) -> Reconstruction:
     """Rebuild ``-dL/dx`` of ``mean_loss`` [K] at x [K] from ``events``; see the module docstring.
 
     ``events`` must come from a fit of the same tokens on the same x (their ``n_tokens`` is the
-    N the mean is taken over). ``n_boot`` bootstrap resamples give the spectrum exponent's
-    interval (0 skips the power laws' intervals; the exponents are still fitted).
+    N the mean is taken over). ``bandwidth``, ``placement`` and ``kernel`` make the spectrum
+    (:func:`tokdyn.spectrum.learning_time_spectrum`). ``n_boot`` bootstrap resamples give the
+    spectrum exponent's interval (0 skips the power laws' intervals; the exponents are still fitted).
     """
     x, mean_loss = np.asarray(x, np.float64), np.asarray(mean_loss, np.float64)
     if not isinstance(events, Events):
         raise InputError(f"events must be an Events, got {type(events).__name__}")
     measured = measured_derivative(x, mean_loss, smoothing=smoothing)
     h_s = 1.5 * float(np.median(np.diff(x))) if smoothing is None else float(smoothing)
-    spec = learning_time_spectrum(events, bandwidth=bandwidth, placement=placement)
+    spec = learning_time_spectrum(events, bandwidth=bandwidth, placement=placement, kernel=kernel)
     # The events' share of L (the spectrum above has refused an empty set): its -d/dx through
     # the measurement's estimator is the prediction, and its fall over the range their drop.
     curve = events.curve(x)
@@ -174,7 +183,8 @@ def reconstruct(
     well = events.subset(events.well_fitted)
     well_drop = float(well.curve(x[:1])[0] - well.curve(x[-1:])[0]) if len(well) else 0.0
     try:
-        spl = spectrum_power_law(events, bandwidth=spec.bandwidth, n_boot=n_boot, seed=seed, placement=placement)
+        spl = spectrum_power_law(events, bandwidth=spec.bandwidth, n_boot=n_boot, seed=seed, placement=placement,
+                                 kernel=kernel)
     except InputError:
         spl = None
     try:
@@ -193,8 +203,7 @@ def reconstruct(
 
 
 def reconstruct_run(
-    store,
-    run: str,
+    run,
     *,
     which: str = "two_step",
     bandwidth: str | float = "auto",
@@ -202,19 +211,18 @@ def reconstruct_run(
     n_boot: int = 200,
     seed: int = 0,
     placement: str = "mu",
+    kernel: str = "event",
+    events: Events | None = None,
 ) -> Reconstruction:
-    """:func:`reconstruct` for a fitted run of a store: its mean probe loss on the fitted rows
-    and the events of its stored fit (``which``: see :func:`tokdyn.spectrum.events_from_fit`)."""
+    """:func:`reconstruct` for a fitted :class:`~tokdyn.store.Run`: its mean probe loss on the
+    fitted rows and the events of its stored fit (``which``: see
+    :func:`tokdyn.spectrum.events_from_fit`), or ``events`` already made from it."""
     from .fit.job import fit_inputs
-    from .store import TrajectoryStore, open_store
 
-    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
-    r = st.run(run)
-    events = run_events(st, run, which=which)  # StoreError if not fitted
-    rows, x = fit_inputs(r)
-    mean_loss = mean_probe_loss(r, rows)
-    return reconstruct(x, mean_loss, events, axis=r.axis, run=run, bandwidth=bandwidth, smoothing=smoothing,
-                       n_boot=n_boot, seed=seed, placement=placement)  # fmt: skip
+    events = run_events(run, which=which) if events is None else events  # StoreError if not fitted
+    rows, x = fit_inputs(run)
+    return reconstruct(x, mean_probe_loss(run, rows), events, axis=run.axis, run=run.name, bandwidth=bandwidth,
+                       smoothing=smoothing, n_boot=n_boot, seed=seed, placement=placement, kernel=kernel)  # fmt: skip
 
 
 def mean_probe_loss(r, rows: np.ndarray | None = None) -> np.ndarray:

@@ -15,6 +15,7 @@ import html
 import io
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ from .fit.models import two_sigmoid_curve
 from .fit.options import CLASS_CODES, CLASS_NAMES
 from .fit.sigmoid import sigmoid_curve
 from .fit.job import fit_inputs
-from .store import TrajectoryStore, open_store
+from .store import TrajectoryStore, as_store
 from .tokenstats import RHO1_CLASSES
 
 __all__ = ["write_report", "render_report", "check_writable"]
@@ -65,15 +66,21 @@ def write_report(
     ``extra``: a dict shown as a table at the top (the demo puts its stage timings there).
     """
     p = check_writable(out)
-    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
+    st = as_store(store)
     an = analysis if analysis is not None else analyze_store(st, runs=runs)
     text = render_report(st, an, title=title, extra=extra)
-    tmp = p.with_name(p.name + ".tmp")
+    tmp = None
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, p)  # never a half-written report under the final name
+        # A new file of a random name beside the target, created exclusively (O_EXCL: never
+        # through a link planted there), then renamed over it: never a half-written report.
+        fd, tmp = tempfile.mkstemp(dir=p.parent if str(p.parent) else ".", prefix=f".{p.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, p)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise InputError(f"cannot write the report to {p}: {exc.strerror or exc}") from None
     return p
 
@@ -85,6 +92,12 @@ def render_report(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None =
     import matplotlib
 
     matplotlib.use("Agg", force=False)
+    # Every string drawn is shown as it is: a "$" in a domain or run name is not mathtext.
+    with matplotlib.rc_context({"text.parse_math": False}):
+        return _render(st, an, title=title, extra=extra)
+
+
+def _render(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None, extra: dict | None) -> str:
     title = title or f"tokdyn report: {st.url}"
     parts = [f"<h1>{_e(title)}</h1>",
              f"<p class=meta>tokdyn {__version__}, {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}; probe "
@@ -93,7 +106,7 @@ def render_report(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None =
         parts.append(_table(["", ""], [[k, _fmt(v)] for k, v in extra.items()], caption="This job"))
     parts.append(_scores_table(an))
     for a in an.runs:
-        parts.append(f"<h2>Run {_e(a.run)} (axis {a.axis}: {AXIS_LABEL.get(a.axis, a.axis)})</h2>")
+        parts.append(f"<h2>Run {_e(a.run)} (axis {_e(a.axis)}: {_e(AXIS_LABEL.get(a.axis, a.axis))})</h2>")
         rec = a.reconstruction
         parts.append(_figure(_plot_reconstruction(a), f"Measured and rebuilt -dL/dlog10 a along {a.axis}: measured from the mean "
                               f"probe loss (local quadratic, smoothing {rec.smoothing:.3f} decades), the sum of fitted "
@@ -106,7 +119,9 @@ def render_report(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None =
         if a.by_group:
             parts.append(_figure(_plot_groups(a), "Spectra by class, domain, token frequency band and position band "
                                   "(each group's contribution to the spectrum: they add up to the whole)."))  # fmt: skip
-            parts.append(_figure(_plot_time_vs_token(st, a), "Learning time of each learned token against how often its "
+            fig = _plot_time_vs_token(st, a)
+            if fig is not None:
+                parts.append(_figure(fig, "Learning time of each learned token against how often its "
                                   "token id occurs in the probe, and against its position (medians per bin in black)."))  # fmt: skip
         if a.stats is not None:
             parts.append(_figure(_plot_cartography(a), "Dataset cartography (confidence: mean gold probability over "
@@ -128,21 +143,30 @@ img{{max-width:100%}} .meta{{color:#555;font-size:.9em}} pre{{margin:0;white-spa
 """
 
 
+class _Html(str):
+    """Markup made here, from escaped parts: a table cell of this type is not escaped again."""
+
+
 def _e(s) -> str:
     return html.escape(str(s))
 
 
-def _fmt(v) -> str:
+def _fmt(v) -> _Html:
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return _Html(f"{v:.4g}")
     if isinstance(v, (dict, list)):
-        return f"<pre>{_e(json.dumps(v, indent=1, default=str))}</pre>"
-    return _e(v)
+        return _Html(f"<pre>{_e(json.dumps(v, indent=1, default=str))}</pre>")
+    return _Html(_e(v))
+
+
+def _cell(c) -> str:
+    """Every table cell is escaped, unless it is markup made here (:class:`_Html`)."""
+    return c if isinstance(c, _Html) else _e(c)
 
 
 def _table(header, rows, caption: str = "") -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in row) + "</tr>" for row in rows)
     cap = f"<caption>{_e(caption)}</caption>" if caption else ""
     return f"<table>{cap}<tr>{head}</tr>{body}</table>"
 
@@ -163,7 +187,7 @@ def _scores_table(an: StoreAnalysis) -> str:
         s = a.reconstruction.summary()
         sp, lp = s["spectrum_power_law"], s["loss_power_law"]
         rows.append([
-            _e(a.run), a.axis, f"{s['n_points']}", f"{s['n_tokens']:,}",
+            a.run, a.axis, f"{s['n_points']}", f"{s['n_tokens']:,}",
             f"{s['r2_events']:.3f}", f"{s['r2_spectrum']:.3f}", f"{s['rel_l2_events']:.3f}", f"{s['rel_l2_spectrum']:.3f}",
             f"{s['drop_share_events']:.1%}", f"{s['drop_share_well_fitted']:.1%}",
             f"{sp['alpha']:.2f} [{sp['alpha_ci95'][0]:.2f}, {sp['alpha_ci95'][1]:.2f}] (R² {sp['r2']:.2f})" if sp else "n/a",
@@ -248,7 +272,7 @@ def _plot_trajectories(st: TrajectoryStore, a: RunAnalysis, per_class: int = 3):
         idx = np.flatnonzero(f["class_code"] == CLASS_CODES[c])
         picks[c] = np.sort(rng.choice(idx, min(per_class, idx.size), replace=False))
     tokens = np.unique(np.concatenate(list(picks.values())))
-    Y = r._loss.get_orthogonal_selection((rows, tokens)).astype(np.float64)  # [K, picked]
+    Y = r.losses_at(rows, tokens).astype(np.float64)  # [K, picked]
     col = {t: j for j, t in enumerate(tokens)}
     ncol = 4
     nrow = -(-len(classes) // ncol)
@@ -331,12 +355,17 @@ def _plot_time_vs_token(st: TrajectoryStore, a: RunAnalysis):
     f = a.fit
     learned = np.isin(f["class_code"], [CLASS_CODES["learned"], CLASS_CODES["multi_step"]]) & np.isfinite(f["mu"])
     mu = np.where(f["class_code"] == CLASS_CODES["multi_step"], f["mu1"], f["mu"])
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
-    tid = np.asarray(ta["token_id"])
-    _, inverse, counts = np.unique(tid, return_inverse=True, return_counts=True)
-    freq = np.log10(counts[inverse])
-    pos = np.log2(np.maximum(np.asarray(ta["token_pos"]), 1))
-    for ax, v, label in ((ax0, freq, "log10 occurrences of the token id in the probe"), (ax1, pos, "log2 position in the sequence")):
+    panels = []  # what the probe can say about each token
+    if "token_id" in ta:
+        _, inverse, counts = np.unique(np.asarray(ta["token_id"]), return_inverse=True, return_counts=True)
+        panels.append((np.log10(counts[inverse]), "log10 occurrences of the token id in the probe"))
+    if "token_pos" in ta:
+        panels.append((np.log2(np.maximum(np.asarray(ta["token_pos"]), 1)), "log2 position in the sequence"))
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), sharey=True, squeeze=False)
+    ax0 = axes[0, 0]
+    for ax, (v, label) in zip(axes[0], panels):
         if learned.sum():
             ax.hexbin(v[learned], mu[learned], gridsize=40, cmap="Blues", mincnt=1, bins="log")
             edges = np.unique(np.quantile(v[learned], np.linspace(0, 1, 11)))
@@ -387,11 +416,11 @@ def _metadata_tables(st: TrajectoryStore, an: StoreAnalysis) -> str:
             r = st.run(name)
             info = r.info()
         except TokdynError as exc:  # a damaged run is listed, not fatal to the report
-            rows.append([_e(name), "", "", "", "", _e(f"cannot be read: {exc}")])
+            rows.append([name, "", "", "", "", f"cannot be read: {exc}"])
             continue
         attrs = {k: v for k, v in info["attrs"].items() if k not in ("schema_version", "tokdyn_version", "token_chunk", "codec")}
         steps = info["steps"]
-        rows.append([_e(name), r.axis, f"{info['shape'][0]} x {info['shape'][1]:,}",
-                     _e(f"{steps[0]}..{steps[-1]}" if steps else "none"), f"{info['nonfinite_losses']:,}", _fmt(attrs)])  # fmt: skip
+        rows.append([name, r.axis, f"{info['shape'][0]} x {info['shape'][1]:,}",
+                     f"{steps[0]}..{steps[-1]}" if steps else "none", f"{info['nonfinite_losses']:,}", _fmt(attrs)])  # fmt: skip
     return "<h2>Runs</h2>" + _table(["run", "axis", "rows x tokens", "steps", "NaN losses", "metadata"], rows)
 

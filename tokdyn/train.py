@@ -19,9 +19,10 @@ from .data import Corpus, prepare_corpus, random_batches
 from .errors import InputError
 from .model import GPTConfig, TinyGPT
 from .record import TokenLossRecorder
+from .runtime import resolve_device
 from .schedule import geometric_schedule
 
-__all__ = ["TrainConfig", "train", "record_tiny_run", "resolve_device"]
+__all__ = ["TrainConfig", "train", "record_tiny_run", "resolve_device"]  # resolve_device: from tokdyn.runtime
 
 
 @dataclass(frozen=True)
@@ -40,17 +41,6 @@ class TrainConfig:
             raise InputError(f"steps and batch_size must be >= 1, got {self.steps} and {self.batch_size}")
         if not self.lr > 0 or self.warmup < 0 or not 0 <= self.min_lr_frac <= 1:
             raise InputError("need lr > 0, warmup >= 0 and 0 <= min_lr_frac <= 1")
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``device`` as a ``torch.device``; an :class:`InputError` for a bad name or absent CUDA."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise InputError(f"not a torch device: {device!r}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"device {device}: CUDA is not available on this machine")
-    return dev
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:

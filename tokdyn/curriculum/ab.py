@@ -523,7 +523,7 @@ def _record_and_compare(cfg: MixtureABConfig, state: dict, store: Path, runs: li
         r = _run_job((seed, arm, 1.0), record={"store": os.fspath(store), "run": name, "probe": probe, "n_points": cfg.pilot_points})
         ref = next((x for x in runs if (x["seed"], x["arm"], x["budget"]) == (seed, arm, 1.0)), None)
         same &= ref is None or ref["final"] == r["final"]
-        fit_run(os.fspath(store), name, progress=False)
+        fit_run(open_store(os.fspath(store), mode="r+").run(name), progress=False)
     for arm in cfg.arms:
         out[arm] = compare_runs(store, f"s{seed}-base", f"s{seed}-{arm}")
         o = out[arm]["overall"]

@@ -43,7 +43,7 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("show", help="what a learnability table holds and how well it predicted held-out pilot tokens")
     p.add_argument("table", help="a .npz written by `tokdyn curriculum build`")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def run_cli(args: argparse.Namespace) -> int:

@@ -22,7 +22,6 @@ docs/curriculum.md gives the file format (``save``/``load``).
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 from collections.abc import Mapping
@@ -33,9 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import __version__
+from .._version import __version__
 from ..errors import InputError, StoreError
-from ..store import jsonable  # numpy scalars and arrays as JSON, one InputError otherwise
+from ..store.schema import jsonable, utc_now  # numpy scalars and arrays as JSON, one InputError otherwise
 
 __all__ = [
     "LearnabilityOptions",
@@ -377,13 +376,13 @@ def build_table(store, run: str, *, options: LearnabilityOptions | None = None) 
     :class:`InputError` when its probe has no token ids or no vocabulary size.
     """
     from ..fit import FitOptions, SigmoidFit
-    from ..fit.job import fit_inputs, read_fit
-    from ..store import TrajectoryStore, open_store
+    from ..fit.job import fit_inputs
+    from ..store import as_store
 
     opts = options or LearnabilityOptions()
     if not isinstance(opts, LearnabilityOptions):
         raise InputError(f"options must be a LearnabilityOptions, got {type(opts).__name__}")
-    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
+    st = as_store(store)
     r = st.run(run)
     probe = st.probe
     if not probe.has_tokens:
@@ -391,7 +390,7 @@ def build_table(store, run: str, *, options: LearnabilityOptions | None = None) 
     vocab = probe.tokenizer.get("vocab_size")
     if not vocab:
         raise InputError(f"{st.url}: the probe's tokenizer spec has no vocab_size; record the pilot with a known tokenizer")
-    fit = SigmoidFit(read_fit(st, run), FitOptions())  # StoreError when not (completely) fitted
+    fit = SigmoidFit(r.fit.read(), FitOptions())  # StoreError when not (completely) fitted
     events = fit.events()
     if events["token"].size == 0 or not np.any(events["delta"] > 0):
         raise StoreError(
@@ -408,7 +407,7 @@ def build_table(store, run: str, *, options: LearnabilityOptions | None = None) 
             "tokens_per_step": r.attrs.get("tokens_per_step"), "axis": r.axis,
         },
         "options": asdict(opts),
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": utc_now(),
         "tokdyn_version": __version__,
     }  # fmt: skip
     keys, d, m, w = _pilot_arrays(probe.tokens, targets, vocab_size=vocab, order=opts.order)

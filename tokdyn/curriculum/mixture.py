@@ -63,8 +63,9 @@ def pilot_events(store, run: str) -> PilotEvents:
     from ..spectrum import run_events
     from ..store import open_store
 
-    events = run_events(store, run)
-    probe = open_store(store, mode="r").probe
+    st = open_store(store, mode="r")
+    events = run_events(st.run(run))
+    probe = st.probe
     return PilotEvents(events, np.asarray(probe.token_arrays["domain"]), np.asarray(probe.token_arrays["token_pos"]),
                        tuple(probe.domains))  # fmt: skip
 

@@ -77,8 +77,9 @@ def run_pilot(
                             device=device, progress=progress)  # fmt: skip
     if fit:
         from ..fit.job import fit_run
+        from ..store import open_store
 
-        stats["fit"] = fit_run(os.fspath(store), run, progress=progress)
+        stats["fit"] = fit_run(open_store(store, mode="r+").run(run), progress=progress).summary()
     return stats
 
 
@@ -133,5 +134,7 @@ def run_mixture_pilot(
     with TokenLossRecorder(model, probe, os.fspath(store), run, schedule=geometric_schedule(train_config.steps, n_points),
                            device=device, run_attrs=attrs) as rec:  # fmt: skip
         stats = train(model, batches, train_config, recorder=rec)
-    stats["fit"] = fit_run(os.fspath(store), run, progress=False)
+    from ..store import open_store
+
+    stats["fit"] = fit_run(open_store(os.fspath(store), mode="r+").run(run), progress=False).summary()
     return stats

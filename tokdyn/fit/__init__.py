@@ -10,7 +10,7 @@ fixed record of fields, for stores). docs/fitting.md describes the algorithm and
 from tokdyn.fit.backends import available_backends
 from tokdyn.fit.block import FIT_FIELDS, SigmoidFit, fit_block, fit_sigmoids
 from tokdyn.fit.estimator import SigmoidFitter
-from tokdyn.fit.job import fit_run, read_fit
+from tokdyn.fit.job import FitSummary, fit_inputs, fit_run, read_fit, stored_options
 from tokdyn.fit.models import class_loss_share, classify
 from tokdyn.fit.options import (
     CLASS_CODES,
@@ -25,7 +25,10 @@ from tokdyn.fit.sigmoid import age_of_acquisition, log_axis, sigmoid_curve
 __all__ = [
     "fit_sigmoids",
     "fit_run",
+    "FitSummary",
+    "fit_inputs",
     "read_fit",
+    "stored_options",
     "fit_block",
     "FIT_FIELDS",
     "SigmoidFit",

@@ -6,35 +6,31 @@ batches of ``batch_rows`` tokens (so memory stays bounded by the block, whatever
 size), writes every result field, and only then marks the block done. A job that is killed
 and started again fits only the blocks not marked done.
 
-Results live beside the run, in ``/runs/<name>/fit`` (docs/store.md, "Fit results"): one
-``[token]`` array per :data:`FIT_FIELDS` name, a ``done [block]`` array, and
-``attrs["tokdyn_fit"]`` describing the inputs (rows, x, options) they were fitted on.
+Results live beside the run (``run.fit``); their layout belongs to the store
+(``tokdyn/store/fit.py``, docs/store.md "Fit results"): this module only computes blocks and
+hands them over, under the run's fit lock.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import os
 import time
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import zarr
 
-from tokdyn import __version__
 from tokdyn.errors import InputError, StoreError
 from tokdyn.fit.backends import resolve_backend
 from tokdyn.fit.block import FIT_FIELDS, fit_block
 from tokdyn.fit.models import class_loss_share
 from tokdyn.fit.options import CLASS_NAMES, MODEL_NAMES, STATUS_NAMES, FitOptions
 from tokdyn.fit.sigmoid import log_axis
-from tokdyn.store import Run, TrajectoryStore, open_store
+from tokdyn.store import Run, TrajectoryStore, as_store
 
-__all__ = ["FIT_SCHEMA_VERSION", "fit_run", "read_fit", "stored_options", "fit_inputs", "LOCAL_SCHEDULERS"]
+__all__ = ["FitSummary", "fit_run", "read_fit", "stored_options", "fit_inputs", "LOCAL_SCHEDULERS"]
 
-FIT_SCHEMA_VERSION = 1
 LOCAL_SCHEDULERS = ("threads", "processes", "sync")
 
 
@@ -58,9 +54,30 @@ def fit_inputs(run: Run) -> tuple[np.ndarray, np.ndarray]:
         raise InputError(f"run {run.name!r}: {exc}") from None
 
 
+@dataclass(frozen=True)
+class FitSummary:
+    """What :func:`fit_run` did: blocks fitted and resumed, time, and the counts of the fit."""
+
+    run: str
+    n_tokens: int
+    n_points: int
+    blocks: int
+    blocks_fitted: int  # by this call
+    blocks_resumed: int
+    seconds: float
+    fits_per_s: float
+    backend: str
+    scheduler: str
+    status_counts: dict
+    class_counts: dict
+    class_loss_share: dict
+
+    def summary(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 def fit_run(
-    store: TrajectoryStore | str | os.PathLike,
-    run: str,
+    run: Run,
     *,
     options: FitOptions | None = None,
     backend: str = "auto",
@@ -70,14 +87,13 @@ def fit_run(
     batch_rows: int = 16384,
     refit: bool = False,
     progress: bool = True,
-    storage_options: Mapping | None = None,
-) -> dict:
-    """Fit every token of run ``run`` and store the results beside it.
+) -> FitSummary:
+    """Fit every token of ``run`` and store the results beside it (``run.fit``).
 
     Parameters
     ----------
-    store : TrajectoryStore or URL
-    run : str
+    run : Run
+        A run of a store opened for writing (``open_store(url, mode="r+").run(name)``).
     options : FitOptions, optional
         Thresholds and solver settings (default ``FitOptions()``). When ``vocab_size`` is not
         set it is taken from the probe's tokenizer, if known, for the age of acquisition.
@@ -94,20 +110,16 @@ def fit_run(
         options) is resumed, and one on other inputs is an error.
     progress : bool
         Show a progress bar over blocks.
-
-    Returns
-    -------
-    dict with ``n_tokens``, ``blocks``, ``blocks_fitted`` (this call), ``blocks_resumed``,
-    ``seconds``, ``status_counts``, ``class_counts`` and ``class_loss_share``.
     """
+    if not isinstance(run, Run):
+        raise InputError(f"run must be a tokdyn Run (open_store(url, mode='r+').run(name)), got {type(run).__name__}")
     if int(batch_rows) < 1:
         raise InputError(f"batch_rows must be >= 1, got {batch_rows}")
     if workers is not None and int(workers) < 1:
         raise InputError(f"workers must be >= 1, got {workers}")
-    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r+", storage_options=storage_options)
-    st._require_writable()
-    r = st.run(run)
-    rows, x = fit_inputs(r)
+    st = run.store
+    st.require_writable()
+    rows, x = fit_inputs(run)
     opts = options if options is not None else FitOptions()
     if not isinstance(opts, FitOptions):
         raise InputError(f"options must be a FitOptions, got {type(opts).__name__}")
@@ -119,143 +131,58 @@ def fit_run(
     if scheduler is not None and not distributed and scheduler not in LOCAL_SCHEDULERS:
         raise InputError(f"scheduler must be one of {LOCAL_SCHEDULERS} or a tcp:// address, got {scheduler!r}")
     scheduler = scheduler or "threads"
-    if scheduler in ("processes",) or distributed:
-        if st.url.startswith("memory://"):
-            raise InputError("a memory:// store is private to this process; use scheduler='threads' or 'sync'")
+    if (scheduler == "processes" or distributed) and st.url.startswith("memory://"):
+        raise InputError("a memory:// store is private to this process; use scheduler='threads' or 'sync'")
 
-    block = r.token_chunk
-    n = r.n_tokens
+    block, n = run.token_chunk, run.n_tokens
     n_blocks = -(-n // block)
-    inputs = {
-        "rows": rows.tolist(),
-        "n_committed": r.n_committed,
-        "x": x.tolist(),
-        "options": dataclasses.asdict(opts),
-        "block_tokens": block,
-    }
-    g = _prepare_group(r, inputs, n, block, n_blocks, refit=refit)
-    done = g["done"][...]
-    todo = [b for b in range(n_blocks) if not done[b]]
-    t0 = time.perf_counter()
-    if todo:
-        task_args = dict(url=st.url, storage_options=dict(storage_options or {}), run=run, rows=rows, x=x,
-                         options=opts, backend=backend, device=str(device) if device is not None else None,
-                         block=block, n=n, batch_rows=int(batch_rows))  # fmt: skip
-        if scheduler in ("threads", "sync"):
-            task_args["store"] = st  # share the open store (and a memory:// one) with the threads
-        _run_tasks(todo, task_args, scheduler=scheduler, distributed=distributed, workers=workers, progress=progress)
-    seconds = time.perf_counter() - t0
-    meta = dict(g.attrs["tokdyn_fit"])
-    meta.update({"complete": True, "backend": backend, "finished": _now()})
-    meta["seconds"] = meta.get("seconds", 0.0) + seconds
-    g.update_attributes({"tokdyn_fit": meta})
+    inputs = {"rows": rows.tolist(), "n_committed": run.n_committed, "x": x.tolist(),
+              "options": dataclasses.asdict(opts), "block_tokens": block}  # fmt: skip
+    labels = {f"{what}_names": {str(k): v for k, v in names.items()}
+              for what, names in (("status", STATUS_NAMES), ("class", CLASS_NAMES), ("model", MODEL_NAMES))}  # fmt: skip
+    fields = {name: np.dtype(dt).str for name, dt in FIT_FIELDS.items()}
+    with run.fit.writer(inputs, fields, n_blocks=n_blocks, refit=refit, labels=labels) as fw:
+        todo = np.flatnonzero(~fw.done()).tolist()
+        t0 = time.perf_counter()
+        if todo:
+            task_args = dict(url=st.url, storage_options=st.storage_options, run=run.name, rows=rows, x=x,
+                             options=opts, backend=backend, device=str(device) if device is not None else None,
+                             block=block, n=n, batch_rows=int(batch_rows))  # fmt: skip
+            if scheduler in ("threads", "sync"):
+                task_args["store"] = st  # share the open store (and a memory:// one) with the threads
+            _run_tasks(todo, task_args, scheduler=scheduler, distributed=distributed, workers=workers, progress=progress)
+        seconds = time.perf_counter() - t0
+        fw.finish(backend=backend, seconds=seconds)
     fitted = sum(min(block, n - b * block) for b in todo)  # tokens fitted by this call
-    res = read_fit(st, run, fields=("status", "class_code", "drop"))
+    res = run.fit.read(fields=("status", "class_code", "drop"))
     status_counts = {STATUS_NAMES[c]: int(v) for c, v in zip(*np.unique(res["status"], return_counts=True))}
     class_counts = {CLASS_NAMES[c]: int(v) for c, v in zip(*np.unique(res["class_code"], return_counts=True))}
-    return {
-        "run": run,
-        "n_tokens": n,
-        "n_points": int(rows.size),
-        "blocks": n_blocks,
-        "blocks_fitted": len(todo),
-        "blocks_resumed": n_blocks - len(todo),
-        "seconds": seconds,
-        "fits_per_s": fitted / seconds if fitted else 0.0,
-        "backend": backend,
-        "scheduler": scheduler,
-        "status_counts": status_counts,
-        "class_counts": class_counts,
-        "class_loss_share": class_loss_share(res["class_code"], res["drop"]),
-    }
+    return FitSummary(
+        run=run.name, n_tokens=n, n_points=int(rows.size), blocks=n_blocks, blocks_fitted=len(todo),
+        blocks_resumed=n_blocks - len(todo), seconds=seconds, fits_per_s=fitted / seconds if fitted else 0.0,
+        backend=backend, scheduler=scheduler, status_counts=status_counts, class_counts=class_counts,
+        class_loss_share=class_loss_share(res["class_code"], res["drop"]),
+    )  # fmt: skip
 
 
 def read_fit(store: TrajectoryStore | str | os.PathLike, run: str, *, fields=None) -> dict[str, np.ndarray]:
-    """The stored fit of ``run`` as a dict of ``[token]`` arrays (all :data:`FIT_FIELDS` by default).
-
-    Raises :class:`StoreError` when the run has not been fitted completely, or has grown since.
-    """
-    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
-    r = st.run(run)
-    try:
-        g = r._group["fit"]
-    except KeyError:
-        raise StoreError(f"run {run!r} has not been fitted; run `tokdyn fit {st.url} --run {run}` first") from None
-    meta = g.attrs.get("tokdyn_fit", {})
-    if not meta.get("complete"):
-        raise StoreError(f"the fit of run {run!r} is incomplete (interrupted?); run `tokdyn fit` again to finish it")
-    if meta.get("n_committed") != r.n_committed:
-        raise StoreError(
-            f"the fit of run {run!r} was made on {meta.get('n_committed')} rows; the run now has {r.n_committed}. "
-            f"Refit it: `tokdyn fit {st.url} --run {run} --refit`"
-        )
-    names = list(FIT_FIELDS) if fields is None else list(fields)
-    unknown = [f for f in names if f not in FIT_FIELDS]
-    if unknown:
-        raise InputError(f"unknown fit fields {unknown}; expected some of {list(FIT_FIELDS)}")
-    return {name: g[name][...] for name in names}
+    """The stored fit of run ``run`` of ``store`` (a shorthand for ``store.run(run).fit.read(fields)``)."""
+    return as_store(store).run(run).fit.read(fields)
 
 
-def stored_options(store: TrajectoryStore | str | os.PathLike, run: str) -> FitOptions:
+def stored_options(run: Run) -> FitOptions:
     """The :class:`FitOptions` the stored fit of ``run`` was made with."""
-    st = store if isinstance(store, TrajectoryStore) else open_store(store, mode="r")
-    try:
-        meta = st.run(run)._group["fit"].attrs.get("tokdyn_fit", {})
-    except KeyError:
-        raise StoreError(f"run {run!r} has not been fitted; run `tokdyn fit {st.url} --run {run}` first") from None
     known = {f.name for f in dataclasses.fields(FitOptions)}
-    return FitOptions(**{k: v for k, v in dict(meta.get("options", {})).items() if k in known})
+    return FitOptions(**{k: v for k, v in run.fit.options().items() if k in known})
 
 
 # -- internals -----------------------------------------------------------------------------
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _prepare_group(r: Run, inputs: dict, n: int, block: int, n_blocks: int, *, refit: bool) -> zarr.Group:
-    """The run's fit group, for these inputs: resumed when it matches, else made anew (refit)."""
-    parent = r._group
-    if "fit" in parent.group_keys():
-        g = parent["fit"]
-        meta = g.attrs.get("tokdyn_fit")
-        if not refit and isinstance(meta, Mapping) and all(meta.get(k) == v for k, v in inputs.items()):
-            return g
-        if isinstance(meta, Mapping) and not refit:
-            why = "rows" if meta.get("n_committed") != inputs["n_committed"] else "options"
-            raise StoreError(
-                f"run {r.name!r} already has a fit made with other {why} "
-                f"({meta.get('n_committed')} rows then, {inputs['n_committed']} now); pass refit=True (--refit) to replace it"
-            )
-        del parent["fit"]  # a refit, or a group whose creation never finished
-    g = parent.create_group("fit")
-    for name, dt in FIT_FIELDS.items():
-        fill = np.nan if np.dtype(dt).kind == "f" else 0
-        g.create_array(name, shape=(n,), chunks=(block,), dtype=dt, fill_value=fill, dimension_names=("token",))
-    g.create_array("done", shape=(n_blocks,), chunks=(1,), dtype="uint8", fill_value=0, dimension_names=("fit_block",))
-    g.update_attributes(
-        {
-            "tokdyn_fit": {
-                **inputs,
-                "schema_version": FIT_SCHEMA_VERSION,
-                "tokdyn_version": __version__,
-                "created": _now(),
-                "complete": False,
-                "status_names": {str(k): v for k, v in STATUS_NAMES.items()},
-                "class_names": {str(k): v for k, v in CLASS_NAMES.items()},
-                "model_names": {str(k): v for k, v in MODEL_NAMES.items()},
-            }
-        }
-    )
-    return g
-
-
 def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backend, device, block, n, batch_rows, store=None) -> int:
-    """Fit token block ``b``: read, fit in batches, write the fields, then mark it done."""
-    st = store if store is not None else open_store(url, mode="r+", storage_options=storage_options or None)
+    """Fit token block ``b``: read, fit in batches, hand the fields to the store, which marks it done."""
+    st = store if store is not None else as_store(url, mode="r+", storage_options=storage_options or None)
     r = st.run(run)
-    g = r._group["fit"]
     a, e = b * block, min(n, (b + 1) * block)
     Y = r.losses(tokens=slice(a, e), rows=slice(0, int(rows.max()) + 1))[rows]  # [K, B] in the stored dtype; damage is a StoreError
     out = {name: np.empty(e - a, dtype=dt) for name, dt in FIT_FIELDS.items()}
@@ -263,9 +190,7 @@ def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backe
         part = fit_block(x, Y[:, s : s + batch_rows].T.astype(np.float64), options=options, backend=backend, device=device)
         for name in FIT_FIELDS:
             out[name][s : s + batch_rows] = part[name]
-    for name in FIT_FIELDS:
-        g[name][a:e] = out[name]
-    g["done"][b] = 1  # the block's commit, after its data
+    r.fit.write_block(b, a, out)
     return e - a
 
 

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from ..errors import InputError, RunExistsError, StepOrderError, StoreError, TokdynError, WriterError
 from ..probe import ProbeSet
+from ..runtime import count_parameters
 from ..schedule import explicit_schedule
 from ..store import DEFAULT_TOKEN_CHUNK, LOSS_DTYPES, RunWriter, TrajectoryStore, open_store
 
@@ -473,8 +474,6 @@ def _model_device(model: torch.nn.Module) -> torch.device:
 
 def model_attrs(model: torch.nn.Module) -> dict:
     """Run attributes known from the model itself: parameter counts, config, class name."""
-    from ..model import count_parameters
-
     attrs: dict[str, Any] = dict(count_parameters(model))
     cfg = getattr(model, "config", None)
     if cfg is not None:

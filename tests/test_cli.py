@@ -1,0 +1,80 @@
+"""The command line's conveniences: the run defaults to the store's only run, a demo output
+folder is understood as its store, and every argument says what it is."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+import tokdyn
+from reliability_fixtures import cli_error_line
+from tokdyn.cli import build_parser, main
+
+from test_hostile import fitted_store
+
+
+def test_run_defaults_to_the_only_run_and_a_demo_folder_is_its_store(tmp_path, capsys):
+    fitted_store(tmp_path / "demo" / "store.zarr", fit=False)  # the layout `tokdyn demo --out demo` writes
+    assert main(["fit", str(tmp_path / "demo"), "--no-progress"]) == 0
+    assert "fitted run 'r'" in capsys.readouterr().out
+    assert main(["spectrum", str(tmp_path / "demo"), "--boot", "0"]) == 0
+    assert main(["reconstruct", str(tmp_path / "demo"), "--boot", "0"]) == 0
+    assert main(["export-npz", str(tmp_path / "demo"), str(tmp_path / "r.npz")]) == 0
+    assert tokdyn.interchange.read_npz(tmp_path / "r.npz")["loss_matrix"].shape[0] == 60
+
+
+def test_without_run_a_store_of_several_runs_names_them(tmp_path, capsys):
+    st = fitted_store(tmp_path / "s.zarr", fit=False)
+    with st.create_run("other", capacity=1).writer() as w:
+        w.append(np.ones(60), step=1)
+    assert main(["fit", str(tmp_path / "s.zarr"), "--no-progress"]) == 1
+    assert cli_error_line(capsys.readouterr().err).endswith("holds 2 runs (other, r); choose one with --run NAME")
+
+
+def _actions(parser: argparse.ArgumentParser, path=()):
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                yield from _actions(sub, (*path, name))
+        elif not isinstance(a, (argparse._HelpAction, argparse._VersionAction)):
+            yield path, a
+
+
+@pytest.mark.parametrize("path,action", list(_actions(build_parser())), ids=lambda v: " ".join(v) if isinstance(v, tuple) else v.dest)
+def test_every_argument_has_help(path, action):
+    assert action.help, f"tokdyn {' '.join(path)}: argument {action.dest} has no help text"
+
+
+def test_a_failed_command_leaves_no_new_store_behind(tmp_path, capsys):
+    """record-offline on an empty folder, and import-npz of a file whose run cannot be created,
+    fail with one line and leave nothing at the store path they would have created."""
+    probe_store = fitted_store(tmp_path / "p.zarr", fit=False)
+    del probe_store
+    src = tokdyn.ProbeSet.from_tokens(np.random.default_rng(0).integers(0, 50, (4, 9)))
+    tokdyn.open_store(tmp_path / "probe.zarr", src, mode="w")
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "new.zarr"
+    assert main(["record-offline", "--checkpoints", str(tmp_path / "empty"), "--out", str(out), "--run", "r",
+                 "--probe", str(tmp_path / "probe.zarr"), "--no-progress"]) == 1  # fmt: skip
+    cli_error_line(capsys.readouterr().err)
+    assert not out.exists()
+    arrays = {"axis_values": np.array([1.0, 2.0]), "loss_matrix": np.ones((3, 2), np.float32), "axis_name": np.array(["T"])}
+    np.savez(tmp_path / "bad run name.npz", **arrays)
+    assert main(["import-npz", str(tmp_path / "bad run name.npz"), str(out), "--run", "a/b"]) == 1
+    cli_error_line(capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_spectrum_kernel_and_placement_from_the_command_line(tmp_path, capsys):
+    fitted_store(tmp_path / "s.zarr")
+    s = str(tmp_path / "s.zarr")
+    assert main(["reconstruct", s, "--boot", "0", "--json"]) == 0
+    event = json.loads(capsys.readouterr().out)
+    assert main(["reconstruct", s, "--boot", "0", "--json", "--kernel", "delta", "--placement", "seen"]) == 0
+    delta = json.loads(capsys.readouterr().out)
+    assert event["kernel"] == "event" and delta["kernel"] == "delta"
+    assert main(["spectrum", s, "--boot", "0", "--placement", "seen"]) == 1  # the event kernel has no placement
+    assert "placement" in cli_error_line(capsys.readouterr().err)

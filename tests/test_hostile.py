@@ -1,0 +1,213 @@
+"""Classes of hostile input (docs/reliability.md): each test stands for a class, not one case.
+
+- the CLI is one boundary: whatever a command raises becomes one line and exit 1;
+- every user-controlled string reaches HTML escaped and matplotlib literally;
+- the report is written through an exclusive temporary file that never follows a link;
+- a second fit of a run is refused while the first runs, and a killed fit creation is redone;
+- `tokdyn info` exits non-zero when a run is damaged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+import tokdyn
+from reliability_fixtures import cli_error_line, put_lock, raw, live_foreign_owner
+from tokdyn.cli import main
+from tokdyn.errors import RunBusyError
+
+N = 60
+STEPS = np.unique(np.round(np.geomspace(1, 1000, 14)).astype(int))
+
+
+def fitted_store(path, *, domains=("code",), attrs=None, fit=True):
+    """A small store: one T run of planted events (a probe whose tokens fall in ``domains``), fitted."""
+    rng = np.random.default_rng(0)
+    x = np.log10(STEPS)
+    mu, s, d = rng.uniform(0.5, 2.5, N), rng.uniform(0.05, 0.2, N), rng.uniform(1, 3, N)
+    Y = 1 + d[:, None] / (1 + np.exp((x[None, :] - mu[:, None]) / s[:, None])) + rng.normal(0, 0.05, (N, x.size))
+    arrays = {"sample_id": np.arange(N, dtype=np.int32) // 10, "token_pos": (np.arange(N) % 10 + 1).astype(np.int32),
+              "domain": (np.arange(N) % len(domains)).astype(np.int32)}  # fmt: skip
+    st = tokdyn.open_store(path, tokdyn.ProbeSet(None, arrays, domains=domains), mode="w")
+    with st.create_run("r", capacity=len(STEPS), attrs=attrs or {}).writer() as w:
+        for j, step in enumerate(STEPS):
+            w.append(Y[:, j].clip(0.01), step=int(step))
+    if fit:
+        tokdyn.fit_run(st.run("r"), progress=False)
+    return st
+
+
+# -- one boundary ----------------------------------------------------------------------------
+
+UNEXPECTED = [KeyError("tokdyn"), ZeroDivisionError("division by zero"), TypeError("unsupported operand"),
+              ValueError("could not broadcast\ninput array"), RuntimeError("codec failed"), AssertionError(),
+              json.JSONDecodeError("Expecting value", "", 0), MemoryError(), OverflowError("int too large"),
+              RecursionError("maximum recursion depth exceeded")]  # fmt: skip
+
+
+@pytest.mark.parametrize("exc", UNEXPECTED, ids=lambda e: type(e).__name__)
+def test_any_exception_a_command_raises_is_one_line(exc, monkeypatch, capsys, tmp_path):
+    import tokdyn.cli.store as cli_store
+
+    def boom(*a, **k):
+        raise exc
+
+    monkeypatch.setattr(cli_store, "open_cli_store", boom)
+    assert main(["info", str(tmp_path)]) == 1
+    line = cli_error_line(capsys.readouterr().err)
+    assert line.startswith("tokdyn info: error: ")
+    if not isinstance(exc, MemoryError):
+        assert "internal error in tokdyn" in line and type(exc).__name__ in line
+    monkeypatch.setenv("TOKDYN_DEBUG", "1")  # the traceback, for a developer
+    with pytest.raises(type(exc)):
+        main(["info", str(tmp_path)])
+
+
+def test_bare_tokdyn_lists_the_commands(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert all(c in out for c in ("demo", "fit", "report", "record-offline", "curriculum"))
+
+
+# -- strings that reach the report ----------------------------------------------------------
+
+MARKUP = ["<script>alert(1)</script>", "<img src=x onerror=alert(1)>", "$\\frac{1}{0$", "a & b </td></table>", "$$", "\\$x$"]
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=hs.sampled_from(MARKUP) | hs.text(hs.sampled_from("<>&$\\'\"/{}^_ab"), min_size=1, max_size=12))
+def test_user_strings_reach_the_report_escaped_and_literal(text, tmp_path_factory):
+    """Domain names and run attributes are the user's strings: the report shows them, escaped in
+    HTML and literal in matplotlib (a "$" is not mathtext)."""
+    d = tmp_path_factory.mktemp("h")
+    st = fitted_store(d / "s.zarr", domains=(text, "plain"), attrs={"model_config": {"name": text}, "note": text})
+    out = tokdyn.write_report(st, d / "report.html")
+    page = out.read_text()
+    assert "<script" not in page.lower()
+    assert "<" not in text or text not in page  # never raw: only its escaped form can appear
+
+
+def test_a_damaged_axis_attribute_is_refused_when_read(tmp_path, capsys):
+    st = fitted_store(tmp_path / "s.zarr", fit=False)
+    meta = dict(raw(st, "runs/r").attrs["tokdyn_run"])
+    raw(st, "runs/r").attrs["tokdyn_run"] = {**meta, "axis": "<b>T</b>"}
+    with pytest.raises(tokdyn.StoreError, match="axis"):
+        tokdyn.open_store(tmp_path / "s.zarr").run("r")
+    assert main(["info", str(tmp_path / "s.zarr")]) == 1  # a damaged run is an error, not exit 0
+    captured = capsys.readouterr()
+    assert "ERROR" in captured.out and cli_error_line(captured.err).startswith("tokdyn info: error: 1 run(s) cannot be read")
+
+
+# -- the report's temporary file --------------------------------------------------------------
+
+
+def test_the_report_never_writes_through_a_planted_link(tmp_path):
+    st = fitted_store(tmp_path / "s.zarr")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    for name in ("report.html.tmp", ".report.html.tmp"):  # the names a predictable scheme would use
+        (tmp_path / name).symlink_to(victim)
+    out = tokdyn.write_report(st, tmp_path / "report.html")
+    assert victim.read_text() == "keep me"
+    assert out.read_text().startswith("<!doctype html>") and not out.is_symlink()
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".report.html.") and not p.is_symlink()]
+    assert leftovers == []
+
+
+# -- two fits of one run ------------------------------------------------------------------------
+
+
+def test_a_second_fit_is_refused_while_the_first_holds_the_run(tmp_path):
+    st = fitted_store(tmp_path / "s.zarr", fit=False)
+    put_lock(st, "runs/r/commits/fit.lock", live_foreign_owner())  # another live process is fitting
+    with pytest.raises(RunBusyError, match="the fit of run 'r' is being written by process"):
+        tokdyn.fit_run(st.run("r"), progress=False)
+    assert not st.run("r").fit.exists  # nothing was deleted or created under the other fit
+
+
+def test_a_killed_fit_creation_is_redone_without_refit(tmp_path):
+    st = fitted_store(tmp_path / "s.zarr", fit=False)
+    raw(st, "runs/r").create_group("fit")  # a creation killed before its metadata was written
+    put_lock(st, "runs/r/commits/fit.lock", {**live_foreign_owner(), "pid": 2**22 + 12345})  # by a process now gone
+    res = tokdyn.fit_run(st.run("r"), progress=False)
+    assert res.blocks_fitted == res.blocks and st.run("r").fit.complete
+
+
+# -- npz members are checked before they are inflated ---------------------------------------
+
+
+def _npz_claiming(path, shape, *, dtype="<f4"):
+    """An npz whose loss_matrix header claims ``shape`` but whose data is a few bytes."""
+    import zipfile
+
+    header = {"descr": dtype, "fortran_order": False, "shape": shape}
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, header)
+    buf.write(bytes(64))
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("loss_matrix.npy", buf.getvalue())
+        for name, arr in {"axis_values": np.array([1.0, 2.0]), "axis_name": np.array(["T"])}.items():
+            b = io.BytesIO()
+            np.save(b, arr)
+            zf.writestr(f"{name}.npy", b.getvalue())
+
+
+def test_an_npz_header_claiming_more_than_memory_is_refused_before_allocating(tmp_path, capsys):
+    _npz_claiming(tmp_path / "huge.npz", (10**6, 10**6))
+    assert main(["import-npz", str(tmp_path / "huge.npz"), str(tmp_path / "s.zarr")]) == 1
+    assert "more than this machine's memory" in cli_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_a_member_that_would_inflate_is_checked_from_its_header(tmp_path):
+    """A small file whose per-token member inflates to 200 MB but has the wrong length is refused
+    without inflating it."""
+    import tracemalloc
+
+    n, k = 10, 3
+    np.savez_compressed(tmp_path / "bomb.npz", loss_matrix=np.ones((n, k), np.float32), axis_values=np.arange(1.0, k + 1),
+                        axis_name=np.array(["T"]), sample_id=np.zeros(50_000_000, np.int32))  # fmt: skip
+    assert (tmp_path / "bomb.npz").stat().st_size < 2_000_000
+    tracemalloc.start()
+    with pytest.raises(tokdyn.InputError, match="sample_id.*declares shape"):
+        tokdyn.interchange.read_npz(tmp_path / "bomb.npz")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 20_000_000, peak
+
+
+# -- special files among checkpoints ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to a device", "fifo in an HF folder", "fifo manifest"])
+def test_special_files_among_checkpoints_are_refused_not_read(kind, tmp_path, capsys):
+    """A FIFO blocked record-offline forever; a link to /dev/zero read without end. Every such
+    file is refused with one line before anything opens it (the test has a timeout)."""
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    if kind == "fifo":
+        os.mkfifo(folder / "step_100.pt")
+    elif kind == "link to a device":
+        (folder / "step_100.safetensors").symlink_to("/dev/zero")
+    elif kind == "fifo in an HF folder":
+        (folder / "checkpoint-100").mkdir()
+        (folder / "checkpoint-100" / "config.json").write_text("{}")
+        os.mkfifo(folder / "checkpoint-100" / "model.safetensors")
+    else:
+        os.mkfifo(folder / "manifest.json")
+    probe = tokdyn.ProbeSet.from_tokens(np.random.default_rng(0).integers(0, 50, (4, 9)))
+    tokdyn.open_store(tmp_path / "probe.zarr", probe, mode="w")
+    code = main(["record-offline", "--checkpoints", str(folder), "--out", str(tmp_path / "o.zarr"), "--run", "r",
+                 "--probe", str(tmp_path / "probe.zarr"), "--no-progress"])  # fmt: skip
+    assert code == 1
+    line = cli_error_line(capsys.readouterr().err)
+    assert "not a regular file" in line, line
+    assert not (tmp_path / "o.zarr").exists()

@@ -1,0 +1,68 @@
+"""The ``tokdyn`` command line: parse, call one library function, print.
+
+Each module of this package registers its commands (``register(subparsers)``) and holds only
+argument parsing and printing; the work is done by the library. Every command exits 0 on
+success, 2 on a usage error (argparse), and 1 on any other error with one line on stderr and no
+traceback: :func:`main` is the one boundary where every exception becomes that line. An
+exception tokdyn did not raise on purpose is reported as a bug, with the version; set
+``TOKDYN_DEBUG=1`` to see its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from .._version import __version__
+from ..errors import TokdynError
+from . import analysis, curriculum, demo, fit, record, store
+
+__all__ = ["main", "build_parser"]
+
+_MODULES = (demo, store, fit, analysis, record, curriculum)  # the order of `tokdyn --help`
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokdyn", description="Token-level training dynamics analyzer.")
+    parser.add_argument("--version", action="version", version=f"tokdyn {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in _MODULES:
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `tokdyn`: what it can do
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"tokdyn {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one boundary: every error is one line
+        if os.environ.get("TOKDYN_DEBUG"):
+            raise
+        print(f"tokdyn {args.command}: error: {error_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for the user: tokdyn's own errors, disk and missing-package errors as they are
+    worded; anything else as a bug report with the version."""
+    if isinstance(exc, (TokdynError, OSError, ImportError)):
+        text = str(exc)
+    elif isinstance(exc, MemoryError):
+        text = "out of memory (an input larger than this machine can hold?)"
+    else:
+        text = (f"internal error in tokdyn {__version__}: {type(exc).__name__}: {exc} "
+                "(a bug: please report it with the command; TOKDYN_DEBUG=1 shows the traceback)")  # fmt: skip
+    return " ".join(text.split()) or type(exc).__name__
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""What several commands share: the store argument (a store, or a folder holding one, as the
+demo writes) and the run argument (optional where the store holds one run)."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import InputError
+from ..store import Run, TrajectoryStore, as_store
+
+__all__ = ["store_path", "open_cli_store", "open_cli_run", "add_store_argument", "add_run_argument"]
+
+DEMO_STORE = "store.zarr"  # where `tokdyn demo --out DIR` puts its store
+
+
+def add_store_argument(p) -> None:
+    p.add_argument("store", help="the store: a path or an fsspec URL (a folder written by `tokdyn demo` also works)")
+
+
+def add_run_argument(p, *, what: str = "the run", required: bool = False) -> None:
+    p.add_argument("--run", required=required, metavar="NAME",
+                   help=f"{what}" + ("" if required else " (default: the store's only run)"))  # fmt: skip
+
+
+def store_path(path: str) -> str:
+    """``path``, or the store inside it when it is a folder that is not a store but holds one
+    (the output folder of `tokdyn demo`)."""
+    if "://" not in path and os.path.isdir(path) and not os.path.exists(os.path.join(path, "zarr.json")):
+        inner = os.path.join(path, DEMO_STORE)
+        if os.path.exists(os.path.join(inner, "zarr.json")):
+            return inner
+    return path
+
+
+def open_cli_store(path: str, *, mode: str = "r") -> TrajectoryStore:
+    return as_store(store_path(path), mode=mode)
+
+
+def open_cli_run(path: str, name: str | None, *, mode: str = "r") -> Run:
+    """Run ``name`` of the store at ``path``; without a name, the store's only run."""
+    st = open_cli_store(path, mode=mode)
+    if name is None:
+        runs = st.runs
+        if len(runs) != 1:
+            listed = ", ".join(runs) if runs else "none"
+            raise InputError(f"{st.url} holds {len(runs)} runs ({listed}); choose one with --run NAME")
+        name = runs[0]
+    return st.run(name)

@@ -1,0 +1,117 @@
+"""``tokdyn spectrum``, ``reconstruct`` and ``report``: what a fitted run's learning events rebuild."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from ..analysis import axis_run, run_spectrum
+from ..reconstruct import reconstruct_run
+from ..report import check_writable, write_report
+from ._common import add_run_argument, add_store_argument, open_cli_run, store_path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("spectrum", help="learning-time spectrum of a fitted run, with its power law")
+    add_store_argument(p)
+    add_run_argument(p, what="a fitted run")
+    p.add_argument("--by", choices=("class", "domain", "frequency", "position"), help="also the spectrum of each group of tokens")
+    _analysis_options(p)
+    p.set_defaults(func=_spectrum)
+
+    p = sub.add_parser("reconstruct", help="measured vs rebuilt -dL/dlog a of a run (T) or of the D or M axis")
+    add_store_argument(p)
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--run", metavar="NAME", help="a fitted run of any axis (default: the store's only run)")
+    which.add_argument("--axis", choices=("D", "M"), help="the store's D or M axis (assembled from its runs and fitted if needed)")
+    p.add_argument("--runs", help="with --axis: comma-separated runs forming the axis (default: found from run metadata)")
+    p.add_argument("--rebuild", action="store_true", help="with --axis: assemble and fit the axis again")
+    p.add_argument("--curves", action="store_true", help="with --json: include the curves and the spectrum")
+    _analysis_options(p)
+    p.set_defaults(func=_reconstruct)
+
+    p = sub.add_parser("report", help="one self-contained HTML report of a store's fitted runs")
+    add_store_argument(p)
+    p.add_argument("--out", default="report.html", help="output HTML file (default: report.html)")
+    p.add_argument("--run", action="append", metavar="NAME", help="a run to include (repeatable; default: every fitted run)")
+    p.set_defaults(func=_report)
+
+
+def _analysis_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--events", default="two_step", choices=("two_step", "bic", "classified"),
+                   help="which fitted sigmoids make the sum (default: two_step; see docs/method.md)")
+    p.add_argument("--bandwidth", default="auto", type=_bandwidth,
+                   help="spectrum bandwidth: auto (= events), events, widths, silverman, or decades (default: auto)")
+    p.add_argument("--kernel", default="event", choices=("event", "delta"),
+                   help="each event's shape in the spectrum: its own sigmoid's derivative (default), or a step at its "
+                        "learning time (the delta approximation: learning times alone)")
+    p.add_argument("--placement", default="mu", choices=("mu", "seen"),
+                   help="with --kernel delta: where an event's seen drop sits, at its learning time (default) or the centre of its seen part")
+    p.add_argument("--boot", type=int, default=200, help="bootstrap resamples for the exponent's interval (default: 200)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _bandwidth(text: str) -> str | float:
+    try:
+        return float(text)
+    except ValueError:
+        return text  # a rule name; the library checks it
+
+
+def _spectrum(args: argparse.Namespace) -> int:
+    run = open_cli_run(args.store, args.run)
+    res = run_spectrum(run, which=args.events, bandwidth=args.bandwidth, n_boot=args.boot, placement=args.placement,
+                       kernel=args.kernel, by=args.by)
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=2))
+        return 0
+    rec, spec = res.reconstruction, res.reconstruction.spectrum
+    print(f"run {run.name!r} (axis {rec.axis}): {spec.n_events:,} events of {spec.n_tokens:,} tokens ({args.events}), "
+          f"drop seen {spec.total_drop:.3f} nats/token, bandwidth {spec.bandwidth:.3f} decades")  # fmt: skip
+    peak = np.abs(spec.density).max() or 1.0
+    for lo, hi, v in zip(spec.edges[:-1], spec.edges[1:], spec.hist):
+        print(f"  x {lo:6.2f}..{hi:6.2f}  {v:8.3f} nats/decade  " + "#" * int(round(40 * max(v, 0) / peak)))
+    if res.groups:
+        print(f"by {res.by}: drop seen (nats/token), learning time of the peak (x), events")
+        for label, g in sorted(res.groups.items(), key=lambda kv: -kv[1].total_drop):
+            print(f"  {label:<28} {g.total_drop:8.3f}   x {g.x[np.argmax(g.density)]:6.2f}   {g.n_events:,}")
+    for pl in (rec.spectrum_power_law, rec.loss_power_law):
+        if pl is not None:
+            print(f"power law of the {pl.what:<8} alpha = {pl.alpha:.3f} [{pl.alpha_lo:.3f}, {pl.alpha_hi:.3f}]  R^2 {pl.r2:.3f}")
+    return 0
+
+
+def _reconstruct(args: argparse.Namespace) -> int:
+    if args.axis:
+        found = axis_run(store_path(args.store), args.axis, runs=args.runs.split(",") if args.runs else None, rebuild=args.rebuild)
+        run = found.run
+        if found.assembled:
+            print(f"assembled run {run.name!r}: final rows of {[s['run'] for s in run.attrs['sources']]}", file=sys.stderr)
+        if found.fitted:
+            print(f"fitted run {run.name!r}", file=sys.stderr)
+    else:
+        run = open_cli_run(args.store, args.run)
+    rec = reconstruct_run(run, which=args.events, bandwidth=args.bandwidth, n_boot=args.boot, placement=args.placement,
+                          kernel=args.kernel)
+    if args.json:
+        print(json.dumps(rec.to_dict() if args.curves else rec.summary(), indent=2))
+        return 0
+    s = rec.summary()
+    print(f"run {run.name!r} (axis {rec.axis}): {s['n_points']} points, {s['n_tokens']:,} tokens, {s['n_events']:,} events ({args.events})")
+    print(f"  R^2 of -dL/dlog10 a  sum of sigmoids {s['r2_events']:.3f}   spectrum alone {s['r2_spectrum']:.3f}")
+    print(f"  relative L2 error    sum of sigmoids {s['rel_l2_events']:.3f}   spectrum alone {s['rel_l2_spectrum']:.3f}")
+    print(f"  loss drop carried by events {s['drop_share_events']:.1%}, by well-fitted events {s['drop_share_well_fitted']:.1%}")
+    print("       x   measured   sigmoids   spectrum")
+    for row in zip(rec.x, rec.measured, rec.from_events, rec.from_spectrum):
+        print("  " + "  ".join(f"{v:8.3f}" for v in row))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    check_writable(args.out)  # before any work
+    out = write_report(store_path(args.store), args.out, runs=args.run or None)
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,44 @@
+"""``tokdyn fit``: a learning event per token of a run (dask over token blocks, resumable)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..fit import FitOptions, fit_run
+from ._common import add_run_argument, add_store_argument, open_cli_run
+
+
+def register(sub) -> None:
+    p = sub.add_parser("fit", help="fit a learning event to every token of a run (dask over token blocks)")
+    add_store_argument(p)
+    add_run_argument(p, what="the run to fit")
+    p.add_argument("--scheduler", help="threads (default), processes, sync, or tcp://HOST:PORT of a dask cluster")
+    p.add_argument("--workers", type=int, help="local workers (default: one per core)")
+    p.add_argument("--backend", default="auto", choices=("auto", "numba", "numpy", "torch"), help="the solver's backend (default: auto)")
+    p.add_argument("--device", help="torch device for --backend torch (e.g. cuda)")
+    p.add_argument("--batch-rows", type=int, default=16384, help="tokens fitted at once inside a block")
+    p.add_argument("--refit", action="store_true", help="discard a stored fit and fit again")
+    p.add_argument("--no-two-step", action="store_true", help="skip the two-sigmoid fit (about 8x faster; no multi-step class)")
+    p.add_argument("--vocab-size", type=int, help="vocabulary size for the age of acquisition (default: the probe's tokenizer)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_fit)
+
+
+def _fit(args: argparse.Namespace) -> int:
+    options = FitOptions(two_step=not args.no_two_step, **({"vocab_size": args.vocab_size} if args.vocab_size else {}))
+    run = open_cli_run(args.store, args.run, mode="r+")
+    res = fit_run(run, options=options, backend=args.backend, device=args.device, scheduler=args.scheduler,
+                  workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, progress=not args.no_progress)  # fmt: skip
+    if args.json:
+        print(json.dumps(res.summary(), indent=2))
+        return 0
+    print(f"fitted run {res.run!r}: {res.n_tokens:,} tokens on {res.n_points} points, "
+          f"{res.blocks_fitted} blocks fitted, {res.blocks_resumed} already done, "
+          f"{res.seconds:.1f} s ({res.backend}, {res.scheduler})")  # fmt: skip
+    total = sum(res.class_counts.values())
+    for name, count in sorted(res.class_counts.items(), key=lambda kv: -kv[1]):
+        share = res.class_loss_share.get(name, float("nan"))
+        print(f"  {name:<16} {count:>9,} tokens ({count / total:6.1%})  {share:7.1%} of the loss drop")
+    return 0

@@ -1,0 +1,73 @@
+"""``tokdyn info``, ``import-npz`` and ``export-npz``: what a store holds, and the losses.npz format."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..interchange import export_npz, import_npz
+from ..store import LOSS_DTYPES
+from ._common import add_run_argument, add_store_argument, open_cli_run, open_cli_store
+
+
+def register(sub) -> None:
+    p = sub.add_parser("info", help="runs, shapes, steps, probe fingerprint and size of a store")
+    add_store_argument(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_info)
+
+    p = sub.add_parser("import-npz", help="import a losses.npz (the paper's format) as a run")
+    p.add_argument("input", help="losses.npz")
+    p.add_argument("store", help="store (created if missing)")
+    p.add_argument("--run", help="run name (default: the file's stem)")
+    p.add_argument("--dtype", choices=LOSS_DTYPES, help="storage dtype (default: the file's)")
+    p.set_defaults(func=_import_npz)
+
+    p = sub.add_parser("export-npz", help="export a run as a losses.npz")
+    add_store_argument(p)
+    p.add_argument("output", help="OUT.npz")
+    add_run_argument(p, what="the run to export")
+    p.set_defaults(func=_export_npz)
+
+
+def _info(args: argparse.Namespace) -> int:
+    """Exits 1 when a run cannot be read (it is listed with its error)."""
+    info = open_cli_store(args.store).info()
+    damaged = sorted(name for name, r in info["runs"].items() if "error" in r)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 1 if damaged else 0
+    p = info["probe"]
+    size = info["size_bytes"]
+    print(f"store      {info['url']}")
+    print(f"schema     v{info['schema_version']}" + (f", {size / 1e6:.2f} MB on disk" if size is not None else ""))
+    print(f"probe      {p['fingerprint']}  {p['n_tokens']:,} tokens" + (f" = {p['n_sequences']} x {p['context']}" if p["context"] else " (index-only)"))
+    if not info["runs"]:
+        print("runs       none")
+    for name, r in info["runs"].items():
+        if "error" in r:
+            print(f"run {name:<12} ERROR: {r['error']}")
+            continue
+        steps = r["steps"]
+        span = f"steps {steps[0]}..{steps[-1]}" if steps else "no rows"
+        extra = f", {r['nonfinite_losses']} non-finite losses (NaN)" if r["nonfinite_losses"] else ""
+        params = r["attrs"].get("n_params_non_embedding")
+        params = f", {params:,} non-emb params" if params else ""
+        print(f"run {name:<12} axis {r['axis']}  {r['shape'][0]} x {r['shape'][1]:,} {r['dtype']}  {span}{params}{extra}")
+    if damaged:
+        print(f"tokdyn info: error: {len(damaged)} run(s) cannot be read: {', '.join(damaged)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _import_npz(args: argparse.Namespace) -> int:
+    run = import_npz(args.input, args.store, run=args.run, dtype=args.dtype)
+    print(f"imported {args.input} as run {run.name!r} (axis {run.axis}, {run.n_committed} x {run.n_tokens:,}) into {args.store}")
+    return 0
+
+
+def _export_npz(args: argparse.Namespace) -> int:
+    out = export_npz(open_cli_run(args.store, args.run), args.output)
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,249 @@
+"""Loading checkpoints safely: state dicts without unpickling code, models, fingerprints.
+
+torch files are read only with ``torch.load(weights_only=True)``: a file that needs pickle for
+anything beyond tensors and plain containers is refused with
+:class:`~tokdyn.errors.UnsafeFileError`, never executed. An HF folder's ``pytorch_model*.bin``
+files are checked the same way before transformers reads them.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pickle
+import re
+import zipfile
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...errors import InputError, UnsafeFileError
+from .discovery import MANIFEST, SAFETENSORS_SUFFIXES, CheckpointRef
+from .files import check_regular
+from .models import HF_LOCK, build_model, import_transformers, model_spec_beside
+
+__all__ = ["read_state_dict", "load_checkpoint", "weights_fingerprint", "needs_transformers", "ModelFactory", "MODEL_DTYPES"]
+
+WRAPPER_KEYS = ("state_dict", "model_state_dict", "model", "module")  # {"model": state_dict}, ...
+STRIP_PREFIXES = ("module.", "_orig_mod.")  # DDP, torch.compile
+MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+ModelFactory = Callable[[], torch.nn.Module]
+
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The state dict in a torch or safetensors file, on the CPU, without unpickling code.
+
+    torch files are read with ``torch.load(weights_only=True)``; a ``{"model": sd}`` /
+    ``{"state_dict": sd}`` wrapper is unwrapped and a ``module.`` (DDP) or ``_orig_mod.``
+    (torch.compile) prefix on every key is stripped.
+
+    Raises
+    ------
+    UnsafeFileError
+        The file needs pickle to rebuild arbitrary objects; nothing in it was executed.
+    InputError
+        The file is not a readable checkpoint, or holds no state dict.
+    """
+    p = Path(path)
+    check_regular(p)
+    if p.suffix in SAFETENSORS_SUFFIXES:
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            obj: Any = load_file(p, device="cpu")
+        except (SafetensorError, OSError) as exc:
+            raise InputError(f"cannot read {p} as safetensors: {exc}") from None
+    else:
+        obj = _torch_load_safely(p)
+    return _strip_prefixes(_unwrap(obj, p))
+
+
+def _torch_load_safely(p: Path) -> Any:
+    try:
+        # mmap: tensor data stays on disk until copied into the model (zip-format files only).
+        return torch.load(p, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(p))
+    except pickle.UnpicklingError as exc:
+        if "weights only" not in str(exc).lower() and "weights_only" not in str(exc).lower():
+            raise InputError(f"cannot read {p} as a torch checkpoint: {_first_line(exc)}") from None
+        found = re.search(r"GLOBAL (\S+)", str(exc))
+        what = f" (it references {found.group(1)})" if found else ""
+        raise UnsafeFileError(
+            f"{p} cannot be loaded without unpickling arbitrary Python objects{what}; tokdyn loads torch "
+            "files only with torch.load(weights_only=True) and refuses to run code from a checkpoint. "
+            "If you trust it, convert it to safetensors (load it yourself, then "
+            "safetensors.torch.save_file(state_dict, ...)) or save only model.state_dict()"
+        ) from None
+    except (RuntimeError, OSError, EOFError, KeyError, ValueError) as exc:
+        raise InputError(f"cannot read {p} as a torch checkpoint: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _is_state_dict(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and bool(obj) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+
+
+def _unwrap(obj: Any, p: Path) -> dict[str, torch.Tensor]:
+    if _is_state_dict(obj):
+        return dict(obj)
+    if isinstance(obj, Mapping):
+        for key in WRAPPER_KEYS:
+            if _is_state_dict(obj.get(key)):
+                return dict(obj[key])
+        keys = ", ".join(map(str, list(obj)[:8]))
+        raise InputError(f"{p} holds no state dict: a mapping of names to tensors, or one under {WRAPPER_KEYS} (found keys: {keys})")
+    raise InputError(f"{p} holds a {type(obj).__name__}, not a state dict")
+
+
+def _strip_prefixes(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    while True:
+        prefix = next((q for q in STRIP_PREFIXES if all(k.startswith(q) for k in sd)), None)
+        if prefix is None:
+            return sd
+        sd = {k[len(prefix) :]: v for k, v in sd.items()}
+
+
+def load_checkpoint(
+    ref: CheckpointRef,
+    *,
+    model_factory: ModelFactory | None = None,
+    device: torch.device | str = "cpu",
+    model_dtype: str | None = "float32",
+) -> torch.nn.Module:
+    """The model of one checkpoint, on ``device`` in ``model_dtype`` (None: as built/stored).
+
+    An HF folder is loaded with ``AutoModelForCausalLM.from_pretrained`` from local files only
+    (safetensors when present; a ``pytorch_model.bin`` is first checked with
+    ``torch.load(weights_only=True)``). A bare state dict is loaded into ``model_factory()``,
+    else into the model of ``ref.model``, else of a ``tokdyn_model.json`` / ``config.json``
+    beside the file (``model_factory`` does not apply to HF folders: they carry their config).
+    """
+    if model_dtype is not None and model_dtype not in MODEL_DTYPES:
+        raise InputError(f"model_dtype must be one of {tuple(MODEL_DTYPES)} or None, got {model_dtype!r}")
+    if ref.kind == "hf":
+        model = _load_hf(ref.path)
+    else:
+        sd = read_state_dict(ref.path)
+        model = _bare_model(ref, model_factory)
+        _load_into(model, sd, ref.path)
+        del sd
+    if model_dtype is not None:
+        model = model.to(MODEL_DTYPES[model_dtype])
+    return model.to(device).eval()
+
+
+def _model_spec_for(ref: CheckpointRef) -> tuple[Mapping, str] | None:
+    """The spec of a bare state dict's model and where it came from: the manifest, else beside the file."""
+    if ref.model is not None:
+        return ref.model, f"model spec for {ref.path}"
+    found = model_spec_beside(ref.path.parent)
+    return None if found is None else (found[0], str(found[1]))
+
+
+def _bare_model(ref: CheckpointRef, model_factory: ModelFactory | None) -> torch.nn.Module:
+    """A fresh model for a bare state dict: ``model_factory()``, else built from its spec."""
+    if model_factory is not None:
+        model = model_factory()
+        if not isinstance(model, torch.nn.Module):
+            raise InputError(f"the model factory returned a {type(model).__name__}, not a torch.nn.Module")
+        return model
+    found = _model_spec_for(ref)
+    if found is None:
+        raise InputError(
+            f"{ref.path} is a bare state dict and no model is known for it: pass model_factory=, add "
+            f'"model": {{"type": "tinygpt", "config": {{...}}}} to {MANIFEST}, or put tokdyn_model.json beside it'
+        )
+    return build_model(found[0], where=found[1])
+
+
+def _load_into(model: torch.nn.Module, sd: Mapping[str, torch.Tensor], p: Path) -> None:
+    """``load_state_dict`` that allows a missing key only when its tensor is tied to a loaded one."""
+    try:
+        result = model.load_state_dict(sd, strict=False)
+    except RuntimeError as exc:  # shape mismatch
+        raise InputError(f"{p} does not fit the model: {exc}. Check the model config") from None
+    if result.unexpected_keys:
+        raise InputError(f"{p} has weights the model lacks: {result.unexpected_keys[:8]}. Check the model config")
+    missing = set(result.missing_keys)
+    if missing:
+        groups: dict[int, list[str]] = {}
+        for name, t in model.state_dict(keep_vars=True).items():
+            groups.setdefault(id(t), []).append(name)
+        untied = sorted(k for names in groups.values() if all(n in missing for n in names) for k in names)
+        if untied:
+            raise InputError(f"{p} lacks weights the model needs: {untied[:8]}. Check the model config")
+
+
+def needs_transformers(refs: Iterable[CheckpointRef], model_factory: ModelFactory | None = None) -> bool:
+    """Whether loading ``refs`` uses transformers: an HF folder, or a bare state dict whose spec is ``"hf"``.
+
+    A spec that cannot be read counts as not: loading that checkpoint reports the error.
+    """
+    for ref in refs:
+        if ref.kind == "hf":
+            return True
+        if model_factory is None:
+            try:
+                found = _model_spec_for(ref)
+            except InputError:
+                continue
+            if found is not None and isinstance(found[0], Mapping) and found[0].get("type") == "hf":
+                return True
+    return False
+
+
+def _load_hf(folder: Path) -> torch.nn.Module:
+    transformers = import_transformers()
+    has_st = any((folder / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json"))
+    bins = sorted(folder.glob("pytorch_model*.bin"))
+    if not has_st:
+        if not bins:
+            raise InputError(f"Hugging Face folder {folder} has no model.safetensors or pytorch_model.bin")
+        for b in bins:  # refuse pickled code ourselves, whatever the transformers version does
+            _torch_load_safely(b)
+    kwargs: dict[str, Any] = {"local_files_only": True, "use_safetensors": has_st, "trust_remote_code": False}
+    if "weights_only" in _from_pretrained_params(transformers):  # an explicit parameter since transformers 5
+        kwargs["weights_only"] = True
+    try:
+        with HF_LOCK:
+            return transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    except pickle.UnpicklingError:
+        raise UnsafeFileError(
+            f"{folder}: the weights cannot be loaded without unpickling arbitrary Python objects; tokdyn refuses "
+            "to run code from a checkpoint. If you trust it, convert it to safetensors"
+        ) from None
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise InputError(f"cannot load Hugging Face folder {folder}: {_first_line(exc)}") from None
+
+
+@functools.cache
+def _from_pretrained_params(transformers) -> frozenset:
+    import inspect
+
+    return frozenset(inspect.signature(transformers.PreTrainedModel.from_pretrained).parameters)
+
+
+def weights_fingerprint(state_dict: Mapping[str, torch.Tensor] | torch.nn.Module) -> int:
+    """A uint64 fingerprint of weights: blake2b over the sorted names, dtypes, shapes and bytes.
+
+    Equal fingerprints mean (up to a 2^-64 chance) identical weights under identical names.
+    A module is fingerprinted by its ``state_dict()``.
+    """
+    if isinstance(state_dict, torch.nn.Module):
+        state_dict = state_dict.state_dict()
+    h = hashlib.blake2b(digest_size=8)
+    for name in sorted(state_dict):
+        t = state_dict[name]
+        if not isinstance(t, torch.Tensor):
+            continue
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # raw bytes, any dtype (bf16 too)
+    return int.from_bytes(h.digest(), "little")

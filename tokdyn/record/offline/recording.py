@@ -1,0 +1,406 @@
+"""The recording loop: evaluate the probe on checkpoints and append their rows in step order.
+
+:func:`record_offline` reads as its steps: check the options, open the store and the run to
+resume, find the checkpoints, skip those already committed, then evaluate ``workers`` checkpoints
+at a time with dask (threads; torch releases the GIL in its kernels) and append each batch's rows
+in step order. At most ``workers`` models are in memory, and a crash leaves a prefix of the run
+that ``resume=True`` continues.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...errors import InputError, NotAStoreError, RunExistsError, StoreError
+from ...probe import ProbeSet
+from ...store import AXES, LOSS_DTYPES, TrajectoryStore, open_store
+from ..recorder import model_attrs, token_losses
+from .discovery import CheckpointRef, discover_checkpoints, manifest_axis, order_refs
+from .loading import MODEL_DTYPES, ModelFactory, load_checkpoint, needs_transformers, weights_fingerprint
+from .models import hf_progress_bars, import_transformers
+
+__all__ = ["record_offline", "DuplicateWeightsWarning"]
+
+
+class DuplicateWeightsWarning(UserWarning):
+    """Two checkpoints at different steps hold identical weights (both are still recorded)."""
+
+
+def record_offline(
+    checkpoints: str | os.PathLike | Sequence[CheckpointRef],
+    store: TrajectoryStore | str | os.PathLike,
+    run: str,
+    *,
+    probe: ProbeSet | TrajectoryStore | str | os.PathLike | None = None,
+    model_factory: ModelFactory | None = None,
+    device: torch.device | str = "cpu",
+    batch_size: int = 32,
+    workers: int | None = None,
+    dtype: str = "float32",
+    model_dtype: str | None = "float32",
+    resume: bool = False,
+    progress: bool = True,
+    axis: str | None = None,
+    run_attrs: Mapping[str, Any] | None = None,
+) -> dict:
+    """Evaluate the probe on saved checkpoints and append one row per checkpoint to ``run``.
+
+    Parameters
+    ----------
+    checkpoints : path or list of CheckpointRef
+        A folder (or manifest file), read with :func:`discover_checkpoints`, or references.
+    store : TrajectoryStore or str
+        The store. It must exist unless ``probe`` is given (then it is created for it).
+    run : str
+        Run name; an existing run is refused unless ``resume=True``.
+    probe : ProbeSet, TrajectoryStore or str, optional
+        The probe, or a store (object or path) whose probe to use. Default: ``store``'s probe.
+    model_factory : callable, optional
+        ``model_factory() -> nn.Module`` for bare state dicts (overrides manifest specs).
+    device : str or torch.device
+        Where the probe forwards run.
+    batch_size : int
+        Probe sequences per forward.
+    workers : int, optional
+        Checkpoints evaluated at once (dask threads); also the number of models in memory.
+        Default: ``min(4, cpu cores)`` on CPU, 2 on an accelerator (one loads while one runs).
+    dtype : {"float32", "float16", "float64"}
+        Storage dtype of the losses.
+    model_dtype : {"float32", "bfloat16", "float16"} or None
+        Dtype the model is evaluated in; None keeps what the checkpoint/factory gives.
+    resume : bool
+        Continue an existing run: checkpoints at or before its last committed step are skipped
+        (a D/M sweep must then list the committed axis values first, unchanged).
+    progress : bool
+        Show a tqdm bar; False also turns off transformers' per-checkpoint loading bars.
+    axis : {"T", "D", "M"}, optional
+        Default: the manifest's ``"axis"``, else T (or the existing run's axis when resuming).
+    run_attrs : dict, optional
+        Extra run metadata.
+
+    Returns
+    -------
+    dict
+        ``store``, ``run``, ``axis``, ``recorded`` (steps written now), ``skipped`` (steps already
+        committed), ``rows`` (committed rows now), ``duplicates`` (pairs of steps with identical
+        weights), ``fingerprints`` ({step: uint64} of the rows written now), ``seconds``.
+    """
+    t0 = time.perf_counter()
+    _check_options(dtype=dtype, model_dtype=model_dtype, batch_size=batch_size, axis=axis)
+    device = torch.device(device)
+    ts = _open_target_store(store, probe)
+    try:
+        existing = _run_to_resume(ts, run, resume=resume, axis=axis)
+        refs, axis, source = _checkpoint_refs(checkpoints, axis or (existing.axis if existing is not None else None))
+        if existing is not None and existing.axis != axis:
+            raise InputError(f"run {run!r} has axis {existing.axis}; the checkpoints form an axis-{axis} sweep")
+        workers = _worker_count(workers, device)
+        tokens = _probe_tokens(ts, device)
+        rows = _RunRows(ts, run, existing, axis=axis, capacity=len(refs), dtype=dtype, source=source, run_attrs=run_attrs)
+    except BaseException:
+        ts.discard_if_new()  # a failed command leaves no new store behind
+        raise
+    restore_threads = torch.get_num_threads()
+    try:
+        todo = rows.skip_committed(refs)
+        if needs_transformers(todo, model_factory):
+            import_transformers()  # here, once: its first import is not safe from several threads
+        evaluate = functools.partial(
+            _evaluate, tokens=tokens, model_factory=model_factory, device=device, model_dtype=model_dtype,
+            batch_size=int(batch_size), threads=_threads_per_worker(workers, device), restore_threads=restore_threads,
+        )  # fmt: skip
+        with hf_progress_bars(progress):
+            _record_in_order(todo, evaluate, rows, workers=workers, progress=progress)
+    except BaseException:
+        rows.close()
+        ts.discard_if_new()  # nothing was committed into a store this call made: remove it
+        raise
+    finally:
+        torch.set_num_threads(restore_threads)
+        rows.close()
+    return rows.summary(seconds=time.perf_counter() - t0)
+
+
+# -- the steps, in order ------------------------------------------------------------------
+
+
+def _check_options(*, dtype: str, model_dtype: str | None, batch_size: int, axis: str | None) -> None:
+    if dtype not in LOSS_DTYPES:
+        raise InputError(f"dtype must be one of {LOSS_DTYPES}, got {dtype!r}")
+    if model_dtype is not None and model_dtype not in MODEL_DTYPES:
+        raise InputError(f"model_dtype must be one of {tuple(MODEL_DTYPES)} or None, got {model_dtype!r}")
+    if int(batch_size) < 1:
+        raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    if axis is not None and axis not in AXES:
+        raise InputError(f"axis must be one of {AXES}, got {axis!r}")
+
+
+def _open_target_store(store, probe) -> TrajectoryStore:
+    probe_set = _resolve_probe(probe)
+    if isinstance(store, TrajectoryStore):
+        if probe_set is not None:
+            store.check_probe(probe_set)
+        return store
+    if probe_set is None:
+        try:
+            return open_store(store, mode="r+")
+        except NotAStoreError:
+            raise NotAStoreError(f"no tokdyn store at {store}; give probe= (--probe STORE: a store whose probe to use) to create one") from None
+    return open_store(store, probe_set, mode="a")
+
+
+def _resolve_probe(probe) -> ProbeSet | None:
+    if probe is None or isinstance(probe, ProbeSet):
+        return probe
+    if isinstance(probe, TrajectoryStore):
+        return probe.probe
+    if isinstance(probe, (str, os.PathLike)):
+        if os.fspath(probe).endswith(".npz"):
+            raise InputError(
+                f"{probe}: a losses.npz carries no token ids, so its probe cannot be evaluated; "
+                "give a tokdyn store whose probe has tokens"
+            )
+        return open_store(probe, mode="r").probe
+    raise InputError(f"probe must be a ProbeSet or a store (path), got {type(probe).__name__}")
+
+
+def _run_to_resume(ts: TrajectoryStore, run: str, *, resume: bool, axis: str | None):
+    """The existing run to continue, or None for a new one; an existing run needs ``resume``."""
+    if not ts.has_run(run):  # an aborted creation (a crash) is replaced, not resumed
+        return None
+    if not resume:
+        raise RunExistsError(f"run {run!r} already exists in {ts.url}; pass resume=True (--resume) to continue it")
+    existing = ts.run(run)
+    if axis is not None and axis != existing.axis:
+        raise InputError(f"run {run!r} has axis {existing.axis}, asked for {axis}")
+    return existing
+
+
+def _checkpoint_refs(checkpoints, axis: str | None) -> tuple[list[CheckpointRef], str, str | None]:
+    """The checkpoints in order, the run's axis, and the folder they came from (None for a list)."""
+    source = None
+    if isinstance(checkpoints, (str, os.PathLike)):
+        source = os.path.abspath(checkpoints)
+        refs = discover_checkpoints(checkpoints, axis=axis)
+        axis = axis or manifest_axis(checkpoints) or "T"
+    else:
+        axis = axis or "T"
+        refs = order_refs([r if isinstance(r, CheckpointRef) else _bad_ref(r) for r in checkpoints], axis, "checkpoints")
+    if not refs:
+        raise InputError("no checkpoints to record")
+    return refs, axis, source
+
+
+def _bad_ref(r: Any) -> CheckpointRef:
+    raise InputError(f"checkpoints must be a folder or a list of CheckpointRef, got a {type(r).__name__} in the list")
+
+
+def _worker_count(workers: int | None, device: torch.device) -> int:
+    if workers is None:
+        workers = min(4, os.cpu_count() or 1) if device.type == "cpu" else 2
+    workers = int(workers)
+    if workers < 1:
+        raise InputError(f"workers must be >= 1, got {workers}")
+    return workers
+
+
+def _threads_per_worker(workers: int, device: torch.device) -> int:
+    """torch threads for each worker, so that workers x threads never oversubscribes the cores."""
+    cores = os.cpu_count() or 1
+    return max(1, cores // workers) if device.type == "cpu" else max(1, min(4, cores // workers))
+
+
+def _probe_tokens(ts: TrajectoryStore, device: torch.device) -> torch.Tensor:
+    probe_set = ts.probe
+    if not probe_set.has_tokens:
+        raise InputError(f"the probe of {ts.url} is index-only (imported); it has no token ids to evaluate")
+    return torch.as_tensor(probe_set.tokens, dtype=torch.long).to(device)
+
+
+def _record_in_order(todo: Sequence[CheckpointRef], evaluate: Callable, rows: _RunRows, *, workers: int, progress: bool) -> None:
+    """Evaluate ``workers`` checkpoints at a time and append their rows in step order; a failure
+    is raised after the rows before it are appended."""
+    bar = _progress_bar(len(todo), rows.run, enabled=progress)
+    try:
+        for b in range(0, len(todo), workers):
+            batch = todo[b : b + workers]
+            for ref, res in zip(batch, _compute(evaluate, batch, workers)):
+                if isinstance(res, BaseException):
+                    raise res
+                rows.append(ref, res)
+                bar.update(1)
+    finally:
+        bar.close()
+
+
+def _compute(evaluate: Callable, batch: Sequence[CheckpointRef], workers: int) -> tuple:
+    """Evaluate ``batch`` with dask's threaded scheduler; results in input order."""
+    import dask
+
+    # Indices, not the refs, go into the graph: dask would rebuild dataclass arguments itself.
+    tasks = [dask.delayed(lambda j: evaluate(batch[j]), pure=False)(j) for j in range(len(batch))]
+    return dask.compute(*tasks, scheduler="threads", num_workers=workers)
+
+
+def _progress_bar(total: int, run: str, *, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=f"record {run}", unit="ckpt", disable=not enabled or total == 0)
+
+
+# -- one checkpoint, in a worker thread ----------------------------------------------------
+
+
+@dataclass
+class _Evaluated:
+    losses: np.ndarray  # [N] float32, nats
+    fingerprint: int
+    model_attrs: dict
+    mtime: float
+
+
+def _evaluate(
+    ref: CheckpointRef,
+    tokens: torch.Tensor,
+    *,
+    model_factory: ModelFactory | None,
+    device: torch.device,
+    model_dtype: str | None,
+    batch_size: int,
+    threads: int,
+    restore_threads: int,
+) -> _Evaluated | BaseException:
+    """Load, fingerprint and evaluate one checkpoint. Runs in a dask worker thread; a failure
+    is returned (not raised) so that the rows before it can still be committed in order."""
+    torch.set_num_threads(threads)  # per calling thread with OpenMP: keep workers x threads <= cores
+    try:
+        model = load_checkpoint(ref, model_factory=model_factory, device=device, model_dtype=model_dtype)
+        fp = weights_fingerprint(model)
+        losses = token_losses(model, tokens, batch_size=batch_size).cpu().numpy()
+        return _Evaluated(losses, fp, model_attrs(model), ref.path.stat().st_mtime)
+    except Exception as exc:  # noqa: BLE001 - re-raised in order by record_offline
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"while recording checkpoint {ref.path} (step {ref.step})")
+        return exc
+    finally:
+        torch.set_num_threads(restore_threads)
+
+
+# -- the run's rows --------------------------------------------------------------------------
+
+
+class _RunRows:
+    """The rows of one run, appended in step order by the recording loop.
+
+    Holds the run's writer (when resuming, from the start): the run is created at the first
+    evaluated checkpoint, identical weights at two steps are warned about, and :meth:`close`
+    trims the run to its rows and releases the writer.
+    """
+
+    def __init__(self, ts: TrajectoryStore, run: str, existing, *, axis: str, capacity: int, dtype: str, source, run_attrs):
+        if existing is not None and len(existing.writers) != 1:
+            raise StoreError(f"run {run!r} has {len(existing.writers)} token-range writers; offline recording writes single-writer runs")
+        self.ts, self.run, self.axis, self.existing = ts, run, axis, existing
+        self._create = functools.partial(_create_run, ts, run, axis=axis, capacity=capacity, dtype=dtype,
+                                         source=source, run_attrs=run_attrs)  # fmt: skip
+        self.writer = existing.writer(resume=True) if existing is not None else None
+        self.recorded: list[int] = []
+        self.skipped: list[int] = []
+        self.fingerprints: dict[int, int] = {}
+        self.duplicates: list[list[int]] = []
+        self._seen: dict[int, tuple[int, str]] = {}  # fingerprint -> (step, "step S (path)")
+        self._closed = False
+
+    def skip_committed(self, refs: Sequence[CheckpointRef]) -> list[CheckpointRef]:
+        """The checkpoints after the run's last committed step (all, for a new run)."""
+        last = None if self.writer is None else self.writer.last_step
+        todo = [r for r in refs if last is None or r.step > last]
+        self.skipped = [r.step for r in refs if last is not None and r.step <= last]
+        lost = sorted(set(self.skipped) - set(self.existing.steps.tolist())) if self.skipped else []
+        if lost:
+            warnings.warn(
+                f"run {self.run!r}: checkpoints at steps {lost} come before its last committed step {last} and are not "
+                "recorded (rows only ever append in step order); record them into a new run",
+                stacklevel=3,
+            )
+        if self.existing is not None and self.existing.n_committed:
+            if self.axis != "T":
+                _check_sweep_prefix(self.existing, refs, self.run)
+            for s, fp in zip(self.existing.steps.tolist(), self.existing.coord("ckpt_fingerprint").tolist()):
+                if fp:
+                    self._seen.setdefault(int(fp), (int(s), f"step {s} (committed earlier)"))
+        return todo
+
+    def append(self, ref: CheckpointRef, res: _Evaluated) -> None:
+        if self.writer is None:
+            self.writer = self._create(res=res).writer()
+        label = f"step {ref.step} ({ref.path})"
+        if res.fingerprint in self._seen:
+            first_step, first_label = self._seen[res.fingerprint]
+            self.duplicates.append([first_step, ref.step])
+            warnings.warn(
+                f"checkpoints at {first_label} and {label} have identical weights "
+                f"(fingerprint {res.fingerprint:016x}); both are recorded. Published checkpoint "
+                "suites have shipped duplicates: check which step is right",
+                DuplicateWeightsWarning,
+                stacklevel=4,  # record_offline's caller
+            )
+        self._seen.setdefault(res.fingerprint, (ref.step, label))
+        self.writer.append(
+            res.losses, step=ref.step, axis_value=None if self.axis == "T" else ref.axis_value,
+            tokens_seen=ref.tokens_seen, lr=ref.lr, wall_time=res.mtime, ckpt_fingerprint=res.fingerprint,
+        )  # fmt: skip
+        self.recorded.append(ref.step)
+        self.fingerprints[ref.step] = res.fingerprint
+
+    def close(self) -> None:
+        """Trim the run to its rows and release the writer. Idempotent."""
+        if self.writer is not None and not self._closed:
+            if self.writer.rows:
+                self.writer.trim()
+            self.writer.release()
+        self._closed = True
+
+    def summary(self, *, seconds: float) -> dict:
+        return {
+            "store": self.ts.url,
+            "run": self.run,
+            "axis": self.axis,
+            "recorded": self.recorded,
+            "skipped": self.skipped,
+            "rows": 0 if self.writer is None else self.writer.rows,
+            "duplicates": self.duplicates,
+            "fingerprints": self.fingerprints,
+            "seconds": seconds,
+        }
+
+
+def _create_run(ts: TrajectoryStore, run: str, *, axis: str, capacity: int, dtype: str, res: _Evaluated, source, run_attrs):
+    attrs = dict(res.model_attrs)
+    if axis == "M":  # every row is a different model: per-model counts would mislead here
+        attrs = {"model_class": attrs.get("model_class")}
+    attrs.update({"source": "offline"})
+    if source is not None:
+        attrs["checkpoints"] = source
+    attrs.update(dict(run_attrs or {}))
+    return ts.create_run(run, axis=axis, capacity=capacity, dtype=dtype, attrs=attrs)
+
+
+def _check_sweep_prefix(existing, refs: Sequence[CheckpointRef], run: str) -> None:
+    done = existing.axis_values
+    given = np.array([r.axis_value for r in refs[: len(done)]], dtype=np.float64)
+    if len(given) < len(done) or not np.array_equal(done, given):
+        raise InputError(
+            f"run {run!r} holds axis values {done.tolist()}; resuming needs the sweep to list them first, "
+            f"unchanged, and only add larger ones (got {[r.axis_value for r in refs]})"
+        )
+

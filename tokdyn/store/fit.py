@@ -1,0 +1,218 @@
+"""The fit results of a run: ``/runs/<name>/fit`` (docs/store.md, "Fit results").
+
+Layout::
+
+    /runs/<name>/fit            attrs["tokdyn_fit"]: the inputs the results were fitted on (rows,
+                                n_committed, x, options, block_tokens), the fields and their
+                                dtypes, code names, complete, backend, seconds, versions
+    /runs/<name>/fit/<field>    [token], one array per result field, chunks (block_tokens,)
+    /runs/<name>/fit/done       uint8 [fit_block]: 1 once every field of that block is written
+    /runs/<name>/commits/fit.lock   held by the process running the fit
+
+The store knows the layout, not the fitting: the fitter names the fields and their dtypes when
+it starts (:meth:`FitResults.start`), hands blocks over as they are fitted
+(:meth:`FitResults.write_block`), and says when it is done (:meth:`FitResults.finish`). A block
+counts only once its ``done`` flag is written after its data, so a killed fit resumes with the
+blocks not marked done. The whole fit, creation of the group included, runs under an exclusive
+lock, so a second fit of the same run is refused instead of deleting the first one's group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import zarr
+
+from .._version import __version__
+from ..errors import InputError, StoreError, TokdynError
+from .locks import KeyLock
+from .schema import compressor, join, jsonable, utc_now
+
+if TYPE_CHECKING:
+    from .run import Run
+
+__all__ = ["FIT_SCHEMA_VERSION", "FitResults", "FitWriter"]
+
+FIT_SCHEMA_VERSION = 1
+GROUP = "fit"
+META = "tokdyn_fit"
+LOCK_KEY = ("commits", "fit.lock")
+
+
+class FitResults:
+    """The stored fit of one run (``run.fit``): whether there is one, and its fields."""
+
+    def __init__(self, run: "Run") -> None:
+        self._run = run
+
+    def _group(self) -> zarr.Group | None:
+        g = self._run._group
+        try:
+            return g[GROUP] if GROUP in g.group_keys() else None
+        except (KeyError, ValueError, TypeError) as exc:  # a fit group whose metadata is damaged
+            raise StoreError(f"the fit of run {self._run.name!r} is damaged: {type(exc).__name__}: {exc}") from None
+
+    @property
+    def meta(self) -> dict:
+        """``attrs["tokdyn_fit"]`` of the fit group ({} when there is none)."""
+        g = self._group()
+        meta = g.attrs.get(META) if g is not None else None
+        return dict(meta) if isinstance(meta, Mapping) else {}
+
+    @property
+    def exists(self) -> bool:
+        """Whether a fit was started (complete or not)."""
+        return bool(self.meta)
+
+    @property
+    def complete(self) -> bool:
+        """Whether a fit finished and still matches the run's committed rows."""
+        meta = self.meta
+        return bool(meta.get("complete")) and meta.get("n_committed") == self._run.n_committed
+
+    def check(self) -> dict:
+        """The fit's metadata; :class:`StoreError` saying what to run when there is no complete,
+        current fit."""
+        r, meta = self._run, self.meta
+        if not meta:
+            raise StoreError(f"run {r.name!r} has not been fitted; run `tokdyn fit {r.store.url} --run {r.name}` first")
+        if not meta.get("complete"):
+            raise StoreError(f"the fit of run {r.name!r} is incomplete (interrupted?); run `tokdyn fit` again to finish it")
+        if meta.get("n_committed") != r.n_committed:
+            raise StoreError(
+                f"the fit of run {r.name!r} was made on {meta.get('n_committed')} rows; the run now has {r.n_committed}. "
+                f"Refit it: `tokdyn fit {r.store.url} --run {r.name} --refit`"
+            )
+        return meta
+
+    @property
+    def fields(self) -> list[str]:
+        """Names of the stored result fields."""
+        return _fields(self.meta, self._group())
+
+    def options(self) -> dict:
+        """The options the fit was made with, as stored (a dict of JSON values)."""
+        return dict(self.check().get("options", {}))
+
+    def read(self, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """The stored fit as a dict of ``[token]`` arrays (every field by default).
+
+        Raises :class:`StoreError` when the run has not been fitted completely, or has grown since.
+        """
+        meta = self.check()
+        g = self._group()
+        stored = _fields(meta, g)
+        names = stored if fields is None else list(fields)
+        unknown = [f for f in names if f not in stored]
+        if unknown:
+            raise InputError(f"unknown fit fields {unknown}; expected some of {stored}")
+        return {name: self._run._read(lambda name=name: g[name][...], f"fit/{name}") for name in names}
+
+    def write_block(self, block: int, start: int, values: Mapping[str, np.ndarray]) -> None:
+        """Write the results of tokens ``[start, start + len)``, then mark ``block`` done (its
+        commit). Called by the workers of a :class:`FitWriter`'s job, in any process."""
+        g = self._group()
+        if g is None:
+            raise StoreError(f"run {self._run.name!r} has no fit group to write into; it was removed while fitting")
+        fields = _fields(self.meta, g)
+        if set(values) != set(fields):
+            raise InputError(f"a fit block must hold the fields {sorted(fields)}, got {sorted(values)}")
+        for name, v in values.items():
+            g[name][start : start + len(v)] = v
+        g["done"][block] = 1
+
+    def writer(
+        self,
+        inputs: Mapping[str, Any],
+        fields: Mapping[str, str],
+        *,
+        n_blocks: int,
+        refit: bool = False,
+        labels: Mapping[str, Any] | None = None,
+    ) -> "FitWriter":
+        """Take the run's fit lock and prepare the fit group for ``inputs``: resumed when the
+        stored inputs match, made anew when there is none (or an unfinished creation) or when
+        ``refit``; a fit on other inputs without ``refit`` is a :class:`StoreError`."""
+        self._run.store.require_writable()
+        return FitWriter(self, dict(inputs), dict(fields), n_blocks=int(n_blocks), refit=refit, labels=dict(labels or {}))
+
+
+class FitWriter:
+    """The job side of a fit: holds the fit lock from preparation to :meth:`finish` (use it as a
+    context manager). Blocks are written with :meth:`FitResults.write_block`."""
+
+    def __init__(self, results: FitResults, inputs: dict, fields: dict, *, n_blocks: int, refit: bool, labels: dict) -> None:
+        run = results._run
+        self.results = results
+        self._lock = KeyLock(run._group.store, join(run._group.path, *LOCK_KEY), what=f"the fit of run {run.name!r}",
+                             if_gone="delete the key commits/fit.lock of the run and try again")  # fmt: skip
+        self._lock.claim()
+        try:
+            self._prepare(jsonable(inputs, "fit inputs"), fields, n_blocks, refit, jsonable(labels, "fit labels"))
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _prepare(self, inputs: dict, fields: dict, n_blocks: int, refit: bool, labels: dict) -> None:
+        run = self.results._run
+        meta = self.results.meta
+        if meta and not refit:
+            if all(meta.get(k) == v for k, v in inputs.items()) and meta.get("fields") == fields:
+                return  # resume
+            what = "rows" if meta.get("n_committed") != inputs.get("n_committed") else "options"
+            raise StoreError(
+                f"run {run.name!r} already has a fit made with other {what} "
+                f"({meta.get('n_committed')} rows then, {inputs.get('n_committed')} now); pass refit=True (--refit) to replace it"
+            )
+        parent = run._group
+        if GROUP in parent.group_keys():
+            del parent[GROUP]  # a refit, or a group whose creation never finished (we hold the lock)
+        n, block = run.n_tokens, int(inputs["block_tokens"])
+        g = parent.create_group(GROUP)
+        for name, dt in fields.items():
+            fill = np.nan if np.dtype(dt).kind == "f" else 0
+            g.create_array(name, shape=(n,), chunks=(block,), dtype=dt, fill_value=fill, dimension_names=("token",),
+                           compressors=compressor())  # fmt: skip
+        g.create_array("done", shape=(n_blocks,), chunks=(1,), dtype="uint8", fill_value=0, dimension_names=("fit_block",),
+                       compressors=compressor())  # fmt: skip
+        # Written last: a group without it is an unfinished creation, redone by the next fit.
+        g.update_attributes({META: {**inputs, "fields": fields, **labels, "schema_version": FIT_SCHEMA_VERSION,
+                                    "tokdyn_version": __version__, "created": utc_now(), "complete": False}})  # fmt: skip
+
+    def done(self) -> np.ndarray:
+        """[block] bool: which blocks are already written."""
+        g = self.results._group()
+        try:
+            return g["done"][...].astype(bool)
+        except (TokdynError, OSError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a damaged chunk of the done flags
+            raise StoreError(f"the fit of run {self.results._run.name!r}: its done flags are damaged ({type(exc).__name__}: {exc}); refit it") from None
+
+    def finish(self, **meta: Any) -> None:
+        """Mark the fit complete, adding ``meta`` (``seconds`` adds up over resumed calls)."""
+        self._lock.check()
+        g = self.results._group()
+        old = dict(g.attrs[META])
+        seconds = float(old.get("seconds", 0.0)) + float(meta.pop("seconds", 0.0))
+        g.update_attributes({META: {**old, **jsonable(meta, "fit metadata"), "seconds": seconds, "complete": True,
+                                    "finished": utc_now()}})  # fmt: skip
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> "FitWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _fields(meta: Mapping, g: zarr.Group | None) -> list[str]:
+    """The result fields of a fit: as its metadata names them (fits written before the metadata
+    named them: the group's arrays)."""
+    if meta.get("fields"):
+        return list(meta["fields"])
+    return sorted(k for k in g.array_keys() if k != "done") if g is not None else []

@@ -1,0 +1,148 @@
+"""Who is writing: creation markers and writer locks.
+
+A store or run under creation carries ``attrs[CREATING]`` (its creator) until its metadata is
+complete; a writer holds a lock key (``commits/w<j>/writer.lock`` for a token range of a run,
+``fit/writer.lock`` for a fit) while it writes. Both name the process (host, pid, start time), so
+a later process can tell a crashed owner (take over) from a live one (refuse: two writers would
+interleave rows).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync as zarr_sync
+from zarr.storage import StorePath
+
+from ..errors import RunBusyError
+from .schema import utc_now
+
+__all__ = ["CREATING", "LOCK_NAME", "owner", "refuse_if_live", "KeyLock"]
+
+CREATING = "tokdyn_creating"
+LOCK_NAME = "writer.lock"
+
+
+def owner() -> dict:
+    """This process, as a creation marker or lock names it."""
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "start": _proc_stat(pid)[1], "since": utc_now()}
+
+
+def _proc_stat(pid: int) -> tuple[str | None, str | None]:
+    """(state, start time) of process ``pid`` from /proc (Linux); (None, None) elsewhere or if gone."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as fh:
+            data = fh.read()
+    except (OSError, ValueError, TypeError, OverflowError):
+        return None, None
+    fields = data[data.rindex(b")") + 2 :].split()  # after "pid (comm) "
+    return fields[0].decode(), fields[19].decode()
+
+
+def owner_state(who: Any) -> str:
+    """``"self"`` (this process), ``"alive"``, ``"dead"`` or ``"unknown"`` (another machine)."""
+    if not isinstance(who, Mapping) or not isinstance(who.get("pid"), int):
+        return "dead"  # unreadable: whoever wrote it did not finish writing it
+    if who.get("host") != socket.gethostname():
+        return "unknown"
+    pid = who["pid"]
+    state, start = _proc_stat(pid)
+    if pid == os.getpid() and start == who.get("start"):
+        return "self"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "dead"
+    except PermissionError:
+        pass  # another user's process: alive
+    except (OverflowError, ValueError):
+        return "dead"
+    if state == "Z" or (start is not None and who.get("start") is not None and start != who["start"]):
+        return "dead"  # a zombie, or the pid was reused by another process
+    return "alive"
+
+
+def refuse_if_live(who: Any, what: str, *, if_gone: str = "delete it and try again") -> str:
+    """Raise :class:`RunBusyError` when ``who`` may still be running; returns its state."""
+    state = owner_state(who)
+    if state in ("alive", "unknown"):
+        where = f"process {who.get('pid')} on {who.get('host')} (since {who.get('since')})"
+        hint = "wait for it to finish, or stop it" if state == "alive" else (
+            f"this machine cannot tell whether it still runs; if it does not, {if_gone}")  # fmt: skip
+        raise RunBusyError(f"{what} by {where}; a second writer is refused rather than interleaved: {hint}")
+    return state
+
+
+class KeyLock:
+    """An exclusive lock held as one JSON key of a store (``set_if_not_exists``), naming its
+    holder. ``what`` names the thing locked in messages; ``if_gone`` tells the user how to break
+    a lock left on another machine."""
+
+    def __init__(self, store, key: str, *, what: str, if_gone: str) -> None:
+        self._path = StorePath(store, key)
+        self.what = what
+        self.if_gone = if_gone
+        self.token: str | None = None
+
+    def claim(self) -> None:
+        """Create the lock exclusively, or take it over from a process that is gone (a crash) or
+        from an earlier holder in this same process; refuse when another live process holds it."""
+        me = {**owner(), "token": uuid.uuid4().hex}
+        for _ in range(3):
+            _write_json_key(self._path, me, exclusive=True)
+            holder = self.holder()
+            if holder is not None and holder.get("token") == me["token"]:
+                self.token = me["token"]
+                return
+            if holder is not None:
+                refuse_if_live(holder, f"{self.what} is being written", if_gone=self.if_gone)
+                zarr_sync(self._path.delete())  # its holder crashed, or is an older holder of ours
+        raise RunBusyError(f"{self.what}: another process keeps taking the writer lock")
+
+    def holder(self) -> dict | None:
+        return _read_json_key(self._path)
+
+    def check(self) -> None:
+        """Raise :class:`RunBusyError` unless this object still holds the lock."""
+        holder = self.holder()
+        if self.token is None or holder is None or holder.get("token") != self.token:
+            who = "nobody (it was released)" if not holder else f"process {holder.get('pid')} on {holder.get('host')}"
+            raise RunBusyError(
+                f"this writer of {self.what} no longer holds its lock (held by {who}); "
+                "it stops rather than interleave its writes with the other writer"
+            )
+
+    def release(self) -> None:
+        """Give the lock back. Idempotent."""
+        if self.token is None:
+            return
+        holder = self.holder()
+        if holder is not None and holder.get("token") == self.token:
+            zarr_sync(self._path.delete())
+        self.token = None
+
+    def delete(self) -> None:
+        """Remove the lock whoever holds it (only for a holder known to be gone)."""
+        zarr_sync(self._path.delete())
+
+
+def _read_json_key(sp: StorePath) -> Any:
+    buf = zarr_sync(sp.get(prototype=default_buffer_prototype()))
+    if buf is None:
+        return None
+    try:
+        return json.loads(buf.to_bytes())
+    except (ValueError, UnicodeDecodeError):
+        return {}  # a lock cut short: its writer died while writing it
+
+
+def _write_json_key(sp: StorePath, obj: Any, *, exclusive: bool) -> None:
+    buf = default_buffer_prototype().buffer.from_bytes(json.dumps(obj).encode())
+    zarr_sync(sp.set_if_not_exists(buf) if exclusive else sp.set(buf))

@@ -1,0 +1,260 @@
+"""A read view of one run: its committed rows, coordinates, commit records and attributes.
+
+Every reader sees exactly the committed rows (see ``tokdyn/store/store.py`` for the rules that
+make that safe while a writer appends)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import zarr
+from zarr.core.sync import sync as zarr_sync
+
+from ..errors import InputError, SchemaVersionError, StoreError, TokdynError
+from .fit import FitResults
+from .locks import LOCK_NAME
+from .schema import AXES, COORDS, LOSS_DTYPES, SCHEMA_VERSION, join
+from .writer import RunWriter
+
+if TYPE_CHECKING:
+    from .store import TrajectoryStore
+
+__all__ = ["Run"]
+
+
+@dataclass(frozen=True)
+class _Commit:
+    rows: int
+    last_step: int | None
+    nonfinite: int
+    nonfinite_rows: dict
+
+
+class Run:
+    """A read view of one run. Every reader sees exactly the committed rows."""
+
+    def __init__(self, store: "TrajectoryStore", name: str, group: zarr.Group) -> None:
+        meta = group.attrs.get("tokdyn_run")
+        if not isinstance(meta, Mapping):
+            raise StoreError(f"run {name!r} in {store.url} is incomplete (no run metadata); it was never fully created")
+        if meta.get("schema_version") != SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"run {name!r} has schema version {meta.get('schema_version')!r}; this tokdyn reads {SCHEMA_VERSION}"
+            )
+        self.store = store
+        self.name = name
+        self._group = group
+        self.attrs: dict = dict(meta)
+        try:
+            self.axis: str = meta["axis"]
+            self.writers: list[tuple[int, int]] = [(int(a), int(b)) for a, b in meta["writers"]]
+            self._loss = group["loss"]
+            coords = {c: group[c] for c in COORDS}
+        except (KeyError, ValueError, TypeError) as exc:
+            raise StoreError(f"run {name!r} in {store.url} is damaged: {type(exc).__name__}: {exc}") from None
+        if self.axis not in AXES:  # read into reports and file names: only the values a writer makes
+            raise StoreError(f"run {name!r} in {store.url} is damaged: its axis is {str(self.axis)[:40]!r}, expected one of {AXES}")
+        self._check_arrays(coords)
+        self.fit = FitResults(self)
+        """The run's fit results (:class:`tokdyn.store.FitResults`)."""
+
+    def _check_arrays(self, coords: Mapping[str, Any]) -> None:
+        """Refuse arrays of a dtype or shape a tokdyn writer never makes (object dtype included):
+        whatever wrote them, tokdyn would misread them."""
+        loss, where = self._loss, f"run {self.name!r} in {self.store.url}"
+        if not isinstance(loss, zarr.Array) or str(loss.dtype) not in LOSS_DTYPES or loss.ndim != 2:
+            raise StoreError(f"{where}: loss must be a 2-D array of {'/'.join(LOSS_DTYPES)}, found {getattr(loss, 'dtype', type(loss).__name__)} with shape {getattr(loss, 'shape', None)}")
+        n = self.store._group["probe"].attrs.get("n_tokens")
+        if loss.shape[1] != n or not self.writers or self.writers[0][0] != 0 or self.writers[-1][1] != loss.shape[1]:
+            raise StoreError(f"{where}: loss has {loss.shape[1]} tokens and writers {self.writers}; the probe has {n}")
+        for name, arr in coords.items():
+            if not isinstance(arr, zarr.Array) or arr.ndim != 1 or arr.dtype != np.dtype(COORDS[name][0]):
+                raise StoreError(f"{where}: {name} must be a 1-D {COORDS[name][0]} array, found {getattr(arr, 'dtype', type(arr).__name__)} {getattr(arr, 'shape', None)}")
+
+    # -- commit state ---------------------------------------------------------------------
+
+    def _commit(self, j: int) -> _Commit:
+        try:
+            a = zarr.open_group(store=self._group.store, path=f"{self._group.path}/commits/w{j}", mode="r").attrs
+            c = _Commit(int(a["rows"]), a.get("last_step"), int(a.get("nonfinite", 0)), dict(a.get("nonfinite_rows", {})))
+        except (KeyError, ValueError, TypeError, FileNotFoundError, zarr.errors.GroupNotFoundError) as exc:
+            raise StoreError(f"run {self.name!r}: commit record of token range {j} is unreadable ({type(exc).__name__}: {exc})") from None
+        if c.rows < 0 or (c.rows and not isinstance(c.last_step, int)):
+            raise StoreError(f"run {self.name!r}: commit record of token range {j} is damaged (rows {c.rows}, last step {c.last_step!r})")
+        return c
+
+    @property
+    def n_committed(self) -> int:
+        """Rows complete in every token range: the rows readers see."""
+        k = min(self._commit(j).rows for j in range(len(self.writers)))
+        self._refresh(k)
+        if k > self._loss.shape[0]:
+            raise StoreError(f"run {self.name!r}: the commit records count {k} rows, but the loss array holds {self._loss.shape[0]}; the store is damaged")
+        return k
+
+    def break_lock(self, writer: int | None = None) -> None:
+        """Remove the writer lock of token range ``writer`` (all by default). Only for a lock left
+        by a process on another machine that is known to be gone: a crash on this machine is
+        recognised, and its lock taken over, without this."""
+        for j in range(len(self.writers)) if writer is None else [int(writer)]:
+            zarr_sync(self._group.store.delete(join(self._group.path, "commits", f"w{j}", LOCK_NAME)))
+
+    @property
+    def capacity(self) -> int:
+        return int(self._loss.shape[0])
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self._loss.shape[1])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._loss.dtype
+
+    @property
+    def token_chunk(self) -> int:
+        return int(self.attrs["token_chunk"])
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _refresh(self, k: int) -> None:
+        """Reopen the loss array when a writer grew it since this view was opened."""
+        if k > self._loss.shape[0]:
+            self._loss = self._group["loss"]
+
+    def coord(self, name: str) -> np.ndarray:
+        """Per-checkpoint array ``name`` (one of ``step``, ``axis_value``, ``tokens_seen``, ...)."""
+        if name not in COORDS:
+            raise InputError(f"unknown coordinate {name!r}; expected one of {', '.join(COORDS)}")
+        return self._read_coord(name, self.n_committed)
+
+    def _read_coord(self, name: str, k: int) -> np.ndarray:
+        if not k:
+            return np.empty(0, COORDS[name][0])
+        out = self._read(lambda: self._group[name][:k], f"{name}[:{k}]")
+        if name == "step" and (out.size != k or out.min() < 0 or np.any(np.diff(out) <= 0)):
+            raise StoreError(f"run {self.name!r}: committed steps must be >= 0 and strictly increasing, found {out[:8].tolist()}...; the store is damaged")
+        return out
+
+    def _read(self, read, what: str):
+        """Run a chunk read; damaged chunk data (cut short, overwritten) is a StoreError naming it."""
+        try:
+            return read()
+        except (TokdynError, OSError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - codecs raise RuntimeError, ValueError, TypeError...
+            raise StoreError(f"run {self.name!r}: cannot decode {what} ({type(exc).__name__}: {exc}); a chunk of it is damaged") from None
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self.coord("step")
+
+    @property
+    def axis_values(self) -> np.ndarray:
+        return self.coord("axis_value")
+
+    def losses(self, tokens: slice | None = None, rows: slice | None = None) -> np.ndarray:
+        """Loss matrix ``[checkpoint, token]`` in nats (committed rows only; NaN = not finite)."""
+        k = self.n_committed
+        self._refresh(k)
+        rsl = slice(0, k) if rows is None else _clip(rows, k)
+        tsl = slice(None) if tokens is None else tokens
+        if k == 0:
+            return np.empty((0, len(range(*tsl.indices(self.n_tokens)))), self.dtype)
+        out = self._read(lambda: self._loss[rsl, tsl], f"loss[{rsl.start}:{rsl.stop}, {tsl.start}:{tsl.stop}]")
+        self._check_nan_counts(out, range(k)[rsl])
+        return out
+
+    def losses_at(self, rows, tokens) -> np.ndarray:
+        """Losses ``[len(rows), len(tokens)]`` of the given committed rows and tokens (index
+        arrays, each increasing), read without the rest of their chunks' rows."""
+        k = self.n_committed
+        rows, tokens = np.asarray(rows, np.int64), np.asarray(tokens, np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= k):
+            raise InputError(f"rows must lie in [0, {k}), the committed rows of run {self.name!r}")
+        out = self._read(lambda: self._loss.get_orthogonal_selection((rows, tokens)), f"loss[{rows.size} rows, {tokens.size} tokens]")
+        self._check_nan_counts(out, rows.tolist())
+        return out
+
+    def _check_nan_counts(self, block: np.ndarray, rows: range) -> None:
+        """A missing chunk reads as NaN (the fill value). Every NaN a writer stored is counted in
+        its commit record, so a row with more NaN than counted has lost chunk data."""
+        nan = np.isnan(block).sum(axis=1)
+        if not nan.any():
+            return
+        _, counted = self.nonfinite()
+        for i, r in enumerate(rows):
+            if nan[i] > counted.get(r, 0):
+                raise StoreError(
+                    f"run {self.name!r} row {r}: {int(nan[i])} losses read as missing where {counted.get(r, 0)} non-finite "
+                    "were recorded; chunk files of this row are missing from the store"
+                )
+
+    def to_dask(self, token_block: int | None = None):
+        """The committed loss matrix as a dask array chunked ``(all rows, token_block)``."""
+        import dask.array as da
+
+        k = self.n_committed
+        if k == 0:
+            raise StoreError(f"run {self.name!r} has no committed rows")
+        self._refresh(k)
+        arr = da.from_zarr(self._loss)[:k]
+        return arr.rechunk((k, token_block or self.token_chunk))
+
+    def to_xarray(self):
+        """An ``xarray.Dataset`` of the committed rows: ``loss`` (checkpoint, token) with coordinates."""
+        import xarray as xr
+
+        k = self.n_committed
+        # Open each array on its own and cut it to the committed rows: after a crash the arrays
+        # may have different lengths (see RunWriter._ensure_capacity), which xarray would refuse.
+        names = ["loss", *COORDS]
+        parts = {n: xr.open_zarr(self._group.store, group=self._group.path, consolidated=False,
+                                 drop_variables=[m for m in names if m != n])[n].isel(checkpoint=slice(0, k))
+                 for n in names}  # fmt: skip
+        ds = xr.Dataset({"loss": parts["loss"]}, coords={n: parts[n] for n in COORDS})
+        return ds.assign_attrs(n_committed=k, **{"tokdyn_run": self.attrs})
+
+    def nonfinite(self) -> tuple[int, dict[int, int]]:
+        """Total count of non-finite losses recorded (stored as NaN) and the count per row."""
+        total, per_row = 0, {}
+        for j in range(len(self.writers)):
+            c = self._commit(j)
+            total += c.nonfinite
+            for r, n in c.nonfinite_rows.items():
+                per_row[int(r)] = per_row.get(int(r), 0) + int(n)
+        return total, per_row
+
+    def info(self) -> dict:
+        k = self.n_committed  # read the commit records once
+        nonfinite, _ = self.nonfinite()
+        return {
+            "axis": self.axis,
+            "shape": [k, self.n_tokens],
+            "capacity": self.capacity,
+            "dtype": str(self.dtype),
+            "token_chunk": self.token_chunk,
+            "writers": len(self.writers),
+            "steps": self._read_coord("step", k).tolist(),
+            "axis_values": self._read_coord("axis_value", k).tolist(),
+            "nonfinite_losses": nonfinite,
+            "attrs": {k: v for k, v in self.attrs.items() if k not in ("writers",)},
+        }
+
+    def writer(self, *, writer: int = 0, resume: bool = False) -> "RunWriter":
+        """A :class:`RunWriter` appending rows for token range ``writer``."""
+        self.store.require_writable()
+        return RunWriter(self, writer, resume=resume)
+
+    def __repr__(self) -> str:
+        return f"Run({self.name!r}, axis={self.axis}, rows={self.n_committed}, tokens={self.n_tokens})"
+
+
+def _clip(rows: slice, k: int) -> slice:
+    start, stop, step = rows.indices(k)
+    return slice(start, stop, step)
+
+

@@ -1,0 +1,461 @@
+"""The trajectory store: one zarr v3 hierarchy holding one probe set and any number of runs.
+
+Layout (``docs/store.md`` is the full schema)::
+
+    /                      attrs["tokdyn"]: kind, schema_version, probe_fingerprint, versions
+    /probe                 attrs: fingerprint, domains, documents, tokenizer, context
+    /probe/tokens          int32 [sequence, position]       (absent for an imported probe)
+    /probe/<field>         [token]: sample_id, token_pos, token_id, doc_id, doc_pos, domain, ...
+    /runs/<name>           attrs["tokdyn_run"]: axis, model config, parameter counts, writers, ...
+    /runs/<name>/loss      float32|float16|float64 [checkpoint, token], chunks (1, token_chunk)
+    /runs/<name>/step, axis_value, tokens_seen, lr, wall_time, ckpt_fingerprint   [checkpoint]
+    /runs/<name>/commits/w<j>   attrs: rows, last_step, nonfinite   (one per writer)
+    /runs/<name>/fit       the fit results (``tokdyn/store/fit.py``)
+
+Crash safety rests on three rules. (1) Every loss chunk holds one checkpoint row, so appending
+a row writes new chunk objects and never rewrites a committed one. (2) A row becomes visible
+only when its writer's commit record (a zarr.json, which zarr writes atomically: temp file and
+rename locally, one PUT on object stores) is updated *after* the data. (3) A run's committed
+row count is the minimum over its writers, so a row counts only once every token range of it
+is written. Arrays may be longer than the committed count (capacity allocated ahead, or a row
+in flight when a process died); readers slice to the committed rows, and a resumed writer
+overwrites the uncommitted tail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.core.sync import sync as zarr_sync
+
+from .._version import __version__
+from ..errors import (
+    InputError,
+    NotAStoreError,
+    ProbeMismatchError,
+    RunExistsError,
+    RunNotFoundError,
+    SchemaVersionError,
+    StoreError,
+)
+from ..probe import ProbeSet
+from .locks import CREATING, owner, refuse_if_live
+from .probe_io import read_probe, write_probe
+from .run import Run
+from .schema import (
+    AXES,
+    COORD_CHUNK,
+    COORDS,
+    DEFAULT_TOKEN_CHUNK,
+    LOSS_DTYPES,
+    SCHEMA_VERSION,
+    STORE_KIND,
+    check_run_name,
+    check_url,
+    check_writer_ranges,
+    compressor,
+    join,
+    jsonable,
+    utc_now,
+)
+
+__all__ = ["TrajectoryStore", "open_store", "as_store"]
+
+
+def _delete_group(group: zarr.Group) -> None:
+    """Remove everything under ``group`` (best effort)."""
+    try:
+        zarr_sync(group.store.delete_dir(group.path))
+    except Exception:  # noqa: BLE001 - cleaning up after another error
+        pass
+
+
+def _open_group(url: str | os.PathLike, mode: str, storage_options: Mapping | None = None, **kwargs) -> zarr.Group:
+    if storage_options:
+        kwargs["storage_options"] = dict(storage_options)
+    return zarr.open_group(store=str(url) if isinstance(url, os.PathLike) else url, mode=mode, **kwargs)
+
+
+class TrajectoryStore:
+    """A tokdyn store. Open one with :func:`open_store` (or :meth:`create` / :meth:`open`).
+
+    Attributes
+    ----------
+    url : str
+        Where the store lives (a local path or an fsspec URL).
+    probe_fingerprint : str
+        Fingerprint of the probe every run in the store was evaluated on.
+    """
+
+    def __init__(self, group: zarr.Group, url: str, *, writable: bool, storage_options: Mapping | None = None) -> None:
+        meta = group.attrs.get("tokdyn")
+        if not isinstance(meta, Mapping) or meta.get("kind") != STORE_KIND:
+            raise NotAStoreError(f"{url} is a zarr group but not a tokdyn store (no attrs['tokdyn'] of kind {STORE_KIND!r})")
+        version = meta.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{url} has store schema version {version!r}; this tokdyn ({__version__}) reads version {SCHEMA_VERSION}"
+            )
+        self._group = group
+        self.url = url
+        self.writable = writable
+        self.storage_options: dict = dict(storage_options or {})
+        self.probe_fingerprint: str = meta["probe_fingerprint"]
+        self._probe: ProbeSet | None = None
+        self.created = False  # made by this object (create, or open_store mode "a"/"w" on nothing)
+
+    # -- opening --------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls, url: str | os.PathLike, probe: ProbeSet, *, overwrite: bool = False, storage_options: Mapping | None = None
+    ) -> "TrajectoryStore":
+        """Create a new store for ``probe`` at ``url``; an existing one is an error unless ``overwrite``."""
+        if not isinstance(probe, ProbeSet):
+            raise InputError(f"probe must be a ProbeSet, got {type(probe).__name__}")
+        check_url(url)
+        url = os.fspath(url) if isinstance(url, os.PathLike) else url
+        try:  # the group is born with a marker naming its creator, so a killed creation is recognised
+            group = _open_group(url, "w" if overwrite else "w-", storage_options, attributes={CREATING: owner()})
+        except (FileExistsError, zarr.errors.ContainsGroupError, zarr.errors.ContainsArrayError):
+            raise StoreError(f"{url} already exists; open it, or pass overwrite=True to replace it") from None
+        try:
+            write_probe(group.create_group("probe"), probe)
+            group.create_group("runs")
+        except BaseException:
+            _delete_group(group)  # never leave a half-made store that blocks the next attempt
+            raise
+        # The root attribute is written last (replacing the marker, one write): a store is
+        # recognised only once its probe is whole.
+        group.attrs.put({"tokdyn": {
+            "kind": STORE_KIND,
+            "schema_version": SCHEMA_VERSION,
+            "probe_fingerprint": probe.fingerprint,
+            "tokdyn_version": __version__,
+            "zarr_version": zarr.__version__,
+            "created": utc_now(),
+        }})
+        store = cls(group, url, writable=True, storage_options=storage_options)
+        store._probe = probe
+        store.created = True
+        return store
+
+    @classmethod
+    def open(
+        cls, url: str | os.PathLike, *, mode: str = "r", storage_options: Mapping | None = None
+    ) -> "TrajectoryStore":
+        """Open an existing store, read-only (``mode="r"``) or for appending (``"r+"``)."""
+        if mode not in ("r", "r+"):
+            raise InputError(f"mode must be 'r' or 'r+', got {mode!r}")
+        check_url(url)
+        url = os.fspath(url) if isinstance(url, os.PathLike) else url
+        try:
+            group = _open_group(url, mode, storage_options)
+        except (FileNotFoundError, zarr.errors.GroupNotFoundError, zarr.errors.NodeTypeValidationError):
+            raise NotAStoreError(f"no tokdyn store at {url}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
+            raise StoreError(f"{url}: store metadata is unreadable ({type(exc).__name__}: {exc})") from None
+        return cls(group, url, writable=mode == "r+", storage_options=storage_options)
+
+    # -- probe ----------------------------------------------------------------------------
+
+    @property
+    def probe(self) -> ProbeSet:
+        """The probe set, read from the store once and cached."""
+        if self._probe is None:
+            self._probe = read_probe(self._group["probe"])
+            if self._probe.fingerprint != self.probe_fingerprint:
+                raise StoreError(
+                    f"{self.url}: probe content hashes to {self._probe.fingerprint}, store records "
+                    f"{self.probe_fingerprint}; the probe arrays were modified or damaged"
+                )
+        return self._probe
+
+    def check_probe(self, probe: ProbeSet) -> None:
+        """Raise :class:`ProbeMismatchError` unless ``probe`` is the store's probe."""
+        if probe.fingerprint != self.probe_fingerprint:
+            raise ProbeMismatchError(
+                f"probe fingerprint {probe.fingerprint} differs from the store's {self.probe_fingerprint} "
+                f"({self.url}); a store holds runs on one probe only, use another store for this probe"
+            )
+
+    # -- runs -----------------------------------------------------------------------------
+
+    @property
+    def runs(self) -> list[str]:
+        """Names of the runs in the store, sorted."""
+        return sorted(self._group["runs"].group_keys())
+
+    def run(self, name: str) -> "Run":
+        """A read view of run ``name``."""
+        check_run_name(name)
+        try:
+            g = self._group[f"runs/{name}"]
+        except KeyError:
+            raise RunNotFoundError(f"no run {name!r} in {self.url}; runs: {', '.join(self.runs) or 'none'}") from None
+        except (ValueError, TypeError) as exc:  # a zarr.json cut short or overwritten
+            raise StoreError(f"run {name!r} in {self.url}: metadata unreadable ({type(exc).__name__}: {exc})") from None
+        return Run(self, name, g)
+
+    def create_run(
+        self,
+        name: str,
+        *,
+        axis: str = "T",
+        capacity: int = 16,
+        dtype: str = "float32",
+        token_chunk: int | None = None,
+        writers: Sequence[tuple[int, int]] | None = None,
+        attrs: Mapping[str, Any] | None = None,
+        codec: str = "lz4",
+    ) -> "Run":
+        """Create an empty run; write rows with :meth:`Run.writer`.
+
+        Parameters
+        ----------
+        axis : {"T", "D", "M"}
+            What the rows index: checkpoints of one run (T), data budgets (D), model sizes (M).
+        capacity : int
+            Rows allocated ahead (a single writer grows the arrays when it runs out).
+        dtype : {"float32", "float16", "float64"}
+            Storage dtype of the losses.
+        token_chunk : int, optional
+            Tokens per chunk; by default about 262144, rounded to whole probe sequences.
+        writers : list of (start, stop), optional
+            Token ranges written by separate processes (distributed ranks); they must tile
+            ``[0, N)`` in order and start on chunk boundaries. Default: one writer for all tokens.
+        attrs : dict, optional
+            JSON-able run metadata: ``model_config``, ``n_params``, ``n_params_non_embedding``,
+            ``data_budget``, ``seed``, and anything else.
+        codec : {"lz4", "zstd", "none"}
+            Compression of the loss chunks.
+        """
+        self.require_writable()
+        check_run_name(name)
+        if name in self.runs:
+            if self.has_run(name):
+                raise RunExistsError(f"run {name!r} already exists in {self.url}; resume it or choose another name")
+            self._discard_aborted_run(name)
+        if axis not in AXES:
+            raise InputError(f"axis must be one of {AXES}, got {axis!r}")
+        if dtype not in LOSS_DTYPES:
+            raise InputError(f"dtype must be one of {LOSS_DTYPES}, got {dtype!r}")
+        if int(capacity) < 1:
+            raise InputError(f"capacity must be >= 1, got {capacity}")
+        n = self.probe.n_tokens
+        chunk = self._token_chunk(token_chunk)
+        compressors = compressor(codec)
+        ranges = [(0, n)] if writers is None else [(int(a), int(b)) for a, b in writers]
+        check_writer_ranges(ranges, n, chunk)
+        run_attrs = jsonable(dict(attrs or {}), "run attrs")
+        g = self._group["runs"].create_group(name, attributes={CREATING: owner()})
+        cap = int(capacity)
+        g.create_array(
+            "loss", shape=(cap, n), chunks=(1, chunk), dtype=dtype, fill_value=np.nan,
+            dimension_names=("checkpoint", "token"), compressors=compressors,
+            attributes={"units": "nats", "long_name": "per-token cross-entropy", "coordinates": " ".join(COORDS)},
+        )  # fmt: skip
+        for cname, (cdtype, fill) in COORDS.items():
+            g.create_array(cname, shape=(cap,), chunks=(COORD_CHUNK,), dtype=cdtype, fill_value=fill, dimension_names=("checkpoint",),
+                           compressors=compressor())  # fmt: skip
+        commits = g.create_group("commits")
+        for j in range(len(ranges)):
+            commits.create_group(f"w{j}", attributes={"rows": 0, "last_step": None, "nonfinite": 0, "nonfinite_rows": {}})
+        # Written last, replacing the marker: a run group without it is an aborted creation
+        # (it holds no committed row: writers need this metadata).
+        g.attrs.put({"tokdyn_run": {
+            **run_attrs,
+            "axis": axis,
+            "dtype": dtype,
+            "token_chunk": chunk,
+            "codec": codec,
+            "writers": [list(r) for r in ranges],
+            "schema_version": SCHEMA_VERSION,
+            "tokdyn_version": __version__,
+            "created": utc_now(),
+        }})
+        return Run(self, name, g)
+
+    def has_run(self, name: str) -> bool:
+        """Whether run ``name`` exists and its creation finished (an aborted one is replaced by
+        :meth:`create_run`)."""
+        check_run_name(name)
+        if name not in self.runs:
+            return False
+        try:
+            return isinstance(self._group[f"runs/{name}"].attrs.get("tokdyn_run"), Mapping)
+        except (KeyError, ValueError, TypeError):
+            return False
+
+    def _discard_aborted_run(self, name: str) -> None:
+        """Remove a run group whose creation never finished (no committed row can be in it),
+        unless its creator is still alive (:class:`RunBusyError`)."""
+        try:
+            creator = self._group[f"runs/{name}"].attrs.get(CREATING)
+        except (KeyError, ValueError, TypeError):
+            creator = None
+        if creator is not None:
+            refuse_if_live(creator, f"run {name!r} of {self.url} is being created")
+        zarr_sync(self._group.store.delete_dir(join(self._group.path, "runs", name)))
+
+    def discard_if_new(self) -> bool:
+        """Remove the whole store if this object created it and it holds no committed row: what
+        a command that failed half-way calls, so that it leaves no new store behind. Returns
+        whether the store was removed."""
+        if not (self.created and self.writable):
+            return False
+        for name in self.runs:
+            try:
+                if self.run(name).n_committed:
+                    return False
+            except StoreError:  # an aborted run creation: no rows
+                continue
+        _delete_group(self._group)
+        root = getattr(self._group.store, "root", None)  # a local folder: remove it too
+        if root is not None and not self._group.path:
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
+        return True
+
+    def delete_run(self, name: str) -> None:
+        """Remove run ``name`` and everything stored under it (its fit too)."""
+        self.require_writable()
+        self.run(name)  # RunNotFoundError if absent
+        del self._group["runs"][name]
+
+    def _token_chunk(self, token_chunk: int | None) -> int:
+        c = self.probe.context or 1
+        n = self.probe.n_tokens
+        if token_chunk is None:
+            token_chunk = max(c, (DEFAULT_TOKEN_CHUNK // c) * c)
+            return min(token_chunk, -(-n // c) * c)
+        token_chunk = int(token_chunk)
+        if token_chunk < 1 or token_chunk % c:
+            raise InputError(f"token_chunk must be a positive multiple of the probe context {c}, got {token_chunk}")
+        return token_chunk
+
+    def require_writable(self) -> None:
+        if not self.writable:
+            raise StoreError(f"{self.url} is open read-only; open it with mode='r+' to write")
+
+    # -- description ----------------------------------------------------------------------
+
+    def size_bytes(self) -> int | None:
+        """Bytes the store takes on its storage (None where the backend cannot say)."""
+        st = self._group.store
+        root = getattr(st, "root", None)
+        if root is not None:
+            return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+        fs = getattr(st, "fs", None)
+        if fs is not None:
+            try:
+                if getattr(fs, "asynchronous", False):  # zarr's fsspec filesystems are async
+                    return int(zarr_sync(fs._du(st.path, total=True)))
+                return int(fs.du(st.path, total=True))
+            except Exception:  # noqa: BLE001 - size is informative only
+                return None
+        return None
+
+    def info(self) -> dict:
+        """A JSON-able description: probe, runs (shapes, steps, NaNs), size on disk."""
+        runs = {}
+        for name in self.runs:
+            try:
+                runs[name] = self.run(name).info()
+            except StoreError as exc:
+                runs[name] = {"error": str(exc)}
+        return {
+            "url": self.url,
+            "schema_version": SCHEMA_VERSION,
+            "probe": self.probe.summary(),
+            "runs": runs,
+            "size_bytes": self.size_bytes(),
+        }
+
+    def __repr__(self) -> str:
+        return f"TrajectoryStore({self.url!r}, probe={self.probe_fingerprint}, runs={self.runs})"
+
+
+def open_store(
+    url: str | os.PathLike,
+    probe: ProbeSet | None = None,
+    *,
+    mode: str = "a",
+    storage_options: Mapping | None = None,
+) -> TrajectoryStore:
+    """Open a store, creating it for ``probe`` when ``mode="a"`` and nothing is there.
+
+    ``mode``: ``"r"`` read-only, ``"r+"`` existing store for writing, ``"a"`` open or create
+    (needs ``probe``), ``"w"`` create, replacing what is there (needs ``probe``). When a
+    ``probe`` is given for an existing store, its fingerprint must match.
+    """
+    if mode not in ("r", "r+", "a", "w"):
+        raise InputError(f"mode must be one of 'r', 'r+', 'a', 'w', got {mode!r}")
+    check_url(url)
+    if probe is not None and not isinstance(probe, ProbeSet):
+        raise InputError(f"probe must be a ProbeSet, got {type(probe).__name__}")
+    if mode == "w":
+        if probe is None:
+            raise InputError("creating a store needs a probe")
+        return TrajectoryStore.create(url, probe, overwrite=True, storage_options=storage_options)
+    if mode == "a":
+        try:
+            store = TrajectoryStore.open(url, mode="r+", storage_options=storage_options)
+        except NotAStoreError:
+            if probe is None:
+                raise
+            if _aborted_creation(url, storage_options):  # a creator killed half-way: start again
+                return TrajectoryStore.create(url, probe, overwrite=True, storage_options=storage_options)
+            if _exists_nonempty(url, storage_options):
+                raise
+            return TrajectoryStore.create(url, probe, storage_options=storage_options)
+    else:
+        store = TrajectoryStore.open(url, mode=mode, storage_options=storage_options)
+    if probe is not None:
+        store.check_probe(probe)
+        store._probe = store._probe or probe
+    return store
+
+
+def _aborted_creation(url: str | os.PathLike, storage_options: Mapping | None) -> bool:
+    """True when ``url`` holds a store whose creation never finished and whose creator is gone.
+    A creation still in progress in a live process is :class:`RunBusyError`."""
+    try:
+        attrs = dict(_open_group(url, "r", storage_options).attrs)
+    except Exception:  # noqa: BLE001 - not a zarr group at all: not ours to replace
+        return False
+    if "tokdyn" in attrs or CREATING not in attrs:
+        return False
+    refuse_if_live(attrs[CREATING], f"store {url} is being created")
+    return True
+
+
+def _exists_nonempty(url: str | os.PathLike, storage_options: Mapping | None) -> bool:
+    """True when ``url`` holds anything (so creating a store there would clobber it)."""
+    try:
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(os.fspath(url), **dict(storage_options or {}))
+        return bool(fs.exists(path) and (not fs.isdir(path) or fs.ls(path)))
+    except Exception:  # noqa: BLE001 - be conservative: only an empty/missing location is created
+        return False
+
+
+
+
+def as_store(store: "TrajectoryStore | str | os.PathLike", *, mode: str = "r", storage_options: Mapping | None = None) -> "TrajectoryStore":
+    """``store`` itself when it is an open :class:`TrajectoryStore`, else the store at that path
+    or URL opened with ``mode`` ("r" or "r+"). An open store asked for writing must be writable."""
+    if isinstance(store, TrajectoryStore):
+        if mode == "r+":
+            store.require_writable()
+        return store
+    if mode not in ("r", "r+"):
+        raise InputError(f"mode must be 'r' or 'r+', got {mode!r}")
+    return open_store(store, mode=mode, storage_options=storage_options)

@@ -1,0 +1,220 @@
+"""Appending rows to a run: one :class:`RunWriter` per token range, each row committed after
+its data, under an exclusive writer lock (see ``tokdyn/store/store.py`` for the rules)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import warnings
+from typing import TYPE_CHECKING
+
+import numpy as np
+import zarr
+from zarr.core.sync import sync as zarr_sync
+
+from ..errors import InputError, RunBusyError, RunExistsError, StepOrderError, StoreError
+from .locks import LOCK_NAME, KeyLock
+from .schema import COORD_CHUNK, COORDS, join
+
+if TYPE_CHECKING:
+    from .run import Run
+
+__all__ = ["RunWriter"]
+
+
+class RunWriter:
+    """Appends checkpoint rows to one token range of a run, committing each after its data.
+
+    Not thread-safe: one writer per (run, token range) at a time. A fresh writer on a run that
+    already has committed rows is refused unless ``resume=True``; a resumed writer skips steps
+    at or before its last committed step (they are already stored) and continues after it.
+    """
+
+    def __init__(self, run: "Run", writer: int, *, resume: bool) -> None:
+        if not 0 <= writer < len(run.writers):
+            raise InputError(f"writer index {writer} out of range for {len(run.writers)} token ranges")
+        self.run = run
+        self.index = writer
+        self.token_start, self.token_stop = run.writers[writer]
+        self._commit_group = zarr.open_group(
+            store=run._group.store, path=f"{run._group.path}/commits/w{writer}", mode="r+"
+        )
+        c = run._commit(writer)
+        if c.rows and not resume:
+            raise RunExistsError(
+                f"run {run.name!r} already has {c.rows} committed rows (last step {c.last_step}); "
+                "pass resume=True to continue it, or use a new run name"
+            )
+        self.rows = c.rows
+        self.last_step: int | None = c.last_step
+        self._nonfinite = c.nonfinite
+        self._nonfinite_rows = dict(c.nonfinite_rows)
+        self._is_coord_writer = writer == 0
+        self._arrays = {name: run._group[name] for name in COORDS} if self._is_coord_writer else {}
+        self._coord_chunk_start: int | None = None
+        self._coord_buffers: dict[str, np.ndarray] = {}
+        what = f"run {run.name!r} token range {writer}"
+        self._lock = KeyLock(run._group.store, join(run._group.path, "commits", f"w{writer}", LOCK_NAME), what=what,
+                             if_gone=f"break the lock with tokdyn.open_store(url, mode='r+').run({run.name!r}).break_lock()")  # fmt: skip
+        self._lock.claim()
+
+    # -- the writer lock ------------------------------------------------------------------
+
+    def _check_owner(self) -> None:
+        """Before touching data: the lock must still be ours and the commit record must still be
+        where this writer left it; otherwise another writer has appended, and this one stops."""
+        self._lock.check()
+        c = self.run._commit(self.index)
+        if c.rows != self.rows or c.last_step != self.last_step:
+            raise RunBusyError(
+                f"run {self.run.name!r} token range {self.index} was appended to by another writer "
+                f"({c.rows} rows, last step {c.last_step}; this writer expected {self.rows}, {self.last_step}); it stops"
+            )
+
+    def release(self) -> None:
+        """Give the lock back (the recorder does this on close). Idempotent."""
+        self._lock.release()
+
+    def __enter__(self) -> "RunWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    @property
+    def n_tokens(self) -> int:
+        return self.token_stop - self.token_start
+
+    def accepts(self, step: int) -> bool:
+        """Whether ``step`` comes after the last committed step (a resumed writer skips others)."""
+        return self.last_step is None or int(step) > self.last_step
+
+    def append(
+        self,
+        losses: np.ndarray,
+        *,
+        step: int,
+        axis_value: float | None = None,
+        tokens_seen: int | None = None,
+        lr: float | None = None,
+        wall_time: float | None = None,
+        ckpt_fingerprint: int | None = None,
+        warn_nonfinite: bool = True,
+    ) -> int:
+        """Write one row and commit it; returns its row index.
+
+        Non-finite losses are stored as NaN and counted in the commit record (and warned about
+        unless ``warn_nonfinite=False``, for sources where NaN already means "missing").
+        """
+        step = int(step)
+        if step < 0:
+            raise StepOrderError(f"step must be >= 0, got {step}")
+        if not self.accepts(step):
+            raise StepOrderError(
+                f"step {step} is not after the last committed step {self.last_step} of run {self.run.name!r}; "
+                "rows are never overwritten or duplicated"
+            )
+        values = np.asarray(losses)
+        if values.shape != (self.n_tokens,):
+            raise InputError(f"losses must have shape ({self.n_tokens},) for tokens [{self.token_start}, {self.token_stop}), got {values.shape}")
+        if values.dtype.kind not in "fiu":
+            raise InputError(f"losses must be numbers, got dtype {values.dtype}")
+        if axis_value is not None and not np.isfinite(float(axis_value)):
+            raise InputError(f"axis_value must be finite, got {axis_value} for step {step}")
+        with np.errstate(over="ignore", invalid="ignore"):  # counted below: a loss beyond float16 is inf
+            values = values.astype(self.run.dtype, copy=False)
+        bad = ~np.isfinite(values)
+        n_bad = int(bad.sum())
+        if n_bad:
+            values = np.where(bad, np.nan, values)
+        if n_bad and warn_nonfinite:
+            warnings.warn(
+                f"run {self.run.name!r} step {step}: {n_bad} non-finite losses stored as NaN", RuntimeWarning, stacklevel=2
+            )
+        self._check_owner()
+        k = self.rows
+        self._ensure_capacity(k + 1)
+        writes = [(self.run._loss, (k, slice(self.token_start, self.token_stop)), values)]
+        if self._is_coord_writer:
+            row = {
+                "step": step,
+                "axis_value": float(step) if axis_value is None else float(axis_value),
+                "tokens_seen": -1 if tokens_seen is None else int(tokens_seen),
+                "lr": np.nan if lr is None else float(lr),
+                "wall_time": time.time() if wall_time is None else float(wall_time),
+                "ckpt_fingerprint": 0 if ckpt_fingerprint is None else int(ckpt_fingerprint),
+            }
+            writes += self._coordinate_writes(k, row)
+        _write_concurrently(writes)
+        if n_bad:
+            self._nonfinite += n_bad
+            self._nonfinite_rows[str(k)] = n_bad
+        # The commit: one atomic metadata write, after the data. (Not ``attrs.update``: zarr's
+        # MutableMapping.update writes once per key, and a kill between two writes would leave
+        # ``rows`` and ``last_step`` out of step; the crash test caught exactly that.)
+        self._commit_group.update_attributes(
+            {"rows": k + 1, "last_step": step, "nonfinite": self._nonfinite, "nonfinite_rows": self._nonfinite_rows}
+        )
+        self.rows, self.last_step = k + 1, step
+        return k
+
+    def _coordinate_writes(self, k: int, row: dict) -> list:
+        """Whole-chunk writes of the per-checkpoint values of row ``k``.
+
+        The writer keeps the current chunk of each coordinate in memory and rewrites it whole:
+        zarr then skips the read-modify-write of a partial chunk (half the cost of a row). The
+        rewrite carries the committed values unchanged and chunk writes are atomic, so committed
+        rows stay safe."""
+        c0 = (k // COORD_CHUNK) * COORD_CHUNK
+        c1 = min(c0 + COORD_CHUNK, self.run.capacity)
+        if self._coord_chunk_start != c0:  # a new chunk (or a resumed writer): load it once
+            self._coord_buffers = {name: arr[c0:c1] for name, arr in self._arrays.items()}
+            self._coord_chunk_start = c0
+        writes = []
+        for name, value in row.items():
+            buf = self._coord_buffers[name]
+            if len(buf) != c1 - c0:  # the arrays were resized inside this chunk
+                buf = np.concatenate([buf, np.full(max(0, c1 - c0 - len(buf)), COORDS[name][1], dtype=buf.dtype)])[: c1 - c0]
+            buf[k - c0] = value
+            self._coord_buffers[name] = buf
+            writes.append((self._arrays[name], (slice(c0, c1),), buf))
+        return writes
+
+    def _ensure_capacity(self, rows: int) -> None:
+        cap = self.run.capacity
+        if rows <= cap:
+            return
+        if len(self.run.writers) > 1:
+            raise StoreError(
+                f"run {self.run.name!r} has capacity {cap} rows and several writers; allocate every row "
+                "up front (capacity = schedule length) when writing from several processes"
+            )
+        new = max(rows, 2 * cap)
+        # Coordinates first: capacity is read from the loss array, so a process killed between
+        # the two leaves coordinates longer than the losses, which the next growth repairs.
+        for arr in self._arrays.values():
+            arr.resize((new,))
+        self.run._loss.resize((new, self.run.n_tokens))
+
+    def trim(self) -> None:
+        """Shrink the arrays to the committed rows, so xarray sees no padding. Single writer
+        only: a run of several writers keeps its capacity (it cannot grow again on resume)."""
+        if len(self.run.writers) > 1:  # never resize a multi-writer run: it could not be resumed
+            return
+        k = self.run.n_committed
+        if k and self.run.capacity != k:
+            self.run._loss.resize((k, self.run.n_tokens))
+            for arr in self._arrays.values():
+                arr.resize((k,))
+
+
+def _write_concurrently(writes: list[tuple[zarr.Array, tuple, np.ndarray]]) -> None:
+    """Do several array writes at once on zarr's event loop: the row's loss chunks and its
+    per-checkpoint values overlap their I/O instead of queueing one after another."""
+
+    async def write_all() -> None:
+        await asyncio.gather(*(arr._async_array.setitem(sel, value) for arr, sel, value in writes))
+
+    zarr_sync(write_all())
+
+
