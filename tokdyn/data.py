@@ -21,7 +21,7 @@ from .errors import InputError
 from .probe import ProbeSet, build_probe
 from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
-__all__ = ["Corpus", "prepare_corpus", "load_documents", "training_stream", "random_batches", "WindowDataset",
+__all__ = ["Corpus", "prepare_corpus", "ProbeSplit", "prepare_probe", "resolve_tokenizer", "load_documents", "training_stream", "random_batches", "WindowDataset",
            "DomainCorpus", "prepare_domains", "split_by_domain", "MixtureDataset"]
 
 
@@ -56,13 +56,15 @@ def load_documents(source: str = "stdlib", *, text_field: str = "text", domain_f
 
 
 def training_stream(docs: Sequence[Document], tokenizer: Tokenizer) -> np.ndarray:
-    """All documents' tokens joined by ``tokenizer.eot_id``, as int32."""
+    """All documents' tokens joined by ``tokenizer.eot_id`` (a tokenizer without one: joined as
+    they are), as int32."""
     parts = []
-    eot = np.array([tokenizer.eot_id], np.int64)
+    eot_id = getattr(tokenizer, "eot_id", None)
+    eot = np.array([] if eot_id is None else [eot_id], np.int64)
     for d in docs:
         ids = d.tokens if d.tokens is not None else tokenizer.encode(d.text)
         parts.append(ids)
-        if not (len(ids) and ids[-1] == tokenizer.eot_id):  # a .bin document may end in its own
+        if not (len(ids) and ids[-1] == eot_id):  # a .bin document may end in its own
             parts.append(eot)
     if not parts:
         raise InputError("no training documents")
@@ -86,17 +88,57 @@ def prepare_corpus(
     """
     docs = load_documents(source)
     train_docs, probe_docs = split_documents(docs, probe_fraction=probe_fraction)
-    if isinstance(tokenizer, str):
-        if tokenizer == "byte":
-            tok: Tokenizer = ByteTokenizer()
-        elif tokenizer == "bpe":
-            tok = HFTokenizer.train(iter_texts(train_docs), vocab_size=vocab_size)
-        else:
-            tok = HFTokenizer.from_file(tokenizer)
-    else:
-        tok = tokenizer
+    tok = resolve_tokenizer(tokenizer, train_docs=train_docs, vocab_size=vocab_size)
     probe = build_probe(probe_docs, tok, context=context, n_sequences=n_probe_sequences, seed=seed)
     return Corpus(training_stream(train_docs, tok), probe, tok, len(train_docs), len(probe_docs))
+
+
+def resolve_tokenizer(tokenizer: str | Tokenizer, *, train_docs: Sequence[Document] = (), vocab_size: int = 1024) -> Tokenizer:
+    """``"byte"``, ``"bpe"`` (a byte-level BPE of ``vocab_size`` trained on ``train_docs``), a
+    ``tokenizer.json`` or a local HF tokenizer folder holding one, or a tokenizer object."""
+    if not isinstance(tokenizer, str):
+        return tokenizer
+    if tokenizer == "byte":
+        return ByteTokenizer()
+    if tokenizer == "bpe":
+        if not train_docs:
+            raise InputError("tokenizer 'bpe' is trained on the training documents; there are none")
+        return HFTokenizer.train(iter_texts(train_docs), vocab_size=vocab_size)
+    return HFTokenizer.from_file(tokenizer)
+
+
+@dataclass(frozen=True)
+class ProbeSplit:
+    """A probe built from the held-out side of a split by document, and the two sides."""
+
+    probe: ProbeSet
+    tokenizer: Tokenizer
+    train_documents: list[Document]
+    probe_documents: list[Document]
+
+
+def prepare_probe(
+    source: str,
+    *,
+    tokenizer: str | Tokenizer = "byte",
+    context: int = 128,
+    n_sequences: int = 128,
+    probe_fraction: float = 0.05,
+    seed: int = 0,
+    text_field: str = "text",
+    domain_field: str | None = None,
+    bin_dtype: str = "uint16",
+    eot_id: int | None = None,
+) -> ProbeSplit:
+    """The probe of ``source`` (see :func:`load_documents`): its documents split
+    deterministically by document (:func:`~tokdyn.corpus.split_documents`), the probe cut from
+    the held-out side only. Train on ``train_documents`` (the same split is reproduced by
+    ``split_documents`` on the same keys), never on ``probe_documents``."""
+    docs = load_documents(source, text_field=text_field, domain_field=domain_field, bin_dtype=bin_dtype, eot_id=eot_id)
+    train_docs, probe_docs = split_documents(docs, probe_fraction=probe_fraction)
+    tok = resolve_tokenizer(tokenizer, train_docs=train_docs)
+    probe = build_probe(probe_docs, tok, context=context, n_sequences=n_sequences, seed=seed)
+    return ProbeSplit(probe, tok, train_docs, probe_docs)
 
 
 def random_batches(stream: np.ndarray, *, batch_size: int, context: int, seed: int = 0, device: str | torch.device = "cpu") -> Iterator[torch.Tensor]:

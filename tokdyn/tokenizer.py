@@ -1,8 +1,9 @@
 """Tokenizers: byte-level by default (nothing to download or train), or a HF ``tokenizers`` one.
 
 Both expose ``encode(text) -> np.ndarray[int64]``, ``vocab_size``, ``eot_id`` (the id placed
-between documents in the training stream) and ``spec()``, a JSON-able description stored with
-every probe so that a store says which tokenizer produced its ids.
+between documents in the training stream, or None for a tokenizer without one) and ``spec()``, a
+JSON-able description stored with every probe so that a store says which tokenizer produced its
+ids. A user's tokenizer is taken as it is: nothing is added to it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ __all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "get_tokenizer"]
 
 class Tokenizer(Protocol):
     vocab_size: int
-    eot_id: int
+    eot_id: int | None
 
     def encode(self, text: str) -> np.ndarray: ...
 
@@ -48,22 +49,33 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A HuggingFace ``tokenizers.Tokenizer``, loaded from ``tokenizer.json`` or trained here."""
+    """A HuggingFace ``tokenizers.Tokenizer``, loaded from ``tokenizer.json`` or trained here.
+
+    ``eot``: the end-of-text token placed between documents: its text (it must be in the
+    vocabulary), ``"auto"`` (default: the first of :data:`EOT_CANDIDATES` the vocabulary has, or
+    none), or None (the tokenizer has none: documents are joined without a separator). The
+    tokenizer itself is never changed.
+    """
 
     EOT = "<|endoftext|>"
+    EOT_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>")
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, *, eot: str | None = "auto") -> None:
         self._tok = tokenizer
-        eot = tokenizer.token_to_id(self.EOT)
-        if eot is None:
-            raise InputError(f"tokenizer has no {self.EOT!r} token; add it as a special token")
-        self.eot_id = int(eot)
+        if eot == "auto":
+            found = [t for t in self.EOT_CANDIDATES if tokenizer.token_to_id(t) is not None]
+            eot = found[0] if found else None
+        if eot is not None and tokenizer.token_to_id(eot) is None:
+            raise InputError(f"the tokenizer has no token {eot!r} to use as end-of-text; name one it has, or none")
+        self.eot = eot
+        self.eot_id = None if eot is None else int(tokenizer.token_to_id(eot))
         self.vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=True))
         self._json = tokenizer.to_str()
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike) -> "HFTokenizer":
-        """Load a ``tokenizer.json`` (a file, or a folder holding one)."""
+    def from_file(cls, path: str | os.PathLike, *, eot: str | None = "auto") -> "HFTokenizer":
+        """Load a ``tokenizer.json`` (a file, or a folder holding one, such as a local HF
+        tokenizer folder), as it is."""
         tokenizers = _import_tokenizers()
         p = Path(path)
         if p.is_dir():
@@ -74,9 +86,7 @@ class HFTokenizer:
             tok = tokenizers.Tokenizer.from_file(str(p))
         except Exception as exc:  # the Rust error says what is wrong with the file
             raise InputError(f"cannot load tokenizer {p}: {exc}") from None
-        if tok.token_to_id(cls.EOT) is None:
-            tok.add_special_tokens([cls.EOT])
-        return cls(tok)
+        return cls(tok, eot=eot)
 
     @classmethod
     def train(cls, texts: Iterable[str], *, vocab_size: int = 1024) -> "HFTokenizer":
@@ -96,7 +106,7 @@ class HFTokenizer:
             show_progress=False,
         )
         tok.train_from_iterator(texts, trainer=trainer)
-        return cls(tok)
+        return cls(tok, eot=cls.EOT)
 
     def save(self, path: str | os.PathLike) -> None:
         Path(path).write_text(self._json, encoding="utf-8")
@@ -109,7 +119,7 @@ class HFTokenizer:
 
     def spec(self) -> dict:
         digest = hashlib.sha256(self._json.encode("utf-8")).hexdigest()
-        return {"kind": "hf", "vocab_size": self.vocab_size, "eot_id": self.eot_id, "sha256": digest}
+        return {"kind": "hf", "vocab_size": self.vocab_size, "eot_id": self.eot_id, "eot": self.eot, "sha256": digest}
 
 
 def get_tokenizer(name: str = "byte", *, path: str | os.PathLike | None = None) -> Tokenizer:

@@ -17,11 +17,11 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import TokdynError
-from . import analysis, curriculum, demo, fit, record, store
+from . import analysis, curriculum, demo, fit, probe, record, store
 
 __all__ = ["main", "build_parser"]
 
-_MODULES = (demo, store, fit, analysis, record, curriculum)  # the order of `tokdyn --help`
+_MODULES = (demo, probe, record, store, fit, analysis, curriculum)  # the order of `tokdyn --help`
 
 
 def build_parser() -> argparse.ArgumentParser:

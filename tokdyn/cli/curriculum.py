@@ -1,8 +1,21 @@
-"""``tokdyn curriculum``: learnability model and training-data weights from a fitted pilot run."""
+"""``tokdyn curriculum`` (learnability tables and mixture schedules from a fitted pilot run) and
+``tokdyn compare`` (the per-token learning-time shift between two runs).
+
+::
+
+    tokdyn curriculum build pilot.zarr --run pilot --out learnability.npz
+    tokdyn curriculum show learnability.npz
+    tokdyn curriculum schedule pilot.zarr --run pilot --steps 600 --out mixture.json
+"""
 
 from __future__ import annotations
 
-from ..curriculum.cli import add_cli_arguments, add_compare_arguments, run_cli, run_compare
+import argparse
+import json
+
+from ..errors import InputError
+
+__all__ = ["register", "add_cli_arguments", "run_cli"]
 
 
 def register(sub) -> None:
@@ -12,3 +25,138 @@ def register(sub) -> None:
     p = sub.add_parser("compare", help="per-token learning-time shift between two fitted runs on one probe")
     add_compare_arguments(p)
     p.set_defaults(func=run_compare)
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="curriculum_command", required=True, metavar="ACTION")
+    p = sub.add_parser("build", help="learnability table (.npz) from a pilot run fitted with `tokdyn fit`")
+    p.add_argument("store", help="store holding the pilot run (its probe drawn from the training pool)")
+    p.add_argument("--run", required=True, help="the pilot run")
+    p.add_argument("--out", required=True, help="output file (.npz)")
+    p.add_argument("--order", type=int, default=3, help="longest key: the token and its order-1 preceding tokens (1-3, default 3)")
+    p.add_argument("--min-count", type=int, default=5, help="keys of order >= 2 seen fewer times back off (default 5)")
+    p.add_argument("--prior", type=float, default=5.0, help="shrinkage toward the shorter key, in pseudo-occurrences (default 5)")
+    p.add_argument("--holdout", type=float, default=0.2, help="fraction of pilot sequences held out for the check (default 0.2; 0: none)")
+    p.add_argument("--seed", type=int, default=0, help="chooses the held-out sequences")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("schedule", help="domain-mixture schedule (.json) from a fitted pilot whose probe is labelled by domain; prints its enrichment")
+    p.add_argument("store", help="store holding the pilot run (probe windows of the training pool, labelled by domain)")
+    p.add_argument("--run", required=True, help="the pilot run")
+    p.add_argument("--steps", type=int, required=True, help="optimizer steps of the run the schedule is for")
+    p.add_argument("--out", required=True, help="output file (.json)")
+    p.add_argument("--floor", type=float, default=0.3, help="share of each step's weight kept at the baseline mixture (default 0.3)")
+    p.add_argument("--temperature", type=float, default=1.0, help="rates are raised to 1/T (default 1)")
+    p.add_argument("--width", type=float, default=0.2, help="smoothing of each learning event, decades (default 0.2)")
+    p.add_argument("--lead", type=float, default=0.0, help="decades to look ahead (default 0)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="pilot steps per training step (default 1)")
+    p.add_argument("--base", type=float, nargs="+", help="baseline mixture, one weight per domain in the probe's order (default equal)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("show", help="what a learnability table holds and how well it predicted held-out pilot tokens")
+    p.add_argument("table", help="a .npz written by `tokdyn curriculum build`")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from ..curriculum.learnability import LearnabilityOptions, build_table, load_table
+
+    if args.curriculum_command == "schedule":
+        return _schedule(args)
+    if args.curriculum_command == "build":
+        if not str(args.out).endswith(".npz"):
+            raise InputError(f"--out must name a .npz file, got {args.out}")
+        opts = LearnabilityOptions(order=args.order, min_count=args.min_count, prior=args.prior,
+                                   holdout=args.holdout, seed=args.seed)  # fmt: skip
+        table = build_table(args.store, args.run, options=opts)
+        path = table.save(args.out)
+        _print(table, args.json, header=f"wrote {path}")
+        return 0
+    _print(load_table(args.table), args.json, header=f"learnability table {args.table}")
+    return 0
+
+
+def _print(table, as_json: bool, *, header: str) -> None:
+    info = {"vocab_size": table.vocab_size, "order": table.order, "n_keys": table.n_keys, "mu_global": table.mu_global,
+            "delta_global": table.delta_global, **table.meta}  # fmt: skip
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    pilot = table.meta.get("pilot", {})
+    print(header)
+    print(f"  tokenizer   {table.meta.get('tokenizer', {})}")
+    print(f"  pilot       run {pilot.get('run')!r} of {pilot.get('store')}: {pilot.get('n_tokens')} tokens, "
+          f"{pilot.get('n_events')} events, x {pilot.get('x_first', float('nan')):.2f}..{pilot.get('x_last', float('nan')):.2f}")  # fmt: skip
+    print(f"  keys        {table.n_keys} (orders 1..{table.order}); global mu {table.mu_global:.3f}, delta {table.delta_global:.3f} nats")
+    v = table.validation
+    if v is None:
+        print("  held-out    no check (holdout 0)")
+        return
+    print(f"  held-out    {v['n_tokens']} tokens ({v['n_tokens_with_event']} with an event)")
+    print(f"    mu        rank corr {v['mu_spearman']:.3f}, MAE {v['mu_mae']:.3f} decades (global mean: {v['mu_mae_global']:.3f})")
+    print(f"    delta     rank corr {v['delta_spearman']:.3f}, MAE {v['delta_mae']:.3f} nats (global mean: {v['delta_mae_global']:.3f})")
+    shares = ", ".join(f"{'global' if k == '0' else 'order ' + k} {s:.0%}" for k, s in v["level_share"].items())
+    print(f"    answered  {shares}")
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ..curriculum.mixture import DomainRates, MixtureConfig, MixtureSchedule, enrichment_verdict, pilot_events
+
+    if not str(args.out).endswith(".json"):
+        raise InputError(f"--out must name a .json file, got {args.out}")
+    pe = pilot_events(args.store, args.run)
+    present = np.unique(pe.token_domain)
+    if present.size < 2:
+        raise InputError(f"the pilot's probe holds one domain ({pe.domains[int(present[0])] if pe.domains else 'unlabelled'}); "
+                         "a mixture schedule needs a probe of two or more labelled domains (tokdyn.curriculum.mixture_probe)")  # fmt: skip
+    cfg = MixtureConfig(total_steps=args.steps, floor=args.floor, temperature=args.temperature, width=args.width,
+                        lead=args.lead, time_scale=args.time_scale)  # fmt: skip
+    rates = DomainRates.from_events(pe.events, pe.token_domain, pe.domains, width=args.width)
+    base = None
+    if args.base is not None:
+        if len(args.base) != len(pe.domains) or min(args.base) < 0 or sum(args.base) <= 0:
+            raise InputError(f"--base needs {len(pe.domains)} weights >= 0 (domains {list(pe.domains)}), got {args.base}")
+        base = np.asarray(args.base) / sum(args.base)
+    sched = MixtureSchedule(rates, cfg, base=base)
+    path = sched.save(args.out)
+    e = sched.enrichment()
+    if args.json:
+        print(json.dumps({"out": path, "domains": list(sched.domains), "enrichment": {k: v for k, v in e.items() if k != "per_step"},
+                          "verdict": enrichment_verdict(e)}, indent=2))  # fmt: skip
+        return 0
+    print(f"wrote {path}")
+    print(f"  {enrichment_verdict(e)}")
+    for s in sorted({0, 9, args.steps // 10, args.steps // 3, args.steps - 1} & set(range(args.steps))):
+        print(f"  step {s + 1:>6}: " + ", ".join(f"{d} {w:.2f}" for d, w in zip(sched.domains, sched.weights(s))))
+    return 0
+
+
+# -- tokdyn compare ---------------------------------------------------------------------------
+
+
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("store", help="store holding both runs (one probe)")
+    parser.add_argument("--run", action="append", required=True, metavar="NAME", help="give twice: --run A --run B (shift = B - A)")
+    parser.add_argument("--tolerance", type=float, default=0.05, help="decades a token must move to count as earlier/later (default 0.05)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from ..compare import compare_runs
+
+    if len(args.run) != 2:
+        raise InputError(f"give exactly two runs (--run A --run B), got {len(args.run)}")
+    res = compare_runs(args.store, args.run[0], args.run[1], tolerance=args.tolerance)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"learning-time shift of {res['run_b']!r} against {res['run_a']!r} (decades; < 0: learned earlier), "
+          f"{res['overall']['n_tokens']} of {res['n_probe_tokens']} tokens with an event in both")  # fmt: skip
+    print(f"  {'group':<24} {'tokens':>7} {'median':>8} {'q25':>8} {'q75':>8} {'earlier':>8} {'drop moved earlier':>19} {'later':>7}")
+    rows = [("all", res["overall"])] + [(f"class {k}", v) for k, v in res["by_class"].items()] + \
+           [(f"domain {k}", v) for k, v in res["by_domain"].items()]  # fmt: skip
+    for name, s in rows:
+        if s.get("n_tokens"):
+            print(f"  {name:<24} {s['n_tokens']:>7} {s['median_shift']:>+8.3f} {s['q25']:>+8.3f} {s['q75']:>+8.3f} "
+                  f"{s['share_earlier']:>8.1%} {s['drop_share_earlier']:>19.1%} {s['drop_share_later']:>7.1%}")  # fmt: skip
+    return 0

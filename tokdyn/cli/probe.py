@@ -1,0 +1,60 @@
+"""``tokdyn probe``: a probe store from your own text, with your own tokenizer."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..data import prepare_probe
+from ..errors import InputError
+from ..store import open_store
+
+
+def register(sub) -> None:
+    p = sub.add_parser("probe", help="a probe store from a text folder, a JSONL file or a token .bin, split by document")
+    p.add_argument("source", help="a folder of text files (domain: the first sub-folder), a text file, a .jsonl file, "
+                                  "a token .bin file, or 'stdlib' / 'stdlib-mix'")  # fmt: skip
+    p.add_argument("--out", required=True, metavar="STORE", help="the store to create (or an existing one with the same probe)")
+    p.add_argument("--tokenizer", default="byte", metavar="NAME|PATH",
+                   help="byte (default), a tokenizers JSON file, or a local HF tokenizer folder holding tokenizer.json")
+    p.add_argument("--eot", metavar="TOKEN", help="the tokenizer's end-of-text token (default: <|endoftext|>, </s>, ... if it has one)")
+    p.add_argument("--context", type=int, default=128, help="tokens of context per probe sequence (default: 128)")
+    p.add_argument("--sequences", type=int, default=128, help="probe sequences drawn (default: 128)")
+    p.add_argument("--probe-fraction", type=float, default=0.05, help="share of documents held out for the probe (default: 0.05)")
+    p.add_argument("--seed", type=int, default=0, help="draws the probe windows (default: 0); the split by document does not depend on it")
+    p.add_argument("--text-field", default="text", help="with a .jsonl source: the field holding the text (default: text)")
+    p.add_argument("--domain-field", help="with a .jsonl source: the field holding each document's domain label")
+    p.add_argument("--bin-dtype", default="uint16", choices=("uint16", "uint32", "int32"), help="with a .bin source: its token dtype")
+    p.add_argument("--bin-eot-id", type=int, help="with a .bin source: the end-of-text id that separates its documents")
+    p.add_argument("--held-out", metavar="FILE", help="write the held-out documents' keys here, one a line (never train on them)")
+    p.set_defaults(func=_probe)
+
+
+def _probe(args: argparse.Namespace) -> int:
+    tokenizer = args.tokenizer
+    if tokenizer not in ("byte", "bpe") and args.eot is not None:
+        from ..tokenizer import HFTokenizer
+
+        tokenizer = HFTokenizer.from_file(tokenizer, eot=args.eot)
+    elif args.eot is not None:
+        raise InputError("--eot names a token of a tokenizers file; the byte tokenizer's end-of-text is fixed (256)")
+    split = prepare_probe(args.source, tokenizer=tokenizer, context=args.context, n_sequences=args.sequences,
+                          probe_fraction=args.probe_fraction, seed=args.seed, text_field=args.text_field,
+                          domain_field=args.domain_field, bin_dtype=args.bin_dtype, eot_id=args.bin_eot_id)  # fmt: skip
+    store = open_store(args.out, split.probe, mode="a")
+    if args.held_out:
+        tmp = f"{args.held_out}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.writelines(f"{d.key}\n" for d in split.probe_documents)
+        os.replace(tmp, args.held_out)
+    p = split.probe
+    print(f"probe {p.fingerprint}: {p.n_tokens:,} tokens = {p.n_sequences} sequences x {p.context} in {store.url}")
+    print(f"  documents  {len(split.train_documents):,} for training, {len(split.probe_documents):,} held out "
+          f"({len(p.documents)} of them in the probe)" + (f"; held-out keys in {args.held_out}" if args.held_out else ""))  # fmt: skip
+    if len(p.domains) > 1 or (p.domains and p.domains[0] != ""):
+        print(f"  domains    {', '.join(map(str, p.domains))}")
+    tok = dict(p.tokenizer)
+    print(f"  tokenizer  {tok.get('kind')}, vocabulary {tok.get('vocab_size'):,}, end-of-text id {tok.get('eot_id')}")
+    print(f"next: tokdyn record-offline --checkpoints DIR --out {args.out} --run NAME, or in a training loop "
+          f"TokenLossRecorder(model, tokdyn.open_store({args.out!r}).probe, {args.out!r}, NAME, schedule=...)")  # fmt: skip
+    return 0
