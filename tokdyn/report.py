@@ -92,9 +92,13 @@ def render_report(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None =
     import matplotlib
 
     matplotlib.use("Agg", force=False)
-    # Every string drawn is shown as it is: a "$" in a domain or run name is not mathtext.
-    with matplotlib.rc_context({"text.parse_math": False}):
-        return _render(st, an, title=title, extra=extra)
+    return _render(st, an, title=title, extra=extra)
+
+
+def _literal(text) -> str:
+    """A user's string (a domain or run name) as matplotlib should draw it: as it is, "$" not
+    starting mathtext. (Mathtext stays on for tokdyn's own labels: log-axis ticks use it.)"""
+    return str(text).replace("$", r"\$")
 
 
 def _render(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None, extra: dict | None) -> str:
@@ -339,7 +343,7 @@ def _plot_groups(a: RunAnalysis):
             spectra = dict(sorted(spectra.items(), key=lambda kv: -abs(kv[1].total_drop))[:6])
         for j, (label, sp) in enumerate(spectra.items()):
             color = CLASS_COLORS.get(label, f"C{j % 10}") if k == "class" else f"C{j % 10}"
-            ax.plot(sp.x, sp.density, color=color, lw=1.2, label=label)
+            ax.plot(sp.x, sp.density, color=color, lw=1.2, label=_literal(label))
         ax.set_title(f"by {k}", fontsize=10)
         _axis_x(ax, a.axis)
         ax.legend(fontsize=6.5, loc="upper right")
