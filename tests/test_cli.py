@@ -78,3 +78,39 @@ def test_spectrum_kernel_and_placement_from_the_command_line(tmp_path, capsys):
     assert event["kernel"] == "event" and delta["kernel"] == "delta"
     assert main(["spectrum", s, "--boot", "0", "--placement", "seen"]) == 1  # the event kernel has no placement
     assert "placement" in cli_error_line(capsys.readouterr().err)
+
+
+def _planted_times_store(path, mu):
+    """One T run whose tokens each learn in one sharp event at ``mu`` (log10 step)."""
+    n = mu.size
+    steps = np.unique(np.round(np.geomspace(1, 1000, 30)).astype(int))
+    x = np.log10(steps)
+    rng = np.random.default_rng(1)
+    Y = 0.5 + 3.0 / (1 + np.exp((x[None, :] - mu[:, None]) / 0.08)) + rng.normal(0, 0.03, (n, x.size))
+    arrays = {"sample_id": np.arange(n, dtype=np.int32), "token_pos": np.ones(n, np.int32)}
+    st = tokdyn.open_store(path, tokdyn.ProbeSet(None, arrays), mode="w")
+    with st.create_run("r", capacity=len(steps)).writer() as w:
+        for j, step in enumerate(steps):
+            w.append(Y[:, j], step=int(step))
+    tokdyn.fit_run(st.run("r"), progress=False)
+    return st
+
+
+def test_the_report_headlines_an_exponent_only_for_a_power_law(tmp_path):
+    """Learning times drawn from a density falling as 10**(-x) are a power law; uniform ones are
+    not, and the report says so instead of printing an exponent near 0."""
+    rng = np.random.default_rng(0)
+    u = rng.uniform(size=600)
+    falling = -np.log10(1 - u * (1 - 10**-2.2)) + 0.3  # density proportional to 10**(-x) on [0.3, 2.5]
+    flat = rng.uniform(0.3, 2.5, 600)
+    pages = {}
+    for name, mu in (("falling", falling), ("flat", flat)):
+        st = _planted_times_store(tmp_path / f"{name}.zarr", mu)
+        pages[name] = tokdyn.write_report(st, tmp_path / f"{name}.html").read_text()
+    def spectrum_cell(page):  # the scores table's spectrum-exponent cell
+        return page.split("</table>")[0].split("<td>")[-2].split("</td>")[0]
+
+    assert spectrum_cell(pages["flat"]).startswith("not a power law")
+    cell = spectrum_cell(pages["falling"])  # e.g. "0.95 [0.83, 1.12] (R² 0.86)"
+    lo, hi = (float(v) for v in cell.split("[")[1].split("]")[0].split(","))
+    assert lo <= 1.0 <= hi, cell  # the planted exponent, inside its interval

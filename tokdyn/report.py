@@ -194,8 +194,7 @@ def _scores_table(an: StoreAnalysis) -> str:
             a.run, a.axis, f"{s['n_points']}", f"{s['n_tokens']:,}",
             f"{s['r2_events']:.3f}", f"{s['r2_spectrum']:.3f}", f"{s['rel_l2_events']:.3f}", f"{s['rel_l2_spectrum']:.3f}",
             f"{s['drop_share_events']:.1%}", f"{s['drop_share_well_fitted']:.1%}",
-            f"{sp['alpha']:.2f} [{sp['alpha_ci95'][0]:.2f}, {sp['alpha_ci95'][1]:.2f}] (R² {sp['r2']:.2f})" if sp else "n/a",
-            f"{lp['alpha']:.2f} [{lp['alpha_ci95'][0]:.2f}, {lp['alpha_ci95'][1]:.2f}]" if lp else "n/a",
+            _power_law_text(sp), _power_law_text(lp),
         ])  # fmt: skip
     header = ["run", "axis", "points", "tokens", "R² sigmoid sum", "R² spectrum", "rel. L2 sigmoids", "rel. L2 spectrum",
               "drop carried by events", "by well-fitted events", "spectrum exponent α [95%]", "loss exponent α [95%]"]  # fmt: skip
@@ -228,6 +227,18 @@ def _plot_reconstruction(a: RunAnalysis):
     return fig
 
 
+POWER_LAW_R2 = 0.8  # a power-law fit below this R^2 (of log rho, or of L) is reported as "not a power law"
+
+
+def _power_law_text(pl: dict | None) -> str:
+    """A power law's exponent as a table cell: headlined only when the fit is good."""
+    if not pl:
+        return "n/a"
+    if not pl["r2"] >= POWER_LAW_R2:
+        return f"not a power law (fit R² {pl['r2']:.2f})"
+    return f"{pl['alpha']:.2f} [{pl['alpha_ci95'][0]:.2f}, {pl['alpha_ci95'][1]:.2f}] (R² {pl['r2']:.2f})"
+
+
 def _plot_spectrum(a: RunAnalysis):
     import matplotlib.pyplot as plt
 
@@ -242,7 +253,9 @@ def _plot_spectrum(a: RunAnalysis):
         ax.axvspan(spec.x[0], lo, color="#eee")
         ax.axvspan(hi, spec.x[-1], color="#eee")
         pl = rec.spectrum_power_law
-        if pl is not None:
+        if pl is not None and not pl.r2 >= POWER_LAW_R2:
+            ax.text(0.02, 0.95, f"not a power law (fit R² {pl.r2:.2f})", transform=ax.transAxes, ha="left", va="top", fontsize=8)
+        elif pl is not None:
             xs = np.linspace(*pl.x_fit, 50)
             ax.plot(xs, 10 ** (pl.params["log10_amplitude"] - pl.alpha * xs), "k--", lw=1,
                     label=f"power law α = {pl.alpha:.2f} [{pl.alpha_lo:.2f}, {pl.alpha_hi:.2f}]")  # fmt: skip
@@ -256,8 +269,9 @@ def _plot_spectrum(a: RunAnalysis):
         ax.set_title("spectrum, " + ("log scale" if log else "linear scale"))
     lp = rec.loss_power_law
     if lp is not None:
-        axes[0].text(0.98, 0.95, f"mean-loss power law: α = {lp.alpha:.2f} (R² {lp.r2:.3f})", transform=axes[0].transAxes,
-                     ha="right", va="top", fontsize=8)  # fmt: skip
+        text = f"mean-loss power law: α = {lp.alpha:.2f} (R² {lp.r2:.3f})" if lp.r2 >= POWER_LAW_R2 else (
+            f"mean loss: not a power law (fit R² {lp.r2:.2f})")  # fmt: skip
+        axes[0].text(0.98, 0.95, text, transform=axes[0].transAxes, ha="right", va="top", fontsize=8)
     axes[1].legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     return fig
