@@ -217,8 +217,9 @@ def axis_run(store: TrajectoryStore | str, axis: str, *, runs: list[str] | None 
     none or ``rebuild``; fitted when it has no complete, current fit."""
     st = as_store(store)
     name = None if rebuild else find_axis_run(st, axis)
-    if name is not None and st.run(name).fit.complete:
-        return AxisRun(st.run(name), assembled=False, fitted=False)
+    found = st.run(name) if name is not None else None
+    if found is not None and found.fit.complete:
+        return AxisRun(found, assembled=False, fitted=False)
     if not st.writable:
         st = as_store(st.url, mode="r+", storage_options=st.storage_options)
     run = assemble_axis(st, axis, runs=runs, overwrite=rebuild) if name is None else st.run(name)

@@ -41,7 +41,7 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
             arrays = {k: z[k] for k in z.files}
     except ValueError as exc:
         if "pickle" in str(exc).lower() or "object" in str(exc).lower():
-            raise UnsafeFileError(f"{p} holds object arrays that need pickle to load; tokdyn never unpickles data files") from None
+            raise _pickled(p) from None
         raise InputError(f"{p} is not a readable npz file: {exc}") from None
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise InputError(f"{p} is not a readable npz file: {exc}") from None
@@ -72,6 +72,10 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _pickled(p: Path) -> UnsafeFileError:
+    return UnsafeFileError(f"{p} holds object arrays that need pickle to load; tokdyn never unpickles data files")
+
+
 def _member_headers(p: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """``{name: (shape, dtype)}`` of every array of an npz, read from the ``.npy`` headers only
     (a few hundred bytes of each member are inflated, never the data)."""
@@ -90,7 +94,7 @@ def _member_headers(p: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
                 out[info.filename[:-4]] = (tuple(int(d) for d in shape), np.dtype(dtype))
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, TypeError) as exc:
         if isinstance(exc, ValueError) and "object" in str(exc).lower():
-            raise UnsafeFileError(f"{p} holds object arrays that need pickle to load; tokdyn never unpickles data files") from None
+            raise _pickled(p) from None
         raise InputError(f"{p} is not a readable npz file: {type(exc).__name__}: {exc}") from None
     return out
 
@@ -102,7 +106,7 @@ def _check_headers(p: Path) -> None:
     limit = _memory_bytes()
     for name, (shape, dtype) in headers.items():
         if dtype.hasobject:
-            raise UnsafeFileError(f"{p} holds object arrays that need pickle to load; tokdyn never unpickles data files")
+            raise _pickled(p)
         size = int(np.prod(shape, dtype=object)) * dtype.itemsize
         if limit and size > limit:
             raise InputError(f"{p}: array {name!r} declares shape {shape} of {dtype} ({size / 2**30:,.1f} GiB), more than "

@@ -33,7 +33,8 @@ def check_regular_tree(folder: Path) -> None:
     """Every entry below ``folder`` is a regular file or a folder (links followed; link loops refused)."""
     seen = set()
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        key = os.stat(dirpath).st_ino, os.stat(dirpath).st_dev
+        st = os.stat(dirpath)
+        key = st.st_ino, st.st_dev
         if key in seen:
             raise InputError(f"{dirpath}: a link loop inside checkpoint folder {folder}")
         seen.add(key)
