@@ -36,9 +36,12 @@ def main() -> int:
     for field in ("steps", "batch_size", "context", "n_layer", "n_head", "n_embd", "pilot_per_domain", "pilot_points",
                   "val_tokens", "eval_points", "workers", "threads", "aa_train_seeds", "max_train_tokens", "compare_seed"):  # fmt: skip
         ap.add_argument("--" + field.replace("_", "-"), type=int)
-    for field in ("lr", "floor", "temperature", "width", "lead", "reducible_floor", "reducible_width", "context_start"):
+    for field in ("lr", "floor", "temperature", "width", "lead", "reducible_floor", "reducible_width", "context_start",
+                  "pilot_share"):
         ap.add_argument("--" + field.replace("_", "-"), type=float)
-    ap.add_argument("--pilot-probe", choices=("train", "heldout"), help="pilot probe windows: training pool (default) or held-out documents")
+    ap.add_argument("--pilot-probe", choices=("train", "heldout", "split"),
+                    help="pilot probe windows: the training windows the pilot trains on (default), the validation documents "
+                         "(leaks them into the schedule), or training documents held out from the pilot ('split')")  # fmt: skip
     ap.add_argument("--no-compare", action="store_true", help="do not rerun a seed for tokdyn compare (on in --quick)")
     ap.add_argument("--reuse", help="a previous results.json whose baseline (ladder) runs match: they are not retrained")
     ap.add_argument("--contexts", type=int, nargs="+", help="short-to-long contexts (default 16 32 64)")

@@ -16,13 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tokdyn.corpus import Document, relabel_documents, stdlib_mixture_documents
 from tokdyn.curriculum.coupled import CoupledSampler, domain_probabilities
 from tokdyn.curriculum.measure import matched_budget, paired_bootstrap, speedup
 from tokdyn.curriculum.mixture import (ContextSchedule, DomainRates, MixtureConfig, MixtureSchedule, enrichment_verdict,
                                        load_mixture_schedule, mixture_sampler)  # fmt: skip
-from tokdyn.data import MixtureDataset, prepare_domains, split_by_domain
+from tokdyn.data import DomainCorpus, MixtureDataset, prepare_domains, split_by_domain
+from tokdyn.tokenizer import ByteTokenizer
 from tokdyn.errors import InputError
 from tokdyn.spectrum import Events
 
@@ -157,6 +160,51 @@ def test_split_by_domain_holds_out_every_domain_by_document():
     assert split_by_domain(docs, val_fraction=0.2) == (train, val)
 
 
+def _doc_ids(stream: np.ndarray, eot: int) -> np.ndarray:
+    """Per token, the index of the document it belongs to (an end-of-text token ends its document)."""
+    return np.concatenate([[0], np.cumsum(stream[:-1] == eot)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.lists(st.integers(1, 60), min_size=1, max_size=12), min_size=1, max_size=3),
+       context=st.integers(2, 9), share=st.floats(0.05, 0.6))  # fmt: skip
+def test_pilot_split_never_lets_the_pilot_see_a_held_out_document(lengths, context, share):
+    """Whatever the document lengths: every target of a held-out window belongs to a document of
+    which the pilot draws no token; domains keep their share; the probe comes from held windows."""
+    from tokdyn.curriculum.pilot import split_pilot_pool
+
+    eot = 99
+    streams = [np.concatenate([np.concatenate([np.full(n, 7), [eot]]) for n in doc]).astype(np.int32) for doc in lengths]
+    streams = [s if s.size > context else np.concatenate([s, np.full(context + 1 - s.size, 7, np.int32)]) for s in streams]
+    corpus = DomainCorpus(tuple(f"d{k}" for k in range(len(streams))), tuple(streams), tuple(streams), ByteTokenizer(), {})
+    ds = MixtureDataset(corpus, context=context)
+    sp = split_pilot_pool(ds, eot_id=eot, share=share)
+    assert not np.any(sp.held & ~sp.excluded)
+    for k, part in enumerate(ds.parts):
+        rows = slice(int(ds.starts[k]), int(ds.starts[k + 1]))
+        docs = _doc_ids(part.stream, eot)
+        win = np.arange(len(part))[:, None] * context + np.arange(context + 1)  # token positions of every window
+        seen = set(docs[win[~sp.excluded[rows]]].ravel().tolist())
+        held = set(docs[win[sp.held[rows]][:, 1:]].ravel().tolist())  # targets (a window may open on the eot before)
+        if sp.boundary[k]:
+            assert not seen & held  # no document on both sides of the cut
+    base = domain_probabilities(ds.domain_ids, np.full(len(streams), 1 / len(streams)))
+    try:
+        p = sp.pilot_probabilities(base, ds.domain_ids)
+    except InputError:  # a domain whose every window reaches into its held-out tail
+        assert any(sp.excluded[ds.domain_ids == k].all() for k in range(len(streams)))
+        return
+    assert np.all(p[sp.excluded] == 0)
+    assert np.allclose(np.bincount(ds.domain_ids, weights=p), np.bincount(ds.domain_ids, weights=base))
+    n_held = min(int((sp.held & (ds.domain_ids == k)).sum()) for k in range(len(streams)))
+    if n_held >= 1:
+        probe = sp.probe(ds, per_domain=n_held, domains=corpus.domains, tokenizer=ByteTokenizer().spec())
+        picked = probe.token_arrays["doc_pos"][::context] - 1  # the pool index of each probe window
+        assert picked.size == n_held * len(streams) and sp.held[picked].all()
+    with pytest.raises(InputError, match="held out from the pilot"):
+        sp.probe(ds, per_domain=int(sp.held.sum()) + 1, domains=corpus.domains, tokenizer=ByteTokenizer().spec())
+
+
 def test_mixture_degrades_gracefully_without_test_folder(tmp_path):
     (tmp_path / "pydoc_data").mkdir()
     (tmp_path / "pydoc_data" / "topics.py").write_text("topics = {'a': 'Some prose about a.', 'b': 'More prose.'}\n")
@@ -196,7 +244,7 @@ def test_context_split_keeps_every_target():
 def test_curriculum_ab_quick_pipeline(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, str(ROOT / "pipelines" / "curriculum_ab.py"), "--quick", "--out", str(tmp_path)],
-                         capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+                         capture_output=True, text=True, env=env, timeout=900)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["aa"]["draws_identical"] and res["aa"]["max_abs_final_loss_diff"] == 0.0
@@ -211,6 +259,8 @@ def test_curriculum_ab_quick_pipeline(tmp_path):
     assert cmp["reruns_reproduce"]
     aa = cmp["arms"]["aa"]["overall"]
     assert aa["median_shift"] == 0.0 and aa["q25"] == 0.0 and aa["q75"] == 0.0 and aa["drop_share_earlier"] == 0.0
+    ref = cmp["arms"][cmp["reference"]]["overall"]  # two baselines of different seeds: events do move
+    assert cmp["reference"] == "base, seed 1" and ref["q75"] > ref["q25"] and ref["n_tokens"] > 0
     cli = subprocess.run([sys.executable, "-m", "tokdyn.cli", "compare", cmp["store"], "--run", "s0-base", "--run", "s0-mixture"],
                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert cli.returncode == 0 and "domain certs" in cli.stdout, cli.stderr

@@ -59,6 +59,9 @@ from .mixture import ContextSchedule, DomainRates, MixtureConfig, MixtureSchedul
 __all__ = ["MixtureABConfig", "MIXTURE_ARMS", "run_mixture_ab", "ArmSpec", "build_arms"]
 
 MIXTURE_ARMS = ("aa", "mixture", "reducible", "short_long", "mixture_hand")
+# where the pilot's probe windows come from: the training windows it trains on; the validation
+# documents (windows between the measurement's own); training documents held out from the pilot
+PILOT_PROBES = ("train", "heldout", "split")
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class MixtureABConfig:
     pilot_seed: int = 1000
     pilot_per_domain: int = 32
     pilot_probe: str = "train"
+    pilot_share: float = 0.1
     pilot_points: int = 30
     val_tokens: int = 32768
     eval_points: int = 10
@@ -114,8 +118,10 @@ class MixtureABConfig:
             raise InputError(f"need 2 <= eval_points <= steps, got {self.eval_points} and {self.steps}")
         if self.contexts[-1] != self.context:
             raise InputError(f"the longest of contexts {self.contexts} must be the model context {self.context}")
-        if self.pilot_probe not in ("train", "heldout"):
-            raise InputError(f"pilot_probe must be 'train' (training windows) or 'heldout' (held-out windows), got {self.pilot_probe!r}")
+        if self.pilot_probe not in PILOT_PROBES:
+            raise InputError(f"pilot_probe must be one of {list(PILOT_PROBES)}, got {self.pilot_probe!r}")
+        if not 0.0 < self.pilot_share < 1.0:
+            raise InputError(f"pilot_share must be in (0, 1), got {self.pilot_share}")
         if self.workers < 1 or self.threads < 1:
             raise InputError("workers and threads must be >= 1")
 
@@ -390,12 +396,13 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
     store = out / "pilot.zarr"
     if store.exists():
         shutil.rmtree(store)
-    pilot_sampler = CoupledSampler(base, samples_per_step=cfg.batch_size, total_steps=cfg.steps, seed=cfg.pilot_seed)
+    pilot_base, probe, probe_info = _pilot_pool(cfg, corpus, ds, base)
+    pilot_sampler = CoupledSampler(pilot_base, samples_per_step=cfg.batch_size, total_steps=cfg.steps, seed=cfg.pilot_seed)
     batches = (ds.batch(pilot_sampler.draws(s)).to(dev) for s in range(cfg.steps))
     pilot = run_mixture_pilot(store, dataset=ds, domains=corpus.domains, batches=batches, model_config=mcfg,
                               train_config=TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.pilot_seed),
                               tokenizer=corpus.tokenizer.spec(), per_domain=cfg.pilot_per_domain, n_points=cfg.pilot_points,
-                              device=str(dev), probe=_heldout_probe(corpus, cfg) if cfg.pilot_probe == "heldout" else None)  # fmt: skip
+                              device=str(dev), probe=probe)  # fmt: skip
     pe = pilot_events(store, "pilot")
     events = pe.events
     rates = DomainRates.from_events(events, pe.token_domain, corpus.domains, width=cfg.width)
@@ -408,7 +415,7 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
     pilot_s = time.perf_counter() - t
     pilot_info = {"seconds": pilot_s, "steps": cfg.steps, "tokens": cfg.steps * cfg.batch_size * cfg.context,
                   "train_seconds": pilot["train_seconds"], "n_events": len(events), "rates": rates.to_dict(),
-                  "class_counts": pilot["fit"].get("class_counts")}  # fmt: skip
+                  "class_counts": pilot["fit"].get("class_counts"), "probe": probe_info}  # fmt: skip
     log(f"      {pilot_s:.0f} s (pilot compute: {cfg.steps} steps = one 1.0x run, not counted in the arms' budget); "
         f"{len(events)} events")
 
@@ -493,6 +500,24 @@ def _reusable_base_runs(cfg: MixtureABConfig, log) -> list[dict]:
     return out
 
 
+def _pilot_pool(cfg: MixtureABConfig, corpus: DomainCorpus, ds: MixtureDataset, base: np.ndarray):
+    """The pilot's sampling probabilities, its probe (None: :func:`~.pilot.mixture_probe`'s
+    training windows) and what describes them, for ``cfg.pilot_probe``."""
+    if cfg.pilot_probe == "heldout":
+        return base, _heldout_probe(corpus, cfg), {"kind": "heldout", "note": "windows of the validation documents"}
+    if cfg.pilot_probe == "train":
+        return base, None, {"kind": "train", "note": "training windows the pilot trains on"}
+    from .pilot import split_pilot_pool
+
+    sp = split_pilot_pool(ds, eot_id=corpus.tokenizer.eot_id, share=cfg.pilot_share)
+    probe = sp.probe(ds, per_domain=cfg.pilot_per_domain, domains=corpus.domains, tokenizer=corpus.tokenizer.spec())
+    held = np.bincount(ds.domain_ids, weights=sp.held, minlength=len(corpus.domains)).astype(int).tolist()
+    return sp.pilot_probabilities(base, ds.domain_ids), probe, {
+        "kind": "split", "share": cfg.pilot_share, "held_windows": dict(zip(corpus.domains, held)),
+        "cut_on_document_boundary": dict(zip(corpus.domains, sp.boundary)),
+        "note": "training documents held out from the pilot (the arms train on them; validation is never seen)"}  # fmt: skip
+
+
 def _heldout_probe(corpus: DomainCorpus, cfg: MixtureABConfig):
     """A pilot probe of held-out windows: the validation documents' windows halfway between
     the measurement's own windows (the per-domain spectra then say when each domain's
@@ -508,7 +533,9 @@ def _heldout_probe(corpus: DomainCorpus, cfg: MixtureABConfig):
 def _record_and_compare(cfg: MixtureABConfig, state: dict, store: Path, runs: list[dict], log) -> dict:
     """Rerun seed ``compare_seed``'s baseline and arms recording the pilot's probe into the
     pilot store, fit them, and compare each arm's learning times with the baseline's
-    (:func:`tokdyn.compare.compare_runs`). The reruns must reproduce the unrecorded runs."""
+    (:func:`tokdyn.compare.compare_runs`). The reruns must reproduce the unrecorded runs. The
+    baseline of another seed is recorded and compared too: the spread of shifts between two runs
+    that differ only in their seed, against which an arm's shifts are read."""
     from ..compare import compare_runs
     from ..fit.job import fit_run
     from ..store import open_store
@@ -524,12 +551,20 @@ def _record_and_compare(cfg: MixtureABConfig, state: dict, store: Path, runs: li
         ref = next((x for x in runs if (x["seed"], x["arm"], x["budget"]) == (seed, arm, 1.0)), None)
         same &= ref is None or ref["final"] == r["final"]
         fit_run(open_store(os.fspath(store), mode="r+").run(name), progress=False)
-    for arm in cfg.arms:
-        out[arm] = compare_runs(store, f"s{seed}-base", f"s{seed}-{arm}")
-        o = out[arm]["overall"]
-        log(f"      compare {arm:<12} median shift {o['median_shift']:+.3f} decades, {o['share_earlier']:.0%} of tokens earlier, "
+    pairs = [(arm, f"s{seed}-{arm}") for arm in cfg.arms]
+    other = next((s for s in cfg.seeds if s != seed), None)
+    if other is not None:  # the reference: how far events move between two baselines that differ only in seed
+        name = f"s{other}-base"
+        _run_job((other, "base", 1.0), record={"store": os.fspath(store), "run": name, "probe": probe, "n_points": cfg.pilot_points})
+        fit_run(open_store(os.fspath(store), mode="r+").run(name), progress=False)
+        pairs.append((f"base, seed {other}", name))
+    for label, name in pairs:
+        out[label] = compare_runs(store, f"s{seed}-base", name)
+        o = out[label]["overall"]
+        log(f"      compare {label:<12} median shift {o['median_shift']:+.3f} decades (q25 {o['q25']:+.3f}, q75 {o['q75']:+.3f}), "
             f"loss drop moved earlier {o['drop_share_earlier']:.1%} / later {o['drop_share_later']:.1%}")  # fmt: skip
-    return {"seed": seed, "store": os.fspath(store), "reruns_reproduce": bool(same), "arms": out}
+    return {"seed": seed, "store": os.fspath(store), "reruns_reproduce": bool(same), "arms": out,
+            "reference": f"base, seed {other}" if other is not None else None}  # fmt: skip
 
 
 def _aa_check(cfg: MixtureABConfig, ds, base, spec: ArmSpec | None) -> dict | None:

@@ -20,7 +20,7 @@ from ..model import GPTConfig
 from ..probe import ProbeSet
 from ..train import TrainConfig, record_tiny_run
 
-__all__ = ["pilot_probe", "run_pilot", "mixture_probe", "run_mixture_pilot"]
+__all__ = ["pilot_probe", "run_pilot", "mixture_probe", "run_mixture_pilot", "PilotSplit", "split_pilot_pool"]
 
 
 def pilot_probe(stream: np.ndarray, *, context: int, n_sequences: int, tokenizer: dict, seed: int = 0) -> ProbeSet:
@@ -97,6 +97,73 @@ def mixture_probe(dataset, *, per_domain: int, domains, tokenizer: dict, seed: i
     windows = np.stack([dataset[int(i)].numpy() for i in pick])
     return ProbeSet.from_tokens(windows, doc_offset=pick.astype(np.int64), domain=dataset.domain_ids[pick].astype(np.int32),
                                 domains=tuple(domains), documents=("training pool",), tokenizer=tokenizer)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class PilotSplit:
+    """Training documents held out from the pilot, so that its probe is text it never trained on
+    and the schedule never sees the measurement's validation documents.
+
+    In each domain the tail of the training stream, from the first document boundary at or after
+    ``1 - share`` of its windows, is held out: the pilot draws no window that reaches into it
+    (``excluded``), and its probe is drawn from the windows that lie wholly inside it (``held``).
+    The arms still train on the whole pool: the pilot is a separate run.
+    """
+
+    excluded: np.ndarray  # bool [N]: windows the pilot never draws
+    held: np.ndarray  # bool [N]: windows inside the held-out documents (the probe's pool)
+    boundary: tuple[bool, ...]  # per domain: whether the cut fell on a document boundary
+
+    def pilot_probabilities(self, base: np.ndarray, domain_ids: np.ndarray) -> np.ndarray:
+        """``base`` with the excluded windows removed, each domain keeping its total share."""
+        base = np.asarray(base, np.float64)
+        p = np.where(self.excluded, 0.0, base)
+        want = np.bincount(domain_ids, weights=base)
+        have = np.bincount(domain_ids, weights=p, minlength=want.size)
+        if np.any((want > 0) & ~(have > 0)):
+            raise InputError("holding out the pilot's documents left a domain with no window to train the pilot on")
+        scale = np.divide(want, have, out=np.zeros_like(want), where=have > 0)
+        return p * scale[domain_ids]
+
+    def probe(self, dataset, *, per_domain: int, domains, tokenizer: dict) -> ProbeSet:
+        """``per_domain`` held-out windows of each domain, spread evenly over its held-out tail."""
+        picks = []
+        for k in range(len(dataset.counts)):
+            idx = np.flatnonzero(self.held & (dataset.domain_ids == k))
+            if idx.size < per_domain:
+                raise InputError(f"domain {domains[k]!r}: {idx.size} windows held out from the pilot; "
+                                 f"the probe needs {per_domain} (use a larger share or fewer probe windows)")  # fmt: skip
+            picks.append(idx[np.linspace(0, idx.size - 1, int(per_domain)).round().astype(np.int64)])
+        pick = np.concatenate(picks)
+        windows = np.stack([dataset[int(i)].numpy() for i in pick])
+        return ProbeSet.from_tokens(windows, doc_offset=pick.astype(np.int64), domain=dataset.domain_ids[pick].astype(np.int32),
+                                    domains=tuple(domains), documents=("training documents held out from the pilot",),
+                                    tokenizer=tokenizer)  # fmt: skip
+
+
+def split_pilot_pool(dataset, *, eot_id: int | None, share: float = 0.1) -> PilotSplit:
+    """Hold the last ``share`` of each domain's training documents out of the pilot
+    (:class:`PilotSplit`). The cut moves forward to the next end-of-text token ``eot_id`` so that
+    no document is on both sides; without one (``eot_id`` None, or none after the cut) it stays
+    at the window cut and ``boundary`` says so."""
+    if not 0.0 < float(share) < 1.0:
+        raise InputError(f"the pilot's held-out share must be in (0, 1), got {share}")
+    n = len(dataset)
+    excluded, held, bounds = np.zeros(n, bool), np.zeros(n, bool), []
+    for k, part in enumerate(dataset.parts):
+        c, m = part.context, len(part)
+        cut = int(np.floor((1.0 - share) * m)) * c  # stream position of the window cut
+        b, on_doc = cut, False
+        if eot_id is not None:
+            after = np.flatnonzero(part.stream[cut : m * c + 1] == eot_id)
+            if after.size:
+                b, on_doc = cut + int(after[0]), True
+        j = np.arange(m)
+        start = int(dataset.starts[k])
+        excluded[start : start + m] = j * c + c > b  # the window reaches past the boundary
+        held[start : start + m] = j * c >= b  # the window starts at or after it
+        bounds.append(on_doc)
+    return PilotSplit(excluded, held, tuple(bounds))
 
 
 def run_mixture_pilot(
