@@ -40,8 +40,8 @@ def main() -> int:
                   "pilot_share"):
         ap.add_argument("--" + field.replace("_", "-"), type=float)
     ap.add_argument("--pilot-probe", choices=("train", "heldout", "split"),
-                    help="pilot probe windows: the training windows the pilot trains on (default), the validation documents "
-                         "(leaks them into the schedule), or training documents held out from the pilot ('split')")  # fmt: skip
+                    help="pilot probe windows: training documents held out from the pilot ('split', default), the training "
+                         "windows the pilot trains on ('train'), or the validation documents ('heldout': leaks them into the schedule)")  # fmt: skip
     ap.add_argument("--no-compare", action="store_true", help="do not rerun a seed for tokdyn compare (on in --quick)")
     ap.add_argument("--reuse", help="a previous results.json whose baseline (ladder) runs match: they are not retrained")
     ap.add_argument("--contexts", type=int, nargs="+", help="short-to-long contexts (default 16 32 64)")

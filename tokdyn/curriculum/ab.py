@@ -2,8 +2,11 @@
 
 The design is METHOD.md section 4.3-4.4:
 
-1. **Pilot** (its compute reported apart): the uniform mixture from another seed, a probe of
-   training windows of every domain recorded and fitted; per-domain learning-time densities
+1. **Pilot** (its compute reported apart): the uniform mixture from another seed, trained
+   without the last tenth of each domain's training documents, a probe of windows of those
+   documents recorded and fitted (``pilot_probe="split"``; :class:`~.pilot.PilotSplit`: text the
+   pilot never trained on, from the training pool, so no validation document reaches the
+   schedule); per-domain learning-time densities
    (:class:`~tokdyn.curriculum.mixture.DomainRates`), a learnability table for window scores.
 2. **Enrichment** of the mixture schedule, printed before any arm trains.
 3. Per seed, from the seed's initial weights, every run draws its batches through one
@@ -84,7 +87,7 @@ class MixtureABConfig:
     aa_train_seeds: int = 1
     pilot_seed: int = 1000
     pilot_per_domain: int = 32
-    pilot_probe: str = "train"
+    pilot_probe: str = "split"
     pilot_share: float = 0.1
     pilot_points: int = 30
     val_tokens: int = 32768

@@ -1,7 +1,10 @@
 """The pilot: record and fit trajectories of tokens drawn from the *training* pool.
 
 The curriculum needs learning times of the tokens it will reweight, so the pilot's probe is a
-random set of training samples (windows of the training stream), not held-out text. The pilot
+random set of training samples (windows of the training stream), not validation text. For a
+mixture of domains, :func:`split_pilot_pool` holds some training documents out of the pilot's own
+training and draws its probe there: learning times of text the pilot has not memorised, which
+generalise to the run (docs/curriculum.md). The pilot
 is an ordinary recorded run (:func:`tokdyn.train.record_tiny_run`, or your own loop with
 :class:`~tokdyn.record.TokenLossRecorder` on :func:`pilot_probe`), fitted with
 :func:`tokdyn.fit.fit_run`; :func:`~tokdyn.curriculum.build_table` then reads its events.
