@@ -83,3 +83,17 @@ def test_no_fitted_curve_is_drawn_below_zero():
 def test_the_page_is_self_contained(page):
     assert not re.search(r"(src|href)=['\"]?(http|file|/)", page)
     assert "<script" not in page.lower()
+
+
+def test_a_tokenizer_given_must_be_the_probes():
+    from tokdyn.errors import InputError
+    from tokdyn.report import _decoder
+    from tokdyn.tokenizer import ByteTokenizer
+
+    tokens = np.frombuffer(b"abcdefghij" * 4, dtype=np.uint8).astype(np.int32).reshape(4, 10)
+    hf = tokdyn.ProbeSet.from_tokens(tokens, tokenizer={"kind": "hf", "vocab_size": 50, "sha256": "0" * 64})
+    assert _decoder(hf, None) is None  # the store keeps a description, not the tokenizer
+    with pytest.raises(InputError, match="not the probe's"):
+        _decoder(hf, ByteTokenizer())
+    byte = tokdyn.ProbeSet.from_tokens(tokens, tokenizer=ByteTokenizer().spec())
+    assert _decoder(byte, ByteTokenizer())([104, 105]) == _decoder(byte, None)([104, 105]) == "hi"

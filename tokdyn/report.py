@@ -1,10 +1,15 @@
 """One self-contained HTML report of a store: figures (matplotlib, embedded PNG) and tables.
 
 :func:`write_report` analyses the store (:func:`tokdyn.analysis.analyze_store`) and writes one
-file with: the reconstruction scores, example trajectories with their fits for each class, the
-spectrum with its power law, measured versus rebuilt ``-dL/dx`` for every axis present, the
-class shares of the loss drop, learning time against token frequency and position, spectra by
-class, domain, frequency and position band, the cartography map, and each run's metadata.
+file: a table of contents; a summary (the job's table, the reconstruction scores of every run,
+what the token classes mean); a section per analysed run (each axis present) with numbered
+figures, each a function ``_fig_*(store, run_analysis) -> Figure`` listed in
+:func:`_run_figures` (measured versus rebuilt ``-dL/dx``, the spectrum with its power law,
+example trajectories of each class with their text in context, the class shares of the loss
+drop, spectra by class, domain, frequency and position band, learning time against token
+frequency and position, cartography, forgetting and Rho-1); and each run's metadata, folded.
+A new figure is one more function in that list: the page numbers it, lists it in the contents
+and prints its title and caption.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -61,15 +67,20 @@ def write_report(
     runs: list[str] | None = None,
     title: str | None = None,
     extra: dict | None = None,
+    tokenizer=None,
 ) -> Path:
     """Analyse ``store`` (or use ``analysis``) and write the HTML report to ``out``; returns its path.
 
     ``extra``: a dict shown as a table at the top (the demo puts its stage timings there).
+    ``tokenizer``: the probe's tokenizer (anything with ``decode(ids)`` and ``spec()``), to show
+    example tokens as text; without it only a byte-level probe is shown as text (the store keeps
+    a tokenizer's description, not the tokenizer). InputError if it is not the probe's.
     """
     p = check_writable(out)
     st = as_store(store)
+    _decoder(st.probe, tokenizer)  # a tokenizer that is not the probe's is refused before any work
     an = analysis if analysis is not None else analyze_store(st, runs=runs)
-    text = render_report(st, an, title=title, extra=extra)
+    text = render_report(st, an, title=title, extra=extra, tokenizer=tokenizer)
     tmp = None
     try:
         # A new file of a random name beside the target, created exclusively (O_EXCL: never
@@ -89,11 +100,26 @@ def write_report(
 # -- the page: sections and numbered figures -------------------------------------------------
 
 
-def render_report(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None = None, extra: dict | None = None) -> str:
+def render_report(
+    st: TrajectoryStore, an: StoreAnalysis, *, title: str | None = None, extra: dict | None = None, tokenizer=None
+) -> str:
+    """The report's HTML (see :func:`write_report` for the arguments)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
-    return _render(st, an, title=title, extra=extra)
+    return _render(st, an, title=title, extra=extra, decode=_decoder(st.probe, tokenizer))
+
+
+def _decoder(probe, tokenizer):
+    """ids -> text for the probe's tokens, or None where they cannot be decoded here."""
+    if tokenizer is not None:
+        spec = json.dumps(tokenizer.spec(), sort_keys=True, default=str)
+        if probe.tokenizer and spec != json.dumps(dict(probe.tokenizer), sort_keys=True, default=str):
+            raise InputError(f"the tokenizer given ({spec}) is not the probe's ({json.dumps(dict(probe.tokenizer), default=str)})")
+        return lambda ids: tokenizer.decode([int(i) for i in ids])
+    if probe.tokenizer.get("kind") == "byte":  # UTF-8 bytes as ids 0-255 (256: end of text)
+        return lambda ids: bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+    return None
 
 
 def _literal(text) -> str:
@@ -150,12 +176,12 @@ class _Page:
 
 # The figures of a run, in the order shown: each takes (store, run analysis) and returns a
 # Figure, or None when the run has nothing to show for it.
-def _run_figures():
-    return (_fig_reconstruction, _fig_spectrum, _fig_trajectories, _fig_classes, _fig_groups,
-            _fig_time_vs_token, _fig_cartography)  # fmt: skip
+def _run_figures(decode):
+    return (_fig_reconstruction, _fig_spectrum, partial(_fig_trajectories, decode=decode), _fig_classes,
+            _fig_groups, _fig_time_vs_token, _fig_cartography)  # fmt: skip
 
 
-def _render(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None, extra: dict | None) -> str:
+def _render(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None, extra: dict | None, decode=None) -> str:
     title = title or f"tokdyn report: {st.url}"
     page = _Page()
     page.section("Summary")
@@ -165,7 +191,7 @@ def _render(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None, extra:
     page.add(_classes_help())
     for a in an.runs:
         page.section(f"Run {a.run} (axis {a.axis}: {AXIS_LABEL.get(a.axis, a.axis)})")
-        for make in _run_figures():
+        for make in _run_figures(decode):
             page.figure(make(st, a))
     page.section("Run metadata")
     page.add(_metadata_tables(st, an))
@@ -307,8 +333,11 @@ def _metadata_tables(st: TrajectoryStore, an: StoreAnalysis) -> str:
 # -- axes ------------------------------------------------------------------------------------
 
 
+AXIS_NOUN = {"T": "training step", "D": "data budget", "M": "model size"}  # in sentences
+
+
 def _axis_name(axis: str) -> str:
-    return AXIS_LABEL.get(axis, axis)
+    return AXIS_NOUN.get(axis, axis)
 
 
 def _log_ticks(axis_obj, lo: float, hi: float) -> None:
@@ -334,7 +363,7 @@ def _value_text(v: float) -> str:
 
 
 def _axis_x(ax, axis: str, x: np.ndarray) -> None:
-    ax.set_xlabel(f"{_axis_name(axis)} (log scale)")
+    ax.set_xlabel(f"{AXIS_LABEL.get(axis, axis)} (log scale)")
     _log_ticks(ax.xaxis, float(np.nanmin(x)), float(np.nanmax(x)))
 
 
@@ -430,7 +459,7 @@ def _fig_spectrum(st: TrajectoryStore, a: RunAnalysis) -> Figure:
                   f"would mean ρ ~ 10^(-α x), a power law in the {_axis_name(a.axis)}.{loss_text}")  # fmt: skip
 
 
-def _fig_trajectories(st: TrajectoryStore, a: RunAnalysis, per_class: int = 3) -> Figure:
+def _fig_trajectories(st: TrajectoryStore, a: RunAnalysis, per_class: int = 3, decode=None) -> Figure:
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_hex
 
@@ -460,7 +489,7 @@ def _fig_trajectories(st: TrajectoryStore, a: RunAnalysis, per_class: int = 3) -
             ax.plot(xf, _drawn_curve(f, t, xf), "-", color=color, lw=1.2)
             ys.append(y[np.isfinite(y)])
             legend_rows.append([c, _Html(f"<span class=swatch style='background:{to_hex(color)}'></span>"),
-                                _token_in_context(st.probe, int(t)), _model_text(f, int(t), a.axis)])  # fmt: skip
+                                _token_in_context(st.probe, int(t), decode), _model_text(f, int(t), a.axis)])  # fmt: skip
         ys = np.concatenate(ys)
         if ys.size:
             pad = 0.08 * max(ys.max() - ys.min(), 0.5)
@@ -486,20 +515,20 @@ def _fig_trajectories(st: TrajectoryStore, a: RunAnalysis, per_class: int = 3) -
 CONTEXT_TOKENS = 24  # tokens of text shown before an example token
 
 
-def _token_in_context(probe, t: int) -> _Html:
+def _token_in_context(probe, t: int, decode) -> _Html:
     """A probe token as escaped markup: the text before it and the token, highlighted, where
-    the probe's tokens can be decoded here (the byte tokenizer); otherwise its id and place."""
+    the probe's tokens can be decoded (``decode``: ids -> text); otherwise its id and place."""
     ta = probe.token_arrays
     s, p = int(ta["sample_id"][t]), int(ta["token_pos"][t])
     where = f"sequence {s}, position {p}"
-    if probe.tokens is None or probe.tokenizer.get("kind") != "byte":
+    if probe.tokens is None or decode is None:
         tid = f"token id {int(ta['token_id'][t])}, " if "token_id" in ta else ""
-        return _Html(_e(f"{tid}{where} (the probe's tokenizer is not stored: no text)"))
+        why = "an imported probe holds no tokens" if probe.tokens is None else "give the report the probe's tokenizer"
+        return _Html(_e(f"{tid}{where} (no text: {why})"))
     row = probe.tokens[s]
 
     def text(ids) -> str:
-        raw = bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
-        return raw.replace("\n", "↵").replace("\t", "→")
+        return decode(ids).replace("\n", "↵").replace("\t", "→")
 
     before = text(row[max(0, p - CONTEXT_TOKENS) : p])
     token = text(row[p : p + 1]).replace(" ", "␣") or "⟨end of text⟩"  # a space made visible
@@ -650,7 +679,7 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
                 ax.set_xticks(ticks, [f"{2 ** int(k):,}" for k in ticks])
             _log_ticks(ax.yaxis, float(mu[inside].min()), float(mu[inside].max()))
         ax.set_xlabel(label)
-    axes[0, 0].set_ylabel(f"learning time μ ({_axis_name(a.axis)}, log scale)")
+    axes[0, 0].set_ylabel(f"learning time μ ({AXIS_LABEL.get(a.axis, a.axis)}, log scale)")
     if hb is not None:
         fig.colorbar(hb, ax=axes[0].tolist(), label="tokens per hexagon (log scale)")
         axes[0, -1].legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False, fontsize=8)
