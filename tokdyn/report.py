@@ -188,7 +188,7 @@ def _render(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None, extra:
     if extra:
         page.add(_table([], [[k, _fmt(v)] for k, v in extra.items()], caption="This job"))
     page.add(_scores_table(an))
-    page.add(_classes_help())
+    page.add(_classes_help(st, an))
     for a in an.runs:
         page.section(f"Run {a.run} (axis {a.axis}: {AXIS_LABEL.get(a.axis, a.axis)})")
         for make in _run_figures(decode):
@@ -233,6 +233,8 @@ def _fmt(v) -> _Html:
     """A value as a table cell: a dict as a table of its own, a list on one line."""
     if isinstance(v, float):
         return _Html(f"{v:.4g}")
+    if isinstance(v, int) and not isinstance(v, bool):
+        return _Html(f"{v:,}")
     if isinstance(v, dict):
         return _Html(_table([], [[k, _fmt(x)] for k, x in v.items()]))
     if isinstance(v, list):
@@ -293,24 +295,30 @@ def _scores_table(an: StoreAnalysis) -> str:
     return _table(header, rows, caption="How well the per-token events rebuild the fall of the mean loss") + note
 
 
-CLASS_HELP = {
-    "learned": "the loss falls clearly (by delta_min = 0.5 nats or more, and by more than twice the scatter) in one step",
-    "multi_step": "two fitted drops, each of 0.5 nats or more, both inside the recorded steps",
-    "gradual": "a straight fall in log steps, without a step",
-    "already_known": "low (1 nat or less) from the first recorded step",
-    "not_yet_learned": "high and without a clear fall up to the last recorded step",
-    "forgotten": "the loss rises",
-    "noisy": "the scatter hides any trend (or the fitted step explains less than half of it)",
-    "unfit": "too few valid points to fit",
-}
+def _class_help(o: dict) -> dict[str, str]:
+    """What each class means, with the thresholds of the fit's options ``o``."""
+    d, known, r2 = o.get("delta_min", 0.5), o.get("known_loss", 1.0), o.get("r2_min", 0.5)
+    return {
+        "learned": f"the loss falls clearly, by {d:.1f} nats or more and by more than twice the scatter about the fit, in one step "
+                   "(where the step is centred, inside the recorded range or not)",
+        "multi_step": f"two fitted drops of {d:.1f} nats or more, both centred inside the recorded range",
+        "gradual": "a straight fall in log steps, without a step",
+        "already_known": f"low ({known:.1f} nats or less) from the first recorded point",
+        "not_yet_learned": f"above {known:.1f} nats and without a clear fall (less than {d:.1f} nats) up to the last recorded point",
+        "forgotten": f"the loss rises by {d:.1f} nats or more",
+        "noisy": f"the scatter hides any trend, or the fitted step explains less than {r2:.0%} of the variance",
+        "unfit": "too few valid points to fit",
+    }  # fmt: skip
 
 
-def _classes_help() -> str:
-    rows = [[_Html(f"<span style='color:{CLASS_COLORS[c]}'>■</span> {_e(c)}"), CLASS_HELP[c]] for c in CLASS_NAMES.values()]
-    return (f"<details><summary>What the token classes mean</summary>{_table(['class', 'the token loss over the recorded steps'], rows)}"
+def _classes_help(st: TrajectoryStore, an: StoreAnalysis) -> str:
+    o = st.run(an.runs[0].run).fit.options() if an.runs else {}
+    text = _class_help(o)
+    rows = [[_Html(f"<span style='white-space:nowrap'><span style='color:{CLASS_COLORS[c]}'>■</span> {_e(c)}</span>"), text[c]] for c in CLASS_NAMES.values()]
+    return (f"<details><summary>What the token classes mean</summary>{_table(['class', 'the token loss over the recorded points'], rows)}"
             "<p class=meta>Each token's loss curve is fitted by a constant, a line, a sigmoid and two sigmoids in log "
             "steps; the simplest model that is not clearly beaten (by BIC) is kept, and the class says what that model "
-            "does between the first and the last recorded step.</p></details>")  # fmt: skip
+            "does between the first and the last recorded point.</p></details>")  # fmt: skip
 
 
 def _metadata_tables(st: TrajectoryStore, an: StoreAnalysis) -> str:
@@ -453,7 +461,7 @@ def _fig_spectrum(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     return Figure(fig, "Learning-time spectrum: when the loss drop happens",
                   f"Every fitted learning event puts its loss drop at its learning time μ (the middle of its sigmoid); "
                   f"summed over events and divided by the number of tokens this gives ρ, in nats per decade per token, "
-                  f"so the area under the curve is the mean loss drop. Bars: histogram; line: kernel density. Left "
+                  f"so its area is the loss drop per token that the events carry. Bars: histogram; line: kernel density. Left "
                   f"linear, right log scale (every bin kept in view). Grey: outside the recorded range, where event "
                   f"times are censored; a power law is fitted only between. A straight dashed line on the log panel "
                   f"would mean ρ ~ 10^(-α x), a power law in the {_axis_name(a.axis)}.{loss_text}")  # fmt: skip
