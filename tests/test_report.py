@@ -17,13 +17,14 @@ TEXT = "def token_loss(run):\n    return run.fit.read()  # each token's event\n"
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
+def store_and_page(tmp_path_factory):
     """The report of a small fitted store whose probe is byte-tokenized text: planted events."""
     d = tmp_path_factory.mktemp("report")
     ids = np.frombuffer(TEXT.encode(), dtype=np.uint8).astype(np.int32)
     S, C = 24, 40
     tokens = ids[: S * (C + 1)].reshape(S, C + 1)
-    probe = tokdyn.ProbeSet.from_tokens(tokens, tokenizer={"kind": "byte", "vocab_size": 257, "eot_id": 256})
+    probe = tokdyn.ProbeSet.from_tokens(tokens, tokenizer={"kind": "byte", "vocab_size": 257, "eot_id": 256},
+                                        domain=np.arange(S) % 2, domains=("_private", "public"))
     n = probe.n_tokens
     rng = np.random.default_rng(0)
     x = np.log10(STEPS)
@@ -36,7 +37,12 @@ def page(tmp_path_factory):
         for j, step in enumerate(STEPS):
             w.append(Y[:, j].clip(0.01), step=int(step))
     tokdyn.fit_run(st.run("r"), progress=False)
-    return write_report(st, d / "report.html", extra={"wall time (s)": {"fit": 1.0}}).read_text()
+    return st, write_report(st, d / "report.html", extra={"wall time (s)": {"fit": 1.0}}).read_text()
+
+
+@pytest.fixture(scope="module")
+def page(store_and_page):
+    return store_and_page[1]
 
 
 def test_contents_list_every_section_and_numbered_figure(page):
@@ -97,3 +103,14 @@ def test_a_tokenizer_given_must_be_the_probes():
         _decoder(hf, ByteTokenizer())
     byte = tokdyn.ProbeSet.from_tokens(tokens, tokenizer=ByteTokenizer().spec())
     assert _decoder(byte, ByteTokenizer())([104, 105]) == _decoder(byte, None)([104, 105]) == "hi"
+
+
+def test_every_domain_is_in_its_legend(store_and_page):
+    """A legend drops lines whose label starts with "_" unless given its labels: "_private" was lost."""
+    from tokdyn.analysis import analyze_run
+    from tokdyn.report import _fig_groups
+
+    st, _ = store_and_page
+    f = _fig_groups(st, analyze_run(st.run("r"), n_boot=0))
+    legends = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in f.fig.axes if ax.get_legend()]
+    assert ["_private", "public"] in [sorted(names) for names in legends]

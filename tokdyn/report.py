@@ -37,7 +37,7 @@ from .fit.job import fit_inputs
 from .store import TrajectoryStore, as_store
 from .tokenstats import RHO1_CLASSES
 
-__all__ = ["write_report", "render_report", "check_writable", "Figure"]
+__all__ = ["write_report", "render_report", "check_writable"]
 
 AXIS_LABEL = {"T": "training step", "D": "data budget (tokens)", "M": "non-embedding parameters"}
 CLASS_COLORS = {
@@ -375,8 +375,8 @@ def _axis_x(ax, axis: str, x: np.ndarray) -> None:
     _log_ticks(ax.xaxis, float(np.nanmin(x)), float(np.nanmax(x)))
 
 
-def _legend_below(ax, ncol: int = 1, **kw) -> None:
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, frameon=False, fontsize=8, **kw)
+def _legend_below(ax, *handles_labels, ncol: int = 1, **kw) -> None:
+    ax.legend(*handles_labels, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, frameon=False, fontsize=8, **kw)
 
 
 # -- figures ---------------------------------------------------------------------------------
@@ -605,7 +605,7 @@ def _fig_classes(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     ax.set_yticks(y, names)
     ax.invert_yaxis()
     ax.axvline(0, color="k", lw=0.5)
-    ax.set_xlim(min(0, min(share)) - 6, max(max(share), max(count)) * 1.12)
+    ax.set_xlim(min(0.0, np.nanmin([0.0, *share])) - 6, np.nanmax([1.0, *share, *count]) * 1.12)  # room for the labels
     ax.set_xlabel("% of the total")
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False, fontsize=8)
     return Figure(fig, "Which classes carry the loss drop",
@@ -628,15 +628,18 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
         if k == "domain":  # the largest contributors only, for legibility
             shown[k] = (min(6, len(spectra)), len(spectra))
             spectra = dict(sorted(spectra.items(), key=lambda kv: -abs(kv[1].total_drop))[:6])
+        lines = []
         for j, (label, sp) in enumerate(spectra.items()):
             color = CLASS_COLORS.get(label, f"C{j % 10}") if k == "class" else f"C{j % 10}"
-            ax.plot(sp.x, sp.density, color=color, lw=1.2, label=_literal(label))
+            lines += ax.plot(sp.x, sp.density, color=color, lw=1.2)
         title = f"by {k}" if k not in shown else f"by domain ({shown[k][0]} of {shown[k][1]})"
         ax.set_title(title, fontsize=10)
         _axis_x(ax, a.axis, a.reconstruction.spectrum.x)
         ax.xaxis.label.set_fontsize(8)
-        _legend_below(ax, ncol=2 if len(spectra) > 4 else 1, title={"frequency": "occurrences of the token id",
-                      "position": "position in the sequence"}.get(k))  # fmt: skip
+        # Handles and labels given explicitly: a legend drops artists whose label starts with "_"
+        # (a domain such as "__future__" was missing from it).
+        _legend_below(ax, lines, [_literal(label) for label in spectra], ncol=2 if len(spectra) > 4 else 1,
+                      title={"frequency": "occurrences of the token id", "position": "position in the sequence"}.get(k))  # fmt: skip
     axes[0][0].set_ylabel("ρ (nats per decade per token)")
     dom = ""
     if "domain" in shown:
