@@ -446,6 +446,12 @@ def _fig_spectrum(st: TrajectoryStore, a: RunAnalysis) -> Figure:
             if top > 0:  # every positive bin stays in view; the density's far tails need not
                 floor = [v[v > 0].min() for v in (spec.hist, spec.density[spec.density > top * 1e-3]) if (v > 0).any()]
                 ax.set_ylim(min(floor) / 1.5, top * 1.5)
+                if top * 1.5 / (min(floor) / 1.5) < 300:  # a few decades: plain 0.5, 1, 2, 5, not 5x10^-1
+                    from matplotlib.ticker import FuncFormatter
+
+                    plain = FuncFormatter(lambda v, _: f"{v:g}" if round(v / 10 ** np.floor(np.log10(v)), 6) in (1, 2, 5) else "")
+                    ax.yaxis.set_major_formatter(plain)
+                    ax.yaxis.set_minor_formatter(plain)
         _axis_x(ax, a.axis, spec.x)
         ax.set_ylabel("ρ (nats per decade per token)")
         ax.set_title("linear scale" if not log else "log scale")
