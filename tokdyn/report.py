@@ -275,8 +275,8 @@ SCORES = (
     ("rel. L2 spectrum", "relative L2 error of the spectrum"),
     ("drop carried by events", "share of the measured fall of the mean loss that the fitted events carry"),
     ("by well-fitted events", "the same, counting only events whose fit converged with R² >= 0.5"),
-    ("spectrum exponent α [95%]", "ρ ~ 10^(-α x) inside the uncensored range, if that is a power law (fit R² >= 0.8)"),
     ("loss exponent α [95%]", "mean loss L ~ a^(-α) fitted directly, if that is a power law (fit R² >= 0.8)"),
+    ("spectrum exponent α [95%]", "ρ ~ 10^(-α x) inside the uncensored range, if that is a power law (fit R² >= 0.8)"),
 )  # fmt: skip
 
 
@@ -287,7 +287,7 @@ def _scores_table(an: StoreAnalysis) -> str:
         cols.append([
             f"{s['n_points']}", f"{s['n_tokens']:,}", f"{s['r2_events']:.3f}", f"{s['r2_spectrum']:.3f}",
             f"{s['rel_l2_events']:.3f}", f"{s['rel_l2_spectrum']:.3f}", f"{s['drop_share_events']:.1%}",
-            f"{s['drop_share_well_fitted']:.1%}", _power_law_text(s["spectrum_power_law"]), _power_law_text(s["loss_power_law"]),
+            f"{s['drop_share_well_fitted']:.1%}", _power_law_text(s["loss_power_law"]), _power_law_text(s["spectrum_power_law"]),
         ])  # fmt: skip
     rows = [[label, *(c[i] for c in cols), help_] for i, (label, help_) in enumerate(SCORES)]
     header = ["", *(f"run {a.run} (axis {a.axis})" for a in an.runs), "what it measures"]
@@ -680,7 +680,7 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels) + 0.8, 4.0), sharey=True, squeeze=False, layout="constrained")
-    hb = None
+    hb, medians = None, []
     for ax, (v, label, log10) in zip(axes[0], panels):
         if inside.any():
             hb = ax.hexbin(v[inside], mu[inside], gridsize=40, cmap="Blues", mincnt=1, bins="log")
@@ -688,7 +688,7 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
             if edges.size > 1:
                 b = np.clip(np.searchsorted(edges, v[inside], side="right") - 1, 0, edges.size - 2)
                 med = [np.median(mu[inside][b == i]) if (b == i).any() else np.nan for i in range(edges.size - 1)]
-                ax.plot(0.5 * (edges[1:] + edges[:-1]), med, "o-", color="#d62728", ms=3, label="median per tenth of the tokens")
+                medians += ax.plot(0.5 * (edges[1:] + edges[:-1]), med, "o-", color="#d62728", ms=3)
             if log10:
                 _log_ticks(ax.xaxis, float(v[inside].min()), float(v[inside].max()))
             else:
@@ -699,7 +699,9 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     axes[0, 0].set_ylabel(f"learning time μ ({AXIS_LABEL.get(a.axis, a.axis)}, log scale)")
     if hb is not None:
         fig.colorbar(hb, ax=axes[0].tolist(), label="tokens per hexagon (log scale)")
-        axes[0, -1].legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False, fontsize=8)
+    if medians:
+        fig.legend(medians[:1], ["median learning time per tenth of the tokens along x"], loc="outside upper center",
+                   frameon=False, fontsize=8)  # fmt: skip
     left_out = int(learned.sum() - inside.sum())
     return Figure(fig, "When tokens are learned, against how frequent they are and where they stand",
                   f"Each of the {int(inside.sum()):,} learned or multi-step tokens (for multi-step tokens, the first event) "
