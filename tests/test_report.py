@@ -114,3 +114,8 @@ def test_every_domain_is_in_its_legend(store_and_page):
     f = _fig_groups(st, analyze_run(st.run("r"), n_boot=0))
     legends = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in f.fig.axes if ax.get_legend()]
     assert ["_private", "public"] in [sorted(names) for names in legends]
+
+
+def test_the_summary_headlines_each_run(page):
+    line = re.search(r"<p><b>Run r:</b> ([^<]+)</p>", page).group(1)
+    assert "fell from" in line and "training step 1 and 2,000" in line and "learned" in line

@@ -187,6 +187,7 @@ def _render(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None, extra:
     page.section("Summary")
     if extra:
         page.add(_table([], [[k, _fmt(v)] for k, v in extra.items()], caption="This job"))
+    page.add("".join(_headline(a) for a in an.runs))
     page.add(_scores_table(an))
     page.add(_classes_help(st, an))
     for a in an.runs:
@@ -264,6 +265,23 @@ def _png(fig) -> str:
 
 
 # -- tables ----------------------------------------------------------------------------------
+
+def _headline(a: RunAnalysis) -> str:
+    """One paragraph: how far the run's mean loss fell, over what range, and who carried it."""
+    rec = a.reconstruction
+    name = _axis_name(a.axis)
+    ok = np.isfinite(rec.mean_loss)
+    if not ok.any():
+        return ""
+    first, last = np.flatnonzero(ok)[[0, -1]]
+    shares = sorted(((v, c) for c, v in a.class_loss_share.items() if np.isfinite(v) and v > 0.005), reverse=True)
+    carried = ", ".join(f"{c} {v:.0%}" for v, c in shares[:3])
+    verb = "fell" if rec.mean_loss[last] <= rec.mean_loss[first] else "rose"
+    return (f"<p><b>Run {_e(a.run)}:</b> the mean loss of the {rec.spectrum.n_tokens:,} probe tokens {verb} from "
+            f"{rec.mean_loss[first]:.2f} to {rec.mean_loss[last]:.2f} nats between {name} {_value_text(10.0 ** rec.x[first])} "
+            f"and {_value_text(10.0 ** rec.x[last])}; the fitted per-token events rebuild its rate of change with R² "
+            f"{rec.r2_events:.3f}. Largest shares of the loss drop by token class: {_e(carried or 'none')}.</p>")  # fmt: skip
+
 
 # (row label, what it means) of the reconstruction table, one row a score, one column a run.
 SCORES = (
