@@ -1,10 +1,15 @@
 """One self-contained HTML report of a store: figures (matplotlib, embedded PNG) and tables.
 
 :func:`write_report` analyses the store (:func:`tokdyn.analysis.analyze_store`) and writes one
-file with: the reconstruction scores, example trajectories with their fits for each class, the
-spectrum with its power law, measured versus rebuilt ``-dL/dx`` for every axis present, the
-class shares of the loss drop, learning time against token frequency and position, spectra by
-class, domain, frequency and position band, the cartography map, and each run's metadata.
+file: a table of contents; a summary (the job's table, the reconstruction scores of every run,
+what the token classes mean); a section per analysed run (each axis present) with numbered
+figures, each a function ``_fig_*(store, run_analysis) -> Figure`` listed in
+:func:`_run_figures` (measured versus rebuilt ``-dL/dx``, the spectrum with its power law,
+example trajectories of each class with their text in context, the class shares of the loss
+drop, spectra by class, domain, frequency and position band, learning time against token
+frequency and position, cartography, forgetting and Rho-1); and each run's metadata, folded.
+A new figure is one more function in that list: the page numbers it, lists it in the contents
+and prints its title and caption.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import io
 import json
 import os
 import tempfile
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -60,15 +67,20 @@ def write_report(
     runs: list[str] | None = None,
     title: str | None = None,
     extra: dict | None = None,
+    tokenizer=None,
 ) -> Path:
     """Analyse ``store`` (or use ``analysis``) and write the HTML report to ``out``; returns its path.
 
     ``extra``: a dict shown as a table at the top (the demo puts its stage timings there).
+    ``tokenizer``: the probe's tokenizer (anything with ``decode(ids)`` and ``spec()``), to show
+    example tokens as text; without it only a byte-level probe is shown as text (the store keeps
+    a tokenizer's description, not the tokenizer). InputError if it is not the probe's.
     """
     p = check_writable(out)
     st = as_store(store)
+    _decoder(st.probe, tokenizer)  # a tokenizer that is not the probe's is refused before any work
     an = analysis if analysis is not None else analyze_store(st, runs=runs)
-    text = render_report(st, an, title=title, extra=extra)
+    text = render_report(st, an, title=title, extra=extra, tokenizer=tokenizer)
     tmp = None
     try:
         # A new file of a random name beside the target, created exclusively (O_EXCL: never
@@ -85,14 +97,29 @@ def write_report(
     return p
 
 
-# -- rendering -----------------------------------------------------------------------------
+# -- the page: sections and numbered figures -------------------------------------------------
 
 
-def render_report(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None = None, extra: dict | None = None) -> str:
+def render_report(
+    st: TrajectoryStore, an: StoreAnalysis, *, title: str | None = None, extra: dict | None = None, tokenizer=None
+) -> str:
+    """The report's HTML (see :func:`write_report` for the arguments)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
-    return _render(st, an, title=title, extra=extra)
+    return _render(st, an, title=title, extra=extra, decode=_decoder(st.probe, tokenizer))
+
+
+def _decoder(probe, tokenizer):
+    """ids -> text for the probe's tokens, or None where they cannot be decoded here."""
+    if tokenizer is not None:
+        spec = json.dumps(tokenizer.spec(), sort_keys=True, default=str)
+        if probe.tokenizer and spec != json.dumps(dict(probe.tokenizer), sort_keys=True, default=str):
+            raise InputError(f"the tokenizer given ({spec}) is not the probe's ({json.dumps(dict(probe.tokenizer), default=str)})")
+        return lambda ids: tokenizer.decode([int(i) for i in ids])
+    if probe.tokenizer.get("kind") == "byte":  # UTF-8 bytes as ids 0-255 (256: end of text)
+        return lambda ids: bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+    return None
 
 
 def _literal(text) -> str:
@@ -101,47 +128,95 @@ def _literal(text) -> str:
     return str(text).replace("$", r"\$")
 
 
-def _render(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None, extra: dict | None) -> str:
+@dataclass
+class Figure:
+    """One numbered figure: a matplotlib figure, a title saying what it shows, a caption saying
+    how to read it, and optional markup after the image (made here from escaped parts)."""
+
+    fig: object
+    title: str
+    caption: str
+    after: str = ""
+
+
+class _Page:
+    """The report's body as it is built: sections and figures numbered in order, and the table
+    of contents that lists them."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.toc: list[tuple[str, str, list[tuple[str, str]]]] = []  # (id, title, [(id, title)])
+
+    def section(self, title: str) -> None:
+        sid = f"sec-{len(self.toc) + 1}"
+        self.toc.append((sid, f"{len(self.toc) + 1}. {title}", []))
+        self.parts.append(f"<h2 id={sid}>{_e(self.toc[-1][1])}</h2>")
+
+    def add(self, markup: str) -> None:
+        self.parts.append(markup)
+
+    def figure(self, f: Figure | None) -> None:
+        if f is None:
+            return
+        n = sum(len(figs) for _, _, figs in self.toc) + 1
+        fid = f"fig-{n}"
+        self.toc[-1][2].append((fid, f"Figure {n}. {f.title}"))
+        self.parts.append(
+            f"<figure id={fid}><img alt='{_e(f'Figure {n}. {f.title}')}' src='data:image/png;base64,{_png(f.fig)}'>"
+            f"<figcaption><b>Figure {n}. {_e(f.title)}.</b> {_e(f.caption)}</figcaption>{f.after}</figure>"
+        )
+
+    def toc_html(self) -> str:
+        items = []
+        for sid, title, figs in self.toc:
+            sub = "".join(f"<li><a href='#{fid}'>{_e(t)}</a></li>" for fid, t in figs)
+            items.append(f"<li><a href='#{sid}'>{_e(title)}</a>" + (f"<ul>{sub}</ul>" if sub else "") + "</li>")
+        return f"<nav class=toc><h2>Contents</h2><ul>{''.join(items)}</ul></nav>"
+
+
+# The figures of a run, in the order shown: each takes (store, run analysis) and returns a
+# Figure, or None when the run has nothing to show for it.
+def _run_figures(decode):
+    return (_fig_reconstruction, _fig_spectrum, partial(_fig_trajectories, decode=decode), _fig_classes,
+            _fig_groups, _fig_time_vs_token, _fig_cartography)  # fmt: skip
+
+
+def _render(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None, extra: dict | None, decode=None) -> str:
     title = title or f"tokdyn report: {st.url}"
-    parts = [f"<h1>{_e(title)}</h1>",
-             f"<p class=meta>tokdyn {__version__}, {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}; probe "
-             f"{_e(st.probe.fingerprint)}, {st.probe.n_tokens:,} tokens. Losses in nats; x = log10 of the axis value.</p>"]  # fmt: skip
+    page = _Page()
+    page.section("Summary")
     if extra:
-        parts.append(_table(["", ""], [[k, _fmt(v)] for k, v in extra.items()], caption="This job"))
-    parts.append(_scores_table(an))
+        page.add(_table([], [[k, _fmt(v)] for k, v in extra.items()], caption="This job"))
+    page.add("".join(_headline(a) for a in an.runs))
+    page.add(_scores_table(an))
+    page.add(_classes_help(st, an))
     for a in an.runs:
-        parts.append(f"<h2>Run {_e(a.run)} (axis {_e(a.axis)}: {_e(AXIS_LABEL.get(a.axis, a.axis))})</h2>")
-        rec = a.reconstruction
-        parts.append(_figure(_plot_reconstruction(a), f"Measured and rebuilt -dL/dlog10 a along {a.axis}: measured from the mean "
-                              f"probe loss (local quadratic, smoothing {rec.smoothing:.3f} decades), the sum of fitted "
-                              f"sigmoids, and the spectrum alone (bandwidth {rec.spectrum.bandwidth:.3f} decades)."))  # fmt: skip
-        parts.append(_figure(_plot_spectrum(a), "Learning-time spectrum: loss-drop-weighted density of learning times "
-                              "(histogram and kernel density), with its power-law fit inside the uncensored range (shaded "
-                              "edges are censored) and the direct power-law fit to the mean loss."))  # fmt: skip
-        parts.append(_figure(_plot_trajectories(st, a), "Example trajectories of each class with the model the fit chose (line)."))
-        parts.append(_figure(_plot_classes(a), "Each class's share of the total loss drop, and of the tokens."))
-        if a.by_group:
-            parts.append(_figure(_plot_groups(a), "Spectra by class, domain, token frequency band and position band "
-                                  "(each group's contribution to the spectrum: they add up to the whole)."))  # fmt: skip
-            fig = _plot_time_vs_token(st, a)
-            if fig is not None:
-                parts.append(_figure(fig, "Learning time of each learned token against how often its "
-                                  "token id occurs in the probe, and against its position (medians per bin in black)."))  # fmt: skip
-        if a.stats is not None:
-            parts.append(_figure(_plot_cartography(a), "Dataset cartography (confidence: mean gold probability over "
-                                  "checkpoints; variability: its standard deviation), forgetting events, and Rho-1 classes "
-                                  f"between rows {a.stats.early_row} and {a.stats.late_row} (threshold {a.stats.threshold:.2f} nats)."))  # fmt: skip
-    parts.append(_metadata_tables(st, an))
-    body = "\n".join(parts)
+        page.section(f"Run {a.run} (axis {a.axis}: {AXIS_LABEL.get(a.axis, a.axis)})")
+        for make in _run_figures(decode):
+            page.figure(make(st, a))
+    page.section("Run metadata")
+    page.add(_metadata_tables(st, an))
+    meta = (f"tokdyn {__version__}, {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}; probe {_e(st.probe.fingerprint)}, "
+            f"{st.probe.n_tokens:,} tokens. Losses are in nats (natural log); axes of steps, tokens or parameters "
+            f"are on a log scale, and learning times are read off them.")  # fmt: skip
+    body = "\n".join(page.parts)
     return f"""<!doctype html>
-<html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>
+<html lang=en><head><meta charset=utf-8><meta name=viewport content="width=device-width, initial-scale=1"><title>{_e(title)}</title>
 <style>
-body{{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}}
+body{{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;line-height:1.4}}
 h1{{font-size:1.5em}} h2{{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ccc}}
-table{{border-collapse:collapse;margin:1em 0;font-size:.9em}} td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}}
-caption{{text-align:left;font-weight:600;padding:.3em 0}} figure{{margin:1.5em 0}} figcaption{{font-size:.9em;color:#444}}
-img{{max-width:100%}} .meta{{color:#555;font-size:.9em}} pre{{margin:0;white-space:pre-wrap;font-size:.85em}}
+table{{border-collapse:collapse;margin:1em 0;font-size:.9em;max-width:100%}} td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}}
+td table{{margin:0;font-size:1em}} caption{{text-align:left;font-weight:600;padding:.3em 0}}
+figure{{margin:2em 0}} figcaption{{font-size:.9em;color:#333;max-width:60em}} figure table{{font-size:.85em}}
+img{{max-width:100%;height:auto}} .meta{{color:#555;font-size:.9em}} pre{{margin:0;white-space:pre-wrap;word-break:break-word;font-size:.85em}}
+nav.toc{{background:#f7f7f7;border:1px solid #ddd;padding:.2em 1em .6em;font-size:.92em}} nav.toc h2{{margin-top:.5em;border:0}}
+nav.toc ul{{margin:.2em 0;padding-left:1.3em}} details{{margin:1em 0}} summary{{cursor:pointer;font-weight:600}}
+code.ctx{{white-space:pre-wrap;word-break:break-all;background:#f4f4f4;padding:0 .2em}} mark{{background:#ffe08a;font-weight:600}}
+.swatch{{display:inline-block;width:1.6em;height:.35em;vertical-align:middle}} .wide{{overflow-x:auto}}
 </style></head><body>
+<h1>{_e(title)}</h1>
+<p class=meta>{meta}</p>
+{page.toc_html()}
 {body}
 </body></html>
 """
@@ -156,10 +231,15 @@ def _e(s) -> str:
 
 
 def _fmt(v) -> _Html:
+    """A value as a table cell: a dict as a table of its own, a list on one line."""
     if isinstance(v, float):
         return _Html(f"{v:.4g}")
-    if isinstance(v, (dict, list)):
-        return _Html(f"<pre>{_e(json.dumps(v, indent=1, default=str))}</pre>")
+    if isinstance(v, int) and not isinstance(v, bool):
+        return _Html(f"{v:,}")
+    if isinstance(v, dict):
+        return _Html(_table([], [[k, _fmt(x)] for k, x in v.items()]))
+    if isinstance(v, list):
+        return _Html(f"<pre>{_e(json.dumps(v, default=str))}</pre>")
     return _Html(_e(v))
 
 
@@ -169,262 +249,94 @@ def _cell(c) -> str:
 
 
 def _table(header, rows, caption: str = "") -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    head = "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>" if header else ""
     body = "".join("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in row) + "</tr>" for row in rows)
     cap = f"<caption>{_e(caption)}</caption>" if caption else ""
-    return f"<table>{cap}<tr>{head}</tr>{body}</table>"
+    return f"<div class=wide><table>{cap}{head}{body}</table></div>"
 
 
-def _figure(fig, caption: str) -> str:
+def _png(fig) -> str:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
-    data = base64.b64encode(buf.getvalue()).decode("ascii")
-    return f"<figure><img alt='{_e(caption)}' src='data:image/png;base64,{data}'><figcaption>{_e(caption)}</figcaption></figure>"
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+# -- tables ----------------------------------------------------------------------------------
+
+def _headline(a: RunAnalysis) -> str:
+    """One paragraph: how far the run's mean loss fell, over what range, and who carried it."""
+    rec = a.reconstruction
+    name = _axis_name(a.axis)
+    ok = np.isfinite(rec.mean_loss)
+    if not ok.any():
+        return ""
+    first, last = np.flatnonzero(ok)[[0, -1]]
+    shares = sorted(((v, c) for c, v in a.class_loss_share.items() if np.isfinite(v) and v > 0.005), reverse=True)
+    carried = ", ".join(f"{c} {v:.0%}" for v, c in shares[:3])
+    verb = "fell" if rec.mean_loss[last] <= rec.mean_loss[first] else "rose"
+    return (f"<p><b>Run {_e(a.run)}:</b> the mean loss of the {rec.spectrum.n_tokens:,} probe tokens {verb} from "
+            f"{rec.mean_loss[first]:.2f} to {rec.mean_loss[last]:.2f} nats between {name} {_value_text(10.0 ** rec.x[first])} "
+            f"and {_value_text(10.0 ** rec.x[last])}; the fitted per-token events rebuild its rate of change with R² "
+            f"{rec.r2_events:.3f}. Largest shares of the loss drop by token class: {_e(carried or 'none')}.</p>")  # fmt: skip
+
+
+# (row label, what it means) of the reconstruction table, one row a score, one column a run.
+SCORES = (
+    ("points", "recorded steps (or budgets, or model sizes) fitted"),
+    ("tokens", "probe tokens, each fitted on its own"),
+    ("R² sigmoid sum", "how well the sum of every token's fitted event(s) rebuilds the measured -dL/dlog10 a (1 is perfect)"),
+    ("R² spectrum", "the same for the learning-time spectrum alone (the events smoothed into a density)"),
+    ("rel. L2 sigmoids", "relative L2 error of the sum of events (0 is perfect)"),
+    ("rel. L2 spectrum", "relative L2 error of the spectrum"),
+    ("drop carried by events", "share of the measured fall of the mean loss that the fitted events carry"),
+    ("by well-fitted events", "the same, counting only events whose fit converged with R² >= 0.5"),
+    ("loss exponent α [95%]", "mean loss L ~ a^(-α) fitted directly, if that is a power law (fit R² >= 0.8)"),
+    ("spectrum exponent α [95%]", "ρ ~ 10^(-α x) inside the uncensored range, if that is a power law (fit R² >= 0.8)"),
+)  # fmt: skip
 
 
 def _scores_table(an: StoreAnalysis) -> str:
-    rows = []
+    cols = []
     for a in an.runs:
         s = a.reconstruction.summary()
-        sp, lp = s["spectrum_power_law"], s["loss_power_law"]
-        rows.append([
-            a.run, a.axis, f"{s['n_points']}", f"{s['n_tokens']:,}",
-            f"{s['r2_events']:.3f}", f"{s['r2_spectrum']:.3f}", f"{s['rel_l2_events']:.3f}", f"{s['rel_l2_spectrum']:.3f}",
-            f"{s['drop_share_events']:.1%}", f"{s['drop_share_well_fitted']:.1%}",
-            _power_law_text(sp), _power_law_text(lp),
+        cols.append([
+            f"{s['n_points']}", f"{s['n_tokens']:,}", f"{s['r2_events']:.3f}", f"{s['r2_spectrum']:.3f}",
+            f"{s['rel_l2_events']:.3f}", f"{s['rel_l2_spectrum']:.3f}", f"{s['drop_share_events']:.1%}",
+            f"{s['drop_share_well_fitted']:.1%}", _power_law_text(s["loss_power_law"]), _power_law_text(s["spectrum_power_law"]),
         ])  # fmt: skip
-    header = ["run", "axis", "points", "tokens", "R² sigmoid sum", "R² spectrum", "rel. L2 sigmoids", "rel. L2 spectrum",
-              "drop carried by events", "by well-fitted events", "spectrum exponent α [95%]", "loss exponent α [95%]"]  # fmt: skip
+    rows = [[label, *(c[i] for c in cols), help_] for i, (label, help_) in enumerate(SCORES)]
+    header = ["", *(f"run {a.run} (axis {a.axis})" for a in an.runs), "what it measures"]
     note = f"<p class=meta>Not fitted (left out): {_e(', '.join(an.not_fitted))}</p>" if an.not_fitted else ""
-    return _table(header, rows, caption="Reconstruction of -dL/dlog10 a") + note
+    return _table(header, rows, caption="How well the per-token events rebuild the fall of the mean loss") + note
 
 
-def _axis_x(ax, axis: str) -> None:
-    ax.set_xlabel(f"log10 {AXIS_LABEL.get(axis, axis)}")
+def _class_help(o: dict) -> dict[str, str]:
+    """What each class means, with the thresholds of the fit's options ``o``."""
+    d, known, r2 = o.get("delta_min", 0.5), o.get("known_loss", 1.0), o.get("r2_min", 0.5)
+    return {
+        "learned": f"the loss falls clearly, by {d:.1f} nats or more and by more than twice the scatter about the fit, in one step "
+                   "(where the step is centred, inside the recorded range or not)",
+        "multi_step": f"two fitted drops of {d:.1f} nats or more, both centred inside the recorded range",
+        "gradual": "a straight fall in log steps, without a step",
+        "already_known": f"low ({known:.1f} nats or less) from the first recorded point",
+        "not_yet_learned": f"above {known:.1f} nats and without a clear fall (less than {d:.1f} nats) up to the last recorded point",
+        "forgotten": f"the loss rises by {d:.1f} nats or more",
+        "noisy": f"the scatter hides any trend, or the fitted step explains less than {r2:.0%} of the variance",
+        "unfit": "too few valid points to fit",
+    }  # fmt: skip
 
 
-def _plot_reconstruction(a: RunAnalysis):
-    import matplotlib.pyplot as plt
-
-    rec = a.reconstruction
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8))
-    ax0.plot(rec.x, rec.mean_loss, "o-", ms=3, color="k")
-    _axis_x(ax0, a.axis)
-    ax0.set_ylabel("mean probe loss (nats)")
-    ax0.set_title("mean probe loss")
-    ax1.plot(rec.x, rec.measured, "o", ms=4, color="k", label="measured")
-    ax1.plot(rec.x, rec.from_events, "-", color="C0", label=f"sum of sigmoids (R² {rec.r2_events:.3f})")
-    ax1.plot(rec.x, rec.from_spectrum, "--", color="C3", label=f"spectrum alone (R² {rec.r2_spectrum:.3f})")
-    ax1.axhline(0, color="#999", lw=0.5)
-    _axis_x(ax1, a.axis)
-    ax1.set_ylabel("-dL/dlog10 a (nats per decade)")
-    ax1.set_title("loss derivative")
-    ax1.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-POWER_LAW_R2 = 0.8  # a power-law fit below this R^2 (of log rho, or of L) is reported as "not a power law"
-
-
-def _power_law_text(pl: dict | None) -> str:
-    """A power law's exponent as a table cell: headlined only when the fit is good."""
-    if not pl:
-        return "n/a"
-    if not pl["r2"] >= POWER_LAW_R2:
-        return f"not a power law (fit R² {pl['r2']:.2f})"
-    return f"{pl['alpha']:.2f} [{pl['alpha_ci95'][0]:.2f}, {pl['alpha_ci95'][1]:.2f}] (R² {pl['r2']:.2f})"
-
-
-def _plot_spectrum(a: RunAnalysis):
-    import matplotlib.pyplot as plt
-
-    rec = a.reconstruction
-    spec = rec.spectrum
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for ax, log in zip(axes, (False, True)):
-        widths = np.diff(spec.edges)
-        ax.bar(spec.edges[:-1], spec.hist, width=widths, align="edge", color="#c6dbef", edgecolor="#6baed6", label="histogram")
-        ax.plot(spec.x, spec.density, color="C0", label=f"kernel density (h = {spec.bandwidth:.3f})")
-        lo, hi = spec.x_range
-        ax.axvspan(spec.x[0], lo, color="#eee")
-        ax.axvspan(hi, spec.x[-1], color="#eee")
-        pl = rec.spectrum_power_law
-        if pl is not None and not pl.r2 >= POWER_LAW_R2:
-            ax.text(0.02, 0.95, f"not a power law (fit R² {pl.r2:.2f})", transform=ax.transAxes, ha="left", va="top", fontsize=8)
-        elif pl is not None:
-            xs = np.linspace(*pl.x_fit, 50)
-            ax.plot(xs, 10 ** (pl.params["log10_amplitude"] - pl.alpha * xs), "k--", lw=1,
-                    label=f"power law α = {pl.alpha:.2f} [{pl.alpha_lo:.2f}, {pl.alpha_hi:.2f}]")  # fmt: skip
-        if log:
-            ax.set_yscale("log")
-            pos = spec.density[spec.density > 0]
-            if pos.size:
-                ax.set_ylim(max(pos.max() * 1e-3, pos.min()), pos.max() * 2)
-        _axis_x(ax, a.axis)
-        ax.set_ylabel("ρ (nats per decade per token)")
-        ax.set_title("spectrum, " + ("log scale" if log else "linear scale"))
-    lp = rec.loss_power_law
-    if lp is not None:
-        text = f"mean-loss power law: α = {lp.alpha:.2f} (R² {lp.r2:.3f})" if lp.r2 >= POWER_LAW_R2 else (
-            f"mean loss: not a power law (fit R² {lp.r2:.2f})")  # fmt: skip
-        axes[0].text(0.98, 0.95, text, transform=axes[0].transAxes, ha="right", va="top", fontsize=8)
-    axes[1].legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    return fig
-
-
-def _plot_trajectories(st: TrajectoryStore, a: RunAnalysis, per_class: int = 3):
-    import matplotlib.pyplot as plt
-
-    r = st.run(a.run)
-    rows, x = fit_inputs(r)
-    f = a.fit
-    classes = [c for c in CLASS_NAMES.values() if (f["class_code"] == CLASS_CODES[c]).any()]
-    rng = np.random.default_rng(0)
-    picks = {}
-    for c in classes:
-        idx = np.flatnonzero(f["class_code"] == CLASS_CODES[c])
-        picks[c] = np.sort(rng.choice(idx, min(per_class, idx.size), replace=False))
-    tokens = np.unique(np.concatenate(list(picks.values())))
-    Y = r.losses_at(rows, tokens).astype(np.float64)  # [K, picked]
-    col = {t: j for j, t in enumerate(tokens)}
-    ncol = 4
-    nrow = -(-len(classes) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(11, 2.7 * nrow), squeeze=False, sharex=True)
-    xf = np.linspace(x[0], x[-1], 200)
-    for ax, c in zip(axes.flat, classes):
-        for j, t in enumerate(picks[c]):
-            color = f"C{j}"
-            ax.plot(x, Y[:, col[t]], "o", ms=2.5, color=color, alpha=0.7)
-            ax.plot(xf, _chosen_curve(f, t, xf), "-", color=color, lw=1.2)
-        ax.set_title(f"{c} ({a.class_counts.get(c, 0):,})", fontsize=9, color=CLASS_COLORS.get(c, "k"))
-        ax.set_ylabel("loss (nats)", fontsize=8)
-    for ax in axes.flat[len(classes):]:
-        ax.axis("off")
-    for ax in axes[-1]:
-        _axis_x(ax, a.axis)
-    fig.tight_layout()
-    return fig
-
-
-def _chosen_curve(f: dict, t: int, xf: np.ndarray) -> np.ndarray:
-    m = int(f["model"][t])
-    if m == 3:
-        return two_sigmoid_curve(xf, f["linf2"][t], f["delta1"][t], f["mu1"][t], f["s1"][t], f["delta2"][t], f["mu2"][t], f["s2"][t])
-    if m == 2:
-        return sigmoid_curve(xf, f["l0"][t], f["linf"][t], f["mu"][t], f["s"][t])
-    if m == 1:
-        return f["line_intercept"][t] + f["line_slope"][t] * xf
-    if m == 0:
-        return np.full_like(xf, f["mean"][t])
-    return np.full_like(xf, np.nan)
-
-
-def _plot_classes(a: RunAnalysis):
-    import matplotlib.pyplot as plt
-
-    names = [c for c in CLASS_NAMES.values() if a.class_counts.get(c, 0)]
-    share = [a.class_loss_share.get(c, 0.0) * 100 for c in names]
-    total = sum(a.class_counts.values())
-    count = [a.class_counts.get(c, 0) / total * 100 for c in names]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.2))
-    y = np.arange(len(names))
-    ax.barh(y - 0.2, share, 0.4, color=[CLASS_COLORS[c] for c in names], label="share of the loss drop")
-    ax.barh(y + 0.2, count, 0.4, color="#ccc", label="share of the tokens")
-    for yi, v in zip(y, share):
-        ax.text(v, yi - 0.2, f" {v:.1f}%", va="center", fontsize=8)
-    ax.set_yticks(y, names)
-    ax.invert_yaxis()
-    ax.axvline(0, color="k", lw=0.5)
-    ax.set_xlabel("% of the total (loss drop, or tokens)")
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    return fig
-
-
-def _plot_groups(a: RunAnalysis):
-    import matplotlib.pyplot as plt
-
-    keys = [k for k in ("class", "domain", "frequency", "position") if a.by_group.get(k)]
-    fig, axes = plt.subplots(1, len(keys), figsize=(3.0 * len(keys) + 1, 3.6), squeeze=False, sharey=True)
-    for ax, k in zip(axes[0], keys):
-        spectra = a.by_group[k]
-        if k == "domain":  # the largest contributors only, for legibility
-            spectra = dict(sorted(spectra.items(), key=lambda kv: -abs(kv[1].total_drop))[:6])
-        for j, (label, sp) in enumerate(spectra.items()):
-            color = CLASS_COLORS.get(label, f"C{j % 10}") if k == "class" else f"C{j % 10}"
-            ax.plot(sp.x, sp.density, color=color, lw=1.2, label=_literal(label))
-        ax.set_title(f"by {k}", fontsize=10)
-        _axis_x(ax, a.axis)
-        ax.legend(fontsize=6.5, loc="upper right")
-    axes[0][0].set_ylabel("ρ (nats per decade per token)")
-    fig.tight_layout()
-    return fig
-
-
-def _plot_time_vs_token(st: TrajectoryStore, a: RunAnalysis):
-    import matplotlib.pyplot as plt
-
-    ta = st.probe.token_arrays
-    f = a.fit
-    learned = np.isin(f["class_code"], [CLASS_CODES["learned"], CLASS_CODES["multi_step"]]) & np.isfinite(f["mu"])
-    mu = np.where(f["class_code"] == CLASS_CODES["multi_step"], f["mu1"], f["mu"])
-    panels = []  # what the probe can say about each token
-    if "token_id" in ta:
-        _, inverse, counts = np.unique(np.asarray(ta["token_id"]), return_inverse=True, return_counts=True)
-        panels.append((np.log10(counts[inverse]), "log10 occurrences of the token id in the probe"))
-    if "token_pos" in ta:
-        panels.append((np.log2(np.maximum(np.asarray(ta["token_pos"]), 1)), "log2 position in the sequence"))
-    if not panels:
-        return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), sharey=True, squeeze=False)
-    ax0 = axes[0, 0]
-    for ax, (v, label) in zip(axes[0], panels):
-        if learned.sum():
-            ax.hexbin(v[learned], mu[learned], gridsize=40, cmap="Blues", mincnt=1, bins="log")
-            edges = np.unique(np.quantile(v[learned], np.linspace(0, 1, 11)))
-            if edges.size > 1:
-                b = np.clip(np.searchsorted(edges, v[learned], side="right") - 1, 0, edges.size - 2)
-                med = [np.median(mu[learned][b == i]) if (b == i).any() else np.nan for i in range(edges.size - 1)]
-                ax.plot(0.5 * (edges[1:] + edges[:-1]), med, "ko-", ms=3)
-        ax.set_xlabel(label)
-    ax0.set_ylabel(f"learning time μ (log10 {AXIS_LABEL.get(a.axis, a.axis)})")
-    ax0.set_title(f"{int(learned.sum()):,} learned / multi-step tokens (first event)", fontsize=9)
-    fig.tight_layout()
-    return fig
-
-
-def _plot_cartography(a: RunAnalysis):
-    import matplotlib.pyplot as plt
-
-    s = a.stats
-    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(12, 3.8), gridspec_kw={"width_ratios": [2, 1, 1]})
-    n = s.confidence.size
-    sel = np.random.default_rng(0).choice(n, min(n, 20000), replace=False)
-    codes = a.fit["class_code"][sel]
-    for code, name in CLASS_NAMES.items():
-        m = codes == code
-        if m.any():
-            ax0.scatter(s.variability[sel][m], s.confidence[sel][m], s=2, alpha=0.4, color=CLASS_COLORS[name], label=name)
-    ax0.set_xlabel("variability (std of gold probability)")
-    ax0.set_ylabel("confidence (mean gold probability)")
-    ax0.legend(fontsize=6.5, markerscale=4, loc="upper right")
-    fe = s.forgetting_events
-    ax1.hist(fe, bins=np.arange(fe.max() + 2) - 0.5, color="#d62728")
-    ax1.set_yscale("log")
-    ax1.set_xlabel("forgetting events per token")
-    ax1.set_ylabel("tokens")
-    shares = s.rho1_shares()
-    ax2.bar(range(4), [shares[c] * 100 for c in RHO1_CLASSES], color=["#7f7f7f", "#1f77b4", "#d62728", "#2ca02c"])
-    ax2.set_xticks(range(4), RHO1_CLASSES)
-    ax2.set_ylabel("% of tokens")
-    ax2.set_title("Rho-1 classes", fontsize=10)
-    fig.tight_layout()
-    return fig
+def _classes_help(st: TrajectoryStore, an: StoreAnalysis) -> str:
+    o = st.run(an.runs[0].run).fit.options() if an.runs else {}
+    text = _class_help(o)
+    rows = [[_Html(f"<span style='white-space:nowrap'><span style='color:{CLASS_COLORS[c]}'>■</span> {_e(c)}</span>"), text[c]] for c in CLASS_NAMES.values()]
+    return (f"<details><summary>What the token classes mean</summary>{_table(['class', 'the token loss over the recorded points'], rows)}"
+            "<p class=meta>Each token's loss curve is fitted by a constant, a line, a sigmoid and two sigmoids in log "
+            "steps; the simplest model that is not clearly beaten (by BIC) is kept, and the class says what that model "
+            "does between the first and the last recorded point.</p></details>")  # fmt: skip
 
 
 def _metadata_tables(st: TrajectoryStore, an: StoreAnalysis) -> str:
@@ -440,5 +352,422 @@ def _metadata_tables(st: TrajectoryStore, an: StoreAnalysis) -> str:
         steps = info["steps"]
         rows.append([name, r.axis, f"{info['shape'][0]} x {info['shape'][1]:,}",
                      f"{steps[0]}..{steps[-1]}" if steps else "none", f"{info['nonfinite_losses']:,}", _fmt(attrs)])  # fmt: skip
-    return "<h2>Runs</h2>" + _table(["run", "axis", "rows x tokens", "steps", "NaN losses", "metadata"], rows)
+    table = _table(["run", "axis", "rows x tokens", "steps", "NaN losses", "metadata"], rows)
+    return f"<details><summary>Every run in the store, with its recorded metadata ({len(rows)} run{'s' * (len(rows) != 1)})</summary>{table}</details>"
 
+
+# -- axes ------------------------------------------------------------------------------------
+
+
+AXIS_NOUN = {"T": "training step", "D": "data budget", "M": "model size"}  # in sentences
+
+
+def _axis_name(axis: str) -> str:
+    return AXIS_NOUN.get(axis, axis)
+
+
+def _log_ticks(axis_obj, lo: float, hi: float) -> None:
+    """Ticks of a matplotlib x or y axis whose data are log10 values, labelled as the values."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter
+
+    span = max(hi - lo, 1e-9)
+    step = 1.0 if span >= 1.5 else 0.5
+    major = np.arange(np.floor(lo / step) * step, hi + step, step)
+    minor = [k + np.log10(m) for k in range(int(np.floor(lo)) - 1, int(np.ceil(hi)) + 1) for m in range(2, 10)]
+    axis_obj.set_major_locator(FixedLocator(major))
+    axis_obj.set_minor_locator(FixedLocator(minor))
+    axis_obj.set_major_formatter(FuncFormatter(lambda v, _: _value_text(10.0**v)))
+
+
+def _value_text(v: float) -> str:
+    """A step, budget or size for a tick or a table: 1, 30, 1,000, 3e+06."""
+    if v >= 1e5:
+        return f"{v:.0e}".replace("e+0", "e").replace("e+", "e")
+    if v >= 1:
+        return f"{float(f'{v:.2g}'):,.0f}"
+    return f"{v:.2g}"
+
+
+def _axis_x(ax, axis: str, x: np.ndarray) -> None:
+    ax.set_xlabel(f"{AXIS_LABEL.get(axis, axis)} (log scale)")
+    _log_ticks(ax.xaxis, float(np.nanmin(x)), float(np.nanmax(x)))
+
+
+def _legend_below(ax, *handles_labels, ncol: int = 1, **kw) -> None:
+    ax.legend(*handles_labels, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, frameon=False, fontsize=8, **kw)
+
+
+# -- figures ---------------------------------------------------------------------------------
+
+
+def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
+    import matplotlib.pyplot as plt
+
+    rec = a.reconstruction
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
+    ax0.plot(rec.x, rec.mean_loss, "o-", ms=3, color="k")
+    _axis_x(ax0, a.axis, rec.x)
+    ax0.set_ylabel("mean probe loss (nats)")
+    ax0.set_title("mean probe loss")
+    ax1.plot(rec.x, rec.measured, "o", ms=4, color="k", label="measured")
+    ax1.plot(rec.x, rec.from_events, "-", color="C0", label=f"sum of fitted events (R² {rec.r2_events:.3f})")
+    ax1.plot(rec.x, rec.from_spectrum, "--", color="C3", label=f"spectrum alone (R² {rec.r2_spectrum:.3f})")
+    ax1.axhline(0, color="#999", lw=0.5)
+    _axis_x(ax1, a.axis, rec.x)
+    ax1.set_ylabel("-dL/dlog10 a (nats per decade)")
+    ax1.set_title("how fast the mean loss falls")
+    _legend_below(ax1, ncol=3)
+    name = _axis_name(a.axis)
+    return Figure(fig, f"The mean probe loss and how fast it falls, measured and rebuilt from the tokens",
+                  f"Left: the loss averaged over all {rec.spectrum.n_tokens:,} probe tokens at each recorded {name}. "
+                  f"Right: how fast it falls, -dL/dlog10 a in nats per tenfold increase of the {name} (a is the {name}): "
+                  f"black, measured from the mean loss (a local quadratic, smoothing {rec.smoothing:.3f} decades); blue, "
+                  f"the sum of every token's fitted learning event(s); red dashed, rebuilt from the learning-time spectrum "
+                  f"alone (figure below, bandwidth {rec.spectrum.bandwidth:.3f} decades). Where the lines follow the dots, "
+                  f"the per-token events account for how the mean loss falls; R² in the legend.")  # fmt: skip
+
+
+POWER_LAW_R2 = 0.8  # a power-law fit below this R^2 (of log rho, or of L) is reported as "not a power law"
+
+
+def _power_law_text(pl: dict | None) -> str:
+    """A power law's exponent as a table cell: headlined only when the fit is good."""
+    if not pl:
+        return "n/a"
+    if not pl["r2"] >= POWER_LAW_R2:
+        return f"not a power law (fit R² {pl['r2']:.2f})"
+    return f"{pl['alpha']:.2f} [{pl['alpha_ci95'][0]:.2f}, {pl['alpha_ci95'][1]:.2f}] (R² {pl['r2']:.2f})"
+
+
+def _fig_spectrum(st: TrajectoryStore, a: RunAnalysis) -> Figure:
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    rec = a.reconstruction
+    spec = rec.spectrum
+    pl = rec.spectrum_power_law
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
+    for ax, log in zip(axes, (False, True)):
+        widths = np.diff(spec.edges)
+        ax.bar(spec.edges[:-1], spec.hist, width=widths, align="edge", color="#c6dbef", edgecolor="#6baed6", label="histogram of event times")
+        ax.plot(spec.x, spec.density, color="C0", label=f"kernel density (bandwidth {spec.bandwidth:.3f} decades)")
+        lo, hi = spec.x_range
+        ax.axvspan(spec.x[0], lo, color="#e4e4e4", label="outside the recorded range (censored)")
+        ax.axvspan(hi, spec.x[-1], color="#e4e4e4")
+        if pl is not None and pl.r2 >= POWER_LAW_R2:
+            xs = np.linspace(*pl.x_fit, 50)
+            ax.plot(xs, 10 ** (pl.params["log10_amplitude"] - pl.alpha * xs), "k--", lw=1,
+                    label=f"power law α = {pl.alpha:.2f} [{pl.alpha_lo:.2f}, {pl.alpha_hi:.2f}]")  # fmt: skip
+        if log:
+            ax.set_yscale("log")
+            top = max(spec.density.max(initial=0), spec.hist.max(initial=0))
+            if top > 0:  # every positive bin stays in view; the density's far tails need not
+                floor = [v[v > 0].min() for v in (spec.hist, spec.density[spec.density > top * 1e-3]) if (v > 0).any()]
+                ax.set_ylim(min(floor) / 1.5, top * 1.5)
+                if top * 1.5 / (min(floor) / 1.5) < 300:  # a few decades: plain 0.5, 1, 2, 5, not 5x10^-1
+                    from matplotlib.ticker import FuncFormatter
+
+                    plain = FuncFormatter(lambda v, _: f"{v:g}" if round(v / 10 ** np.floor(np.log10(v)), 6) in (1, 2, 5) else "")
+                    ax.yaxis.set_major_formatter(plain)
+                    ax.yaxis.set_minor_formatter(plain)
+        _axis_x(ax, a.axis, spec.x)
+        ax.set_ylabel("ρ (nats per decade per token)")
+        ax.set_title("linear scale" if not log else "log scale")
+    handles, labels = axes[1].get_legend_handles_labels()
+    if pl is not None and not pl.r2 >= POWER_LAW_R2:
+        handles.append(Line2D([], [], ls="none"))
+        labels.append(f"spectrum: not a power law (fit R² {pl.r2:.2f}), no line drawn")
+    fig.legend(handles, labels, loc="outside lower center", ncol=2, frameon=False, fontsize=8)
+    lp = rec.loss_power_law
+    loss_text = "" if lp is None else (
+        f" Fitted directly, the mean loss follows L ~ a^(-α) with α = {lp.alpha:.2f} (R² {lp.r2:.3f})." if lp.r2 >= POWER_LAW_R2
+        else f" The mean loss itself is not a power law of the {_axis_name(a.axis)} (fit R² {lp.r2:.2f}).")  # fmt: skip
+    return Figure(fig, "Learning-time spectrum: when the loss drop happens",
+                  f"Every fitted learning event puts its loss drop at its learning time μ (the middle of its sigmoid); "
+                  f"summed over events and divided by the number of tokens this gives ρ, in nats per decade per token, "
+                  f"so its area is the loss drop per token that the events carry. Bars: histogram; line: kernel density. Left "
+                  f"linear, right log scale (every bin kept in view). Grey: outside the recorded range, where event "
+                  f"times are censored; a power law is fitted only between. A straight dashed line on the log panel "
+                  f"would mean ρ ~ 10^(-α x), a power law in the {_axis_name(a.axis)}.{loss_text}")  # fmt: skip
+
+
+def _fig_trajectories(st: TrajectoryStore, a: RunAnalysis, per_class: int = 3, decode=None) -> Figure:
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    r = st.run(a.run)
+    rows, x = fit_inputs(r)
+    f = a.fit
+    classes = [c for c in CLASS_NAMES.values() if (f["class_code"] == CLASS_CODES[c]).any()]
+    rng = np.random.default_rng(0)
+    picks = {}
+    for c in classes:
+        idx = np.flatnonzero(f["class_code"] == CLASS_CODES[c])
+        picks[c] = np.sort(rng.choice(idx, min(per_class, idx.size), replace=False))
+    tokens = np.unique(np.concatenate(list(picks.values())))
+    Y = r.losses_at(rows, tokens).astype(np.float64)  # [K, picked]
+    col = {t: j for j, t in enumerate(tokens)}
+    ncol = 4
+    nrow = -(-len(classes) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(11, 2.8 * nrow), squeeze=False, sharex=True, layout="constrained")
+    xf = np.linspace(x[0], x[-1], 200)
+    legend_rows = []
+    for ax, c in zip(axes.flat, classes):
+        ys = []
+        for j, t in enumerate(picks[c]):
+            color = f"C{j}"
+            y = Y[:, col[t]]
+            ax.plot(x, y, "o", ms=2.5, color=color, alpha=0.7)
+            ax.plot(xf, _drawn_curve(f, t, xf), "-", color=color, lw=1.2)
+            ys.append(y[np.isfinite(y)])
+            legend_rows.append([c, _Html(f"<span class=swatch style='background:{to_hex(color)}'></span>"),
+                                _token_in_context(st.probe, int(t), decode), _model_text(f, int(t), a.axis)])  # fmt: skip
+        ys = np.concatenate(ys)
+        if ys.size:
+            pad = 0.08 * max(ys.max() - ys.min(), 0.5)
+            ax.set_ylim(max(ys.min() - pad, -pad), ys.max() + pad)
+        ax.set_title(f"{c} ({a.class_counts.get(c, 0):,} tokens)", fontsize=9, color=CLASS_COLORS.get(c, "k"))
+        ax.set_ylabel("loss (nats)", fontsize=8)
+    for i, ax in enumerate(axes.flat):
+        if i >= len(classes):
+            ax.axis("off")
+        elif i + ncol >= len(classes):  # the lowest panel of its column
+            _axis_x(ax, a.axis, x)
+            ax.xaxis.set_tick_params(labelbottom=True)
+    after = _table(["class", "colour", "the token (highlighted) after the text before it", "fitted model"], legend_rows)
+    return Figure(fig, "Example tokens of each class: loss at each recorded step and the fitted model",
+                  f"Each panel shows up to {per_class} tokens drawn at random from one class (how many tokens the class "
+                  f"holds is in its title). Dots: the token's loss at each recorded {_axis_name(a.axis)}; line: the model "
+                  f"the fit chose for it (a constant, a line, a sigmoid or two sigmoids in log {_axis_name(a.axis)}), "
+                  f"drawn clipped at 0 nats (a fitted curve whose event lies outside the recorded range can extrapolate "
+                  f"below zero). Colours are per panel: the table below gives each coloured token's text in context, "
+                  f"and the model with its event time(s).", after)  # fmt: skip
+
+
+CONTEXT_TOKENS = 24  # tokens of text shown before an example token
+
+
+def _token_in_context(probe, t: int, decode) -> _Html:
+    """A probe token as escaped markup: the text before it and the token, highlighted, where
+    the probe's tokens can be decoded (``decode``: ids -> text); otherwise its id and place."""
+    ta = probe.token_arrays
+    s, p = int(ta["sample_id"][t]), int(ta["token_pos"][t])
+    where = f"sequence {s}, position {p}"
+    if probe.tokens is None or decode is None:
+        tid = f"token id {int(ta['token_id'][t])}, " if "token_id" in ta else ""
+        why = "an imported probe holds no tokens" if probe.tokens is None else "give the report the probe's tokenizer"
+        return _Html(_e(f"{tid}{where} (no text: {why})"))
+    row = probe.tokens[s]
+
+    def text(ids) -> str:
+        return decode(ids).replace("\n", "↵").replace("\t", "→")
+
+    before = text(row[max(0, p - CONTEXT_TOKENS) : p])
+    token = text(row[p : p + 1]).replace(" ", "␣") or "⟨end of text⟩"  # a space made visible
+    return _Html(f"<code class=ctx>…{_e(before)}<mark>{_e(token)}</mark></code> <span class=meta>({_e(where)})</span>")
+
+
+def _model_text(f: dict, t: int, axis: str) -> str:
+    """The model the fit chose for token t, with its event time(s) as axis values."""
+    m = int(f["model"][t])
+
+    def at(mu) -> str:
+        lo, hi = f["x_first"][t], f["x_last"][t]
+        side = " (before the first recorded)" if mu < lo else " (after the last recorded)" if mu > hi else ""
+        return f"{_value_text(10.0 ** mu)}{side}"
+
+    def change(d) -> str:
+        return f"a drop of {d:.1f} nats" if d >= 0 else f"a rise of {-d:.1f} nats"
+
+    if m == 3:
+        return (f"two sigmoids: {change(f['delta1'][t])} at {_axis_name(axis)} {at(f['mu1'][t])}, then "
+                f"{change(f['delta2'][t])} at {at(f['mu2'][t])}")  # fmt: skip
+    if m == 2:
+        return f"sigmoid: {change(f['delta'][t])} at {_axis_name(axis)} {at(f['mu'][t])}"
+    if m == 1:
+        slope = -f["line_slope"][t]
+        return f"line: the loss {'falls' if slope >= 0 else 'rises'} {abs(slope):.2f} nats per tenfold {_axis_name(axis)}"
+    if m == 0:
+        return f"constant: {f['mean'][t]:.2f} nats"
+    return "not fitted"
+
+
+def _drawn_curve(f: dict, t: int, xf: np.ndarray) -> np.ndarray:
+    """Token t's fitted curve as drawn: clipped at 0 nats. A fit's levels are not bounded below,
+    so a curve whose event is censored can extrapolate under 0, and a loss cannot be negative."""
+    return np.maximum(_chosen_curve(f, t, xf), 0.0)
+
+
+def _chosen_curve(f: dict, t: int, xf: np.ndarray) -> np.ndarray:
+    m = int(f["model"][t])
+    if m == 3:
+        return two_sigmoid_curve(xf, f["linf2"][t], f["delta1"][t], f["mu1"][t], f["s1"][t], f["delta2"][t], f["mu2"][t], f["s2"][t])
+    if m == 2:
+        return sigmoid_curve(xf, f["l0"][t], f["linf"][t], f["mu"][t], f["s"][t])
+    if m == 1:
+        return f["line_intercept"][t] + f["line_slope"][t] * xf
+    if m == 0:
+        return np.full_like(xf, f["mean"][t])
+    return np.full_like(xf, np.nan)
+
+
+def _fig_classes(st: TrajectoryStore, a: RunAnalysis) -> Figure:
+    import matplotlib.pyplot as plt
+
+    names = [c for c in CLASS_NAMES.values() if a.class_counts.get(c, 0)]
+    share = [a.class_loss_share.get(c, 0.0) * 100 for c in names]
+    total = sum(a.class_counts.values())
+    count = [a.class_counts.get(c, 0) / total * 100 for c in names]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.6), layout="constrained")
+    y = np.arange(len(names))
+    ax.barh(y - 0.2, share, 0.4, color=[CLASS_COLORS[c] for c in names], label="share of the loss drop (class colour)")
+    ax.barh(y + 0.2, count, 0.4, color="#ccc", label="share of the tokens (grey)")
+    for yi, v in zip(y, share):
+        ax.text(v, yi - 0.2, f" {v:.1f}% " if v >= 0 else f"{v:.1f}% ", va="center", ha="left" if v >= 0 else "right", fontsize=8)
+    for yi, v in zip(y, count):
+        ax.text(v, yi + 0.2, f" {v:.1f}%", va="center", fontsize=7, color="#666")
+    ax.set_yticks(y, names)
+    ax.invert_yaxis()
+    ax.axvline(0, color="k", lw=0.5)
+    ax.set_xlim(min(0.0, np.nanmin([0.0, *share])) - 6, np.nanmax([1.0, *share, *count]) * 1.12)  # room for the labels
+    ax.set_xlabel("% of the total")
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False, fontsize=8)
+    return Figure(fig, "Which classes carry the loss drop",
+                  "For each class of tokens: its share of the total loss drop between the first and the last recorded "
+                  "point (coloured bar; tokens whose loss rose, forgotten, count negatively, so the shares add up to "
+                  "100%), and its share of the tokens (grey). A class whose coloured bar is longer than its grey one "
+                  "lost more loss per token than the average token.")  # fmt: skip
+
+
+def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in ("class", "domain", "frequency", "position") if a.by_group.get(k)]
+    if not keys:
+        return None
+    fig, axes = plt.subplots(1, len(keys), figsize=(2.9 * len(keys) + 1, 4.4), squeeze=False, sharey=True, layout="constrained")
+    shown = {}
+    for ax, k in zip(axes[0], keys):
+        spectra = a.by_group[k]
+        if k == "domain":  # the largest contributors only, for legibility
+            shown[k] = (min(6, len(spectra)), len(spectra))
+            spectra = dict(sorted(spectra.items(), key=lambda kv: -abs(kv[1].total_drop))[:6])
+        lines = []
+        for j, (label, sp) in enumerate(spectra.items()):
+            color = CLASS_COLORS.get(label, f"C{j % 10}") if k == "class" else f"C{j % 10}"
+            lines += ax.plot(sp.x, sp.density, color=color, lw=1.2)
+        title = f"by {k}" if k not in shown else f"by domain ({shown[k][0]} of {shown[k][1]})"
+        ax.set_title(title, fontsize=10)
+        _axis_x(ax, a.axis, a.reconstruction.spectrum.x)
+        ax.xaxis.label.set_fontsize(8)
+        # Handles and labels given explicitly: a legend drops artists whose label starts with "_"
+        # (a domain such as "__future__" was missing from it).
+        _legend_below(ax, lines, [_literal(label) for label in spectra], ncol=2 if len(spectra) > 4 else 1,
+                      title={"frequency": "occurrences of the token id", "position": "position in the sequence"}.get(k))  # fmt: skip
+    axes[0][0].set_ylabel("ρ (nats per decade per token)")
+    dom = ""
+    if "domain" in shown:
+        n, total = shown["domain"]
+        dom = (f" The domain panel shows the {n} of {total} domains that carry the largest loss drop." if n < total
+               else " The domain panel shows every domain.")  # fmt: skip
+    return Figure(fig, "The spectrum split by class, domain, token frequency and position",
+                  "Each panel splits the learning-time spectrum of the figure above by one property of the tokens: "
+                  "their class, their domain, how often their token id occurs in the probe (bands between quantiles "
+                  "of that count), and their position in the sequence. Each curve is that group's contribution to ρ (same "
+                  "bandwidth, same normalisation), so the curves of a panel add up to the whole spectrum, less groups "
+                  f"with fewer than 10 events, which are left out.{dom} A peak that moves from band to band means "
+                  "those tokens are learned at different times.")  # fmt: skip
+
+
+def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
+    import matplotlib.pyplot as plt
+
+    if not a.by_group:
+        return None
+    ta = st.probe.token_arrays
+    f = a.fit
+    mu = np.where(f["class_code"] == CLASS_CODES["multi_step"], f["mu1"], f["mu"])
+    learned = np.isin(f["class_code"], [CLASS_CODES["learned"], CLASS_CODES["multi_step"]]) & np.isfinite(mu)
+    inside = learned & (mu >= f["x_first"]) & (mu <= f["x_last"])
+    panels = []  # what the probe can say about each token
+    if "token_id" in ta:
+        _, inverse, counts = np.unique(np.asarray(ta["token_id"]), return_inverse=True, return_counts=True)
+        panels.append((np.log10(counts[inverse]), "occurrences of the token id in the probe (log scale)", True))
+    if "token_pos" in ta:
+        panels.append((np.log2(np.maximum(np.asarray(ta["token_pos"]), 1)), "position in the sequence (log scale)", False))
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels) + 0.8, 4.0), sharey=True, squeeze=False, layout="constrained")
+    hb, medians = None, []
+    for ax, (v, label, log10) in zip(axes[0], panels):
+        if inside.any():
+            hb = ax.hexbin(v[inside], mu[inside], gridsize=40, cmap="Blues", mincnt=1, bins="log")
+            edges = np.unique(np.quantile(v[inside], np.linspace(0, 1, 11)))
+            if edges.size > 1:
+                b = np.clip(np.searchsorted(edges, v[inside], side="right") - 1, 0, edges.size - 2)
+                med = [np.median(mu[inside][b == i]) if (b == i).any() else np.nan for i in range(edges.size - 1)]
+                medians += ax.plot(0.5 * (edges[1:] + edges[:-1]), med, "o-", color="#d62728", ms=3)
+            if log10:
+                _log_ticks(ax.xaxis, float(v[inside].min()), float(v[inside].max()))
+            else:
+                ticks = np.arange(0, np.ceil(v[inside].max()) + 1)
+                ax.set_xticks(ticks, [f"{2 ** int(k):,}" for k in ticks])
+            _log_ticks(ax.yaxis, float(mu[inside].min()), float(mu[inside].max()))
+        ax.set_xlabel(label)
+    axes[0, 0].set_ylabel(f"learning time μ ({AXIS_LABEL.get(a.axis, a.axis)}, log scale)")
+    if hb is not None:
+        fig.colorbar(hb, ax=axes[0].tolist(), label="tokens per hexagon (log scale)")
+    if medians:
+        fig.legend(medians[:1], ["median learning time per tenth of the tokens along x"], loc="outside upper center",
+                   frameon=False, fontsize=8)  # fmt: skip
+    left_out = int(learned.sum() - inside.sum())
+    return Figure(fig, "When tokens are learned, against how frequent they are and where they stand",
+                  f"Each of the {int(inside.sum()):,} learned or multi-step tokens (for multi-step tokens, the first event) "
+                  f"placed by its learning time μ (y) against, left, how often its token id occurs in the probe, and "
+                  f"right, its position in its sequence. Colour: tokens per hexagon (colour bar, log scale). Red: the "
+                  f"median learning time in each tenth of the tokens along x. A falling median means that tokens further "
+                  f"right are learned earlier. Left out: {left_out:,} tokens whose event time lies outside the recorded "
+                  f"range (censored).")  # fmt: skip
+
+
+def _fig_cartography(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
+    import matplotlib.pyplot as plt
+
+    s = a.stats
+    if s is None:
+        return None
+    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(12.5, 4.2), gridspec_kw={"width_ratios": [2.2, 1, 1]}, layout="constrained")
+    n = s.confidence.size
+    sel = np.random.default_rng(0).choice(n, min(n, 20000), replace=False)
+    codes = a.fit["class_code"][sel]
+    for code, name in CLASS_NAMES.items():
+        m = codes == code
+        if m.any():
+            ax0.scatter(s.variability[sel][m], s.confidence[sel][m], s=2, alpha=0.4, color=CLASS_COLORS[name], label=name)
+    ax0.set_xlabel("variability (std of gold probability)")
+    ax0.set_ylabel("confidence (mean gold probability)")
+    ax0.set_title("dataset cartography", fontsize=10)
+    ax0.legend(fontsize=7, markerscale=4, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, title="class", title_fontsize=7)
+    fe = s.forgetting_events
+    ax1.hist(fe, bins=np.arange(fe.max() + 2) - 0.5, color="#d62728")
+    ax1.set_yscale("log")
+    ax1.set_xlabel("forgetting events per token")
+    ax1.set_ylabel("tokens (log scale)")
+    ax1.set_title("forgetting events", fontsize=10)
+    shares = s.rho1_shares()
+    ax2.bar(range(4), [shares[c] * 100 for c in RHO1_CLASSES], color=["#7f7f7f", "#1f77b4", "#d62728", "#2ca02c"])
+    ax2.set_xticks(range(4), RHO1_CLASSES)
+    ax2.set_ylabel("% of tokens")
+    ax2.set_title("Rho-1 classes", fontsize=10)
+    steps = st.run(a.run).steps
+    early, late = _value_text(float(steps[s.early_row])), _value_text(float(steps[s.late_row]))
+    shown = f"{sel.size:,} tokens drawn at random of {n:,}" if sel.size < n else f"all {n:,} tokens"
+    return Figure(fig, "Per-token statistics from the literature: cartography, forgetting, Rho-1",
+                  f"Left, dataset cartography ({shown}): each token's mean probability of the correct token over the "
+                  f"recorded steps (confidence) against its standard deviation (variability), coloured by class. Middle: "
+                  f"how often each token went from learned (loss below {s.learned_loss:.2f} nats, probability above 1/2) "
+                  f"at one recorded step to not learned at the next. Right, Rho-1 classes: each token's loss at step "
+                  f"{early} (the recorded step nearest the middle of the log axis) and at step {late} (the last), each "
+                  f"called high (H) or low (L) against {s.threshold:.2f} nats, the median of all tokens' losses at those "
+                  f"two steps. Because that threshold is a median of both steps pooled, H->H and L->L hold equally many "
+                  f"tokens by construction; H->L are the tokens learned between the two steps, L->H those that got worse.")  # fmt: skip

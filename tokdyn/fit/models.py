@@ -156,6 +156,20 @@ def choose_model(bics: np.ndarray, margin: float) -> np.ndarray:
     return chosen
 
 
+# A drop is clear when it is at least this many times the scatter of the points about the fit.
+CLEAR_DROP_NOISE = 2.0
+
+
+def _fit_noise(const_rms: np.ndarray, r2: np.ndarray) -> np.ndarray:
+    """RMS of the points about the sigmoid fit [B], from the RMS about the mean and R^2.
+
+    R^2 = 1 - SSE/SSE_const, so the residual RMS is const_rms * sqrt(1 - R^2); NaN R^2 (a flat
+    trajectory) counts as no scatter explained (the residual is the whole RMS).
+    """
+    unexplained = np.where(np.isfinite(r2), np.clip(1.0 - r2, 0.0, 1.0), 1.0)
+    return const_rms * np.sqrt(unexplained)
+
+
 def classify(
     *,
     model: np.ndarray,
@@ -174,7 +188,7 @@ def classify(
     x_last: np.ndarray,
     options: FitOptions,
 ) -> np.ndarray:
-    """Class code [B] (:data:`CLASS_NAMES`) of each token, by the rules of docs/fitting.md.
+    """Class code [B] (:data:`CLASS_NAMES`) of each token: what its loss did in the observed window.
 
     All arguments are [B] arrays: the chosen model (:func:`choose_model`), the sigmoid fit's
     status, the chosen model's fitted loss at the first and last observed x, the RMS about the
@@ -189,10 +203,19 @@ def classify(
     4. any model whose fitted change over the observed range is below delta_min in size ("no
        clear drop"): ``already_known`` if it starts <= known_loss, else ``not_yet_learned``.
     5. line chosen: ``already_known`` if it starts <= known_loss, else ``gradual``.
-    6. sigmoid chosen: ``forgotten`` if delta < 0; ``already_known`` if mu is before the first
-       point or the loss starts <= known_loss; ``not_yet_learned`` if mu is after the last
-       point; ``noisy`` if R^2 < r2_min; else ``learned``.
+    6. sigmoid chosen (or two sigmoids failing rule 3), a change of delta_min or more:
+       ``forgotten`` if the loss rises; ``already_known`` if it starts <= known_loss;
+       ``noisy`` if R^2 < r2_min or the drop is under CLEAR_DROP_NOISE times the scatter about
+       the fit; else ``learned``.
+
+    A clear drop inside the window is learning seen in the window, so rule 6 does not look at
+    where the sigmoid's mu lies: a curve whose event centre is fitted before the first point
+    (the tail of a fast early drop) or after the last (a second event still under way) but
+    that falls by nats in the window is ``learned``, not ``already_known`` or
+    ``not_yet_learned``; its censored time is the spectrum's business (its censored edges).
+    ``delta`` and ``mu`` are therefore not read.
     """
+    del delta, mu  # the one-sigmoid event does not decide the class (see above)
     o = options
     code = np.full(model.shape, CLASS_CODES["noisy"], dtype=np.int8)
     known = level_first <= o.known_loss
@@ -211,16 +234,16 @@ def classify(
     flat = ~const & ~multi & (np.abs(change) < o.delta_min)
     line = (model == 1) & ~flat
     sig = (model >= 2) & ~multi & ~flat
+    unclear = (r2 < o.r2_min) | (change < CLEAR_DROP_NOISE * _fit_noise(const_rms, r2))
 
     def put(mask: np.ndarray, name: str) -> None:
         code[mask] = CLASS_CODES[name]
 
     # Written from the last rule to the first, so that earlier rules overwrite later ones.
     put(sig, "learned")
-    put(sig & (r2 < o.r2_min), "noisy")
-    put(sig & (mu > x_last), "not_yet_learned")
-    put(sig & ((mu < x_first) | known), "already_known")
-    put(sig & (delta < 0), "forgotten")
+    put(sig & unclear, "noisy")
+    put(sig & known, "already_known")
+    put(sig & (change < 0), "forgotten")
     put(line, "gradual")
     put(line & known, "already_known")
     put(flat, "not_yet_learned")

@@ -1,0 +1,121 @@
+"""The report's structure: contents, numbered and captioned figures, metadata collapsed, example
+tokens shown as text in context, fitted curves never drawn below 0 nats."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import numpy as np
+import pytest
+
+import tokdyn
+from tokdyn.report import _drawn_curve, write_report
+
+STEPS = np.unique(np.round(np.geomspace(1, 2000, 24)).astype(int))
+TEXT = "def token_loss(run):\n    return run.fit.read()  # each token's event\n" * 40
+
+
+@pytest.fixture(scope="module")
+def store_and_page(tmp_path_factory):
+    """The report of a small fitted store whose probe is byte-tokenized text: planted events."""
+    d = tmp_path_factory.mktemp("report")
+    ids = np.frombuffer(TEXT.encode(), dtype=np.uint8).astype(np.int32)
+    S, C = 24, 40
+    tokens = ids[: S * (C + 1)].reshape(S, C + 1)
+    probe = tokdyn.ProbeSet.from_tokens(tokens, tokenizer={"kind": "byte", "vocab_size": 257, "eot_id": 256},
+                                        domain=np.arange(S) % 2, domains=("_private", "public"))
+    n = probe.n_tokens
+    rng = np.random.default_rng(0)
+    x = np.log10(STEPS)
+    mu, s, drop = rng.uniform(0.5, 2.8, n), rng.uniform(0.05, 0.3, n), rng.uniform(1, 4, n)
+    Y = 1 + drop[:, None] / (1 + np.exp((x[None, :] - mu[:, None]) / s[:, None]))
+    Y[: n // 10] = 5.0  # some tokens never learned
+    Y += rng.normal(0, 0.1, Y.shape)
+    st = tokdyn.open_store(d / "s.zarr", probe, mode="w")
+    with st.create_run("r", capacity=len(STEPS), attrs={"note": "MARKER-ATTR"}).writer() as w:
+        for j, step in enumerate(STEPS):
+            w.append(Y[:, j].clip(0.01), step=int(step))
+    tokdyn.fit_run(st.run("r"), progress=False)
+    return st, write_report(st, d / "report.html", extra={"wall time (s)": {"fit": 1.0}}).read_text()
+
+
+@pytest.fixture(scope="module")
+def page(store_and_page):
+    return store_and_page[1]
+
+
+def test_contents_list_every_section_and_numbered_figure(page):
+    nav = page[page.index("<nav") : page.index("</nav>")]
+    figures = re.findall(r"<figure id=(fig-\d+)>", page)
+    assert len(figures) >= 6
+    assert figures == [f"fig-{i}" for i in range(1, len(figures) + 1)]  # numbered in order
+    assert re.findall(r"href='#(fig-\d+)'", nav) == figures  # one contents entry per figure
+    sections = re.findall(r"<h2 id=(sec-\d+)>", page)
+    assert re.findall(r"href='#(sec-\d+)'", nav) == sections and len(sections) >= 3
+
+
+def test_every_figure_has_a_numbered_title_and_a_caption(page):
+    blocks = re.findall(r"<figure id=fig-(\d+)>(.*?)</figure>", page, flags=re.S)
+    for n, block in blocks:
+        cap = re.search(r"<figcaption><b>Figure (\d+)\. ([^<]+)</b>([^<]+)</figcaption>", block)
+        assert cap and cap.group(1) == n, n
+        assert len(cap.group(3).strip()) > 80, (n, cap.group(3))  # says how to read it
+        assert "data:image/png;base64," in block
+
+
+def test_run_metadata_is_collapsed(page):
+    assert page.count("MARKER-ATTR") == 1
+    details = re.findall(r"<details>.*?</details>", page, flags=re.S)
+    assert any("MARKER-ATTR" in d for d in details)
+
+
+def test_example_tokens_show_their_text_in_context(page):
+    marks = re.findall(r"<code class=ctx>…([^<]*)<mark>([^<]+)</mark></code>", page)
+    assert marks
+    flat = TEXT.replace("\n", "↵")
+    for before, token in marks:  # the text before the token, then the token, as in the probe
+        assert html.unescape(before + token).replace("␣", " ") in flat * 2
+
+
+def test_no_fitted_curve_is_drawn_below_zero():
+    # a censored event whose level extrapolates to -38 nats, as fits of real runs do
+    f = {"model": np.array([2]), "l0": np.array([5.2]), "linf": np.array([-38.4]), "mu": np.array([4.35]), "s": np.array([0.76])}
+    xf = np.linspace(0.0, 2.9, 50)
+    y = _drawn_curve(f, 0, xf)
+    assert y.min() == 0.0 and y[0] == pytest.approx(5.2 - 43.6 / (1 + np.exp(4.35 / 0.76)), abs=1e-9)
+
+
+def test_the_page_is_self_contained(page):
+    assert not re.search(r"(src|href)=['\"]?(http|file|/)", page)
+    assert "<script" not in page.lower()
+
+
+def test_a_tokenizer_given_must_be_the_probes():
+    from tokdyn.errors import InputError
+    from tokdyn.report import _decoder
+    from tokdyn.tokenizer import ByteTokenizer
+
+    tokens = np.frombuffer(b"abcdefghij" * 4, dtype=np.uint8).astype(np.int32).reshape(4, 10)
+    hf = tokdyn.ProbeSet.from_tokens(tokens, tokenizer={"kind": "hf", "vocab_size": 50, "sha256": "0" * 64})
+    assert _decoder(hf, None) is None  # the store keeps a description, not the tokenizer
+    with pytest.raises(InputError, match="not the probe's"):
+        _decoder(hf, ByteTokenizer())
+    byte = tokdyn.ProbeSet.from_tokens(tokens, tokenizer=ByteTokenizer().spec())
+    assert _decoder(byte, ByteTokenizer())([104, 105]) == _decoder(byte, None)([104, 105]) == "hi"
+
+
+def test_every_domain_is_in_its_legend(store_and_page):
+    """A legend drops lines whose label starts with "_" unless given its labels: "_private" was lost."""
+    from tokdyn.analysis import analyze_run
+    from tokdyn.report import _fig_groups
+
+    st, _ = store_and_page
+    f = _fig_groups(st, analyze_run(st.run("r"), n_boot=0))
+    legends = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in f.fig.axes if ax.get_legend()]
+    assert ["_private", "public"] in [sorted(names) for names in legends]
+
+
+def test_the_summary_headlines_each_run(page):
+    line = re.search(r"<p><b>Run r:</b> ([^<]+)</p>", page).group(1)
+    assert "fell from" in line and "training step 1 and 2,000" in line and "learned" in line
