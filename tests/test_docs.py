@@ -41,7 +41,8 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
+        page = self.page.relative_to(ROOT) if self.page.is_relative_to(ROOT) else self.page
+        return f"{page}:{self.line}"
 
 
 def code_blocks(page: Path) -> list[Block]:
@@ -224,6 +225,43 @@ def test_runnable_section(blocks, section_runs):
     failure = section_runs[_key(blocks)].result()
     if failure:
         pytest.fail(failure, pytrace=False)
+
+
+def test_the_runner_reads_markers_and_reports_the_failing_block(tmp_path):
+    text = """intro
+
+```python run setup
+open("made", "w").write("x")
+```
+
+## One
+
+~~~bash run
+test -f made
+~~~
+
+1. a list item
+   ```bash run
+   echo indented; exit 3
+   ```
+
+```python
+not run
+```
+"""
+    fake = tmp_path / "page.md"
+    fake.write_text(text)
+    blocks = code_blocks(fake)
+    assert [(b.section, b.language, sorted(b.flags)) for b in blocks] == [
+        ("", "python", ["run", "setup"]), ("One", "bash", ["run"]), ("One", "bash", ["run"]), ("One", "python", [])]
+    assert blocks[2].code == "echo indented; exit 3\n"
+    runnable = [b for b in blocks if "run" in b.flags]
+    env = _doc_env(tmp_path, tmp_path)
+    (tmp_path / "a").mkdir()
+    assert run_section(runnable[:2], tmp_path / "a", env) is None  # the set-up's file is there for the next block
+    (tmp_path / "b").mkdir()
+    failure = run_section(runnable, tmp_path / "b", env)
+    assert failure.startswith(f"{blocks[2].where} (bash) exited 3") and "indented" in failure
 
 
 # -- what docs/own-model.md says an error means ------------------------------------------------
