@@ -196,3 +196,141 @@ def test_cli_bad_device_is_one_line(tmp_path, capsys):
     code = main(["demo", "--out", str(tmp_path / "d"), "--device", "cpuu", "--steps", "2"])
     err = capsys.readouterr().err
     assert code == 1 and "not a torch device" in err and "Traceback" not in err
+
+
+# -- a store's whole probe survives export then import ---------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _store_with_run(path, probe, losses):
+    """A store on ``probe`` holding one run whose rows are ``losses [K, N]`` at steps 1, 2, 4, ..."""
+    store = tokdyn.open_store(path, probe, mode="a")
+    run = store.create_run("r", axis="T", capacity=losses.shape[0], dtype=str(losses.dtype))
+    w = run.writer()
+    try:
+        for j, row in enumerate(losses):
+            w.append(row, step=2**j, axis_value=float(2**j), wall_time=np.nan, warn_nonfinite=False)
+    finally:
+        w.release()
+    return run
+
+
+def _same_probe(a, b):
+    assert a.fingerprint == b.fingerprint
+    assert (a.tokens is None) == (b.tokens is None)
+    if a.tokens is not None:
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert sorted(a.token_arrays) == sorted(b.token_arrays)
+    for key, v in a.token_arrays.items():
+        assert b.token_arrays[key].dtype == v.dtype, key
+        np.testing.assert_array_equal(b.token_arrays[key], v)
+    assert (a.domains, a.documents, a.tokenizer) == (b.domains, b.documents, b.tokenizer)
+
+
+_names = st.text(st.characters(codec="utf-8", exclude_characters="\0"), min_size=1, max_size=12)
+_json = st.recursive(st.none() | st.booleans() | st.integers(-(2**40), 2**40) | _names,
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_names, inner, max_size=3), max_leaves=6)  # fmt: skip
+
+
+@st.composite
+def probes(draw):
+    """Probes as `tokdyn probe` makes them (token ids, documents, domains, a tokenizer spec),
+    with extra per-token arrays, or index-only ones as a plain losses.npz gives."""
+    s, c = draw(st.integers(1, 4)), draw(st.integers(1, 6))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if draw(st.booleans()):
+        n = draw(st.integers(1, 24))
+        arrays = {"sample_id": rng.integers(0, 5, n), "token_pos": rng.integers(0, 9, n).astype(np.int16)}
+        if draw(st.booleans()):
+            arrays["weight"] = rng.random(n).astype(np.float32)
+        return tokdyn.ProbeSet(None, arrays)
+    domains = draw(st.lists(_names, max_size=3, unique=True))
+    documents = draw(st.lists(_names, max_size=4, unique=True))
+    tokenizer = draw(st.dictionaries(_names, _json, max_size=4))
+    vocab = draw(st.sampled_from([2, 257, 50_304, 2**31 - 1]))
+    probe = tokdyn.ProbeSet.from_tokens(rng.integers(0, vocab, (s, c + 1)), doc_id=rng.integers(0, 3, s),
+                                        domain=rng.integers(0, 3, s), domains=domains, documents=documents, tokenizer=tokenizer)  # fmt: skip
+    extra = {}
+    if draw(st.booleans()):
+        extra["text"] = np.array([f"t{i}é" for i in range(probe.n_tokens)])
+    if draw(st.booleans()):
+        extra["flag"] = rng.random(probe.n_tokens) < 0.5
+    return tokdyn.ProbeSet(probe.tokens, {**probe.token_arrays, **extra}, domains=probe.domains, documents=probe.documents,
+                           tokenizer=probe.tokenizer)  # fmt: skip
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(probe=probes(), k=st.integers(1, 3), dtype=st.sampled_from(["float32", "float16", "float64"]), seed=st.integers(0, 2**32 - 1))
+def test_export_then_import_keeps_the_probe_and_its_fingerprint(tmp_path_factory, probe, k, dtype, seed):
+    tmp = tmp_path_factory.mktemp("rt")
+    losses = np.random.default_rng(seed).gamma(2.0, 1.0, (k, probe.n_tokens)).astype(dtype)
+    run = _store_with_run(tmp / "a.zarr", probe, losses)
+    export_npz(run, tmp / "a.npz")
+    back = import_npz(tmp / "a.npz", tmp / "b.zarr", run="r")
+    _same_probe(probe, tokdyn.open_store(tmp / "b.zarr").probe)
+    np.testing.assert_array_equal(back.losses(), losses.astype(np.float32 if dtype == "float16" else dtype))
+    np.testing.assert_array_equal(back.steps, run.steps)
+    import_npz(tmp / "a.npz", tmp / "a.zarr", run="again")  # its own store takes it back
+    export_npz(back, tmp / "b.npz")  # and a second trip writes the same file
+    with np.load(tmp / "a.npz") as a, np.load(tmp / "b.npz") as b:
+        assert sorted(a.files) == sorted(b.files)
+        for key in a.files:
+            assert a[key].dtype == b[key].dtype and a[key].tobytes() == b[key].tobytes(), key
+
+
+def test_an_exported_probe_store_keeps_token_ids_by_the_command_line(tmp_path, capsys):
+    """The defect: export-npz then import-npz gave an index-only probe of another fingerprint,
+    which the curriculum refuses (it needs token ids and the tokenizer's vocabulary size)."""
+    rng = np.random.default_rng(0)
+    probe = tokdyn.ProbeSet.from_tokens(rng.integers(0, 257, (4, 9)), documents=["a.txt"],
+                                        tokenizer={"kind": "byte", "vocab_size": 257, "eot_id": 256})  # fmt: skip
+    _store_with_run(tmp_path / "a.zarr", probe, rng.random((3, probe.n_tokens)).astype(np.float32))
+    assert main(["export-npz", str(tmp_path / "a.zarr"), str(tmp_path / "a.npz")]) == 0
+    with np.load(tmp_path / "a.npz") as z:
+        np.testing.assert_array_equal(z["token_id"], probe.token_arrays["token_id"])
+    assert main(["import-npz", str(tmp_path / "a.npz"), str(tmp_path / "b.zarr")]) == 0
+    imported = tokdyn.open_store(tmp_path / "b.zarr").probe
+    assert imported.has_tokens and imported.tokenizer["vocab_size"] == 257
+    assert imported.fingerprint == probe.fingerprint
+    assert main(["info", str(tmp_path / "b.zarr")]) == 0
+    assert probe.fingerprint in capsys.readouterr().out
+
+
+def test_npz_tokens_must_match_the_store_and_the_per_token_arrays(tmp_path):
+    rng = np.random.default_rng(1)
+    probe = tokdyn.ProbeSet.from_tokens(rng.integers(0, 50, (3, 5)), tokenizer={"kind": "byte"})
+    export_npz(_store_with_run(tmp_path / "a.zarr", probe, np.ones((2, 12), np.float32)), tmp_path / "a.npz")
+    other = tokdyn.ProbeSet.from_tokens(rng.integers(50, 99, (3, 5)))  # same shape and layout, other token ids
+    tokdyn.open_store(tmp_path / "other.zarr", other, mode="a")
+    with np.load(tmp_path / "a.npz") as z:
+        arrays = {key: z[key] for key in z.files}
+    arrays.pop("token_id")  # only the token matrix tells these probes apart
+    np.savez(tmp_path / "no_ids.npz", **arrays)
+    with pytest.raises(ProbeMismatchError, match="probe_tokens"):
+        import_npz(tmp_path / "no_ids.npz", tmp_path / "other.zarr")
+    assert tokdyn.open_store(tmp_path / "other.zarr").runs == []
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"probe_tokens": np.zeros((3, 4), np.int32)}, "S \\* C = 12"),
+        ({"probe_tokens": np.zeros((3, 6), np.float32)}, "integer token ids"),
+        ({"probe_tokens": np.full((3, 5), -1)}, "outside"),
+        ({"probe_tokenizer": np.array(["{not json"])}, "JSON object"),
+        ({"probe_tokenizer": np.array(["[1, 2]"])}, "JSON object"),
+        ({"probe_domains": np.arange(2)}, "strings"),
+        ({"token_id": np.zeros(12, np.int32) - 5}, "does not match probe_tokens"),
+    ],
+)
+def test_malformed_probe_members(tmp_path, change, message):
+    probe = tokdyn.ProbeSet.from_tokens(np.arange(15).reshape(3, 5), tokenizer={"kind": "byte"})
+    export_npz(_store_with_run(tmp_path / "a.zarr", probe, np.ones((2, 12), np.float32)), tmp_path / "a.npz")
+    with np.load(tmp_path / "a.npz") as z:
+        arrays = {key: z[key] for key in z.files}
+    np.savez(tmp_path / "bad.npz", **{**arrays, **change})
+    with pytest.raises(InputError, match=message):
+        import_npz(tmp_path / "bad.npz", tmp_path / "b.zarr")
+    assert not (tmp_path / "b.zarr").exists()

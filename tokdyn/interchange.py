@@ -4,10 +4,19 @@ The file holds ``axis_values [K]``, ``loss_matrix [N, K]`` (nats), ``axis_name [
 ``"D"`` or ``"M"``) and optional per-token arrays ``[N]`` (``sample_id``, ``token_pos`` and other
 metadata). tokdyn reads and writes that schema unchanged, always with ``allow_pickle=False``.
 A float32 matrix survives import then export bit for bit (NaN included).
+
+A store's probe holds more than per-token arrays; export adds what else it has, under names
+that readers of the plain format can ignore, and import restores it, so the probe fingerprint
+survives export then import (and the imported probe keeps its token ids):
+
+- ``probe_tokens [S, C+1]``: the token ids (absent for an index-only probe);
+- ``probe_domains [n]``, ``probe_documents [n]``: domain names and document keys;
+- ``probe_tokenizer [1]``: the tokenizer spec as a JSON object.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import zipfile
@@ -22,6 +31,7 @@ from .store import AXES, LOSS_DTYPES, Run, TrajectoryStore, open_store
 __all__ = ["read_npz", "import_npz", "export_npz"]
 
 _REQUIRED = ("axis_values", "loss_matrix", "axis_name")
+_PROBE = ("probe_tokens", "probe_domains", "probe_documents", "probe_tokenizer")  # the rest of a store's probe
 
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -63,6 +73,9 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     for key, v in arrays.items():
         if key in _REQUIRED:
             continue
+        if key in _PROBE:
+            _check_probe_member(p, key, v, n)
+            continue
         if v.shape != (n,):
             raise InputError(f"per-token array {key!r} has shape {v.shape}; expected ({n},) like loss_matrix rows")
         if v.dtype.kind not in "iufbU":
@@ -70,6 +83,25 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         if not key.isidentifier() or key == "tokens":
             raise InputError(f"per-token array name {key!r} is not allowed (use a Python identifier other than 'tokens')")
     return arrays
+
+
+def _check_probe_member(p: Path, key: str, v: np.ndarray, n: int) -> None:
+    if key == "probe_tokens":
+        if v.ndim != 2 or v.shape[1] < 2 or v.dtype.kind not in "iu" or v.shape[0] * (v.shape[1] - 1) != n:
+            raise InputError(f"{p}: probe_tokens must be integer token ids [S, C+1] with S * C = {n} (loss_matrix rows), got {v.dtype} {v.shape}")
+        if v.size and (v.min() < 0 or v.max() > np.iinfo(np.int32).max):
+            raise InputError(f"{p}: probe_tokens holds ids outside [0, 2**31)")
+    elif key == "probe_tokenizer":
+        if v.size != 1 or v.dtype.kind != "U":
+            raise InputError(f"{p}: probe_tokenizer must be one JSON string, got {v.dtype} {v.shape}")
+        try:
+            spec = json.loads(str(v.reshape(-1)[0]))
+        except ValueError:
+            spec = None
+        if not isinstance(spec, dict):
+            raise InputError(f"{p}: probe_tokenizer must hold a JSON object (the tokenizer spec)")
+    elif v.ndim != 1 or v.dtype.kind != "U":  # probe_domains, probe_documents
+        raise InputError(f"{p}: {key} must be a 1-d array of strings, got {v.dtype} {v.shape}")
 
 
 def _pickled(p: Path) -> UnsafeFileError:
@@ -117,7 +149,7 @@ def _check_headers(p: Path) -> None:
             raise InputError(f"loss_matrix must be a float array [N, K], got {dtype} {shape}")
         n, k = shape
         for name, (sh, _) in headers.items():
-            want = (k,) if name == "axis_values" else (1,) if name == "axis_name" else None if name == "loss_matrix" else (n,)
+            want = (k,) if name == "axis_values" else (1,) if name == "axis_name" else None if name in ("loss_matrix", *_PROBE) else (n,)
             if want is not None and sh != want and not (name == "axis_name" and int(np.prod(sh)) == 1):
                 raise InputError(f"{'per-token ' if want == (n,) else ''}array {name!r} declares shape {sh}; expected {want} to match loss_matrix {shape}")
 
@@ -135,9 +167,12 @@ def import_npz(
     """Import a ``losses.npz`` as a run of ``store`` (created if missing).
 
     The run's axis is the file's ``axis_name``; its rows are the ``K`` axis points. Into an
-    existing store, the file must describe the same tokens: ``N`` equal, and every per-token
-    array the file shares with the store's probe equal. ``dtype`` defaults to the file's, so
-    nothing is rounded unless asked.
+    existing store, the file must describe the same tokens: ``N`` equal, every per-token array
+    the file shares with the store's probe equal, and the token ids equal when both have them.
+    A new store gets the probe the file describes: its per-token arrays and, when the file
+    carries them (``export_npz`` writes them), the token ids, domains, documents and tokenizer,
+    so a store exported then imported keeps its probe fingerprint. ``dtype`` defaults to the
+    file's, so nothing is rounded unless asked.
     """
     arrays = read_npz(path)
     lm = arrays["loss_matrix"]
@@ -146,8 +181,8 @@ def import_npz(
     if dtype not in LOSS_DTYPES:
         raise InputError(f"dtype must be one of {LOSS_DTYPES}, got {dtype!r}")
     axis = _axis_name(arrays["axis_name"])
-    token_arrays = {key: v for key, v in arrays.items() if key not in _REQUIRED}
-    st = _open_or_create(store, token_arrays, n)
+    carried = [key for key in arrays if key not in _REQUIRED and key not in _PROBE]  # per-token arrays in the file
+    st = _open_or_create(store, _probe_from(arrays, Path(path)), carried)
     name = run or Path(path).stem
     try:
         r = st.create_run(name, axis=axis, capacity=k, dtype=dtype, attrs={"source": "npz", "source_file": Path(path).name})
@@ -170,25 +205,50 @@ def import_npz(
     return r
 
 
-def _open_or_create(store, token_arrays: dict, n: int) -> TrajectoryStore:
-    """The target store: an existing one must describe the same tokens; a new one gets an
-    index-only probe made of the file's per-token arrays."""
+def _probe_from(arrays: dict[str, np.ndarray], p: Path) -> ProbeSet:
+    """The probe a validated npz describes: its per-token arrays, and the token ids, domains,
+    documents and tokenizer when it carries them (index-only without ``probe_tokens``)."""
+    n = arrays["loss_matrix"].shape[0]
+    token_arrays = {key: v for key, v in arrays.items() if key not in _REQUIRED and key not in _PROBE}
+    tokens = arrays.get("probe_tokens")
+    if tokens is None:
+        token_arrays.setdefault("sample_id", np.arange(n, dtype=np.int32))
+        token_arrays.setdefault("token_pos", np.zeros(n, dtype=np.int32))
+    else:  # token i is position i % C + 1 of sequence i // C: the per-token arrays must say the same
+        c = tokens.shape[1] - 1
+        layout = {"sample_id": np.arange(n) // c, "token_pos": np.arange(n) % c + 1, "token_id": tokens[:, 1:].reshape(-1)}
+        for key, want in layout.items():
+            if key in token_arrays and not np.array_equal(token_arrays[key], want):
+                raise InputError(f"{p}: per-token array {key!r} does not match probe_tokens (token i is position i % C + 1 of sequence i // C)")
+            token_arrays.setdefault(key, want.astype(np.int32))
+    tokenizer = json.loads(str(arrays["probe_tokenizer"].reshape(-1)[0])) if "probe_tokenizer" in arrays else {}
+    return ProbeSet(
+        tokens,
+        token_arrays,
+        domains=[str(d) for d in arrays.get("probe_domains", ())],
+        documents=[str(d) for d in arrays.get("probe_documents", ())],
+        tokenizer=tokenizer,
+    )
+
+
+def _open_or_create(store, probe: ProbeSet, carried: list[str]) -> TrajectoryStore:
+    """The target store: an existing one must describe the same tokens (the per-token arrays
+    ``carried`` in the file, and the token ids); a new one gets the file's probe."""
     if isinstance(store, TrajectoryStore):
         st = store
     else:
         try:
             st = TrajectoryStore.open(store, mode="r+")
         except NotAStoreError:
-            full = dict(token_arrays)
-            full.setdefault("sample_id", np.arange(n, dtype=np.int32))
-            full.setdefault("token_pos", np.zeros(n, dtype=np.int32))
-            return open_store(store, ProbeSet(None, full), mode="a")
-    _check_compatible(st.probe, token_arrays, n)
+            return open_store(store, probe, mode="a")
+    _check_compatible(st.probe, probe, carried)
     return st
 
 
 def export_npz(run: Run, out: str | os.PathLike) -> Path:
-    """Write ``run`` as a ``losses.npz`` (float16 losses widen exactly to float32)."""
+    """Write ``run`` as a ``losses.npz`` (float16 losses widen exactly to float32), with every
+    field of the store's probe: ``import_npz`` of the file rebuilds a probe of the same
+    fingerprint."""
     if not isinstance(run, Run):
         raise InputError(f"run must be a tokdyn Run (open_store(url).run(name)), got {type(run).__name__}")
     r, st = run, run.store
@@ -202,6 +262,7 @@ def export_npz(run: Run, out: str | os.PathLike) -> Path:
         "loss_matrix": np.ascontiguousarray(losses.T),
         "axis_name": np.array([r.axis]),
         **st.probe.token_arrays,
+        **_probe_members(st.probe),
     }
     out = Path(out)
     if out.suffix != ".npz":
@@ -219,15 +280,32 @@ def export_npz(run: Run, out: str | os.PathLike) -> Path:
     return out
 
 
+def _probe_members(probe: ProbeSet) -> dict[str, np.ndarray]:
+    """The probe's fields beyond its per-token arrays, as npz members (only those it has, so an
+    imported plain losses.npz exports as it came)."""
+    out = {}
+    if probe.tokens is not None:
+        out["probe_tokens"] = probe.tokens
+    if probe.domains:
+        out["probe_domains"] = np.array(probe.domains, dtype=str)
+    if probe.documents:
+        out["probe_documents"] = np.array(probe.documents, dtype=str)
+    if probe.tokenizer:
+        out["probe_tokenizer"] = np.array([json.dumps(probe.tokenizer, sort_keys=True)])
+    return out
+
+
 def _axis_name(a: np.ndarray) -> str:
     v = a.reshape(-1)[0]
     return v.decode("ascii", "replace") if isinstance(v, bytes) else str(v)
 
 
-def _check_compatible(store_probe: ProbeSet, token_arrays: dict, n: int) -> None:
-    if store_probe.n_tokens != n:
-        raise ProbeMismatchError(f"npz has {n} tokens; the store's probe has {store_probe.n_tokens}")
-    for key, v in token_arrays.items():
+def _check_compatible(store_probe: ProbeSet, probe: ProbeSet, carried: list[str]) -> None:
+    if store_probe.n_tokens != probe.n_tokens:
+        raise ProbeMismatchError(f"npz has {probe.n_tokens} tokens; the store's probe has {store_probe.n_tokens}")
+    for key in carried:
         mine = store_probe.token_arrays.get(key)
-        if mine is not None and not np.array_equal(mine, v):
+        if mine is not None and not np.array_equal(mine, probe.token_arrays[key]):
             raise ProbeMismatchError(f"npz per-token array {key!r} differs from the store's probe; these are different tokens")
+    if store_probe.tokens is not None and probe.tokens is not None and not np.array_equal(store_probe.tokens, probe.tokens):
+        raise ProbeMismatchError("npz probe_tokens differ from the store's probe token ids; these are different tokens")

@@ -82,7 +82,13 @@ def token_losses(
         for a in range(0, s, batch_size):
             chunk = tokens[a : a + batch_size]
             x, y = chunk[:, :-1], chunk[:, 1:]  # (B, C), (B, C)
-            logits = forward(model, x)
+            try:
+                logits = forward(model, x)
+            except IndexError as exc:  # an embedding lookup past the model's vocabulary or positions
+                raise InputError(
+                    f"the model cannot take the probe's tokens ({exc}): its ids reach {int(tokens.max())} and a sequence has "
+                    f"{c} positions; the model's vocabulary must cover the probe's tokenizer and its context the probe's"
+                ) from exc
             if logits.shape[:2] != x.shape:
                 raise InputError(f"forward returned logits {tuple(logits.shape)}; expected [B, T, V] with B, T = {tuple(x.shape)}")
             nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
