@@ -177,7 +177,11 @@ def run_sweep(args) -> dict:
                 other = None
             axes[axis][f"r2_events_{which}"] = other.r2_events if other else None
             axes[axis][f"r2_spectrum_{which}"] = other.r2_spectrum if other else None
-    across = {by: reconstruct_across(axis_runs["D"], trunk, by=by).summary() for by in ("tokens", "lr_area")}
+    across_rec = {by: reconstruct_across(axis_runs["D"], trunk, by=by) for by in ("tokens", "lr_area")}
+    across = {by: rec.summary() for by, rec in across_rec.items()}
+    for a in analysis.runs:  # the report draws them on D's figure
+        if a.run == "axis-D":
+            a.across = {f"from the trunk's T events, by {by}": rec for by, rec in across_rec.items()}
     timings["reconstruct"] = round(time.perf_counter() - t, 1)
     t = time.perf_counter()
     write_report(store, out / "report.html", analysis=analysis, title="tokdyn scaling sweep: D and M axes",

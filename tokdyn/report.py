@@ -218,6 +218,8 @@ def _plot_reconstruction(a: RunAnalysis):
     ax1.plot(rec.x, rec.measured, "o", ms=4, color="k", label="measured")
     ax1.plot(rec.x, rec.from_events, "-", color="C0", label=f"sum of sigmoids (R² {rec.r2_events:.3f})")
     ax1.plot(rec.x, rec.from_spectrum, "--", color="C3", label=f"spectrum alone (R² {rec.r2_spectrum:.3f})")
+    for k, (label, other) in enumerate(a.across.items()):  # e.g. D from the events of a T run, no fit on D
+        ax1.plot(other.x, other.from_events, ":", color=f"C{k + 1}", label=f"{_literal(label)} (R² {other.r2_events:.3f})")
     ax1.axhline(0, color="#999", lw=0.5)
     _axis_x(ax1, a.axis)
     ax1.set_ylabel("-dL/dlog10 a (nats per decade)")
