@@ -2,13 +2,18 @@
 
 Trains tiny GPTs on the standard-library corpus into ONE store that shares one probe:
 
-- an **M sweep**: models of increasing size (non-embedding parameters), one data budget;
-- a **D sweep**: one model size, increasing data budgets, each run a complete schedule (warm-up
-  and cosine decay fitted to its own length).
+- a **D sweep** from one run (``tokdyn.sweep.branched_decay_sweep``): a trunk of the D model at
+  a constant learning rate after warm-up, recorded as a T run, with a short linear decay (15 %
+  of the budget) branched off at each of >= 20 budgets spaced <= 0.1 decade apart; each
+  branch's end is one D point;
+- an **M sweep**: >= 16 model sizes (widths and depths), each trained at one data budget with
+  warm-up and cosine decay and a learning rate set by width (``lr_for_width``), at 2 seeds whose
+  final per-token losses are averaged into one M point.
 
-Each run records the probe on a short log-spaced schedule (its own T axis); its final row is its
-point on the D or M axis. The axes are assembled (``tokdyn.axes.assemble_axis``), fitted with
-``tokdyn fit``'s code path, reconstructed, and written to DIR/report.html and DIR/sweep.json.
+The axes are assembled (``tokdyn.axes.assemble_axis``), fitted with ``tokdyn fit``'s code path
+and rebuilt; the trunk is fitted too, and the D axis is rebuilt a second time from the trunk's
+events alone (no fit on D), each budget placed at its effective step on the trunk (tokens seen,
+or the area under the learning-rate curve). Results go to DIR/report.html and DIR/sweep.json.
 
     python pipelines/scaling_sweep.py --out scaling-sweep          # defaults: <= 20 min on 2 CPU cores
     python pipelines/scaling_sweep.py --out /tmp/sweep --quick     # seconds, for tests
@@ -19,28 +24,42 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+
+import tokdyn
 from tokdyn.analysis import analyze_store
 from tokdyn.axes import assemble_axis
-from tokdyn.data import prepare_corpus
-from tokdyn.errors import TokdynError
+from tokdyn.data import prepare_corpus, random_batches
+from tokdyn.errors import InputError, TokdynError
 from tokdyn.fit.job import fit_run
-from tokdyn.model import GPTConfig
-from tokdyn.reconstruct import reconstruct_run
+from tokdyn.model import GPTConfig, TinyGPT
+from tokdyn.reconstruct import reconstruct_across, reconstruct_run
 from tokdyn.report import check_writable, write_report
+from tokdyn.sweep import DecaySweepConfig, branched_decay_sweep, log_budgets
 from tokdyn.train import TrainConfig, record_tiny_run
-from tokdyn.store import as_store
 
-# (n_layer, n_embd, n_head): non-embedding parameters grow ~1000x over the sweep (3 decades),
-# so that -dL/dlog M has structure to rebuild, not only a level.
-SIZES = [(1, 8, 2), (1, 16, 2), (1, 32, 2), (2, 48, 4), (2, 64, 4), (2, 96, 4), (3, 128, 4), (4, 160, 4)]
-SIZES_QUICK = [(1, 8, 2), (1, 12, 2), (1, 16, 2), (2, 16, 2), (2, 24, 2), (2, 32, 2)]
+# (n_layer, n_embd, n_head): 18 sizes, 0.9k-450k non-embedding parameters (2.7 decades, about
+# 0.16 decade apart); depth grows with width, as in the usual model families.
+SIZES = [(1, 8, 2), (1, 10, 2), (1, 12, 2), (1, 16, 2), (1, 20, 2), (2, 16, 2), (2, 20, 2), (2, 24, 4), (2, 28, 4),
+         (2, 32, 4), (2, 40, 4), (2, 48, 4), (3, 48, 4), (3, 56, 4), (3, 64, 4), (3, 80, 4), (4, 80, 4), (4, 96, 4)]  # fmt: skip
+SIZES_QUICK = [(1, 8, 2), (1, 10, 2), (1, 12, 2), (1, 16, 2), (1, 20, 2), (2, 16, 2), (2, 20, 2), (2, 24, 4)]
 D_MODEL = (2, 96, 4)
 D_MODEL_QUICK = (1, 16, 2)
+
+
+def lr_for_width(n_embd: int, *, base: float = 3e-3, base_width: int = 96) -> float:
+    """The M sweep's learning rate: ``base * sqrt(base_width / n_embd)``, 3e-3 at the D model's
+    width 96 (the demo's rate), 1.04e-2 at width 8. Adam's best rate falls with width (about as
+    1/width under muP for hidden weights; Kaplan et al. 2020 fit a slow fall with size); the
+    square root is the milder rule for models this small, where embeddings dominate."""
+    return base * math.sqrt(base_width / n_embd)
 
 
 def main(argv=None) -> int:
@@ -49,15 +68,22 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny models and budgets (seconds; for tests)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--scale", type=int, default=1, help="multiply widths and budgets (for a GPU)")
-    ap.add_argument("--m-steps", type=int, help="training steps of every M-sweep run (default 400; quick 30)")
-    ap.add_argument("--d-steps", help="comma-separated step budgets of the D sweep (default 6,12,25,...,1600; quick 6..96)")
+    ap.add_argument("--m-steps", type=int, help="training steps of every M-sweep run (default 400; quick 40)")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per M size, averaged (default 2)")
+    ap.add_argument("--d-budgets", type=int, help="number of D budgets, log-spaced (default 22; quick 20)")
+    ap.add_argument("--d-range", help="first,last D budget in steps (default 25,1600; quick 10,120)")
+    ap.add_argument("--decay-frac", type=float, default=0.15, help="each D branch decays over this share of its budget")
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--points", type=int, default=6, help="log-spaced recording points per run (its own T axis)")
-    ap.add_argument("--probe-sequences", type=int, help="probe sequences (default 64; quick 8)")
+    ap.add_argument("--context", type=int, help="tokens per sequence (default 64; quick 32)")
+    ap.add_argument("--points", type=int, default=2, help="log-spaced recording points per M run (its own T axis)")
+    ap.add_argument("--probe-sequences", type=int, help="probe sequences (default 128; quick 8)")
+    ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--analyze-only", action="store_true", help="reuse the runs already in OUT/store.zarr: assemble, fit, rebuild, report")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         result = run_sweep(args)
     except TokdynError as exc:
@@ -71,72 +97,133 @@ def run_sweep(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     check_writable(out / "report.html")
-    store = out / "store.zarr"
-    if store.exists() and not args.analyze_only:
-        shutil.rmtree(store)
+    path = out / "store.zarr"
+    if path.exists() and not args.analyze_only:
+        shutil.rmtree(path)
     quick, k = args.quick, max(1, int(args.scale))
-    context = 32 if quick else 128
+    context = args.context or (32 if quick else 64)
     sizes = [(l, e * k, h) for l, e, h in (SIZES_QUICK if quick else SIZES)]
     d_model = D_MODEL_QUICK if quick else D_MODEL
     d_model = (d_model[0], d_model[1] * k, d_model[2])
-    m_steps = args.m_steps or (30 if quick else 400) * k
-    d_steps = [int(s) for s in args.d_steps.split(",")] if args.d_steps else [s * k for s in ((6, 12, 24, 48, 72, 96) if quick else (6, 12, 25, 50, 100, 200, 400, 800, 1600))]
-    t0 = time.perf_counter()
-    corpus = prepare_corpus(context=context, n_probe_sequences=args.probe_sequences or (8 if quick else 64), seed=args.seed)
-    timings, runs = {}, {"M": [], "D": []}
+    m_steps = args.m_steps or (40 if quick else 400) * k
+    first, last = (int(v) for v in args.d_range.split(",")) if args.d_range else ((10, 120) if quick else (25, 1600))
+    budgets = log_budgets(first * k, last * k, args.d_budgets or (20 if quick else 22))
+    spacing = float(np.max(np.diff(np.log10(budgets))))
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    corpus = prepare_corpus(context=context, n_probe_sequences=args.probe_sequences or (8 if quick else 128), seed=args.seed)
+    store = tokdyn.open_store(str(path), corpus.probe, mode="a")
+    timings, runs_m = {}, []
+    tokens_per_step = args.batch_size * context
 
-    def train(name: str, arch: tuple, steps: int) -> None:
-        if args.analyze_only:
-            return
+    def gpt(arch: tuple) -> GPTConfig:
         n_layer, n_embd, n_head = arch
-        mcfg = GPTConfig(vocab_size=corpus.tokenizer.vocab_size, context=context, n_layer=n_layer, n_embd=n_embd, n_head=n_head)
-        t = time.perf_counter()
-        record_tiny_run(str(store), run=name, corpus=corpus, model_config=mcfg, n_points=args.points, device=args.device,
-                        train_config=TrainConfig(steps=steps, batch_size=args.batch_size, seed=args.seed,
-                                                 warmup=max(1, min(20, steps // 10))),
-                        progress=not args.no_progress)  # fmt: skip
-        timings[name] = round(time.perf_counter() - t, 1)
-        print(f"  {name}: {n_layer} layers x {n_embd}, {steps} steps, {timings[name]} s", file=sys.stderr)
+        return GPTConfig(vocab_size=corpus.tokenizer.vocab_size, context=context, n_layer=n_layer, n_embd=n_embd, n_head=n_head)
 
-    print(f"M sweep: {len(sizes)} sizes at {m_steps} steps", file=sys.stderr)
+    seeds = [args.seed + j for j in range(max(1, args.seeds))]
+    print(f"M sweep: {len(sizes)} sizes x {len(seeds)} seeds at {m_steps} steps", file=sys.stderr)
     for i, arch in enumerate(sizes):
-        train(f"M{i}", arch, m_steps)
-        runs["M"].append(f"M{i}")
-    print(f"D sweep: {len(d_steps)} budgets of the {d_model[0]}x{d_model[1]} model", file=sys.stderr)
-    for i, steps in enumerate(d_steps):
-        train(f"D{i}", d_model, steps)
-        runs["D"].append(f"D{i}")
+        for seed in seeds:
+            name = f"M{i:02d}s{seed}"
+            runs_m.append(name)
+            if args.analyze_only:
+                continue
+            t = time.perf_counter()
+            lr = lr_for_width(arch[1] // k)
+            record_tiny_run(str(path), run=name, corpus=corpus, model_config=gpt(arch), n_points=args.points, device=args.device,
+                            train_config=TrainConfig(steps=m_steps, batch_size=args.batch_size, seed=seed, lr=lr,
+                                                     warmup=max(1, min(20, m_steps // 10))),
+                            progress=False)  # fmt: skip
+            timings[name] = round(time.perf_counter() - t, 1)
+            print(f"  {name}: {arch[0]} layers x {arch[1]}, lr {lr:.2e}, {m_steps} steps, {timings[name]} s", file=sys.stderr)
+    timings["M_runs"] = round(sum(v for n, v in timings.items() if n.startswith("M")), 1)
+
+    cfg = DecaySweepConfig(budgets=tuple(budgets), lr=3e-3, warmup=5 if quick else 10, decay_frac=args.decay_frac,
+                           trunk_points=40, seed=args.seed)  # fmt: skip
+    print(f"D sweep: {len(budgets)} budgets {budgets[0]}-{budgets[-1]} steps (<= {spacing:.3f} decade apart) "
+          f"of the {d_model[0]}x{d_model[1]} model", file=sys.stderr)  # fmt: skip
+    decay = None
+    if not args.analyze_only:
+        t = time.perf_counter()
+        torch.manual_seed(args.seed)
+        model = TinyGPT(gpt(d_model)).to(args.device)
+
+        def batches(start: int):  # the stream from update `start` on: a function of the step
+            return random_batches(corpus.train_tokens, batch_size=args.batch_size, context=context,
+                                  seed=args.seed * 1_000_003 + start, device=args.device)  # fmt: skip
+
+        decay = branched_decay_sweep(model, batches, corpus.probe, store, cfg, tokens_per_step=tokens_per_step, prefix="D",
+                                     run_attrs={"model_config": gpt(d_model).to_dict(), "seed": args.seed},
+                                     device=args.device)  # fmt: skip
+        timings["D_runs"] = round(time.perf_counter() - t, 1)
+        print(f"  trunk and {len(budgets)} branches: {decay.steps_trained} steps, {timings['D_runs']} s", file=sys.stderr)
+    runs_d = [f"D{i:02d}" for i in range(len(budgets))]
+
     t = time.perf_counter()
-    for axis in ("M", "D"):
-        assemble_axis(str(store), axis, runs=runs[axis], overwrite=args.analyze_only)
-        fit_run(as_store(str(store), mode="r+").run(f"axis-{axis}"), progress=False)
-    analysis = analyze_store(str(store), runs=["axis-M", "axis-D"])
-    timings["fit_and_reconstruct"] = round(time.perf_counter() - t, 1)
+    axis_runs = {"M": assemble_axis(store, "M", runs=runs_m, overwrite=args.analyze_only, repeats="mean"),
+                 "D": assemble_axis(store, "D", runs=runs_d, overwrite=args.analyze_only)}  # fmt: skip
+    trunk = store.run("D-trunk")
+    for r in (axis_runs["M"], axis_runs["D"], trunk):
+        fit_run(r, progress=False, refit=args.analyze_only)
+    timings["fit"] = round(time.perf_counter() - t, 1)
     t = time.perf_counter()
-    write_report(str(store), out / "report.html", analysis=analysis, title="tokdyn scaling sweep: D and M axes",
-                 extra={"sizes (layers, width, heads)": sizes, "M-sweep steps": m_steps, "D-sweep model": d_model,
-                        "D-sweep steps": d_steps, "batch": f"{args.batch_size} x {context} tokens"})  # fmt: skip
-    timings["report"] = round(time.perf_counter() - t, 1)
-    timings["total"] = round(time.perf_counter() - t0, 1)
-    summaries = {a.axis: a.summary() for a in analysis.runs}
+    analysis = analyze_store(store, runs=["axis-M", "axis-D"])
+    summaries = {a.run: a.summary() for a in analysis.runs}
+    axes = {"D": summaries["axis-D"], "M": summaries["axis-M"], "T (D trunk)": reconstruct_run(trunk, n_boot=0).summary()}
     for axis in ("D", "M"):  # the other event sets, for comparison (docs/method.md)
         for which in ("bic", "classified"):
-            other = reconstruct_run(as_store(str(store)).run(f"axis-{axis}"), which=which, n_boot=0)
-            summaries[axis][f"r2_events_{which}"] = other.r2_events
-            summaries[axis][f"r2_spectrum_{which}"] = other.r2_spectrum
+            try:
+                other = reconstruct_run(axis_runs[axis], which=which, n_boot=0)
+            except InputError:  # no event of this set (the classified set of a tiny --quick probe)
+                other = None
+            axes[axis][f"r2_events_{which}"] = other.r2_events if other else None
+            axes[axis][f"r2_spectrum_{which}"] = other.r2_spectrum if other else None
+    across_rec = {by: reconstruct_across(axis_runs["D"], trunk, by=by) for by in ("tokens", "lr_area")}
+    across = {by: rec.summary() for by, rec in across_rec.items()}
+    for a in analysis.runs:  # the report draws them on D's figure
+        if a.run == "axis-D":
+            a.across = {f"from the trunk's T events, by {by}": rec for by, rec in across_rec.items()}
+    timings["reconstruct"] = round(time.perf_counter() - t, 1)
+    t = time.perf_counter()
+    write_report(store, out / "report.html", analysis=analysis, title="tokdyn scaling sweep: D and M axes",
+                 extra={"sizes (layers, width, heads)": sizes, "M-sweep steps": m_steps, "M seeds": seeds,
+                        "D-sweep model": d_model, "D budgets (steps)": budgets, "D decay": f"linear over {args.decay_frac:.0%} of the budget",
+                        "batch": f"{args.batch_size} x {context} tokens"})  # fmt: skip
+    timings["report"] = round(time.perf_counter() - t, 1)
+    timings["total"] = round(time.perf_counter() - t0, 1)
+    timings["cpu_total"] = round(time.process_time() - cpu0, 1)
+
+    def scores(s: dict) -> dict:
+        keys = ("n_points", "r2_events", "r2_spectrum", "r2_events_interior", "r2_spectrum_interior", "rel_l2_events",
+                "rel_l2_spectrum", "rel_l2_events_interior", "rel_l2_spectrum_interior")  # fmt: skip
+        return {key: s[key] for key in keys}
+
     headline = {
         "quick": quick,
         "n_tokens": corpus.probe.n_tokens,
-        **{f"r2_events_{ax}": summaries[ax]["r2_events"] for ax in ("D", "M")},
-        **{f"r2_spectrum_{ax}": summaries[ax]["r2_spectrum"] for ax in ("D", "M")},
-        **{f"r2_events_bic_{ax}": summaries[ax]["r2_events_bic"] for ax in ("D", "M")},
-        **{f"drop_share_events_{ax}": summaries[ax]["drop_share_events"] for ax in ("D", "M")},
+        "D": scores(axes["D"]),
+        "M": scores(axes["M"]),
+        "D_from_T_tokens": scores(across["tokens"]),
+        "D_from_T_lr_area": scores(across["lr_area"]),
+        "T_trunk": scores(axes["T (D trunk)"]),
         "total_s": timings["total"],
+        "cpu_s": timings["cpu_total"],
     }
-    result = {"headline": headline, "axes": summaries, "timings_s": timings, "sizes": sizes, "m_steps": m_steps,
-              "d_model": d_model, "d_steps": d_steps, "batch_size": args.batch_size, "context": context}  # fmt: skip
+    result = {"headline": headline, "axes": axes, "d_from_t": across, "timings_s": timings, "sizes": sizes,
+              "lr_per_size": [lr_for_width(e // k) for _, e, _ in sizes], "m_steps": m_steps, "seeds": seeds,
+              "d_model": d_model, "d_budgets": budgets, "d_max_spacing_decades": spacing,
+              "decay": decay.summary() if decay else None, "batch_size": args.batch_size, "context": context}  # fmt: skip
     (out / "sweep.json").write_text(json.dumps(result, indent=2))
+    _print_table(headline)
     return result
+
+
+def _print_table(h: dict) -> None:
+    print(f"{'axis':<18}{'points':>7}{'R2 sigmoids':>13}{'R2 spectrum':>13}{'interior':>18}{'rel L2':>16}", file=sys.stderr)
+    for name in ("D", "M", "D_from_T_tokens", "D_from_T_lr_area", "T_trunk"):
+        s = h[name]
+        print(f"{name:<18}{s['n_points']:>7}{s['r2_events']:>13.3f}{s['r2_spectrum']:>13.3f}"
+              f"{s['r2_events_interior']:>9.3f}{s['r2_spectrum_interior']:>9.3f}"
+              f"{s['rel_l2_events']:>8.3f}{s['rel_l2_spectrum']:>8.3f}", file=sys.stderr)  # fmt: skip
 
 
 if __name__ == "__main__":

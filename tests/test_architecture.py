@@ -26,6 +26,7 @@ FORBIDDEN = {
     "analysis": {"record", "train", "model", "demo", "report", "curriculum"},
     "report": {"record", "train", "model", "demo", "curriculum"},
     "interchange": {"record", "train", "model", "demo", "fit", "analysis", "report", "curriculum"},
+    "sweep": {"model", "train", "demo", "data", "fit", "spectrum", "reconstruct", "axes", "analysis", "report", "curriculum"},
     "runtime": {"*"},
 }
 

@@ -66,12 +66,16 @@ def test_scaling_sweep_quick(tmp_path):
     assert head["quick"] and head["n_tokens"] == 8 * 32
     result = json.loads((out / "sweep.json").read_text())
     st = tokdyn.open_store(out / "store.zarr", mode="r")
-    for axis in ("D", "M"):
+    for axis, points in (("D", 20), ("M", 8)):
         run = st.run(f"axis-{axis}")
-        assert run.axis == axis and run.n_committed == 6
+        assert run.axis == axis and run.n_committed == points
         assert np.all(np.diff(run.axis_values) > 0)
         assert np.isfinite(result["axes"][axis]["r2_events"])
-    # the D axis's points are the D runs' data budgets, the M axis's their parameter counts
-    budgets = sorted(st.run(f"D{i}").attrs["data_budget"] for i in range(6))
+    # the D axis's points are the branches' data budgets, <= 0.1 decade apart; M averages 2 seeds a size
+    budgets = [st.run(f"D{i:02d}").attrs["data_budget"] for i in range(20)]
     np.testing.assert_allclose(st.run("axis-D").axis_values, budgets)
+    assert np.diff(np.log10(budgets)).max() <= 0.1 and st.run("D-trunk").axis == "T"
+    assert len(st.run("axis-M").attrs["sources"]) == 16
+    for key in ("D", "M", "D_from_T_tokens", "D_from_T_lr_area"):
+        assert np.isfinite(head[key]["r2_events"]) and np.isfinite(head[key]["rel_l2_spectrum_interior"]), key
     assert (out / "report.html").stat().st_size > 10_000

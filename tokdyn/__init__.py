@@ -36,8 +36,9 @@ _LAZY = {  # public name: the module that defines it
     **dict.fromkeys(["TokenLossRecorder"], "record"),
     **dict.fromkeys(["FitOptions", "fit_run", "fit_inputs", "stored_options"], "fit"),
     **dict.fromkeys(["Events", "Spectrum", "events_from_fit", "learning_time_spectrum", "run_events", "spectrum_power_law"], "spectrum"),
-    **dict.fromkeys(["Reconstruction", "reconstruct_run"], "reconstruct"),
-    **dict.fromkeys(["assemble_axis"], "axes"),
+    **dict.fromkeys(["Reconstruction", "reconstruct_run", "reconstruct_across"], "reconstruct"),
+    **dict.fromkeys(["assemble_axis", "effective_steps"], "axes"),
+    **dict.fromkeys(["DecaySweepConfig", "branched_decay_sweep"], "sweep"),
     **dict.fromkeys(["RunAnalysis", "StoreAnalysis", "analyze_run", "analyze_store"], "analysis"),
     **dict.fromkeys(["write_report"], "report"),
 }  # fmt: skip

@@ -38,6 +38,7 @@ class RunAnalysis:
     class_loss_share: dict
     by_group: dict = field(default_factory=dict)  # {"class": {label: Spectrum}, "domain": ..., ...}
     stats: TokenStats | None = None
+    across: dict = field(default_factory=dict)  # {label: Reconstruction} of this axis from another axis's events
 
     def summary(self) -> dict:
         out = {"run": self.run, "axis": self.axis, **self.reconstruction.summary(),

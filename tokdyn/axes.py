@@ -6,6 +6,11 @@ checkpoint's per-token losses are one row. :func:`assemble_axis` writes those ro
 axis value, as a derived run of axis ``D`` or ``M`` (named ``axis-D`` / ``axis-M``) in the same
 store, so that fitting (``tokdyn fit``) and reconstruction treat it exactly like a T run. A
 ``losses.npz`` of axis D or M imported with ``tokdyn import-npz`` is such a run already.
+
+Runs that share an axis value (seeds of one model size) can be averaged into one row
+(``repeats="mean"``). :func:`effective_steps` places each point of a D axis on the step axis of
+a T run (by tokens seen, or by the area under the learning-rate curve), for rebuilding D from
+the events fitted on T (:func:`tokdyn.reconstruct.reconstruct_across`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import numpy as np
 from .errors import InputError, ProbeMismatchError, RunExistsError, StoreError
 from .store import Run, TrajectoryStore, as_store
 
-__all__ = ["AXIS_ATTRS", "axis_sources", "assemble_axis", "axis_run_name", "find_axis_run"]
+__all__ = ["AXIS_ATTRS", "axis_sources", "assemble_axis", "axis_run_name", "find_axis_run", "effective_steps", "EFFECTIVE_TIMES"]
 
 # The run attribute that gives each source run's position on the axis.
 AXIS_ATTRS = {"D": "data_budget", "M": "n_params_non_embedding"}
@@ -81,6 +86,7 @@ def assemble_axis(
     runs: Sequence[str | Run] | None = None,
     name: str | None = None,
     overwrite: bool = False,
+    repeats: str = "refuse",
 ) -> Run:
     """Write the final rows of ``runs`` as run ``name`` (default ``axis-<axis>``) of axis ``axis``.
 
@@ -91,13 +97,18 @@ def assemble_axis(
     runs : names of runs of this store, or :class:`Run` objects of any store recorded on the
         same probe; default :func:`axis_sources`. Each needs ``attrs[AXIS_ATTRS[axis]] > 0``.
     overwrite : replace an existing run ``name`` (and its fit).
+    repeats : {"refuse", "mean"}
+        What runs that share an axis value are: an error (default), or seeds of one point whose
+        final rows are averaged token by token (NaN skipped) into one row.
 
     Rows are sorted by axis value; ``step`` is the row index, ``tokens_seen`` the source's last.
-    Raises InputError for fewer than 3 runs or repeated axis values, ProbeMismatchError when a
-    source was recorded on another probe.
+    Raises InputError for fewer than 3 distinct axis values or (by default) repeated ones,
+    ProbeMismatchError when a source was recorded on another probe.
     """
     st = as_store(store, mode="r+")
     _check_axis(axis)
+    if repeats not in ("refuse", "mean"):
+        raise InputError(f"repeats must be 'refuse' or 'mean', got {repeats!r}")
     attr = AXIS_ATTRS[axis]
     name = name or axis_run_name(axis)
     sources = [st.run(r) if isinstance(r, str) else r for r in (axis_sources(st, axis) if runs is None else runs)]
@@ -119,28 +130,33 @@ def assemble_axis(
         if not isinstance(v, (int, float)) or not v > 0:
             raise InputError(f"run {r.name!r} has no positive {attr!r} attribute (found {v!r}); it cannot sit on axis {axis}")
         values.append(float(v))
-    order = np.argsort(values, kind="stable")
-    sorted_values = np.asarray(values)[order]
-    if np.any(np.diff(sorted_values) <= 0):
-        dup = sorted_values[np.flatnonzero(np.diff(sorted_values) <= 0)[0]]
-        raise InputError(f"two runs share {attr} = {dup:g}; an axis needs distinct values")
+    distinct = sorted(set(values))
+    if len(distinct) < len(values) and repeats == "refuse":
+        dup = next(v for v in distinct if values.count(v) > 1)
+        raise InputError(f"two runs share {attr} = {dup:g}; an axis needs distinct values (repeats='mean' averages seeds)")
+    if len(distinct) < MIN_AXIS_RUNS:
+        raise InputError(f"axis {axis} needs at least {MIN_AXIS_RUNS} distinct {attr} values, got {len(distinct)}")
     if name in st.runs:
         if not overwrite:
             raise RunExistsError(f"run {name!r} already exists in {st.url}; pass overwrite=True (--overwrite) to rebuild it")
         st.delete_run(name)
     first = sources[0]
     out = st.create_run(
-        name, axis=axis, capacity=len(sources), dtype=str(first.dtype),
+        name, axis=axis, capacity=len(distinct), dtype=str(first.dtype),
         attrs={"sources": [{"store": r.store.url, "run": r.name, attr: values[i]} for i, r in enumerate(sources)],
-               "axis_attr": attr, "derived": "final committed row of each source run"},
+               "axis_attr": attr, "derived": "final committed row of each source run"
+               + (", averaged over the runs that share an axis value" if len(distinct) < len(values) else "")},
     )  # fmt: skip
     w = out.writer()
-    for k, i in enumerate(order):
-        r = sources[i]
-        last = r.n_committed - 1
-        row = r.losses(rows=slice(last, last + 1))[0]
-        seen = int(r.coord("tokens_seen")[last])
-        w.append(row, step=k, axis_value=values[i], tokens_seen=seen if seen >= 0 else None, warn_nonfinite=False)
+    for k, v in enumerate(distinct):
+        group = [r for r, rv in zip(sources, values) if rv == v]
+        rows = []
+        for r in group:
+            last = r.n_committed - 1
+            rows.append(r.losses(rows=slice(last, last + 1))[0])
+        row = rows[0] if len(rows) == 1 else np.nanmean(np.stack(rows).astype(np.float64), axis=0)
+        seen = int(group[0].coord("tokens_seen")[group[0].n_committed - 1])
+        w.append(row, step=k, axis_value=v, tokens_seen=seen if seen >= 0 else None, warn_nonfinite=False)
     return st.run(name)
 
 
@@ -161,3 +177,52 @@ def _axis_of(store: TrajectoryStore, name: str) -> str | None:
         return store.run(name).axis
     except StoreError:
         return None
+
+
+EFFECTIVE_TIMES = ("tokens", "lr_area")
+
+
+def effective_steps(axis_run: Run, t_run: Run, *, by: str = "tokens") -> np.ndarray:
+    """[K] the step of T run ``t_run`` that each point of D axis run ``axis_run`` corresponds to.
+
+    by : {"tokens", "lr_area"}
+        ``"tokens"``: the point's ``data_budget`` divided by ``t_run``'s ``tokens_per_step``.
+        ``"lr_area"``: the step at which ``t_run``'s area under the learning-rate curve
+        (``attrs["lr_area"]``: ``{"step": [...], "area": [...]}`` at its recorded steps) equals the
+        point's (``attrs["lr_area"]`` of its source run), linear between recorded steps (exact
+        where the T run's learning rate is constant). Areas are in steps at the peak rate
+        (Tissue et al. 2024). :func:`tokdyn.sweep.branched_decay_sweep` writes both.
+
+    Steps are floats, in the order of ``axis_run``'s rows. A source without the attribute, or an
+    area beyond the T run's last recorded one, is an InputError.
+    """
+    if by not in EFFECTIVE_TIMES:
+        raise InputError(f"by must be one of {EFFECTIVE_TIMES}, got {by!r}")
+    if axis_run.axis != "D" or t_run.axis != "T":
+        raise InputError(f"need a D axis run and a T run, got {axis_run.name!r} (axis {axis_run.axis}) and {t_run.name!r} (axis {t_run.axis})")
+    sources = axis_run.attrs.get("sources")
+    if not sources:
+        raise InputError(f"run {axis_run.name!r} lists no source runs; it was not assembled by assemble_axis")
+    by_value: dict[float, Run] = {}
+    for src in sources:
+        st = axis_run.store if src["store"] == axis_run.store.url else as_store(src["store"], mode="r")
+        by_value.setdefault(float(src[AXIS_ATTRS["D"]]), st.run(src["run"]))
+    runs = [by_value.get(float(v)) for v in axis_run.axis_values[: axis_run.n_committed]]
+    if any(r is None for r in runs):
+        raise InputError(f"run {axis_run.name!r}: a row's data budget matches none of its sources")
+    if by == "tokens":
+        tps = t_run.attrs.get("tokens_per_step")
+        if not isinstance(tps, (int, float)) or not tps > 0:
+            raise InputError(f"T run {t_run.name!r} has no positive 'tokens_per_step' attribute (found {tps!r})")
+        return np.array([float(r.attrs["data_budget"]) / float(tps) for r in runs])
+    table = t_run.attrs.get("lr_area")
+    if not isinstance(table, dict) or "step" not in table or "area" not in table:
+        raise InputError(f"T run {t_run.name!r} has no 'lr_area' table ({{'step': [...], 'area': [...]}})")
+    steps, area = np.asarray(table["step"], np.float64), np.asarray(table["area"], np.float64)
+    missing = [r.name for r in runs if not isinstance(r.attrs.get("lr_area"), (int, float))]
+    if missing:
+        raise InputError(f"source runs {missing} have no 'lr_area' attribute")
+    a = np.array([float(r.attrs["lr_area"]) for r in runs])
+    if a.max() > area.max() or a.min() < area.min():
+        raise InputError(f"areas {a.min():g}-{a.max():g} fall outside T run {t_run.name!r}'s {area.min():g}-{area.max():g}")
+    return np.interp(a, area, steps)

@@ -12,6 +12,10 @@ Three curves on the axis points of one run (a T run, or a D or M axis assembled 
   every event's drop spread over its own sigmoid, smoothed by the spectrum's bandwidth; with
   ``kernel="delta"`` the delta approximation, every event a step at its ``mu``).
 
+The events may also come from *another* axis: :func:`reconstruct_across` rebuilds a D axis from
+the events fitted on a T run, each D point placed at its effective step on T
+(:func:`tokdyn.axes.effective_steps`), with no fit on D.
+
 Each prediction is scored by R^2 and the relative L2 error against the measurement, over all
 axis points and over the interior ones (without the two end points, where the measured
 derivative is one-sided).
@@ -27,7 +31,7 @@ import numpy as np
 from .errors import InputError
 from .spectrum import Events, PowerLaw, Spectrum, learning_time_spectrum, loss_power_law, run_events, spectrum_power_law
 
-__all__ = ["Reconstruction", "measured_derivative", "reconstruct", "reconstruct_run", "scores"]
+__all__ = ["Reconstruction", "measured_derivative", "reconstruct", "reconstruct_run", "reconstruct_across", "scores"]
 
 
 def measured_derivative(x, loss, *, smoothing: float | None = None) -> np.ndarray:
@@ -156,11 +160,14 @@ def reconstruct(
     seed: int = 0,
     placement: str = "mu",
     kernel: str = "event",
+    at=None,
 ) -> Reconstruction:
     """Rebuild ``-dL/dx`` of ``mean_loss`` [K] at x [K] from ``events``; see the module docstring.
 
-    ``events`` must come from a fit of the same tokens on the same x (their ``n_tokens`` is the
-    N the mean is taken over). ``bandwidth``, ``placement`` and ``kernel`` make the spectrum
+    ``events`` must come from a fit of the same tokens (their ``n_tokens`` is the N the mean is
+    taken over), on the same x, or on another axis: then ``at`` [K] (increasing) gives each
+    point's position on the events' axis, the events' curve is read there and differentiated
+    along x, and the spectrum is carried over by the chain rule (``rho(at) * d at / dx``). ``bandwidth``, ``placement`` and ``kernel`` make the spectrum
     (:func:`tokdyn.spectrum.learning_time_spectrum`). ``n_boot`` bootstrap resamples give the
     spectrum exponent's interval (0 skips the power laws' intervals; the exponents are still fitted).
     """
@@ -168,20 +175,27 @@ def reconstruct(
     if not isinstance(events, Events):
         raise InputError(f"events must be an Events, got {type(events).__name__}")
     measured = measured_derivative(x, mean_loss, smoothing=smoothing)
+    if at is None:
+        at, jac = x, np.ones_like(x)
+    else:
+        at = np.asarray(at, np.float64)
+        if at.shape != x.shape or not (np.all(np.isfinite(at)) and np.all(np.diff(at) > 0)):
+            raise InputError(f"at: expected {x.size} finite, increasing positions on the events' axis, got shape {at.shape}")
+        jac = np.gradient(at, x)  # d at / dx
     h_s = 1.5 * float(np.median(np.diff(x))) if smoothing is None else float(smoothing)
     spec = learning_time_spectrum(events, bandwidth=bandwidth, placement=placement, kernel=kernel)
     # The events' share of L (the spectrum above has refused an empty set): its -d/dx through
     # the measurement's estimator is the prediction, and its fall over the range their drop.
-    curve = events.curve(x)
+    curve = events.curve(at)
     from_events = measured_derivative(x, curve, smoothing=h_s)
-    analytic = events.derivative(x)
-    from_spectrum = spec.at(x)
+    analytic = events.derivative(at) * jac
+    from_spectrum = spec.at(at) * jac
     s_ev, s_an, s_sp = scores(from_events, measured), scores(analytic, measured), scores(from_spectrum, measured)
     finite = mean_loss[np.isfinite(mean_loss)]
     measured_drop = float(finite[0] - finite[-1])
     ev_drop = float(curve[0] - curve[-1])
     well = events.subset(events.well_fitted)
-    well_drop = float(well.curve(x[:1])[0] - well.curve(x[-1:])[0]) if len(well) else 0.0
+    well_drop = float(well.curve(at[:1])[0] - well.curve(at[-1:])[0]) if len(well) else 0.0
     try:
         spl = spectrum_power_law(events, bandwidth=spec.bandwidth, n_boot=n_boot, seed=seed, placement=placement,
                                  kernel=kernel)
@@ -223,6 +237,31 @@ def reconstruct_run(
     rows, x = fit_inputs(run)
     return reconstruct(x, mean_probe_loss(run, rows), events, axis=run.axis, run=run.name, bandwidth=bandwidth,
                        smoothing=smoothing, n_boot=n_boot, seed=seed, placement=placement, kernel=kernel)  # fmt: skip
+
+
+def reconstruct_across(
+    axis_run,
+    t_run,
+    *,
+    by: str = "tokens",
+    which: str = "two_step",
+    bandwidth: str | float = "auto",
+    smoothing: float | None = None,
+    kernel: str = "event",
+) -> Reconstruction:
+    """Rebuild ``-dL/dlog10 D`` of D axis run ``axis_run`` from the events fitted on T run ``t_run``
+    alone (no fit on D): each D point is read at its effective step on T
+    (:func:`tokdyn.axes.effective_steps`, ``by`` ``"tokens"`` or ``"lr_area"``). Its scores say
+    whether learning times are a property of the token that carries across axes."""
+    from .axes import effective_steps
+    from .fit.job import fit_inputs
+
+    events = run_events(t_run, which=which)  # StoreError if T is not fitted
+    rows, x = fit_inputs(axis_run)
+    at = np.log10(effective_steps(axis_run, t_run, by=by)[rows])
+    rec = reconstruct(x, mean_probe_loss(axis_run, rows), events, axis=axis_run.axis, run=f"{axis_run.name} from {t_run.name}",
+                      bandwidth=bandwidth, smoothing=smoothing, n_boot=0, kernel=kernel, at=at)  # fmt: skip
+    return rec
 
 
 def mean_probe_loss(r, rows: np.ndarray | None = None) -> np.ndarray:

@@ -412,6 +412,8 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     ax1.plot(rec.x, rec.measured, "o", ms=4, color="k", label="measured")
     ax1.plot(rec.x, rec.from_events, "-", color="C0", label=f"sum of fitted events (R² {rec.r2_events:.3f})")
     ax1.plot(rec.x, rec.from_spectrum, "--", color="C3", label=f"spectrum alone (R² {rec.r2_spectrum:.3f})")
+    for k, (label, other) in enumerate(a.across.items()):  # e.g. D from the events of a T run, no fit on D
+        ax1.plot(other.x, other.from_events, ":", color=f"C{k + 4}", label=f"{_literal(label)} (R² {other.r2_events:.3f})")
     ax1.axhline(0, color="#999", lw=0.5)
     _axis_x(ax1, a.axis, rec.x)
     ax1.set_ylabel("-dL/dlog10 a (nats per decade)")
@@ -423,7 +425,9 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
                   f"Right: how fast it falls, -dL/dlog10 a in nats per tenfold increase of the {name} (a is the {name}): "
                   f"black, measured from the mean loss (a local quadratic, smoothing {rec.smoothing:.3f} decades); blue, "
                   f"the sum of every token's fitted learning event(s); red dashed, rebuilt from the learning-time spectrum "
-                  f"alone (figure below, bandwidth {rec.spectrum.bandwidth:.3f} decades). Where the lines follow the dots, "
+                  f"alone (figure below, bandwidth {rec.spectrum.bandwidth:.3f} decades)"
+                  + ("; dotted, rebuilt from the events of another run with no fit on this axis (each point placed "
+                     "at its effective step on that run)" if a.across else "") + ". Where the lines follow the dots, "
                   f"the per-token events account for how the mean loss falls; R² in the legend.")  # fmt: skip
 
 

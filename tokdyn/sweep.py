@@ -1,0 +1,267 @@
+"""The D axis from one run: a constant-learning-rate trunk with a short decay branched off it.
+
+Training a separate run to completion for every data budget costs the sum of all budgets, and
+each run's schedule (warm-up, cosine length) differs with its length. Instead (Hagele et al.
+2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training Durations"): train one
+**trunk** at a constant learning rate after warm-up, and at each budget ``B`` copy the model and
+optimizer at step ``B - d`` and **decay** the copy's learning rate to a floor over the last
+``d = decay_frac * B`` steps. The branch's end is a completed run at budget ``B``: its probe
+losses are one point of the D axis. The whole axis costs the longest budget plus the decays
+(about 1.5-2x the longest run for 20-30 budgets).
+
+:func:`branched_decay_sweep` writes, into a store:
+
+- the trunk as a T run (its probe losses on a geometric schedule up to the largest budget), with
+  ``attrs["lr_area"]``, the area under its learning-rate curve at each recorded step;
+- one run per budget with a single row (the branch's end), ``attrs["sweep"] = "D"``,
+  ``attrs["data_budget"]`` (tokens) and ``attrs["lr_area"]``: what :func:`tokdyn.axes.assemble_axis`
+  and :func:`tokdyn.axes.effective_steps` read.
+
+Learning-rate areas are in *steps at the peak learning rate*: ``sum over updates of lr / peak``.
+It works on any ``torch.nn.Module`` whose output is logits (or has ``.logits``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .errors import InputError
+from .probe import ProbeSet
+from .record import TokenLossRecorder
+from .record.recorder import default_forward
+from .schedule import geometric_schedule
+from .store import TrajectoryStore
+
+__all__ = ["DecaySweepConfig", "DecaySweep", "branched_decay_sweep", "log_budgets"]
+
+DECAY_SHAPES = ("linear", "sqrt")
+
+
+def log_budgets(first: int, last: int, n: int) -> list[int]:
+    """``n`` budgets (steps) evenly spaced in log between ``first`` and ``last``, rounded and distinct."""
+    if not (1 <= first < last) or n < 2:
+        raise InputError(f"need 1 <= first < last and n >= 2, got first={first}, last={last}, n={n}")
+    return sorted({int(round(b)) for b in np.geomspace(first, last, n)})
+
+
+@dataclass(frozen=True)
+class DecaySweepConfig:
+    """The trunk's and the branches' schedule.
+
+    budgets : steps at which the branches end, strictly increasing (each one D point).
+    lr : the peak (trunk) learning rate; warmup : linear warm-up steps of the trunk.
+    decay_frac : each branch decays over ``max(1, round(decay_frac * budget))`` steps.
+    floor : the learning rate of a branch's last update, as a fraction of ``lr``.
+    shape : ``"linear"`` or ``"sqrt"`` (``1 - sqrt`` of the decay's progress, Hagele et al.'s best).
+    trunk_points : about how many log-spaced steps the trunk records (its T axis).
+    """
+
+    budgets: tuple[int, ...]
+    lr: float = 3e-3
+    warmup: int = 10
+    decay_frac: float = 0.15
+    floor: float = 0.0
+    shape: str = "linear"
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    trunk_points: int = 40
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        b = tuple(int(x) for x in self.budgets)
+        object.__setattr__(self, "budgets", b)
+        if len(b) < 1 or any(x < 1 for x in b) or any(y <= x for x, y in zip(b, b[1:])):
+            raise InputError(f"budgets must be positive, strictly increasing steps, got {list(b)}")
+        if not self.lr > 0 or self.warmup < 0 or not 0 < self.decay_frac < 1 or not 0 <= self.floor < 1:
+            raise InputError("need lr > 0, warmup >= 0, 0 < decay_frac < 1 and 0 <= floor < 1")
+        if self.shape not in DECAY_SHAPES:
+            raise InputError(f"shape must be one of {DECAY_SHAPES}, got {self.shape!r}")
+        early = [x for x in b if self.branch_start(x) < self.warmup]
+        if early:
+            raise InputError(f"budgets {early} would branch before the warm-up ({self.warmup} steps) ends; start later")
+
+    def decay_steps(self, budget: int) -> int:
+        return max(1, int(round(self.decay_frac * budget)))
+
+    def branch_start(self, budget: int) -> int:
+        return int(budget) - self.decay_steps(budget)
+
+    def trunk_factor(self, step: int) -> float:
+        """lr / peak for the trunk's update ``step`` (0-based): linear warm-up, then constant."""
+        return (step + 1) / self.warmup if step < self.warmup else 1.0
+
+    def decay_factor(self, j: int, d: int) -> float:
+        """lr / peak for update ``j`` (0-based) of a decay of ``d`` updates; the last one is ``floor``."""
+        p = (j + 1) / d
+        g = p if self.shape == "linear" else math.sqrt(p)
+        return self.floor + (1 - self.floor) * (1 - g)
+
+    def trunk_area(self, step: int) -> float:
+        """Area under the trunk's lr / peak after ``step`` updates (steps at the peak rate)."""
+        w = min(int(step), self.warmup)
+        return w * (w + 1) / (2 * self.warmup) + max(0, int(step) - self.warmup) if self.warmup else float(step)
+
+    def branch_area(self, budget: int) -> float:
+        """Area under a branch's lr / peak at its end: the trunk's up to the branch, plus the decay."""
+        d = self.decay_steps(budget)
+        return self.trunk_area(self.branch_start(budget)) + sum(self.decay_factor(j, d) for j in range(d))
+
+
+@dataclass(frozen=True)
+class DecaySweep:
+    """What :func:`branched_decay_sweep` wrote: run names, budgets (steps and tokens), each
+    branch's start and final lr / peak, the areas, and timings."""
+
+    trunk: str
+    branches: list[str]
+    budgets: list[int]
+    data_budgets: list[int]
+    branch_starts: list[int]
+    final_lr_frac: list[float]
+    lr_area: list[float]
+    train_seconds: float
+    record_seconds: float
+    steps_trained: int = field(default=0)
+
+    def summary(self) -> dict:
+        return asdict(self)
+
+
+def _next_token_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    x, y = batch[:, :-1], batch[:, 1:]
+    logits = default_forward(model, x)  # (B, C, V)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def branched_decay_sweep(
+    model: torch.nn.Module,
+    batches: Callable[[int], Iterator[torch.Tensor]],
+    probe: ProbeSet,
+    store: TrajectoryStore,
+    cfg: DecaySweepConfig,
+    *,
+    tokens_per_step: int,
+    prefix: str = "D",
+    trunk: str | None = None,
+    run_attrs: Mapping | None = None,
+    loss_fn: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None = None,
+    device: str | torch.device | None = None,
+    on_step: Callable[[str, int], None] | None = None,
+) -> DecaySweep:
+    """Train ``model`` as a constant-lr trunk to the largest budget, branching a decay at each.
+
+    Parameters
+    ----------
+    model : trained in place as the trunk (each branch trains a deep copy).
+    batches : ``batches(start_step)`` -> an iterator of training batches ``[B, C+1]`` for the
+        updates from ``start_step`` on; called once for the trunk (0) and once per branch (its
+        start), so that a branch sees the data the trunk would have seen next when the stream
+        is a function of the step.
+    probe, store : the probe every run is evaluated on, and an open writable store.
+    cfg : :class:`DecaySweepConfig`.
+    tokens_per_step : tokens per update, for ``data_budget`` and ``tokens_seen``.
+    prefix : branches are runs ``{prefix}00, {prefix}01, ...`` by budget; ``trunk`` names the
+        trunk run (default ``{prefix}-trunk``).
+    run_attrs : extra attributes of every run (model configuration, seed, ...).
+    loss_fn : ``loss_fn(model, batch) -> scalar`` (default: next-token cross-entropy of the logits).
+
+    Returns a :class:`DecaySweep`. The AdamW optimizer of a branch starts from a copy of the
+    trunk's state; AdamW's hyperparameters are ``cfg``'s.
+    """
+    if int(tokens_per_step) < 1:
+        raise InputError(f"tokens_per_step must be >= 1, got {tokens_per_step}")
+    loss_fn = loss_fn or _next_token_loss
+    trunk = trunk or f"{prefix}-trunk"
+    names = [f"{prefix}{i:02d}" for i in range(len(cfg.budgets))]
+    taken = [n for n in (trunk, *names) if n in store.runs]
+    if taken:
+        raise InputError(f"runs {taken} already exist in {store.url}; use another prefix or a fresh store")
+    base = {**dict(run_attrs or {}), "decay_sweep": {k: v for k, v in asdict(cfg).items() if k != "budgets"},
+            "tokens_per_step": int(tokens_per_step)}  # fmt: skip
+    last = cfg.budgets[-1]
+    schedule = geometric_schedule(last, cfg.trunk_points)
+    trunk_attrs = {**base, "lr_schedule": "warm-up then constant", "data_budget": last * int(tokens_per_step),
+                   "lr_area": {"step": schedule.tolist(), "area": [cfg.trunk_area(s) for s in schedule]}}  # fmt: skip
+    opt = _adamw(model, cfg)
+    stream = batches(0)
+    starts = {i: cfg.branch_start(b) for i, b in enumerate(cfg.budgets)}
+    final_lr, t_train, t_record, n_steps = [], 0.0, 0.0, 0
+    model.train()
+    with TokenLossRecorder(model, probe, store, trunk, schedule=schedule, device=device, run_attrs=trunk_attrs) as rec:
+        with rec.attach(opt, tokens_per_step=int(tokens_per_step)):
+            for step in range(last):
+                for i in (i for i, s in starts.items() if s == step):
+                    t = time.perf_counter()
+                    lr_end, seconds = _branch(model, opt, batches, probe, store, cfg, i, names[i], base,
+                                              tokens_per_step=int(tokens_per_step), loss_fn=loss_fn, device=device,
+                                              on_step=on_step)  # fmt: skip
+                    final_lr.append(lr_end)
+                    t_record += seconds
+                    t_train += time.perf_counter() - t - seconds
+                    n_steps += cfg.decay_steps(cfg.budgets[i])
+                t = time.perf_counter()
+                _set_lr(opt, cfg.lr * cfg.trunk_factor(step))
+                _update(model, opt, loss_fn, next(stream), cfg)
+                t_train += time.perf_counter() - t
+                n_steps += 1
+                if on_step is not None:
+                    on_step(trunk, step + 1)
+        t_record += rec.record_seconds
+    t_train -= rec.record_seconds  # the trunk's recordings ran inside its updates' hook
+    return DecaySweep(trunk=trunk, branches=names, budgets=list(cfg.budgets),
+                      data_budgets=[b * int(tokens_per_step) for b in cfg.budgets],
+                      branch_starts=[starts[i] for i in range(len(names))], final_lr_frac=final_lr,
+                      lr_area=[cfg.branch_area(b) for b in cfg.budgets], train_seconds=round(t_train, 2),
+                      record_seconds=round(t_record, 2), steps_trained=n_steps)  # fmt: skip
+
+
+def _branch(trunk_model, trunk_opt, batches, probe, store, cfg, i, name, base, *, tokens_per_step, loss_fn, device,
+            on_step) -> tuple[float, float]:  # fmt: skip
+    """Decay a copy of the trunk from its current state to budget ``cfg.budgets[i]`` and record
+    its end as run ``name``. Returns the last update's lr / peak and the seconds spent recording."""
+    budget = cfg.budgets[i]
+    start, d = cfg.branch_start(budget), cfg.decay_steps(budget)
+    model = copy.deepcopy(trunk_model)
+    opt = _adamw(model, cfg)
+    opt.load_state_dict(copy.deepcopy(trunk_opt.state_dict()))  # its own moment buffers, never the trunk's
+    stream = batches(start)
+    factor = 1.0
+    for j in range(d):
+        factor = cfg.decay_factor(j, d)
+        _set_lr(opt, cfg.lr * factor)
+        _update(model, opt, loss_fn, next(stream), cfg)
+        if on_step is not None:
+            on_step(name, start + j + 1)
+    attrs = {**base, "sweep": "D", "data_budget": budget * tokens_per_step, "budget_steps": budget,
+             "branch_start": start, "decay_steps": d, "lr_area": cfg.branch_area(budget),
+             "lr_schedule": f"trunk to step {start}, then {cfg.shape} decay to {cfg.floor} x peak"}  # fmt: skip
+    with TokenLossRecorder(model, probe, store, name, schedule=[budget], device=device, run_attrs=attrs) as rec:
+        rec.record(budget, tokens_seen=budget * tokens_per_step, lr=cfg.lr * factor)
+    return factor, rec.record_seconds
+
+
+def _adamw(model: torch.nn.Module, cfg: DecaySweepConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
+
+
+def _set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for g in opt.param_groups:
+        g["lr"] = lr
+
+
+def _update(model, opt, loss_fn, batch, cfg: DecaySweepConfig) -> None:
+    loss = loss_fn(model, batch)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
