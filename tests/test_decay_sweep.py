@@ -164,3 +164,12 @@ def test_reconstruct_across_rebuilds_a_planted_d_axis_from_a_fitted_t_run(tmp_pa
     assert rec.x.size == budgets.size and rec.r2_events > 0.9
     with pytest.raises(InputError, match="lr_area"):
         reconstruct_across(axis, st.run("trunk"), by="lr_area")
+    # the report draws it on D's figure, as the sweep does
+    from tokdyn.analysis import analyze_store
+    from tokdyn.report import write_report
+
+    fit_run(axis, progress=False)
+    an = analyze_store(st, runs=[axis.name])
+    an.runs[0].across = {"D from T events": rec}
+    page = write_report(st, tmp_path / "r.html", analysis=an).read_text()
+    assert "rebuilt from the events of another run" in page
