@@ -1,4 +1,4 @@
-"""Rebuild the derivative of the mean probe loss from the learning events (METHOD.md section 3).
+"""Rebuild the derivative of the mean probe loss from the learning events (docs/method.md, "From events to the loss curve").
 
 Three curves on the axis points of one run (a T run, or a D or M axis assembled by
 :mod:`tokdyn.axes`), all ``-dL/dx`` with ``x = log10(axis value)``, in nats per decade:

@@ -1,6 +1,6 @@
 """The learning-time spectrum: the loss-drop-weighted density of learning times on a log axis.
 
-METHOD.md section 3. Every fitted learning event ``(mu_i, s_i, delta_i)`` puts its loss drop
+docs/method.md, "From events to the loss curve". Every fitted learning event ``(mu_i, s_i, delta_i)`` puts its loss drop
 ``delta_i`` (nats) at its learning time ``mu_i`` (log10 of the axis); the spectrum
 
     rho(x) = (1/N) sum_i delta_i * K_h(x - mu_i)          [nats per decade, per token]
@@ -293,7 +293,7 @@ def select_bandwidth(events: Events, rule: str | float = "auto", *, placement: s
         deviation of a typical event, ``(pi/sqrt 3) * median s`` weighted by |realized drop|.
         ``"silverman"``: Silverman's rule for the |delta|-weighted learning times
         (``0.9 min(sd, IQR/1.34) n_eff**-0.2``, Kish's effective sample size). None of them
-        looks at the checkpoint grid (METHOD.md section 6); docs/method.md compares them.
+        looks at the checkpoint grid (docs/method.md, "What we measured"); docs/method.md compares them.
     kernel : {"event", "delta"}
         The spectrum's kernel, see :func:`learning_time_spectrum`.
     """

@@ -1,4 +1,4 @@
-"""Per-token measurements from the literature, computed from the same loss matrix (METHOD.md section 5).
+"""Per-token measurements from the literature, computed from the same loss matrix (docs/method.md, "Other per-token measurements").
 
 - **Cartography** (Swayamdipta et al. 2020): ``confidence`` = mean over checkpoints of the
   gold-token probability ``p = exp(-loss)``, ``variability`` = its standard deviation.

@@ -1,4 +1,4 @@
-"""Curriculum: reweight training by when tokens become learnable (METHOD.md section 4).
+"""Curriculum: reweight training by when tokens become learnable (docs/method.md, "Reshaping training").
 
 1. **Pilot** (:func:`run_pilot`, :func:`pilot_probe`): record and fit trajectories of tokens
    drawn from the training pool.

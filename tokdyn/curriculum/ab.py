@@ -1,6 +1,6 @@
 """Curriculum v2 measurement: mixture schedules on a corpus of domains, coupled, on a budget ladder.
 
-The design is METHOD.md section 4.3-4.4:
+The design is docs/method.md, "Reshaping training":
 
 1. **Pilot** (its compute reported apart): the uniform mixture from another seed, trained
    without the last tenth of each domain's training documents, a probe of windows of those
@@ -23,7 +23,7 @@ The design is METHOD.md section 4.3-4.4:
    - ``short_long``: the uniform mixture's very batches, cut into short contexts early and
      lengthened at the steps the spectrum's position bands give
      (:class:`~tokdyn.curriculum.mixture.ContextSchedule`);
-   - ``mixture_hand``: the hand-made schedule of METHOD.md 4.3 (certificates cut to a quarter
+   - ``mixture_hand``: the hand-made schedule of docs/method.md, "Reshaping training" (certificates cut to a quarter
      after step 30), for reference; and the v1 per-token arms are in ``experiment.py``.
 
 4. Per run the validation loss of every domain (held-out documents, ``val_tokens`` in all) and
@@ -192,7 +192,7 @@ class _DomainProbs:
 
 
 class _HandSchedule:
-    """METHOD.md 4.3's hand-made schedule: equal weights, certificates' share cut to a quarter
+    """The hand-made schedule of docs/method.md ("Reshaping training"): equal weights, certificates' share cut to a quarter
     after step 30."""
 
     def __init__(self, domains, total_steps: int) -> None:

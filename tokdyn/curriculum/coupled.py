@@ -8,7 +8,7 @@ maximal coupling of ``p0`` and ``p``: each kept-or-redrawn index is distributed 
 ``p``, and an index differs from the baseline's with probability ``TV(p, p0)``, the least
 possible. With ``p == p0`` (an A/A arm: uniform weights through the same code) nothing is
 redrawn and the batches are bit-identical, so any difference in the result is the schedule's,
-not sampling noise. METHOD.md section 4.4.
+not sampling noise. docs/method.md, "Reshaping training".
 
 With ``p0`` uniform over samples the keep probability is ``min(1, N p_i)``; here ``p0`` may be
 any baseline mixture (by default equal weight per domain, uniform within a domain).

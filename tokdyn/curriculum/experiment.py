@@ -1,4 +1,4 @@
-"""The A/B measurement of the curriculum (METHOD.md section 4, step 4).
+"""The A/B measurement of the curriculum (docs/method.md, "Reshaping training").
 
 A pilot run and its learnability table, then, for every seed, a uniform baseline and each
 curriculum arm trained with the same token budget (same steps, batch and context), the same

@@ -3,7 +3,7 @@
 A pilot run's fitted events say, for every pilot token, *when* it was learned (``mu``, log10
 pilot steps) and *how much* loss it shed (``delta``, nats). :class:`LearnabilityTable` turns
 them into a predictor for any token of the training pool, keyed by the token with its preceding
-one or two tokens (METHOD.md section 4):
+one or two tokens (docs/method.md, "Reshaping training"):
 
 - **targets** per pilot token (:func:`token_targets`): ``delta`` = the sum of its events' loss
   drops (0 for a token with no event), ``mu`` = the drop-weighted mean learning time of its
@@ -55,7 +55,7 @@ _FIELDS = ("keys", "mu", "delta", "count", "n_events")  # per order, saved as <f
 
 @dataclass(frozen=True)
 class LearnabilityOptions:
-    """How the table is built (all ours, METHOD.md section 4).
+    """How the table is built (all ours, docs/method.md, "Reshaping training").
 
     Parameters
     ----------

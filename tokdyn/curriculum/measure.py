@@ -1,4 +1,4 @@
-"""Reading a speed-up off a budget ladder, with paired bootstrap intervals (METHOD.md 4.4).
+"""Reading a speed-up off a budget ladder, with paired bootstrap intervals (docs/method.md, "Reshaping training").
 
 Per seed, fully annealed uniform baselines are trained at fractions ``b`` of the arms' steps
 (0.8, 0.9, 1.0 by default), each with its own complete learning-rate schedule. Their final

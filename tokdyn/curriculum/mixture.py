@@ -26,7 +26,7 @@ and the most any schedule with the same floor could reach (all non-floor weight 
 fastest-falling domain at each step). When that best value is near 1, the domains fall in
 proportion and no mixture schedule can help: :func:`enrichment_verdict` says so.
 
-Everything here is our design (METHOD.md section 4.3); each choice is a field of
+Everything here is our design (docs/method.md, "Reshaping training"); each choice is a field of
 :class:`MixtureConfig`.
 """
 

@@ -6,7 +6,7 @@ A token ``j`` with predicted learning time ``mu_j`` and loss drop ``delta_j`` (a
     u_j(x) = max(delta_j, 0) * K((x - mu_j) / w) / w
 
 the rate at which its drop is being learned if its event had width ``w`` (with the logistic
-kernel ``K = sigma'`` this is exactly ``-dl/dx`` of the event, METHOD.md section 3). A sample's
+kernel ``K = sigma'`` this is exactly ``-dl/dx`` of the event, docs/method.md, "From events to the loss curve"). A sample's
 score is the sum over its targets. Scores become weights with a temperature ``T`` (``q = u**(1/T)``)
 and a uniform floor ``f``, so that no weight falls below ``f`` times the uniform one:
 
@@ -16,7 +16,7 @@ and a uniform floor ``f``, so that no weight falls below ``f`` times the uniform
 ``x`` of the batch for optimizer update ``t`` (0-based, producing the weights of step ``t+1``) is
 ``log10((t + 1) * time_scale) + lead``: ``time_scale`` converts training steps into pilot steps
 (the table's ``mu`` unit), ``lead`` looks ahead (decades). Everything here is our design
-(METHOD.md section 4), so every knob is in :class:`CurriculumConfig`.
+(docs/method.md, "Reshaping training"), so every knob is in :class:`CurriculumConfig`.
 """
 
 from __future__ import annotations
