@@ -119,3 +119,34 @@ def test_every_domain_is_in_its_legend(store_and_page):
 def test_the_summary_headlines_each_run(page):
     line = re.search(r"<p><b>Run r:</b> ([^<]+)</p>", page).group(1)
     assert "fell from" in line and "training step 1 and 2,000" in line and "learned" in line
+
+
+def test_report_command_shows_an_own_tokenizers_text(tmp_path, capsys):
+    """`tokdyn report --tokenizer` decodes a BPE probe's tokens; another tokenizer is refused in one line."""
+    pytest.importorskip("tokenizers")
+    from tokdyn.cli import main
+    from tokdyn.tokenizer import HFTokenizer
+
+    tok = HFTokenizer.train([TEXT] * 4, vocab_size=320)
+    tok.save(tmp_path / "tokenizer.json")
+    ids = tok.encode(TEXT)
+    S, C = 12, 20
+    probe = tokdyn.ProbeSet.from_tokens(ids[: S * (C + 1)].reshape(S, C + 1), tokenizer=tok.spec())
+    rng = np.random.default_rng(1)
+    x = np.log10(STEPS)
+    mu = rng.uniform(0.5, 2.8, probe.n_tokens)
+    st = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="w")
+    with st.create_run("r", capacity=len(STEPS)).writer() as w:
+        for j, step in enumerate(STEPS):
+            w.append(1 + 3 / (1 + np.exp((x[j] - mu) / 0.1)) + rng.normal(0, 0.05, mu.size), step=int(step))
+    tokdyn.fit_run(st.run("r"), progress=False)
+    out = tmp_path / "r.html"
+    assert main(["report", str(tmp_path / "s.zarr"), "--out", str(out)]) == 0
+    assert "token_loss" not in out.read_text()  # without the tokenizer: ids only
+    assert main(["report", str(tmp_path / "s.zarr"), "--out", str(out), "--tokenizer", str(tmp_path / "tokenizer.json")]) == 0
+    assert "token_loss" in html.unescape(re.sub(r"<[^>]+>", "", out.read_text()))
+    HFTokenizer.train(["other text entirely, " * 50], vocab_size=300).save(tmp_path / "other.json")
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "s.zarr"), "--out", str(out), "--tokenizer", str(tmp_path / "other.json")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not the probe's" in err[0]

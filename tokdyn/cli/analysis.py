@@ -37,6 +37,9 @@ def register(sub) -> None:
     add_store_argument(p)
     p.add_argument("--out", default="report.html", help="output HTML file (default: report.html)")
     p.add_argument("--run", action="append", metavar="NAME", help="a run to include (repeatable; default: every fitted run)")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="the probe's tokenizer (a tokenizer.json, or a local HF tokenizer folder holding one), so the "
+                        "report shows token text; byte-level probes need none")  # fmt: skip
     p.set_defaults(func=_report)
 
 
@@ -112,6 +115,14 @@ def _reconstruct(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     check_writable(args.out)  # before any work
-    out = write_report(store_path(args.store), args.out, runs=args.run or None)
+    tokenizer = None
+    if args.tokenizer:
+        from ..store import open_store
+        from ..tokenizer import HFTokenizer
+
+        recorded = open_store(store_path(args.store), mode="r").probe.tokenizer
+        eot = recorded.get("eot", "auto") if recorded.get("kind") == "hf" else "auto"  # the end-of-text the probe was made with
+        tokenizer = HFTokenizer.from_file(args.tokenizer, eot=eot)
+    out = write_report(store_path(args.store), args.out, runs=args.run or None, tokenizer=tokenizer)
     print(f"wrote {out}")
     return 0
