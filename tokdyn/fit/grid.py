@@ -1,0 +1,201 @@
+"""Start values from a grid over (mu, s), scored in closed form (numpy reference).
+
+Once mu and s are fixed, a sigmoid's amplitudes follow from linear least squares, and the sum
+of squares it explains is ``cov(g, y)^2 / var(g)``: one dot product per grid event and row.
+Each row starts from the grid event that explains most, so the solver begins in the basin of
+the best coarse event instead of wherever the data's midpoint crossing points (that heuristic
+left 2.5 % of real trajectories in a local optimum, docs/fitting.md). The two-sigmoid fit
+starts from the one-sigmoid fit plus the grid event that, fitted jointly with it, explains
+most of the rest.
+
+:mod:`tokdyn.fit.varpro` computes the same in compiled loops (tests hold the two equal).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tokdyn.fit.sigmoid import Z_CLIP
+
+__all__ = ["GRID_MU", "GRID_S", "sigmoid_grid", "grid_start", "best_step", "two_start",
+           "two_sigmoid_amplitudes", "TWO_MIN_DET"]
+
+# Grid size: events per axis. 16 x 5 = 80 dot products per row cost about one solver step.
+GRID_MU = 16
+GRID_S = 5
+# The two-sigmoid start's second event must not be nearly the first one's curve: its
+# squared correlation with it (over the observed points) below 1 - TWO_MIN_DET. Two close
+# events with large opposite amplitudes make a bump that fits a one-sigmoid fit's S-shaped
+# residual and then traps the solver (measured: 1e-6 left both events at one place on most
+# planted two-step tokens).
+TWO_MIN_DET = 0.1
+
+
+def sigmoid_grid(x: np.ndarray, s_min: float, *, n_mu: int = GRID_MU, n_s: int = GRID_S
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The start grid on axis x [K]: (mu [Q], s [Q], G [Q, K] = g = sigma(-(x - mu)/s)).
+
+    mu: ``n_mu`` points from 15 % of the range before the first x to 15 % after the last
+    (an event a little outside still shapes the curve inside); s: ``n_s`` geometric steps from
+    a quarter of the median spacing of x (real trajectories often jump between two
+    checkpoints) to the whole range (a nearly straight decline). Depends on x only, so
+    results do not depend on how rows are split into blocks.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    span = max(float(x[-1] - x[0]), 1e-12)
+    spacing = float(np.median(np.diff(x))) if len(x) > 1 else span
+    mus = np.linspace(x[0] - 0.15 * span, x[-1] + 0.15 * span, n_mu)
+    s_lo = max(0.25 * spacing, s_min)
+    ss = np.geomspace(s_lo, max(span, s_lo), n_s)
+    mu = np.repeat(mus, n_s)
+    s = np.tile(ss, n_mu)
+    z = np.clip((x[None, :] - mu[:, None]) / s[:, None], -Z_CLIP, Z_CLIP)
+    G = 1.0 / (1.0 + np.exp(z))
+    return mu, s, np.ascontiguousarray(G)
+
+
+def _centred(Y: np.ndarray):
+    W = ~np.isnan(Y)
+    n = W.sum(1)
+    mean = np.where(W, Y, 0.0).sum(1) / np.maximum(n, 1)
+    Yc = np.where(W, Y - mean[:, None], 0.0)
+    return W.astype(np.float64), n.astype(np.float64), mean, Yc
+
+
+def _in_box(mu_q, s_q, lo_mu, hi_mu, lo_s, hi_s) -> np.ndarray:
+    """[B, Q] True where grid event q lies inside row b's box."""
+    return ((mu_q[None, :] >= lo_mu[:, None]) & (mu_q[None, :] <= hi_mu[:, None])
+            & (s_q[None, :] >= lo_s[:, None]) & (s_q[None, :] <= hi_s[:, None]))
+
+
+def best_step(x: np.ndarray, Y: np.ndarray, lo_s: np.ndarray, hi_s: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """The best single step per row (the sigmoid's limit s -> 0), by prefix sums.
+
+    Splitting the observed points after the j-th explains ``S_j^2 n / (j (n - j))`` of the
+    centred sum of squares (S_j: sum of the first j centred values). Returns a start
+    (l0, linf, mu, s) [B, 4] at the best split (mu halfway between the two points, s a tenth
+    of their distance, within [lo_s, hi_s]) and that split's sum of squares [B]; NaN for rows
+    with fewer than 2 points.
+    """
+    W, n, mean, Yc = _centred(Y)
+    B, K = Y.shape
+    n1 = np.cumsum(W, 1)  # points up to and including k
+    S = np.cumsum(Yc, 1)
+    nn = n[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = S * S * nn / (n1 * (nn - n1))
+    # a split after point k needs k observed and a later point observed
+    e = np.where((W > 0) & (n1 < nn), e, -np.inf)
+    k = np.argmax(e, axis=1)
+    rows = np.arange(B)
+    # the next observed point after k
+    later = np.where((W > 0) & (np.arange(K)[None, :] > k[:, None]), np.arange(K)[None, :], K)
+    k2 = np.minimum(later.min(1), K - 1)
+    j = n1[rows, k]
+    head = S[rows, k]
+    x = np.asarray(x, dtype=np.float64)
+    gap = x[k2] - x[k]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.stack([mean + head / j, mean - head / (n - j), 0.5 * (x[k] + x[k2]),
+                      np.minimum(np.maximum(0.1 * gap, lo_s), hi_s)], axis=1)
+    sse = (Yc * Yc).sum(1) - e[rows, k]
+    bad = n < 2
+    p[bad] = np.nan
+    sse[bad] = np.nan
+    return p, sse
+
+
+def grid_start(x: np.ndarray, Y: np.ndarray, lo: np.ndarray, hi: np.ndarray, grid):
+    """Start values of the sigmoid per row of Y [B, K] (NaN = missing) within lo, hi [B, 4].
+
+    Returns (p0, p_step, sse_step): p0 [B, 4] = (l0, linf, mu, s) of the grid event that
+    explains most (NaN where no grid event lies in the box or fewer than 2 points are
+    observed); and the best step (:func:`best_step`), the start of a second try where it
+    beats the fit from p0 (real trajectories often have one jump between two checkpoints).
+    """
+    mu_q, s_q, G = grid
+    W, n, mean, Yc = _centred(Y)
+    S1 = W @ G.T  # [B, Q] sum of g over observed points
+    S2 = W @ (G * G).T
+    C = Yc @ G.T  # [B, Q] sum of g (y - mean)
+    nn = np.maximum(n, 1)[:, None]
+    var = S2 - S1 * S1 / nn
+    if np.all(n == Y.shape[1]):  # every point observed: as the compiled kernel, over all K
+        K = Y.shape[1]
+        var_full = (G * G).sum(1) - G.sum(1) ** 2 / K
+        var = np.broadcast_to(var_full, var.shape)
+    score = np.where(var > 1e-12 * nn, C * C / np.where(var > 0, var, 1.0), 0.0)
+    box = _in_box(mu_q, s_q, lo[:, 2], hi[:, 2], lo[:, 3], hi[:, 3])
+    score = np.where(box, score, -np.inf)
+    q = np.argmax(score, axis=1)
+    rows = np.arange(len(Y))
+    d = np.where(var[rows, q] > 0, C[rows, q] / np.where(var[rows, q] > 0, var[rows, q], 1.0),
+                 0.0)
+    linf = mean - d * S1[rows, q] / nn[:, 0]
+    p0 = np.stack([linf + d, linf, mu_q[q], s_q[q]], axis=1)
+    bad = ~box.any(1) | (n < 2)
+    p0[bad] = np.nan
+    p_step, sse_step = best_step(x, Y, lo[:, 3], hi[:, 3])
+    return p0, p_step, sse_step
+
+
+def two_start(x: np.ndarray, Y: np.ndarray, p1: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+              grid) -> np.ndarray:
+    """Start values [B, 7] for two sigmoids: event 1 the sigmoid fit p1 [B, 4] (natural s),
+    event 2 the grid event that, fitted jointly with it (amplitudes free), explains most.
+
+    Only the nonlinear columns (2, 3, 5, 6) are filled; NaN where no grid event qualifies
+    (inside the box lo, hi [B, 7], and not nearly the same curve as event 1).
+    """
+    mu_q, s_q, G = grid
+    W, n, mean, Yc = _centred(Y)
+    x = np.asarray(x, dtype=np.float64)
+    mu1, s1 = p1[:, 2], p1[:, 3]
+    ok = (n >= 3) & np.isfinite(mu1) & (s1 > 0)
+    z = np.clip((x[None, :] - np.where(ok, mu1, 0.0)[:, None])
+                / np.where(ok, s1, 1.0)[:, None], -Z_CLIP, Z_CLIP)
+    g1 = W / (1.0 + np.exp(z))  # [B, K], 0 where unobserved
+    nn = np.maximum(n, 1)
+    sg1 = g1.sum(1)
+    v11 = (g1 * g1).sum(1) - sg1 * sg1 / nn
+    c1 = (g1 * Yc).sum(1)
+    sg2 = W @ G.T
+    v22 = W @ (G * G).T - sg2 * sg2 / nn[:, None]
+    v12 = g1 @ G.T - sg1[:, None] * sg2 / nn[:, None]
+    c2 = Yc @ G.T
+    det = v11[:, None] * v22 - v12 * v12
+    good = (det > TWO_MIN_DET * v11[:, None] * v22) & (v22 > 1e-12 * nn[:, None])
+    good &= _in_box(mu_q, s_q, lo[:, 5], hi[:, 5], lo[:, 6], hi[:, 6])
+    score = (v22 * (c1 * c1)[:, None] - 2.0 * v12 * c1[:, None] * c2
+             + v11[:, None] * c2 * c2) / np.where(good, det, 1.0)
+    score = np.where(good, score, -np.inf)
+    q = np.argmax(score, axis=1)
+    p0 = np.full((len(Y), 7), np.nan)
+    use = ok & good.any(1)
+    p0[use, 2], p0[use, 3] = mu1[use], s1[use]
+    p0[use, 5], p0[use, 6] = mu_q[q[use]], s_q[q[use]]
+    return p0
+
+
+def two_sigmoid_amplitudes(x: np.ndarray, Y: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """p [B, 7] (natural s) with (linf, d1, d2) replaced by their least-squares values for its
+    events (the start of the full-parameter solver; variable projection does this itself).
+    Rows whose 3x3 system is singular keep their amplitudes."""
+    W = ~np.isnan(Y)
+    Y0 = np.where(W, Y, 0.0)
+    Wf = W.astype(np.float64)
+    cols = [Wf]
+    for mu, s in ((p[:, 2], p[:, 3]), (p[:, 5], p[:, 6])):
+        z = np.clip((x[None, :] - mu[:, None]) / s[:, None], -Z_CLIP, Z_CLIP)
+        cols.append(Wf / (1.0 + np.exp(z)))
+    Phi = np.stack(cols, axis=1)  # [B, 3, K]
+    M = Phi @ Phi.transpose(0, 2, 1)
+    rhs = Phi @ Y0[:, :, None]
+    out = p.copy()
+    ok = np.isfinite(M).all((1, 2)) & (np.abs(np.linalg.det(M)) > 1e-10 * np.abs(
+        M[:, 0, 0] * M[:, 1, 1] * M[:, 2, 2]))
+    if ok.any():
+        coef = np.linalg.solve(M[ok], rhs[ok])[:, :, 0]
+        out[ok, 0], out[ok, 1], out[ok, 4] = coef[:, 0], coef[:, 1], coef[:, 2]
+    return out
