@@ -18,7 +18,7 @@ import numpy as np
 from tokdyn.fit.sigmoid import Z_CLIP
 
 __all__ = ["GRID_MU", "GRID_S", "sigmoid_grid", "grid_start", "best_step", "two_start",
-           "two_sigmoid_amplitudes", "TWO_MIN_DET"]
+           "two_sigmoid_amplitudes", "TWO_MIN_DET", "TWO_MIN_VAR"]
 
 # Grid size: events per axis. 16 x 5 = 80 dot products per row cost about one solver step.
 GRID_MU = 16
@@ -29,6 +29,10 @@ GRID_S = 5
 # residual and then traps the solver (measured: 1e-6 left both events at one place on most
 # planted two-step tokens).
 TWO_MIN_DET = 0.1
+# ... and each event must vary over the observed points: variance at least this times n
+# (a sigmoid varies by at most n/4; one centred far outside the points is a constant, and
+# pairing two near-constants gives a meaningless score).
+TWO_MIN_VAR = 1e-3
 
 
 def sigmoid_grid(x: np.ndarray, s_min: float, *, n_mu: int = GRID_MU, n_s: int = GRID_S
@@ -121,10 +125,6 @@ def grid_start(x: np.ndarray, Y: np.ndarray, lo: np.ndarray, hi: np.ndarray, gri
     C = Yc @ G.T  # [B, Q] sum of g (y - mean)
     nn = np.maximum(n, 1)[:, None]
     var = S2 - S1 * S1 / nn
-    if np.all(n == Y.shape[1]):  # every point observed: as the compiled kernel, over all K
-        K = Y.shape[1]
-        var_full = (G * G).sum(1) - G.sum(1) ** 2 / K
-        var = np.broadcast_to(var_full, var.shape)
     score = np.where(var > 1e-12 * nn, C * C / np.where(var > 0, var, 1.0), 0.0)
     box = _in_box(mu_q, s_q, lo[:, 2], hi[:, 2], lo[:, 3], hi[:, 3])
     score = np.where(box, score, -np.inf)
@@ -140,42 +140,76 @@ def grid_start(x: np.ndarray, Y: np.ndarray, lo: np.ndarray, hi: np.ndarray, gri
     return p0, p_step, sse_step
 
 
+def _pair_scores(v11, v12, v22, c1, c2, n):
+    det = v11 * v22 - v12 * v12
+    v_min = TWO_MIN_VAR * n
+    good = (det > TWO_MIN_DET * v11 * v22) & (v11 > v_min) & (v22 > v_min)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = (v22 * c1 * c1 - 2.0 * v12 * c1 * c2 + v11 * c2 * c2) / det
+    return np.where(good, sc, -1.0)
+
+
 def two_start(x: np.ndarray, Y: np.ndarray, p1: np.ndarray, lo: np.ndarray, hi: np.ndarray,
               grid) -> np.ndarray:
-    """Start values [B, 7] for two sigmoids: event 1 the sigmoid fit p1 [B, 4] (natural s),
-    event 2 the grid event that, fitted jointly with it (amplitudes free), explains most.
+    """Start values [B, 7] for two sigmoids (only the nonlinear columns 2, 3, 5, 6 filled).
 
-    Only the nonlinear columns (2, 3, 5, 6) are filled; NaN where no grid event qualifies
-    (inside the box lo, hi [B, 7], and not nearly the same curve as event 1).
+    Candidates, scored by the sum of squares they explain with free amplitudes (closed form):
+    (a) every pair of grid events; (b) the sigmoid fit p1 [B, 4] (natural s) with the grid
+    event that best explains what it leaves. Pairs whose curves are nearly the same (squared
+    correlation above 1 - TWO_MIN_DET) are skipped; grid events outside the box lo, hi [B, 7]
+    too. NaN where nothing qualifies (fewer than 3 points).
     """
     mu_q, s_q, G = grid
+    B, K = Y.shape
+    Q = G.shape[0]
     W, n, mean, Yc = _centred(Y)
     x = np.asarray(x, dtype=np.float64)
-    mu1, s1 = p1[:, 2], p1[:, 3]
-    ok = (n >= 3) & np.isfinite(mu1) & (s1 > 0)
-    z = np.clip((x[None, :] - np.where(ok, mu1, 0.0)[:, None])
-                / np.where(ok, s1, 1.0)[:, None], -Z_CLIP, Z_CLIP)
-    g1 = W / (1.0 + np.exp(z))  # [B, K], 0 where unobserved
     nn = np.maximum(n, 1)
+    sq = W @ G.T  # [B, Q]
+    cq = Yc @ G.T
+    full = n == K
+    # centred Gram matrices [B, Q, Q]: shared over all K for full rows, per row otherwise
+    Gc = G - G.mean(1, keepdims=True)
+    V = np.broadcast_to(Gc @ Gc.T, (B, Q, Q)).copy()
+    if not full.all():
+        part = ~full
+        Wp = W[part]
+        V[part] = (np.einsum("bk,qk,rk->bqr", Wp, G, G)
+                   - sq[part][:, :, None] * sq[part][:, None, :] / nn[part][:, None, None])
+    inb = _in_box(mu_q, s_q, lo[:, 5], hi[:, 5], lo[:, 6], hi[:, 6])  # [B, Q]
+    # (a) pairs q > r, in the compiled kernel's order
+    qi, ri = np.tril_indices(Q, -1)
+    rows = np.arange(B)[:, None]
+    sc = _pair_scores(V[:, qi, qi], V[:, qi, ri], V[:, ri, ri], cq[:, qi], cq[:, ri],
+                      n[:, None])
+    sc = np.where(inb[:, qi] & inb[:, ri], sc, -1.0)
+    k = np.argmax(sc, axis=1)
+    best = sc[np.arange(B), k]
+    out = np.full((B, 7), np.nan)
+    out[:, 2], out[:, 3] = mu_q[qi[k]], s_q[qi[k]]
+    out[:, 5], out[:, 6] = mu_q[ri[k]], s_q[ri[k]]
+    # (b) the sigmoid fit plus one grid event
+    mu1, s1 = p1[:, 2], p1[:, 3]
+    ok1 = np.isfinite(mu1) & (s1 > 0)
+    z = np.clip((x[None, :] - np.where(ok1, mu1, 0.0)[:, None])
+                / np.where(ok1, s1, 1.0)[:, None], -Z_CLIP, Z_CLIP)
+    g1 = W / (1.0 + np.exp(z))
     sg1 = g1.sum(1)
     v11 = (g1 * g1).sum(1) - sg1 * sg1 / nn
     c1 = (g1 * Yc).sum(1)
-    sg2 = W @ G.T
-    v22 = W @ (G * G).T - sg2 * sg2 / nn[:, None]
-    v12 = g1 @ G.T - sg1[:, None] * sg2 / nn[:, None]
-    c2 = Yc @ G.T
-    det = v11[:, None] * v22 - v12 * v12
-    good = (det > TWO_MIN_DET * v11[:, None] * v22) & (v22 > 1e-12 * nn[:, None])
-    good &= _in_box(mu_q, s_q, lo[:, 5], hi[:, 5], lo[:, 6], hi[:, 6])
-    score = (v22 * (c1 * c1)[:, None] - 2.0 * v12 * c1[:, None] * c2
-             + v11[:, None] * c2 * c2) / np.where(good, det, 1.0)
-    score = np.where(good, score, -np.inf)
-    q = np.argmax(score, axis=1)
-    p0 = np.full((len(Y), 7), np.nan)
-    use = ok & good.any(1)
-    p0[use, 2], p0[use, 3] = mu1[use], s1[use]
-    p0[use, 5], p0[use, 6] = mu_q[q[use]], s_q[q[use]]
-    return p0
+    v12 = g1 @ G.T - sg1[:, None] * sq / nn[:, None]
+    vqq = V[:, np.arange(Q), np.arange(Q)]
+    sb = _pair_scores(v11[:, None], v12, vqq, c1[:, None], cq, n[:, None])
+    sb = np.where(inb & ok1[:, None], sb, -1.0)
+    kb = np.argmax(sb, axis=1)
+    bb = sb[np.arange(B), kb]
+    use_b = bb > best
+    out[use_b, 2], out[use_b, 3] = mu1[use_b], s1[use_b]
+    out[use_b, 5], out[use_b, 6] = mu_q[kb[use_b]], s_q[kb[use_b]]
+    bad = (np.maximum(best, bb) < 0) | (n < 3)
+    out[bad] = np.nan
+    del rows
+    return out
 
 
 def two_sigmoid_amplitudes(x: np.ndarray, Y: np.ndarray, p: np.ndarray) -> np.ndarray:

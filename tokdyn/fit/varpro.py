@@ -33,7 +33,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from tokdyn.fit.grid import TWO_MIN_DET, sigmoid_grid
+from tokdyn.fit.grid import TWO_MIN_DET, TWO_MIN_VAR, sigmoid_grid
 from tokdyn.fit.lm import LM_CONVERGED, LM_FAILED
 from tokdyn.fit.numba_kernels import (
     N_SCRATCH,
@@ -592,23 +592,33 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
 
 
 # ---------------------------------------------------------------------------------------------
-# Two-sigmoid start: the one-sigmoid fit plus the grid event that best explains the rest
+# Two-sigmoid start: the best pair of grid events, or the one-sigmoid fit plus the grid event
+# that best explains what it leaves, whichever explains more (closed form)
 
 
 def two_start_block(x, Y, p1, lo, hi, grid):
-    """Start values [B, 7] for two sigmoids from the sigmoid fit p1 [B, 4] (natural s).
-
-    Event 1 is the sigmoid fit's; event 2 the grid event that, fitted jointly with it (closed
-    form, amplitudes free), lowers the sum of squares most. Rows without a usable candidate
-    get NaN in event 2 (the caller falls back to splitting the sigmoid in two).
-    lo, hi [B, 7] are the two-sigmoid bounds (natural s).
-    """
+    """Two-sigmoid start values [B, 7], as :func:`tokdyn.fit.grid.two_start`."""
     mu_q, s_q, G = grid
-    return _two_start_chunks(x, Y, p1, lo, hi, mu_q, s_q, G, _n_chunks(Y))
+    K = G.shape[1]
+    Gc = G - G.mean(1, keepdims=True)
+    gram = np.ascontiguousarray(Gc @ Gc.T)  # centred Gram matrix over all K points
+    return _two_start_chunks(x, Y, np.ascontiguousarray(p1), lo, hi, mu_q, s_q, G, gram,
+                             float(TWO_MIN_DET), _n_chunks(Y))
+
+
+@njit(**_JIT)
+def _pair_score(v11, v12, v22, c1, c2, min_det, v_min):
+    """Explained sum of squares of two centred columns with variances v11, v22, covariance v12
+    and covariances c1, c2 with the data; -1 where they are (nearly) collinear or one is
+    (nearly) constant over the points (variance below v_min)."""
+    det = v11 * v22 - v12 * v12
+    if not (det > min_det * v11 * v22 and v11 > v_min and v22 > v_min):
+        return -1.0
+    return (v22 * c1 * c1 - 2.0 * v12 * c1 * c2 + v11 * c2 * c2) / det
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _two_start_chunks(x, Y, p1, lo, hi, mu_q, s_q, G, n_chunks):
+def _two_start_chunks(x, Y, p1, lo, hi, mu_q, s_q, G, gram, min_det, n_chunks):
     B, K = Y.shape
     Q = G.shape[0]
     p0 = np.full((B, 7), np.nan)
@@ -619,51 +629,93 @@ def _two_start_chunks(x, Y, p1, lo, hi, mu_q, s_q, G, n_chunks):
         g1 = np.empty(K)
         zb = np.empty(K)
         hb = np.empty(K)
+        cq = np.empty(Q)
+        sq = np.empty(Q)
+        vq = np.empty((Q, Q))
+        inb = np.empty(Q, dtype=np.bool_)
         for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
             n, mean, _ = _gather(x, Y, b, xo, yc, idx)
-            mu1, s1 = p1[b, 2], p1[b, 3]
-            if n < 3 or not (math.isfinite(mu1) and s1 > 0):
+            if n < 3:
                 continue
-            _sigmoid_columns(xo, n, mu1, 1.0 / s1, zb, g1, hb)
             nf = float(n)
-            sg1 = 0.0
-            s11 = 0.0
-            c1 = 0.0
-            for k in range(n):
-                sg1 += g1[k]
-                s11 += g1[k] * g1[k]
-                c1 += g1[k] * yc[k]
-            v11 = s11 - sg1 * sg1 / nf
-            best = -1
-            best_score = -1.0
+            full = n == K
+            v_min = TWO_MIN_VAR * nf
             for q in range(Q):
-                if (mu_q[q] < lo[b, 5] or mu_q[q] > hi[b, 5] or s_q[q] < lo[b, 6]
-                        or s_q[q] > hi[b, 6]):
-                    continue
+                inb[q] = not (mu_q[q] < lo[b, 5] or mu_q[q] > hi[b, 5] or s_q[q] < lo[b, 6]
+                              or s_q[q] > hi[b, 6])
                 Gq = G[q]
-                sg2 = 0.0
-                s22 = 0.0
-                s12 = 0.0
-                c2 = 0.0
+                acc = 0.0
+                sgq = 0.0
                 for k in range(n):
                     g = Gq[idx[k]]
-                    sg2 += g
-                    s22 += g * g
-                    s12 += g * g1[k]
-                    c2 += g * yc[k]
-                v22 = s22 - sg2 * sg2 / nf
-                v12 = s12 - sg1 * sg2 / nf
-                det = v11 * v22 - v12 * v12
-                if not (det > TWO_MIN_DET * v11 * v22 and v22 > 1e-12 * nf):
-                    continue  # (nearly) the same event: nothing new to explain
-                score = (v22 * c1 * c1 - 2.0 * v12 * c1 * c2 + v11 * c2 * c2) / det
-                if score > best_score:
-                    best_score = score
-                    best = q
+                    acc += g * yc[k]
+                    sgq += g
+                cq[q] = acc
+                sq[q] = sgq
+            if not full:  # the centred Gram matrix over this row's observed points
+                for q in range(Q):
+                    for r in range(q + 1):
+                        acc = 0.0
+                        for k in range(n):
+                            acc += G[q, idx[k]] * G[r, idx[k]]
+                        v = acc - sq[q] * sq[r] / nf
+                        vq[q, r] = v
+                        vq[r, q] = v
+            best = -1.0
+            bq = -1
+            br = -1
+            # (a) every pair of grid events
+            for q in range(Q):
+                if not inb[q]:
+                    continue
+                for r in range(q):
+                    if not inb[r]:
+                        continue
+                    if full:
+                        sc = _pair_score(gram[q, q], gram[q, r], gram[r, r], cq[q], cq[r],
+                                         min_det, v_min)
+                    else:
+                        sc = _pair_score(vq[q, q], vq[q, r], vq[r, r], cq[q], cq[r], min_det,
+                                         v_min)
+                    if sc > best:
+                        best = sc
+                        bq = q
+                        br = r
+            mu1 = 0.0
+            s1 = 0.0
+            mu2 = 0.0
+            s2 = 0.0
+            if bq >= 0:
+                mu1, s1, mu2, s2 = mu_q[bq], s_q[bq], mu_q[br], s_q[br]
+            # (b) the sigmoid fit with the grid event that best explains what it leaves
+            m1, w1 = p1[b, 2], p1[b, 3]
+            if math.isfinite(m1) and w1 > 0:
+                _sigmoid_columns(xo, n, m1, 1.0 / w1, zb, g1, hb)
+                sg1 = 0.0
+                s11 = 0.0
+                c1 = 0.0
+                for k in range(n):
+                    sg1 += g1[k]
+                    s11 += g1[k] * g1[k]
+                    c1 += g1[k] * yc[k]
+                v11 = s11 - sg1 * sg1 / nf
+                for q in range(Q):
+                    if not inb[q]:
+                        continue
+                    Gq = G[q]
+                    s12 = 0.0
+                    for k in range(n):
+                        s12 += Gq[idx[k]] * g1[k]
+                    v22 = gram[q, q] if full else vq[q, q]
+                    sc = _pair_score(v11, s12 - sg1 * sq[q] / nf, v22, c1, cq[q], min_det,
+                                     v_min)
+                    if sc > best:
+                        best = sc
+                        mu1, s1, mu2, s2 = m1, w1, mu_q[q], s_q[q]
             if best < 0:
                 continue
             p0[b, 2] = mu1
             p0[b, 3] = s1
-            p0[b, 5] = mu_q[best]
-            p0[b, 6] = s_q[best]
+            p0[b, 5] = mu2
+            p0[b, 6] = s2
     return p0
