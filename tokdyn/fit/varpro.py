@@ -602,8 +602,20 @@ def two_start_block(x, Y, p1, lo, hi, grid):
     K = G.shape[1]
     Gc = G - G.mean(1, keepdims=True)
     gram = np.ascontiguousarray(Gc @ Gc.T)  # centred Gram matrix over all K points
+    # For rows with every point observed, a pair's score is a quadratic form in the two
+    # covariances with fixed coefficients: score = a c_q^2 + b c_q c_r + e c_r^2 (+ pen: -inf
+    # for pairs that are collinear or hold a near-constant event).
+    v = np.diag(gram)
+    det = v[:, None] * v[None, :] - gram * gram
+    ok = (det > TWO_MIN_DET * v[:, None] * v[None, :]) & (v[:, None] > TWO_MIN_VAR * K) & (
+        v[None, :] > TWO_MIN_VAR * K)
+    safe = np.where(ok, det, 1.0)
+    qa = np.where(ok, v[None, :] / safe, 0.0)
+    qb = np.where(ok, -2.0 * gram / safe, 0.0)
+    qe = np.where(ok, v[:, None] / safe, 0.0)
+    pen = np.where(ok, 0.0, -np.inf)
     return _two_start_chunks(x, Y, np.ascontiguousarray(p1), lo, hi, mu_q, s_q, G, gram,
-                             float(TWO_MIN_DET), _n_chunks(Y))
+                             qa, qb, qe, pen, float(TWO_MIN_DET), _n_chunks(Y))
 
 
 @njit(**_JIT)
@@ -618,7 +630,8 @@ def _pair_score(v11, v12, v22, c1, c2, min_det, v_min):
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _two_start_chunks(x, Y, p1, lo, hi, mu_q, s_q, G, gram, min_det, n_chunks):
+def _two_start_chunks(x, Y, p1, lo, hi, mu_q, s_q, G, gram, qa, qb, qe, pen, min_det,
+                      n_chunks):
     B, K = Y.shape
     Q = G.shape[0]
     p0 = np.full((B, 7), np.nan)
@@ -633,6 +646,8 @@ def _two_start_chunks(x, Y, p1, lo, hi, mu_q, s_q, G, gram, min_det, n_chunks):
         sq = np.empty(Q)
         vq = np.empty((Q, Q))
         inb = np.empty(Q, dtype=np.bool_)
+        rowpen = np.empty(Q)
+        scores = np.empty(Q)
         for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
             n, mean, _ = _gather(x, Y, b, xo, yc, idx)
             if n < 3:
@@ -646,10 +661,15 @@ def _two_start_chunks(x, Y, p1, lo, hi, mu_q, s_q, G, gram, min_det, n_chunks):
                 Gq = G[q]
                 acc = 0.0
                 sgq = 0.0
-                for k in range(n):
-                    g = Gq[idx[k]]
-                    acc += g * yc[k]
-                    sgq += g
+                if full:  # contiguous: vectorises
+                    for k in range(n):
+                        acc += Gq[k] * yc[k]
+                        sgq += Gq[k]
+                else:
+                    for k in range(n):
+                        g = Gq[idx[k]]
+                        acc += g * yc[k]
+                        sgq += g
                 cq[q] = acc
                 sq[q] = sgq
             if not full:  # the centred Gram matrix over this row's observed points
@@ -666,17 +686,28 @@ def _two_start_chunks(x, Y, p1, lo, hi, mu_q, s_q, G, gram, min_det, n_chunks):
             br = -1
             # (a) every pair of grid events
             for q in range(Q):
+                rowpen[q] = 0.0 if inb[q] else -np.inf
+            for q in range(Q):
                 if not inb[q]:
+                    continue
+                if full:  # vectorised quadratic forms, then the largest
+                    c1 = cq[q]
+                    c1s = c1 * c1
+                    aq, bq_, eq, pq = qa[q], qb[q], qe[q], pen[q]
+                    for r in range(q):
+                        scores[r] = (aq[r] * c1s + bq_[r] * c1 * cq[r] + eq[r] * cq[r] * cq[r]
+                                     + pq[r] + rowpen[r])
+                    for r in range(q):
+                        if scores[r] > best:
+                            best = scores[r]
+                            bq = q
+                            br = r
                     continue
                 for r in range(q):
                     if not inb[r]:
                         continue
-                    if full:
-                        sc = _pair_score(gram[q, q], gram[q, r], gram[r, r], cq[q], cq[r],
-                                         min_det, v_min)
-                    else:
-                        sc = _pair_score(vq[q, q], vq[q, r], vq[r, r], cq[q], cq[r], min_det,
-                                         v_min)
+                    sc = _pair_score(vq[q, q], vq[q, r], vq[r, r], cq[q], cq[r], min_det,
+                                     v_min)
                     if sc > best:
                         best = sc
                         bq = q
@@ -704,8 +735,12 @@ def _two_start_chunks(x, Y, p1, lo, hi, mu_q, s_q, G, gram, min_det, n_chunks):
                         continue
                     Gq = G[q]
                     s12 = 0.0
-                    for k in range(n):
-                        s12 += Gq[idx[k]] * g1[k]
+                    if full:
+                        for k in range(n):
+                            s12 += Gq[k] * g1[k]
+                    else:
+                        for k in range(n):
+                            s12 += Gq[idx[k]] * g1[k]
                     v22 = gram[q, q] if full else vq[q, q]
                     sc = _pair_score(v11, s12 - sg1 * sq[q] / nf, v22, c1, cq[q], min_det,
                                      v_min)
