@@ -132,14 +132,20 @@ def store_mode(tokens: int, rows: int, seed: int, only_full: bool = False) -> No
         for label, extra in runs:
             cmd = [sys.executable, "-m", "tokdyn.cli", "fit", url, "--run", "r", "--refit", "--no-progress", "--json", *extra]
             t0 = time.perf_counter()
+            ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             proc = subprocess.run(cmd, capture_output=True, text=True)
             wall = time.perf_counter() - t0
+            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
             if proc.returncode:
                 raise SystemExit(proc.stderr)
             res = json.loads(proc.stdout)
             fit = tokdyn.fit.read_fit(url, "r", fields=("mu",))
             out[label] = {
                 "wall_s": round(wall, 1),
+                # CPU seconds of the child (all threads): what the run costs whatever the load;
+                # on 2 idle cores the wall time would be about cpu_s / 2 at best
+                "cpu_s": round(cpu_s, 1),
                 "fits_per_s": round(tokens / wall),
                 "peak_rss_MB": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
                 "scheduler": res["scheduler"],
