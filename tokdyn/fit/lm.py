@@ -160,10 +160,9 @@ def levenberg_marquardt(
         diag = M[:, diag_idx, diag_idx]
         M[:, diag_idx, diag_idx] = ops.where(fixed, ops.ones_like(Dl), diag + Dl)
         h, ok = cholesky_solve(ops, M, -g * freef)
-        if step_max is not None:
-            over = (ops.abs(h) / step_max).amax(-1) if hasattr(h, "amax") else (
-                ops.abs(h) / step_max).max(-1)
-            h = h / ops.maximum(over, ops.ones_like(over))[:, None]
+        if step_max is not None:  # scale the step down into the trust region
+            over = ops.rowmax(ops.abs(h) / step_max)  # [B, 1]
+            h = h / ops.maximum(over, ops.ones_like(over))
 
         p_try = ops.clip(p + h, lo, hi)
         hc = p_try - p  # [B, P] the step actually taken

@@ -7,22 +7,22 @@ Both models are linear in their amplitudes once the event times and widths are f
 
 with g = sigma(-(x - mu)/s). For given (mu, ln s) the amplitudes solve a 2x2 (3x3) least
 squares problem in closed form, so the solver searches only (mu, ln s) (four numbers for two
-sigmoids) on the projected sum of squares (Golub and Pereyra; Kaufman's Jacobian, whose
-normal matrix is the Schur complement of the full J^T J in its amplitude block). Every
-evaluation is one pass over the trajectory's observed points that accumulates a few sums;
-everything else is arithmetic on those sums.
+sigmoids) on the projected sum of squares (Golub and Pereyra). Every evaluation is one pass
+over the trajectory's observed points that accumulates a few sums; everything else is
+arithmetic on those sums. The sigmoid gets the exact Hessian of the projected sum of squares
+(damped Newton, :func:`_vp_sigmoid`); two sigmoids get Kaufman's Gauss-Newton matrix (the
+Schur complement of the full J^T J in its amplitude block).
 
-Start values come from a grid over (mu, s) scored in closed form (:func:`grid_start_block`):
-the explained sum of squares of each basis sigmoid is one dot product per grid point, so
-the search starts in the basin of the grid's best event rather than wherever the data's
-midpoint crossing points (measured: that heuristic left 2.5 % of real trajectories in a local
-optimum, docs/fitting.md). The two-sigmoid fit starts from the one-sigmoid fit plus the grid
-event that best explains what the first leaves (scored jointly with it, in closed form).
+Start values (:func:`grid_start_block`, :func:`two_start_block`; numpy references in
+:mod:`tokdyn.fit.grid`): the grid event over (mu, s) that explains most of a row, and the best
+single step (a second try where it fits about as well); for two sigmoids the best pair of
+grid events or the sigmoid fit plus the event that best explains its residuals. All scored in
+closed form.
 
 The returned parameters and J^T J are those of the full models in the solver's
-parameterisation (l0, linf, mu, ln s) and (linf, d1, mu1, ln s1, d2, mu2, ln s2), from one
-last full evaluation at the optimum, so standard errors and the sums of squares are exactly
-those of the classic solver's (:mod:`tokdyn.fit.numba_kernels`).
+parameterisation (l0, linf, mu, ln s) and (linf, d1, mu1, ln s1, d2, mu2, ln s2), so standard
+errors follow as with the classic solver (:mod:`tokdyn.fit.numba_kernels`, kept for
+reference: ``lm_block``).
 """
 
 from __future__ import annotations
