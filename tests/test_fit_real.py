@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tokdyn.fit import FitOptions, available_backends, fit_sigmoids
-from tokdyn.fit.grid import grid_start, sigmoid_grid, two_start
+from tokdyn.fit.grid import grid_start, row_grids, two_start
 from tokdyn.fit.models import two_sigmoid_bounds
 from tokdyn.fit.prepare import prepare
 from tokdyn.fit.sigmoid import default_s_min
@@ -97,15 +97,15 @@ def test_compiled_starts_match_numpy():
     Y = np.concatenate([plant_sigmoids(60, x, rng=rng).Y, plant_two_steps(60, x, rng=rng).Y])
     Y[rng.random(Y.shape) < 0.05] = np.nan
     prep = prepare(x, Y, FitOptions())
-    grid = sigmoid_grid(x, default_s_min(x))
-    a, b = grid_start(x, Y, prep["lo"], prep["hi"], grid), varpro.grid_start_block(
-        x, Y, prep["lo"], prep["hi"], grid)
+    grid = row_grids(x, Y, default_s_min(x))
+    a, b = grid_start(x, Y, prep["lo"], prep["hi"], *grid), varpro.grid_start_block(
+        x, Y, prep["lo"], prep["hi"], *grid)
     for u, v in zip(a, b):
         np.testing.assert_allclose(u, v, rtol=1e-9, atol=1e-12)
     lo, hi = two_sigmoid_bounds(prep["lo"], prep["hi"])
     p1 = prep["p0"]
-    np.testing.assert_allclose(two_start(x, Y, p1, lo, hi, grid),
-                               varpro.two_start_block(x, Y, p1, lo, hi, grid), rtol=1e-12)
+    np.testing.assert_allclose(two_start(x, Y, p1, lo, hi, *grid),
+                               varpro.two_start_block(x, Y, p1, lo, hi, *grid), rtol=1e-12)
 
 
 def test_sigmoid_at_scipy_optimum_from_a_far_start():

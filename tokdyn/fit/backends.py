@@ -138,6 +138,13 @@ class NumpyOps:
         return a.max(-1, keepdims=True)
 
     @staticmethod
+    def rowsum(a):
+        """Sum over the last axis, left to right: exact zeros (unobserved points) then change
+        nothing, so a row's sums do not depend on how many unobserved columns it has
+        (numpy's pairwise sum groups terms by position)."""
+        return np.add.accumulate(a, axis=-1)[..., -1]
+
+    @staticmethod
     def stack(arrays, axis):
         return np.stack(arrays, axis=axis)
 
@@ -220,6 +227,9 @@ class TorchOps:
     def rowmax(self, a):
         return a.amax(-1, keepdim=True)
 
+    def rowsum(self, a):
+        return a.sum(-1)
+
     def stack(self, arrays, axis):
         return self.torch.stack(arrays, dim=axis)
 
@@ -283,15 +293,15 @@ def run_lm(
     xtol: float,
     backend: str,
     device: Any = None,
-    step_max: tuple[float, float] | None = None,
+    step_max: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Fit ``model`` (MODEL_SIGMOID or MODEL_TWO_SIGMOIDS) to every row on a concrete backend.
 
     numba solves by variable projection (:mod:`tokdyn.fit.varpro`: only mu and ln s are
     searched, the amplitudes of p0 are not used); numpy and torch run the full-parameter
     solver of :mod:`tokdyn.fit.lm` from p0. Both reach the same optimum from the same start.
-    ``step_max`` = (mu, ln s): the longest step of variable projection in each event's
-    parameters (a trust region of about half a start-grid cell).
+    ``step_max`` [B, 2] = (mu, ln s): each row's longest step of variable projection in an
+    event's parameters (a trust region of half a cell of the row's start grid).
 
     Inputs are numpy (NaN in Y marks a missing point); the result is numpy: p [B, P],
     sse [B], A [B, P, P], n_iter [B], status [B] (lm.LM_CONVERGED or lm.LM_FAILED).
@@ -304,9 +314,8 @@ def run_lm(
         from tokdyn.fit import varpro
 
         with _NUMBA_LOCK:
-            caps = None if step_max is None else list(step_max) * (1 if P == 4 else 2)
             p, sse, A, n_iter, status = varpro.varpro_block(
-                P, x, Y, p0, lo, hi, max_iter, ftol, xtol, caps, varpro.SHRINK_MIN
+                P, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, varpro.SHRINK_MIN
             )
         return dict(p=p, sse=sse, A=A, n_iter=n_iter, status=status)
 
@@ -356,21 +365,21 @@ def _run_projected_sigmoid(x, Y, p0, lo, hi, *, max_iter, ftol, xtol, backend, d
     """The sigmoid by variable projection on numpy or torch (as varpro does on numba):
     LM over (mu, ln s) only, then the amplitudes, J^T J and SSE of the full model."""
     ops, rows, check_every = _batched_ops(backend, device)
-    caps = None if step_max is None else ops.asarray(np.asarray(step_max, dtype=np.float64))
     x_b = ops.asarray(x)
     parts = []
     for start in range(0, Y.shape[0], rows):
         sl = slice(start, start + rows)
         observed = ~np.isnan(Y[sl])
         n = np.maximum(observed.sum(1), 1)
-        mean = np.where(observed, Y[sl], 0.0).sum(1) / n
+        mean = NumpyOps.rowsum(np.where(observed, Y[sl], 0.0)) / n
         Yc = ops.asarray(np.where(observed, Y[sl] - mean[:, None], 0.0))
         W = ops.asarray(observed)
         res = levenberg_marquardt(
             ops, lambda x_, Y_, W_, th_: sigmoid_projected(ops, x_, Y_, W_, th_), x_b, Yc, W,
             ops.asarray(p0[sl, 2:4]), ops.asarray(lo[sl, 2:4]), ops.asarray(hi[sl, 2:4]),
             max_iter=max_iter, ftol=ftol, xtol=xtol, check_every=check_every,
-            step_max=caps, shrink_min=SHRINK_MIN, flat_converged=True,
+            step_max=None if step_max is None else ops.asarray(step_max[sl]),
+            shrink_min=SHRINK_MIN, flat_converged=True,
         )
         d, c0 = sigmoid_amplitudes(ops, x_b, Yc, W, res.p)
         linf = c0 + ops.asarray(mean)
@@ -428,25 +437,25 @@ def inverse_diagonal(A: np.ndarray, backend: str) -> tuple[np.ndarray, np.ndarra
     return np.where(ok[:, None], out, np.nan), ok
 
 
-def grid_starts(x: np.ndarray, Y: np.ndarray, lo: np.ndarray, hi: np.ndarray, grid,
-                backend: str) -> np.ndarray:
-    """Sigmoid start values [B, 4] from the (mu, s) grid (:func:`tokdyn.fit.grid.grid_start`),
-    compiled where possible."""
+def grid_starts(x: np.ndarray, Y: np.ndarray, lo: np.ndarray, hi: np.ndarray, mus: np.ndarray,
+                ss: np.ndarray, backend: str) -> np.ndarray:
+    """Sigmoid start values [B, 4] from each row's (mu, s) grid
+    (:func:`tokdyn.fit.grid.grid_start`), compiled where possible."""
     if _host_kernels(backend) is None:
-        return grid_start(x, Y, lo, hi, grid)
+        return grid_start(x, Y, lo, hi, mus, ss)
     from tokdyn.fit import varpro
 
     with _NUMBA_LOCK:
-        return varpro.grid_start_block(x, Y, lo, hi, grid)
+        return varpro.grid_start_block(x, Y, lo, hi, mus, ss)
 
 
 def two_starts(x: np.ndarray, Y: np.ndarray, p1: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-               grid, backend: str) -> np.ndarray:
-    """Two-sigmoid start values [B, 7] (:func:`tokdyn.fit.grid.two_start`), compiled where
-    possible."""
+               mus: np.ndarray, ss: np.ndarray, backend: str) -> np.ndarray:
+    """Two-sigmoid start values [B, 7] from each row's grid (:func:`tokdyn.fit.grid.two_start`),
+    compiled where possible."""
     if _host_kernels(backend) is None:
-        return two_start(x, Y, p1, lo, hi, grid)
+        return two_start(x, Y, p1, lo, hi, mus, ss)
     from tokdyn.fit import varpro
 
     with _NUMBA_LOCK:
-        return varpro.two_start_block(x, Y, np.ascontiguousarray(p1), lo, hi, grid)
+        return varpro.two_start_block(x, Y, np.ascontiguousarray(p1), lo, hi, mus, ss)

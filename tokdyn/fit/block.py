@@ -21,7 +21,7 @@ from tokdyn.fit.backends import (
     run_lm,
     two_starts,
 )
-from tokdyn.fit.grid import sigmoid_grid, two_sigmoid_amplitudes
+from tokdyn.fit.grid import row_grids, step_caps, two_sigmoid_amplitudes
 from tokdyn.fit.lm import LM_CONVERGED, MODEL_SIGMOID, MODEL_TWO_SIGMOIDS
 from tokdyn.fit.models import (
     N_PARAMS,
@@ -162,23 +162,20 @@ def _log_cols(a: np.ndarray, cols: list[int]) -> np.ndarray:
 class _Solver:
     """run_lm with the options and backend of one call, in the solver's parameters."""
 
-    def __init__(self, x: np.ndarray, options: FitOptions, backend: str, device: Any,
-                 grid) -> None:
+    def __init__(self, x: np.ndarray, options: FitOptions, backend: str, device: Any) -> None:
         self.x, self.options, self.backend, self.device = x, options, backend, device
-        self.grid = grid
-        # variable projection's trust region: half a grid cell in mu and in ln s
-        mus, ss = np.unique(grid[0]), np.unique(grid[1])
-        self.step_max = (0.5 * float(np.diff(mus).min()) if mus.size > 1 else np.inf,
-                         0.5 * float(np.log(ss[1] / ss[0])) if ss.size > 1 else np.inf)
 
-    def __call__(self, model, Y, p0, lo, hi, width_cols):
-        """Fit from p0 within [lo, hi]; returns run_lm's dict with natural parameters."""
+    def __call__(self, model, Y, p0, lo, hi, width_cols, step_max):
+        """Fit from p0 within [lo, hi]; returns run_lm's dict with natural parameters.
+
+        step_max [B, 2]: variable projection's trust region per row, half a cell of the row's
+        start grid in mu and in ln s."""
         o = self.options
         ftol = o.ftol if model == MODEL_SIGMOID else o.ftol_two
         res = run_lm(
             model, self.x, Y, _log_cols(p0, width_cols), _log_cols(lo, width_cols),
             _log_cols(hi, width_cols), max_iter=o.max_iter, ftol=ftol, xtol=o.xtol,
-            backend=self.backend, device=self.device, step_max=self.step_max,
+            backend=self.backend, device=self.device, step_max=step_max,
         )
         res["p"][:, width_cols] = np.exp(res["p"][:, width_cols])
         return res
@@ -206,12 +203,13 @@ STEP_RETRY = 0.05
 def _fit_sigmoid(solve: _Solver, Y, prep):
     """One sigmoid per row from the grid's best event; a second try from the best step where
     that step alone fits better; a restart for fits that end on a bound or fail."""
-    lo, hi = prep["lo"], prep["hi"]
-    p0, p_step, sse_step = grid_starts(solve.x, Y, lo, hi, solve.grid, solve.backend)
+    lo, hi, caps = prep["lo"], prep["hi"], prep["step_max"]
+    p0, p_step, sse_step = grid_starts(solve.x, Y, lo, hi, prep["grid_mu"], prep["grid_s"],
+                                       solve.backend)
     no_grid = ~np.all(np.isfinite(p0), axis=1)
     p0[no_grid] = prep["p0"][no_grid]  # the data-driven start where no grid event fits
     p0 = np.minimum(np.maximum(p0, lo), hi)
-    res = solve(MODEL_SIGMOID, Y, p0, lo, hi, [3])
+    res = solve(MODEL_SIGMOID, Y, p0, lo, hi, [3], caps)
     # A jump between two checkpoints is a basin of its own that a smooth start may not reach:
     # where the best step alone fits about as well (within STEP_RETRY) or better, fit again
     # from that step and keep the better.
@@ -219,7 +217,7 @@ def _fit_sigmoid(solve: _Solver, Y, prep):
     again = again[np.all(np.isfinite(p_step[again]), axis=1)]
     if again.size:
         _try_again(solve, Y, res, again, np.minimum(np.maximum(p_step[again], lo[again]),
-                                                    hi[again]), lo, hi)
+                                                    hi[again]), lo, hi, caps)
     # A fit ending on a bound may have slid into a boundary basin (a sharp step on one noisy
     # point, or an event pushed out of range); try again from a wide, central start.
     at_bound = _on_bound(res["p"], lo, hi, [2, 3])
@@ -229,15 +227,15 @@ def _fit_sigmoid(solve: _Solver, Y, prep):
         p_alt = p0[again].copy()
         p_alt[:, 2] = 0.5 * (first + last)
         p_alt[:, 3] = np.clip(0.2 * (last - first), lo[again, 3], hi[again, 3])
-        _try_again(solve, Y, res, again, p_alt, lo, hi)
+        _try_again(solve, Y, res, again, p_alt, lo, hi, caps)
     se, cov_ok = solve.standard_errors(res, prep["n"], [3])
     status = _final_status(res["status"], res["p"], lo, hi, cov_ok, [2, 3])
     return res, se, status
 
 
-def _try_again(solve: _Solver, Y, res, rows, p_start, lo, hi) -> None:
+def _try_again(solve: _Solver, Y, res, rows, p_start, lo, hi, caps) -> None:
     """Fit ``rows`` again from p_start; keep the better fit in ``res`` (iterations add up)."""
-    alt = solve(MODEL_SIGMOID, Y[rows], p_start, lo[rows], hi[rows], [3])
+    alt = solve(MODEL_SIGMOID, Y[rows], p_start, lo[rows], hi[rows], [3], caps[rows])
     total_iter = res["n_iter"][rows] + alt["n_iter"]
     better = alt["sse"] < res["sse"][rows]
     better |= ~np.isfinite(res["sse"][rows]) & np.isfinite(alt["sse"])
@@ -251,14 +249,14 @@ def _fit_two_sigmoids(solve: _Solver, Y, p1, prep):
     explains what it leaves (where none qualifies: the sigmoid split in two halves)."""
     lo, hi = two_sigmoid_bounds(prep["lo"], prep["hi"])
     p0 = two_sigmoid_start(p1, lo, hi)
-    alt = two_starts(solve.x, Y, p1, lo, hi, solve.grid, solve.backend)
+    alt = two_starts(solve.x, Y, p1, lo, hi, prep["grid_mu"], prep["grid_s"], solve.backend)
     use = np.all(np.isfinite(alt[:, [2, 3, 5, 6]]), axis=1)
     for j in (2, 3, 5, 6):
         p0[use, j] = alt[use, j]
     if solve.backend != "numba":  # the full-parameter solver also needs amplitudes
         p0[use] = two_sigmoid_amplitudes(solve.x, Y[use], p0[use])
     p0 = np.minimum(np.maximum(np.where(np.isfinite(p0), p0, 0.0), lo), hi)
-    res = solve(MODEL_TWO_SIGMOIDS, Y, p0, lo, hi, [3, 6])
+    res = solve(MODEL_TWO_SIGMOIDS, Y, p0, lo, hi, [3, 6], prep["step_max"])
     _, cov_ok = solve.standard_errors(res, prep["n"], [3, 6])
     status = _final_status(res["status"], res["p"], lo, hi, cov_ok, [2, 3, 5, 6])
     return res, order_events(res["p"]), status
@@ -318,8 +316,10 @@ def _fit_checked_block(x, Y, options, backend, device) -> dict[str, np.ndarray]:
     nr = prep["n"].astype(np.float64)
     xf, xl = prep["x_first"], prep["x_last"]
     mean, sse_c, sse_l = prep["mean"], prep["sse_const"], prep["sse_line"]
-    grid = sigmoid_grid(x, s_min_of(x, options))
-    solve = _Solver(x, options, backend, device, grid)
+    # each row's start grid, from its own observed points (tokdyn.fit.grid.row_grids)
+    prep["grid_mu"], prep["grid_s"] = row_grids(x, Y, s_min_of(x, options))
+    prep["step_max"] = step_caps(prep["grid_mu"], prep["grid_s"])
+    solve = _Solver(x, options, backend, device)
 
     res1, se1, status1 = _fit_sigmoid(solve, Y, prep)
     p1, sse1 = res1["p"], res1["sse"]

@@ -8,6 +8,11 @@ left 2.5 % of real trajectories in a local optimum, docs/fitting.md). The two-si
 starts from the one-sigmoid fit plus the grid event that, fitted jointly with it, explains
 most of the rest.
 
+Each row has its own grid, built from its observed points only (:func:`row_grids`): a row's
+start values, and so its fit, never depend on the other rows of a block or on points it did
+not observe. Rows that share their observed points share a grid; the grid's events are
+evaluated once per distinct grid.
+
 :mod:`tokdyn.fit.varpro` computes the same in compiled loops (tests hold the two equal).
 """
 
@@ -17,8 +22,9 @@ import numpy as np
 
 from tokdyn.fit.sigmoid import Z_CLIP
 
-__all__ = ["GRID_MU", "GRID_S", "sigmoid_grid", "grid_start", "best_step", "two_start",
-           "two_sigmoid_amplitudes", "TWO_MIN_DET", "TWO_MIN_VAR"]
+__all__ = ["GRID_MU", "GRID_S", "row_grids", "observed_spacing", "sigmoid_grid", "grid_events",
+           "step_caps", "grid_start", "best_step", "two_start", "two_sigmoid_amplitudes",
+           "TWO_MIN_DET", "TWO_MIN_VAR"]
 
 # Grid size: events per axis. 16 x 5 = 80 dot products per row cost about one solver step.
 GRID_MU = 16
@@ -33,35 +39,106 @@ TWO_MIN_DET = 0.1
 # (a sigmoid varies by at most n/4; one centred far outside the points is a constant, and
 # pairing two near-constants gives a meaningless score).
 TWO_MIN_VAR = 1e-3
+# Rows per call of the numpy two-sigmoid start (it holds a Q x Q Gram matrix per row: 50 kB).
+_TWO_ROWS = 1024
+
+
+def observed_spacing(x: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Median spacing [B] of each row's observed x (NaN = missing in Y [B, K]); NaN below 2
+    points. Fully observed rows share the axis's median spacing."""
+    x = np.asarray(x, dtype=np.float64)
+    W = ~np.isnan(Y)
+    B, K = W.shape
+    n = W.sum(1)
+    out = np.full(B, np.nan)
+    if K > 1:
+        out[n == K] = np.median(np.diff(x))
+    part = np.flatnonzero((n < K) & (n >= 2))
+    if part.size:
+        order = np.argsort(~W[part], axis=1, kind="stable")  # observed points first, in order
+        xs = np.where(np.take_along_axis(W[part], order, 1), x[order], np.nan)
+        out[part] = np.nanmedian(np.diff(xs, axis=1), axis=1)
+    return out
+
+
+def row_grids(x: np.ndarray, Y: np.ndarray, s_min: float, *, n_mu: int = GRID_MU,
+              n_s: int = GRID_S) -> tuple[np.ndarray, np.ndarray]:
+    """The start grid of each row of Y [B, K] (NaN = missing): axes mu [B, n_mu], s [B, n_s].
+
+    Built from the row's own observed points only, so a row's start (and fit) does not
+    depend on the other rows of its block nor on points it never observed. mu: ``n_mu``
+    points from 15 % of the observed range before the first observed x to 15 % after the
+    last (an event a little outside still shapes the curve inside); s: ``n_s`` geometric
+    steps from a quarter of the median spacing of the observed x (real trajectories often
+    jump between two checkpoints), at least ``s_min``, to the whole observed range (a nearly
+    straight decline). Rows with fewer than 2 observed points get NaN.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    W = ~np.isnan(Y)
+    K = x.size
+    any_obs = W.any(1)
+    first = np.where(any_obs, x[np.argmax(W, axis=1)], np.nan)
+    last = np.where(any_obs, x[K - 1 - np.argmax(W[:, ::-1], axis=1)], np.nan)
+    span = np.maximum(last - first, 1e-12)
+    spacing = observed_spacing(x, Y)
+    ok = np.isfinite(spacing)
+    first, span, spacing = (np.where(ok, a, 1.0) for a in (first, span, spacing))
+    last = np.where(ok, last, 1.0)
+    mus = np.linspace(first - 0.15 * span, last + 0.15 * span, n_mu, axis=1)
+    s_lo = np.maximum(0.25 * spacing, s_min)
+    ss = np.geomspace(s_lo, np.maximum(span, s_lo), n_s, axis=1)
+    mus[~ok] = np.nan
+    ss[~ok] = np.nan
+    return mus, ss
 
 
 def sigmoid_grid(x: np.ndarray, s_min: float, *, n_mu: int = GRID_MU, n_s: int = GRID_S
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The start grid on axis x [K]: (mu [Q], s [Q], G [Q, K] = g = sigma(-(x - mu)/s)).
-
-    mu: ``n_mu`` points from 15 % of the range before the first x to 15 % after the last
-    (an event a little outside still shapes the curve inside); s: ``n_s`` geometric steps from
-    a quarter of the median spacing of x (real trajectories often jump between two
-    checkpoints) to the whole range (a nearly straight decline). Depends on x only, so
-    results do not depend on how rows are split into blocks.
-    """
+    """The start grid of a row observed at every point of x [K] (:func:`row_grids`):
+    (mu [Q], s [Q], G [Q, K] = g = sigma(-(x - mu)/s)), Q = n_mu n_s."""
     x = np.asarray(x, dtype=np.float64)
-    span = max(float(x[-1] - x[0]), 1e-12)
-    spacing = float(np.median(np.diff(x))) if len(x) > 1 else span
-    mus = np.linspace(x[0] - 0.15 * span, x[-1] + 0.15 * span, n_mu)
-    s_lo = max(0.25 * spacing, s_min)
-    ss = np.geomspace(s_lo, max(span, s_lo), n_s)
-    mu = np.repeat(mus, n_s)
-    s = np.tile(ss, n_mu)
+    mus, ss = row_grids(x, x[None, :], s_min, n_mu=n_mu, n_s=n_s)
+    return grid_events(x, mus[0], ss[0])
+
+
+def grid_events(x: np.ndarray, mus: np.ndarray, ss: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One row's grid events on axis x [K]: mu [Q], s [Q] (mu-major) and G [Q, K]."""
+    mu = np.repeat(mus, ss.size)
+    s = np.tile(ss, mus.size)
     z = np.clip((x[None, :] - mu[:, None]) / s[:, None], -Z_CLIP, Z_CLIP)
     G = 1.0 / (1.0 + np.exp(z))
     return mu, s, np.ascontiguousarray(G)
 
 
+def step_caps(mus: np.ndarray, ss: np.ndarray) -> np.ndarray:
+    """The solver's trust region per row [B, 2] (mu, ln s): half a cell of the row's grid
+    (mus [B, n_mu], ss [B, n_s] of :func:`row_grids`); inf along an axis with one value."""
+    cap_mu = 0.5 * np.diff(mus, axis=1).min(1) if mus.shape[1] > 1 else np.full(len(mus), np.inf)
+    if ss.shape[1] > 1:
+        ratio = ss[:, 1] / ss[:, 0]
+        cap_s = np.where(ratio > 1.0, 0.5 * np.log(np.where(ratio > 1.0, ratio, 2.0)), np.inf)
+    else:
+        cap_s = np.full(len(ss), np.inf)
+    return np.stack([cap_mu, cap_s], axis=1)
+
+
+def _groups(mus: np.ndarray, ss: np.ndarray):
+    """Rows sharing a grid: yields (rows, mus [n_mu], ss [n_s]) per distinct grid."""
+    keys = np.concatenate([mus, ss], axis=1)
+    fine = np.all(np.isfinite(keys), axis=1)
+    if not fine.any():
+        return
+    uniq, inverse = np.unique(keys[fine], axis=0, return_inverse=True)
+    rows_fine = np.flatnonzero(fine)
+    for u in range(len(uniq)):
+        yield rows_fine[inverse.ravel() == u], uniq[u, : mus.shape[1]], uniq[u, mus.shape[1]:]
+
+
 def _centred(Y: np.ndarray):
     W = ~np.isnan(Y)
     n = W.sum(1)
-    mean = np.where(W, Y, 0.0).sum(1) / np.maximum(n, 1)
+    mean = np.add.accumulate(np.where(W, Y, 0.0), axis=1)[:, -1] / np.maximum(n, 1)
     Yc = np.where(W, Y - mean[:, None], 0.0)
     return W.astype(np.float64), n.astype(np.float64), mean, Yc
 
@@ -110,14 +187,25 @@ def best_step(x: np.ndarray, Y: np.ndarray, lo_s: np.ndarray, hi_s: np.ndarray
     return p, sse
 
 
-def grid_start(x: np.ndarray, Y: np.ndarray, lo: np.ndarray, hi: np.ndarray, grid):
-    """Start values of the sigmoid per row of Y [B, K] (NaN = missing) within lo, hi [B, 4].
+def grid_start(x: np.ndarray, Y: np.ndarray, lo: np.ndarray, hi: np.ndarray, mus: np.ndarray,
+               ss: np.ndarray):
+    """Start values of the sigmoid per row of Y [B, K] (NaN = missing) within lo, hi [B, 4],
+    from each row's grid (mus [B, n_mu], ss [B, n_s] of :func:`row_grids`).
 
     Returns (p0, p_step, sse_step): p0 [B, 4] = (l0, linf, mu, s) of the grid event that
     explains most (NaN where no grid event lies in the box or fewer than 2 points are
     observed); and the best step (:func:`best_step`), the start of a second try where it
     beats the fit from p0 (real trajectories often have one jump between two checkpoints).
     """
+    p0 = np.full((len(Y), 4), np.nan)
+    for rows, mu_axis, s_axis in _groups(mus, ss):
+        p0[rows] = _grid_best(x, Y[rows], lo[rows], hi[rows], grid_events(x, mu_axis, s_axis))
+    p_step, sse_step = best_step(x, Y, lo[:, 3], hi[:, 3])
+    return p0, p_step, sse_step
+
+
+def _grid_best(x, Y, lo, hi, grid) -> np.ndarray:
+    """p0 [B, 4] of :func:`grid_start` for rows that share one grid (mu [Q], s [Q], G [Q, K])."""
     mu_q, s_q, G = grid
     W, n, mean, Yc = _centred(Y)
     S1 = W @ G.T  # [B, Q] sum of g over observed points
@@ -136,8 +224,7 @@ def grid_start(x: np.ndarray, Y: np.ndarray, lo: np.ndarray, hi: np.ndarray, gri
     p0 = np.stack([linf + d, linf, mu_q[q], s_q[q]], axis=1)
     bad = ~box.any(1) | (n < 2)
     p0[bad] = np.nan
-    p_step, sse_step = best_step(x, Y, lo[:, 3], hi[:, 3])
-    return p0, p_step, sse_step
+    return p0
 
 
 def _pair_scores(v11, v12, v22, c1, c2, n):
@@ -150,15 +237,26 @@ def _pair_scores(v11, v12, v22, c1, c2, n):
 
 
 def two_start(x: np.ndarray, Y: np.ndarray, p1: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-              grid) -> np.ndarray:
+              mus: np.ndarray, ss: np.ndarray) -> np.ndarray:
     """Start values [B, 7] for two sigmoids (only the nonlinear columns 2, 3, 5, 6 filled).
 
-    Candidates, scored by the sum of squares they explain with free amplitudes (closed form):
-    (a) every pair of grid events; (b) the sigmoid fit p1 [B, 4] (natural s) with the grid
-    event that best explains what it leaves. Pairs whose curves are nearly the same (squared
-    correlation above 1 - TWO_MIN_DET) are skipped; grid events outside the box lo, hi [B, 7]
-    too. NaN where nothing qualifies (fewer than 3 points).
+    Candidates from each row's grid (mus, ss of :func:`row_grids`), scored by the sum of
+    squares they explain with free amplitudes (closed form): (a) every pair of grid events;
+    (b) the sigmoid fit p1 [B, 4] (natural s) with the grid event that best explains what it
+    leaves. Pairs whose curves are nearly the same (squared correlation above 1 -
+    TWO_MIN_DET) are skipped; grid events outside the box lo, hi [B, 7] too. NaN where
+    nothing qualifies (fewer than 3 points).
     """
+    out = np.full((len(Y), 7), np.nan)
+    for rows, mu_axis, s_axis in _groups(mus, ss):
+        grid = grid_events(x, mu_axis, s_axis)
+        for part in np.array_split(rows, -(-rows.size // _TWO_ROWS)):  # [rows, Q, Q] per call
+            out[part] = _two_best(x, Y[part], p1[part], lo[part], hi[part], grid)
+    return out
+
+
+def _two_best(x, Y, p1, lo, hi, grid) -> np.ndarray:
+    """:func:`two_start` for rows that share one grid (mu [Q], s [Q], G [Q, K])."""
     mu_q, s_q, G = grid
     B, K = Y.shape
     Q = G.shape[0]
@@ -179,7 +277,6 @@ def two_start(x: np.ndarray, Y: np.ndarray, p1: np.ndarray, lo: np.ndarray, hi: 
     inb = _in_box(mu_q, s_q, lo[:, 5], hi[:, 5], lo[:, 6], hi[:, 6])  # [B, Q]
     # (a) pairs q > r, in the compiled kernel's order
     qi, ri = np.tril_indices(Q, -1)
-    rows = np.arange(B)[:, None]
     sc = _pair_scores(V[:, qi, qi], V[:, qi, ri], V[:, ri, ri], cq[:, qi], cq[:, ri],
                       n[:, None])
     sc = np.where(inb[:, qi] & inb[:, ri], sc, -1.0)
@@ -208,7 +305,6 @@ def two_start(x: np.ndarray, Y: np.ndarray, p1: np.ndarray, lo: np.ndarray, hi: 
     out[use_b, 5], out[use_b, 6] = mu_q[kb[use_b]], s_q[kb[use_b]]
     bad = (np.maximum(best, bb) < 0) | (n < 3)
     out[bad] = np.nan
-    del rows
     return out
 
 

@@ -116,8 +116,8 @@ def levenberg_marquardt(
     compact_below : when fewer than this fraction of the rows in the working set are still
         running, drop the finished ones from it (so late stragglers do not pay for everyone).
     lam0 : initial damping (relative to the Marquardt scaling).
-    step_max : None, or [P] the longest step in each parameter (the step is scaled down to
-        fit: a trust region, used by variable projection from the start grid).
+    step_max : None, or [B, P] each row's longest step in each parameter (the step is scaled
+        down to fit: a trust region, used by variable projection from the start grid).
     shrink_min : least factor by which a successful step shrinks the damping.
     flat_converged : also converged when a nearly undamped step (lam <= 1) predicts a gain of
         at most ftol (rounding in a projected sum of squares can hide a last real gain).
@@ -209,5 +209,7 @@ def levenberg_marquardt(
                 )
                 n_iter, status, active = n_iter[keep], status[keep], active[keep]
                 Y, W, lo, hi = Y[keep], W[keep], lo[keep], hi[keep]
+                if step_max is not None:
+                    step_max = step_max[keep]
     write_back()
     return out

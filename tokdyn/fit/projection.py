@@ -28,9 +28,9 @@ def sigmoid_amplitudes(ops, x, Yc, W, th):
     """(d, linf - mean) [B] of the projected sigmoid at th [B, 2]; Yc centred, 0 if missing."""
     _, g, _, _ = _columns(ops, x, W, th)
     n = W.sum(-1)
-    sg = g.sum(-1)
-    v = (g * g).sum(-1) - sg * sg / n
-    d = (g * Yc).sum(-1) / v
+    sg = ops.rowsum(g)
+    v = ops.rowsum(g * g) - sg * sg / n
+    d = ops.rowsum(g * Yc) / v
     return d, -d * sg / n
 
 
@@ -51,7 +51,7 @@ def sigmoid_projected(ops, x, Yc, W, th):
     tt = b * zw1
 
     def S(v):
-        return v.sum(-1)
+        return ops.rowsum(v)
 
     sg, sgg, c = S(g), S(g * g), S(g * Yc)
     sa, sb = S(a), S(b)

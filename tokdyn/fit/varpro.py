@@ -14,10 +14,12 @@ arithmetic on those sums. The sigmoid gets the exact Hessian of the projected su
 Schur complement of the full J^T J in its amplitude block).
 
 Start values (:func:`grid_start_block`, :func:`two_start_block`; numpy references in
-:mod:`tokdyn.fit.grid`): the grid event over (mu, s) that explains most of a row, and the best
-single step (a second try where it fits about as well); for two sigmoids the best pair of
-grid events or the sigmoid fit plus the event that best explains its residuals. All scored in
-closed form.
+:mod:`tokdyn.fit.grid`): the event of the row's own grid over (mu, s) that explains most of
+it, and the best single step (a second try where it fits about as well); for two sigmoids the
+best pair of grid events or the sigmoid fit plus the event that best explains its residuals.
+All scored in closed form, from the row's observed points only. A grid's events are evaluated
+once per chunk of rows and kept while the next row has the same grid (fully observed rows
+all do).
 
 The returned parameters and J^T J are those of the full models in the solver's
 parameterisation (l0, linf, mu, ln s) and (linf, d1, mu1, ln s1, d2, mu2, ln s2), so standard
@@ -33,7 +35,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from tokdyn.fit.grid import TWO_MIN_DET, TWO_MIN_VAR, sigmoid_grid
+from tokdyn.fit.grid import TWO_MIN_DET, TWO_MIN_VAR
 from tokdyn.fit.lm import LM_CONVERGED, LM_FAILED
 from tokdyn.fit.numba_kernels import (
     N_SCRATCH,
@@ -41,10 +43,12 @@ from tokdyn.fit.numba_kernels import (
     _JIT_SIMD,
     _cholesky_solve,
     _eval_two_sigmoids,
+    _exp,
     _sigmoid_columns,
 )
+from tokdyn.fit.sigmoid import Z_CLIP
 
-__all__ = ["sigmoid_grid", "grid_start_block", "varpro_block", "two_start_block"]
+__all__ = ["grid_start_block", "varpro_block", "two_start_block"]
 
 # Scratch rows per trajectory: z, g, h of both events, the four derivative columns and three
 # short vectors of sums.
@@ -86,11 +90,62 @@ def _gather(x, Y, b, xo, yc, idx):
 
 
 # ---------------------------------------------------------------------------------------------
-# Start values on the grid
+# Start values on each row's grid
+
+# Grid slots per chunk of rows: 0 for fully observed rows (they all share one grid), 1 for
+# the last other grid seen.
+_FULL, _OTHER = 0, 1
+
+
+@njit(**_JIT)
+def _use_grid(x, mus, ss, slot, keys, mu_q, s_q, G):
+    """Make ``slot`` hold the grid with axes mus [n_mu], ss [n_s] (mu-major events): keys
+    [2, n_mu + n_s], mu_q and s_q [2, Q], G [2, Q, K] = sigma(-(x - mu)/s). Returns True where
+    it had to be evaluated (keys start NaN, which equals nothing)."""
+    n_mu = mus.shape[0]
+    n_s = ss.shape[0]
+    same = True
+    for i in range(n_mu):
+        same = same and keys[slot, i] == mus[i]
+    for j in range(n_s):
+        same = same and keys[slot, n_mu + j] == ss[j]
+    if same:
+        return False
+    K = x.shape[0]
+    for i in range(n_mu):
+        keys[slot, i] = mus[i]
+        for j in range(n_s):
+            q = i * n_s + j
+            mu_q[slot, q] = mus[i]
+            s_q[slot, q] = ss[j]
+            Gq = G[slot, q]
+            for k in range(K):
+                Gq[k] = min(max((x[k] - mus[i]) / ss[j], -Z_CLIP), Z_CLIP)
+            for k in range(K):
+                Gq[k] = 1.0 / (1.0 + _exp(Gq[k]))
+    for j in range(n_s):
+        keys[slot, n_mu + j] = ss[j]
+    return True
+
+
+@njit(**_JIT)
+def _grid_variances(G, var):
+    """var [Q] = sum g^2 - (sum g)^2 / K over all K points, summed in the order that
+    _grid_best sums a row's observed points (so a fully observed row scores the same bits
+    either way)."""
+    Q, K = G.shape
+    for q in range(Q):
+        s1 = 0.0
+        s2 = 0.0
+        for k in range(K):
+            g = G[q, k]
+            s1 += g
+            s2 += g * g
+        var[q] = s2 - s1 * s1 / K
 
 
 @njit(**_JIT_SIMD)
-def _grid_best(G, inv_var_full, idx, yc, n, K, lo_mu, hi_mu, lo_s, hi_s, mu_q, s_q):
+def _grid_best(G, var_full, idx, yc, n, K, lo_mu, hi_mu, lo_s, hi_s, mu_q, s_q):
     """Index of the grid sigmoid with the largest explained sum of squares (cov^2 / var) that
     lies inside the row's box, or -1; and that score."""
     Q = G.shape[0]
@@ -105,7 +160,7 @@ def _grid_best(G, inv_var_full, idx, yc, n, K, lo_mu, hi_mu, lo_s, hi_s, mu_q, s
             c = 0.0
             for k in range(n):
                 c += Gq[k] * yc[k]
-            score = c * c * inv_var_full[q]
+            var = var_full[q]
         else:
             s1 = 0.0
             s2 = 0.0
@@ -116,27 +171,22 @@ def _grid_best(G, inv_var_full, idx, yc, n, K, lo_mu, hi_mu, lo_s, hi_s, mu_q, s
                 s2 += g * g
                 c += g * yc[k]
             var = s2 - s1 * s1 / n
-            score = c * c / var if var > 1e-12 * n else 0.0
+        score = c * c / var if var > 1e-12 * n else 0.0
         if score > best_score:
             best_score = score
             best = q
     return best, best_score
 
 
-def _inverse_variances(G: np.ndarray) -> np.ndarray:
-    """1 / (sum (G_q - mean G_q)^2) per grid row, over all K points (0 where flat)."""
-    K = G.shape[1]
-    var = (G * G).sum(1) - G.sum(1) ** 2 / K
-    return np.where(var > 1e-12 * K, 1.0 / np.where(var > 0, var, 1.0), 0.0)
-
-
-def grid_start_block(x, Y, lo, hi, grid):
-    """Start values from the grid and from the best step, as :func:`tokdyn.fit.grid.grid_start`.
+def grid_start_block(x, Y, lo, hi, mus, ss):
+    """Start values from each row's grid (mus [B, n_mu], ss [B, n_s] of
+    :func:`tokdyn.fit.grid.row_grids`) and from the best step, as
+    :func:`tokdyn.fit.grid.grid_start`.
 
     Returns (p0 [B, 4], p_step [B, 4], sse_step [B]); see there.
     """
-    mu_q, s_q, G = grid
-    return _grid_start_chunks(x, Y, lo, hi, mu_q, s_q, G, _inverse_variances(G), _n_chunks(Y))
+    return _grid_start_chunks(x, Y, lo, hi, np.ascontiguousarray(mus),
+                              np.ascontiguousarray(ss), _n_chunks(Y))
 
 
 def _n_chunks(Y) -> int:
@@ -145,8 +195,9 @@ def _n_chunks(Y) -> int:
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _grid_start_chunks(x, Y, lo, hi, mu_q, s_q, G, inv_var, n_chunks):
+def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
     B, K = Y.shape
+    Q = mus.shape[1] * ss.shape[1]
     p0 = np.full((B, 4), np.nan)
     p_step = np.full((B, 4), np.nan)
     sse_step = np.full(B, np.nan)
@@ -154,6 +205,11 @@ def _grid_start_chunks(x, Y, lo, hi, mu_q, s_q, G, inv_var, n_chunks):
         xo = np.empty(K)
         yc = np.empty(K)
         idx = np.empty(K, dtype=np.int64)
+        keys = np.full((2, mus.shape[1] + ss.shape[1]), np.nan)
+        mu_q = np.empty((2, Q))
+        s_q = np.empty((2, Q))
+        G = np.empty((2, Q, K))
+        var_full = np.empty(Q)
         for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
             n, mean, syy = _gather(x, Y, b, xo, yc, idx)
             if n < 2:
@@ -178,12 +234,15 @@ def _grid_start_chunks(x, Y, lo, hi, mu_q, s_q, G, inv_var, n_chunks):
             p_step[b, 2] = 0.5 * (xo[jb] + xo[jb + 1])
             p_step[b, 3] = min(max(0.1 * gap, lo[b, 3]), hi[b, 3])
             sse_step[b] = syy - best_e
-            q, _ = _grid_best(G, inv_var, idx, yc, n, K, lo[b, 2], hi[b, 2], lo[b, 3],
-                              hi[b, 3], mu_q, s_q)
+            slot = _FULL if n == K else _OTHER
+            if _use_grid(x, mus[b], ss[b], slot, keys, mu_q, s_q, G) and slot == _FULL:
+                _grid_variances(G[_FULL], var_full)
+            q, _ = _grid_best(G[slot], var_full, idx, yc, n, K, lo[b, 2], hi[b, 2], lo[b, 3],
+                              hi[b, 3], mu_q[slot], s_q[slot])
             if q < 0:
                 continue
             # amplitudes of that event: d = cov / var, linf = mean - d mean(g)
-            Gq = G[q]
+            Gq = G[slot, q]
             s1 = 0.0
             s2 = 0.0
             cv = 0.0
@@ -197,8 +256,8 @@ def _grid_start_chunks(x, Y, lo, hi, mu_q, s_q, G, inv_var, n_chunks):
             linf = mean - d * s1 / n
             p0[b, 0] = linf + d
             p0[b, 1] = linf
-            p0[b, 2] = mu_q[q]
-            p0[b, 3] = s_q[q]
+            p0[b, 2] = mu_q[slot, q]
+            p0[b, 3] = s_q[slot, q]
     return p0, p_step, sse_step
 
 
@@ -516,14 +575,16 @@ def varpro_block(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max=None,
 
     ``model_p``: 4 (sigmoid, p = (l0, linf, mu, ln s)) or 7 (two sigmoids, p = (linf, d1, mu1,
     ln s1, d2, mu2, ln s2)). Only p0's nonlinear columns are used as the start; lo, hi bound
-    them. Returns p [B, P], sse [B], A [B, P, P] (full J^T J at the end), n_iter, status.
+    them. ``step_max``: None or [B, 2], each row's longest step in (mu, ln s) of an event.
+    Returns p [B, P], sse [B], A [B, P, P] (full J^T J at the end), n_iter, status.
     """
     Pn = 2 if model_p == 4 else 4
-    if step_max is None:
-        step_max = np.full(Pn, np.inf)
-    return _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol,
-                          np.asarray(step_max, dtype=np.float64), float(shrink_min),
-                          _n_chunks(Y))
+    B = Y.shape[0]
+    caps = np.full((B, Pn), np.inf)
+    if step_max is not None:
+        caps[:] = np.tile(np.asarray(step_max, dtype=np.float64).reshape(B, 2), (1, Pn // 2))
+    return _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, caps,
+                          float(shrink_min), _n_chunks(Y))
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -559,7 +620,7 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
                 tlo[j] = lo[b, nl[j]]
                 thi[j] = hi[b, nl[j]]
             s, it, st = _vp_lm(Pn, xo, yc, n, syy, th, tlo, thi, max_iter, ftol, xtol,
-                               buf, out, out_t, work, L3, step_max, shrink_min)
+                               buf, out, out_t, work, L3, step_max[b], shrink_min)
             n_iter[b] = it
             status[b] = st
             if not math.isfinite(s):
@@ -596,26 +657,49 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
 # that best explains what it leaves, whichever explains more (closed form)
 
 
-def two_start_block(x, Y, p1, lo, hi, grid):
-    """Two-sigmoid start values [B, 7], as :func:`tokdyn.fit.grid.two_start`."""
-    mu_q, s_q, G = grid
-    K = G.shape[1]
-    Gc = G - G.mean(1, keepdims=True)
-    gram = np.ascontiguousarray(Gc @ Gc.T)  # centred Gram matrix over all K points
-    # For rows with every point observed, a pair's score is a quadratic form in the two
-    # covariances with fixed coefficients: score = a c_q^2 + b c_q c_r + e c_r^2 (+ pen: -inf
-    # for pairs that are collinear or hold a near-constant event).
-    v = np.diag(gram)
-    det = v[:, None] * v[None, :] - gram * gram
-    ok = (det > TWO_MIN_DET * v[:, None] * v[None, :]) & (v[:, None] > TWO_MIN_VAR * K) & (
-        v[None, :] > TWO_MIN_VAR * K)
-    safe = np.where(ok, det, 1.0)
-    qa = np.where(ok, v[None, :] / safe, 0.0)
-    qb = np.where(ok, -2.0 * gram / safe, 0.0)
-    qe = np.where(ok, v[:, None] / safe, 0.0)
-    pen = np.where(ok, 0.0, -np.inf)
-    return _two_start_chunks(x, Y, np.ascontiguousarray(p1), lo, hi, mu_q, s_q, G, gram,
-                             qa, qb, qe, pen, float(TWO_MIN_DET), _n_chunks(Y))
+def two_start_block(x, Y, p1, lo, hi, mus, ss):
+    """Two-sigmoid start values [B, 7] from each row's grid (mus [B, n_mu], ss [B, n_s]), as
+    :func:`tokdyn.fit.grid.two_start`."""
+    return _two_start_chunks(x, Y, np.ascontiguousarray(p1), lo, hi, np.ascontiguousarray(mus),
+                             np.ascontiguousarray(ss), float(TWO_MIN_DET), float(TWO_MIN_VAR),
+                             _n_chunks(Y))
+
+
+@njit(**_JIT)
+def _full_pair_forms(G, gram, qa, qb, qe, pen, min_det, min_var):
+    """For rows with every point observed, a pair's score is a quadratic form in the two
+    covariances with fixed coefficients: score = qa c_q^2 + qb c_q c_r + qe c_r^2 (+ pen:
+    -inf for pairs that are collinear or hold a near-constant event). Fills gram [Q, Q]
+    (the centred Gram matrix over all K points) and the coefficients [Q, Q]."""
+    Q, K = G.shape
+    mean = np.empty(Q)
+    for q in range(Q):
+        acc = 0.0
+        for k in range(K):
+            acc += G[q, k]
+        mean[q] = acc / K
+    for q in range(Q):
+        for r in range(q + 1):
+            acc = 0.0
+            for k in range(K):
+                acc += (G[q, k] - mean[q]) * (G[r, k] - mean[r])
+            gram[q, r] = acc
+            gram[r, q] = acc
+    v_min = min_var * K
+    for q in range(Q):
+        for r in range(Q):
+            vq, vr = gram[q, q], gram[r, r]
+            det = vq * vr - gram[q, r] * gram[q, r]
+            if det > min_det * vq * vr and vq > v_min and vr > v_min:
+                qa[q, r] = vr / det
+                qb[q, r] = -2.0 * gram[q, r] / det
+                qe[q, r] = vq / det
+                pen[q, r] = 0.0
+            else:
+                qa[q, r] = 0.0
+                qb[q, r] = 0.0
+                qe[q, r] = 0.0
+                pen[q, r] = -np.inf
 
 
 @njit(**_JIT)
@@ -630,10 +714,9 @@ def _pair_score(v11, v12, v22, c1, c2, min_det, v_min):
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _two_start_chunks(x, Y, p1, lo, hi, mu_q, s_q, G, gram, qa, qb, qe, pen, min_det,
-                      n_chunks):
+def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
     B, K = Y.shape
-    Q = G.shape[0]
+    Q = mus.shape[1] * ss.shape[1]
     p0 = np.full((B, 7), np.nan)
     for c in prange(n_chunks):
         xo = np.empty(K)
@@ -648,13 +731,26 @@ def _two_start_chunks(x, Y, p1, lo, hi, mu_q, s_q, G, gram, qa, qb, qe, pen, min
         inb = np.empty(Q, dtype=np.bool_)
         rowpen = np.empty(Q)
         scores = np.empty(Q)
+        keys = np.full((2, mus.shape[1] + ss.shape[1]), np.nan)
+        mu_g = np.empty((2, Q))
+        s_g = np.empty((2, Q))
+        G2 = np.empty((2, Q, K))
+        gram = np.empty((Q, Q))
+        qa = np.empty((Q, Q))
+        qb = np.empty((Q, Q))
+        qe = np.empty((Q, Q))
+        pen = np.empty((Q, Q))
         for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
             n, mean, _ = _gather(x, Y, b, xo, yc, idx)
             if n < 3:
                 continue
             nf = float(n)
             full = n == K
-            v_min = TWO_MIN_VAR * nf
+            v_min = min_var * nf
+            slot = _FULL if full else _OTHER
+            if _use_grid(x, mus[b], ss[b], slot, keys, mu_g, s_g, G2) and full:
+                _full_pair_forms(G2[_FULL], gram, qa, qb, qe, pen, min_det, min_var)
+            G, mu_q, s_q = G2[slot], mu_g[slot], s_g[slot]
             for q in range(Q):
                 inb[q] = not (mu_q[q] < lo[b, 5] or mu_q[q] > hi[b, 5] or s_q[q] < lo[b, 6]
                               or s_q[q] > hi[b, 6])
