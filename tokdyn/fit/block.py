@@ -201,7 +201,7 @@ STEP_RETRY = 0.05
 
 
 def _fit_sigmoid(solve: _Solver, Y, prep):
-    """One sigmoid per row from the grid's best event; a second try from the best step where
+    """One sigmoid per row from its own grid's best event; a second try from the best step where
     that step alone fits better; a restart for fits that end on a bound or fail."""
     lo, hi, caps = prep["lo"], prep["hi"], prep["step_max"]
     p0, p_step, sse_step = grid_starts(solve.x, Y, lo, hi, prep["grid_mu"], prep["grid_s"],

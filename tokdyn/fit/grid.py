@@ -22,7 +22,7 @@ import numpy as np
 
 from tokdyn.fit.sigmoid import Z_CLIP
 
-__all__ = ["GRID_MU", "GRID_S", "row_grids", "observed_spacing", "sigmoid_grid", "grid_events",
+__all__ = ["GRID_MU", "GRID_S", "row_grids", "sigmoid_grid", "grid_events",
            "step_caps", "grid_start", "best_step", "two_start", "two_sigmoid_amplitudes",
            "TWO_MIN_DET", "TWO_MIN_VAR"]
 
@@ -43,22 +43,18 @@ TWO_MIN_VAR = 1e-3
 _TWO_ROWS = 1024
 
 
-def observed_spacing(x: np.ndarray, Y: np.ndarray) -> np.ndarray:
-    """Median spacing [B] of each row's observed x (NaN = missing in Y [B, K]); NaN below 2
-    points. Fully observed rows share the axis's median spacing."""
-    x = np.asarray(x, dtype=np.float64)
-    W = ~np.isnan(Y)
-    B, K = W.shape
-    n = W.sum(1)
-    out = np.full(B, np.nan)
-    if K > 1:
-        out[n == K] = np.median(np.diff(x))
-    part = np.flatnonzero((n < K) & (n >= 2))
-    if part.size:
-        order = np.argsort(~W[part], axis=1, kind="stable")  # observed points first, in order
-        xs = np.where(np.take_along_axis(W[part], order, 1), x[order], np.nan)
-        out[part] = np.nanmedian(np.diff(xs, axis=1), axis=1)
-    return out
+def _median_spacing(x: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Median spacing [B] of the observed x of each row of W [B, K] (each with >= 2 points)."""
+    order = np.argsort(~W, axis=1, kind="stable")  # observed points first, in order
+    xs = np.where(np.take_along_axis(W, order, 1), x[order], np.nan)
+    return np.nanmedian(np.diff(xs, axis=1), axis=1)
+
+
+def _axes(first, last, spacing, s_min, n_mu, n_s):
+    span = np.maximum(last - first, 1e-12)
+    mus = np.linspace(first - 0.15 * span, last + 0.15 * span, n_mu, axis=1)
+    s_lo = np.maximum(0.25 * spacing, s_min)
+    return mus, np.geomspace(s_lo, np.maximum(span, s_lo), n_s, axis=1)
 
 
 def row_grids(x: np.ndarray, Y: np.ndarray, s_min: float, *, n_mu: int = GRID_MU,
@@ -71,24 +67,25 @@ def row_grids(x: np.ndarray, Y: np.ndarray, s_min: float, *, n_mu: int = GRID_MU
     last (an event a little outside still shapes the curve inside); s: ``n_s`` geometric
     steps from a quarter of the median spacing of the observed x (real trajectories often
     jump between two checkpoints), at least ``s_min``, to the whole observed range (a nearly
-    straight decline). Rows with fewer than 2 observed points get NaN.
+    straight decline). Rows with fewer than 2 observed points get NaN. Fully observed rows
+    are computed once, by the same code as any other row.
     """
     x = np.asarray(x, dtype=np.float64)
     W = ~np.isnan(Y)
-    K = x.size
-    any_obs = W.any(1)
-    first = np.where(any_obs, x[np.argmax(W, axis=1)], np.nan)
-    last = np.where(any_obs, x[K - 1 - np.argmax(W[:, ::-1], axis=1)], np.nan)
-    span = np.maximum(last - first, 1e-12)
-    spacing = observed_spacing(x, Y)
-    ok = np.isfinite(spacing)
-    first, span, spacing = (np.where(ok, a, 1.0) for a in (first, span, spacing))
-    last = np.where(ok, last, 1.0)
-    mus = np.linspace(first - 0.15 * span, last + 0.15 * span, n_mu, axis=1)
-    s_lo = np.maximum(0.25 * spacing, s_min)
-    ss = np.geomspace(s_lo, np.maximum(span, s_lo), n_s, axis=1)
-    mus[~ok] = np.nan
-    ss[~ok] = np.nan
+    B, K = W.shape
+    n = W.sum(1)
+    mus = np.full((B, n_mu), np.nan)
+    ss = np.full((B, n_s), np.nan)
+    full = n == K
+    if K >= 2 and full.any():
+        all_x = np.ones((1, K), dtype=bool)
+        mus[full], ss[full] = _axes(x[:1], x[-1:], _median_spacing(x, all_x), s_min, n_mu, n_s)
+    part = np.flatnonzero(~full & (n >= 2))
+    if part.size:
+        Wp = W[part]
+        first = x[np.argmax(Wp, axis=1)]
+        last = x[K - 1 - np.argmax(Wp[:, ::-1], axis=1)]
+        mus[part], ss[part] = _axes(first, last, _median_spacing(x, Wp), s_min, n_mu, n_s)
     return mus, ss
 
 
