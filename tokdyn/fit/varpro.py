@@ -128,9 +128,16 @@ def _use_grid(x, mus, ss, slot, keys, mu_q, s_q, G):
     return True
 
 
+@njit(inline="always", **_JIT)
+def _inverse_variance(s1, s2, n):
+    """1 / var(g) over n points from sum g and sum g^2 (0 where g is about constant)."""
+    var = s2 - s1 * s1 / n
+    return 1.0 / var if var > 1e-12 * n else 0.0
+
+
 @njit(**_JIT)
-def _grid_variances(G, var):
-    """var [Q] = sum g^2 - (sum g)^2 / K over all K points, summed in the order that
+def _grid_inverse_variances(G, inv_var):
+    """inv_var [Q] of each grid event over all K points, summed in the order that
     _grid_best sums a row's observed points (so a fully observed row scores the same bits
     either way)."""
     Q, K = G.shape
@@ -141,11 +148,11 @@ def _grid_variances(G, var):
             g = G[q, k]
             s1 += g
             s2 += g * g
-        var[q] = s2 - s1 * s1 / K
+        inv_var[q] = _inverse_variance(s1, s2, K)
 
 
 @njit(**_JIT_SIMD)
-def _grid_best(G, var_full, idx, yc, n, K, lo_mu, hi_mu, lo_s, hi_s, mu_q, s_q):
+def _grid_best(G, inv_var_full, idx, yc, n, K, lo_mu, hi_mu, lo_s, hi_s, mu_q, s_q):
     """Index of the grid sigmoid with the largest explained sum of squares (cov^2 / var) that
     lies inside the row's box, or -1; and that score."""
     Q = G.shape[0]
@@ -160,7 +167,7 @@ def _grid_best(G, var_full, idx, yc, n, K, lo_mu, hi_mu, lo_s, hi_s, mu_q, s_q):
             c = 0.0
             for k in range(n):
                 c += Gq[k] * yc[k]
-            var = var_full[q]
+            inv_var = inv_var_full[q]
         else:
             s1 = 0.0
             s2 = 0.0
@@ -170,8 +177,8 @@ def _grid_best(G, var_full, idx, yc, n, K, lo_mu, hi_mu, lo_s, hi_s, mu_q, s_q):
                 s1 += g
                 s2 += g * g
                 c += g * yc[k]
-            var = s2 - s1 * s1 / n
-        score = c * c / var if var > 1e-12 * n else 0.0
+            inv_var = _inverse_variance(s1, s2, n)
+        score = c * c * inv_var
         if score > best_score:
             best_score = score
             best = q
@@ -209,7 +216,7 @@ def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
         mu_q = np.empty((2, Q))
         s_q = np.empty((2, Q))
         G = np.empty((2, Q, K))
-        var_full = np.empty(Q)
+        inv_var_full = np.empty(Q)
         for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
             n, mean, syy = _gather(x, Y, b, xo, yc, idx)
             if n < 2:
@@ -236,8 +243,8 @@ def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
             sse_step[b] = syy - best_e
             slot = _FULL if n == K else _OTHER
             if _use_grid(x, mus[b], ss[b], slot, keys, mu_q, s_q, G) and slot == _FULL:
-                _grid_variances(G[_FULL], var_full)
-            q, _ = _grid_best(G[slot], var_full, idx, yc, n, K, lo[b, 2], hi[b, 2], lo[b, 3],
+                _grid_inverse_variances(G[_FULL], inv_var_full)
+            q, _ = _grid_best(G[slot], inv_var_full, idx, yc, n, K, lo[b, 2], hi[b, 2], lo[b, 3],
                               hi[b, 3], mu_q[slot], s_q[slot])
             if q < 0:
                 continue
