@@ -3,12 +3,13 @@
 UNTESTED: written on a machine without a GPU (issue 14); the CPU path of the same code
 (``--device cpu``) was run. On a CUDA machine it measures, within a few minutes:
 
-- grid start values (one matmul of the centred losses with the grid's sigmoids) and a fixed
-  number of damped-Newton steps on (mu, ln s) (:func:`tokdyn.fit.projection.sigmoid_projected`,
-  the same formulas as the numba kernel), every step a handful of elementwise kernels with no
-  host round trip: damping, acceptance and the trust region are ``torch.where``. The steps are
-  captured once in a CUDA graph and replayed per block (``--no-graph`` to launch them
-  eagerly);
+- grid start values (one matmul of the centred losses with the grid's sigmoids; every row
+  here is fully observed, so each row's own grid, ``tokdyn.fit.grid.row_grids``, is the
+  grid of x) and a fixed number of damped-Newton steps on (mu, ln s)
+  (:func:`tokdyn.fit.projection.sigmoid_projected`, the same formulas as the numba kernel),
+  every step a handful of elementwise kernels with no host round trip: damping, acceptance
+  and the trust region are ``torch.where``. The steps are captured once in a CUDA graph and
+  replayed per block (``--no-graph`` to launch them eagerly);
 - fits/s over ``--n`` planted trajectories (best of ``--repeat``), and agreement with the CPU
   backend (numba, the shipped path) on ``--n-check`` of them: relative SSE and |mu| difference.
 
