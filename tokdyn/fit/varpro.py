@@ -129,6 +129,20 @@ def _use_grid(x, mus, ss, slot, keys, mu_q, s_q, G):
 
 
 @njit(inline="always", **_JIT)
+def _event_sums(Gq, idx, yc, n):
+    """sum g, sum g^2 and sum g (y - mean) of grid event Gq [K] over a row's observed points."""
+    s1 = 0.0
+    s2 = 0.0
+    c = 0.0
+    for k in range(n):
+        g = Gq[idx[k]]
+        s1 += g
+        s2 += g * g
+        c += g * yc[k]
+    return s1, s2, c
+
+
+@njit(inline="always", **_JIT)
 def _inverse_variance(s1, s2, n):
     """1 / var(g) over n points from sum g and sum g^2 (0 where g is about constant)."""
     var = s2 - s1 * s1 / n
@@ -169,14 +183,7 @@ def _grid_best(G, inv_var_full, idx, yc, n, K, lo_mu, hi_mu, lo_s, hi_s, mu_q, s
                 c += Gq[k] * yc[k]
             inv_var = inv_var_full[q]
         else:
-            s1 = 0.0
-            s2 = 0.0
-            c = 0.0
-            for k in range(n):
-                g = Gq[idx[k]]
-                s1 += g
-                s2 += g * g
-                c += g * yc[k]
+            s1, s2, c = _event_sums(Gq, idx, yc, n)
             inv_var = _inverse_variance(s1, s2, n)
         score = c * c * inv_var
         if score > best_score:
@@ -249,15 +256,7 @@ def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
             if q < 0:
                 continue
             # amplitudes of that event: d = cov / var, linf = mean - d mean(g)
-            Gq = G[slot, q]
-            s1 = 0.0
-            s2 = 0.0
-            cv = 0.0
-            for k in range(n):
-                g = Gq[idx[k]]
-                s1 += g
-                s2 += g * g
-                cv += g * yc[k]
+            s1, s2, cv = _event_sums(G[slot, q], idx, yc, n)
             var = s2 - s1 * s1 / n
             d = cv / var if var > 0 else 0.0
             linf = mean - d * s1 / n
