@@ -101,8 +101,10 @@ def test_missing_points_are_skipped_not_zero():
     Y_nan[:, ~keep] = np.nan
     a = fit_sigmoids(X, Y_nan, backend="numpy", two_step=False)
     b = fit_sigmoids(X[keep], Y[:, keep], backend="numpy", two_step=False)
+    # The same optimum; the paths differ (the start grid's s follows the spacing of x), so
+    # the solvers stop within their tolerance of it, not bit for bit.
     for name in ("l0", "linf", "mu", "s", "sse", "n_points"):
-        np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-9)
+        np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-6)
 
 
 def test_resolve_backend():

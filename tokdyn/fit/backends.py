@@ -23,9 +23,11 @@ from typing import Any
 import numpy as np
 
 from tokdyn.errors import InputError
+from tokdyn.fit.grid import grid_start, two_start
 from tokdyn.fit.lm import MODEL_SIGMOID, cholesky_solve, levenberg_marquardt
 from tokdyn.fit.models import two_sigmoid_evaluate
 from tokdyn.fit.prepare import NEGATIVE_TOLERANCE, SUMMARY_FIELDS, prepare
+from tokdyn.fit.projection import sigmoid_amplitudes, sigmoid_projected
 from tokdyn.fit.sigmoid import s_min_of, sigmoid_evaluate
 
 __all__ = [
@@ -38,6 +40,8 @@ __all__ = [
     "run_lm",
     "prepare_rows",
     "inverse_diagonal",
+    "grid_starts",
+    "two_starts",
 ]
 
 BACKENDS = ("auto", "numba", "numpy", "torch")
@@ -134,6 +138,13 @@ class NumpyOps:
         return a.max(-1, keepdims=True)
 
     @staticmethod
+    def rowsum(a):
+        """Sum over the last axis, left to right: exact zeros (unobserved points) then change
+        nothing, so a row's sums do not depend on how many unobserved columns it has
+        (numpy's pairwise sum groups terms by position)."""
+        return np.add.accumulate(a, axis=-1)[..., -1]
+
+    @staticmethod
     def stack(arrays, axis):
         return np.stack(arrays, axis=axis)
 
@@ -216,6 +227,9 @@ class TorchOps:
     def rowmax(self, a):
         return a.amax(-1, keepdim=True)
 
+    def rowsum(self, a):
+        return a.sum(-1)
+
     def stack(self, arrays, axis):
         return self.torch.stack(arrays, dim=axis)
 
@@ -240,6 +254,9 @@ class TorchOps:
 
 # ---------------------------------------------------------------------------------------------
 # Running the solver on a backend
+
+# Least damping shrink of variable projection (as tokdyn.fit.varpro.SHRINK_MIN).
+SHRINK_MIN = 0.1
 
 # Rows per batched call: big enough to amortise Python overhead, small enough that the
 # [rows, K] temporaries stay in cache on a CPU.
@@ -276,8 +293,15 @@ def run_lm(
     xtol: float,
     backend: str,
     device: Any = None,
+    step_max: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Fit ``model`` (MODEL_SIGMOID or MODEL_TWO_SIGMOIDS) to every row on a concrete backend.
+
+    numba solves by variable projection (:mod:`tokdyn.fit.varpro`: only mu and ln s are
+    searched, the amplitudes of p0 are not used); numpy and torch run the full-parameter
+    solver of :mod:`tokdyn.fit.lm` from p0. Both reach the same optimum from the same start.
+    ``step_max`` [B, 2] = (mu, ln s): each row's longest step of variable projection in an
+    event's parameters (a trust region of half a cell of the row's start grid).
 
     Inputs are numpy (NaN in Y marks a missing point); the result is numpy: p [B, P],
     sse [B], A [B, P, P], n_iter [B], status [B] (lm.LM_CONVERGED or lm.LM_FAILED).
@@ -287,13 +311,19 @@ def run_lm(
         return dict(p=p0.copy(), sse=np.zeros(0), A=np.zeros((0, P, P)),
                     n_iter=np.zeros(0, np.int64), status=np.zeros(0, np.int64))
     if backend == "numba":
+        from tokdyn.fit import varpro
+
         with _NUMBA_LOCK:
-            p, sse, A, n_iter, status = load_numba().lm_block(
-                model, x, Y, p0, lo, hi, max_iter, ftol, xtol
+            p, sse, A, n_iter, status = varpro.varpro_block(
+                P, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, varpro.SHRINK_MIN
             )
         return dict(p=p, sse=sse, A=A, n_iter=n_iter, status=status)
 
-    model_eval = sigmoid_evaluate if model == MODEL_SIGMOID else two_sigmoid_evaluate
+    if model == MODEL_SIGMOID:
+        return _run_projected_sigmoid(x, Y, p0, lo, hi, max_iter=max_iter, ftol=ftol,
+                                      xtol=xtol, backend=backend, device=device,
+                                      step_max=step_max)
+    model_eval = two_sigmoid_evaluate
     if backend == "numpy":
         ops, rows, check_every = NumpyOps, _NUMPY_ROWS, 1
     else:
@@ -318,6 +348,52 @@ def run_lm(
         )
         fields = ("p", "sse", "A", "n_iter", "status")
         parts.append({k: ops.to_numpy(getattr(res, k)) for k in fields})
+    return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+
+
+def _batched_ops(backend: str, device: Any):
+    """(ops, rows per call, steps between activity checks) of a batched backend."""
+    if backend == "numpy":
+        return NumpyOps, _NUMPY_ROWS, 1
+    ops = TorchOps(device)
+    cuda = ops.device.type == "cuda"
+    return ops, (_TORCH_CUDA_ROWS if cuda else _TORCH_CPU_ROWS), (4 if cuda else 1)
+
+
+def _run_projected_sigmoid(x, Y, p0, lo, hi, *, max_iter, ftol, xtol, backend, device,
+                           step_max) -> dict[str, np.ndarray]:
+    """The sigmoid by variable projection on numpy or torch (as varpro does on numba):
+    LM over (mu, ln s) only, then the amplitudes, J^T J and SSE of the full model."""
+    ops, rows, check_every = _batched_ops(backend, device)
+    x_b = ops.asarray(x)
+    parts = []
+    for start in range(0, Y.shape[0], rows):
+        sl = slice(start, start + rows)
+        observed = ~np.isnan(Y[sl])
+        n = np.maximum(observed.sum(1), 1)
+        mean = NumpyOps.rowsum(np.where(observed, Y[sl], 0.0)) / n
+        Yc = ops.asarray(np.where(observed, Y[sl] - mean[:, None], 0.0))
+        W = ops.asarray(observed)
+        res = levenberg_marquardt(
+            ops, lambda x_, Y_, W_, th_: sigmoid_projected(ops, x_, Y_, W_, th_), x_b, Yc, W,
+            ops.asarray(p0[sl, 2:4]), ops.asarray(lo[sl, 2:4]), ops.asarray(hi[sl, 2:4]),
+            max_iter=max_iter, ftol=ftol, xtol=xtol, check_every=check_every,
+            step_max=None if step_max is None else ops.asarray(step_max[sl]),
+            shrink_min=SHRINK_MIN, flat_converged=True,
+        )
+        d, c0 = sigmoid_amplitudes(ops, x_b, Yc, W, res.p)
+        linf = c0 + ops.asarray(mean)
+        th = res.p
+        q = ops.stack([linf + d, linf, th[:, 0], th[:, 1]], 1)
+        Y0 = ops.asarray(np.where(observed, Y[sl], 0.0))
+        sse, A, _ = sigmoid_evaluate(ops, x_b, Y0, W, q)
+        fin = ops.isfinite(res.sse)
+        nan = ops.full_like(sse, float("nan"))
+        parts.append(dict(
+            p=ops.to_numpy(ops.where(fin[:, None], q, ops.asarray(p0[sl]))),
+            sse=ops.to_numpy(ops.where(fin, sse, nan)), A=ops.to_numpy(A),
+            n_iter=ops.to_numpy(res.n_iter), status=ops.to_numpy(res.status),
+        ))
     return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
 
 
@@ -359,3 +435,27 @@ def inverse_diagonal(A: np.ndarray, backend: str) -> tuple[np.ndarray, np.ndarra
         out[:, j] = col[:, j]
         ok &= ok_j
     return np.where(ok[:, None], out, np.nan), ok
+
+
+def grid_starts(x: np.ndarray, Y: np.ndarray, lo: np.ndarray, hi: np.ndarray, mus: np.ndarray,
+                ss: np.ndarray, backend: str) -> np.ndarray:
+    """Sigmoid start values [B, 4] from each row's (mu, s) grid
+    (:func:`tokdyn.fit.grid.grid_start`), compiled where possible."""
+    if _host_kernels(backend) is None:
+        return grid_start(x, Y, lo, hi, mus, ss)
+    from tokdyn.fit import varpro
+
+    with _NUMBA_LOCK:
+        return varpro.grid_start_block(x, Y, lo, hi, mus, ss)
+
+
+def two_starts(x: np.ndarray, Y: np.ndarray, p1: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+               mus: np.ndarray, ss: np.ndarray, backend: str) -> np.ndarray:
+    """Two-sigmoid start values [B, 7] from each row's grid (:func:`tokdyn.fit.grid.two_start`),
+    compiled where possible."""
+    if _host_kernels(backend) is None:
+        return two_start(x, Y, p1, lo, hi, mus, ss)
+    from tokdyn.fit import varpro
+
+    with _NUMBA_LOCK:
+        return varpro.two_start_block(x, Y, np.ascontiguousarray(p1), lo, hi, mus, ss)

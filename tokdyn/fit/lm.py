@@ -99,6 +99,9 @@ def levenberg_marquardt(
     check_every: int = 1,
     compact_below: float = 0.5,
     lam0: float = 1e-3,
+    step_max: Any = None,
+    shrink_min: float = 1.0 / 3.0,
+    flat_converged: bool = False,
 ) -> LMResult:
     """Minimise ``sum_k W[b,k] (f(x_k; p_b) - Y[b,k])^2`` for every row b inside ``[lo, hi]``.
 
@@ -113,6 +116,11 @@ def levenberg_marquardt(
     compact_below : when fewer than this fraction of the rows in the working set are still
         running, drop the finished ones from it (so late stragglers do not pay for everyone).
     lam0 : initial damping (relative to the Marquardt scaling).
+    step_max : None, or [B, P] each row's longest step in each parameter (the step is scaled
+        down to fit: a trust region, used by variable projection from the start grid).
+    shrink_min : least factor by which a successful step shrinks the damping.
+    flat_converged : also converged when a nearly undamped step (lam <= 1) predicts a gain of
+        at most ftol (rounding in a projected sum of squares can hide a last real gain).
     """
     B, P = p0.shape
     p = ops.clip(p0, lo, hi)
@@ -152,6 +160,9 @@ def levenberg_marquardt(
         diag = M[:, diag_idx, diag_idx]
         M[:, diag_idx, diag_idx] = ops.where(fixed, ops.ones_like(Dl), diag + Dl)
         h, ok = cholesky_solve(ops, M, -g * freef)
+        if step_max is not None:  # scale the step down into the trust region
+            over = ops.rowmax(ops.abs(h) / step_max)  # [B, 1]
+            h = h / ops.maximum(over, ops.ones_like(over))
 
         p_try = ops.clip(p + h, lo, hi)
         hc = p_try - p  # [B, P] the step actually taken
@@ -169,13 +180,16 @@ def levenberg_marquardt(
         pn = ops.sqrt((p * p).sum(-1))
         small_x = active & ok & (hn <= xtol * (pn + xtol))
         converged = small_f | exact | small_x
+        if flat_converged:
+            converged = converged | (active & ok & (lam <= 1.0) & (pred >= 0)
+                                     & (pred <= ftol * sse))
 
         p = ops.where(better[:, None], p_try, p)
         sse = ops.where(better, sse_t, sse)
         A = ops.where(better[:, None, None], A_t, A)
         g = ops.where(better[:, None], g_t, g)
         shrink = 1.0 - (2.0 * rho - 1.0) ** 3
-        shrink = ops.where(shrink > 1.0 / 3.0, shrink, ops.full_like(shrink, 1.0 / 3.0))
+        shrink = ops.where(shrink > shrink_min, shrink, ops.full_like(shrink, shrink_min))
         grow = active & ~better
         lam = ops.where(better, lam * shrink, ops.where(grow, lam * nu, lam))
         nu = ops.where(better, ops.full_like(nu, 2.0), ops.where(grow, nu * 2.0, nu))
@@ -195,5 +209,7 @@ def levenberg_marquardt(
                 )
                 n_iter, status, active = n_iter[keep], status[keep], active[keep]
                 Y, W, lo, hi = Y[keep], W[keep], lo[keep], hi[keep]
+                if step_max is not None:
+                    step_max = step_max[keep]
     write_back()
     return out

@@ -21,10 +21,21 @@ from numba import njit, prange
 from tokdyn.fit.lm import LM_CONVERGED, LM_FAILED, MODEL_SIGMOID
 from tokdyn.fit.sigmoid import Z_CLIP
 
-_JIT = dict(cache=True, nogil=True, fastmath={"contract", "arcp", "nsz"})
-# The model evaluation may also reorder sums: that lets LLVM vectorise its loops (AVX2: 4
-# points per instruction). No "nnan"/"ninf": the solver tests for inf and NaN.
-_JIT_SIMD = dict(cache=True, nogil=True, fastmath={"contract", "arcp", "nsz", "reassoc", "afn"})
+# No fastmath: strict IEEE arithmetic, so that a result does not depend on how a kernel was
+# compiled. numba links a private copy of every compiled callee into each caller and LLVM
+# re-optimises it there (inlined, fused with the caller's code); with value-changing flags
+# ("reassoc", "arcp", "contract", "afn") each copy may round differently, and which copy runs
+# depends on what this process compiled and what it loaded from the on-disk cache (measured;
+# the exact LLVM mechanism, e.g. which weak definition the JIT binds, was not pinned down).
+# Results must be identical whichever copy runs, and only IEEE semantics guarantee that.
+# The varpro fits differed
+# between a process that compiled the kernels and one that loaded them from the cache (two
+# sigmoids: ~900 of 1,200 planted rows; tests/test_fit_determinism.py). The elementwise loops
+# (_exp, _sigmoid_columns) still vectorise; the sums no longer do. Measured on 2 shared
+# cores, warm: fit_block of 3,000 planted rows 0.21-0.23 s against 0.20-0.21 s with the flags.
+_JIT = dict(cache=True, nogil=True)
+# Kept as a name for the model evaluations; the same options (see above).
+_JIT_SIMD = _JIT
 
 # Scratch rows per trajectory used by the evaluations (see _eval_two_sigmoids).
 N_SCRATCH = 11

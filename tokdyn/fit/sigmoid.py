@@ -62,7 +62,7 @@ def sigmoid_evaluate(ops, x, Y, W, q):
     J = ops.stack([g * W, h * W, t / s * W, t * z * W], axis=1)  # (B, 4, K)
     A = J @ J.swapaxes(1, 2)  # (B, 4, 4)
     grad = (J @ r[:, :, None])[:, :, 0]  # (B, 4)
-    return (r * r).sum(-1), A, grad
+    return ops.rowsum(r * r), A, grad
 
 
 def _rank_positions(W: np.ndarray) -> np.ndarray:

@@ -1,0 +1,858 @@
+"""Variable projection (numba): Levenberg-Marquardt over the nonlinear parameters only.
+
+Both models are linear in their amplitudes once the event times and widths are fixed:
+
+    sigmoid        l(x) = linf + d g(x; mu, s)                          amplitudes (linf, d)
+    two sigmoids   l(x) = linf + d1 g(x; mu1, s1) + d2 g(x; mu2, s2)    amplitudes (linf, d1, d2)
+
+with g = sigma(-(x - mu)/s). For given (mu, ln s) the amplitudes solve a 2x2 (3x3) least
+squares problem in closed form, so the solver searches only (mu, ln s) (four numbers for two
+sigmoids) on the projected sum of squares (Golub and Pereyra). Every evaluation is one pass
+over the trajectory's observed points that accumulates a few sums; everything else is
+arithmetic on those sums. The sigmoid gets the exact Hessian of the projected sum of squares
+(damped Newton, :func:`_vp_sigmoid`); two sigmoids get Kaufman's Gauss-Newton matrix (the
+Schur complement of the full J^T J in its amplitude block).
+
+Start values (:func:`grid_start_block`, :func:`two_start_block`; numpy references in
+:mod:`tokdyn.fit.grid`): the event of the row's own grid over (mu, s) that explains most of
+it, and the best single step (a second try where it fits about as well); for two sigmoids the
+best pair of grid events or the sigmoid fit plus the event that best explains its residuals.
+All scored in closed form, from the row's observed points only. A grid's events are evaluated
+once per chunk of rows and kept while the next row has the same grid (fully observed rows
+all do).
+
+The returned parameters and J^T J are those of the full models in the solver's
+parameterisation (l0, linf, mu, ln s) and (linf, d1, mu1, ln s1, d2, mu2, ln s2), so standard
+errors follow as with the classic solver (:mod:`tokdyn.fit.numba_kernels`, kept for
+reference: ``lm_block``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from tokdyn.fit.grid import TWO_MIN_DET, TWO_MIN_VAR
+from tokdyn.fit.lm import LM_CONVERGED, LM_FAILED
+from tokdyn.fit.numba_kernels import (
+    N_SCRATCH,
+    _JIT,
+    _JIT_SIMD,
+    _cholesky_solve,
+    _eval_two_sigmoids,
+    _exp,
+    _sigmoid_columns,
+)
+from tokdyn.fit.sigmoid import Z_CLIP
+
+__all__ = ["grid_start_block", "varpro_block", "two_start_block"]
+
+# Scratch rows per trajectory: z, g, h of both events, the four derivative columns and three
+# short vectors of sums.
+_N_BUF = max(N_SCRATCH, 13)
+# Outputs of one projected evaluation: sse, the amplitudes, gradient [P], normal matrix [P, P].
+_OUT_SIZE = 24
+# Least factor by which a successful step shrinks the damping (Nielsen's rule uses 1/3: with
+# an exact Hessian that damping, not the model, then limits the convergence rate; measured
+# on 20,000 planted events with the half-cell trust region: 4.91 steps with 1/3, 4.90 with
+# 0.1, and fewer slow tails).
+SHRINK_MIN = 0.1
+
+
+# ---------------------------------------------------------------------------------------------
+# Gathering a row
+
+
+@njit(inline="always", **_JIT)
+def _gather(x, Y, b, xo, yc, idx):
+    """Observed points of row b into xo, yc (centred: y - mean) and idx; return (n, mean, Syy)."""
+    K = x.shape[0]
+    n = 0
+    sy = 0.0
+    for k in range(K):
+        y = Y[b, k]
+        if not math.isnan(y):
+            xo[n] = x[k]
+            yc[n] = y
+            idx[n] = k
+            sy += y
+            n += 1
+    mean = sy / max(n, 1)
+    syy = 0.0
+    for k in range(n):
+        v = yc[k] - mean
+        yc[k] = v
+        syy += v * v
+    return n, mean, syy
+
+
+# ---------------------------------------------------------------------------------------------
+# Start values on each row's grid
+
+# Grid slots per chunk of rows: 0 for fully observed rows (they all share one grid), 1 for
+# the last other grid seen.
+_FULL, _OTHER = 0, 1
+
+
+@njit(**_JIT)
+def _use_grid(x, mus, ss, slot, keys, mu_q, s_q, G):
+    """Make ``slot`` hold the grid with axes mus [n_mu], ss [n_s] (mu-major events): keys
+    [2, n_mu + n_s], mu_q and s_q [2, Q], G [2, Q, K] = sigma(-(x - mu)/s). Returns True where
+    it had to be evaluated (keys start NaN, which equals nothing)."""
+    n_mu = mus.shape[0]
+    n_s = ss.shape[0]
+    same = True
+    for i in range(n_mu):
+        same = same and keys[slot, i] == mus[i]
+    for j in range(n_s):
+        same = same and keys[slot, n_mu + j] == ss[j]
+    if same:
+        return False
+    K = x.shape[0]
+    for i in range(n_mu):
+        keys[slot, i] = mus[i]
+        for j in range(n_s):
+            q = i * n_s + j
+            mu_q[slot, q] = mus[i]
+            s_q[slot, q] = ss[j]
+            Gq = G[slot, q]
+            for k in range(K):
+                Gq[k] = min(max((x[k] - mus[i]) / ss[j], -Z_CLIP), Z_CLIP)
+            for k in range(K):
+                Gq[k] = 1.0 / (1.0 + _exp(Gq[k]))
+    for j in range(n_s):
+        keys[slot, n_mu + j] = ss[j]
+    return True
+
+
+@njit(inline="always", **_JIT)
+def _event_sums(Gq, idx, yc, n):
+    """sum g, sum g^2 and sum g (y - mean) of grid event Gq [K] over a row's observed points."""
+    s1 = 0.0
+    s2 = 0.0
+    c = 0.0
+    for k in range(n):
+        g = Gq[idx[k]]
+        s1 += g
+        s2 += g * g
+        c += g * yc[k]
+    return s1, s2, c
+
+
+@njit(inline="always", **_JIT)
+def _inverse_variance(s1, s2, n):
+    """1 / var(g) over n points from sum g and sum g^2 (0 where g is about constant)."""
+    var = s2 - s1 * s1 / n
+    return 1.0 / var if var > 1e-12 * n else 0.0
+
+
+@njit(**_JIT)
+def _grid_inverse_variances(G, inv_var):
+    """inv_var [Q] of each grid event over all K points, summed in the order that
+    _grid_best sums a row's observed points (so a fully observed row scores the same bits
+    either way)."""
+    Q, K = G.shape
+    for q in range(Q):
+        s1 = 0.0
+        s2 = 0.0
+        for k in range(K):
+            g = G[q, k]
+            s1 += g
+            s2 += g * g
+        inv_var[q] = _inverse_variance(s1, s2, K)
+
+
+@njit(**_JIT_SIMD)
+def _grid_best(G, inv_var_full, idx, yc, n, K, lo_mu, hi_mu, lo_s, hi_s, mu_q, s_q):
+    """Index of the grid sigmoid with the largest explained sum of squares (cov^2 / var) that
+    lies inside the row's box, or -1; and that score."""
+    Q = G.shape[0]
+    best = -1
+    best_score = -1.0
+    full = n == K
+    for q in range(Q):
+        if mu_q[q] < lo_mu or mu_q[q] > hi_mu or s_q[q] < lo_s or s_q[q] > hi_s:
+            continue
+        Gq = G[q]
+        if full:
+            c = 0.0
+            for k in range(n):
+                c += Gq[k] * yc[k]
+            inv_var = inv_var_full[q]
+        else:
+            s1, s2, c = _event_sums(Gq, idx, yc, n)
+            inv_var = _inverse_variance(s1, s2, n)
+        score = c * c * inv_var
+        if score > best_score:
+            best_score = score
+            best = q
+    return best, best_score
+
+
+def grid_start_block(x, Y, lo, hi, mus, ss):
+    """Start values from each row's grid (mus [B, n_mu], ss [B, n_s] of
+    :func:`tokdyn.fit.grid.row_grids`) and from the best step, as
+    :func:`tokdyn.fit.grid.grid_start`.
+
+    Returns (p0 [B, 4], p_step [B, 4], sse_step [B]); see there.
+    """
+    return _grid_start_chunks(x, Y, lo, hi, np.ascontiguousarray(mus),
+                              np.ascontiguousarray(ss), _n_chunks(Y))
+
+
+def _n_chunks(Y) -> int:
+    # Several chunks per thread even out trajectories of unequal cost.
+    return max(1, min(Y.shape[0], 8 * numba.get_num_threads()))
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
+    B, K = Y.shape
+    Q = mus.shape[1] * ss.shape[1]
+    p0 = np.full((B, 4), np.nan)
+    p_step = np.full((B, 4), np.nan)
+    sse_step = np.full(B, np.nan)
+    for c in prange(n_chunks):
+        xo = np.empty(K)
+        yc = np.empty(K)
+        idx = np.empty(K, dtype=np.int64)
+        keys = np.full((2, mus.shape[1] + ss.shape[1]), np.nan)
+        mu_q = np.empty((2, Q))
+        s_q = np.empty((2, Q))
+        G = np.empty((2, Q, K))
+        inv_var_full = np.empty(Q)
+        for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
+            n, mean, syy = _gather(x, Y, b, xo, yc, idx)
+            if n < 2:
+                continue
+            # the best step between two neighbouring points (the limit s -> 0), by prefix sums
+            s1 = 0.0
+            best_e = -1.0
+            jb = 0
+            for j in range(n - 1):
+                s1 += yc[j]
+                n1 = j + 1.0
+                e = s1 * s1 * n / (n1 * (n - n1))
+                if e > best_e:
+                    best_e = e
+                    jb = j
+            head = 0.0
+            for j in range(jb + 1):
+                head += yc[j]
+            gap = xo[jb + 1] - xo[jb]
+            p_step[b, 0] = mean + head / (jb + 1.0)
+            p_step[b, 1] = mean - head / (n - jb - 1.0)
+            p_step[b, 2] = 0.5 * (xo[jb] + xo[jb + 1])
+            p_step[b, 3] = min(max(0.1 * gap, lo[b, 3]), hi[b, 3])
+            sse_step[b] = syy - best_e
+            slot = _FULL if n == K else _OTHER
+            if _use_grid(x, mus[b], ss[b], slot, keys, mu_q, s_q, G) and slot == _FULL:
+                _grid_inverse_variances(G[_FULL], inv_var_full)
+            q, _ = _grid_best(G[slot], inv_var_full, idx, yc, n, K, lo[b, 2], hi[b, 2], lo[b, 3],
+                              hi[b, 3], mu_q[slot], s_q[slot])
+            if q < 0:
+                continue
+            # amplitudes of that event: d = cov / var, linf = mean - d mean(g)
+            s1, s2, cv = _event_sums(G[slot, q], idx, yc, n)
+            var = s2 - s1 * s1 / n
+            d = cv / var if var > 0 else 0.0
+            linf = mean - d * s1 / n
+            p0[b, 0] = linf + d
+            p0[b, 1] = linf
+            p0[b, 2] = mu_q[slot, q]
+            p0[b, 3] = s_q[slot, q]
+    return p0, p_step, sse_step
+
+
+# ---------------------------------------------------------------------------------------------
+# Projected evaluations
+
+
+@njit(**_JIT_SIMD)
+def _vp_sigmoid(xo, yc, n, syy, th, buf, out):
+    """Projected fit of l = linf + d g at th = (mu, ln s) to the centred data yc.
+
+    The projected sum of squares is F = Syy - c^2 / v with c = sum g y and v = sum g^2 -
+    (sum g)^2 / n, so its exact gradient and Hessian follow from sums of g and of its first
+    and second derivatives in (mu, ln s): one pass, and Newton's quadratic convergence near
+    the optimum (Gauss-Newton's is only linear when residuals are not small: 6.6 steps
+    against ~4 on planted events). Where that Hessian is not positive definite (far from a
+    minimum) Kaufman's Gauss-Newton matrix stands in.
+
+    out: [0] F, [1] linf - mean, [2] d, [3:5] gradient F/2, [7:11] 2x2 matrix (Hessian of
+    F/2 or its Gauss-Newton stand-in), [11:20] sums for the full J^T J at the end.
+    Returns F (inf where the basis is degenerate).
+    """
+    mu, inv_s = th[0], math.exp(-th[1])
+    zb, gb, hb = buf[0], buf[1], buf[2]
+    _sigmoid_columns(xo, n, mu, inv_s, zb, gb, hb)
+    sg = sgg = sgy = sa = sb = sga = sgb = saa = sab = sbb = say = sby = 0.0
+    smm = smt = stt = sgmm = sgmt = sgtt = smmy = smty = stty = 0.0
+    inv_s2 = inv_s * inv_s
+    for k in range(n):
+        g = gb[k]
+        h = hb[k]
+        z = zb[k]
+        y = yc[k]
+        u = g * h
+        a = u * inv_s  # dg/dmu
+        bb = u * z  # dg/dln s
+        zw1 = z * (h - g) - 1.0
+        mm = u * (h - g) * inv_s2  # second derivatives of g
+        mt = a * zw1
+        tt = bb * zw1
+        sg += g
+        sgg += g * g
+        sgy += g * y
+        sa += a
+        sb += bb
+        sga += g * a
+        sgb += g * bb
+        saa += a * a
+        sab += a * bb
+        sbb += bb * bb
+        say += a * y
+        sby += bb * y
+        smm += mm
+        smt += mt
+        stt += tt
+        sgmm += g * mm
+        sgmt += g * mt
+        sgtt += g * tt
+        smmy += mm * y
+        smty += mt * y
+        stty += tt * y
+    nf = float(n)
+    v = sgg - sg * sg / nf
+    if not v > 1e-12 * nf:
+        out[0] = math.inf
+        return math.inf
+    c = sgy
+    d = c / v
+    sse = max(syy - d * c, 0.0)
+    # derivatives of c and v; index 0 = mu, 1 = ln s
+    c_0, c_1 = say, sby
+    w0 = sga - sg * sa / nf  # v_i / 2
+    w1 = sgb - sg * sb / nf
+    c_00, c_01, c_11 = smmy, smty, stty
+    v_00 = 2.0 * (saa + sgmm - (sa * sa + sg * smm) / nf)
+    v_01 = 2.0 * (sab + sgmt - (sa * sb + sg * smt) / nf)
+    v_11 = 2.0 * (sbb + sgtt - (sb * sb + sg * stt) / nf)
+    v_0, v_1 = 2.0 * w0, 2.0 * w1
+    inv_v = 1.0 / v
+    cv = c * inv_v
+    out[0] = sse
+    out[1] = -d * sg / nf
+    out[2] = d
+    out[3] = -cv * c_0 + 0.5 * cv * cv * v_0
+    out[4] = -cv * c_1 + 0.5 * cv * cv * v_1
+    # Hessian of F/2: -(c_i c_j + c c_ij)/v + (c c_i v_j + c c_j v_i)/v^2 + c^2 v_ij/(2 v^2)
+    #                 - c^2 v_i v_j / v^3
+    cv2 = cv * cv
+    h00 = (-(c_0 * c_0 + c * c_00) * inv_v + 2.0 * cv * c_0 * v_0 * inv_v + 0.5 * cv2 * v_00
+           - cv2 * v_0 * v_0 * inv_v)
+    h01 = (-(c_0 * c_1 + c * c_01) * inv_v + cv * (c_0 * v_1 + c_1 * v_0) * inv_v
+           + 0.5 * cv2 * v_01 - cv2 * v_0 * v_1 * inv_v)
+    h11 = (-(c_1 * c_1 + c * c_11) * inv_v + 2.0 * cv * c_1 * v_1 * inv_v + 0.5 * cv2 * v_11
+           - cv2 * v_1 * v_1 * inv_v)
+    if h00 > 0 and h11 > 0 and h00 * h11 - h01 * h01 > 1e-12 * h00 * h11:
+        out[7], out[8], out[10] = h00, h01, h11
+    else:  # Kaufman's Gauss-Newton matrix (positive semi-definite)
+        dd = d * d
+        out[7] = dd * (saa - sa * sa / nf - w0 * w0 * inv_v)
+        out[8] = dd * (sab - sa * sb / nf - w0 * w1 * inv_v)
+        out[10] = dd * (sbb - sb * sb / nf - w1 * w1 * inv_v)
+    out[9] = out[8]
+    out[11], out[12], out[13], out[14], out[15] = sg, sgg, sa, sb, sga
+    out[16], out[17], out[18], out[19] = sgb, saa, sab, sbb
+    return sse
+
+
+@njit(inline="always", **_JIT)
+def _sigmoid_normal_matrix(out, n, A):
+    """Full J^T J [4, 4] in (l0, linf, mu, ln s) from the sums of the last evaluation:
+    columns g, 1 - g, d dg/dmu, d dg/dln s."""
+    d = out[2]
+    sg, sgg, sa, sb, sga = out[11], out[12], out[13], out[14], out[15]
+    sgb, saa, sab, sbb = out[16], out[17], out[18], out[19]
+    A[0, 0] = sgg
+    A[0, 1] = sg - sgg
+    A[1, 1] = n - 2.0 * sg + sgg
+    A[0, 2] = d * sga
+    A[0, 3] = d * sgb
+    A[1, 2] = d * (sa - sga)
+    A[1, 3] = d * (sb - sgb)
+    A[2, 2] = d * d * saa
+    A[2, 3] = d * d * sab
+    A[3, 3] = d * d * sbb
+    for i in range(4):
+        for j in range(i):
+            A[i, j] = A[j, i]
+
+
+@njit(inline="always", **_JIT_SIMD)
+def _dot(u, v, n):
+    acc = 0.0
+    for k in range(n):
+        acc += u[k] * v[k]
+    return acc
+
+
+@njit(inline="always", **_JIT_SIMD)
+def _sum(u, n):
+    acc = 0.0
+    for k in range(n):
+        acc += u[k]
+    return acc
+
+
+@njit(**_JIT_SIMD)
+def _vp_two(xo, yc, n, syy, th, buf, out):
+    """Projected fit of l = linf + d1 g1 + d2 g2 at th = (mu1, ln s1, mu2, ln s2).
+
+    out: [0] SSE, [1] linf - mean, [2:4] (d1, d2), [4:8] gradient J^T r, [8:24] the 4x4
+    normal matrix (Kaufman). Returns the SSE (inf where the basis is degenerate).
+    """
+    inv_s1, inv_s2 = math.exp(-th[1]), math.exp(-th[3])
+    _sigmoid_columns(xo, n, th[0], inv_s1, buf[0], buf[1], buf[2])
+    _sigmoid_columns(xo, n, th[2], inv_s2, buf[3], buf[4], buf[5])
+    z1, g1, h1, z2, g2, h2 = buf[0], buf[1], buf[2], buf[3], buf[4], buf[5]
+    a1, b1, a2, b2 = buf[6], buf[7], buf[8], buf[9]
+    for k in range(n):
+        u1 = g1[k] * h1[k]
+        u2 = g2[k] * h2[k]
+        a1[k] = u1 * inv_s1
+        b1[k] = u1 * z1[k]
+        a2[k] = u2 * inv_s2
+        b2[k] = u2 * z2[k]
+    nf = float(n)
+    sg1 = _sum(g1, n)
+    sg2 = _sum(g2, n)
+    v11 = _dot(g1, g1, n) - sg1 * sg1 / nf
+    v12 = _dot(g1, g2, n) - sg1 * sg2 / nf
+    v22 = _dot(g2, g2, n) - sg2 * sg2 / nf
+    c1 = _dot(g1, yc, n)
+    c2 = _dot(g2, yc, n)
+    # a tiny ridge keeps the 2x2 solve finite when the two events coincide
+    ridge = 1e-12 * (v11 + v22) + 1e-300
+    v11 += ridge
+    v22 += ridge
+    det = v11 * v22 - v12 * v12
+    if not (det > 1e-14 * v11 * v22 and v11 > 1e-12 * nf and v22 > 1e-12 * nf):
+        out[0] = math.inf
+        return math.inf
+    i11, i12, i22 = v22 / det, -v12 / det, v11 / det
+    d1 = i11 * c1 + i12 * c2
+    d2 = i12 * c1 + i22 * c2
+    c0 = -(d1 * sg1 + d2 * sg2) / nf
+    sse = max(syy - d1 * c1 - d2 * c2, 0.0)
+    out[0] = sse
+    out[1] = c0
+    out[2] = d1
+    out[3] = d2
+    cols = (a1, b1, a2, b2)
+    scale = (d1, d1, d2, d2)
+    sc, w1, w2 = buf[10], buf[11], buf[12]
+    for j in range(4):
+        cj = cols[j]
+        sc[j] = _sum(cj, n)
+        s1j = _dot(g1, cj, n)
+        s2j = _dot(g2, cj, n)
+        w1[j] = s1j - sg1 * sc[j] / nf
+        w2[j] = s2j - sg2 * sc[j] / nf
+        out[4 + j] = scale[j] * (c0 * sc[j] + d1 * s1j + d2 * s2j - _dot(cj, yc, n))
+    for i in range(4):
+        for j in range(i + 1):
+            proj = (sc[i] * sc[j] / nf + w1[i] * (i11 * w1[j] + i12 * w2[j])
+                    + w2[i] * (i12 * w1[j] + i22 * w2[j]))
+            v = scale[i] * scale[j] * (_dot(cols[i], cols[j], n) - proj)
+            out[8 + 4 * i + j] = v
+            out[8 + 4 * j + i] = v
+    return sse
+
+
+# Where the gradient and normal matrix sit in ``out`` for each model (P = 2 or 4).
+@njit(inline="always", **_JIT)
+def _layout(P):
+    return (3, 7) if P == 2 else (4, 8)
+
+
+@njit(**_JIT)
+def _vp_eval(P, xo, yc, n, syy, th, buf, out):
+    if P == 2:
+        return _vp_sigmoid(xo, yc, n, syy, th, buf, out)
+    return _vp_two(xo, yc, n, syy, th, buf, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The solver over the nonlinear parameters
+
+
+@njit(**_JIT)
+def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, work, L3,
+           step_max, shrink_min):
+    """Bounded LM over th [P] (mu, ln s pairs) on the projected SSE; as numba_kernels._lm_row.
+
+    On return ``out`` holds the evaluation at the final th; returns (sse, iterations, status).
+    """
+    gi, ni = _layout(P)
+    D, h, rhs, th_t, fixed = work[0], work[1], work[2], work[3], work[4]
+    M, L = L3[0], L3[1]
+    for j in range(P):
+        th[j] = min(max(th[j], lo[j]), hi[j])
+    sse = _vp_eval(P, xo, yc, n, syy, th, buf, out)
+    if not math.isfinite(sse):
+        return sse, 0, LM_FAILED
+    for j in range(P):
+        D[j] = abs(out[ni + P * j + j])
+    lam = 1e-3
+    nu = 2.0
+    for it in range(max_iter):
+        dmax = 0.0
+        for j in range(P):
+            D[j] = max(D[j], abs(out[ni + P * j + j]))
+            dmax = max(dmax, D[j])
+        floor = 1e-12 * dmax + 1e-300
+        for j in range(P):
+            gj = out[gi + j]
+            fixed[j] = 1.0 if ((th[j] <= lo[j] and gj > 0) or (th[j] >= hi[j] and gj < 0)) else 0.0
+        for a in range(P):
+            for b in range(P):
+                M[a, b] = 0.0 if (fixed[a] > 0 or fixed[b] > 0) else out[ni + P * a + b]
+            M[a, a] = 1.0 if fixed[a] > 0 else M[a, a] + lam * max(D[a], floor)
+            rhs[a] = 0.0 if fixed[a] > 0 else -out[gi + a]
+        ok = _cholesky_solve(M, rhs, h, L)
+        # Trust region of a grid cell: from the grid's best event the optimum is within
+        # about one cell, and a longer Newton step is an extrapolation (measured: from the
+        # grid start, uncapped steps were rejected 3-4 times in a row on 15 % of rows).
+        scale = 1.0
+        for j in range(P):
+            if abs(h[j]) * scale > step_max[j]:
+                scale = step_max[j] / abs(h[j])
+        for j in range(P):
+            h[j] *= scale
+        hn = 0.0
+        pn = 0.0
+        for j in range(P):
+            th_t[j] = min(max(th[j] + h[j], lo[j]), hi[j])
+            h[j] = th_t[j] - th[j]
+            hn += h[j] * h[j]
+            pn += th[j] * th[j]
+        pred = 0.0
+        for a in range(P):
+            v = 0.0
+            for b in range(P):
+                v += out[ni + P * a + b] * h[b]
+            pred -= 2.0 * out[gi + a] * h[a] + h[a] * v
+        sse_t = _vp_eval(P, xo, yc, n, syy, th_t, buf, out_t)
+        better = ok and math.isfinite(sse_t) and sse_t < sse
+        actred = sse - sse_t
+        rho = actred / pred if pred > 0 else 0.0
+        converged = (
+            (better and actred <= ftol * sse and pred <= ftol * sse and rho <= 2.0)
+            or (better and sse_t <= 1e-30 * syy)
+            or (ok and math.sqrt(hn) <= xtol * (math.sqrt(pn) + xtol))
+            # at the optimum to rounding: a (nearly undamped) step predicts no more than ftol,
+            # though rounding in the projected sums may make it look like no gain
+            or (ok and lam <= 1.0 and 0.0 <= pred <= ftol * sse)
+        )
+        if better:
+            sse = sse_t
+            for j in range(P):
+                th[j] = th_t[j]
+            for j in range(out.shape[0]):
+                out[j] = out_t[j]
+            lam *= max(shrink_min, 1.0 - (2.0 * rho - 1.0) ** 3)
+            nu = 2.0
+        else:
+            lam *= nu
+            nu *= 2.0
+        if converged:
+            return sse, it + 1, LM_CONVERGED
+    return sse, max_iter, LM_FAILED
+
+
+def varpro_block(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max=None,
+                 shrink_min=SHRINK_MIN):
+    """Fit every row of Y [B, K] by variable projection; the classic kernel's interface.
+
+    ``model_p``: 4 (sigmoid, p = (l0, linf, mu, ln s)) or 7 (two sigmoids, p = (linf, d1, mu1,
+    ln s1, d2, mu2, ln s2)). Only p0's nonlinear columns are used as the start; lo, hi bound
+    them. ``step_max``: None or [B, 2], each row's longest step in (mu, ln s) of an event.
+    Returns p [B, P], sse [B], A [B, P, P] (full J^T J at the end), n_iter, status.
+    """
+    Pn = 2 if model_p == 4 else 4
+    B = Y.shape[0]
+    caps = np.full((B, Pn), np.inf)
+    if step_max is not None:
+        caps[:] = np.tile(np.asarray(step_max, dtype=np.float64).reshape(B, 2), (1, Pn // 2))
+    return _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, caps,
+                          float(shrink_min), _n_chunks(Y))
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, shrink_min,
+                   n_chunks):
+    B, K = Y.shape
+    P = model_p
+    Pn = 2 if P == 4 else 4
+    nl = np.array([2, 3, 0, 0]) if P == 4 else np.array([2, 3, 5, 6])  # nonlinear columns
+    p_out = p0.copy()
+    sse = np.full(B, np.nan)
+    A = np.zeros((B, P, P))
+    n_iter = np.zeros(B, dtype=np.int64)
+    status = np.full(B, LM_FAILED, dtype=np.int64)
+    for c in prange(n_chunks):
+        xo = np.empty(K)
+        yc = np.empty(K)
+        yo = np.empty(K)
+        idx = np.empty(K, dtype=np.int64)
+        buf = np.zeros((_N_BUF, K))
+        out = np.zeros(_OUT_SIZE)
+        out_t = np.zeros(_OUT_SIZE)
+        work = np.zeros((5, Pn))
+        L3 = np.zeros((2, Pn, Pn))
+        th = np.empty(Pn)
+        tlo = np.empty(Pn)
+        thi = np.empty(Pn)
+        grad = np.empty(P)
+        for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
+            n, mean, syy = _gather(x, Y, b, xo, yc, idx)
+            for j in range(Pn):
+                th[j] = p0[b, nl[j]]
+                tlo[j] = lo[b, nl[j]]
+                thi[j] = hi[b, nl[j]]
+            s, it, st = _vp_lm(Pn, xo, yc, n, syy, th, tlo, thi, max_iter, ftol, xtol,
+                               buf, out, out_t, work, L3, step_max[b], shrink_min)
+            n_iter[b] = it
+            status[b] = st
+            if not math.isfinite(s):
+                sse[b] = s
+                continue
+            pb = p_out[b]
+            linf = mean + out[1]
+            if P == 4:
+                pb[0] = linf + out[2]
+                pb[1] = linf
+                pb[2] = th[0]
+                pb[3] = th[1]
+            else:
+                pb[0] = linf
+                pb[1] = out[2]
+                pb[2] = th[0]
+                pb[3] = th[1]
+                pb[4] = out[3]
+                pb[5] = th[2]
+                pb[6] = th[3]
+            # the full model's J^T J at the optimum (two sigmoids: one direct evaluation)
+            if P == 4:
+                sse[b] = s
+                _sigmoid_normal_matrix(out, n, A[b])
+            else:
+                for k in range(n):
+                    yo[k] = yc[k] + mean
+                sse[b] = _eval_two_sigmoids(xo, yo, n, pb, A[b], grad, buf)
+    return p_out, sse, A, n_iter, status
+
+
+# ---------------------------------------------------------------------------------------------
+# Two-sigmoid start: the best pair of grid events, or the one-sigmoid fit plus the grid event
+# that best explains what it leaves, whichever explains more (closed form)
+
+
+def two_start_block(x, Y, p1, lo, hi, mus, ss):
+    """Two-sigmoid start values [B, 7] from each row's grid (mus [B, n_mu], ss [B, n_s]), as
+    :func:`tokdyn.fit.grid.two_start`."""
+    return _two_start_chunks(x, Y, np.ascontiguousarray(p1), lo, hi, np.ascontiguousarray(mus),
+                             np.ascontiguousarray(ss), float(TWO_MIN_DET), float(TWO_MIN_VAR),
+                             _n_chunks(Y))
+
+
+@njit(**_JIT)
+def _full_pair_forms(G, gram, qa, qb, qe, pen, min_det, min_var):
+    """For rows with every point observed, a pair's score is a quadratic form in the two
+    covariances with fixed coefficients: score = qa c_q^2 + qb c_q c_r + qe c_r^2 (+ pen:
+    -inf for pairs that are collinear or hold a near-constant event). Fills gram [Q, Q]
+    (the centred Gram matrix over all K points) and the coefficients [Q, Q]."""
+    Q, K = G.shape
+    mean = np.empty(Q)
+    for q in range(Q):
+        acc = 0.0
+        for k in range(K):
+            acc += G[q, k]
+        mean[q] = acc / K
+    for q in range(Q):
+        for r in range(q + 1):
+            acc = 0.0
+            for k in range(K):
+                acc += (G[q, k] - mean[q]) * (G[r, k] - mean[r])
+            gram[q, r] = acc
+            gram[r, q] = acc
+    v_min = min_var * K
+    for q in range(Q):
+        for r in range(Q):
+            vq, vr = gram[q, q], gram[r, r]
+            det = vq * vr - gram[q, r] * gram[q, r]
+            if det > min_det * vq * vr and vq > v_min and vr > v_min:
+                qa[q, r] = vr / det
+                qb[q, r] = -2.0 * gram[q, r] / det
+                qe[q, r] = vq / det
+                pen[q, r] = 0.0
+            else:
+                qa[q, r] = 0.0
+                qb[q, r] = 0.0
+                qe[q, r] = 0.0
+                pen[q, r] = -np.inf
+
+
+@njit(**_JIT)
+def _pair_score(v11, v12, v22, c1, c2, min_det, v_min):
+    """Explained sum of squares of two centred columns with variances v11, v22, covariance v12
+    and covariances c1, c2 with the data; -1 where they are (nearly) collinear or one is
+    (nearly) constant over the points (variance below v_min)."""
+    det = v11 * v22 - v12 * v12
+    if not (det > min_det * v11 * v22 and v11 > v_min and v22 > v_min):
+        return -1.0
+    return (v22 * c1 * c1 - 2.0 * v12 * c1 * c2 + v11 * c2 * c2) / det
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
+    B, K = Y.shape
+    Q = mus.shape[1] * ss.shape[1]
+    p0 = np.full((B, 7), np.nan)
+    for c in prange(n_chunks):
+        xo = np.empty(K)
+        yc = np.empty(K)
+        idx = np.empty(K, dtype=np.int64)
+        g1 = np.empty(K)
+        zb = np.empty(K)
+        hb = np.empty(K)
+        cq = np.empty(Q)
+        sq = np.empty(Q)
+        vq = np.empty((Q, Q))
+        inb = np.empty(Q, dtype=np.bool_)
+        rowpen = np.empty(Q)
+        scores = np.empty(Q)
+        keys = np.full((2, mus.shape[1] + ss.shape[1]), np.nan)
+        mu_g = np.empty((2, Q))
+        s_g = np.empty((2, Q))
+        G2 = np.empty((2, Q, K))
+        gram = np.empty((Q, Q))
+        qa = np.empty((Q, Q))
+        qb = np.empty((Q, Q))
+        qe = np.empty((Q, Q))
+        pen = np.empty((Q, Q))
+        for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
+            n, mean, _ = _gather(x, Y, b, xo, yc, idx)
+            if n < 3:
+                continue
+            nf = float(n)
+            full = n == K
+            v_min = min_var * nf
+            slot = _FULL if full else _OTHER
+            if _use_grid(x, mus[b], ss[b], slot, keys, mu_g, s_g, G2) and full:
+                _full_pair_forms(G2[_FULL], gram, qa, qb, qe, pen, min_det, min_var)
+            G, mu_q, s_q = G2[slot], mu_g[slot], s_g[slot]
+            for q in range(Q):
+                inb[q] = not (mu_q[q] < lo[b, 5] or mu_q[q] > hi[b, 5] or s_q[q] < lo[b, 6]
+                              or s_q[q] > hi[b, 6])
+                Gq = G[q]
+                acc = 0.0
+                sgq = 0.0
+                if full:  # contiguous: vectorises
+                    for k in range(n):
+                        acc += Gq[k] * yc[k]
+                        sgq += Gq[k]
+                else:
+                    for k in range(n):
+                        g = Gq[idx[k]]
+                        acc += g * yc[k]
+                        sgq += g
+                cq[q] = acc
+                sq[q] = sgq
+            if not full:  # the centred Gram matrix over this row's observed points
+                for q in range(Q):
+                    for r in range(q + 1):
+                        acc = 0.0
+                        for k in range(n):
+                            acc += G[q, idx[k]] * G[r, idx[k]]
+                        v = acc - sq[q] * sq[r] / nf
+                        vq[q, r] = v
+                        vq[r, q] = v
+            best = -1.0
+            bq = -1
+            br = -1
+            # (a) every pair of grid events
+            for q in range(Q):
+                rowpen[q] = 0.0 if inb[q] else -np.inf
+            for q in range(Q):
+                if not inb[q]:
+                    continue
+                if full:  # vectorised quadratic forms, then the largest
+                    c1 = cq[q]
+                    c1s = c1 * c1
+                    aq, bq_, eq, pq = qa[q], qb[q], qe[q], pen[q]
+                    for r in range(q):
+                        scores[r] = (aq[r] * c1s + bq_[r] * c1 * cq[r] + eq[r] * cq[r] * cq[r]
+                                     + pq[r] + rowpen[r])
+                    for r in range(q):
+                        if scores[r] > best:
+                            best = scores[r]
+                            bq = q
+                            br = r
+                    continue
+                for r in range(q):
+                    if not inb[r]:
+                        continue
+                    sc = _pair_score(vq[q, q], vq[q, r], vq[r, r], cq[q], cq[r], min_det,
+                                     v_min)
+                    if sc > best:
+                        best = sc
+                        bq = q
+                        br = r
+            mu1 = 0.0
+            s1 = 0.0
+            mu2 = 0.0
+            s2 = 0.0
+            if bq >= 0:
+                mu1, s1, mu2, s2 = mu_q[bq], s_q[bq], mu_q[br], s_q[br]
+            # (b) the sigmoid fit with the grid event that best explains what it leaves
+            m1, w1 = p1[b, 2], p1[b, 3]
+            if math.isfinite(m1) and w1 > 0:
+                _sigmoid_columns(xo, n, m1, 1.0 / w1, zb, g1, hb)
+                sg1 = 0.0
+                s11 = 0.0
+                c1 = 0.0
+                for k in range(n):
+                    sg1 += g1[k]
+                    s11 += g1[k] * g1[k]
+                    c1 += g1[k] * yc[k]
+                v11 = s11 - sg1 * sg1 / nf
+                for q in range(Q):
+                    if not inb[q]:
+                        continue
+                    Gq = G[q]
+                    s12 = 0.0
+                    if full:
+                        for k in range(n):
+                            s12 += Gq[k] * g1[k]
+                    else:
+                        for k in range(n):
+                            s12 += Gq[idx[k]] * g1[k]
+                    v22 = gram[q, q] if full else vq[q, q]
+                    sc = _pair_score(v11, s12 - sg1 * sq[q] / nf, v22, c1, cq[q], min_det,
+                                     v_min)
+                    if sc > best:
+                        best = sc
+                        mu1, s1, mu2, s2 = m1, w1, mu_q[q], s_q[q]
+            if best < 0:
+                continue
+            p0[b, 2] = mu1
+            p0[b, 3] = s1
+            p0[b, 5] = mu2
+            p0[b, 6] = s2
+    return p0
