@@ -1,4 +1,4 @@
-"""Fit learning events to token-loss trajectories (METHOD.md section 2).
+"""Fit learning events to token-loss trajectories (docs/method.md, "The learning event of one token").
 
 For a block of trajectories Y [B, K] on x = log10(axis values) [K], fit per token a sigmoid
 (learning time mu, width s, loss drop delta), compare it with a constant, a line and two

@@ -53,7 +53,7 @@ FIT_FIELDS: dict[str, np.dtype] = {
     "n_points": I4,  # observed (non-NaN) points used
     "x_first": F8,  # first and last observed x
     "x_last": F8,
-    # one sigmoid (METHOD.md section 2)
+    # one sigmoid (docs/method.md, "The learning event of one token")
     "status": I1,  # STATUS_NAMES
     "n_iter": I4,
     "l0": F8,

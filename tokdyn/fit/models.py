@@ -4,8 +4,8 @@ The two-sigmoid model has parameters (linf, d1, mu1, s1, d2, mu2, s2):
 
     l(x) = linf + d1 sigma(-(x - mu1)/s1) + d2 sigma(-(x - mu2)/s2),   mu1 <= mu2 after the fit
 
-so each of its two events has a learning time, width and loss drop of its own (METHOD.md
-section 6: many tokens learn in two steps, and each step belongs in the spectrum).
+so each of its two events has a learning time, width and loss drop of its own (docs/method.md,
+"What we measured": many tokens learn in two steps, and each step belongs in the spectrum).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ STATUS_NAMES: dict[int, str] = {
 }
 STATUS_CODES: dict[str, int] = {name: code for code, name in STATUS_NAMES.items()}
 
-# Classes of METHOD.md section 2 (see tokdyn.fit.models.classify for the rules).
+# Classes of docs/method.md, "The learning event of one token" (see tokdyn.fit.models.classify for the rules).
 CLASS_NAMES: dict[int, str] = {
     0: "learned",
     1: "already_known",

@@ -1,6 +1,6 @@
 """The learning event of one token: the 4-parameter sigmoid, its start values and bounds.
 
-With x = log10(axis value) (METHOD.md section 2):
+With x = log10(axis value) (docs/method.md, "The learning event of one token"):
 
     l(x) = l_inf + (l_0 - l_inf) * sigma(-(x - mu) / s),   sigma(z) = 1 / (1 + exp(-z)),  s > 0
 
