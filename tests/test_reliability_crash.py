@@ -30,6 +30,7 @@ def test_sigkilled_recording_resumes_equal_to_an_uninterrupted_run(tmp_path):
     res = kill_harness.record_harness(len(targets), seed=1, targets=targets, workdir=str(tmp_path), log=lambda *_: None)
     assert res["violations"] == [], res["violations"]
     assert res["kills"] == len(targets) and res["rows_lost"] == 0
+    assert res["partial_files_left"] == 0  # what a kill in a write leaves, the next writer removes
     assert res["episodes"] >= 1  # at least one run went from kills to a complete, reference-equal store
     # A targeted kill lands in its phase unless the wait for it timed out; most must have.
     assert sum(res["by_phase"].get(t, 0) for t in targets[:-1]) >= 2, res["by_phase"]
@@ -156,3 +157,76 @@ def test_commit_record_is_one_json_document(tmp_path, probe):
     doc = json.loads((tmp_path / "s.zarr" / "runs" / "r" / "commits" / "w0" / "zarr.json").read_text())
     assert doc["attributes"]["rows"] == 1 and doc["attributes"]["last_step"] == 3
     assert not (tmp_path / "s.zarr" / "runs" / "r" / "commits" / "w0" / "writer.lock").exists()  # released
+
+
+# -- temporary files of killed writes -------------------------------------------------------
+
+
+def _append_until_killed(url: str, stuck: str) -> None:
+    """Child: append rows, and hang inside the rename of the first write whose key ends with
+    ``stuck``, its temporary ``*.partial`` file on disk, as a kill during that write leaves it."""
+    import time
+    from pathlib import Path
+
+    original = Path.replace
+
+    def replace(self, target):
+        if str(self).endswith(".partial") and str(target).endswith(stuck):
+            time.sleep(600)
+        return original(self, target)
+
+    Path.replace = replace
+    st = tokdyn.open_store(url, mode="r+")
+    with st.run("r").writer(resume=True) as w:
+        for step in range(10, 20):
+            w.append(np.full(st.probe.n_tokens, float(step)), step=step)
+
+
+@pytest.mark.parametrize("stuck", ["/c/1/0", "w0/zarr.json"], ids=["chunk write", "commit"])
+def test_partial_files_of_a_killed_write_are_removed_by_the_next_writer(stuck, tmp_path, probe):
+    """zarr writes a key to ``<name>.<hex>.partial`` and renames it; a SIGKILL in between left the
+    file behind for good. The next writer of the range removes it once it holds the lock."""
+    import multiprocessing as mp
+    import time
+
+    url = str(tmp_path / "s.zarr")
+    st = tokdyn.open_store(url, probe, mode="a")
+    with st.create_run("r", capacity=4, token_chunk=128).writer() as w:
+        w.append(np.ones(probe.n_tokens), step=1)
+    proc = mp.get_context("forkserver").Process(target=_append_until_killed, args=(url, stuck))
+    proc.start()
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "s.zarr").rglob("*.partial")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.kill()
+    proc.join()
+    left = list((tmp_path / "s.zarr").rglob("*.partial"))
+    assert left, "the child never reached the write"
+    with tokdyn.open_store(url, mode="r+").run("r").writer(resume=True) as w:
+        assert not list((tmp_path / "s.zarr").rglob("*.partial"))
+        w.append(np.full(probe.n_tokens, 99.0), step=99)
+    run = tokdyn.open_store(url, mode="r").run("r")
+    assert run.steps[0] == 1 and run.steps[-1] == 99 and run.losses()[-1, 0] == 99.0
+
+
+def test_partial_files_of_another_live_writer_are_left_alone(tmp_path, probe):
+    """With several token ranges, a writer removes only its own range's temporary files, and only
+    when the lock it took was free or a crashed process's: another range may be writing now."""
+    from reliability_fixtures import live_foreign_owner, put_lock
+
+    st = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="a")
+    n = probe.n_tokens
+    st.create_run("r", capacity=2, token_chunk=128, writers=[(0, 128), (128, n)])
+    hexname = "0123456789abcdef" * 2
+    root = tmp_path / "s.zarr" / "runs" / "r"
+    planted = {"mine": root / "loss" / "c" / "0" / f"0.{hexname}.partial", "mine commit": root / "commits" / "w0" / f"zarr.{hexname}.partial",
+               "coordinates": root / "step" / "c" / f"0.{hexname}.partial", "other range": root / "loss" / "c" / "0" / f"1.{hexname}.partial",
+               "other commit": root / "commits" / "w1" / f"zarr.{hexname}.partial", "fit": root / "fit" / "mu" / "c" / f"0.{hexname}.partial"}  # fmt: skip
+    for path in planted.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half")
+    put_lock(st, "runs/r/commits/w0/writer.lock", _dead_owner())  # range 0: killed
+    put_lock(st, "runs/r/commits/w1/writer.lock", live_foreign_owner())  # range 1: writing now
+    st.run("r").writer(writer=0, resume=True).release()
+    left = {k for k, p in planted.items() if p.exists()}
+    assert left == {"other range", "other commit", "fit"}

@@ -31,7 +31,7 @@ from zarr.core.sync import sync as zarr_sync
 
 from .._version import __version__
 from ..errors import InputError, StoreError, TokdynError
-from .locks import KeyLock
+from .locks import KeyLock, remove_stale_partials
 from .schema import compressor, has_keys, join, jsonable, position_crc, utc_now
 
 if TYPE_CHECKING:
@@ -181,7 +181,8 @@ class FitWriter:
         self.results = results
         self._lock = KeyLock(run._group.store, join(run._group.path, *LOCK_KEY), what=f"the fit of run {run.name!r}",
                              if_gone="delete the key commits/fit.lock of the run and try again")  # fmt: skip
-        self._lock.claim()
+        if self._lock.claim() != "self":  # no live fit: clear what a killed one left
+            remove_stale_partials(run._group.store, run._group.path, lambda stem: stem.startswith(f"{GROUP}/") or stem == "commits/fit")
         try:
             self._prepare(jsonable(inputs, "fit inputs"), fields, n_blocks, refit, jsonable(labels, "fit labels"))
         except BaseException:

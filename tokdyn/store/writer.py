@@ -15,7 +15,7 @@ import zarr
 from zarr.core.sync import sync as zarr_sync
 
 from ..errors import InputError, RunBusyError, RunExistsError, StepOrderError, StoreError
-from .locks import LOCK_NAME, KeyLock
+from .locks import LOCK_NAME, KeyLock, remove_stale_partials
 from .schema import COORD_CHUNK, COORDS, join, position_crc
 
 if TYPE_CHECKING:
@@ -59,7 +59,19 @@ class RunWriter:
         what = f"run {run.name!r} token range {writer}"
         self._lock = KeyLock(run._group.store, join(run._group.path, "commits", f"w{writer}", LOCK_NAME), what=what,
                              if_gone=f"break the lock with tokdyn.open_store(url, mode='r+').run({run.name!r}).break_lock()")  # fmt: skip
-        self._lock.claim()
+        if self._lock.claim() != "self":  # no live process writes this range now: clear what a killed one left
+            remove_stale_partials(run._group.store, run._group.path, self._owns)
+
+    def _owns(self, stem: str) -> bool:
+        """Whether key ``stem`` (under the run, without extension) is written by this token range:
+        its loss chunks and commit record; writer 0 also the coordinates and the run's metadata."""
+        parts = stem.split("/")
+        if parts[:2] == ["loss", "c"]:
+            tc = self.run.token_chunk
+            return len(parts) == 4 and parts[3].isdigit() and self.token_start // tc <= int(parts[3]) < -(-self.token_stop // tc)
+        if parts[0] == "commits":
+            return len(parts) == 3 and parts[1] == f"w{self.index}"
+        return parts[0] != "fit" and self._is_coord_writer
 
     # -- the writer lock ------------------------------------------------------------------
 
