@@ -4,7 +4,9 @@
 - every user-controlled string reaches HTML escaped and matplotlib literally;
 - the report is written through an exclusive temporary file that never follows a link;
 - a second fit of a run is refused while the first runs, and a killed fit creation is redone;
-- `tokdyn info` exits non-zero when a run is damaged.
+- `tokdyn info` exits non-zero when a run is damaged;
+- a moved, swapped or stale chunk (loss, coordinates, fit) is an error naming it;
+- after an error the CLI exits with its one line and no asyncio noise.
 """
 
 from __future__ import annotations
@@ -314,3 +316,30 @@ def test_runs_and_fits_made_before_position_checksums_stay_readable(tmp_path):
         w.append(np.ones(N), step=5000)
     assert st.run("a").n_committed == len(STEPS) + 1
 
+
+# -- a quiet exit after an error ------------------------------------------------------------------
+
+
+def test_the_cli_exits_quietly_after_a_damaged_chunk(tmp_path):
+    """One damaged chunk among many read at once: zarr's other reads were still in flight when the
+    process exited, and asyncio printed thousands of lines ("Task was destroyed but it is
+    pending!") after the error line. stderr must be that one line, every time."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    n = 2000
+    arrays = {"sample_id": np.arange(n, dtype=np.int32) // 10, "token_pos": (np.arange(n) % 10 + 1).astype(np.int32)}
+    st = tokdyn.open_store(tmp_path / "s.zarr", tokdyn.ProbeSet(None, arrays), mode="w")
+    with st.create_run("r", capacity=8, token_chunk=10).writer() as w:  # 200 chunks a row
+        for step in range(1, 9):
+            w.append(np.random.default_rng(step).random(n), step=step)
+    chunk = tmp_path / "s.zarr" / "runs" / "r" / "loss" / "c" / "3" / "7"
+    chunk.write_bytes(chunk.read_bytes()[:5])
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("TOKDYN_DEBUG", None)
+    for _ in range(4):
+        p = subprocess.run([sys.executable, "-m", "tokdyn.cli", "export-npz", str(tmp_path / "s.zarr"), str(tmp_path / "o.npz")],
+                           capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+        assert p.returncode == 1
+        assert cli_error_line(p.stderr).startswith("tokdyn export-npz: error: run 'r'"), p.stderr[:2000]
