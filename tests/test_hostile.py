@@ -4,7 +4,9 @@
 - every user-controlled string reaches HTML escaped and matplotlib literally;
 - the report is written through an exclusive temporary file that never follows a link;
 - a second fit of a run is refused while the first runs, and a killed fit creation is redone;
-- `tokdyn info` exits non-zero when a run is damaged.
+- `tokdyn info` exits non-zero when a run is damaged;
+- a moved, swapped or stale chunk (loss, coordinates, fit) is an error naming it;
+- after an error the CLI exits with its one line and no asyncio noise.
 """
 
 from __future__ import annotations
@@ -211,3 +213,133 @@ def test_special_files_among_checkpoints_are_refused_not_read(kind, tmp_path, ca
     line = cli_error_line(capsys.readouterr().err)
     assert "not a regular file" in line, line
     assert not (tmp_path / "o.zarr").exists()
+
+
+# -- integrity bound to position ---------------------------------------------------------------
+
+
+def two_run_store(path, *, fit=True):
+    """Two runs ``a`` and ``b`` of 3 token chunks (and 3 fit blocks) each, different values."""
+    rng = np.random.default_rng(1)
+    arrays = {"sample_id": np.arange(N, dtype=np.int32) // 10, "token_pos": (np.arange(N) % 10 + 1).astype(np.int32)}
+    st = tokdyn.open_store(path, tokdyn.ProbeSet(None, arrays), mode="w")
+    x = np.log10(STEPS)
+    for name in ("a", "b"):
+        mu = rng.uniform(0.5, 2.5, N)
+        Y = 1 + 2 / (1 + np.exp((x[None, :] - mu[:, None]) / 0.1)) + rng.normal(0, 0.05, (N, x.size))
+        with st.create_run(name, capacity=len(STEPS), token_chunk=20).writer() as w:
+            for j, step in enumerate(STEPS):
+                w.append(Y[:, j], step=int(step), axis_value=float(step) * (1 if name == "a" else 1.5), lr=1e-3 / (j + 1))
+        if fit:
+            tokdyn.fit_run(st.run(name), progress=False)
+    return st
+
+
+def _copy(root, src, dst):
+    (root / dst).write_bytes((root / src).read_bytes())
+
+
+def _swap(root, one, other):
+    a, b = (root / one).read_bytes(), (root / other).read_bytes()
+    (root / one).write_bytes(b)
+    (root / other).write_bytes(a)
+
+
+MOVES = {  # name: (what is done to the files, the command that reads them, the message)
+    "loss chunk copied over another row": (lambda r: _copy(r, "runs/a/loss/c/3/1", "runs/a/loss/c/5/1"), "export", "row 5, token chunk 1"),
+    "loss chunks swapped within a row": (lambda r: _swap(r, "runs/a/loss/c/4/0", "runs/a/loss/c/4/2"), "export", "row 4, token chunk 0"),
+    "loss chunk from another run": (lambda r: _copy(r, "runs/b/loss/c/2/1", "runs/a/loss/c/2/1"), "export", "row 2, token chunk 1"),
+    "coordinate chunk from another run": (lambda r: _copy(r, "runs/b/axis_value/c/0", "runs/a/axis_value/c/0"), "export", "row 0"),
+    "commit record from another run": (lambda r: _copy(r, "runs/b/commits/w0/zarr.json", "runs/a/commits/w0/zarr.json"), "export", "run 'a'"),
+    "fit chunk copied over another block": (lambda r: _copy(r, "runs/a/fit/mu/c/0", "runs/a/fit/mu/c/2"), "spectrum", "chunk 2 of fit/mu"),
+    "fit chunks swapped between fields": (lambda r: _swap(r, "runs/a/fit/mu/c/1", "runs/a/fit/mu_se/c/1"), "spectrum", "chunk 1 of fit/mu"),
+    "fit chunk from another run": (lambda r: _copy(r, "runs/b/fit/mu/c/1", "runs/a/fit/mu/c/1"), "spectrum", "chunk 1 of fit/mu"),
+    "fit checksums moved with their block": (lambda r: (_copy(r, "runs/a/fit/mu/c/0", "runs/a/fit/mu/c/1"), _copy(r, "runs/a/fit/crc/c/0/0", "runs/a/fit/crc/c/1/0")),
+                                             "spectrum", "chunk 1 of fit/"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    return two_run_store(tmp_path_factory.mktemp("moves") / "s.zarr").url
+
+
+@pytest.mark.parametrize("move", list(MOVES))
+def test_a_moved_or_swapped_chunk_is_an_error_naming_it(move, two_runs, tmp_path, capsys):
+    """Each chunk's checksum is bound to its run, array and chunk coordinates (the codec's CRC
+    covers only the bytes): a chunk copied or swapped within an array, between arrays or between
+    runs, was an export with the wrong row's values and exit 0."""
+    import shutil
+
+    root = tmp_path / "s.zarr"
+    shutil.copytree(two_runs, root)
+    damage, command, where = MOVES[move]
+    damage(root)
+    if command == "export":
+        argv = ["export-npz", str(root), str(tmp_path / "out.npz"), "--run", "a"]
+    else:
+        argv = ["spectrum", str(root), "--run", "a", "--json"]
+    assert main(argv) == 1
+    line = cli_error_line(capsys.readouterr().err)
+    assert where in line and ("moved" in line or "damaged" in line), line
+    assert not (tmp_path / "out.npz").exists()
+
+
+def test_the_same_store_reads_back_equal_and_unmoved_chunks_pass(two_runs, tmp_path, capsys):
+    st = tokdyn.open_store(two_runs, mode="r")
+    a = st.run("a")
+    assert a.losses().shape == (len(STEPS), N) and a.fit.read()["mu"].shape == (N,)
+    np.testing.assert_array_equal(a.losses(tokens=slice(5, 47, 3)), a.losses()[:, 5:47:3])
+    np.testing.assert_array_equal(a.losses_at([1, 4], [0, 21, 59]), a.losses()[np.ix_([1, 4], [0, 21, 59])])
+    np.testing.assert_array_equal(a.to_dask(token_block=7).compute(), a.losses())
+    np.testing.assert_array_equal(a.to_xarray()["lr"].values, a.coord("lr"))
+    assert main(["export-npz", two_runs, str(tmp_path / "out.npz"), "--run", "a"]) == 0
+
+
+def test_runs_and_fits_made_before_position_checksums_stay_readable(tmp_path):
+    """A run without an integrity id (an earlier tokdyn) is read without the position check, and
+    a resumed writer goes on without checksums; a fit without a fit id likewise."""
+    st = two_run_store(tmp_path / "s.zarr")
+    g = raw(st, "runs/a")
+    meta = dict(g.attrs["tokdyn_run"])
+    del meta["integrity"]
+    g.attrs["tokdyn_run"] = meta
+    for key in ("crc", "coord_crc"):
+        del raw(st, "runs/a/commits/w0").attrs[key]
+    fmeta = dict(raw(st, "runs/a/fit").attrs["tokdyn_fit"])
+    del fmeta["fit_id"]
+    raw(st, "runs/a/fit").attrs["tokdyn_fit"] = fmeta
+    st = tokdyn.open_store(tmp_path / "s.zarr", mode="r+")
+    run = st.run("a")
+    assert run.losses().shape == (len(STEPS), N) and run.fit.read()["mu"].shape == (N,)
+    with run.writer(resume=True) as w:
+        w.append(np.ones(N), step=5000)
+    assert st.run("a").n_committed == len(STEPS) + 1
+
+
+# -- a quiet exit after an error ------------------------------------------------------------------
+
+
+def test_the_cli_exits_quietly_after_a_damaged_chunk(tmp_path):
+    """One damaged chunk among many read at once: zarr's other reads were still in flight when the
+    process exited, and asyncio printed thousands of lines ("Task was destroyed but it is
+    pending!") after the error line. stderr must be that one line, every time."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    n = 2000
+    arrays = {"sample_id": np.arange(n, dtype=np.int32) // 10, "token_pos": (np.arange(n) % 10 + 1).astype(np.int32)}
+    st = tokdyn.open_store(tmp_path / "s.zarr", tokdyn.ProbeSet(None, arrays), mode="w")
+    with st.create_run("r", capacity=8, token_chunk=10).writer() as w:  # 200 chunks a row
+        for step in range(1, 9):
+            w.append(np.random.default_rng(step).random(n), step=step)
+    chunk = tmp_path / "s.zarr" / "runs" / "r" / "loss" / "c" / "3" / "7"
+    chunk.write_bytes(chunk.read_bytes()[:5])
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("TOKDYN_DEBUG", None)
+    for _ in range(4):
+        p = subprocess.run([sys.executable, "-m", "tokdyn.cli", "export-npz", str(tmp_path / "s.zarr"), str(tmp_path / "o.npz")],
+                           capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+        assert p.returncode == 1
+        assert cli_error_line(p.stderr).startswith("tokdyn export-npz: error: run 'r'"), p.stderr[:2000]

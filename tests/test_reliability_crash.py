@@ -30,6 +30,7 @@ def test_sigkilled_recording_resumes_equal_to_an_uninterrupted_run(tmp_path):
     res = kill_harness.record_harness(len(targets), seed=1, targets=targets, workdir=str(tmp_path), log=lambda *_: None)
     assert res["violations"] == [], res["violations"]
     assert res["kills"] == len(targets) and res["rows_lost"] == 0
+    assert res["partial_files_left"] == 0  # what a kill in a write leaves, the next writer removes
     assert res["episodes"] >= 1  # at least one run went from kills to a complete, reference-equal store
     # A targeted kill lands in its phase unless the wait for it timed out; most must have.
     assert sum(res["by_phase"].get(t, 0) for t in targets[:-1]) >= 2, res["by_phase"]
@@ -156,3 +157,199 @@ def test_commit_record_is_one_json_document(tmp_path, probe):
     doc = json.loads((tmp_path / "s.zarr" / "runs" / "r" / "commits" / "w0" / "zarr.json").read_text())
     assert doc["attributes"]["rows"] == 1 and doc["attributes"]["last_step"] == 3
     assert not (tmp_path / "s.zarr" / "runs" / "r" / "commits" / "w0" / "writer.lock").exists()  # released
+
+
+# -- temporary files of killed writes -------------------------------------------------------
+
+
+def _append_until_killed(url: str, stuck: str) -> None:
+    """Child: append rows, and hang inside the rename of the first write whose key ends with
+    ``stuck``, its temporary ``*.partial`` file on disk, as a kill during that write leaves it."""
+    import time
+    from pathlib import Path
+
+    original = Path.replace
+
+    def replace(self, target):
+        if str(self).endswith(".partial") and str(target).endswith(stuck):
+            time.sleep(600)
+        return original(self, target)
+
+    Path.replace = replace
+    st = tokdyn.open_store(url, mode="r+")
+    with st.run("r").writer(resume=True) as w:
+        for step in range(10, 20):
+            w.append(np.full(st.probe.n_tokens, float(step)), step=step)
+
+
+@pytest.mark.parametrize("stuck", ["/c/1/0", "w0/zarr.json"], ids=["chunk write", "commit"])
+def test_partial_files_of_a_killed_write_are_removed_by_the_next_writer(stuck, tmp_path, probe):
+    """zarr writes a key to ``<name>.<hex>.partial`` and renames it; a SIGKILL in between left the
+    file behind for good. The next writer of the range removes it once it holds the lock."""
+    import multiprocessing as mp
+    import time
+
+    url = str(tmp_path / "s.zarr")
+    st = tokdyn.open_store(url, probe, mode="a")
+    with st.create_run("r", capacity=4, token_chunk=128).writer() as w:
+        w.append(np.ones(probe.n_tokens), step=1)
+    proc = mp.get_context("forkserver").Process(target=_append_until_killed, args=(url, stuck))
+    proc.start()
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "s.zarr").rglob("*.partial")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.kill()
+    proc.join()
+    left = list((tmp_path / "s.zarr").rglob("*.partial"))
+    assert left, "the child never reached the write"
+    with tokdyn.open_store(url, mode="r+").run("r").writer(resume=True) as w:
+        assert not list((tmp_path / "s.zarr").rglob("*.partial"))
+        w.append(np.full(probe.n_tokens, 99.0), step=99)
+    run = tokdyn.open_store(url, mode="r").run("r")
+    assert run.steps[0] == 1 and run.steps[-1] == 99 and run.losses()[-1, 0] == 99.0
+
+
+def test_partial_files_of_another_live_writer_are_left_alone(tmp_path, probe):
+    """With several token ranges, a writer removes only its own range's temporary files, and only
+    when the lock it took was free or a crashed process's: another range may be writing now."""
+    from reliability_fixtures import live_foreign_owner, put_lock
+
+    st = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="a")
+    n = probe.n_tokens
+    st.create_run("r", capacity=2, token_chunk=128, writers=[(0, 128), (128, n)])
+    hexname = "0123456789abcdef" * 2
+    root = tmp_path / "s.zarr" / "runs" / "r"
+    planted = {"mine": root / "loss" / "c" / "0" / f"0.{hexname}.partial", "mine commit": root / "commits" / "w0" / f"zarr.{hexname}.partial",
+               "coordinates": root / "step" / "c" / f"0.{hexname}.partial", "other range": root / "loss" / "c" / "0" / f"1.{hexname}.partial",
+               "other commit": root / "commits" / "w1" / f"zarr.{hexname}.partial", "fit": root / "fit" / "mu" / "c" / f"0.{hexname}.partial"}  # fmt: skip
+    for path in planted.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half")
+    put_lock(st, "runs/r/commits/w0/writer.lock", _dead_owner())  # range 0: killed
+    put_lock(st, "runs/r/commits/w1/writer.lock", live_foreign_owner())  # range 1: writing now
+    st.run("r").writer(writer=0, resume=True).release()
+    left = {k for k, p in planted.items() if p.exists()}
+    assert left == {"other range", "other commit", "fit"}
+
+
+# -- the Resume guide's script, killed ------------------------------------------------------
+
+
+def _guide_script(tmp_path):
+    """The restartable training script of docs/recording.md (Resume), as a file."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "recording.md").read_text()
+    code = doc.split("<!-- resumable-training-script -->\n```python\n", 1)[1].split("\n```", 1)[0]
+    path = tmp_path / "train_resumable.py"
+    path.write_text(code)
+    return path
+
+
+def test_the_resume_guides_script_killed_at_random_instants_equals_an_uninterrupted_run(tmp_path):
+    """SIGKILL the guide's script three times at random instants of its training, run it again
+    each time, and compare the store with one uninterrupted life: same steps, and bit-identical
+    losses, learning rates and tokens seen."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = _guide_script(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+
+    def life(store: str, workdir: Path, kill_at: float | None = None) -> tuple[bool, float]:
+        """One run of the script, killed ``kill_at`` seconds after its recorder took the writer
+        lock (training starts then; the imports before it vary). Returns (finished on its own,
+        seconds from the lock to its last checkpoint: the training)."""
+        workdir.mkdir(exist_ok=True)
+        lock = Path(store) / "runs" / "tiny" / "commits" / "w0" / "writer.lock"
+        p = subprocess.Popen([sys.executable, str(script), store, str(workdir), "200"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        deadline, t_lock = time.monotonic() + 300, None
+        while p.poll() is None and time.monotonic() < deadline:
+            if t_lock is None and f'"pid": {p.pid},' in (lock.read_text() if lock.exists() else ""):
+                t_lock = time.time()
+            if t_lock is not None and kill_at is not None and time.time() - t_lock >= kill_at:
+                p.kill()
+                p.communicate()
+                return False, 0.0
+            time.sleep(0.005)
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()[-2000:]
+        return True, os.path.getmtime(workdir / "train.pt") - (t_lock or time.time())
+
+    finished, window = life(str(tmp_path / "ref.zarr"), tmp_path / "ref")
+    assert finished and window > 0
+    rng = np.random.default_rng(7)
+    store, kills, committed = str(tmp_path / "s.zarr"), 0, []
+    for _ in range(12):
+        if kills == 3:
+            assert life(store, tmp_path / "w")[0]
+            break
+        if not life(store, tmp_path / "w", kill_at=float(rng.uniform(0.1, 0.9)) * window)[0]:
+            kills += 1
+            committed.append(tokdyn.open_store(store, mode="r").run("tiny").n_committed)
+    ref, got = tokdyn.open_store(tmp_path / "ref.zarr", mode="r").run("tiny"), tokdyn.open_store(store, mode="r").run("tiny")
+    assert kills == 3 and got.n_committed == ref.n_committed > 10
+    assert any(0 < k < ref.n_committed for k in committed), committed  # at least one kill landed mid-run
+    np.testing.assert_array_equal(got.steps, ref.steps)
+    np.testing.assert_array_equal(got.losses(), ref.losses())
+    for name in ("lr", "tokens_seen", "axis_value"):
+        np.testing.assert_array_equal(got.coord(name), ref.coord(name))
+    assert not list(Path(store).rglob("*.partial"))
+
+
+def test_a_row_recorded_on_entry_after_a_restart_gets_no_borrowed_learning_rate(tiny_model, probe, store_path, train_batches):
+    """A restart whose checkpoint was saved without flush() lost the row of its own step c; the
+    resumed attach(start_step=c) records it on entry. The optimizer then holds update c+1's rate
+    (its scheduler has stepped): that rate was stored as step c's, silently. Now NaN, and a warning."""
+    import copy
+
+    batches = train_batches(8)
+    opt = torch.optim.SGD(tiny_model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 / (k + 1))  # a different rate every update
+
+    def update(b) -> None:
+        loss = torch.nn.functional.cross_entropy(tiny_model(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+
+    schedule = [0, 1, 2, 3, 4, 5]
+    rec = TokenLossRecorder(tiny_model, probe, store_path, "r", schedule=schedule)
+    with rec.attach(opt):  # records 0, 1, 2 with the rates of updates 1, 1, 2
+        for b in batches[:2]:
+            update(b)
+    rec.close()
+    update(batches[2])  # update 3, whose row is lost with the process (no flush before the checkpoint)
+    saved = copy.deepcopy((tiny_model.state_dict(), opt.state_dict(), sched.state_dict()))
+    rates_after_3 = opt.param_groups[0]["lr"]  # update 4's rate
+    tiny_model.load_state_dict(saved[0])
+    rec = TokenLossRecorder(tiny_model, probe, store_path, "r", schedule=schedule, resume=True)
+    with pytest.warns(RuntimeWarning, match="step 3 was never committed.*unknown learning rate"):
+        with rec.attach(opt, start_step=3):
+            update(batches[3])
+    rec.close()
+    run = tokdyn.open_store(store_path, mode="r").run("r")
+    assert run.steps.tolist() == [0, 1, 2, 3, 4]
+    lr = run.coord("lr")
+    assert np.isnan(lr[3]) and lr[4] == rates_after_3  # step 3's rate is unknown; step 4's is update 4's
+    assert lr[0] == lr[1] == 0.1 and lr[2] == 0.05
+
+
+def test_the_trainer_callbacks_take_no_rate_at_a_resumed_start(tiny_model, probe, store_path):
+    """The same for the Trainer and Lightning callbacks, which record on entry at the step
+    training begins at: only at step 0 is the optimizer's rate the one of the row's update."""
+    from tokdyn.record._adapter import RecorderBinding
+
+    opt = torch.optim.SGD(tiny_model.parameters(), lr=0.1)
+    rec = TokenLossRecorder(tiny_model, probe, store_path, "r", schedule=[0, 5])
+    binding = RecorderBinding(rec, close=True, tokens_per_step=None, placement_hint="")
+    binding.start(opt, step=5)
+    assert binding.lr is None
+    binding.start(opt, step=0)
+    assert binding.lr == 0.1
+    rec.close()

@@ -42,13 +42,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
+        settle_io()
         print(f"tokdyn {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - the one boundary: every error is one line
+        settle_io()
         if os.environ.get("TOKDYN_DEBUG"):
             raise
         print(f"tokdyn {args.command}: error: {error_line(exc)}", file=sys.stderr)
         return 1
+
+
+def settle_io(timeout: float = 10.0) -> None:
+    """Cancel, and wait for, the reads zarr still has in flight after an error: when one chunk
+    of a read fails, its other chunks go on in zarr's event loop, and if the process exits under
+    them, asyncio prints "Task was destroyed but it is pending!" (thousands of lines) after the
+    error line."""
+    import asyncio
+
+    from zarr.core import sync as zarr_sync
+
+    loop = zarr_sync.loop[0]
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return
+
+    async def settle() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        asyncio.run_coroutine_threadsafe(settle(), loop).result(timeout)
+    except Exception:  # noqa: BLE001 - best effort, after the error that matters
+        pass
 
 
 def error_line(exc: BaseException) -> str:

@@ -47,15 +47,17 @@ class RecorderBinding:
         self.lr: float | torch.Tensor | None = None
         self._last_step: int | None = None  # the last step handed to the recorder
 
-    def start(self, optimizer=None) -> TokenLossRecorder:
-        """Build the recorder if needed, check where the model lives, snapshot the rate."""
+    def start(self, optimizer=None, *, step: int = 0) -> TokenLossRecorder:
+        """Build the recorder if needed, check where the model lives, snapshot the rate. At a
+        resumed ``step`` the optimizer holds the next update's rate, not the one that made the
+        weights: the row recorded there gets an unknown rate (NaN)."""
         if self.recorder is None:
             rec = self._factory()
             if not isinstance(rec, TokenLossRecorder):
                 raise InputError(f"the recorder factory returned {type(rec).__name__}, not a TokenLossRecorder")
             self.recorder = rec
         _check_placement(self.recorder, self.placement_hint)
-        self.snapshot_lr(optimizer)
+        self.snapshot_lr(optimizer if int(step) == 0 else None)
         return self.recorder
 
     def snapshot_lr(self, optimizer) -> None:

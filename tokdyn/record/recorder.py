@@ -312,7 +312,10 @@ class TokenLossRecorder:
         one after every ``optimizer.step()``. Exiting removes exactly the hook it added (even on
         an exception) and waits for the queued rows to be written.
 
-        The model is recorded at ``start_step`` on entry when that step is scheduled.
+        The model is recorded at ``start_step`` on entry when that step is scheduled (and not
+        yet stored). At step 0 that row gets the first update's learning rate; at a resumed
+        ``start_step`` its rate is unknown (NaN): the update that made those weights is done,
+        and the optimizer already holds the next one's rate.
         """
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InputError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -330,7 +333,10 @@ class TokenLossRecorder:
             else:
                 self._check_error()
 
-        self.maybe_record(state["step"], tokens_seen=seen(state["step"]), lr=float(optimizer.param_groups[0]["lr"]))
+        # Only before the first update is the optimizer's rate the one of the row's update; after a
+        # restart it is update start_step + 1's (its scheduler has stepped), which is not stored.
+        entry_lr = float(optimizer.param_groups[0]["lr"]) if int(start_step) == 0 else None
+        self.maybe_record(state["step"], tokens_seen=seen(state["step"]), lr=entry_lr)
         handle = optimizer.register_step_post_hook(hook)
         try:
             yield self
@@ -346,6 +352,14 @@ class TokenLossRecorder:
         if last is None:
             return
         missed = [int(s) for s in self.schedule if last < s < start_step]
+        if start_step > 0 and self.should_record(start_step):  # recorded on entry (below), by a restart
+            warnings.warn(
+                f"run {self.run_name!r}: step {start_step} was never committed, although the training checkpoint it "
+                "restarts from was saved after it; it is recorded now, on entry, with an unknown learning rate (NaN). "
+                "Call rec.flush() before saving a training checkpoint",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         if missed:
             warnings.warn(
                 f"run {self.run_name!r}: scheduled steps {missed[:6]}{'...' if len(missed) > 6 else ''} lie between its last "

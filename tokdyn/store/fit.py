@@ -6,6 +6,7 @@ Layout::
                                 n_committed, x, options, block_tokens), the fields and their
                                 dtypes, code names, complete, backend, seconds, versions
     /runs/<name>/fit/<field>    [token], one array per result field, chunks (block_tokens,)
+    /runs/<name>/fit/crc        uint32 [fit_block, field]: each block's checksums, bound to position
     /runs/<name>/fit/done       uint8 [fit_block]: 1 once every field of that block is written
     /runs/<name>/commits/fit.lock   held by the process running the fit
 
@@ -22,13 +23,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import uuid
+
 import numpy as np
 import zarr
+from zarr.core.sync import sync as zarr_sync
 
 from .._version import __version__
 from ..errors import InputError, StoreError, TokdynError
-from .locks import KeyLock
-from .schema import compressor, join, jsonable, utc_now
+from .locks import KeyLock, remove_stale_partials
+from .schema import compressor, has_keys, join, jsonable, position_crc, utc_now
 
 if TYPE_CHECKING:
     from .run import Run
@@ -50,8 +54,10 @@ class FitResults:
     def _group(self) -> zarr.Group | None:
         g = self._run._group
         try:
-            return g[GROUP] if GROUP in g.group_keys() else None
-        except (KeyError, ValueError, TypeError) as exc:  # a fit group whose metadata is damaged
+            return g[GROUP]
+        except KeyError:  # none, or its zarr.json is lost: like a creation that never finished (redone by the next fit)
+            return None
+        except (ValueError, TypeError) as exc:  # a fit group whose metadata is damaged
             raise StoreError(f"the fit of run {self._run.name!r} is damaged: {type(exc).__name__}: {exc}") from None
 
     @property
@@ -108,7 +114,28 @@ class FitResults:
         unknown = [f for f in names if f not in stored]
         if unknown:
             raise InputError(f"unknown fit fields {unknown}; expected some of {stored}")
-        return {name: self._run._read(lambda name=name: g[name][...], f"fit/{name}") for name in names}
+        out = {name: self._run._read(lambda name=name: g[name][...], f"fit/{name}") for name in names}
+        salt = self._salt(meta)
+        if salt is not None:  # fits made before position-bound checksums have none to compare
+            committed = self._run._read(lambda: g["crc"][...], "fit/crc")
+            block = int(meta["block_tokens"])
+            if committed.shape != (-(-self._run.n_tokens // block), len(stored)):
+                raise StoreError(f"the fit of run {self._run.name!r}: fit/crc has shape {committed.shape}; the fit is damaged, refit it")
+            for name in names:
+                f = stored.index(name)
+                for b, a in enumerate(range(0, len(out[name]), block)):
+                    if position_crc(salt, f"fit/{name}", (b,), out[name][a : a + block]) != committed[b, f]:
+                        raise StoreError(
+                            f"the fit of run {self._run.name!r}: chunk {b} of fit/{name} does not hold the results written "
+                            "there; it was moved, swapped, left stale or damaged. Refit: `tokdyn fit --refit`"
+                        )
+        return out
+
+    def _salt(self, meta: Mapping) -> str | None:
+        """What this fit's checksums are bound to: the run's id and this fit's (None: a fit made
+        before position-bound checksums)."""
+        fit_id = meta.get("fit_id")
+        return None if fit_id is None or self._run._salt is None else f"{self._run._salt}/{fit_id}"
 
     def write_block(self, block: int, start: int, values: Mapping[str, np.ndarray]) -> None:
         """Write the results of tokens ``[start, start + len)``, then mark ``block`` done (its
@@ -116,11 +143,17 @@ class FitResults:
         g = self._group()
         if g is None:
             raise StoreError(f"run {self._run.name!r} has no fit group to write into; it was removed while fitting")
-        fields = _fields(self.meta, g)
+        meta = self.meta
+        fields = _fields(meta, g)
         if set(values) != set(fields):
             raise InputError(f"a fit block must hold the fields {sorted(fields)}, got {sorted(values)}")
         for name, v in values.items():
             g[name][start : start + len(v)] = v
+        salt = self._salt(meta)
+        if salt is not None:  # the block's checksums, bound to its position, before its done flag
+            dtypes = meta.get("fields") or {}
+            g["crc"][block, :] = [position_crc(salt, f"fit/{name}", (block,), np.asarray(values[name], dtype=dtypes.get(name)))
+                                  for name in fields]  # fmt: skip
         g["done"][block] = 1
 
     def writer(
@@ -148,7 +181,8 @@ class FitWriter:
         self.results = results
         self._lock = KeyLock(run._group.store, join(run._group.path, *LOCK_KEY), what=f"the fit of run {run.name!r}",
                              if_gone="delete the key commits/fit.lock of the run and try again")  # fmt: skip
-        self._lock.claim()
+        if self._lock.claim() != "self":  # no live fit: clear what a killed one left
+            remove_stale_partials(run._group.store, run._group.path, lambda stem: stem.startswith(f"{GROUP}/") or stem == "commits/fit")
         try:
             self._prepare(jsonable(inputs, "fit inputs"), fields, n_blocks, refit, jsonable(labels, "fit labels"))
         except BaseException:
@@ -158,6 +192,8 @@ class FitWriter:
     def _prepare(self, inputs: dict, fields: dict, n_blocks: int, refit: bool, labels: dict) -> None:
         run = self.results._run
         meta = self.results.meta
+        if meta and not meta.get("complete") and "fit_id" not in meta:
+            refit = True  # an unfinished fit of an earlier tokdyn, without checksums: redone whole
         if meta and not refit:
             if all(meta.get(k) == v for k, v in inputs.items()) and meta.get("fields") == fields:
                 return  # resume
@@ -167,18 +203,20 @@ class FitWriter:
                 f"({meta.get('n_committed')} rows then, {inputs.get('n_committed')} now); pass refit=True (--refit) to replace it"
             )
         parent = run._group
-        if GROUP in parent.group_keys():
-            del parent[GROUP]  # a refit, or a group whose creation never finished (we hold the lock)
+        if has_keys(parent.store, join(parent.path, GROUP) + "/"):  # a refit, or a creation that never finished (we hold the lock)
+            zarr_sync(parent.store.delete_dir(join(parent.path, GROUP)))
         n, block = run.n_tokens, int(inputs["block_tokens"])
         g = parent.create_group(GROUP)
         for name, dt in fields.items():
             fill = np.nan if np.dtype(dt).kind == "f" else 0
             g.create_array(name, shape=(n,), chunks=(block,), dtype=dt, fill_value=fill, dimension_names=("token",),
                            compressors=compressor())  # fmt: skip
+        g.create_array("crc", shape=(n_blocks, len(fields)), chunks=(1, len(fields)), dtype="uint32", fill_value=0,
+                       dimension_names=("fit_block", "field"), compressors=compressor())  # fmt: skip
         g.create_array("done", shape=(n_blocks,), chunks=(1,), dtype="uint8", fill_value=0, dimension_names=("fit_block",),
                        compressors=compressor())  # fmt: skip
         # Written last: a group without it is an unfinished creation, redone by the next fit.
-        g.update_attributes({META: {**inputs, "fields": fields, **labels, "schema_version": FIT_SCHEMA_VERSION,
+        g.update_attributes({META: {**inputs, "fields": fields, **labels, "fit_id": uuid.uuid4().hex, "schema_version": FIT_SCHEMA_VERSION,
                                     "tokdyn_version": __version__, "created": utc_now(), "complete": False}})  # fmt: skip
 
     def done(self) -> np.ndarray:
@@ -215,4 +253,4 @@ def _fields(meta: Mapping, g: zarr.Group | None) -> list[str]:
     named them: the group's arrays)."""
     if meta.get("fields"):
         return list(meta["fields"])
-    return sorted(k for k in g.array_keys() if k != "done") if g is not None else []
+    return sorted(k for k in g.array_keys() if k not in ("done", "crc")) if g is not None else []

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from zarr.core.buffer import default_buffer_prototype
@@ -23,7 +25,7 @@ from zarr.storage import StorePath
 from ..errors import RunBusyError
 from .schema import utc_now
 
-__all__ = ["CREATING", "LOCK_NAME", "owner", "refuse_if_live", "KeyLock"]
+__all__ = ["CREATING", "LOCK_NAME", "owner", "refuse_if_live", "KeyLock", "remove_stale_partials"]
 
 CREATING = "tokdyn_creating"
 LOCK_NAME = "writer.lock"
@@ -91,18 +93,20 @@ class KeyLock:
         self.if_gone = if_gone
         self.token: str | None = None
 
-    def claim(self) -> None:
+    def claim(self) -> str:
         """Create the lock exclusively, or take it over from a process that is gone (a crash) or
-        from an earlier holder in this same process; refuse when another live process holds it."""
+        from an earlier holder in this same process; refuse when another live process holds it.
+        Returns what it found: ``"none"`` (no lock), ``"dead"`` (a crashed holder's) or ``"self"``."""
         me = {**owner(), "token": uuid.uuid4().hex}
+        found = "none"
         for _ in range(3):
             _write_json_key(self._path, me, exclusive=True)
             holder = self.holder()
             if holder is not None and holder.get("token") == me["token"]:
                 self.token = me["token"]
-                return
+                return found
             if holder is not None:
-                refuse_if_live(holder, f"{self.what} is being written", if_gone=self.if_gone)
+                found = refuse_if_live(holder, f"{self.what} is being written", if_gone=self.if_gone)
                 zarr_sync(self._path.delete())  # its holder crashed, or is an older holder of ours
         raise RunBusyError(f"{self.what}: another process keeps taking the writer lock")
 
@@ -131,6 +135,33 @@ class KeyLock:
     def delete(self) -> None:
         """Remove the lock whoever holds it (only for a holder known to be gone)."""
         zarr_sync(self._path.delete())
+
+
+_PARTIAL = re.compile(r"^(?P<stem>.+)\.[0-9a-f]{32}\.partial$")  # zarr's local temporary file of a write
+
+
+def remove_stale_partials(store, prefix: str, owned: Callable[[str], bool]) -> int:
+    """Remove the temporary files (``<name>.<32 hex>.partial``) that zarr's local store leaves
+    when a process is killed while writing a key under ``prefix``; returns how many.
+
+    ``owned(stem)`` says which belong to the caller (``stem``: the key's path under ``prefix``
+    without its extension, e.g. ``loss/c/3/0`` or ``commits/w0/zarr``). The caller must hold the
+    lock of those keys, taken from nobody or from a process that is gone: then no live process
+    can be writing them. Other stores write a key in one request and leave no such file."""
+    root = getattr(store, "root", None)
+    if root is None:
+        return 0
+    base, removed = Path(root) / prefix, 0
+    for folder, _, files in os.walk(base):
+        for name in files:
+            m = _PARTIAL.match(name)
+            if m is not None and owned((Path(folder) / m["stem"]).relative_to(base).as_posix()):
+                try:
+                    os.unlink(os.path.join(folder, name))
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+    return removed
 
 
 def _read_json_key(sp: StorePath) -> Any:

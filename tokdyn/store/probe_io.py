@@ -11,7 +11,7 @@ import zarr
 
 from ..errors import InputError, StoreError, TokdynError
 from ..probe import ProbeSet
-from .schema import compressor
+from .schema import compressor, folders
 
 __all__ = ["write_probe", "read_probe"]
 
@@ -49,7 +49,7 @@ def read_probe(g: zarr.Group) -> ProbeSet:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification.*")
             nodes = {name: g[name] for name in names}
-            if "tokens" in g.array_keys():
+            if "tokens" in folders(g.store, g.path):  # a folder whose zarr.json is lost: damaged, not absent
                 nodes["tokens"] = g["tokens"]
             for name, arr in nodes.items():  # object / variable-length dtypes are never read
                 if not isinstance(arr, zarr.Array) or np.dtype(arr.dtype).kind not in "iufbUS":

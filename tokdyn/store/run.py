@@ -16,8 +16,8 @@ from zarr.core.sync import sync as zarr_sync
 from ..errors import InputError, SchemaVersionError, StoreError, TokdynError
 from .fit import FitResults
 from .locks import LOCK_NAME
-from .schema import AXES, COORDS, LOSS_DTYPES, SCHEMA_VERSION, join
-from .writer import RunWriter
+from .schema import AXES, COORDS, LOSS_DTYPES, SCHEMA_VERSION, join, position_crc
+from .writer import COORD_RECORD, RunWriter, run_meta_crc
 
 if TYPE_CHECKING:
     from .store import TrajectoryStore
@@ -31,6 +31,8 @@ class _Commit:
     last_step: int | None
     nonfinite: int
     nonfinite_rows: dict
+    crc: dict  # {row: [checksum of each loss chunk of the range]} (runs with an integrity id)
+    coord_crc: dict  # {row: checksum of the row's per-checkpoint values} (writer 0)
 
 
 class Run:
@@ -58,6 +60,13 @@ class Run:
         if self.axis not in AXES:  # read into reports and file names: only the values a writer makes
             raise StoreError(f"run {name!r} in {store.url} is damaged: its axis is {str(self.axis)[:40]!r}, expected one of {AXES}")
         self._check_arrays(coords)
+        integrity = meta.get("integrity")  # absent in runs made before position-bound checksums
+        if integrity is not None and not (
+            isinstance(integrity, Mapping) and isinstance(integrity.get("run_id"), str)
+            and integrity.get("meta_crc") == run_meta_crc(integrity["run_id"], meta)
+        ):  # fmt: skip
+            raise StoreError(f"run {name!r} in {store.url} is damaged: its metadata does not match its checksum ({str(integrity)[:80]})")
+        self._salt: str | None = integrity["run_id"] if integrity is not None else None
         self.fit = FitResults(self)
         """The run's fit results (:class:`tokdyn.store.FitResults`)."""
 
@@ -70,6 +79,8 @@ class Run:
         n = self.store._group["probe"].attrs.get("n_tokens")
         if loss.shape[1] != n or not self.writers or self.writers[0][0] != 0 or self.writers[-1][1] != loss.shape[1]:
             raise StoreError(f"{where}: loss has {loss.shape[1]} tokens and writers {self.writers}; the probe has {n}")
+        if loss.chunks != (1, self.attrs.get("token_chunk")):
+            raise StoreError(f"{where}: loss chunks are {loss.chunks}, the run metadata says (1, {self.attrs.get('token_chunk')!r})")
         for name, arr in coords.items():
             if not isinstance(arr, zarr.Array) or arr.ndim != 1 or arr.dtype != np.dtype(COORDS[name][0]):
                 raise StoreError(f"{where}: {name} must be a 1-D {COORDS[name][0]} array, found {getattr(arr, 'dtype', type(arr).__name__)} {getattr(arr, 'shape', None)}")
@@ -79,11 +90,24 @@ class Run:
     def _commit(self, j: int) -> _Commit:
         try:
             a = zarr.open_group(store=self._group.store, path=f"{self._group.path}/commits/w{j}", mode="r").attrs
-            c = _Commit(int(a["rows"]), a.get("last_step"), int(a.get("nonfinite", 0)), dict(a.get("nonfinite_rows", {})))
+            c = _Commit(int(a["rows"]), a.get("last_step"), int(a.get("nonfinite", 0)), dict(a.get("nonfinite_rows", {})),
+                        dict(a.get("crc", {})), dict(a.get("coord_crc", {})))  # fmt: skip
+            counted = sum(int(n) for n in c.nonfinite_rows.values())
+            rows_named = {int(r) for r in c.nonfinite_rows}
         except (KeyError, ValueError, TypeError, FileNotFoundError, zarr.errors.GroupNotFoundError) as exc:
             raise StoreError(f"run {self.name!r}: commit record of token range {j} is unreadable ({type(exc).__name__}: {exc})") from None
         if c.rows < 0 or (c.rows and not isinstance(c.last_step, int)):
             raise StoreError(f"run {self.name!r}: commit record of token range {j} is damaged (rows {c.rows}, last step {c.last_step!r})")
+        # What is written together must agree: the non-finite counts, and no checksum of a row past
+        # the count (a count that fell); a row without its checksum is an error when it is read.
+        rows = {str(r) for r in range(c.rows)}
+        if counted != c.nonfinite or not rows_named <= set(range(c.rows)) or (
+            self._salt is not None and (set(c.crc) - rows or (j == 0 and set(c.coord_crc) - rows))
+        ):
+            raise StoreError(
+                f"run {self.name!r}: commit record of token range {j} is damaged (rows {c.rows}, non-finite {c.nonfinite} "
+                f"against {counted} by row, checksums for {len(c.crc)} rows)"
+            )
         return c
 
     @property
@@ -134,10 +158,67 @@ class Run:
     def _read_coord(self, name: str, k: int) -> np.ndarray:
         if not k:
             return np.empty(0, COORDS[name][0])
-        out = self._read(lambda: self._group[name][:k], f"{name}[:{k}]")
+        if self._salt is None:
+            out = self._read(lambda: self._group[name][:k], f"{name}[:{k}]")
+        else:
+            out = self._coords(k)[name]
         if name == "step" and (out.size != k or out.min() < 0 or np.any(np.diff(out) <= 0)):
             raise StoreError(f"run {self.name!r}: committed steps must be >= 0 and strictly increasing, found {out[:8].tolist()}...; the store is damaged")
         return out
+
+    def _coords(self, k: int) -> dict[str, np.ndarray]:
+        """Every per-checkpoint array of the first ``k`` rows, each row checked against the
+        checksum its writer committed (bound to the row: a moved chunk is an error)."""
+        rec = np.zeros(k, COORD_RECORD)
+        for name in COORDS:
+            values = self._read(lambda name=name: self._group[name][:k], f"{name}[:{k}]")
+            if values.shape != (k,):
+                raise StoreError(f"run {self.name!r}: {name} holds {values.size} rows where {k} are committed; the store is damaged")
+            rec[name] = values
+        committed = self._commit(0).coord_crc
+        for r in range(k):
+            if str(r) not in committed:
+                raise StoreError(f"run {self.name!r}: the commit record of token range 0 holds no checksum for row {r}; the store is damaged")
+            if position_crc(self._salt, "coords", (r,), rec[r : r + 1]) != committed.get(str(r)):
+                found = _implausible(rec)
+                raise StoreError(
+                    f"run {self.name!r}: {found + '; ' if found else ''}the per-checkpoint values (step, axis_value, lr, ...) "
+                    f"of row {r} are not the ones committed for it: a chunk of them was moved, swapped, left stale or damaged"
+                )
+        return {name: rec[name].copy() for name in COORDS}
+
+    def _loss_checksums(self, rows, chunks: range) -> dict[tuple[int, int], int]:
+        """{(row, token chunk): checksum} committed for those rows and chunks."""
+        tc, out = self.token_chunk, {}
+        for j, (a, b) in enumerate(self.writers):
+            mine = range(a // tc, -(-b // tc))
+            wanted = range(max(mine.start, chunks.start), min(mine.stop, chunks.stop))
+            if not wanted:
+                continue
+            crc = self._commit(j).crc
+            for r in rows:
+                got = crc.get(str(r))
+                if not isinstance(got, list) or len(got) != len(mine):
+                    raise StoreError(f"run {self.name!r}: the commit record of token range {j} holds no checksums for row {r}; the store is damaged")
+                out.update({(r, c): got[c - mine.start] for c in wanted})
+        return out
+
+    def _check_chunks(self, block: np.ndarray, rows, first: int) -> None:
+        """Compare each chunk of ``block`` (rows ``rows``, whole token chunks from chunk ``first``)
+        with the checksum committed for that position. Runs made before these checksums pass."""
+        if self._salt is None or not block.size:
+            return
+        tc = self.token_chunk
+        chunks = range(first, first + -(-block.shape[1] // tc))
+        committed = self._loss_checksums(rows, chunks)
+        for i, r in enumerate(rows):
+            for c in chunks:
+                a = (c - first) * tc
+                if position_crc(self._salt, "loss", (r, c), block[i, a : a + tc]) != committed[(r, c)]:
+                    raise StoreError(
+                        f"run {self.name!r}: loss chunk (row {r}, token chunk {c}) does not hold the values committed there; "
+                        "it was moved, swapped, left stale or damaged"
+                    )
 
     def _read(self, read, what: str):
         """Run a chunk read; damaged chunk data (cut short, overwritten) is a StoreError naming it."""
@@ -162,11 +243,19 @@ class Run:
         self._refresh(k)
         rsl = slice(0, k) if rows is None else _clip(rows, k)
         tsl = slice(None) if tokens is None else tokens
-        if k == 0:
-            return np.empty((0, len(range(*tsl.indices(self.n_tokens)))), self.dtype)
-        out = self._read(lambda: self._loss[rsl, tsl], f"loss[{rsl.start}:{rsl.stop}, {tsl.start}:{tsl.stop}]")
-        self._check_nan_counts(out, range(k)[rsl])
-        return out
+        rows, idx = range(k)[rsl], range(self.n_tokens)[tsl]
+        if not rows or not idx:
+            return np.empty((len(rows), len(idx)), self.dtype)
+        # Read whole chunks, so that each can be checked against its committed checksum.
+        tc = self.token_chunk
+        lo, hi = min(idx[0], idx[-1]), max(idx[0], idx[-1]) + 1
+        ca, cb = lo // tc * tc, min(self.n_tokens, -(-hi // tc) * tc)
+        block = self._read(lambda: self._loss[rsl, ca:cb], f"loss[{rsl.start}:{rsl.stop}, {ca}:{cb}]")
+        self._check_nan_counts(block, rows)
+        self._check_chunks(block, rows, ca // tc)
+        if idx.step != 1:
+            return block[:, np.asarray(idx) - ca]
+        return block if (lo, hi) == (ca, cb) else block[:, lo - ca : hi - ca].copy()
 
     def losses_at(self, rows, tokens) -> np.ndarray:
         """Losses ``[len(rows), len(tokens)]`` of the given committed rows and tokens (index
@@ -175,8 +264,24 @@ class Run:
         rows, tokens = np.asarray(rows, np.int64), np.asarray(tokens, np.int64)
         if rows.size and (rows.min() < 0 or rows.max() >= k):
             raise InputError(f"rows must lie in [0, {k}), the committed rows of run {self.name!r}")
-        out = self._read(lambda: self._loss.get_orthogonal_selection((rows, tokens)), f"loss[{rows.size} rows, {tokens.size} tokens]")
-        self._check_nan_counts(out, rows.tolist())
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.n_tokens):
+            raise InputError(f"tokens must lie in [0, {self.n_tokens}), the tokens of run {self.name!r}")
+        if self._salt is None:
+            out = self._read(lambda: self._loss.get_orthogonal_selection((rows, tokens)), f"loss[{rows.size} rows, {tokens.size} tokens]")
+            self._check_nan_counts(out, rows.tolist())
+            return out
+        # Whole chunks, each checked, a few rows at a time (memory: 32 rows of one chunk).
+        out, tc = np.empty((rows.size, tokens.size), self.dtype), self.token_chunk
+        chunk_of = tokens // tc
+        for c in np.unique(chunk_of).tolist():
+            cols = np.flatnonzero(chunk_of == c)
+            ca, cb = c * tc, min(self.n_tokens, (c + 1) * tc)
+            for r0 in range(0, rows.size, 32):
+                rr = rows[r0 : r0 + 32]
+                block = self._read(lambda rr=rr: self._loss.get_orthogonal_selection((rr, slice(ca, cb))), f"loss[{rr.size} rows, {ca}:{cb}]")
+                self._check_nan_counts(block, rr.tolist())
+                self._check_chunks(block, rr.tolist(), c)
+                out[r0 : r0 + 32, cols] = block[:, tokens[cols] - ca]
         return out
 
     def _check_nan_counts(self, block: np.ndarray, rows: range) -> None:
@@ -200,9 +305,9 @@ class Run:
         k = self.n_committed
         if k == 0:
             raise StoreError(f"run {self.name!r} has no committed rows")
-        self._refresh(k)
-        arr = da.from_zarr(self._loss)[:k]
-        return arr.rechunk((k, token_block or self.token_chunk))
+        # Each block goes through losses(), so every chunk read is checked like any other read.
+        return da.from_array(_CommittedLoss(self, k), chunks=(k, token_block or self.token_chunk), name=False,
+                             meta=np.empty((0, 0), self.dtype))  # fmt: skip
 
     def to_xarray(self):
         """An ``xarray.Dataset`` of the committed rows: ``loss`` (checkpoint, token) with coordinates."""
@@ -215,6 +320,11 @@ class Run:
         parts = {n: xr.open_zarr(self._group.store, group=self._group.path, consolidated=False,
                                  drop_variables=[m for m in names if m != n])[n].isel(checkpoint=slice(0, k))
                  for n in names}  # fmt: skip
+        if k:  # the data through the checked readers; xarray gives the names, dimensions and attributes
+            parts["loss"] = parts["loss"].copy(data=self.to_dask())
+            values = self._coords(k) if self._salt is not None else {n: self._read_coord(n, k) for n in COORDS}
+            for n in COORDS:
+                parts[n] = parts[n].copy(data=values[n])
         ds = xr.Dataset({"loss": parts["loss"]}, coords={n: parts[n] for n in COORDS})
         return ds.assign_attrs(n_committed=k, **{"tokdyn_run": self.attrs})
 
@@ -241,7 +351,7 @@ class Run:
             "steps": self._read_coord("step", k).tolist(),
             "axis_values": self._read_coord("axis_value", k).tolist(),
             "nonfinite_losses": nonfinite,
-            "attrs": {k: v for k, v in self.attrs.items() if k not in ("writers",)},
+            "attrs": {k: v for k, v in self.attrs.items() if k not in ("writers", "integrity")},
         }
 
     def writer(self, *, writer: int = 0, resume: bool = False) -> "RunWriter":
@@ -251,6 +361,32 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.name!r}, axis={self.axis}, rows={self.n_committed}, tokens={self.n_tokens})"
+
+
+def _implausible(rec: np.ndarray) -> str | None:
+    """What is visibly wrong with damaged per-checkpoint values (steps or axis values out of
+    order, non-finite axis values), to say in the error; None when nothing is."""
+    steps, av = rec["step"], rec["axis_value"]
+    if steps.min() < 0 or np.any(np.diff(steps) <= 0):
+        return f"committed steps must be >= 0 and strictly increasing, found {steps[:8].tolist()}"
+    if not np.isfinite(av).all():
+        return f"non-finite axis values at rows {np.flatnonzero(~np.isfinite(av))[:8].tolist()}"
+    if np.any(np.diff(av) <= 0):
+        i = int(np.argmin(np.diff(av) > 0))
+        return f"axis values: expected strictly increasing values, got {float(av[i])} then {float(av[i + 1])} at rows {i} and {i + 1}"
+    return None
+
+
+class _CommittedLoss:
+    """The committed loss matrix as an array dask can slice: every block is read by
+    :meth:`Run.losses`, so each chunk is checked."""
+
+    def __init__(self, run: Run, k: int) -> None:
+        self.run, self.shape, self.dtype, self.ndim = run, (k, run.n_tokens), run.dtype, 2
+
+    def __getitem__(self, key: tuple[slice, slice]) -> np.ndarray:
+        rows, tokens = key
+        return self.run.losses(tokens=tokens, rows=rows)
 
 
 def _clip(rows: slice, k: int) -> slice:

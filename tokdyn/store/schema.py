@@ -6,16 +6,18 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import zlib
 from typing import Any
 
 import numpy as np
 from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.core.sync import sync as zarr_sync
 
 from ..errors import InputError
 
 __all__ = [
-    "SCHEMA_VERSION", "STORE_KIND", "LOSS_DTYPES", "AXES", "CODECS", "DEFAULT_TOKEN_CHUNK", "COORD_CHUNK", "COORDS",
-    "compressor", "utc_now", "join", "check_url", "check_run_name", "check_writer_ranges", "jsonable",
+    "SCHEMA_VERSION", "STORE_KIND", "LOSS_DTYPES", "AXES", "CODECS", "DEFAULT_TOKEN_CHUNK", "COORD_CHUNK", "INTEGRITY", "COORDS",
+    "compressor", "position_crc", "folders", "has_keys", "utc_now", "join", "check_url", "check_run_name", "check_writer_ranges", "jsonable",
 ]  # fmt: skip
 
 SCHEMA_VERSION = 1
@@ -25,6 +27,7 @@ AXES = ("T", "D", "M")
 CODECS = ("lz4", "zstd", "none")
 DEFAULT_TOKEN_CHUNK = 262144  # 1 MiB of float32 per chunk: see docs/store.md
 COORD_CHUNK = 256
+INTEGRITY = "crc32 over (run_id, array, chunk coordinates, values), in the commit records"
 COORDS = {  # name: (dtype, fill value) of the per-checkpoint arrays
     "step": ("int64", -1),
     "axis_value": ("float64", np.nan),
@@ -46,6 +49,43 @@ def compressor(codec: str = "lz4") -> tuple:
     if codec == "none":
         return (Crc32cCodec(),)
     return (BloscCodec(cname=codec, clevel=5 if codec == "lz4" else 3, shuffle="shuffle"), Crc32cCodec())
+
+
+def position_crc(salt: str, array: str, coords: tuple[int, ...], values: np.ndarray) -> int:
+    """CRC-32 of a chunk's values bound to where they belong: the run (``salt``, its random id),
+    the array and the chunk's coordinates are hashed before the values. The codec's CRC32C
+    covers a chunk's bytes only, so a chunk copied over another of the same array passes it;
+    this one does not (docs/store.md, "Integrity")."""
+    head = zlib.crc32(f"{salt}/{array}/{'.'.join(str(int(c)) for c in coords)}".encode())
+    data = np.ascontiguousarray(values, dtype=np.asarray(values).dtype.newbyteorder("<"))
+    return zlib.crc32(data, head) if data.size else head
+
+
+def folders(store, path: str) -> list[str]:
+    """Names of the folders directly under ``path`` of ``store``, whether or not zarr recognises
+    them: zarr skips (with a warning) a group whose ``zarr.json`` is lost, which would make a
+    damaged run or fit look absent. A folder is a name with a key below it; files are left out."""
+
+    async def ls(prefix: str) -> list[str]:
+        return [k async for k in store.list_dir(prefix)]
+
+    base = f"{path.strip('/')}/" if path.strip("/") else ""
+    names = {k.strip("/") for k in zarr_sync(ls(base))} - {"", "zarr.json"}
+    names = {n for n in names if not n.endswith(".partial")}  # a temporary file of zarr's, not a folder
+    return sorted(n for n in names if zarr_sync(store.exists(f"{base}{n}/zarr.json")) or has_keys(store, f"{base}{n}/"))
+
+
+def has_keys(store, prefix: str) -> bool:
+    """Whether any key of ``store`` starts with ``prefix`` (a folder holds something); zarr's
+    temporary ``*.partial`` files do not count."""
+
+    async def first() -> bool:
+        async for key in store.list_prefix(prefix):
+            if not key.endswith(".partial"):
+                return True
+        return False
+
+    return zarr_sync(first())
 
 
 def utc_now() -> str:

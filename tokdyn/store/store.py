@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,11 +48,13 @@ from ..probe import ProbeSet
 from .locks import CREATING, owner, refuse_if_live
 from .probe_io import read_probe, write_probe
 from .run import Run
+from .writer import run_meta_crc
 from .schema import (
     AXES,
     COORD_CHUNK,
     COORDS,
     DEFAULT_TOKEN_CHUNK,
+    INTEGRITY,
     LOSS_DTYPES,
     SCHEMA_VERSION,
     STORE_KIND,
@@ -59,6 +62,8 @@ from .schema import (
     check_url,
     check_writer_ranges,
     compressor,
+    folders,
+    has_keys,
     join,
     jsonable,
     utc_now,
@@ -189,7 +194,7 @@ class TrajectoryStore:
     @property
     def runs(self) -> list[str]:
         """Names of the runs in the store, sorted."""
-        return sorted(self._group["runs"].group_keys())
+        return folders(self._group.store, join(self._group.path, "runs"))  # a run whose zarr.json is lost too
 
     def run(self, name: str) -> "Run":
         """A read view of run ``name``."""
@@ -197,6 +202,8 @@ class TrajectoryStore:
         try:
             g = self._group[f"runs/{name}"]
         except KeyError:
+            if name in self.runs:
+                raise StoreError(f"run {name!r} in {self.url} is damaged: its group metadata (runs/{name}/zarr.json) is missing") from None
             raise RunNotFoundError(f"no run {name!r} in {self.url}; runs: {', '.join(self.runs) or 'none'}") from None
         except (ValueError, TypeError) as exc:  # a zarr.json cut short or overwritten
             raise StoreError(f"run {name!r} in {self.url}: metadata unreadable ({type(exc).__name__}: {exc})") from None
@@ -268,17 +275,10 @@ class TrajectoryStore:
             commits.create_group(f"w{j}", attributes={"rows": 0, "last_step": None, "nonfinite": 0, "nonfinite_rows": {}})
         # Written last, replacing the marker: a run group without it is an aborted creation
         # (it holds no committed row: writers need this metadata).
-        g.attrs.put({"tokdyn_run": {
-            **run_attrs,
-            "axis": axis,
-            "dtype": dtype,
-            "token_chunk": chunk,
-            "codec": codec,
-            "writers": [list(r) for r in ranges],
-            "schema_version": SCHEMA_VERSION,
-            "tokdyn_version": __version__,
-            "created": utc_now(),
-        }})
+        meta = {**run_attrs, "axis": axis, "dtype": dtype, "token_chunk": chunk, "codec": codec, "writers": [list(r) for r in ranges]}
+        run_id = uuid.uuid4().hex
+        meta["integrity"] = {"run_id": run_id, "checksums": INTEGRITY, "meta_crc": run_meta_crc(run_id, meta)}
+        g.attrs.put({"tokdyn_run": {**meta, "schema_version": SCHEMA_VERSION, "tokdyn_version": __version__, "created": utc_now()}})
         return Run(self, name, g)
 
     def has_run(self, name: str) -> bool:
@@ -297,7 +297,12 @@ class TrajectoryStore:
         unless its creator is still alive (:class:`RunBusyError`)."""
         try:
             creator = self._group[f"runs/{name}"].attrs.get(CREATING)
-        except (KeyError, ValueError, TypeError):
+        except KeyError:  # no group metadata: a creation killed while writing it leaves nothing else
+            if has_keys(self._group.store, join(self._group.path, "runs", name) + "/"):
+                raise StoreError(f"run {name!r} in {self.url} is damaged (its zarr.json is missing) but holds data; "
+                                 "it is not replaced: remove it by hand, or use another run name") from None  # fmt: skip
+            creator = None
+        except (ValueError, TypeError):
             creator = None
         if creator is not None:
             refuse_if_live(creator, f"run {name!r} of {self.url} is being created")

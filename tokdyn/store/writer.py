@@ -4,7 +4,9 @@ its data, under an exclusive writer lock (see ``tokdyn/store/store.py`` for the 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import zlib
 import warnings
 from typing import TYPE_CHECKING
 
@@ -13,13 +15,13 @@ import zarr
 from zarr.core.sync import sync as zarr_sync
 
 from ..errors import InputError, RunBusyError, RunExistsError, StepOrderError, StoreError
-from .locks import LOCK_NAME, KeyLock
-from .schema import COORD_CHUNK, COORDS, join
+from .locks import LOCK_NAME, KeyLock, remove_stale_partials
+from .schema import COORD_CHUNK, COORDS, join, position_crc
 
 if TYPE_CHECKING:
     from .run import Run
 
-__all__ = ["RunWriter"]
+__all__ = ["RunWriter", "coord_record", "COORD_RECORD", "run_meta_crc"]
 
 
 class RunWriter:
@@ -49,6 +51,7 @@ class RunWriter:
         self.last_step: int | None = c.last_step
         self._nonfinite = c.nonfinite
         self._nonfinite_rows = dict(c.nonfinite_rows)
+        self._crc, self._coord_crc = dict(c.crc), dict(c.coord_crc)  # {row: ...} of committed rows
         self._is_coord_writer = writer == 0
         self._arrays = {name: run._group[name] for name in COORDS} if self._is_coord_writer else {}
         self._coord_chunk_start: int | None = None
@@ -56,7 +59,19 @@ class RunWriter:
         what = f"run {run.name!r} token range {writer}"
         self._lock = KeyLock(run._group.store, join(run._group.path, "commits", f"w{writer}", LOCK_NAME), what=what,
                              if_gone=f"break the lock with tokdyn.open_store(url, mode='r+').run({run.name!r}).break_lock()")  # fmt: skip
-        self._lock.claim()
+        if self._lock.claim() != "self":  # no live process writes this range now: clear what a killed one left
+            remove_stale_partials(run._group.store, run._group.path, self._owns)
+
+    def _owns(self, stem: str) -> bool:
+        """Whether key ``stem`` (under the run, without extension) is written by this token range:
+        its loss chunks and commit record; writer 0 also the coordinates and the run's metadata."""
+        parts = stem.split("/")
+        if parts[:2] == ["loss", "c"]:
+            tc = self.run.token_chunk
+            return len(parts) == 4 and parts[3].isdigit() and self.token_start // tc <= int(parts[3]) < -(-self.token_stop // tc)
+        if parts[0] == "commits":
+            return len(parts) == 3 and parts[1] == f"w{self.index}"
+        return parts[0] != "fit" and self._is_coord_writer
 
     # -- the writer lock ------------------------------------------------------------------
 
@@ -127,6 +142,7 @@ class RunWriter:
         n_bad = int(bad.sum())
         if n_bad:
             values = np.where(bad, np.nan, values)
+        values = np.ascontiguousarray(values, dtype=self.run.dtype)  # the stored bytes, which the checksums cover
         if n_bad and warn_nonfinite:
             warnings.warn(
                 f"run {self.run.name!r} step {step}: {n_bad} non-finite losses stored as NaN", RuntimeWarning, stacklevel=2
@@ -149,11 +165,19 @@ class RunWriter:
         if n_bad:
             self._nonfinite += n_bad
             self._nonfinite_rows[str(k)] = n_bad
+        salt, checksums = self.run._salt, {}
+        if salt is not None:  # checksums bound to position, committed with the row (docs/store.md)
+            tc, c0 = self.run.token_chunk, self.token_start // self.run.token_chunk
+            self._crc[str(k)] = [position_crc(salt, "loss", (k, c0 + i), values[a : a + tc]) for i, a in enumerate(range(0, len(values), tc))]
+            checksums["crc"] = self._crc
+            if self._is_coord_writer:
+                self._coord_crc[str(k)] = position_crc(salt, "coords", (k,), coord_record(row))
+                checksums["coord_crc"] = self._coord_crc
         # The commit: one atomic metadata write, after the data. (Not ``attrs.update``: zarr's
         # MutableMapping.update writes once per key, and a kill between two writes would leave
         # ``rows`` and ``last_step`` out of step; the crash test caught exactly that.)
         self._commit_group.update_attributes(
-            {"rows": k + 1, "last_step": step, "nonfinite": self._nonfinite, "nonfinite_rows": self._nonfinite_rows}
+            {"rows": k + 1, "last_step": step, "nonfinite": self._nonfinite, "nonfinite_rows": self._nonfinite_rows, **checksums}
         )
         self.rows, self.last_step = k + 1, step
         return k
@@ -206,6 +230,25 @@ class RunWriter:
             self.run._loss.resize((k, self.run.n_tokens))
             for arr in self._arrays.values():
                 arr.resize((k,))
+
+
+META_CHECKED = ("axis", "dtype", "token_chunk", "codec", "writers")  # what readers act on
+
+
+def run_meta_crc(run_id: str, meta: dict) -> int:
+    """The checksum of the run metadata readers act on (a flipped axis would relabel an export)."""
+    return zlib.crc32(json.dumps([run_id, *(meta.get(k) for k in META_CHECKED)]).encode())
+
+
+COORD_RECORD = np.dtype([(name, np.dtype(dt).newbyteorder("<")) for name, (dt, _) in COORDS.items()])
+
+
+def coord_record(row: dict) -> np.ndarray:
+    """The per-checkpoint values of one row as one record (what its coordinate checksum covers)."""
+    rec = np.zeros(1, COORD_RECORD)
+    for name in COORDS:
+        rec[name] = row[name]
+    return rec
 
 
 def _write_concurrently(writes: list[tuple[zarr.Array, tuple, np.ndarray]]) -> None:
