@@ -152,3 +152,12 @@ def test_report_command_shows_an_own_tokenizers_text(tmp_path, capsys):
     assert main(["report", str(tmp_path / "s.zarr"), "--out", str(out), "--tokenizer", str(tmp_path / "other.json")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not the probe's" in err[0]
+
+
+def test_the_viewer_shows_a_character_split_over_bytes_whole():
+    from tokdyn.report import _decoder, _pieces
+
+    probe = tokdyn.ProbeSet.from_tokens(np.zeros((1, 4), np.int32), tokenizer={"kind": "byte", "vocab_size": 257, "eot_id": 256})
+    row = np.frombuffer("aé€".encode(), dtype=np.uint8)
+    assert _pieces(row, _decoder(probe, None)) == ["a", "", "é", "", "", "€"]
+    assert _pieces(row[:2], None) == ["⟨97⟩", "⟨195⟩"]  # ids where nothing can decode them

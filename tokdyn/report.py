@@ -687,7 +687,7 @@ _VIEWER_JS = r"""
     out.textContent = JSON.stringify({
       tokens: spans.length, hits: hits.length, selected: pinned ? pinned.tok[0] : null,
       points: svg.querySelectorAll(".tv-point").length, curve: (svg.querySelector(".tv-curve") || {getAttribute: function () { return ""; }}).getAttribute("points").split(" ").length,
-      images: imgs.length, decoded: imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length,
+      text: box.textContent, images: imgs.length, decoded: imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length,
       scroll_width: root.scrollWidth, client_width: root.clientWidth, overflowing: wide.slice(0, 10)
     });
     document.body.appendChild(out);
