@@ -161,3 +161,25 @@ def test_the_viewer_shows_a_character_split_over_bytes_whole():
     row = np.frombuffer("aé€".encode(), dtype=np.uint8)
     assert _pieces(row, _decoder(probe, None)) == ["a", "", "é", "", "", "€"]
     assert _pieces(row[:2], None) == ["⟨97⟩", "⟨195⟩"]  # ids where nothing can decode them
+
+
+def test_the_token_viewer_shows_the_probe_text_and_each_tokens_fit(store_and_page, monkeypatch):
+    import json
+
+    import tokdyn.report as report
+    from tokdyn.analysis import analyze_run
+
+    st, page = store_and_page
+    assert "Shown: the first 24 of 24 sequences (960 of 960 probe tokens), as text" in page
+    monkeypatch.setattr(report, "VIEW_TOKENS", 100)  # bounded: whole sequences, at most this many tokens
+    a = analyze_run(st.run("r"), n_boot=0)
+    data, shown, total, n = report._viewer_data(st, a, report._decoder(st.probe, None))
+    assert (shown, total, n) == (2, 24, 80)
+    assert "".join(tok[0] for tok in data["seqs"][0]) == TEXT[:41]  # the sequence's text, token by token
+    scored = [tok for seq in data["seqs"] for tok in seq if len(tok) > 1]
+    assert len(scored) == 80 and all(len(tok[4]) == len(data["x"]) and len(tok[5]) == len(data["xf"]) for tok in scored)
+    t = 5  # a token's recorded losses in centinats, and its fitted curve as the figures draw it
+    Y = st.run("r").losses_at(np.arange(len(data["x"])), [t])[:, 0]
+    assert scored[t][4] == [round(v * 100) for v in Y]
+    assert scored[t][5] == [round(v * 100) for v in _drawn_curve(a.fit, t, np.array(data["xf"]))]
+    assert json.loads(report._script_json(data)) == data

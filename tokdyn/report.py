@@ -395,7 +395,7 @@ def _viewer_section(st: TrajectoryStore, a: RunAnalysis, decode) -> str:
             "id=tv-q placeholder='find in the text' aria-label='find in the text'> <button type=button id=tv-next>next</button> "
             "<span id=tv-count class=meta></span></span></div><div id=tv-legend class=tv-legend></div>"
             "<div class=tv-plot><div id=tv-info class=meta>Hover over a token, or click one, to see its loss trajectory.</div>"
-            "<svg id=tv-svg viewBox='0 0 640 230' role=img aria-label='loss trajectory of the selected token'></svg></div>"
+            "<svg id=tv-svg viewBox='0 0 640 250' role=img aria-label='loss trajectory of the selected token'></svg></div>"
             f"<div id=tv-text class=tv-text></div></div>"
             f"<script type=application/json id=tv-data>{_script_json(data)}</script><script>{_VIEWER_JS}</script>")
 
@@ -510,10 +510,10 @@ _VIEWER_JS = r"""
   function colour(tok) {
     if (mode === "cls") return tok[1] >= 0 ? D.classes[tok[1]][1] : "#ddd";
     if (mode === "mu") {
-      if (tok[2] === null) return "#e6e6e6";
+      if (tok[2] === null) return "#c8c8c8";
       return ramp(D.viridis, (tok[2] - D.mu_range[0]) / (D.mu_range[1] - D.mu_range[0]));
     }
-    return tok[3] === null ? "#e6e6e6" : ramp(D.diverging, 0.5 + 0.5 * tok[3] / D.drop_max);
+    return tok[3] === null ? "#c8c8c8" : ramp(D.diverging, 0.5 + 0.5 * tok[3] / D.drop_max);
   }
   function gradient(stops, labels, note) {
     return "<span class=tv-grad style='background:linear-gradient(to right," + stops.join(",") + ")'></span>" +
@@ -540,7 +540,7 @@ _VIEWER_JS = r"""
     } else if (mode === "mu") {
       var lo = D.mu_range[0], hi = D.mu_range[1];
       legend.innerHTML = gradient(D.viridis, [value(Math.pow(10, lo)), value(Math.pow(10, (lo + hi) / 2)), value(Math.pow(10, hi))],
-        "learning time μ (" + D.axis + ", log scale). <span class=tv-sw style='background:#e6e6e699'></span> grey: no learning event " +
+        "learning time μ (" + D.axis + ", log scale). <span class=tv-sw style='background:#c8c8c899'></span> grey: no learning event " +
         "inside the recorded range (not learned, already known, gradual, forgotten, noisy, or an event censored)");
     } else {
       var m = D.drop_max.toFixed(1);
@@ -557,7 +557,7 @@ _VIEWER_JS = r"""
   function draw(s) {
     var tok = s.tok;
     while (svg.firstChild) svg.removeChild(svg.firstChild);
-    var W = 640, H = 230, L = 48, R = 12, T = 10, B = 38;
+    var W = 640, H = 250, L = 48, R = 12, T = 30, B = 38;
     var ys = tok[4].concat(tok[5]).filter(function (v) { return v !== null; }).map(function (v) { return v / 100; });
     var ymax = Math.max.apply(null, ys.concat([0.5])) * 1.08, x0 = D.x[0], x1 = D.x[D.x.length - 1];
     function px(x) { return L + (x - x0) / (x1 - x0 || 1) * (W - L - R); }
@@ -586,13 +586,24 @@ _VIEWER_JS = r"""
     tok[4].forEach(function (v, i) {
       if (v !== null) el("circle", {cx: px(D.x[i]), cy: py(v / 100), r: 3, fill: "#222", "class": "tv-point"}, svg);
     });
+    var key = el("g", {"font-size": 11, fill: "#333"}, svg);  // what the marks are, above the plot
+    el("circle", {cx: L + 6, cy: 10, r: 3, fill: "#222"}, key);
+    el("text", {x: L + 14, y: 14}, key).textContent = "recorded loss";
+    el("line", {x1: L + 100, y1: 10, x2: L + 116, y2: 10, stroke: "#1f77b4", "stroke-width": 2}, key);
+    el("text", {x: L + 120, y: 14}, key).textContent = "fitted model";
+    el("line", {x1: L + 210, y1: 10, x2: L + 226, y2: 10, stroke: "#d62728", "stroke-dasharray": "4 3"}, key);
+    el("text", {x: L + 230, y: 14}, key).textContent = "event time μ (middle of a fitted drop or rise)";
     var cls = tok[1] >= 0 ? D.classes[tok[1]][0] : "?";
     info.textContent = "";
     var b = document.createElement("b");
     b.textContent = JSON.stringify(tok[0]);
     info.appendChild(b);
     info.appendChild(document.createTextNode(" (sequence " + s.seq + ", position " + s.pos + "): " + cls + "; " + tok[7] +
-      (pinned === s ? ". Kept: click another token to change it." : ".")));
+      (pinned === s ? ". Kept: click it again (or press Escape) to let hovering change it." : ".")));
+  }
+  function unpin() {
+    if (pinned) pinned.el.classList.remove("tv-pin");
+    pinned = null;
   }
   function select(s, pin) {
     if (pin) {
@@ -616,7 +627,7 @@ _VIEWER_JS = r"""
         var s = {tok: tok, el: sp, seq: si, pos: p, start: 0};
         sp.className = "tv-tok";
         sp.addEventListener("mouseenter", function () { if (!pinned) draw(s); });
-        sp.addEventListener("click", function () { select(s, true); });
+        sp.addEventListener("click", function () { if (pinned === s) unpin(); else select(s, true); });
         spans.push(s);
       }
       div.appendChild(sp);
@@ -661,6 +672,7 @@ _VIEWER_JS = r"""
     if (h.tok) select(h, true);
     count.textContent = "match " + (hit + 1) + " of " + hits.length;
   }
+  document.addEventListener("keydown", function (ev) { if (ev.key === "Escape") unpin(); });
   q.addEventListener("input", find);
   q.addEventListener("keydown", function (ev) { if (ev.key === "Enter") next(); });
   document.getElementById("tv-next").addEventListener("click", next);
