@@ -183,3 +183,15 @@ def test_the_token_viewer_shows_the_probe_text_and_each_tokens_fit(store_and_pag
     assert scored[t][4] == [round(v * 100) for v in Y]
     assert scored[t][5] == [round(v * 100) for v in _drawn_curve(a.fit, t, np.array(data["xf"]))]
     assert json.loads(report._script_json(data)) == data
+
+
+def test_the_viewers_tokens_join_to_the_decoded_text():
+    """Each token's piece is what it adds to the text: joined, they are the sequence as decoded."""
+    pytest.importorskip("tokenizers")
+    from tokdyn.report import _pieces
+    from tokdyn.tokenizer import HFTokenizer
+
+    tok = HFTokenizer.train([TEXT, "naïve café — ünïcode\n" * 20], vocab_size=300)
+    ids = tok.encode("def café(run):\n    return naïve  # ünïcode — " + TEXT[:200])
+    pieces = _pieces(ids, lambda t: tok.decode([int(i) for i in t]))
+    assert len(pieces) == len(ids) and "".join(pieces) == tok.decode(ids)

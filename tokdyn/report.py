@@ -8,6 +8,9 @@ figures, each a function ``_fig_*(store, run_analysis) -> Figure`` listed in
 example trajectories of each class with their text in context, the class shares of the loss
 drop, spectra by class, domain, frequency and position band, learning time against token
 frequency and position, cartography, forgetting and Rho-1); and each run's metadata, folded.
+Before the runs' figures, a token viewer (:func:`_viewer_section`) shows the probe's text
+coloured by each token's fit on the first run, with its trajectory on hover and a search box:
+its data is JSON in a ``<script>`` element (escaped by :func:`_script_json`), its code inline.
 A new figure is one more function in that list: the page numbers it, lists it in the contents
 and prints its title and caption.
 """
@@ -410,22 +413,22 @@ def _script_json(obj) -> str:
     return s
 
 
-def _pieces(row, decode) -> list[str]:
-    """Each token of a sequence as the text it adds: decoded as a prefix, so that a character
-    split over several tokens (UTF-8 bytes) appears whole at its last token; ids without a decoder."""
+def _pieces(row, decode, window: int = 8) -> list[str]:
+    """Each token of a sequence as the text it adds: what decoding it after the ``window`` tokens
+    before it adds to decoding those alone, so that a character split over several tokens (UTF-8
+    bytes) appears whole at its last token, and a tokenizer's spaces stay where they belong. Token
+    ids where there is no decoder."""
     if decode is None:
         return [f"⟨{int(i)}⟩" for i in row]
-    out, prev = [], ""
-    for k in range(1, len(row) + 1):
-        cur = decode(row[:k])
-        if k < len(row):
-            cur = cur.rstrip("\ufffd")  # an incomplete character waits for its last byte
-        if cur.startswith(prev):
-            out.append(cur[len(prev):])
-            prev = cur
-        else:  # the decoder rewrote earlier text: show this token alone
-            out.append(decode(row[k - 1 : k]))
-            prev = cur
+    out = []
+    for k in range(len(row)):
+        start = max(0, k - window)
+        before = decode(row[start:k]).rstrip("\ufffd") if k > start else ""
+        upto = decode(row[start : k + 1])
+        if k + 1 < len(row):
+            upto = upto.rstrip("\ufffd")  # an incomplete character waits for its last byte
+        # where the decoder rewrote the text before (it may), the token alone
+        out.append(upto[len(before):] if upto.startswith(before) else decode(row[k : k + 1]))
     return out
 
 
@@ -692,7 +695,7 @@ _VIEWER_JS = r"""
     var root = document.documentElement, wide = [];
     document.querySelectorAll("body *").forEach(function (e) {
       var r = e.getBoundingClientRect();
-      if (r.right > root.clientWidth + 1 && !e.closest(".wide, .tv-text")) wide.push(e.tagName + (e.id ? "#" + e.id : ""));
+      if (r.right > root.clientWidth + 1 && !e.closest(".wide")) wide.push(e.tagName + (e.id ? "#" + e.id : ""));
     });
     var out = document.createElement("pre");
     out.id = "selftest-result";
