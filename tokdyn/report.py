@@ -480,7 +480,7 @@ def _viewer_data(st: TrajectoryStore, a: RunAnalysis, decode):
         seqs.append(items)
     mu_range = [float(x[0]), float(x[-1])]
     data = {
-        "x": [round(float(v), 4) for v in x], "xf": [round(float(v), 4) for v in xf], "axis": AXIS_LABEL.get(a.axis, a.axis),
+        "x": [round(float(v), 4) for v in x], "a": [float(v) for v in r.axis_values[rows]], "xf": [round(float(v), 4) for v in xf], "axis": AXIS_LABEL.get(a.axis, a.axis),
         "classes": [[n, CLASS_COLORS[n]] for n in CLASS_NAMES.values()], "mu_range": mu_range, "drop_max": max(dmax, 1e-6),
         "viridis": [to_hex(c) for c in colormaps["viridis"](np.linspace(0, 1, 9))],
         "diverging": [to_hex(c) for c in colormaps["RdBu"](np.linspace(0, 1, 9))], "seqs": seqs,
@@ -587,15 +587,19 @@ _VIEWER_JS = r"""
     tok[5].forEach(function (v, i) { if (v !== null) pts.push(px(D.xf[i]).toFixed(1) + "," + py(v / 100).toFixed(1)); });
     el("polyline", {points: pts.join(" "), fill: "none", stroke: "#1f77b4", "stroke-width": 2, "class": "tv-curve"}, svg);
     tok[4].forEach(function (v, i) {
-      if (v !== null) el("circle", {cx: px(D.x[i]), cy: py(v / 100), r: 3, fill: "#222", "class": "tv-point"}, svg);
+      if (v === null) return;
+      var dot = el("circle", {cx: px(D.x[i]), cy: py(v / 100), r: 3, fill: "#222", "class": "tv-point"}, svg);
+      el("title", {}, dot).textContent = D.axis + " " + D.a[i].toLocaleString("en") + ": " + (v / 100).toFixed(2) + " nats";
     });
     var key = el("g", {"font-size": 11, fill: "#333"}, svg);  // what the marks are, above the plot
     el("circle", {cx: L + 6, cy: 10, r: 3, fill: "#222"}, key);
     el("text", {x: L + 14, y: 14}, key).textContent = "recorded loss";
     el("line", {x1: L + 100, y1: 10, x2: L + 116, y2: 10, stroke: "#1f77b4", "stroke-width": 2}, key);
     el("text", {x: L + 120, y: 14}, key).textContent = "fitted model";
-    el("line", {x1: L + 210, y1: 10, x2: L + 226, y2: 10, stroke: "#d62728", "stroke-dasharray": "4 3"}, key);
-    el("text", {x: L + 230, y: 14}, key).textContent = "event time μ (middle of a fitted drop or rise)";
+    if (tok[6].length) {
+      el("line", {x1: L + 210, y1: 10, x2: L + 226, y2: 10, stroke: "#d62728", "stroke-dasharray": "4 3"}, key);
+      el("text", {x: L + 230, y: 14}, key).textContent = "event time μ (middle of a fitted drop or rise)";
+    }
     var cls = tok[1] >= 0 ? D.classes[tok[1]][0] : "?";
     info.textContent = "";
     var b = document.createElement("b");
