@@ -399,7 +399,7 @@ def _viewer_section(st: TrajectoryStore, a: RunAnalysis, decode) -> str:
             "<span id=tv-count class=meta></span></span></div><div id=tv-legend class=tv-legend></div>"
             "<div class=tv-plot><div id=tv-info class=meta>Hover over a token, or click one, to see its loss trajectory.</div>"
             "<svg id=tv-svg viewBox='0 0 640 250' role=img aria-label='loss trajectory of the selected token'></svg></div>"
-            f"<div id=tv-text class=tv-text></div></div>"
+            "<div id=tv-text class=tv-text></div><noscript>The token viewer needs JavaScript.</noscript></div>"
             f"<script type=application/json id=tv-data>{_script_json(data)}</script><script>{_VIEWER_JS}</script>")
 
 
