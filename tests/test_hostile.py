@@ -343,3 +343,22 @@ def test_the_cli_exits_quietly_after_a_damaged_chunk(tmp_path):
                            capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
         assert p.returncode == 1
         assert cli_error_line(p.stderr).startswith("tokdyn export-npz: error: run 'r'"), p.stderr[:2000]
+
+
+def test_probe_text_reaches_the_token_viewer_inert(tmp_path):
+    """The probe's own text is a user's string too: in the token viewer it is JSON inside a
+    <script>, where "</script>", "<!--" and U+2028 must not end or change the script."""
+    import re
+
+    from test_report_browser import Words, fitted_store
+
+    tokens = (np.arange(4 * 20) % len(Words.vocab)).astype(np.int32).reshape(4, 20)
+    st = fitted_store(tmp_path / "s.zarr", tokens, Words().spec())
+    page = tokdyn.write_report(st, tmp_path / "report.html", tokenizer=Words()).read_text()
+    assert len(re.findall(r"<script\b", page, flags=re.I)) == 2  # the viewer's data and its code, no other
+    data = re.search(r"<script type=application/json id=tv-data>(.*?)</script>", page, flags=re.S).group(1)
+    assert not {"<", ">", "&", "\u2028", "\u2029"} & set(data)
+    text = [tok[0] for seq in json.loads(data)["seqs"] for tok in seq]
+    assert set(Words.vocab) <= set(text)  # every token's text, "</script><script>..." too, comes back whole
+    rest = page.replace(data, "")
+    assert "<script>document" not in rest and "<!--" not in rest  # elsewhere only escaped

@@ -88,7 +88,9 @@ def test_no_fitted_curve_is_drawn_below_zero():
 
 def test_the_page_is_self_contained(page):
     assert not re.search(r"(src|href)=['\"]?(http|file|/)", page)
-    assert "<script" not in page.lower()
+    scripts = re.findall(r"<script[^>]*>", page, flags=re.I)
+    assert scripts and all("src" not in s.lower() for s in scripts)  # inline only: the token viewer
+    assert "<link" not in page.lower() and "@import" not in page and "url(" not in page
 
 
 def test_a_tokenizer_given_must_be_the_probes():
@@ -150,3 +152,46 @@ def test_report_command_shows_an_own_tokenizers_text(tmp_path, capsys):
     assert main(["report", str(tmp_path / "s.zarr"), "--out", str(out), "--tokenizer", str(tmp_path / "other.json")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not the probe's" in err[0]
+
+
+def test_the_viewer_shows_a_character_split_over_bytes_whole():
+    from tokdyn.report import _decoder, _pieces
+
+    probe = tokdyn.ProbeSet.from_tokens(np.zeros((1, 4), np.int32), tokenizer={"kind": "byte", "vocab_size": 257, "eot_id": 256})
+    row = np.frombuffer("aé€".encode(), dtype=np.uint8)
+    assert _pieces(row, _decoder(probe, None)) == ["a", "", "é", "", "", "€"]
+    assert _pieces(row[:2], None) == ["⟨97⟩", "⟨195⟩"]  # ids where nothing can decode them
+
+
+def test_the_token_viewer_shows_the_probe_text_and_each_tokens_fit(store_and_page, monkeypatch):
+    import json
+
+    import tokdyn.report as report
+    from tokdyn.analysis import analyze_run
+
+    st, page = store_and_page
+    assert "Shown: the first 24 of 24 sequences (960 of 960 probe tokens), as text" in page
+    monkeypatch.setattr(report, "VIEW_TOKENS", 100)  # bounded: whole sequences, at most this many tokens
+    a = analyze_run(st.run("r"), n_boot=0)
+    data, shown, total, n = report._viewer_data(st, a, report._decoder(st.probe, None))
+    assert (shown, total, n) == (2, 24, 80)
+    assert "".join(tok[0] for tok in data["seqs"][0]) == TEXT[:41]  # the sequence's text, token by token
+    scored = [tok for seq in data["seqs"] for tok in seq if len(tok) > 1]
+    assert len(scored) == 80 and all(len(tok[4]) == len(data["x"]) and len(tok[5]) == len(data["xf"]) for tok in scored)
+    t = 5  # a token's recorded losses in centinats, and its fitted curve as the figures draw it
+    Y = st.run("r").losses_at(np.arange(len(data["x"])), [t])[:, 0]
+    assert scored[t][4] == [round(v * 100) for v in Y]
+    assert scored[t][5] == [round(v * 100) for v in _drawn_curve(a.fit, t, np.array(data["xf"]))]
+    assert json.loads(report._script_json(data)) == data
+
+
+def test_the_viewers_tokens_join_to_the_decoded_text():
+    """Each token's piece is what it adds to the text: joined, they are the sequence as decoded."""
+    pytest.importorskip("tokenizers")
+    from tokdyn.report import _pieces
+    from tokdyn.tokenizer import HFTokenizer
+
+    tok = HFTokenizer.train([TEXT, "naïve café — ünïcode\n" * 20], vocab_size=300)
+    ids = tok.encode("def café(run):\n    return naïve  # ünïcode — " + TEXT[:200])
+    pieces = _pieces(ids, lambda t: tok.decode([int(i) for i in t]))
+    assert len(pieces) == len(ids) and "".join(pieces) == tok.decode(ids)

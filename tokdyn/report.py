@@ -8,6 +8,9 @@ figures, each a function ``_fig_*(store, run_analysis) -> Figure`` listed in
 example trajectories of each class with their text in context, the class shares of the loss
 drop, spectra by class, domain, frequency and position band, learning time against token
 frequency and position, cartography, forgetting and Rho-1); and each run's metadata, folded.
+Before the runs' figures, a token viewer (:func:`_viewer_section`) shows the probe's text
+coloured by each token's fit on the first run, with its trajectory on hover and a search box:
+its data is JSON in a ``<script>`` element (escaped by :func:`_script_json`), its code inline.
 A new figure is one more function in that list: the page numbers it, lists it in the contents
 and prints its title and caption.
 """
@@ -190,6 +193,10 @@ def _render(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None, extra:
     page.add("".join(_headline(a) for a in an.runs))
     page.add(_scores_table(an))
     page.add(_classes_help(st, an))
+    if an.runs:
+        a = an.runs[0]
+        page.section(f"See the tokens: run {a.run}" + (f" (of {len(an.runs)} runs, the first)" if len(an.runs) > 1 else ""))
+        page.add(_viewer_section(st, a, decode))
     for a in an.runs:
         page.section(f"Run {a.run} (axis {a.axis}: {AXIS_LABEL.get(a.axis, a.axis)})")
         for make in _run_figures(decode):
@@ -213,6 +220,13 @@ nav.toc{{background:#f7f7f7;border:1px solid #ddd;padding:.2em 1em .6em;font-siz
 nav.toc ul{{margin:.2em 0;padding-left:1.3em}} details{{margin:1em 0}} summary{{cursor:pointer;font-weight:600}}
 code.ctx{{white-space:pre-wrap;word-break:break-all;background:#f4f4f4;padding:0 .2em}} mark{{background:#ffe08a;font-weight:600}}
 .swatch{{display:inline-block;width:1.6em;height:.35em;vertical-align:middle}} .wide{{overflow-x:auto}}
+.tv-bar{{display:flex;flex-wrap:wrap;gap:.5em 1.5em;align-items:center;font-size:.9em}} .tv-bar input[type=search]{{width:14em}}
+.tv-legend{{font-size:.85em;margin:.4em 0}} .tv-key{{margin-right:1em;white-space:nowrap}} .tv-sw{{display:inline-block;width:1em;height:1em;vertical-align:middle;margin-right:.3em;border:1px solid #ccc}}
+.tv-grad{{display:block;max-width:24em;height:.8em;border:1px solid #ccc}} .tv-ticks{{display:flex;justify-content:space-between;max-width:24em}}
+.tv-plot{{position:sticky;top:0;background:#fff;border-bottom:1px solid #ddd;padding:.3em 0;z-index:1}} .tv-plot svg{{width:100%;max-width:640px;height:auto;display:block}}
+.tv-text{{max-height:32em;overflow-y:auto;border:1px solid #ddd;padding:.4em;font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.85em}}
+.tv-seq{{white-space:pre-wrap;word-break:break-all;margin-bottom:.8em}} .tv-head{{display:block;color:#777;font-family:system-ui,sans-serif;font-size:.85em}}
+.tv-tok{{cursor:pointer}} .tv-tok:hover,.tv-pin{{outline:2px solid #000}} .tv-hit{{box-shadow:inset 0 -3px 0 #ff7f0e;font-weight:700}}
 </style></head><body>
 <h1>{_e(title)}</h1>
 <p class=meta>{meta}</p>
@@ -354,6 +368,351 @@ def _metadata_tables(st: TrajectoryStore, an: StoreAnalysis) -> str:
                      f"{steps[0]}..{steps[-1]}" if steps else "none", f"{info['nonfinite_losses']:,}", _fmt(attrs)])  # fmt: skip
     table = _table(["run", "axis", "rows x tokens", "steps", "NaN losses", "metadata"], rows)
     return f"<details><summary>Every run in the store, with its recorded metadata ({len(rows)} run{'s' * (len(rows) != 1)})</summary>{table}</details>"
+
+
+# -- see the tokens: the probe's text coloured by each token's fit, with its trajectory -------
+
+VIEW_TOKENS = 4096  # at most this many probe tokens in the viewer (whole sequences, first ones first)
+CURVE_POINTS = 40  # the fitted curve is sent evaluated at this many x; the page draws no model itself
+
+
+def _viewer_section(st: TrajectoryStore, a: RunAnalysis, decode) -> str:
+    """The token viewer of run ``a``: markup, its data as JSON in a script element, and the script."""
+    probe = st.probe
+    if probe.tokens is None:
+        return "<p class=meta>No text to show: this probe holds no tokens (an imported probe keeps losses only).</p>"
+    data, shown, total, n_tokens = _viewer_data(st, a, decode)
+    how = ("as text" if decode is not None else
+           "as token ids (give the report the probe's tokenizer, <code>--tokenizer</code>, to see text)")  # fmt: skip
+    intro = (f"<p>The probe's text, each token coloured by its fit on run {_e(a.run)}: by its learning time μ (the "
+             f"middle of its fitted drop, for a multi-step token the first), by its class, or by its loss drop (the "
+             f"fitted model's loss at the first recorded {_e(_axis_name(a.axis))} minus at the last). Hover over a token "
+             f"to see its loss at each recorded {_e(_axis_name(a.axis))} (dots) and the fitted model (line, drawn "
+             f"clipped at 0 nats) with its event time(s) (dashed); click to keep it. Shown: the first {shown:,} of "
+             f"{total:,} sequences ({n_tokens:,} of {probe.n_tokens:,} probe tokens), {how}; losses rounded to 0.01 "
+             f"nats. Text without colour is context the probe does not score (the first token of a sequence).</p>")  # fmt: skip
+    return (f"{intro}<div class=tv id=tv>"
+            "<div class=tv-bar><span class=tv-modes>colour by: <label><input type=radio name=tv-mode value=mu checked> "
+            "learning time</label> <label><input type=radio name=tv-mode value=cls> class</label> <label><input "
+            "type=radio name=tv-mode value=drop> loss drop</label></span> <span class=tv-find><input type=search "
+            "id=tv-q placeholder='find in the text' aria-label='find in the text'> <button type=button id=tv-next>next</button> "
+            "<span id=tv-count class=meta></span></span></div><div id=tv-legend class=tv-legend></div>"
+            "<div class=tv-plot><div id=tv-info class=meta>Hover over a token, or click one, to see its loss trajectory.</div>"
+            "<svg id=tv-svg viewBox='0 0 640 250' role=img aria-label='loss trajectory of the selected token'></svg></div>"
+            "<div id=tv-text class=tv-text></div><noscript>The token viewer needs JavaScript.</noscript></div>"
+            f"<script type=application/json id=tv-data>{_script_json(data)}</script><script>{_VIEWER_JS}</script>")
+
+
+def _script_json(obj) -> str:
+    """JSON that is safe inside a <script> element: no "</script>", "<!--" or "]]>" can form
+    (every <, > and & is written as a \\u escape), and U+2028/2029 are escaped (a line break
+    to older JavaScript parsers)."""
+    s = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    for ch in ("<", ">", "&", "\u2028", "\u2029"):
+        s = s.replace(ch, f"\\u{ord(ch):04x}")
+    return s
+
+
+def _pieces(row, decode, window: int = 8) -> list[str]:
+    """Each token of a sequence as the text it adds: what decoding it after the ``window`` tokens
+    before it adds to decoding those alone, so that a character split over several tokens (UTF-8
+    bytes) appears whole at its last token, and a tokenizer's spaces stay where they belong. Token
+    ids where there is no decoder."""
+    if decode is None:
+        return [f"⟨{int(i)}⟩" for i in row]
+    out = []
+    for k in range(len(row)):
+        start = max(0, k - window)
+        before = decode(row[start:k]).rstrip("\ufffd") if k > start else ""
+        upto = decode(row[start : k + 1])
+        if k + 1 < len(row):
+            upto = upto.rstrip("\ufffd")  # an incomplete character waits for its last byte
+        # where the decoder rewrote the text before (it may), the token alone
+        out.append(upto[len(before):] if upto.startswith(before) else decode(row[k : k + 1]))
+    return out
+
+
+def _viewer_data(st: TrajectoryStore, a: RunAnalysis, decode):
+    """The viewer's data: every scored token of the first sequences, up to VIEW_TOKENS tokens."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    probe, f = st.probe, a.fit
+    ta = probe.token_arrays
+    sid, pos = np.asarray(ta["sample_id"]), np.asarray(ta["token_pos"])
+    total = int(probe.tokens.shape[0])
+    per_seq = np.bincount(sid, minlength=total)
+    shown = max(1, int(np.searchsorted(np.cumsum(per_seq), VIEW_TOKENS, side="right")))
+    toks = np.flatnonzero(sid < shown)
+    r = st.run(a.run)
+    rows, x = fit_inputs(r)
+    Y = r.losses_at(rows, toks).astype(np.float64)  # [K, shown tokens]
+    xf = np.linspace(x[0], x[-1], CURVE_POINTS)
+    cc = f["class_code"]
+    mu = np.where(cc == CLASS_CODES["multi_step"], f["mu1"], f["mu"])
+    timed = np.isin(cc, [CLASS_CODES["learned"], CLASS_CODES["multi_step"]]) & (mu >= f["x_first"]) & (mu <= f["x_last"])
+    drop = f["drop"]
+    dmax = float(np.nanquantile(np.abs(drop[np.isfinite(drop)]), 0.98)) if np.isfinite(drop).any() else 1.0
+    codes = list(CLASS_NAMES)
+
+    def cents(v) -> list:
+        return [int(round(u * 100)) if np.isfinite(u) else None for u in v]
+
+    def events(t) -> list:
+        m = int(f["model"][t])
+        ev = [f["mu"][t]] if m == 2 else [f["mu1"][t], f["mu2"][t]] if m == 3 else []
+        return [round(float(e), 3) for e in ev if np.isfinite(e)]
+
+    col = {int(t): j for j, t in enumerate(toks)}
+    where = {(int(s), int(p)): int(t) for t, s, p in zip(toks, sid[toks], pos[toks])}
+    seqs = []
+    for s in range(shown):
+        items = []
+        for p, piece in enumerate(_pieces(probe.tokens[s], decode)):
+            t = where.get((s, p))
+            if t is None:
+                items.append([piece])
+                continue
+            d = float(drop[t])
+            items.append([piece, codes.index(int(cc[t])) if int(cc[t]) in codes else -1,
+                          round(float(mu[t]), 3) if timed[t] else None, round(d, 2) if np.isfinite(d) else None,
+                          cents(Y[:, col[t]]), cents(_drawn_curve(f, t, xf)), events(t), _model_text(f, t, a.axis)])  # fmt: skip
+        seqs.append(items)
+    mu_range = [float(x[0]), float(x[-1])]
+    data = {
+        "x": [round(float(v), 4) for v in x], "a": [float(v) for v in r.axis_values[rows]], "xf": [round(float(v), 4) for v in xf], "axis": AXIS_LABEL.get(a.axis, a.axis),
+        "classes": [[n, CLASS_COLORS[n]] for n in CLASS_NAMES.values()], "mu_range": mu_range, "drop_max": max(dmax, 1e-6),
+        "viridis": [to_hex(c) for c in colormaps["viridis"](np.linspace(0, 1, 9))],
+        "diverging": [to_hex(c) for c in colormaps["RdBu"](np.linspace(0, 1, 9))], "seqs": seqs,
+    }  # fmt: skip
+    return data, shown, total, int(toks.size)
+
+
+_VIEWER_JS = r"""
+(function () {
+  "use strict";
+  var D = JSON.parse(document.getElementById("tv-data").textContent);
+  var box = document.getElementById("tv-text"), svg = document.getElementById("tv-svg");
+  var info = document.getElementById("tv-info"), legend = document.getElementById("tv-legend");
+  var NS = "http://www.w3.org/2000/svg", spans = [], pinned = null, mode = "mu", hits = [], hit = -1;
+  function value(v) {  // a step, budget or size as the report writes it: 1, 30, 1,000, 3e5
+    if (v >= 1e5) return v.toExponential(0).replace("e+", "e");
+    if (v >= 1) return Math.round(Number(v.toPrecision(2))).toLocaleString("en");
+    return v.toPrecision(2);
+  }
+  function ramp(stops, u) {
+    u = Math.min(1, Math.max(0, u)) * (stops.length - 1);
+    var i = Math.min(stops.length - 2, Math.floor(u)), w = u - i;
+    var a = stops[i], b = stops[i + 1], out = "#";
+    for (var k = 1; k < 7; k += 2) {
+      var c = Math.round(parseInt(a.substr(k, 2), 16) * (1 - w) + parseInt(b.substr(k, 2), 16) * w);
+      out += (c < 16 ? "0" : "") + c.toString(16);
+    }
+    return out;
+  }
+  function colour(tok) {
+    if (mode === "cls") return tok[1] >= 0 ? D.classes[tok[1]][1] : "#ddd";
+    if (mode === "mu") {
+      if (tok[2] === null) return "#c8c8c8";
+      return ramp(D.viridis, (tok[2] - D.mu_range[0]) / (D.mu_range[1] - D.mu_range[0]));
+    }
+    return tok[3] === null ? "#c8c8c8" : ramp(D.diverging, 0.5 + 0.5 * tok[3] / D.drop_max);
+  }
+  function gradient(stops, labels, note) {
+    return "<span class=tv-grad style='background:linear-gradient(to right," + stops.join(",") + ")'></span>" +
+      "<span class=tv-ticks>" + labels.map(function (s) { return "<span>" + s + "</span>"; }).join("") + "</span>" +
+      "<span class=meta>" + note + "</span>";
+  }
+  function paint() {
+    spans.forEach(function (s) {
+      var c = colour(s.tok);
+      s.el.style.background = c + "99";
+    });
+    if (mode === "cls") {
+      legend.innerHTML = "";
+      D.classes.forEach(function (c) {
+        var item = document.createElement("span");
+        item.className = "tv-key";
+        var sw = document.createElement("span");
+        sw.className = "tv-sw";
+        sw.style.background = c[1] + "99";
+        item.appendChild(sw);
+        item.appendChild(document.createTextNode(c[0]));
+        legend.appendChild(item);
+      });
+    } else if (mode === "mu") {
+      var lo = D.mu_range[0], hi = D.mu_range[1];
+      legend.innerHTML = gradient(D.viridis, [value(Math.pow(10, lo)), value(Math.pow(10, (lo + hi) / 2)), value(Math.pow(10, hi))],
+        "learning time μ (" + D.axis + ", log scale). <span class=tv-sw style='background:#c8c8c899'></span> grey: no learning event " +
+        "inside the recorded range (not learned, already known, gradual, forgotten, noisy, or an event censored)");
+    } else {
+      var m = D.drop_max.toFixed(1);
+      legend.innerHTML = gradient(D.diverging, ["−" + m + " (rose)", "0", m + " nats (fell)"],
+        "loss drop of the fitted model from the first to the last recorded point (blue: the loss fell; red: it rose)");
+    }
+  }
+  function el(name, attrs, parent) {
+    var e = document.createElementNS(NS, name);
+    for (var k in attrs) e.setAttribute(k, attrs[k]);
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+  function draw(s) {
+    var tok = s.tok;
+    while (svg.firstChild) svg.removeChild(svg.firstChild);
+    var W = 640, H = 250, L = 48, R = 12, T = 30, B = 38;
+    var ys = tok[4].concat(tok[5]).filter(function (v) { return v !== null; }).map(function (v) { return v / 100; });
+    var ymax = Math.max.apply(null, ys.concat([0.5])) * 1.08, x0 = D.x[0], x1 = D.x[D.x.length - 1];
+    function px(x) { return L + (x - x0) / (x1 - x0 || 1) * (W - L - R); }
+    function py(y) { return T + (1 - y / ymax) * (H - T - B); }
+    var axes = el("g", {"font-size": 11, fill: "#333"}, svg);
+    el("line", {x1: L, y1: py(0), x2: W - R, y2: py(0), stroke: "#888"}, axes);
+    el("line", {x1: L, y1: T, x2: L, y2: py(0), stroke: "#888"}, axes);
+    for (var k = Math.ceil(x0); k <= Math.floor(x1); k++) {
+      el("line", {x1: px(k), y1: py(0), x2: px(k), y2: py(0) + 4, stroke: "#888"}, axes);
+      el("text", {x: px(k), y: py(0) + 16, "text-anchor": "middle"}, axes).textContent = value(Math.pow(10, k));
+    }
+    el("text", {x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle"}, axes).textContent = D.axis + " (log scale)";
+    var yt = ymax > 4 ? 2 : ymax > 2 ? 1 : 0.5;
+    for (var v = 0; v <= ymax; v += yt) {
+      el("text", {x: L - 6, y: py(v) + 4, "text-anchor": "end"}, axes).textContent = v.toFixed(yt < 1 ? 1 : 0);
+    }
+    el("text", {x: 12, y: (T + py(0)) / 2, "text-anchor": "middle", transform: "rotate(-90 12 " + (T + py(0)) / 2 + ")"}, axes).textContent = "loss (nats)";
+    tok[6].forEach(function (m) {
+      if (m < x0 || m > x1) return;
+      el("line", {x1: px(m), y1: T, x2: px(m), y2: py(0), stroke: "#d62728", "stroke-dasharray": "4 3"}, svg);
+      el("text", {x: px(m) + 4, y: T + 12, fill: "#d62728", "font-size": 11}, svg).textContent = "μ = " + value(Math.pow(10, m));
+    });
+    var pts = [];
+    tok[5].forEach(function (v, i) { if (v !== null) pts.push(px(D.xf[i]).toFixed(1) + "," + py(v / 100).toFixed(1)); });
+    el("polyline", {points: pts.join(" "), fill: "none", stroke: "#1f77b4", "stroke-width": 2, "class": "tv-curve"}, svg);
+    tok[4].forEach(function (v, i) {
+      if (v === null) return;
+      var dot = el("circle", {cx: px(D.x[i]), cy: py(v / 100), r: 3, fill: "#222", "class": "tv-point"}, svg);
+      el("title", {}, dot).textContent = D.axis + " " + D.a[i].toLocaleString("en") + ": " + (v / 100).toFixed(2) + " nats";
+    });
+    var key = el("g", {"font-size": 11, fill: "#333"}, svg);  // what the marks are, above the plot
+    el("circle", {cx: L + 6, cy: 10, r: 3, fill: "#222"}, key);
+    el("text", {x: L + 14, y: 14}, key).textContent = "recorded loss";
+    el("line", {x1: L + 100, y1: 10, x2: L + 116, y2: 10, stroke: "#1f77b4", "stroke-width": 2}, key);
+    el("text", {x: L + 120, y: 14}, key).textContent = "fitted model";
+    if (tok[6].length) {
+      el("line", {x1: L + 210, y1: 10, x2: L + 226, y2: 10, stroke: "#d62728", "stroke-dasharray": "4 3"}, key);
+      el("text", {x: L + 230, y: 14}, key).textContent = "event time μ (middle of a fitted drop or rise)";
+    }
+    var cls = tok[1] >= 0 ? D.classes[tok[1]][0] : "?";
+    info.textContent = "";
+    var b = document.createElement("b");
+    b.textContent = JSON.stringify(tok[0]);
+    info.appendChild(b);
+    info.appendChild(document.createTextNode(" (sequence " + s.seq + ", position " + s.pos + "): " + cls + "; " + tok[7] +
+      (pinned === s ? ". Kept: click it again (or press Escape) to let hovering change it." : ".")));
+  }
+  function unpin() {
+    if (pinned) pinned.el.classList.remove("tv-pin");
+    pinned = null;
+  }
+  function select(s, pin) {
+    if (pin) {
+      if (pinned) pinned.el.classList.remove("tv-pin");
+      pinned = s;
+      s.el.classList.add("tv-pin");
+    }
+    draw(s);
+  }
+  D.seqs.forEach(function (items, si) {
+    var div = document.createElement("div");
+    div.className = "tv-seq";
+    var head = document.createElement("span");
+    head.className = "tv-head";
+    head.textContent = "sequence " + si;
+    div.appendChild(head);
+    items.forEach(function (tok, p) {
+      var sp = document.createElement("span");
+      sp.textContent = tok[0];
+      if (tok.length > 1) {
+        var s = {tok: tok, el: sp, seq: si, pos: p, start: 0};
+        sp.className = "tv-tok";
+        sp.addEventListener("mouseenter", function () { if (!pinned) draw(s); });
+        sp.addEventListener("click", function () { if (pinned === s) unpin(); else select(s, true); });
+        spans.push(s);
+      }
+      div.appendChild(sp);
+    });
+    box.appendChild(div);
+  });
+  // search: the joined text of each sequence, matches mapped back to the tokens they touch
+  var bySeq = D.seqs.map(function (items) {
+    var text = "", starts = [];
+    items.forEach(function (tok) { starts.push(text.length); text += tok[0]; });
+    return {text: text.toLowerCase(), starts: starts};
+  });
+  var spanAt = {};
+  spans.forEach(function (s) { spanAt[s.seq + ":" + s.pos] = s; });
+  var count = document.getElementById("tv-count"), q = document.getElementById("tv-q");
+  function find() {
+    box.querySelectorAll(".tv-hit").forEach(function (e) { e.classList.remove("tv-hit"); });
+    hits = []; hit = -1;
+    var needle = q.value.toLowerCase();
+    if (!needle) { count.textContent = ""; return; }
+    bySeq.forEach(function (sq, si) {
+      for (var i = sq.text.indexOf(needle); i >= 0; i = sq.text.indexOf(needle, i + 1)) {
+        var first = null;
+        for (var p = 0; p < sq.starts.length; p++) {
+          var a = sq.starts[p], b = p + 1 < sq.starts.length ? sq.starts[p + 1] : sq.text.length;
+          if (b > i && a < i + needle.length) {
+            var node = box.children[si].children[p + 1];
+            node.classList.add("tv-hit");
+            if (!first) first = spanAt[si + ":" + p] || {el: node};
+          }
+        }
+        if (first) hits.push(first);
+      }
+    });
+    count.textContent = hits.length + " match" + (hits.length === 1 ? "" : "es") + " in the sequences shown";
+  }
+  function next() {
+    if (!hits.length) return;
+    hit = (hit + 1) % hits.length;
+    var h = hits[hit];
+    h.el.scrollIntoView({block: "nearest"});
+    if (h.tok) select(h, true);
+    count.textContent = "match " + (hit + 1) + " of " + hits.length;
+  }
+  document.addEventListener("keydown", function (ev) { if (ev.key === "Escape") unpin(); });
+  q.addEventListener("input", find);
+  q.addEventListener("keydown", function (ev) { if (ev.key === "Enter") next(); });
+  document.getElementById("tv-next").addEventListener("click", next);
+  document.querySelectorAll("input[name=tv-mode]").forEach(function (r) {
+    r.addEventListener("change", function () { mode = r.value; paint(); });
+  });
+  paint();
+  // A self-check for tests, run only when the address ends in #selftest=TEXT: it searches TEXT,
+  // selects the first match and writes what it found into the page.
+  window.addEventListener("load", function () {
+    var m = /^#selftest=(.*)$/.exec(location.hash);
+    if (!m) return;
+    q.value = decodeURIComponent(m[1]);
+    find();
+    next();
+    var imgs = Array.prototype.slice.call(document.images);
+    var root = document.documentElement, wide = [];
+    document.querySelectorAll("body *").forEach(function (e) {
+      var r = e.getBoundingClientRect();
+      if (r.right > root.clientWidth + 1 && !e.closest(".wide")) wide.push(e.tagName + (e.id ? "#" + e.id : ""));
+    });
+    var out = document.createElement("pre");
+    out.id = "selftest-result";
+    out.textContent = JSON.stringify({
+      tokens: spans.length, hits: hits.length, selected: pinned ? pinned.tok[0] : null,
+      points: svg.querySelectorAll(".tv-point").length, curve: (svg.querySelector(".tv-curve") || {getAttribute: function () { return ""; }}).getAttribute("points").split(" ").length,
+      text: box.textContent, images: imgs.length, decoded: imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length,
+      scroll_width: root.scrollWidth, client_width: root.clientWidth, overflowing: wide.slice(0, 10)
+    });
+    document.body.appendChild(out);
+  });
+})();
+"""
 
 
 # -- axes ------------------------------------------------------------------------------------
