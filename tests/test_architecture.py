@@ -86,6 +86,14 @@ def test_importing_the_store_loads_no_torch_and_no_later_stage():
     assert not {m for m in loaded if m.split(".")[:2] in (["tokdyn", "fit"], ["tokdyn", "spectrum"], ["tokdyn", "record"])}
 
 
+def test_the_command_line_starts_without_torch():
+    """Every command pays the CLI's start: torch (a second or more) is imported by the commands
+    that train or evaluate models, when they run, not by `tokdyn info` or `tokdyn --help`."""
+    loaded = _loaded_by("import tokdyn.cli")
+    assert "torch" not in loaded and "transformers" not in loaded
+    assert "torch" in _loaded_by("import tokdyn.record as r; r.TokenLossRecorder")  # the lazy names still resolve
+
+
 def test_importing_fit_loads_no_training_code():
     loaded = _loaded_by("import tokdyn.fit")
     assert not loaded & {"tokdyn.record", "tokdyn.train", "tokdyn.model", "tokdyn.data", "tokdyn.demo", "tokdyn.curriculum"}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..data import prepare_probe
 from ..errors import InputError
 from ..store import open_store
 
@@ -31,6 +30,8 @@ def register(sub) -> None:
 
 
 def _probe(args: argparse.Namespace) -> int:
+    from ..data import prepare_probe  # imports torch: only for this command, not for every command's start
+
     tokenizer = args.tokenizer
     if tokenizer not in ("byte", "bpe") and args.eot is not None:
         from ..tokenizer import HFTokenizer

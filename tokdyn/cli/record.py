@@ -8,10 +8,7 @@ import json
 from pathlib import Path
 
 from ..errors import InputError
-from ..record.offline.discovery import MANIFEST
-from ..record.offline.loading import MODEL_DTYPES
-from ..record.offline.models import build_model
-from ..record.offline.recording import record_offline
+from ..record.offline.discovery import MANIFEST, MODEL_DTYPE_NAMES
 from ..store import AXES, LOSS_DTYPES
 
 __all__ = ["register", "add_cli_arguments", "run_cli"]
@@ -35,7 +32,7 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--device", default="cpu", help="torch device for the probe forwards (default: cpu)")
     parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="probe sequences per forward (default: 32)")
     parser.add_argument("--dtype", choices=LOSS_DTYPES, default="float32", help="storage dtype of the losses")
-    parser.add_argument("--model-dtype", choices=tuple(MODEL_DTYPES), default="float32", help="dtype the models run in")
+    parser.add_argument("--model-dtype", choices=MODEL_DTYPE_NAMES, default="float32", help="dtype the models run in")
     parser.add_argument("--resume", action="store_true", help="continue an existing run after its last committed step")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -46,6 +43,9 @@ def run_cli(args: argparse.Namespace) -> int:
 
     Errors are raised as :class:`~tokdyn.errors.TokdynError` for the CLI to report.
     """
+    from ..record.offline.models import build_model  # torch and the recorder: only for this command
+    from ..record.offline.recording import record_offline
+
     factory = None
     if args.model:
         try:

@@ -24,10 +24,14 @@ fingerprints), :mod:`.models` (model specs, transformers) and :mod:`.recording` 
 the ``tokdyn record-offline`` command in :mod:`tokdyn.cli.record`.
 """
 
-from .discovery import CheckpointRef, discover_checkpoints
-from .loading import load_checkpoint, read_state_dict, weights_fingerprint
-from .models import build_model
-from .recording import DuplicateWeightsWarning, record_offline
+import importlib
+
+_LAZY = {  # public name: the module that defines it (loaded on first use: torch is imported only then)
+    **dict.fromkeys(["CheckpointRef", "discover_checkpoints"], "discovery"),
+    **dict.fromkeys(["load_checkpoint", "read_state_dict", "weights_fingerprint"], "loading"),
+    **dict.fromkeys(["build_model"], "models"),
+    **dict.fromkeys(["DuplicateWeightsWarning", "record_offline"], "recording"),
+}  # fmt: skip
 
 __all__ = [
     "CheckpointRef",
@@ -39,3 +43,12 @@ __all__ = [
     "weights_fingerprint",
     "record_offline",
 ]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

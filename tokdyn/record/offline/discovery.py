@@ -22,9 +22,10 @@ from ...errors import InputError
 from ...store import AXES
 from .files import check_regular, check_regular_tree, read_json
 
-__all__ = ["CheckpointRef", "discover_checkpoints", "order_refs", "manifest_axis", "MANIFEST", "KINDS"]
+__all__ = ["CheckpointRef", "discover_checkpoints", "order_refs", "manifest_axis", "MANIFEST", "KINDS", "MODEL_DTYPE_NAMES"]
 
 MANIFEST = "manifest.json"
+MODEL_DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes models may run in (loading maps them to torch's)
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 SAFETENSORS_SUFFIXES = (".safetensors",)
 KINDS = ("torch", "safetensors", "hf")

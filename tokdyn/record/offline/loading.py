@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ...errors import InputError, UnsafeFileError
-from .discovery import MANIFEST, SAFETENSORS_SUFFIXES, CheckpointRef
+from .discovery import MANIFEST, MODEL_DTYPE_NAMES, SAFETENSORS_SUFFIXES, CheckpointRef
 from .files import check_regular
 from .models import HF_LOCK, build_model, import_transformers, model_spec_beside
 
@@ -29,7 +29,7 @@ __all__ = ["read_state_dict", "load_checkpoint", "weights_fingerprint", "needs_t
 
 WRAPPER_KEYS = ("state_dict", "model_state_dict", "model", "module")  # {"model": state_dict}, ...
 STRIP_PREFIXES = ("module.", "_orig_mod.")  # DDP, torch.compile
-MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MODEL_DTYPES = {name: getattr(torch, name) for name in MODEL_DTYPE_NAMES}
 
 ModelFactory = Callable[[], torch.nn.Module]
 
