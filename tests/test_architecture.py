@@ -92,6 +92,11 @@ def test_the_command_line_starts_without_torch():
     loaded = _loaded_by("import tokdyn.cli")
     assert "torch" not in loaded and "transformers" not in loaded
     assert "torch" in _loaded_by("import tokdyn.record as r; r.TokenLossRecorder")  # the lazy names still resolve
+    import importlib
+
+    for name in ("tokdyn.record", "tokdyn.record.offline"):
+        mod = importlib.import_module(name)
+        assert all(getattr(mod, n, None) is not None for n in mod.__all__), name  # every listed name loads
 
 
 def test_importing_fit_loads_no_training_code():

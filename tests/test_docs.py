@@ -138,6 +138,11 @@ def _module_names(module: str) -> set[str] | None:
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):  # names loaded on first use are listed there
+                try:
+                    names |= set(ast.literal_eval(node.value))
+                except ValueError:
+                    pass
         elif isinstance(node, ast.Try):  # optional imports
             names |= {(a.asname or a.name).split(".")[0] for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
     return names
