@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tokdyn"
 FORBIDDEN = {
     "errors": {"*"},
     "_version": {"*"},
+    "_lazy": {"*"},
     "store": {"fit", "spectrum", "reconstruct", "analysis", "report", "record", "curriculum", "model", "train", "demo", "data", "axes"},
     "fit": {"record", "train", "model", "data", "demo", "curriculum", "spectrum", "reconstruct", "analysis", "report"},
     "record": {"model", "train", "demo", "fit", "spectrum", "reconstruct", "analysis", "report", "curriculum"},

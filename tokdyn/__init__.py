@@ -9,7 +9,7 @@ import the others: docs/architecture.md gives the stages and what each may impor
 
 from __future__ import annotations
 
-import importlib
+from ._lazy import lazy_names
 
 from ._version import __version__
 from .errors import (
@@ -49,15 +49,4 @@ __all__ = [
     "RunExistsError", "RunBusyError", "ProbeMismatchError", "StepOrderError", "UnsafeFileError", "WriterError",
 ]  # fmt: skip
 
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tokdyn' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # once loaded, a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -4,7 +4,7 @@ Framework adapters live in :mod:`tokdyn.record.hf` (HF ``Trainer``) and
 :mod:`tokdyn.record.lightning` (Lightning); they import their framework only when used.
 """
 
-import importlib
+from .._lazy import lazy_names
 
 _LAZY = {  # public name: the module that defines it (loaded on first use: torch is imported only then)
     **dict.fromkeys(["discover_checkpoints", "record_offline", "weights_fingerprint"], "offline"),
@@ -22,11 +22,4 @@ __all__ = [
     "weights_fingerprint",
 ]
 
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY)

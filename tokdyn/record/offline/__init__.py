@@ -24,7 +24,7 @@ fingerprints), :mod:`.models` (model specs, transformers) and :mod:`.recording` 
 the ``tokdyn record-offline`` command in :mod:`tokdyn.cli.record`.
 """
 
-import importlib
+from ..._lazy import lazy_names
 
 _LAZY = {  # public name: the module that defines it (loaded on first use: torch is imported only then)
     **dict.fromkeys(["CheckpointRef", "discover_checkpoints"], "discovery"),
@@ -44,11 +44,4 @@ __all__ = [
     "record_offline",
 ]
 
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY)
