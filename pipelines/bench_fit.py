@@ -76,7 +76,7 @@ def bounded_reference(x, Y, p_sc, sse_sc):
     clipped). Returns (rows below the floor [n], reference SSE [n])."""
     from tokdyn.fit.sigmoid import LEVEL_FLOOR
 
-    below = np.isfinite(sse_sc) & (np.nanmin(p_sc[:, :2], axis=1) < LEVEL_FLOOR)
+    below = np.isfinite(sse_sc) & (np.fmin(p_sc[:, 0], p_sc[:, 1]) < LEVEL_FLOOR)
     ref = sse_sc.copy()
     lb = [LEVEL_FLOOR, LEVEL_FLOOR, -np.inf, 1e-6]
     with warnings.catch_warnings():
