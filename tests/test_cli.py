@@ -117,3 +117,16 @@ def test_the_report_headlines_an_exponent_only_for_a_power_law(tmp_path):
     cell = spectrum_cell(pages["falling"])  # e.g. "0.95 [0.83, 1.12] (R² 0.86)"
     lo, hi = (float(v) for v in cell.split("[")[1].split("]")[0].split(","))
     assert lo <= 1.0 <= hi, cell  # the planted exponent, inside its interval
+
+
+def test_python_dash_m_tokdyn_is_the_command():
+    """`python -m tokdyn` runs the CLI (for environments without the script on PATH): the same
+    help, and a failing command's one line and exit 1."""
+    import subprocess
+    import sys
+
+    ok = subprocess.run([sys.executable, "-m", "tokdyn", "--help"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "usage: tokdyn" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "tokdyn", "info", "/nonexistent/store.zarr"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
