@@ -143,5 +143,5 @@ def fit_annealing_gain(trunk, branches: Sequence) -> AnnealingGain:
         if best is None or sse < best[0] - 1e-15:
             best = (sse, c, lam)
     sse, c, lam = best
-    return AnnealingGain(coef=c, momentum=lam, n_branches=len(branches), rms=float(np.sqrt(sse / len(branches))),
+    return AnnealingGain(coef=c, momentum=float(lam), n_branches=len(branches), rms=float(np.sqrt(sse / len(branches))),
                          branches=tuple(b.name for b in branches))  # fmt: skip
