@@ -5,13 +5,14 @@ Trains tiny GPTs on the standard-library corpus into ONE store that shares one p
 - a **D sweep** from one run (``tokdyn.sweep.branched_decay_sweep``): a trunk of the D model at
   a constant learning rate after warm-up, recorded as a T run, with a short linear decay (15 %
   of the budget) branched off at each of >= 20 budgets spaced <= 0.1 decade apart; each
-  branch's end is one D point; 7 calibration branches at other budgets (the geometric midpoints
+  branch's end is one D point; the trunk goes on to twice the largest budget (``--trunk-factor``)
+  so that T's events at D's top end are seen from both sides; 7 calibration branches at other budgets (the geometric midpoints
   of every third gap of the D grid) decay over 15 % and, again, over 30 % of their budget: no
   D point, they calibrate the loss a decay gains over the trunk (``tokdyn.annealing``);
-- an **M sweep**: >= 16 model sizes, all of depth 2 with 2 heads, growing in width only
-  (``M_DEPTH``: a family that steps in depth gives the axis steps where depth changes), each
-  trained at one data budget with warm-up and cosine decay and a learning rate set by width
-  (``lr_for_width``), at 2 seeds whose final per-token losses are averaged into one M point.
+- an **M sweep**: >= 16 model sizes (widths and depths; ``--m-family width``: depth 2 only,
+  growing in width), each trained at one data budget with warm-up and cosine decay and a
+  learning rate set by width (``lr_for_width``), at 2 seeds whose final per-token losses are
+  averaged into one M point.
 
 The axes are assembled (``tokdyn.axes.assemble_axis``), fitted with ``tokdyn fit``'s code path
 and rebuilt; the trunk is fitted too, and the D axis is rebuilt a second time from the trunk's
@@ -52,14 +53,16 @@ from tokdyn.report import check_writable, write_report
 from tokdyn.sweep import DecaySweepConfig, branched_decay_sweep, log_budgets
 from tokdyn.train import TrainConfig, record_tiny_run
 
-# (n_layer, n_embd, n_head): 18 sizes, widths 8-128 log-spaced (even), 1.6k-400k non-embedding
-# parameters (2.4 decades, 0.14 decade apart). One depth and one head count: a family whose
-# depth grows with width makes M steps where the depth changes (the 1 -> 2 step of the sweep
-# before, issue 15), and a smooth axis is what a derivative along M needs.
-M_DEPTH, M_HEADS = 2, 2
-M_WIDTHS = [8, 10, 12, 14, 16, 18, 22, 26, 30, 34, 40, 48, 56, 66, 78, 92, 108, 128]
-SIZES = [(M_DEPTH, w, M_HEADS) for w in M_WIDTHS]
-SIZES_QUICK = [(M_DEPTH, w, M_HEADS) for w in (8, 10, 12, 14, 16, 18, 20, 24)]
+# (n_layer, n_embd, n_head): 18 sizes, 0.9k-450k non-embedding parameters (2.7 decades, about
+# 0.16 decade apart); depth grows with width, as in the usual model families.
+SIZES = [(1, 8, 2), (1, 10, 2), (1, 12, 2), (1, 16, 2), (1, 20, 2), (2, 16, 2), (2, 20, 2), (2, 24, 4), (2, 28, 4),
+         (2, 32, 4), (2, 40, 4), (2, 48, 4), (3, 48, 4), (3, 56, 4), (3, 64, 4), (3, 80, 4), (4, 80, 4), (4, 96, 4)]  # fmt: skip
+SIZES_QUICK = [(1, 8, 2), (1, 10, 2), (1, 12, 2), (1, 16, 2), (1, 20, 2), (2, 16, 2), (2, 20, 2), (2, 24, 4)]
+# --m-family width: one depth and one head count, widths 8-128 log-spaced (even), 1.6k-400k
+# non-embedding parameters, so that no depth step falls inside the axis (measured worse: the
+# per-size noise, not depth steps, dominated; docs/benchmarks.md).
+SIZES_WIDTH = [(2, w, 2) for w in (8, 10, 12, 14, 16, 18, 22, 26, 30, 34, 40, 48, 56, 66, 78, 92, 108, 128)]
+SIZES_WIDTH_QUICK = [(2, w, 2) for w in (8, 10, 12, 14, 16, 18, 20, 24)]
 CAL_FRACS = (0.15, 0.30)  # decay shares of the calibration branches: the D points' own, and twice it
 D_MODEL = (2, 96, 4)
 D_MODEL_QUICK = (1, 16, 2)
@@ -88,10 +91,14 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--scale", type=int, default=1, help="multiply widths and budgets (for a GPU)")
     ap.add_argument("--m-steps", type=int, help="training steps of every M-sweep run (default 400; quick 40)")
+    ap.add_argument("--m-family", choices=("mixed", "width"), default="mixed",
+                    help="M sizes: depth growing with width (default), or depth 2 growing in width only")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per M size, averaged (default 2)")
     ap.add_argument("--d-budgets", type=int, help="number of D budgets, log-spaced (default 22; quick 20)")
     ap.add_argument("--d-range", help="first,last D budget in steps (default 25,1600; quick 10,120)")
     ap.add_argument("--decay-frac", type=float, default=0.15, help="each D branch decays over this share of its budget")
+    ap.add_argument("--trunk-factor", type=float, default=2.0,
+                    help="the trunk trains to this multiple of the largest D budget (default 2: T's events at D's top are then not censored on T)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--context", type=int, help="tokens per sequence (default 64; quick 32)")
     ap.add_argument("--points", type=int, default=2, help="log-spaced recording points per M run (its own T axis)")
@@ -121,7 +128,8 @@ def run_sweep(args) -> dict:
         shutil.rmtree(path)
     quick, k = args.quick, max(1, int(args.scale))
     context = args.context or (32 if quick else 64)
-    sizes = [(l, e * k, h) for l, e, h in (SIZES_QUICK if quick else SIZES)]
+    family = {("mixed", False): SIZES, ("mixed", True): SIZES_QUICK, ("width", False): SIZES_WIDTH, ("width", True): SIZES_WIDTH_QUICK}
+    sizes = [(l, e * k, h) for l, e, h in family[(args.m_family, quick)]]
     d_model = D_MODEL_QUICK if quick else D_MODEL
     d_model = (d_model[0], d_model[1] * k, d_model[2])
     m_steps = args.m_steps or (40 if quick else 400) * k
@@ -160,7 +168,8 @@ def run_sweep(args) -> dict:
     fracs = (args.decay_frac, 2 * args.decay_frac)
     calibration = tuple((b, f) for f in fracs for b in cal_budgets)
     cfg = DecaySweepConfig(budgets=tuple(budgets), lr=3e-3, warmup=5 if quick else 10, decay_frac=args.decay_frac,
-                           trunk_points=40, seed=args.seed, calibration=calibration)  # fmt: skip
+                           trunk_points=40, seed=args.seed, calibration=calibration,
+                           trunk_steps=int(round(args.trunk_factor * budgets[-1])))  # fmt: skip
     print(f"D sweep: {len(budgets)} budgets {budgets[0]}-{budgets[-1]} steps (<= {spacing:.3f} decade apart) "
           f"of the {d_model[0]}x{d_model[1]} model; calibration branches at {cal_budgets} over {fracs}", file=sys.stderr)  # fmt: skip
     decay = None
@@ -242,7 +251,7 @@ def run_sweep(args) -> dict:
         "cpu_s": timings["cpu_total"],
     }
     result = {"headline": headline, "axes": axes, "d_from_t": across, "timings_s": timings, "sizes": sizes,
-              "lr_per_size": [lr_for_width(e // k) for _, e, _ in sizes], "m_steps": m_steps, "seeds": seeds,
+              "m_family": args.m_family, "lr_per_size": [lr_for_width(e // k) for _, e, _ in sizes], "m_steps": m_steps, "seeds": seeds,
               "d_model": d_model, "d_budgets": budgets, "d_max_spacing_decades": spacing,
               "decay": decay.summary() if decay else None, "batch_size": args.batch_size, "context": context,
               "calibration": [list(c) for c in calibration], "annealing_gain": {str(f): g.to_dict() for f, g in gains.items()}}  # fmt: skip

@@ -23,8 +23,8 @@ TPS = 4 * 32  # tokens per step of the tiny batches
 
 def test_branched_decay_sweep_writes_one_completed_d_point_per_budget(tiny_model, probe, store_path, train_batches, reference_losses):
     cfg = DecaySweepConfig(budgets=(6, 8, 10, 13, 16), lr=1e-2, warmup=2, decay_frac=0.2, floor=0.1, trunk_points=6,
-                           calibration=((12, 0.5),))  # fmt: skip
-    stream = train_batches(16)
+                           calibration=((12, 0.5),), trunk_steps=20)  # fmt: skip
+    stream = train_batches(20)
     fresh = copy.deepcopy(tiny_model)
     st = tokdyn.open_store(store_path, probe, mode="w")
     out = branched_decay_sweep(tiny_model, lambda start: iter(stream[start:]), probe, st, cfg, tokens_per_step=TPS)
@@ -37,7 +37,7 @@ def test_branched_decay_sweep_writes_one_completed_d_point_per_budget(tiny_model
         assert r.attrs["sweep"] == "D" and r.attrs["data_budget"] == b * TPS
         assert r.coord("lr")[0] == pytest.approx(0.1 * 1e-2)  # the last update ran at the floor
     trunk = st.run("D-trunk")
-    assert trunk.axis == "T" and trunk.coord("step")[-1] == 16
+    assert trunk.axis == "T" and trunk.coord("step")[-1] == 20  # trained on past the largest budget
     assert np.allclose(trunk.coord("lr")[trunk.coord("step") >= 2], 1e-2)  # constant after warm-up
     axis = assemble_axis(st, "D", runs=out.branches)
     np.testing.assert_allclose(axis.axis_values, np.array(cfg.budgets) * TPS)
@@ -73,6 +73,8 @@ def test_decay_sweep_config_is_checked():
         DecaySweepConfig(budgets=(10, 20), warmup=10)
     with pytest.raises(InputError, match="shape"):
         DecaySweepConfig(budgets=(20,), shape="cosine")
+    with pytest.raises(InputError, match="trunk_steps"):
+        DecaySweepConfig(budgets=(20, 40), trunk_steps=30)
     with pytest.raises(InputError, match="calibration"):
         DecaySweepConfig(budgets=(20, 40), calibration=((50, 0.2),))
     with pytest.raises(InputError, match="warm-up"):

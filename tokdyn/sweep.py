@@ -70,6 +70,9 @@ class DecaySweepConfig:
     trunk_points : about how many log-spaced steps the trunk records (its T axis).
     calibration : extra branches, not D points: ``(budget, decay_frac)`` pairs, each ending at
         ``budget`` after a decay over its own share (see the module docstring).
+    trunk_steps : how far the trunk trains and records (default: the largest budget). Training
+        it beyond the largest budget lets the events of tokens still being learned there be
+        fitted on T from both sides, which D rebuilt from T's events needs at its top end.
     """
 
     budgets: tuple[int, ...]
@@ -84,6 +87,7 @@ class DecaySweepConfig:
     trunk_points: int = 40
     seed: int = 0
     calibration: tuple[tuple[int, float], ...] = ()
+    trunk_steps: int | None = None
 
     def __post_init__(self) -> None:
         b = tuple(int(x) for x in self.budgets)
@@ -94,6 +98,8 @@ class DecaySweepConfig:
             raise InputError("need lr > 0, warmup >= 0, 0 < decay_frac < 1 and 0 <= floor < 1")
         if self.shape not in DECAY_SHAPES:
             raise InputError(f"shape must be one of {DECAY_SHAPES}, got {self.shape!r}")
+        if self.trunk_steps is not None and int(self.trunk_steps) < b[-1]:
+            raise InputError(f"trunk_steps ({self.trunk_steps}) must reach the largest budget ({b[-1]})")
         cal = tuple((int(x), float(f)) for x, f in self.calibration)
         object.__setattr__(self, "calibration", cal)
         if any(not 0 < f < 1 or not 1 <= x <= b[-1] for x, f in cal):
@@ -177,7 +183,7 @@ def branched_decay_sweep(
     device: str | torch.device | None = None,
     on_step: Callable[[str, int], None] | None = None,
 ) -> DecaySweep:
-    """Train ``model`` as a constant-lr trunk to the largest budget, branching a decay at each.
+    """Train ``model`` as a constant-lr trunk to the largest budget (or ``cfg.trunk_steps``), branching a decay at each.
 
     Parameters
     ----------
@@ -208,7 +214,7 @@ def branched_decay_sweep(
         raise InputError(f"runs {taken} already exist in {store.url}; use another prefix or a fresh store")
     base = {**dict(run_attrs or {}), "decay_sweep": {k: v for k, v in asdict(cfg).items() if k not in ("budgets", "calibration")},
             "tokens_per_step": int(tokens_per_step)}  # fmt: skip
-    last = cfg.budgets[-1]
+    last = int(cfg.trunk_steps or cfg.budgets[-1])
     schedule = geometric_schedule(last, cfg.trunk_points)
     trunk_attrs = {**base, "lr_schedule": "warm-up then constant", "data_budget": last * int(tokens_per_step),
                    "lr_area": {"step": schedule.tolist(), "area": [cfg.trunk_area(s) for s in schedule]}}  # fmt: skip
