@@ -30,7 +30,7 @@ from tokdyn.fit import fit_sigmoids, log_axis
 from tokdyn.fit.backends import TorchOps
 from tokdyn.fit.grid import sigmoid_grid
 from tokdyn.fit.projection import sigmoid_amplitudes, sigmoid_projected
-from tokdyn.fit.sigmoid import default_s_min
+from tokdyn.fit.sigmoid import LEVEL_FLOOR, default_s_min
 from tokdyn.fit.synthetic import plant_sigmoids
 
 
@@ -54,11 +54,12 @@ def make_solver(x, block: int, steps: int, device, *, graph: bool):
     Y_in = torch.zeros(block, K, dtype=torch.float64, device=device)
 
     def run():
-        Yc = Y_in - Y_in.mean(1, keepdim=True)
+        Ym = Y_in.mean(1)
+        Yc = Y_in - Ym[:, None]
         cov = Yc @ G.T  # [B, Q]
         q = torch.argmax(cov * cov * inv_var, dim=1)
         th = torch.minimum(torch.maximum(torch.stack([mu_q[q], torch.log(s_q[q])], 1), lo), hi)
-        F, A, g = sigmoid_projected(ops, x, Yc, W, th)
+        F, A, g = sigmoid_projected(ops, x, Yc, W, th, Ym, LEVEL_FLOOR)
         D = torch.diagonal(A, dim1=1, dim2=2).abs()
         lam = torch.full_like(F, 1e-3)
         eye = torch.eye(2, dtype=torch.float64, device=device)
@@ -75,7 +76,7 @@ def make_solver(x, block: int, steps: int, device, *, graph: bool):
             th_t = torch.minimum(torch.maximum(th + h / over[:, None], lo), hi)
             hc = th_t - th
             pred = -2.0 * (g * hc).sum(1) - (hc * (A @ hc[:, :, None])[:, :, 0]).sum(1)
-            F_t, A_t, g_t = sigmoid_projected(ops, x, Yc, W, th_t)
+            F_t, A_t, g_t = sigmoid_projected(ops, x, Yc, W, th_t, Ym, LEVEL_FLOOR)
             better = ok & torch.isfinite(F_t) & (F_t < F)
             rho = torch.where(pred > 0, (F - F_t) / torch.where(pred > 0, pred, 1.0), 0.0)
             th = torch.where(better[:, None], th_t, th)
@@ -84,7 +85,7 @@ def make_solver(x, block: int, steps: int, device, *, graph: bool):
             g = torch.where(better[:, None], g_t, g)
             shrink = (1.0 - (2.0 * rho - 1.0) ** 3).clamp(min=0.1)
             lam = torch.where(better, lam * shrink, lam * 2.0)
-        d, c0 = sigmoid_amplitudes(ops, x, Yc, W, th)
+        d, c0 = sigmoid_amplitudes(ops, x, Yc, W, th, Ym, LEVEL_FLOOR)
         return th[:, 0], th[:, 1], d, c0, F
 
     if not graph or device.type != "cuda":

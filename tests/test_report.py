@@ -79,7 +79,7 @@ def test_example_tokens_show_their_text_in_context(page):
 
 
 def test_no_fitted_curve_is_drawn_below_zero():
-    # a censored event whose level extrapolates to -38 nats, as fits of real runs do
+    # a censored event whose level extrapolates to -38 nats, as fits made before levels were bounded did
     f = {"model": np.array([2]), "l0": np.array([5.2]), "linf": np.array([-38.4]), "mu": np.array([4.35]), "s": np.array([0.76])}
     xf = np.linspace(0.0, 2.9, 50)
     y = _drawn_curve(f, 0, xf)

@@ -902,8 +902,8 @@ def _fig_trajectories(st: TrajectoryStore, a: RunAnalysis, per_class: int = 3, d
                   f"Each panel shows up to {per_class} tokens drawn at random from one class (how many tokens the class "
                   f"holds is in its title). Dots: the token's loss at each recorded {_axis_name(a.axis)}; line: the model "
                   f"the fit chose for it (a constant, a line, a sigmoid or two sigmoids in log {_axis_name(a.axis)}), "
-                  f"drawn clipped at 0 nats (a fitted curve whose event lies outside the recorded range can extrapolate "
-                  f"below zero). Colours are per panel: the table below gives each coloured token's text in context, "
+                  f"drawn clipped at 0 nats (fitted levels are at least 0, but a line extended past the recorded range, or a "
+                  f"store fitted by an older tokdyn, can go below zero). Colours are per panel: the table below gives each coloured token's text in context, "
                   f"and the model with its event time(s).", after)  # fmt: skip
 
 
@@ -956,8 +956,8 @@ def _model_text(f: dict, t: int, axis: str) -> str:
 
 
 def _drawn_curve(f: dict, t: int, xf: np.ndarray) -> np.ndarray:
-    """Token t's fitted curve as drawn: clipped at 0 nats. A fit's levels are not bounded below,
-    so a curve whose event is censored can extrapolate under 0, and a loss cannot be negative."""
+    """Token t's fitted curve as drawn: clipped at 0 nats. Fitted levels are bounded at 0, but a
+    line extends below 0 past the range, as do the levels of a store fitted before the bound."""
     return np.maximum(_chosen_curve(f, t, xf), 0.0)
 
 

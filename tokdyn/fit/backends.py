@@ -28,7 +28,7 @@ from tokdyn.fit.lm import MODEL_SIGMOID, cholesky_solve, levenberg_marquardt
 from tokdyn.fit.models import two_sigmoid_evaluate
 from tokdyn.fit.prepare import NEGATIVE_TOLERANCE, SUMMARY_FIELDS, prepare
 from tokdyn.fit.projection import sigmoid_amplitudes, sigmoid_projected
-from tokdyn.fit.sigmoid import s_min_of, sigmoid_evaluate
+from tokdyn.fit.sigmoid import LEVEL_FLOOR, s_min_of, sigmoid_evaluate
 
 __all__ = [
     "BACKENDS",
@@ -374,15 +374,18 @@ def _run_projected_sigmoid(x, Y, p0, lo, hi, *, max_iter, ftol, xtol, backend, d
         mean = NumpyOps.rowsum(np.where(observed, Y[sl], 0.0)) / n
         Yc = ops.asarray(np.where(observed, Y[sl] - mean[:, None], 0.0))
         W = ops.asarray(observed)
+        mean_b = ops.asarray(mean)
+        floor = ops.asarray(lo[sl, 1])  # the least level (linf's bound; l0 shares it)
         res = levenberg_marquardt(
-            ops, lambda x_, Y_, W_, th_: sigmoid_projected(ops, x_, Y_, W_, th_), x_b, Yc, W,
+            ops, lambda x_, Y_, W_, th_, m_, f_: sigmoid_projected(ops, x_, Y_, W_, th_, m_, f_),
+            x_b, Yc, W,
             ops.asarray(p0[sl, 2:4]), ops.asarray(lo[sl, 2:4]), ops.asarray(hi[sl, 2:4]),
             max_iter=max_iter, ftol=ftol, xtol=xtol, check_every=check_every,
             step_max=None if step_max is None else ops.asarray(step_max[sl]),
-            shrink_min=SHRINK_MIN, flat_converged=True,
+            shrink_min=SHRINK_MIN, flat_converged=True, row_data=(mean_b, floor),
         )
-        d, c0 = sigmoid_amplitudes(ops, x_b, Yc, W, res.p)
-        linf = c0 + ops.asarray(mean)
+        d, c0 = sigmoid_amplitudes(ops, x_b, Yc, W, res.p, mean_b, floor)
+        linf = c0 + mean_b
         th = res.p
         q = ops.stack([linf + d, linf, th[:, 0], th[:, 1]], 1)
         Y0 = ops.asarray(np.where(observed, Y[sl], 0.0))
@@ -415,6 +418,7 @@ def prepare_rows(x: np.ndarray, Y: np.ndarray, options, backend: str) -> dict[st
         values = kernels.prepare_block(
             x, Y, float(options.max_loss), NEGATIVE_TOLERANCE, int(options.edge_points),
             float(s_min_of(x, options)), float(options.s_max_frac), float(options.mu_margin),
+            LEVEL_FLOOR,
         )
     return dict(zip(SUMMARY_FIELDS, values))
 

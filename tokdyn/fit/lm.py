@@ -102,6 +102,7 @@ def levenberg_marquardt(
     step_max: Any = None,
     shrink_min: float = 1.0 / 3.0,
     flat_converged: bool = False,
+    row_data: tuple = (),
 ) -> LMResult:
     """Minimise ``sum_k W[b,k] (f(x_k; p_b) - Y[b,k])^2`` for every row b inside ``[lo, hi]``.
 
@@ -121,10 +122,12 @@ def levenberg_marquardt(
     shrink_min : least factor by which a successful step shrinks the damping.
     flat_converged : also converged when a nearly undamped step (lam <= 1) predicts a gain of
         at most ftol (rounding in a projected sum of squares can hide a last real gain).
+    row_data : more per-row arrays [B, ...] that ``evaluate`` takes after the parameters
+        (``evaluate(x, Y, W, p, *row_data)``); they follow the working set like Y and W.
     """
     B, P = p0.shape
     p = ops.clip(p0, lo, hi)
-    sse, A, g = evaluate(x, Y, W, p)
+    sse, A, g = evaluate(x, Y, W, p, *row_data)
     out = LMResult(
         p=p,
         sse=sse,
@@ -167,7 +170,7 @@ def levenberg_marquardt(
         p_try = ops.clip(p + h, lo, hi)
         hc = p_try - p  # [B, P] the step actually taken
         pred = -2.0 * (g * hc).sum(-1) - (hc * (A @ hc[:, :, None])[:, :, 0]).sum(-1)
-        sse_t, A_t, g_t = evaluate(x, Y, W, p_try)
+        sse_t, A_t, g_t = evaluate(x, Y, W, p_try, *row_data)
 
         step_ok = active & ok & ops.isfinite(sse_t)
         better = step_ok & (sse_t < sse)
@@ -209,6 +212,7 @@ def levenberg_marquardt(
                 )
                 n_iter, status, active = n_iter[keep], status[keep], active[keep]
                 Y, W, lo, hi = Y[keep], W[keep], lo[keep], hi[keep]
+                row_data = tuple(a[keep] for a in row_data)
                 if step_max is not None:
                     step_max = step_max[keep]
     write_back()

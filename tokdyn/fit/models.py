@@ -93,11 +93,12 @@ def two_sigmoid_evaluate(ops, x, Y, W, q):
 
 
 def two_sigmoid_bounds(lo1: np.ndarray, hi1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Bounds [B, 7] from the sigmoid's [B, 4]: both events' mu and s bounded as its mu and s;
-    the level and the drops unbounded."""
+    """Bounds [B, 7] from the sigmoid's [B, 4]: both events' mu and s bounded as its mu and s,
+    the final level linf as the sigmoid's; the drops unbounded."""
     B = lo1.shape[0]
     lo = np.full((B, 7), -np.inf)
     hi = np.full((B, 7), np.inf)
+    lo[:, 0], hi[:, 0] = lo1[:, 1], hi1[:, 1]
     for j in (2, 5):
         lo[:, j], hi[:, j] = lo1[:, 2], hi1[:, 2]
     for j in (3, 6):

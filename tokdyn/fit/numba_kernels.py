@@ -332,7 +332,8 @@ def _lm_chunks(model, x, Y, p0, lo, hi, max_iter, ftol, xtol, n_chunks):
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def prepare_block(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_margin):
+def prepare_block(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_margin,
+                  level_floor):
     """Everything tokdyn.fit.prepare.prepare computes, in one pass per row.
 
     Returns (n, x_first, x_last, invalid, mean, sse_const, intercept, slope, sse_line,
@@ -350,7 +351,7 @@ def prepare_block(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_ma
     slope = np.full(B, nan)
     sse_l = np.full(B, nan)
     p0 = np.empty((B, 4))
-    lo = np.full((B, 4), -np.inf)
+    lo = np.full((B, 4), level_floor)
     hi = np.full((B, 4), np.inf)
     grid_span = max(x[K - 1] - x[0], 1.0)
     for b in prange(B):

@@ -23,17 +23,34 @@ def _model(x, l0, linf, mu, s):
     return linf + (l0 - linf) / (1.0 + np.exp(np.clip((x - mu) / s, -Z_CLIP, Z_CLIP)))
 
 
-def _dense_sse(x, y, mus, ss):
-    """Projected SSE [len(mus), len(ss)] of the sigmoid with amplitudes solved exactly."""
-    yc = y - y.mean()
+def _dense_sse(x, y, mus, ss, floor=-np.inf):
+    """Projected SSE [len(mus), len(ss)] of the sigmoid with amplitudes solved exactly; with a
+    finite ``floor``, both levels at or above it: l - floor = a g + b (1 - g) with a, b >= 0,
+    a two-column non-negative least squares solved by enumerating its active sets."""
     g = 1.0 / (1.0 + np.exp(np.clip((x[None, None, :] - mus[:, None, None]) / ss[None, :, None],
                                     -Z_CLIP, Z_CLIP)))
-    gc = g - g.mean(-1, keepdims=True)
-    var = (gc * gc).sum(-1)
-    cov = (gc * yc).sum(-1)
+    if not np.isfinite(floor):
+        yc = y - y.mean()
+        gc = g - g.mean(-1, keepdims=True)
+        var = (gc * gc).sum(-1)
+        cov = (gc * yc).sum(-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            explained = np.where(var > 1e-12 * len(x), cov * cov / var, 0.0)
+        return (yc * yc).sum() - explained
+    t = y - floor
+    h = 1.0 - g
+    # the normal equations of (a, b), then each one-column fit and the empty one
+    gg, gh, hh = (g * g).sum(-1), (g * h).sum(-1), (h * h).sum(-1)
+    gt, ht, tt = (g * t).sum(-1), (h * t).sum(-1), float(t @ t)
     with np.errstate(divide="ignore", invalid="ignore"):
-        explained = np.where(var > 1e-12 * len(x), cov * cov / var, 0.0)
-    return (yc * yc).sum() - explained
+        det = gg * hh - gh * gh
+        a = (hh * gt - gh * ht) / det
+        b = (gg * ht - gh * gt) / det
+        both = np.where((det > 1e-12 * gg * hh) & (a >= 0) & (b >= 0),
+                        tt - a * gt - b * ht, np.inf)
+        only_g = np.where((gg > 0) & (gt >= 0), tt - gt * gt / gg, np.inf)
+        only_h = np.where((hh > 0) & (ht >= 0), tt - ht * ht / hh, np.inf)
+    return np.maximum(np.minimum(np.minimum(both, only_g), np.minimum(only_h, tt)), 0.0)
 
 
 def multistart_sigmoid(
@@ -48,7 +65,7 @@ def multistart_sigmoid(
     researcher_starts: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """Best sum of squares [B] of one sigmoid per row of Y [B, K] (NaN = missing) within the
-    box lo, hi [B, 4] (natural s; the fit's bounds).
+    box lo, hi [B, 4] (natural s; the fit's bounds, levels included).
 
     Dense grid: ``n_mu`` x ``n_s`` events (mu linear, s geometric over the box); the
     ``polish`` lowest local minima of that grid (8-neighbourhood) are polished with scipy;
@@ -68,7 +85,8 @@ def multistart_sigmoid(
         mlo, mhi, slo, shi = lo[b, 2], hi[b, 2], lo[b, 3], hi[b, 3]
         mus = np.linspace(mlo, mhi, n_mu)
         ss = np.geomspace(slo, shi, n_s)
-        F = _dense_sse(xo, yo, mus, ss)
+        floor = max(lo[b, 0], lo[b, 1])  # the fit's level floor (both levels share it)
+        F = _dense_sse(xo, yo, mus, ss, floor)
         # local minima of the grid, lowest first
         pad = np.pad(F, 1, constant_values=np.inf)
         neigh = np.min([pad[1 + di:1 + di + n_mu, 1 + dj:1 + dj + n_s]
@@ -88,8 +106,8 @@ def multistart_sigmoid(
             A = np.stack([g, 1.0 - g], 1)
             l0, linf = np.linalg.lstsq(A, yo, rcond=None)[0]
             p0 = np.array([l0, linf, mu0, s0])
-            lb = np.array([-np.inf, -np.inf, mlo, slo])
-            ub = np.array([np.inf, np.inf, mhi, shi])
+            lb = np.array([lo[b, 0], lo[b, 1], mlo, slo])
+            ub = np.array([hi[b, 0], hi[b, 1], mhi, shi])
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 res = least_squares(lambda p: _model(xo, *p) - yo, np.clip(p0, lb, ub),

@@ -17,6 +17,7 @@ from tokdyn.fit.options import FitOptions
 
 __all__ = [
     "PARAMS",
+    "LEVEL_FLOOR",
     "Z_CLIP",
     "sigmoid_curve",
     "sigmoid_evaluate",
@@ -30,6 +31,10 @@ __all__ = [
 ]
 
 PARAMS = ("l0", "linf", "mu", "s")
+# The least level a fitted loss may have: a cross-entropy is never below 0. Without this bound
+# an event censored by the end of the run has levels the data do not determine (only its
+# visible head is seen), and least squares sends linf to -1e5 with a drop to match.
+LEVEL_FLOOR = 0.0
 # |z| = |x - mu| / s beyond this changes sigma by < 2e-22: clip it so exp never overflows.
 Z_CLIP = 50.0
 
@@ -105,7 +110,8 @@ def s_min_of(x: np.ndarray, options: FitOptions) -> float:
 def sigmoid_bounds(
     x: np.ndarray, W: np.ndarray, options: FitOptions
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Lower and upper bounds [B, 4] of (l0, linf, mu, s); l0 and linf are unbounded.
+    """Lower and upper bounds [B, 4] of (l0, linf, mu, s); l0 and linf at least
+    :data:`LEVEL_FLOOR`, unbounded above.
 
     mu lies within ``mu_margin`` times the observed range of x around it; s in
     ``[s_min, s_max_frac * range]``. Rows with fewer than two observed points get bounds
@@ -118,7 +124,7 @@ def sigmoid_bounds(
     span = np.where(span > 0, span, max(float(x[-1] - x[0]), 1.0))
     s_min = s_min_of(x, options)
     B = W.shape[0]
-    lo = np.full((B, 4), -np.inf)
+    lo = np.full((B, 4), LEVEL_FLOOR)
     hi = np.full((B, 4), np.inf)
     lo[:, 2] = first - options.mu_margin * span
     hi[:, 2] = last + options.mu_margin * span

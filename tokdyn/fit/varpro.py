@@ -271,8 +271,39 @@ def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
 # Projected evaluations
 
 
+@njit(inline="always", **_JIT)
+def _projected_terms(c, c_0, c_1, c_00, c_01, c_11, v, v_0, v_1, v_00, v_01, v_11, syy,
+                     q00, q01, q11, w0, w1):
+    """F = syy - c^2 / v of one amplitude (d = c / v) with its gradient and matrix in (mu, ln s).
+
+    c, v and their first (c_i, v_i) and second (c_ij, v_ij) derivatives come from the one
+    pass of sums; q_ij and w_i = v_i / 2 give Kaufman's Gauss-Newton matrix d^2 (q - w w^T / v),
+    which stands in where the exact Hessian is not positive definite.
+    Returns (F, d, g0, g1, m00, m01, m11): gradient and matrix of F/2.
+    """
+    inv_v = 1.0 / v
+    d = c * inv_v
+    sse = max(syy - d * c, 0.0)
+    g0 = -d * c_0 + 0.5 * d * d * v_0
+    g1 = -d * c_1 + 0.5 * d * d * v_1
+    # Hessian of F/2: -(c_i c_j + c c_ij)/v + (c c_i v_j + c c_j v_i)/v^2 + c^2 v_ij/(2 v^2)
+    #                 - c^2 v_i v_j / v^3
+    d2 = d * d
+    h00 = (-(c_0 * c_0 + c * c_00) * inv_v + 2.0 * d * c_0 * v_0 * inv_v + 0.5 * d2 * v_00
+           - d2 * v_0 * v_0 * inv_v)
+    h01 = (-(c_0 * c_1 + c * c_01) * inv_v + d * (c_0 * v_1 + c_1 * v_0) * inv_v
+           + 0.5 * d2 * v_01 - d2 * v_0 * v_1 * inv_v)
+    h11 = (-(c_1 * c_1 + c * c_11) * inv_v + 2.0 * d * c_1 * v_1 * inv_v + 0.5 * d2 * v_11
+           - d2 * v_1 * v_1 * inv_v)
+    if not (h00 > 0 and h11 > 0 and h00 * h11 - h01 * h01 > 1e-12 * h00 * h11):
+        h00 = d2 * (q00 - w0 * w0 * inv_v)
+        h01 = d2 * (q01 - w0 * w1 * inv_v)
+        h11 = d2 * (q11 - w1 * w1 * inv_v)
+    return sse, d, g0, g1, h00, h01, h11
+
+
 @njit(**_JIT_SIMD)
-def _vp_sigmoid(xo, yc, n, syy, th, buf, out):
+def _vp_sigmoid(xo, yc, n, syy, th, buf, out, floor=-math.inf, mean=0.0):
     """Projected fit of l = linf + d g at th = (mu, ln s) to the centred data yc.
 
     The projected sum of squares is F = Syy - c^2 / v with c = sum g y and v = sum g^2 -
@@ -281,6 +312,12 @@ def _vp_sigmoid(xo, yc, n, syy, th, buf, out):
     the optimum (Gauss-Newton's is only linear when residuals are not small: 6.6 steps
     against ~4 on planted events). Where that Hessian is not positive definite (far from a
     minimum) Kaufman's Gauss-Newton matrix stands in.
+
+    Levels at or above ``floor`` (the data's mean is ``mean``; -inf: unbounded): where the
+    least-squares levels break it, the amplitudes are those of the best feasible active set
+    (linf = floor with d free, l0 = floor with linf free, or both), each again one amplitude
+    in closed form from the same sums (a convex problem in the amplitudes: the best feasible
+    candidate is its optimum, and F stays continuous in th).
 
     out: [0] F, [1] linf - mean, [2] d, [3:5] gradient F/2, [7:11] 2x2 matrix (Hessian of
     F/2 or its Gauss-Newton stand-in), [11:20] sums for the full J^T J at the end.
@@ -330,42 +367,51 @@ def _vp_sigmoid(xo, yc, n, syy, th, buf, out):
     if not v > 1e-12 * nf:
         out[0] = math.inf
         return math.inf
-    c = sgy
-    d = c / v
-    sse = max(syy - d * c, 0.0)
-    # derivatives of c and v; index 0 = mu, 1 = ln s
-    c_0, c_1 = say, sby
     w0 = sga - sg * sa / nf  # v_i / 2
     w1 = sgb - sg * sb / nf
-    c_00, c_01, c_11 = smmy, smty, stty
-    v_00 = 2.0 * (saa + sgmm - (sa * sa + sg * smm) / nf)
-    v_01 = 2.0 * (sab + sgmt - (sa * sb + sg * smt) / nf)
-    v_11 = 2.0 * (sbb + sgtt - (sb * sb + sg * stt) / nf)
-    v_0, v_1 = 2.0 * w0, 2.0 * w1
-    inv_v = 1.0 / v
-    cv = c * inv_v
+    sse, d, g0, g1, h00, h01, h11 = _projected_terms(
+        sgy, say, sby, smmy, smty, stty, v, 2.0 * w0, 2.0 * w1,
+        2.0 * (saa + sgmm - (sa * sa + sg * smm) / nf),
+        2.0 * (sab + sgmt - (sa * sb + sg * smt) / nf),
+        2.0 * (sbb + sgtt - (sb * sb + sg * stt) / nf), syy,
+        saa - sa * sa / nf, sab - sa * sb / nf, sbb - sb * sb / nf, w0, w1)
+    lin = -d * sg / nf  # linf - mean
+    if mean + lin < floor or mean + lin + d < floor:
+        # the active sets; m: the data's mean above the floor
+        m = mean - floor
+        syy_f = syy + nf * m * m
+        best = math.inf
+        if sgg > 1e-12 * nf:  # linf = floor, l = floor + d g
+            r = _projected_terms(
+                sgy + m * sg, say + m * sa, sby + m * sb, smmy + m * smm, smty + m * smt,
+                stty + m * stt, sgg, 2.0 * sga, 2.0 * sgb, 2.0 * (saa + sgmm),
+                2.0 * (sab + sgmt), 2.0 * (sbb + sgtt), syy_f, saa, sab, sbb, sga, sgb)
+            if r[1] >= 0.0:
+                best = r[0]
+                sse, d, g0, g1, h00, h01, h11 = r
+                lin = -m
+        vh = nf - 2.0 * sg + sgg  # sum (1 - g)^2
+        if vh > 1e-12 * nf:  # l0 = floor, l = floor + e (1 - g), d = -e
+            r = _projected_terms(
+                nf * m - sgy - m * sg, -(say + m * sa), -(sby + m * sb), -(smmy + m * smm),
+                -(smty + m * smt), -(stty + m * stt), vh, 2.0 * (sga - sa), 2.0 * (sgb - sb),
+                2.0 * (saa + sgmm - smm), 2.0 * (sab + sgmt - smt), 2.0 * (sbb + sgtt - stt),
+                syy_f, saa, sab, sbb, sga - sa, sgb - sb)
+            if r[1] >= 0.0 and r[0] < best:
+                best = r[0]
+                sse, e, g0, g1, h00, h01, h11 = r
+                d = -e
+                lin = -m + e
+        if best == math.inf:  # both: the loss stays at the floor
+            sse, d, lin = syy_f, 0.0, -m
+            g0 = g1 = h01 = 0.0
+            h00 = h11 = 1.0
     out[0] = sse
-    out[1] = -d * sg / nf
+    out[1] = lin
     out[2] = d
-    out[3] = -cv * c_0 + 0.5 * cv * cv * v_0
-    out[4] = -cv * c_1 + 0.5 * cv * cv * v_1
-    # Hessian of F/2: -(c_i c_j + c c_ij)/v + (c c_i v_j + c c_j v_i)/v^2 + c^2 v_ij/(2 v^2)
-    #                 - c^2 v_i v_j / v^3
-    cv2 = cv * cv
-    h00 = (-(c_0 * c_0 + c * c_00) * inv_v + 2.0 * cv * c_0 * v_0 * inv_v + 0.5 * cv2 * v_00
-           - cv2 * v_0 * v_0 * inv_v)
-    h01 = (-(c_0 * c_1 + c * c_01) * inv_v + cv * (c_0 * v_1 + c_1 * v_0) * inv_v
-           + 0.5 * cv2 * v_01 - cv2 * v_0 * v_1 * inv_v)
-    h11 = (-(c_1 * c_1 + c * c_11) * inv_v + 2.0 * cv * c_1 * v_1 * inv_v + 0.5 * cv2 * v_11
-           - cv2 * v_1 * v_1 * inv_v)
-    if h00 > 0 and h11 > 0 and h00 * h11 - h01 * h01 > 1e-12 * h00 * h11:
-        out[7], out[8], out[10] = h00, h01, h11
-    else:  # Kaufman's Gauss-Newton matrix (positive semi-definite)
-        dd = d * d
-        out[7] = dd * (saa - sa * sa / nf - w0 * w0 * inv_v)
-        out[8] = dd * (sab - sa * sb / nf - w0 * w1 * inv_v)
-        out[10] = dd * (sbb - sb * sb / nf - w1 * w1 * inv_v)
-    out[9] = out[8]
+    out[3] = g0
+    out[4] = g1
+    out[7], out[8], out[9], out[10] = h00, h01, h01, h11
     out[11], out[12], out[13], out[14], out[15] = sg, sgg, sa, sb, sga
     out[16], out[17], out[18], out[19] = sgb, saa, sab, sbb
     return sse
@@ -410,8 +456,12 @@ def _sum(u, n):
 
 
 @njit(**_JIT_SIMD)
-def _vp_two(xo, yc, n, syy, th, buf, out):
+def _vp_two(xo, yc, n, syy, th, buf, out, floor=-math.inf, mean=0.0):
     """Projected fit of l = linf + d1 g1 + d2 g2 at th = (mu1, ln s1, mu2, ln s2).
+
+    The final level linf stays at or above ``floor`` (the data's mean is ``mean``): where the
+    least-squares linf is below it, linf = floor and (d1, d2) solve the problem without the
+    constant column (the same sums, uncentred).
 
     out: [0] SSE, [1] linf - mean, [2:4] (d1, d2), [4:8] gradient J^T r, [8:24] the 4x4
     normal matrix (Kaufman). Returns the SSE (inf where the basis is degenerate).
@@ -431,24 +481,41 @@ def _vp_two(xo, yc, n, syy, th, buf, out):
     nf = float(n)
     sg1 = _sum(g1, n)
     sg2 = _sum(g2, n)
-    v11 = _dot(g1, g1, n) - sg1 * sg1 / nf
-    v12 = _dot(g1, g2, n) - sg1 * sg2 / nf
-    v22 = _dot(g2, g2, n) - sg2 * sg2 / nf
-    c1 = _dot(g1, yc, n)
-    c2 = _dot(g2, yc, n)
-    # a tiny ridge keeps the 2x2 solve finite when the two events coincide
-    ridge = 1e-12 * (v11 + v22) + 1e-300
-    v11 += ridge
-    v22 += ridge
-    det = v11 * v22 - v12 * v12
-    if not (det > 1e-14 * v11 * v22 and v11 > 1e-12 * nf and v22 > 1e-12 * nf):
-        out[0] = math.inf
-        return math.inf
-    i11, i12, i22 = v22 / det, -v12 / det, v11 / det
-    d1 = i11 * c1 + i12 * c2
-    d2 = i12 * c1 + i22 * c2
-    c0 = -(d1 * sg1 + d2 * sg2) / nf
-    sse = max(syy - d1 * c1 - d2 * c2, 0.0)
+    u11 = _dot(g1, g1, n)
+    u12 = _dot(g1, g2, n)
+    u22 = _dot(g2, g2, n)
+    y1 = _dot(g1, yc, n)
+    y2 = _dot(g2, yc, n)
+    # inv_n = 1/n projects out the free constant; 0 where linf sits on the floor
+    inv_n = 1.0 / nf
+    m = 0.0  # the data's mean above linf's fixed value (the uncentred data: yc + m)
+    for attempt in range(2):
+        v11 = u11 - sg1 * sg1 * inv_n
+        v12 = u12 - sg1 * sg2 * inv_n
+        v22 = u22 - sg2 * sg2 * inv_n
+        c1 = y1 + m * sg1
+        c2 = y2 + m * sg2
+        # a tiny ridge keeps the 2x2 solve finite when the two events coincide
+        ridge = 1e-12 * (v11 + v22) + 1e-300
+        v11 += ridge
+        v22 += ridge
+        det = v11 * v22 - v12 * v12
+        if not (det > 1e-14 * v11 * v22 and v11 > 1e-12 * nf and v22 > 1e-12 * nf):
+            out[0] = math.inf
+            return math.inf
+        i11, i12, i22 = v22 / det, -v12 / det, v11 / det
+        d1 = i11 * c1 + i12 * c2
+        d2 = i12 * c1 + i22 * c2
+        if attempt == 0:
+            c0 = -(d1 * sg1 + d2 * sg2) / nf
+            sse = max(syy - d1 * c1 - d2 * c2, 0.0)
+            if not mean + c0 < floor:
+                break
+            inv_n = 0.0
+            m = mean - floor
+        else:
+            c0 = -m
+            sse = max(syy + nf * m * m - d1 * c1 - d2 * c2, 0.0)
     out[0] = sse
     out[1] = c0
     out[2] = d1
@@ -461,12 +528,12 @@ def _vp_two(xo, yc, n, syy, th, buf, out):
         sc[j] = _sum(cj, n)
         s1j = _dot(g1, cj, n)
         s2j = _dot(g2, cj, n)
-        w1[j] = s1j - sg1 * sc[j] / nf
-        w2[j] = s2j - sg2 * sc[j] / nf
+        w1[j] = s1j - sg1 * sc[j] * inv_n
+        w2[j] = s2j - sg2 * sc[j] * inv_n
         out[4 + j] = scale[j] * (c0 * sc[j] + d1 * s1j + d2 * s2j - _dot(cj, yc, n))
     for i in range(4):
         for j in range(i + 1):
-            proj = (sc[i] * sc[j] / nf + w1[i] * (i11 * w1[j] + i12 * w2[j])
+            proj = (sc[i] * sc[j] * inv_n + w1[i] * (i11 * w1[j] + i12 * w2[j])
                     + w2[i] * (i12 * w1[j] + i22 * w2[j]))
             v = scale[i] * scale[j] * (_dot(cols[i], cols[j], n) - proj)
             out[8 + 4 * i + j] = v
@@ -481,10 +548,10 @@ def _layout(P):
 
 
 @njit(**_JIT)
-def _vp_eval(P, xo, yc, n, syy, th, buf, out):
+def _vp_eval(P, xo, yc, n, syy, th, buf, out, floor, mean):
     if P == 2:
-        return _vp_sigmoid(xo, yc, n, syy, th, buf, out)
-    return _vp_two(xo, yc, n, syy, th, buf, out)
+        return _vp_sigmoid(xo, yc, n, syy, th, buf, out, floor, mean)
+    return _vp_two(xo, yc, n, syy, th, buf, out, floor, mean)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,7 +560,7 @@ def _vp_eval(P, xo, yc, n, syy, th, buf, out):
 
 @njit(**_JIT)
 def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, work, L3,
-           step_max, shrink_min):
+           step_max, shrink_min, floor, mean):
     """Bounded LM over th [P] (mu, ln s pairs) on the projected SSE; as numba_kernels._lm_row.
 
     On return ``out`` holds the evaluation at the final th; returns (sse, iterations, status).
@@ -503,7 +570,7 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
     M, L = L3[0], L3[1]
     for j in range(P):
         th[j] = min(max(th[j], lo[j]), hi[j])
-    sse = _vp_eval(P, xo, yc, n, syy, th, buf, out)
+    sse = _vp_eval(P, xo, yc, n, syy, th, buf, out, floor, mean)
     if not math.isfinite(sse):
         return sse, 0, LM_FAILED
     for j in range(P):
@@ -547,7 +614,7 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
             for b in range(P):
                 v += out[ni + P * a + b] * h[b]
             pred -= 2.0 * out[gi + a] * h[a] + h[a] * v
-        sse_t = _vp_eval(P, xo, yc, n, syy, th_t, buf, out_t)
+        sse_t = _vp_eval(P, xo, yc, n, syy, th_t, buf, out_t, floor, mean)
         better = ok and math.isfinite(sse_t) and sse_t < sse
         actred = sse - sse_t
         rho = actred / pred if pred > 0 else 0.0
@@ -625,8 +692,10 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
                 th[j] = p0[b, nl[j]]
                 tlo[j] = lo[b, nl[j]]
                 thi[j] = hi[b, nl[j]]
+            # the least level: linf's lower bound (the sigmoid's l0 shares it)
+            floor = lo[b, 1] if P == 4 else lo[b, 0]
             s, it, st = _vp_lm(Pn, xo, yc, n, syy, th, tlo, thi, max_iter, ftol, xtol,
-                               buf, out, out_t, work, L3, step_max[b], shrink_min)
+                               buf, out, out_t, work, L3, step_max[b], shrink_min, floor, mean)
             n_iter[b] = it
             status[b] = st
             if not math.isfinite(s):
