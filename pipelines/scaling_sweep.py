@@ -5,8 +5,8 @@ Trains tiny GPTs on the standard-library corpus into ONE store that shares one p
 - a **D sweep** from one run (``tokdyn.sweep.branched_decay_sweep``): a trunk of the D model at
   a constant learning rate after warm-up, recorded as a T run, with a short linear decay (15 %
   of the budget) branched off at each of >= 20 budgets spaced <= 0.1 decade apart; each
-  branch's end is one D point; the trunk goes on to twice the largest budget (``--trunk-factor``)
-  so that T's events at D's top end are seen from both sides; 7 calibration branches at other budgets (the geometric midpoints
+  branch's end is one D point (``--trunk-factor 2`` trains the trunk on to twice the largest
+  budget: measured worse for D from T, docs/benchmarks.md); 7 calibration branches at other budgets (the geometric midpoints
   of every third gap of the D grid) decay over 15 % and, again, over 30 % of their budget: no
   D point, they calibrate the loss a decay gains over the trunk (``tokdyn.annealing``);
 - an **M sweep**: >= 16 model sizes (widths and depths; ``--m-family width``: depth 2 only,
@@ -97,8 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--d-budgets", type=int, help="number of D budgets, log-spaced (default 22; quick 20)")
     ap.add_argument("--d-range", help="first,last D budget in steps (default 25,1600; quick 10,120)")
     ap.add_argument("--decay-frac", type=float, default=0.15, help="each D branch decays over this share of its budget")
-    ap.add_argument("--trunk-factor", type=float, default=2.0,
-                    help="the trunk trains to this multiple of the largest D budget (default 2: T's events at D's top are then not censored on T)")
+    ap.add_argument("--trunk-factor", type=float, default=1.0,
+                    help="the trunk trains to this multiple of the largest D budget (default 1; 2 was measured worse, docs/benchmarks.md)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--context", type=int, help="tokens per sequence (default 64; quick 32)")
     ap.add_argument("--points", type=int, default=2, help="log-spaced recording points per M run (its own T axis)")
