@@ -5,15 +5,22 @@ Trains tiny GPTs on the standard-library corpus into ONE store that shares one p
 - a **D sweep** from one run (``tokdyn.sweep.branched_decay_sweep``): a trunk of the D model at
   a constant learning rate after warm-up, recorded as a T run, with a short linear decay (15 %
   of the budget) branched off at each of >= 20 budgets spaced <= 0.1 decade apart; each
-  branch's end is one D point;
-- an **M sweep**: >= 16 model sizes (widths and depths), each trained at one data budget with
-  warm-up and cosine decay and a learning rate set by width (``lr_for_width``), at 2 seeds whose
-  final per-token losses are averaged into one M point.
+  branch's end is one D point (``--trunk-factor 2`` trains the trunk on to twice the largest
+  budget: measured worse for D from T, docs/benchmarks.md); 7 calibration branches at other budgets (the geometric midpoints
+  of every third gap of the D grid) decay over 15 % and, again, over 30 % of their budget: no
+  D point, they calibrate the loss a decay gains over the trunk (``tokdyn.annealing``);
+- an **M sweep**: >= 16 model sizes (widths and depths; ``--m-family width``: depth 2 only,
+  growing in width), each trained at one data budget with warm-up and cosine decay and a
+  learning rate set by width (``lr_for_width``), at 2 seeds whose final per-token losses are
+  averaged into one M point.
 
 The axes are assembled (``tokdyn.axes.assemble_axis``), fitted with ``tokdyn fit``'s code path
 and rebuilt; the trunk is fitted too, and the D axis is rebuilt a second time from the trunk's
 events alone (no fit on D), each budget placed at its effective step on the trunk (tokens seen,
-or the area under the learning-rate curve). Results go to DIR/report.html and DIR/sweep.json.
+or the area under the learning-rate curve), and by the area with each point's annealing gain
+(Tissue et al. 2024) calibrated on the calibration branches: the 15 % set is the prediction
+reported against the target, the 30 % set checks that the calibration carries to another decay
+length. Results go to DIR/report.html and DIR/sweep.json.
 
     python pipelines/scaling_sweep.py --out scaling-sweep          # defaults: <= 20 min on 2 CPU cores
     python pipelines/scaling_sweep.py --out /tmp/sweep --quick     # seconds, for tests
@@ -35,6 +42,7 @@ import torch
 
 import tokdyn
 from tokdyn.analysis import analyze_store
+from tokdyn.annealing import fit_annealing_gain
 from tokdyn.axes import assemble_axis
 from tokdyn.data import prepare_corpus, random_batches
 from tokdyn.errors import InputError, TokdynError
@@ -50,6 +58,12 @@ from tokdyn.train import TrainConfig, record_tiny_run
 SIZES = [(1, 8, 2), (1, 10, 2), (1, 12, 2), (1, 16, 2), (1, 20, 2), (2, 16, 2), (2, 20, 2), (2, 24, 4), (2, 28, 4),
          (2, 32, 4), (2, 40, 4), (2, 48, 4), (3, 48, 4), (3, 56, 4), (3, 64, 4), (3, 80, 4), (4, 80, 4), (4, 96, 4)]  # fmt: skip
 SIZES_QUICK = [(1, 8, 2), (1, 10, 2), (1, 12, 2), (1, 16, 2), (1, 20, 2), (2, 16, 2), (2, 20, 2), (2, 24, 4)]
+# --m-family width: one depth and one head count, widths 8-128 log-spaced (even), 1.6k-400k
+# non-embedding parameters, so that no depth step falls inside the axis (measured worse: the
+# per-size noise, not depth steps, dominated; docs/benchmarks.md).
+SIZES_WIDTH = [(2, w, 2) for w in (8, 10, 12, 14, 16, 18, 22, 26, 30, 34, 40, 48, 56, 66, 78, 92, 108, 128)]
+SIZES_WIDTH_QUICK = [(2, w, 2) for w in (8, 10, 12, 14, 16, 18, 20, 24)]
+CAL_FRACS = (0.15, 0.30)  # decay shares of the calibration branches: the D points' own, and twice it
 D_MODEL = (2, 96, 4)
 D_MODEL_QUICK = (1, 16, 2)
 
@@ -62,6 +76,14 @@ def lr_for_width(n_embd: int, *, base: float = 3e-3, base_width: int = 96) -> fl
     return base * math.sqrt(base_width / n_embd)
 
 
+def calibration_budgets(budgets: list[int]) -> list[int]:
+    """The calibration branches' budgets: the geometric midpoints of every third gap of the D
+    grid, from the third on (7 of the default 22 budgets' gaps, spread over the whole range),
+    leaving out any that falls on a D budget."""
+    mids = [int(round(math.sqrt(budgets[i] * budgets[i + 1]))) for i in range(2, len(budgets) - 1, 3)]
+    return sorted(set(mids) - set(budgets))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="scaling-sweep", help="output folder (store.zarr, report.html, sweep.json)")
@@ -69,10 +91,14 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--scale", type=int, default=1, help="multiply widths and budgets (for a GPU)")
     ap.add_argument("--m-steps", type=int, help="training steps of every M-sweep run (default 400; quick 40)")
+    ap.add_argument("--m-family", choices=("mixed", "width"), default="mixed",
+                    help="M sizes: depth growing with width (default), or depth 2 growing in width only")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per M size, averaged (default 2)")
     ap.add_argument("--d-budgets", type=int, help="number of D budgets, log-spaced (default 22; quick 20)")
     ap.add_argument("--d-range", help="first,last D budget in steps (default 25,1600; quick 10,120)")
     ap.add_argument("--decay-frac", type=float, default=0.15, help="each D branch decays over this share of its budget")
+    ap.add_argument("--trunk-factor", type=float, default=1.0,
+                    help="the trunk trains to this multiple of the largest D budget (default 1; 2 was measured worse, docs/benchmarks.md)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--context", type=int, help="tokens per sequence (default 64; quick 32)")
     ap.add_argument("--points", type=int, default=2, help="log-spaced recording points per M run (its own T axis)")
@@ -102,7 +128,8 @@ def run_sweep(args) -> dict:
         shutil.rmtree(path)
     quick, k = args.quick, max(1, int(args.scale))
     context = args.context or (32 if quick else 64)
-    sizes = [(l, e * k, h) for l, e, h in (SIZES_QUICK if quick else SIZES)]
+    family = {("mixed", False): SIZES, ("mixed", True): SIZES_QUICK, ("width", False): SIZES_WIDTH, ("width", True): SIZES_WIDTH_QUICK}
+    sizes = [(l, e * k, h) for l, e, h in family[(args.m_family, quick)]]
     d_model = D_MODEL_QUICK if quick else D_MODEL
     d_model = (d_model[0], d_model[1] * k, d_model[2])
     m_steps = args.m_steps or (40 if quick else 400) * k
@@ -137,10 +164,14 @@ def run_sweep(args) -> dict:
             print(f"  {name}: {arch[0]} layers x {arch[1]}, lr {lr:.2e}, {m_steps} steps, {timings[name]} s", file=sys.stderr)
     timings["M_runs"] = round(sum(v for n, v in timings.items() if n.startswith("M")), 1)
 
+    cal_budgets = calibration_budgets(budgets)
+    fracs = (args.decay_frac, 2 * args.decay_frac)
+    calibration = tuple((b, f) for f in fracs for b in cal_budgets)
     cfg = DecaySweepConfig(budgets=tuple(budgets), lr=3e-3, warmup=5 if quick else 10, decay_frac=args.decay_frac,
-                           trunk_points=40, seed=args.seed)  # fmt: skip
+                           trunk_points=40, seed=args.seed, calibration=calibration,
+                           trunk_steps=int(round(args.trunk_factor * budgets[-1])))  # fmt: skip
     print(f"D sweep: {len(budgets)} budgets {budgets[0]}-{budgets[-1]} steps (<= {spacing:.3f} decade apart) "
-          f"of the {d_model[0]}x{d_model[1]} model", file=sys.stderr)  # fmt: skip
+          f"of the {d_model[0]}x{d_model[1]} model; calibration branches at {cal_budgets} over {fracs}", file=sys.stderr)  # fmt: skip
     decay = None
     if not args.analyze_only:
         t = time.perf_counter()
@@ -178,15 +209,25 @@ def run_sweep(args) -> dict:
             axes[axis][f"r2_events_{which}"] = other.r2_events if other else None
             axes[axis][f"r2_spectrum_{which}"] = other.r2_spectrum if other else None
     across_rec = {by: reconstruct_across(axis_runs["D"], trunk, by=by) for by in ("tokens", "lr_area")}
+    # The annealing gain, calibrated on the calibration branches only (never on a D point).
+    cal_names = [f"D-cal{i:02d}" for i in range(len(calibration))]
+    gains = {}
+    if all(n in store.runs for n in cal_names):
+        for f in fracs:
+            runs_f = [store.run(n) for n, (_, fr) in zip(cal_names, calibration) if fr == f]
+            gains[f] = fit_annealing_gain(trunk, runs_f)
+            across_rec[f"lr_area_annealing_{round(100 * f)}"] = reconstruct_across(axis_runs["D"], trunk, by="lr_area",
+                                                                                 annealing=gains[f])  # fmt: skip
     across = {by: rec.summary() for by, rec in across_rec.items()}
     for a in analysis.runs:  # the report draws them on D's figure
         if a.run == "axis-D":
-            a.across = {f"from the trunk's T events, by {by}": rec for by, rec in across_rec.items()}
+            a.across = {_across_label(by): rec for by, rec in across_rec.items()}
     timings["reconstruct"] = round(time.perf_counter() - t, 1)
     t = time.perf_counter()
     write_report(store, out / "report.html", analysis=analysis, title="tokdyn scaling sweep: D and M axes",
                  extra={"sizes (layers, width, heads)": sizes, "M-sweep steps": m_steps, "M seeds": seeds,
                         "D-sweep model": d_model, "D budgets (steps)": budgets, "D decay": f"linear over {args.decay_frac:.0%} of the budget",
+                        "calibration branches (budget, decay share)": [list(c) for c in calibration],
                         "batch": f"{args.batch_size} x {context} tokens"})  # fmt: skip
     timings["report"] = round(time.perf_counter() - t, 1)
     timings["total"] = round(time.perf_counter() - t0, 1)
@@ -204,24 +245,32 @@ def run_sweep(args) -> dict:
         "M": scores(axes["M"]),
         "D_from_T_tokens": scores(across["tokens"]),
         "D_from_T_lr_area": scores(across["lr_area"]),
+        **{f"D_from_T_annealing_{round(100 * f)}": scores(across[f"lr_area_annealing_{round(100 * f)}"]) for f in gains},
         "T_trunk": scores(axes["T (D trunk)"]),
         "total_s": timings["total"],
         "cpu_s": timings["cpu_total"],
     }
     result = {"headline": headline, "axes": axes, "d_from_t": across, "timings_s": timings, "sizes": sizes,
-              "lr_per_size": [lr_for_width(e // k) for _, e, _ in sizes], "m_steps": m_steps, "seeds": seeds,
+              "m_family": args.m_family, "lr_per_size": [lr_for_width(e // k) for _, e, _ in sizes], "m_steps": m_steps, "seeds": seeds,
               "d_model": d_model, "d_budgets": budgets, "d_max_spacing_decades": spacing,
-              "decay": decay.summary() if decay else None, "batch_size": args.batch_size, "context": context}  # fmt: skip
+              "decay": decay.summary() if decay else None, "batch_size": args.batch_size, "context": context,
+              "calibration": [list(c) for c in calibration], "annealing_gain": {str(f): g.to_dict() for f, g in gains.items()}}  # fmt: skip
     (out / "sweep.json").write_text(json.dumps(result, indent=2))
     _print_table(headline)
     return result
 
 
+def _across_label(by: str) -> str:
+    if by.startswith("lr_area_annealing_"):
+        return f"from the trunk's T events, by lr area, with the annealing gain of {by.rsplit('_', 1)[1]} % decays"
+    return f"from the trunk's T events, by {by}"
+
+
 def _print_table(h: dict) -> None:
-    print(f"{'axis':<18}{'points':>7}{'R2 sigmoids':>13}{'R2 spectrum':>13}{'interior':>18}{'rel L2':>16}", file=sys.stderr)
-    for name in ("D", "M", "D_from_T_tokens", "D_from_T_lr_area", "T_trunk"):
+    print(f"{'axis':<22}{'points':>7}{'R2 sigmoids':>13}{'R2 spectrum':>13}{'interior':>18}{'rel L2':>16}", file=sys.stderr)
+    for name in [k for k in h if k in ("D", "M", "T_trunk") or k.startswith("D_from_T")]:
         s = h[name]
-        print(f"{name:<18}{s['n_points']:>7}{s['r2_events']:>13.3f}{s['r2_spectrum']:>13.3f}"
+        print(f"{name:<22}{s['n_points']:>7}{s['r2_events']:>13.3f}{s['r2_spectrum']:>13.3f}"
               f"{s['r2_events_interior']:>9.3f}{s['r2_spectrum_interior']:>9.3f}"
               f"{s['rel_l2_events']:>8.3f}{s['rel_l2_spectrum']:>8.3f}", file=sys.stderr)  # fmt: skip
 

@@ -22,8 +22,9 @@ TPS = 4 * 32  # tokens per step of the tiny batches
 
 
 def test_branched_decay_sweep_writes_one_completed_d_point_per_budget(tiny_model, probe, store_path, train_batches, reference_losses):
-    cfg = DecaySweepConfig(budgets=(6, 8, 10, 13, 16), lr=1e-2, warmup=2, decay_frac=0.2, floor=0.1, trunk_points=6)
-    stream = train_batches(16)
+    cfg = DecaySweepConfig(budgets=(6, 8, 10, 13, 16), lr=1e-2, warmup=2, decay_frac=0.2, floor=0.1, trunk_points=6,
+                           calibration=((12, 0.5),), trunk_steps=20)  # fmt: skip
+    stream = train_batches(20)
     fresh = copy.deepcopy(tiny_model)
     st = tokdyn.open_store(store_path, probe, mode="w")
     out = branched_decay_sweep(tiny_model, lambda start: iter(stream[start:]), probe, st, cfg, tokens_per_step=TPS)
@@ -36,10 +37,17 @@ def test_branched_decay_sweep_writes_one_completed_d_point_per_budget(tiny_model
         assert r.attrs["sweep"] == "D" and r.attrs["data_budget"] == b * TPS
         assert r.coord("lr")[0] == pytest.approx(0.1 * 1e-2)  # the last update ran at the floor
     trunk = st.run("D-trunk")
-    assert trunk.axis == "T" and trunk.coord("step")[-1] == 16
+    assert trunk.axis == "T" and trunk.coord("step")[-1] == 20  # trained on past the largest budget
     assert np.allclose(trunk.coord("lr")[trunk.coord("step") >= 2], 1e-2)  # constant after warm-up
     axis = assemble_axis(st, "D", runs=out.branches)
     np.testing.assert_allclose(axis.axis_values, np.array(cfg.budgets) * TPS)
+    # the calibration branch: its own decay share (6 of 12 steps), tagged apart, no D point
+    assert out.calibration == ["D-cal00"]
+    cal = st.run("D-cal00")
+    assert cal.attrs["sweep"] == "D-calibration" and cal.attrs["branch_start"] == 6 and cal.coord("step").tolist() == [12]
+    assert cal.attrs["decay_lr"] == pytest.approx([0.1 + 0.9 * (1 - (j + 1) / 6) for j in range(6)])
+    assert cal.attrs["lr_area"] == pytest.approx(cfg.trunk_area(6) + sum(cal.attrs["decay_lr"]))
+    assert sorted(tokdyn.axes.axis_sources(st, "D")) == out.branches
 
     # Independent answer: budget 13 trained from scratch with its whole lr schedule written out.
     b = 13
@@ -65,6 +73,12 @@ def test_decay_sweep_config_is_checked():
         DecaySweepConfig(budgets=(10, 20), warmup=10)
     with pytest.raises(InputError, match="shape"):
         DecaySweepConfig(budgets=(20,), shape="cosine")
+    with pytest.raises(InputError, match="trunk_steps"):
+        DecaySweepConfig(budgets=(20, 40), trunk_steps=30)
+    with pytest.raises(InputError, match="calibration"):
+        DecaySweepConfig(budgets=(20, 40), calibration=((50, 0.2),))
+    with pytest.raises(InputError, match="warm-up"):
+        DecaySweepConfig(budgets=(20, 40), warmup=5, calibration=((10, 0.6),))
     b = log_budgets(25, 1600, 22)
     assert len(b) == 22 and b[0] == 25 and b[-1] == 1600 and np.diff(np.log10(b)).max() <= 0.1
 

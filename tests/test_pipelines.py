@@ -76,6 +76,10 @@ def test_scaling_sweep_quick(tmp_path):
     np.testing.assert_allclose(st.run("axis-D").axis_values, budgets)
     assert np.diff(np.log10(budgets)).max() <= 0.1 and st.run("D-trunk").axis == "T"
     assert len(st.run("axis-M").attrs["sources"]) == 16
-    for key in ("D", "M", "D_from_T_tokens", "D_from_T_lr_area"):
+    # calibration branches (15 % and 30 % decays) are no D point; each set calibrates a gain
+    cal = [n for n in st.runs if n.startswith("D-cal")]
+    assert len(cal) >= 6 and not set(cal) & {s["run"] for s in st.run("axis-D").attrs["sources"]}
+    assert set(result["annealing_gain"]) == {"0.15", "0.3"}
+    for key in ("D", "M", "D_from_T_tokens", "D_from_T_lr_area", "D_from_T_annealing_15", "D_from_T_annealing_30"):
         assert np.isfinite(head[key]["r2_events"]) and np.isfinite(head[key]["rel_l2_spectrum_interior"]), key
     assert (out / "report.html").stat().st_size > 10_000

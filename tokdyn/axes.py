@@ -22,7 +22,7 @@ import numpy as np
 from .errors import InputError, ProbeMismatchError, RunExistsError, StoreError
 from .store import Run, TrajectoryStore, as_store
 
-__all__ = ["AXIS_ATTRS", "axis_sources", "assemble_axis", "axis_run_name", "find_axis_run", "effective_steps", "EFFECTIVE_TIMES"]
+__all__ = ["AXIS_ATTRS", "axis_sources", "assemble_axis", "axis_run_name", "find_axis_run", "effective_steps", "EFFECTIVE_TIMES", "source_runs"]
 
 # The run attribute that gives each source run's position on the axis.
 AXIS_ATTRS = {"D": "data_budget", "M": "n_params_non_embedding"}
@@ -200,16 +200,7 @@ def effective_steps(axis_run: Run, t_run: Run, *, by: str = "tokens") -> np.ndar
         raise InputError(f"by must be one of {EFFECTIVE_TIMES}, got {by!r}")
     if axis_run.axis != "D" or t_run.axis != "T":
         raise InputError(f"need a D axis run and a T run, got {axis_run.name!r} (axis {axis_run.axis}) and {t_run.name!r} (axis {t_run.axis})")
-    sources = axis_run.attrs.get("sources")
-    if not sources:
-        raise InputError(f"run {axis_run.name!r} lists no source runs; it was not assembled by assemble_axis")
-    by_value: dict[float, Run] = {}
-    for src in sources:
-        st = axis_run.store if src["store"] == axis_run.store.url else as_store(src["store"], mode="r")
-        by_value.setdefault(float(src[AXIS_ATTRS["D"]]), st.run(src["run"]))
-    runs = [by_value.get(float(v)) for v in axis_run.axis_values[: axis_run.n_committed]]
-    if any(r is None for r in runs):
-        raise InputError(f"run {axis_run.name!r}: a row's data budget matches none of its sources")
+    runs = source_runs(axis_run)
     if by == "tokens":
         tps = t_run.attrs.get("tokens_per_step")
         if not isinstance(tps, (int, float)) or not tps > 0:
@@ -226,3 +217,22 @@ def effective_steps(axis_run: Run, t_run: Run, *, by: str = "tokens") -> np.ndar
     if a.max() > area.max() or a.min() < area.min():
         raise InputError(f"areas {a.min():g}-{a.max():g} fall outside T run {t_run.name!r}'s {area.min():g}-{area.max():g}")
     return np.interp(a, area, steps)
+
+
+def source_runs(axis_run: Run) -> list[Run]:
+    """The source run of each row of an axis run made by :func:`assemble_axis` (the first one
+    where seeds were averaged), in row order."""
+    sources = axis_run.attrs.get("sources")
+    if not sources:
+        raise InputError(f"run {axis_run.name!r} lists no source runs; it was not assembled by assemble_axis")
+    attr = AXIS_ATTRS.get(axis_run.axis)
+    if attr is None:
+        raise InputError(f"run {axis_run.name!r} is of axis {axis_run.axis}, not an assembled D or M axis")
+    by_value: dict[float, Run] = {}
+    for src in sources:
+        st = axis_run.store if src["store"] == axis_run.store.url else as_store(src["store"], mode="r")
+        by_value.setdefault(float(src[attr]), st.run(src["run"]))
+    runs = [by_value.get(float(v)) for v in axis_run.axis_values[: axis_run.n_committed]]
+    if any(r is None for r in runs):
+        raise InputError(f"run {axis_run.name!r}: a row's {attr} matches none of its sources")
+    return runs

@@ -161,6 +161,7 @@ def reconstruct(
     placement: str = "mu",
     kernel: str = "event",
     at=None,
+    loss_offset=None,
 ) -> Reconstruction:
     """Rebuild ``-dL/dx`` of ``mean_loss`` [K] at x [K] from ``events``; see the module docstring.
 
@@ -168,7 +169,10 @@ def reconstruct(
     taken over), on the same x, or on another axis: then ``at`` [K] (increasing) gives each
     point's position on the events' axis, the events' curve is read there and differentiated
     along x, and the spectrum is carried over by the chain rule (``rho(at) * d at / dx``). ``bandwidth``, ``placement`` and ``kernel`` make the spectrum
-    (:func:`tokdyn.spectrum.learning_time_spectrum`). ``n_boot`` bootstrap resamples give the
+    (:func:`tokdyn.spectrum.learning_time_spectrum`). ``loss_offset`` [K] (nats) is a known
+    term the events do not carry, added to their share of the loss at each point (minus the
+    annealing gain of a decayed branch, :mod:`tokdyn.annealing`); its ``-d/dx`` through the
+    measurement's estimator is added to every prediction. ``n_boot`` bootstrap resamples give the
     spectrum exponent's interval (0 skips the power laws' intervals; the exponents are still fitted).
     """
     x, mean_loss = np.asarray(x, np.float64), np.asarray(mean_loss, np.float64)
@@ -187,9 +191,16 @@ def reconstruct(
     # The events' share of L (the spectrum above has refused an empty set): its -d/dx through
     # the measurement's estimator is the prediction, and its fall over the range their drop.
     curve = events.curve(at)
+    extra = np.zeros_like(x)
+    if loss_offset is not None:
+        offset = np.asarray(loss_offset, np.float64)
+        if offset.shape != x.shape or not np.all(np.isfinite(offset)):
+            raise InputError(f"loss_offset: expected {x.size} finite values, got shape {offset.shape}")
+        curve = curve + offset
+        extra = measured_derivative(x, offset, smoothing=h_s)
     from_events = measured_derivative(x, curve, smoothing=h_s)
-    analytic = events.derivative(at) * jac
-    from_spectrum = spec.at(at) * jac
+    analytic = events.derivative(at) * jac + extra
+    from_spectrum = spec.at(at) * jac + extra
     s_ev, s_an, s_sp = scores(from_events, measured), scores(analytic, measured), scores(from_spectrum, measured)
     finite = mean_loss[np.isfinite(mean_loss)]
     measured_drop = float(finite[0] - finite[-1])
@@ -248,19 +259,32 @@ def reconstruct_across(
     bandwidth: str | float = "auto",
     smoothing: float | None = None,
     kernel: str = "event",
+    annealing=None,
 ) -> Reconstruction:
     """Rebuild ``-dL/dlog10 D`` of D axis run ``axis_run`` from the events fitted on T run ``t_run``
     alone (no fit on D): each D point is read at its effective step on T
     (:func:`tokdyn.axes.effective_steps`, ``by`` ``"tokens"`` or ``"lr_area"``). Its scores say
-    whether learning times are a property of the token that carries across axes."""
-    from .axes import effective_steps
+    whether learning times are a property of the token that carries across axes.
+
+    ``annealing`` (a :class:`tokdyn.annealing.AnnealingGain`, calibrated on other branches)
+    subtracts from each point the loss its decay gains over the trunk (Tissue et al. 2024; use
+    it with ``by="lr_area"``, the forward area of their law); each D point's source run must
+    carry ``attrs["decay_lr"]``."""
+    from .axes import effective_steps, source_runs
     from .fit.job import fit_inputs
 
     events = run_events(t_run, which=which)  # StoreError if T is not fitted
     rows, x = fit_inputs(axis_run)
     at = np.log10(effective_steps(axis_run, t_run, by=by)[rows])
-    rec = reconstruct(x, mean_probe_loss(axis_run, rows), events, axis=axis_run.axis, run=f"{axis_run.name} from {t_run.name}",
-                      bandwidth=bandwidth, smoothing=smoothing, n_boot=0, kernel=kernel, at=at)  # fmt: skip
+    offset = None
+    if annealing is not None:
+        from .annealing import decay_schedule
+
+        srcs = source_runs(axis_run)
+        offset = -np.array([annealing.gain(decay_schedule(srcs[int(k)])) for k in rows])
+    label = f"{axis_run.name} from {t_run.name}" + (" with the annealing gain" if annealing is not None else "")
+    rec = reconstruct(x, mean_probe_loss(axis_run, rows), events, axis=axis_run.axis, run=label,
+                      bandwidth=bandwidth, smoothing=smoothing, n_boot=0, kernel=kernel, at=at, loss_offset=offset)  # fmt: skip
     return rec
 
 

@@ -15,7 +15,12 @@ losses are one point of the D axis. The whole axis costs the longest budget plus
   ``attrs["lr_area"]``, the area under its learning-rate curve at each recorded step;
 - one run per budget with a single row (the branch's end), ``attrs["sweep"] = "D"``,
   ``attrs["data_budget"]`` (tokens) and ``attrs["lr_area"]``: what :func:`tokdyn.axes.assemble_axis`
-  and :func:`tokdyn.axes.effective_steps` read.
+  and :func:`tokdyn.axes.effective_steps` read, and ``attrs["decay_lr"]``, the lr / peak of each
+  update of its decay (what :func:`annealing_area` reads);
+- optionally **calibration branches** (``cfg.calibration``: budgets, with their own decay share),
+  the same kind of run tagged ``attrs["sweep"] = "D-calibration"``: they are no D point, but
+  they say how much a decay gains over the trunk (:class:`tokdyn.annealing.AnnealingGain`), so
+  that D can be predicted from the trunk's events without any fit on D's own points.
 
 Learning-rate areas are in *steps at the peak learning rate*: ``sum over updates of lr / peak``.
 It works on any ``torch.nn.Module`` whose output is logits (or has ``.logits``).
@@ -33,6 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .annealing import annealing_area
 from .errors import InputError
 from .probe import ProbeSet
 from .record import TokenLossRecorder
@@ -40,7 +46,7 @@ from .record.recorder import default_forward
 from .schedule import geometric_schedule
 from .store import TrajectoryStore
 
-__all__ = ["DecaySweepConfig", "DecaySweep", "branched_decay_sweep", "log_budgets"]
+__all__ = ["DecaySweepConfig", "DecaySweep", "branched_decay_sweep", "log_budgets", "annealing_area"]
 
 DECAY_SHAPES = ("linear", "sqrt")
 
@@ -62,6 +68,11 @@ class DecaySweepConfig:
     floor : the learning rate of a branch's last update, as a fraction of ``lr``.
     shape : ``"linear"`` or ``"sqrt"`` (``1 - sqrt`` of the decay's progress, Hagele et al.'s best).
     trunk_points : about how many log-spaced steps the trunk records (its T axis).
+    calibration : extra branches, not D points: ``(budget, decay_frac)`` pairs, each ending at
+        ``budget`` after a decay over its own share (see the module docstring).
+    trunk_steps : how far the trunk trains and records (default: the largest budget). Training
+        it beyond the largest budget lets the events of tokens still being learned there be
+        fitted on T from both sides, which D rebuilt from T's events needs at its top end.
     """
 
     budgets: tuple[int, ...]
@@ -75,6 +86,8 @@ class DecaySweepConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     trunk_points: int = 40
     seed: int = 0
+    calibration: tuple[tuple[int, float], ...] = ()
+    trunk_steps: int | None = None
 
     def __post_init__(self) -> None:
         b = tuple(int(x) for x in self.budgets)
@@ -85,15 +98,22 @@ class DecaySweepConfig:
             raise InputError("need lr > 0, warmup >= 0, 0 < decay_frac < 1 and 0 <= floor < 1")
         if self.shape not in DECAY_SHAPES:
             raise InputError(f"shape must be one of {DECAY_SHAPES}, got {self.shape!r}")
+        if self.trunk_steps is not None and int(self.trunk_steps) < b[-1]:
+            raise InputError(f"trunk_steps ({self.trunk_steps}) must reach the largest budget ({b[-1]})")
+        cal = tuple((int(x), float(f)) for x, f in self.calibration)
+        object.__setattr__(self, "calibration", cal)
+        if any(not 0 < f < 1 or not 1 <= x <= b[-1] for x, f in cal):
+            raise InputError(f"calibration branches need 0 < decay_frac < 1 and 1 <= budget <= {b[-1]}, got {list(cal)}")
         early = [x for x in b if self.branch_start(x) < self.warmup]
+        early += [x for x, f in cal if self.branch_start(x, f) < self.warmup]
         if early:
             raise InputError(f"budgets {early} would branch before the warm-up ({self.warmup} steps) ends; start later")
 
-    def decay_steps(self, budget: int) -> int:
-        return max(1, int(round(self.decay_frac * budget)))
+    def decay_steps(self, budget: int, frac: float | None = None) -> int:
+        return max(1, int(round((self.decay_frac if frac is None else frac) * budget)))
 
-    def branch_start(self, budget: int) -> int:
-        return int(budget) - self.decay_steps(budget)
+    def branch_start(self, budget: int, frac: float | None = None) -> int:
+        return int(budget) - self.decay_steps(budget, frac)
 
     def trunk_factor(self, step: int) -> float:
         """lr / peak for the trunk's update ``step`` (0-based): linear warm-up, then constant."""
@@ -110,16 +130,21 @@ class DecaySweepConfig:
         w = min(int(step), self.warmup)
         return w * (w + 1) / (2 * self.warmup) + max(0, int(step) - self.warmup) if self.warmup else float(step)
 
-    def branch_area(self, budget: int) -> float:
+    def decay_factors(self, d: int) -> list[float]:
+        """lr / peak of the ``d`` updates of a decay."""
+        return [self.decay_factor(j, d) for j in range(d)]
+
+    def branch_area(self, budget: int, frac: float | None = None) -> float:
         """Area under a branch's lr / peak at its end: the trunk's up to the branch, plus the decay."""
-        d = self.decay_steps(budget)
-        return self.trunk_area(self.branch_start(budget)) + sum(self.decay_factor(j, d) for j in range(d))
+        d = self.decay_steps(budget, frac)
+        return self.trunk_area(self.branch_start(budget, frac)) + sum(self.decay_factors(d))
+
 
 
 @dataclass(frozen=True)
 class DecaySweep:
-    """What :func:`branched_decay_sweep` wrote: run names, budgets (steps and tokens), each
-    branch's start and final lr / peak, the areas, and timings."""
+    """What :func:`branched_decay_sweep` wrote: run names (D points, then calibration branches),
+    the D points' budgets (steps and tokens), start and final lr / peak, areas, and timings."""
 
     trunk: str
     branches: list[str]
@@ -131,6 +156,7 @@ class DecaySweep:
     train_seconds: float
     record_seconds: float
     steps_trained: int = field(default=0)
+    calibration: list[str] = field(default_factory=list)
 
     def summary(self) -> dict:
         return asdict(self)
@@ -157,7 +183,7 @@ def branched_decay_sweep(
     device: str | torch.device | None = None,
     on_step: Callable[[str, int], None] | None = None,
 ) -> DecaySweep:
-    """Train ``model`` as a constant-lr trunk to the largest budget, branching a decay at each.
+    """Train ``model`` as a constant-lr trunk to the largest budget (or ``cfg.trunk_steps``), branching a decay at each.
 
     Parameters
     ----------
@@ -182,32 +208,35 @@ def branched_decay_sweep(
     loss_fn = loss_fn or _next_token_loss
     trunk = trunk or f"{prefix}-trunk"
     names = [f"{prefix}{i:02d}" for i in range(len(cfg.budgets))]
-    taken = [n for n in (trunk, *names) if n in store.runs]
+    cal_names = [f"{prefix}-cal{i:02d}" for i in range(len(cfg.calibration))]
+    taken = [n for n in (trunk, *names, *cal_names) if n in store.runs]
     if taken:
         raise InputError(f"runs {taken} already exist in {store.url}; use another prefix or a fresh store")
-    base = {**dict(run_attrs or {}), "decay_sweep": {k: v for k, v in asdict(cfg).items() if k != "budgets"},
+    base = {**dict(run_attrs or {}), "decay_sweep": {k: v for k, v in asdict(cfg).items() if k not in ("budgets", "calibration")},
             "tokens_per_step": int(tokens_per_step)}  # fmt: skip
-    last = cfg.budgets[-1]
+    last = int(cfg.trunk_steps or cfg.budgets[-1])
     schedule = geometric_schedule(last, cfg.trunk_points)
     trunk_attrs = {**base, "lr_schedule": "warm-up then constant", "data_budget": last * int(tokens_per_step),
                    "lr_area": {"step": schedule.tolist(), "area": [cfg.trunk_area(s) for s in schedule]}}  # fmt: skip
+    # Every branch: (name, budget, decay share, sweep tag); the D points, then the calibration ones.
+    specs = [(n, b, cfg.decay_frac, "D") for n, b in zip(names, cfg.budgets)]
+    specs += [(n, b, f, "D-calibration") for n, (b, f) in zip(cal_names, cfg.calibration)]
     opt = _adamw(model, cfg)
     stream = batches(0)
-    starts = {i: cfg.branch_start(b) for i, b in enumerate(cfg.budgets)}
-    final_lr, t_train, t_record, n_steps = [], 0.0, 0.0, 0
+    final_lr, t_train, t_record, n_steps = {}, 0.0, 0.0, 0
     model.train()
     with TokenLossRecorder(model, probe, store, trunk, schedule=schedule, device=device, run_attrs=trunk_attrs) as rec:
         with rec.attach(opt, tokens_per_step=int(tokens_per_step)):
             for step in range(last):
-                for i in (i for i, s in starts.items() if s == step):
+                for name, b, frac, tag in (sp for sp in specs if cfg.branch_start(sp[1], sp[2]) == step):
                     t = time.perf_counter()
-                    lr_end, seconds = _branch(model, opt, batches, probe, store, cfg, i, names[i], base,
+                    lr_end, seconds = _branch(model, opt, batches, probe, store, cfg, name, b, frac, tag, base,
                                               tokens_per_step=int(tokens_per_step), loss_fn=loss_fn, device=device,
                                               on_step=on_step)  # fmt: skip
-                    final_lr.append(lr_end)
+                    final_lr[name] = lr_end
                     t_record += seconds
                     t_train += time.perf_counter() - t - seconds
-                    n_steps += cfg.decay_steps(cfg.budgets[i])
+                    n_steps += cfg.decay_steps(b, frac)
                 t = time.perf_counter()
                 _set_lr(opt, cfg.lr * cfg.trunk_factor(step))
                 _update(model, opt, loss_fn, next(stream), cfg)
@@ -219,34 +248,32 @@ def branched_decay_sweep(
     t_train -= rec.record_seconds  # the trunk's recordings ran inside its updates' hook
     return DecaySweep(trunk=trunk, branches=names, budgets=list(cfg.budgets),
                       data_budgets=[b * int(tokens_per_step) for b in cfg.budgets],
-                      branch_starts=[starts[i] for i in range(len(names))], final_lr_frac=final_lr,
+                      branch_starts=[cfg.branch_start(b) for b in cfg.budgets], final_lr_frac=[final_lr[n] for n in names],
                       lr_area=[cfg.branch_area(b) for b in cfg.budgets], train_seconds=round(t_train, 2),
-                      record_seconds=round(t_record, 2), steps_trained=n_steps)  # fmt: skip
+                      record_seconds=round(t_record, 2), steps_trained=n_steps, calibration=cal_names)  # fmt: skip
 
 
-def _branch(trunk_model, trunk_opt, batches, probe, store, cfg, i, name, base, *, tokens_per_step, loss_fn, device,
-            on_step) -> tuple[float, float]:  # fmt: skip
-    """Decay a copy of the trunk from its current state to budget ``cfg.budgets[i]`` and record
-    its end as run ``name``. Returns the last update's lr / peak and the seconds spent recording."""
-    budget = cfg.budgets[i]
-    start, d = cfg.branch_start(budget), cfg.decay_steps(budget)
+def _branch(trunk_model, trunk_opt, batches, probe, store, cfg, name, budget, frac, tag, base, *, tokens_per_step, loss_fn,
+            device, on_step) -> tuple[float, float]:  # fmt: skip
+    """Decay a copy of the trunk from its current state to ``budget`` over the share ``frac`` and
+    record its end as run ``name``. Returns the last update's lr / peak and the seconds spent recording."""
+    start, d = cfg.branch_start(budget, frac), cfg.decay_steps(budget, frac)
     model = copy.deepcopy(trunk_model)
     opt = _adamw(model, cfg)
     opt.load_state_dict(copy.deepcopy(trunk_opt.state_dict()))  # its own moment buffers, never the trunk's
     stream = batches(start)
-    factor = 1.0
-    for j in range(d):
-        factor = cfg.decay_factor(j, d)
+    factors = cfg.decay_factors(d)
+    for j, factor in enumerate(factors):
         _set_lr(opt, cfg.lr * factor)
         _update(model, opt, loss_fn, next(stream), cfg)
         if on_step is not None:
             on_step(name, start + j + 1)
-    attrs = {**base, "sweep": "D", "data_budget": budget * tokens_per_step, "budget_steps": budget,
-             "branch_start": start, "decay_steps": d, "lr_area": cfg.branch_area(budget),
-             "lr_schedule": f"trunk to step {start}, then {cfg.shape} decay to {cfg.floor} x peak"}  # fmt: skip
+    attrs = {**base, "sweep": tag, "data_budget": budget * tokens_per_step, "budget_steps": budget,
+             "branch_start": start, "decay_steps": d, "decay_frac": frac, "lr_area": cfg.branch_area(budget, frac),
+             "decay_lr": factors, "lr_schedule": f"trunk to step {start}, then {cfg.shape} decay to {cfg.floor} x peak"}  # fmt: skip
     with TokenLossRecorder(model, probe, store, name, schedule=[budget], device=device, run_attrs=attrs) as rec:
-        rec.record(budget, tokens_seen=budget * tokens_per_step, lr=cfg.lr * factor)
-    return factor, rec.record_seconds
+        rec.record(budget, tokens_seen=budget * tokens_per_step, lr=cfg.lr * factors[-1])
+    return factors[-1], rec.record_seconds
 
 
 def _adamw(model: torch.nn.Module, cfg: DecaySweepConfig) -> torch.optim.Optimizer:

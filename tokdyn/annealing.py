@@ -1,0 +1,147 @@
+"""The loss a learning-rate decay gains over the constant-rate trunk it branches from.
+
+Tissue et al. (2024, "Scaling law with learning rate annealing") write the loss after ``s``
+updates of any schedule as ``L(s) = L0 + A * S1^-alpha - C * S2``: ``S1`` the forward area
+under the learning rate, ``S2`` the annealing area (:func:`annealing_area`, the
+area the rate has lost, through a momentum that makes long decays saturate). A branch of
+:func:`tokdyn.sweep.branched_decay_sweep` that ends at budget ``B`` is therefore the trunk at
+the step of the same ``S1`` (:func:`tokdyn.axes.effective_steps` ``by="lr_area"``), minus
+``C * S2`` of its decay. The trunk's T events carry the first part; :class:`AnnealingGain`
+carries the second, calibrated on branches that are *not* the D points being predicted (the
+sweep's calibration branches), so that D is predicted with no fit on D
+(:func:`tokdyn.reconstruct.reconstruct_across` ``annealing=``).
+
+``C`` and the momentum are the same for every token here: the gain is calibrated on the mean
+probe loss, which is what the D axis's derivative is scored on (per-token least squares with a
+shared momentum would give the same mean).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .errors import InputError
+
+__all__ = ["AnnealingGain", "annealing_area", "branch_gains", "fit_annealing_gain", "decay_schedule"]
+
+# log10(1 - momentum) searched by fit_annealing_gain: memories of 1 to 10^4 updates
+_LOG_FORGET = np.linspace(-4.0, 0.0, 161)
+MIN_BRANCHES = 3
+
+
+@dataclass(frozen=True)
+class AnnealingGain:
+    """``gain = coef * S2(decay, momentum)`` nats, what a decay takes off the trunk's loss at equal
+    forward lr area. ``n_branches`` and ``rms`` (nats) describe the calibration; ``branches``
+    names its runs."""
+
+    coef: float
+    momentum: float
+    n_branches: int = 0
+    rms: float = float("nan")
+    branches: tuple[str, ...] = ()
+
+    def gain(self, decay_lr: Sequence[float]) -> float:
+        """Nats gained by a decay of lr / peak ``decay_lr`` [d] (see :func:`annealing_area`)."""
+        return self.coef * annealing_area(decay_lr, momentum=self.momentum)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["branches"] = list(self.branches)
+        return d
+
+
+def annealing_area(decay_lr: Sequence[float], *, momentum: float) -> float:
+    """Tissue et al.'s (2024) annealing area ``S2`` of a decay from the peak rate, in steps at the peak.
+
+    ``decay_lr`` [d] is lr / peak at each update of the decay (the rate before it is the peak).
+    With ``m_i = momentum * m_{i-1} + (eta_{i-1} - eta_i)`` and ``m_0 = 0``, ``S2 = sum_i m_i``:
+    for a decay much shorter than ``1 / (1 - momentum)`` steps it is the area between the peak
+    and the decayed rate; a longer one saturates near ``(peak - end) / (1 - momentum)``, so the
+    loss gained by annealing, ``C * S2``, stops growing with the decay's length.
+    """
+    if not 0 <= momentum < 1:
+        raise InputError(f"momentum must be in [0, 1), got {momentum}")
+    eta = np.asarray(decay_lr, np.float64)
+    if eta.ndim != 1 or not np.all(np.isfinite(eta)):
+        raise InputError("decay_lr must be a finite 1-D sequence of lr / peak values")
+    m, total, prev = 0.0, 0.0, 1.0
+    for e in eta:
+        m = momentum * m + (prev - e)
+        total += m
+        prev = e
+    return total
+
+def decay_schedule(run) -> list[float]:
+    """lr / peak of each update of a branch's decay: its ``attrs["decay_lr"]`` (written by
+    :func:`tokdyn.sweep.branched_decay_sweep`)."""
+    sched = run.attrs.get("decay_lr")
+    if not isinstance(sched, list) or not sched:
+        raise InputError(f"run {run.name!r} has no 'decay_lr' attribute (the lr / peak of its decay's updates)")
+    return [float(v) for v in sched]
+
+
+def _trunk_loss_at_area(trunk, areas: np.ndarray) -> np.ndarray:
+    """The trunk's measured mean probe loss at the steps where its lr area equals ``areas``,
+    linear in log10 step between its recorded steps."""
+    from .reconstruct import mean_probe_loss
+
+    table = trunk.attrs.get("lr_area")
+    if not isinstance(table, dict) or "step" not in table or "area" not in table:
+        raise InputError(f"T run {trunk.name!r} has no 'lr_area' table ({{'step': [...], 'area': [...]}})")
+    t_steps, t_area = np.asarray(table["step"], np.float64), np.asarray(table["area"], np.float64)
+    if areas.min() < t_area.min() or areas.max() > t_area.max():
+        raise InputError(f"areas {areas.min():g}-{areas.max():g} fall outside T run {trunk.name!r}'s {t_area.min():g}-{t_area.max():g}")
+    at = np.interp(areas, t_area, t_steps)
+    steps = trunk.coord("step")[: trunk.n_committed].astype(np.float64)
+    loss = mean_probe_loss(trunk)
+    ok = (steps > 0) & np.isfinite(loss)
+    return np.interp(np.log10(at), np.log10(steps[ok]), loss[ok])
+
+
+def branch_gains(trunk, branches: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """For each branch run: its decay's lr / peak list, and the loss it gained, in nats: the
+    trunk's mean probe loss at the branch's lr area minus the branch's final mean probe loss.
+
+    Returns ``(schedules, gains [K])``; ``schedules`` is a list of K lists.
+    """
+    from .reconstruct import mean_probe_loss
+
+    if trunk.axis != "T":
+        raise InputError(f"the trunk must be a T run, got {trunk.name!r} of axis {trunk.axis}")
+    areas, final, scheds = [], [], []
+    for b in branches:
+        a = b.attrs.get("lr_area")
+        if not isinstance(a, (int, float)):
+            raise InputError(f"branch {b.name!r} has no 'lr_area' attribute")
+        scheds.append(decay_schedule(b))
+        areas.append(float(a))
+        final.append(float(mean_probe_loss(b, np.array([b.n_committed - 1]))[0]))
+    return scheds, _trunk_loss_at_area(trunk, np.array(areas)) - np.array(final)
+
+
+def fit_annealing_gain(trunk, branches: Sequence) -> AnnealingGain:
+    """Calibrate :class:`AnnealingGain` on ``branches`` (runs of decays off ``trunk``; at least 3).
+
+    For each momentum of a grid (``1 - momentum`` from 1e-4 to 1, 161 values log-spaced) the
+    coefficient is the non-negative least-squares one, ``C = max(0, <S2, g> / <S2, S2>)``; the
+    pair with the smallest squared error wins (ties: the smaller momentum). Deterministic.
+    Pass branches that are not the points you then predict.
+    """
+    if len(branches) < MIN_BRANCHES:
+        raise InputError(f"calibrating the annealing gain needs at least {MIN_BRANCHES} branches, got {len(branches)}")
+    scheds, g = branch_gains(trunk, branches)
+    best = None
+    for lf in _LOG_FORGET:
+        lam = 1.0 - 10.0**lf
+        s2 = np.array([annealing_area(s, momentum=lam) for s in scheds])
+        c = max(0.0, float(s2 @ g) / float(s2 @ s2)) if float(s2 @ s2) > 0 else 0.0
+        sse = float(((c * s2 - g) ** 2).sum())
+        if best is None or sse < best[0] - 1e-15:
+            best = (sse, c, lam)
+    sse, c, lam = best
+    return AnnealingGain(coef=c, momentum=float(lam), n_branches=len(branches), rms=float(np.sqrt(sse / len(branches))),
+                         branches=tuple(b.name for b in branches))  # fmt: skip
