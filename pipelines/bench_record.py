@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -147,6 +148,7 @@ def main() -> None:
                 wall, used = one_run("recorder" if mode == "compare" else mode, corpus, cfg, schedule, url, "r", "float32", every)
                 times[mode].append(wall)
                 cpu[mode].append(used)
+                print(f"round {rep}: {mode} {wall:.2f} s wall, {used:.2f} s CPU", file=sys.stderr, flush=True)
         med = {k: statistics.median(v) for k, v in times.items()}
         cmed = {k: statistics.median(v) for k, v in cpu.items()}
         # The writer's CPU on a replayed loop at this run's pace (plain seconds per step).
