@@ -8,19 +8,27 @@ machine noise hits all three alike:
   forwards  the same loop calling only the probe forwards at the scheduled steps
 
 overhead_pct = (median(recorder) - median(forwards)) / median(plain) * 100: what recording costs
-beyond the forwards it must do. Then it times RunWriter.append on large rows (logical MB/s of
+beyond the forwards it must do; writer_cpu_* is the CPU the writer's and zarr's threads spend on
+a replay of the schedule at the plain run's pace (see writer_cpu); overhead_by_round_pct is the same figure round by round (its
+spread is the noise on it), and overhead_cpu_pct the same from the process's CPU time (user +
+system), which other jobs on the machine disturb less than wall time. ``--compare-commit-every S``
+adds a fourth interleaved mode, the recorder with ``commit_every=S`` (0: each row written on its
+own, as before rows were committed together), reported as ``overhead_compare_pct``. Then it times RunWriter.append on large rows (logical MB/s of
 float32 losses) and measures stored bytes per loss value for float32 and float16 on the losses
 the recorder wrote. Prints one JSON line.
 
     python pipelines/bench_record.py            # the figures in docs/benchmarks.md
     python pipelines/bench_record.py --quick    # a smoke run
+    python pipelines/bench_record.py --compare-commit-every 0   # with the row-by-row writer beside it
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,15 +43,18 @@ from tokdyn.record import TokenLossRecorder, token_losses
 from tokdyn.train import TrainConfig, train
 
 
-def one_run(mode: str, corpus, cfg: TrainConfig, schedule, store_url: str, run: str, dtype: str) -> float:
+def one_run(mode: str, corpus, cfg: TrainConfig, schedule, store_url: str, run: str, dtype: str,
+            commit_every: float | None = None) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of one training run in ``mode``."""
     torch.manual_seed(cfg.seed)
     model = TinyGPT(GPTConfig(vocab_size=corpus.tokenizer.vocab_size, context=corpus.probe.context, n_layer=4))
     batches = random_batches(corpus.train_tokens, batch_size=cfg.batch_size, context=corpus.probe.context, seed=cfg.seed)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     if mode == "plain":
         train(model, batches, cfg)
     elif mode == "recorder":
-        with TokenLossRecorder(model, corpus.probe, store_url, run, schedule=schedule, dtype=dtype) as rec:
+        kw = {} if commit_every is None else {"commit_every": commit_every}
+        with TokenLossRecorder(model, corpus.probe, store_url, run, schedule=schedule, dtype=dtype, **kw) as rec:
             train(model, batches, cfg, recorder=rec)
     elif mode == "forwards":
         probe_tokens = torch.as_tensor(corpus.probe.tokens, dtype=torch.long)
@@ -58,7 +69,32 @@ def one_run(mode: str, corpus, cfg: TrainConfig, schedule, store_url: str, run: 
         train(model, batches, cfg, on_step=on_step)
     else:
         raise ValueError(mode)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _cpu() - c0
+
+
+def writer_cpu(corpus, schedule, steps: int, step_s: float, store_url: str, commit_every: float | None) -> float:
+    """CPU seconds spent outside the training thread (the writer's and zarr's threads) while the
+    recorder records ``schedule`` on a replayed loop: ``step_s`` of sleep stands for each training
+    step, and the probe forwards run for real on one torch thread (the training thread's own
+    CPU). Unlike the wall-time overhead this barely moves with other jobs on the machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the forwards' CPU stays in this thread, out of the writer's count
+    try:
+        model = TinyGPT(GPTConfig(vocab_size=corpus.tokenizer.vocab_size, context=corpus.probe.context, n_layer=4))
+        kw = {} if commit_every is None else {"commit_every": commit_every}
+        c0, m0 = _cpu(), time.thread_time()
+        with TokenLossRecorder(model, corpus.probe, store_url, "r", schedule=schedule, **kw) as rec:
+            for step in range(steps + 1):
+                rec.maybe_record(step)
+                time.sleep(step_s)
+        return (_cpu() - c0) - (time.thread_time() - m0)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
 
 
 def write_throughput(tmp: Path, n_tokens: int, rows: int) -> float:
@@ -89,6 +125,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--write-tokens", type=int, default=2_000_000, help="tokens per row in the write test")
     ap.add_argument("--write-rows", type=int, default=20)
+    ap.add_argument("--commit-every", type=float, default=None, help="the recorder's commit_every (default: its default)")
+    ap.add_argument("--compare-commit-every", type=float, default=None,
+                    help="also run the recorder with this commit_every, interleaved (0: row by row)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     args = ap.parse_args()
     if args.quick:
@@ -97,14 +136,26 @@ def main() -> None:
     corpus = prepare_corpus(context=128, n_probe_sequences=128)
     cfg = TrainConfig(steps=args.steps)
     schedule = tokdyn.geometric_schedule(args.steps, args.points)
-    times: dict[str, list[float]] = {"plain": [], "recorder": [], "forwards": []}
+    modes = ["plain", "recorder", "forwards"] + (["compare"] if args.compare_commit_every is not None else [])
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for rep in range(args.repeats):
-            for mode in ("plain", "recorder", "forwards"):
+            for mode in modes:
                 url = str(tmp / f"{mode}{rep}.zarr")
-                times[mode].append(one_run(mode, corpus, cfg, schedule, url, "r", "float32"))
+                every = args.compare_commit_every if mode == "compare" else args.commit_every
+                wall, used = one_run("recorder" if mode == "compare" else mode, corpus, cfg, schedule, url, "r", "float32", every)
+                times[mode].append(wall)
+                cpu[mode].append(used)
+                print(f"round {rep}: {mode} {wall:.2f} s wall, {used:.2f} s CPU", file=sys.stderr, flush=True)
         med = {k: statistics.median(v) for k, v in times.items()}
+        cmed = {k: statistics.median(v) for k, v in cpu.items()}
+        # The writer's CPU on a replayed loop at this run's pace (plain seconds per step).
+        step_s = med["plain"] / args.steps
+        wcpu = {m: writer_cpu(corpus, schedule, args.steps, step_s, str(tmp / f"cpu-{m}.zarr"),
+                              args.compare_commit_every if m == "compare" else args.commit_every)
+                for m in ("recorder", "compare") if m in modes}  # fmt: skip
         # Bytes per value on real recorded losses, float32 and float16.
         bpv32, n_values = loss_bytes(str(tmp / "recorder0.zarr"), "r")
         losses = tokdyn.open_store(tmp / "recorder0.zarr", mode="r").run("r").losses()
@@ -120,6 +171,18 @@ def main() -> None:
         "plain_s": round(med["plain"], 3), "recorder_s": round(med["recorder"], 3), "forwards_s": round(med["forwards"], 3),
         "forwards_pct_of_training": round((med["forwards"] - med["plain"]) / med["plain"] * 100, 2),
         "overhead_pct": round((med["recorder"] - med["forwards"]) / med["plain"] * 100, 2),
+        "overhead_by_round_pct": [round((r - f) / p * 100, 2) for p, r, f in zip(times["plain"], times["recorder"], times["forwards"])],
+        "overhead_cpu_pct": round((cmed["recorder"] - cmed["forwards"]) / cmed["plain"] * 100, 2),
+        "commit_every": args.commit_every,
+        "writer_cpu_ms_per_row": round(wcpu["recorder"] / len(schedule) * 1e3, 2),
+        "writer_cpu_pct_of_training": round(wcpu["recorder"] / med["plain"] * 100, 2),
+        **({"compare_commit_every": args.compare_commit_every, "compare_s": round(med["compare"], 3),
+            "overhead_compare_pct": round((med["compare"] - med["forwards"]) / med["plain"] * 100, 2),
+            "overhead_compare_by_round_pct": [round((c - f) / p * 100, 2) for p, c, f in zip(times["plain"], times["compare"], times["forwards"])],
+            "overhead_compare_cpu_pct": round((cmed["compare"] - cmed["forwards"]) / cmed["plain"] * 100, 2),
+            "writer_cpu_compare_ms_per_row": round(wcpu["compare"] / len(schedule) * 1e3, 2),
+            "writer_cpu_compare_pct_of_training": round(wcpu["compare"] / med["plain"] * 100, 2)}
+           if "compare" in modes else {}),
         "noise_pct": round((max(times["plain"]) - min(times["plain"])) / med["plain"] * 100, 2),
         "write_MBps": round(mbps, 1), "write_tokens_per_row": args.write_tokens,
         "bytes_per_value_float32": round(bpv32, 3), "bytes_per_value_float16": round(bpv16, 3),

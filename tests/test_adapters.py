@@ -216,6 +216,26 @@ def test_lightning_callback_keeps_rows_when_training_raises(tiny_model, probe, s
     rec.close()
 
 
+def test_callbacks_commit_waiting_rows_when_a_checkpoint_is_saved(tiny_model, probe, store_path):
+    """Rows wait up to commit_every before they are committed; a training checkpoint saved
+    meanwhile must not get ahead of them (a restart from it would never record them)."""
+    _hf()
+    _lightning()
+    from tokdyn.record.hf import TokdynTrainerCallback
+    from tokdyn.record.lightning import TokdynLightningCallback
+
+    for name, save in (("hf-save", lambda cb: cb.on_save(None, None, None)),
+                       ("lit-save", lambda cb: cb.on_save_checkpoint(None, None, {}))):  # fmt: skip
+        rec = TokenLossRecorder(tiny_model, probe, store_path, name, schedule=[0, 1, 2], commit_every=3600)
+        cb = (TokdynTrainerCallback if name == "hf-save" else TokdynLightningCallback)(rec)
+        rec.record(0)
+        rec.record(1)
+        assert read_run(store_path, name).n_committed == 0  # waiting for commit_every
+        save(cb)
+        assert read_run(store_path, name).steps.tolist() == [0, 1]
+        rec.close()
+
+
 # -- placement checks -----------------------------------------------------------------------
 
 

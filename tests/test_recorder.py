@@ -210,17 +210,75 @@ def test_steps_at_or_before_the_last_committed_one_are_refused(tiny_model, probe
 
 
 def test_maybe_record_twice_for_one_step_records_once(tiny_model, probe, store_path, monkeypatch):
-    original = RunWriter.append
+    original = RunWriter.append_rows  # every write goes through it (append too)
 
     def slow_append(self, *args, **kwargs):  # a slow disk: the commit lands after the second call
         time.sleep(0.2)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(RunWriter, "append", slow_append)
+    monkeypatch.setattr(RunWriter, "append_rows", slow_append)
     rec = TokenLossRecorder(tiny_model, probe, store_path, "dup", schedule=[0, 1])
     assert rec.maybe_record(1)
     assert not rec.maybe_record(1)  # e.g. gradient accumulation: one optimizer step, several batch ends
     rec.close()
+
+
+# -- commit_every: rows written and committed together -----------------------------------------
+
+
+def test_waiting_rows_are_committed_in_order_by_flush_and_close(tiny_model, probe, tmp_path, monkeypatch):
+    """Rows wait for commit_every; flush() and close() write them at once, none lost, none
+    reordered, each equal to the row written on its own (commit_every=0), with queue_size=1 so the
+    writer takes rows off a full queue while others wait."""
+    blocks = []
+    original = RunWriter.append_rows
+
+    def counting(self, losses, rows, **kw):
+        blocks.append([r["step"] for r in rows])
+        return original(self, losses, rows, **kw)
+
+    monkeypatch.setattr(RunWriter, "append_rows", counting)
+    schedule, flush_after = list(range(0, 40, 2)), {6, 8, 20, 34}
+    for every in (0, 3600):
+        model = copy.deepcopy(tiny_model)
+        rec = TokenLossRecorder(model, probe, str(tmp_path / f"{every}.zarr"), "r", schedule=schedule,
+                                queue_size=1, commit_every=every)  # fmt: skip
+        blocks.clear()
+        for step in schedule:
+            perturb(model, step)
+            rec.record(step, lr=step / 100)
+            if step in flush_after:
+                rec.flush()
+                assert rec.last_step == step  # committed when flush returns
+                assert read_run(str(tmp_path / f"{every}.zarr"), "r").steps.tolist() == [s for s in schedule if s <= step]
+            elif every:
+                assert read_run(str(tmp_path / f"{every}.zarr"), "r").n_committed < schedule.index(step) + 1  # still waiting
+        rec.close()  # writes the rows recorded after the last flush
+        assert sum(blocks, []) == schedule
+        assert len(blocks) == (len(schedule) if every == 0 else len(flush_after) + 1)
+    one, many = read_run(str(tmp_path / "0.zarr"), "r"), read_run(str(tmp_path / "3600.zarr"), "r")
+    assert many.steps.tolist() == schedule
+    np.testing.assert_array_equal(many.losses(), one.losses())
+    np.testing.assert_array_equal(many.coord("lr"), one.coord("lr"))
+
+
+def test_rows_are_committed_after_commit_every_without_flush(tiny_model, probe, store_path):
+    rec = TokenLossRecorder(tiny_model, probe, store_path, "due", schedule=[0, 1, 2], commit_every=0.2)
+    for step in (0, 1):
+        rec.record(step)
+    deadline = time.monotonic() + 60
+    while rec.last_step != 1 and time.monotonic() < deadline:  # the writer commits them on its own
+        time.sleep(0.02)
+    assert rec.last_step == 1 and read_run(store_path, "due").steps.tolist() == [0, 1]
+    rec.record(2)
+    rec.close()
+    assert read_run(store_path, "due").steps.tolist() == [0, 1, 2]
+
+
+def test_commit_every_is_validated(tiny_model, probe, store_path):
+    for bad in (-1, float("inf"), float("nan")):
+        with pytest.raises(TokdynError, match="commit_every"):
+            TokenLossRecorder(tiny_model, probe, store_path, "bad", schedule=[0], commit_every=bad)
 
 
 # -- failures -------------------------------------------------------------------------------
@@ -240,7 +298,7 @@ def test_writer_failure_surfaces_as_writer_error_and_committed_rows_stay_readabl
     def disk_full(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(RunWriter, "append", disk_full)
+    monkeypatch.setattr(RunWriter, "append_rows", disk_full)
     assert rec.maybe_record(2)  # queued; the write fails in the background
 
     def raise_first():
@@ -350,11 +408,11 @@ def test_rows_queued_at_exit_are_written(tmp_path, ending, code):
         from tokdyn.model import GPTConfig, TinyGPT
         from tokdyn.record import TokenLossRecorder
         from tokdyn.store import RunWriter
-        slow = RunWriter.append
-        def append(self, *a, **k):
+        slow = RunWriter.append_rows
+        def append_rows(self, *a, **k):
             time.sleep(0.2)  # a slow disk: rows are still queued when the script ends
             return slow(self, *a, **k)
-        RunWriter.append = append
+        RunWriter.append_rows = append_rows
         torch.manual_seed(0)
         probe = tokdyn.ProbeSet.from_tokens(np.random.default_rng(0).integers(0, 257, (4, 17)))
         model = TinyGPT(GPTConfig(context=16, n_layer=1, n_head=2, n_embd=16))

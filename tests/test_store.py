@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -370,3 +371,51 @@ def test_to_xarray_after_a_crash_between_resizes(store, probe):
     ds = run.to_xarray()
     assert ds["loss"].shape == (2, probe.n_tokens)
     np.testing.assert_array_equal(ds["step"].values, [0, 1])
+
+
+def test_rows_appended_together_equal_rows_appended_one_by_one(tmp_path, probe):
+    """append_rows (one commit for several rows) stores exactly what append stores row by row,
+    checksums included, across a coordinate chunk boundary and the arrays' growth."""
+    n, steps = probe.n_tokens, [3 * s + 1 for s in range(300)]  # 300 rows: past COORD_CHUNK (256)
+    M = np.stack([row_values(s, n) for s in steps])
+    M[7, 2] = np.inf  # a non-finite loss: stored as NaN and counted on its row
+    meta = [{"step": s, "lr": s / 1000, "tokens_seen": 10 * s, "wall_time": 1e9 + s} for s in steps]
+    one = tokdyn.open_store(tmp_path / "one.zarr", probe, mode="w").create_run("r", capacity=4)
+    w = one.writer()
+    for row, m in zip(M, meta):
+        with pytest.warns(RuntimeWarning) if np.isinf(row).any() else contextlib.nullcontext():
+            w.append(row, **m)
+    many = tokdyn.open_store(tmp_path / "many.zarr", probe, mode="w").create_run("r", capacity=4)
+    w = many.writer()
+    bounds = [0, 1, 5, 60, 250, 262, 300]  # blocks of 1, 4, 55, 190 (across row 256), 12, 38 rows
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        with pytest.warns(RuntimeWarning) if a <= 7 < b else contextlib.nullcontext():
+            assert w.append_rows(M[a:b], meta[a:b]) == range(a, b)
+    assert w.rows == 300 and w.last_step == steps[-1]
+    for run in (one, many):
+        run = tokdyn.open_store(run.store.url, mode="r").run("r")  # a fresh reader checks every checksum
+        np.testing.assert_array_equal(run.losses(), np.where(np.isfinite(M), M, np.nan))
+        for name in ("step", "lr", "tokens_seen", "wall_time"):
+            np.testing.assert_array_equal(run.coord(name), [m[name] for m in meta])
+        assert run.nonfinite() == (1, {7: 1})
+        run.to_xarray()
+        assert set(run._commit(0).crc) == set(run._commit(0).coord_crc) == {str(r) for r in range(300)}
+
+
+def test_append_rows_refuses_a_bad_block_before_writing_anything(store, probe):
+    run = store.create_run("r", capacity=4)
+    w = run.writer()
+    w.append(row_values(0, probe.n_tokens), step=5)
+    M = np.stack([row_values(s, probe.n_tokens) for s in (1, 2)])
+    with pytest.raises(StepOrderError):
+        w.append_rows(M, [{"step": 6}, {"step": 6}])  # not increasing inside the block
+    with pytest.raises(StepOrderError):
+        w.append_rows(M, [{"step": 4}, {"step": 7}])  # the first is not after the committed step
+    with pytest.raises(InputError):
+        w.append_rows(M[:1], [{"step": 6}, {"step": 7}])  # one row of losses for two rows
+    with pytest.raises(InputError):
+        w.append_rows(M, [{"step": 6}, {"step": 7, "axis_value": float("nan")}])
+    assert w.append_rows(M[:0], []) == range(1, 1)
+    assert run.n_committed == 1 and run.steps.tolist() == [5]
+    assert w.append_rows(M, [{"step": 6}, {"step": 7}]) == range(1, 3)
+    assert run.steps.tolist() == [5, 6, 7]

@@ -84,6 +84,12 @@ class RecorderBinding:
         else:
             rec.maybe_record(step)  # records nothing; raises a pending writer failure
 
+    def flush(self) -> None:
+        """A training checkpoint is being saved: commit every row recorded so far (rows wait up to
+        the recorder's ``commit_every``), so a restart from the checkpoint never skips one."""
+        if self.recorder is not None:
+            self.recorder.flush()
+
     def end(self) -> None:
         """Training ended: close the recorder (or flush it, with ``close=False``)."""
         if self.recorder is None:

@@ -86,6 +86,9 @@ class TokdynTrainerCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         self._binding.end()
 
+    def on_save(self, args, state, control, **kwargs):
+        self._binding.flush()  # a checkpoint was saved: commit the rows recorded before it
+
     def _record(self, args, state) -> None:
         counted = None if self._binding.tokens_per_step is not None else _counted_tokens(args, state)
         self._binding.record(state.global_step, tokens_seen=counted)

@@ -97,6 +97,9 @@ class TokdynLightningCallback(pl.Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         self._binding.end()
 
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self._binding.flush()  # the rows recorded before this checkpoint are committed with it
+
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         # Flush, not close: close() waits on a barrier under DDP, which a failed rank never reaches.
         if self.recorder is None:

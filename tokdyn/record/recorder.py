@@ -7,8 +7,11 @@ restores the model's mode, and hands the per-token losses to a background writer
 
 What the training step pays: the probe forwards, and on CUDA a non-blocking copy of one float
 per token into pinned host memory. The writer thread waits on a CUDA event, never the training
-stream, and does the NaN count, the zarr write and the commit. A writer failure is re-raised
-in the training process at the next recorder call (:class:`~tokdyn.errors.WriterError`).
+stream, and does the NaN count, the zarr write and the commit. Rows that arrive within
+``commit_every`` seconds of each other are written and committed together: on a CPU the zarr
+calls of a row cost more than its compression, and every cycle the writer spends is taken from
+training. A writer failure is re-raised in the training process at the next recorder call
+(:class:`~tokdyn.errors.WriterError`).
 """
 
 from __future__ import annotations
@@ -153,6 +156,13 @@ class TokenLossRecorder:
         ``forward(model, input_ids) -> logits``.
     queue_size : int
         Rows that may wait for the writer before ``record`` blocks (back-pressure).
+    commit_every : float
+        Seconds a recorded row may wait in memory so that the rows recorded meanwhile are
+        written and committed with it, in one set of zarr calls (default 10). ``0`` writes each
+        row on its own as soon as it arrives. :meth:`flush` and :meth:`close` write waiting rows
+        at once; a crash loses at most the rows of the last ``commit_every`` seconds (and those
+        queued), which a restart from a training checkpoint saved after :meth:`flush` records
+        again.
     rank, world_size : int, optional
         Distributed position; read from ``torch.distributed`` when it is initialised. Each rank
         evaluates and writes a disjoint, chunk-aligned shard of the probe.
@@ -173,6 +183,7 @@ class TokenLossRecorder:
         run_attrs: Mapping[str, Any] | None = None,
         forward: ForwardFn | None = None,
         queue_size: int = 4,
+        commit_every: float = 10.0,
         rank: int | None = None,
         world_size: int | None = None,
         token_chunk: int | None = None,
@@ -185,6 +196,8 @@ class TokenLossRecorder:
             raise InputError(f"dtype must be one of {LOSS_DTYPES}, got {dtype!r}")
         if int(batch_size) < 1 or int(queue_size) < 1:
             raise InputError(f"batch_size and queue_size must be >= 1, got {batch_size} and {queue_size}")
+        if not 0 <= float(commit_every) < float("inf"):
+            raise InputError(f"commit_every must be a finite number of seconds >= 0, got {commit_every}")
         self.schedule = explicit_schedule(schedule)
         self._scheduled = set(self.schedule.tolist())
         self.model = model
@@ -216,6 +229,9 @@ class TokenLossRecorder:
         for _ in range(n_host):
             self._free.put(torch.empty(self._writer.n_tokens, dtype=torch.float32, pin_memory=self._cuda))
         self._queue: queue.Queue = queue.Queue(maxsize=int(queue_size))
+        self.commit_every = float(commit_every)
+        # Rows waiting to be committed together live in one block (at most 16 MiB, 64 rows).
+        self._batch_rows = 1 if self.commit_every == 0 else max(1, min(64, (16 << 20) // (4 * self._writer.n_tokens)))
         self._error: BaseException | None = None
         self._closed = False
         self._last_queued: int | None = self._writer.last_step  # the last step handed to the writer
@@ -372,6 +388,8 @@ class TokenLossRecorder:
     def flush(self) -> None:
         """Block until every queued row is committed; re-raise a writer failure."""
         if self._thread.is_alive():
+            if self._queue.unfinished_tasks:
+                self._put(_FLUSH)  # write the rows waiting for commit_every now
             while self._queue.unfinished_tasks and self._error is None and self._thread.is_alive():
                 time.sleep(0.001)
         self._check_error()
@@ -436,21 +454,46 @@ class TokenLossRecorder:
                     raise WriterError("background writer stopped unexpectedly") from None
 
     def _write_loop(self) -> None:
+        """Take rows off the queue into a block; write and commit the block when its first row has
+        waited ``commit_every`` seconds, when it is full, or on flush/close. A row is marked done
+        (``task_done``) only once committed, so :meth:`flush` waits for it."""
+        block = np.empty((self._batch_rows, self._writer.n_tokens), np.float32) if self._batch_rows > 1 else None
+        metas: list[dict] = []
+        deadline = 0.0
         while True:
-            item = self._queue.get()
             try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()) if metas else None)
+            except queue.Empty:
+                item = _DUE  # the oldest waiting row has waited commit_every seconds
+            try:
+                if isinstance(item, tuple):
+                    ready, host, meta = item
+                    if ready is not None:
+                        ready.synchronize()
+                    if block is None:  # commit_every=0: each row on its own, from its host buffer
+                        self._writer.append(host.numpy(), **meta)
+                        self._free.put(host)
+                        self._queue.task_done()
+                        continue
+                    block[len(metas)] = host.numpy()
+                    self._free.put(host)
+                    if not metas:
+                        deadline = time.monotonic() + self.commit_every
+                    metas.append(meta)
+                    if len(metas) < self._batch_rows:
+                        continue
+                if metas:  # due, full, flush or close: write and commit what waits, in step order
+                    self._writer.append_rows(block[: len(metas)], metas)
+                    for _ in metas:
+                        self._queue.task_done()
+                    metas = []
+                if item is None or item is _FLUSH:
+                    self._queue.task_done()
                 if item is None:
                     return
-                ready, host, meta = item
-                if ready is not None:
-                    ready.synchronize()
-                self._writer.append(host.numpy(), **meta)
-                self._free.put(host)
             except BaseException as exc:  # noqa: BLE001 - surfaced in the training thread
                 self._error = exc
                 return
-            finally:
-                self._queue.task_done()
 
     def _check_error(self) -> None:
         if self._error is not None:
@@ -461,6 +504,7 @@ class TokenLossRecorder:
             ) from exc
 
 
+_FLUSH, _DUE = object(), object()  # writer-thread signals: write what waits now (flush; commit_every elapsed)
 _OPEN: "weakref.WeakSet[TokenLossRecorder]" = weakref.WeakSet()
 _EXIT_HOOK = []
 

@@ -8,7 +8,8 @@ import json
 import time
 import zlib
 import warnings
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
@@ -121,87 +122,125 @@ class RunWriter:
         Non-finite losses are stored as NaN and counted in the commit record (and warned about
         unless ``warn_nonfinite=False``, for sources where NaN already means "missing").
         """
-        step = int(step)
-        if step < 0:
-            raise StepOrderError(f"step must be >= 0, got {step}")
-        if not self.accepts(step):
-            raise StepOrderError(
-                f"step {step} is not after the last committed step {self.last_step} of run {self.run.name!r}; "
-                "rows are never overwritten or duplicated"
-            )
         values = np.asarray(losses)
         if values.shape != (self.n_tokens,):
             raise InputError(f"losses must have shape ({self.n_tokens},) for tokens [{self.token_start}, {self.token_stop}), got {values.shape}")
+        row = {"step": step, "axis_value": axis_value, "tokens_seen": tokens_seen, "lr": lr, "wall_time": wall_time,
+               "ckpt_fingerprint": ckpt_fingerprint}  # fmt: skip
+        return self.append_rows(values[None], [row], warn_nonfinite=warn_nonfinite)[0]
+
+    def append_rows(self, losses: np.ndarray, rows: Sequence[Mapping[str, Any]], *, warn_nonfinite: bool = True) -> range:
+        """Write several rows and commit them together; returns their row indices.
+
+        ``losses`` is ``[k, n_tokens]``; ``rows`` holds, for each, the keywords of :meth:`append`
+        (``step`` required; ``axis_value``, ``tokens_seen``, ``lr``, ``wall_time``,
+        ``ckpt_fingerprint`` optional). One commit covers all ``k`` rows, written after their
+        data: a crash leaves all of them or none. The zarr calls and the commit are paid once per
+        call, not per row, which is most of a small row's cost.
+        """
+        values = np.asarray(losses)
+        k = len(rows)
+        if values.ndim != 2 or values.shape != (k, self.n_tokens):
+            raise InputError(
+                f"losses must have shape ({k}, {self.n_tokens}) for {k} rows of tokens [{self.token_start}, {self.token_stop}), "
+                f"got {values.shape}"
+            )
+        if not k:
+            return range(self.rows, self.rows)
         if values.dtype.kind not in "fiu":
             raise InputError(f"losses must be numbers, got dtype {values.dtype}")
-        if axis_value is not None and not np.isfinite(float(axis_value)):
-            raise InputError(f"axis_value must be finite, got {axis_value} for step {step}")
+        last = self.last_step
+        for r in rows:
+            step = int(r["step"])
+            if step < 0:
+                raise StepOrderError(f"step must be >= 0, got {step}")
+            if last is not None and step <= last:
+                raise StepOrderError(
+                    f"step {step} is not after the last committed step {last} of run {self.run.name!r}; "
+                    "rows are never overwritten or duplicated"
+                )
+            av = r.get("axis_value")
+            if av is not None and not np.isfinite(float(av)):
+                raise InputError(f"axis_value must be finite, got {av} for step {step}")
+            last = step
         with np.errstate(over="ignore", invalid="ignore"):  # counted below: a loss beyond float16 is inf
             values = values.astype(self.run.dtype, copy=False)
         bad = ~np.isfinite(values)
-        n_bad = int(bad.sum())
-        if n_bad:
+        n_bad = bad.sum(axis=1).tolist()  # per row
+        if any(n_bad):
             values = np.where(bad, np.nan, values)
         values = np.ascontiguousarray(values, dtype=self.run.dtype)  # the stored bytes, which the checksums cover
-        if n_bad and warn_nonfinite:
-            warnings.warn(
-                f"run {self.run.name!r} step {step}: {n_bad} non-finite losses stored as NaN", RuntimeWarning, stacklevel=2
-            )
+        if warn_nonfinite:
+            for r, n in zip(rows, n_bad):
+                if n:
+                    warnings.warn(f"run {self.run.name!r} step {int(r['step'])}: {n} non-finite losses stored as NaN",
+                                  RuntimeWarning, stacklevel=3)  # fmt: skip
         self._check_owner()
-        k = self.rows
-        self._ensure_capacity(k + 1)
-        writes = [(self.run._loss, (k, slice(self.token_start, self.token_stop)), values)]
+        k0 = self.rows
+        self._ensure_capacity(k0 + k)
+        writes = [(self.run._loss, (slice(k0, k0 + k), slice(self.token_start, self.token_stop)), values)]
+        coords = []
         if self._is_coord_writer:
-            row = {
-                "step": step,
-                "axis_value": float(step) if axis_value is None else float(axis_value),
-                "tokens_seen": -1 if tokens_seen is None else int(tokens_seen),
-                "lr": np.nan if lr is None else float(lr),
-                "wall_time": time.time() if wall_time is None else float(wall_time),
-                "ckpt_fingerprint": 0 if ckpt_fingerprint is None else int(ckpt_fingerprint),
-            }
-            writes += self._coordinate_writes(k, row)
+            now = time.time()
+            for r in rows:
+                g = r.get
+                coords.append({
+                    "step": int(r["step"]),
+                    "axis_value": float(r["step"]) if g("axis_value") is None else float(g("axis_value")),
+                    "tokens_seen": -1 if g("tokens_seen") is None else int(g("tokens_seen")),
+                    "lr": np.nan if g("lr") is None else float(g("lr")),
+                    "wall_time": now if g("wall_time") is None else float(g("wall_time")),
+                    "ckpt_fingerprint": 0 if g("ckpt_fingerprint") is None else int(g("ckpt_fingerprint")),
+                })  # fmt: skip
+            writes += self._coordinate_writes(k0, coords)
         _write_concurrently(writes)
-        if n_bad:
-            self._nonfinite += n_bad
-            self._nonfinite_rows[str(k)] = n_bad
+        for i, n in enumerate(n_bad):
+            if n:
+                self._nonfinite += n
+                self._nonfinite_rows[str(k0 + i)] = n
         salt, checksums = self.run._salt, {}
         if salt is not None:  # checksums bound to position, committed with the row (docs/store.md)
             tc, c0 = self.run.token_chunk, self.token_start // self.run.token_chunk
-            self._crc[str(k)] = [position_crc(salt, "loss", (k, c0 + i), values[a : a + tc]) for i, a in enumerate(range(0, len(values), tc))]
+            for i in range(k):
+                self._crc[str(k0 + i)] = [position_crc(salt, "loss", (k0 + i, c0 + j), values[i, a : a + tc])
+                                          for j, a in enumerate(range(0, self.n_tokens, tc))]  # fmt: skip
             checksums["crc"] = self._crc
             if self._is_coord_writer:
-                self._coord_crc[str(k)] = position_crc(salt, "coords", (k,), coord_record(row))
+                for i, row in enumerate(coords):
+                    self._coord_crc[str(k0 + i)] = position_crc(salt, "coords", (k0 + i,), coord_record(row))
                 checksums["coord_crc"] = self._coord_crc
         # The commit: one atomic metadata write, after the data. (Not ``attrs.update``: zarr's
         # MutableMapping.update writes once per key, and a kill between two writes would leave
         # ``rows`` and ``last_step`` out of step; the crash test caught exactly that.)
         self._commit_group.update_attributes(
-            {"rows": k + 1, "last_step": step, "nonfinite": self._nonfinite, "nonfinite_rows": self._nonfinite_rows, **checksums}
+            {"rows": k0 + k, "last_step": last, "nonfinite": self._nonfinite, "nonfinite_rows": self._nonfinite_rows, **checksums}
         )
-        self.rows, self.last_step = k + 1, step
-        return k
+        self.rows, self.last_step = k0 + k, last
+        return range(k0, k0 + k)
 
-    def _coordinate_writes(self, k: int, row: dict) -> list:
-        """Whole-chunk writes of the per-checkpoint values of row ``k``.
+    def _coordinate_writes(self, k0: int, rows: list[dict]) -> list:
+        """Whole-chunk writes of the per-checkpoint values of rows ``k0, k0 + 1, ...``.
 
         The writer keeps the current chunk of each coordinate in memory and rewrites it whole:
         zarr then skips the read-modify-write of a partial chunk (half the cost of a row). The
         rewrite carries the committed values unchanged and chunk writes are atomic, so committed
         rows stay safe."""
-        c0 = (k // COORD_CHUNK) * COORD_CHUNK
-        c1 = min(c0 + COORD_CHUNK, self.run.capacity)
-        if self._coord_chunk_start != c0:  # a new chunk (or a resumed writer): load it once
-            self._coord_buffers = {name: arr[c0:c1] for name, arr in self._arrays.items()}
-            self._coord_chunk_start = c0
         writes = []
-        for name, value in row.items():
-            buf = self._coord_buffers[name]
-            if len(buf) != c1 - c0:  # the arrays were resized inside this chunk
-                buf = np.concatenate([buf, np.full(max(0, c1 - c0 - len(buf)), COORDS[name][1], dtype=buf.dtype)])[: c1 - c0]
-            buf[k - c0] = value
-            self._coord_buffers[name] = buf
-            writes.append((self._arrays[name], (slice(c0, c1),), buf))
+        for i, row in enumerate(rows):
+            k = k0 + i
+            c0 = (k // COORD_CHUNK) * COORD_CHUNK
+            c1 = min(c0 + COORD_CHUNK, self.run.capacity)
+            if self._coord_chunk_start != c0:  # a new chunk (or a resumed writer): load it once
+                self._coord_buffers = {name: arr[c0:c1] for name, arr in self._arrays.items()}
+                self._coord_chunk_start = c0
+            for name, value in row.items():
+                buf = self._coord_buffers[name]
+                if len(buf) != c1 - c0:  # the arrays were resized inside this chunk
+                    buf = np.concatenate([buf, np.full(max(0, c1 - c0 - len(buf)), COORDS[name][1], dtype=buf.dtype)])[: c1 - c0]
+                buf[k - c0] = value
+                self._coord_buffers[name] = buf
+            if i == len(rows) - 1 or (k + 1) // COORD_CHUNK * COORD_CHUNK != c0:  # the chunk is complete for this call
+                writes += [(self._arrays[name], (slice(c0, c1),), self._coord_buffers[name]) for name in row]
         return writes
 
     def _ensure_capacity(self, rows: int) -> None:
