@@ -779,7 +779,7 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     ax1.set_title("how fast the mean loss falls")
     _legend_below(ax1, ncol=3)
     name = _axis_name(a.axis)
-    return Figure(fig, f"The mean probe loss and how fast it falls, measured and rebuilt from the tokens",
+    return Figure(fig, "The mean probe loss and how fast it falls, measured and rebuilt from the tokens",
                   f"Left: the loss averaged over all {rec.spectrum.n_tokens:,} probe tokens at each recorded {name}. "
                   f"Right: how fast it falls, -dL/dlog10 a in nats per tenfold increase of the {name} (a is the {name}): "
                   f"black, measured from the mean loss (a local quadratic, smoothing {rec.smoothing:.3f} decades); blue, "
@@ -787,7 +787,7 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
                   f"alone (figure below, bandwidth {rec.spectrum.bandwidth:.3f} decades)"
                   + ("; dotted, rebuilt from the events of another run with no fit on this axis (each point placed "
                      "at its effective step on that run)" if a.across else "") + ". Where the lines follow the dots, "
-                  f"the per-token events account for how the mean loss falls; R² in the legend.")  # fmt: skip
+                  "the per-token events account for how the mean loss falls; R² in the legend.")  # fmt: skip
 
 
 POWER_LAW_R2 = 0.8  # a power-law fit below this R^2 (of log rho, or of L) is reported as "not a power law"
