@@ -164,3 +164,118 @@ def test_levels_never_below_zero(backend, seed):
     for name in ("l0", "linf", "linf2"):
         v = getattr(fit, name)
         assert np.all(v[np.isfinite(v)] >= LEVEL_FLOOR - 1e-9), (name, np.nanmin(v))
+
+
+# ---------------------------------------------------------------------------------------------
+# Two sigmoids: linf >= 0 and each drop within -+ MAX_DROP_RANGE times the observed range
+
+
+def _two_sse_reference(x, y, th, floor, max_drop):
+    """min over linf >= floor, |d1|, |d2| <= max_drop of sum (linf + d1 g1 + d2 g2 - y)^2, by
+    scipy's bounded linear least squares (an independent solver)."""
+    from scipy.optimize import lsq_linear
+
+    A = np.stack([np.ones_like(x), _g(x, th[:2]), _g(x, th[2:])], 1)
+    sol = lsq_linear(A, y, bounds=([floor, -max_drop, -max_drop], [np.inf, max_drop, max_drop]),
+                     method="bvls", tol=1e-14, lsmr_tol=None)
+    r = A @ sol.x - y
+    return float(r @ r), sol.x
+
+
+def _two_numba(x, y, th, floor, max_drop):
+    from tokdyn.fit.varpro import _vp_two
+
+    yc = y - y.mean()
+    out = np.zeros(24)
+    bnd = np.array([floor, -max_drop, max_drop, -max_drop, max_drop])
+    F = _vp_two(x, yc, x.size, float(yc @ yc), np.asarray(th, float), np.zeros((13, x.size)),
+                out, bnd, float(y.mean()))
+    return F, out
+
+
+def _two_data(rng):
+    kind = rng.integers(4)
+    if kind == 0:
+        return _censored(rng, 1)[0]
+    if kind == 1:
+        return _censored(rng, 1)[0][::-1]
+    if kind == 2:  # two steps
+        mu = np.sort(rng.uniform(0.3, 2.7, 2))
+        y = (1.0 + rng.uniform(0.5, 2) * _g(X, [mu[0], np.log(0.1)])
+             + rng.uniform(0.5, 2) * _g(X, [mu[1], np.log(0.1)]))
+        return np.abs(y + 0.05 * rng.standard_normal(X.size))
+    return np.abs(rng.uniform(0, 3) + rng.standard_normal(X.size) * rng.uniform(0.01, 1.0))
+
+
+needs_numba = pytest.mark.skipif("numba" not in BACKENDS, reason="numba not installed")
+
+
+@needs_numba
+@settings(max_examples=80, deadline=None)
+@given(seed=hs.integers(0, 2**32 - 1))
+def test_two_sigmoid_projection_is_the_box_constrained_least_squares(seed):
+    """At any pair of events, the projected SSE and amplitudes are those of scipy's bounded
+    least squares, whichever bounds bind (drop bounds from far inside to far below the data's
+    range, so every active set is met)."""
+    pytest.importorskip("scipy")
+    rng = np.random.default_rng(seed)
+    y = _two_data(rng)
+    th = np.array([rng.uniform(-1.0, 4.0), np.log(rng.uniform(0.02, 2.0)),
+                   rng.uniform(-1.0, 4.0), np.log(rng.uniform(0.02, 2.0))])
+    max_drop = float(np.ptp(y)) * rng.choice([0.05, 0.3, 1.0, 2.0, 100.0])
+    F, out = _two_numba(X, y, th, 0.0, max_drop)
+    if not np.isfinite(F):  # a degenerate basis (events coincide or lie off the points)
+        g1, g2 = _g(X, th[:2]), _g(X, th[2:])
+        A = np.stack([np.ones_like(X), g1, g2], 1)
+        assert np.linalg.cond(A) > 1e6
+        return
+    ref, amp = _two_sse_reference(X, y, th, 0.0, max_drop)
+    assert F == pytest.approx(ref, rel=1e-7, abs=1e-9 * float(y @ y))
+    assert out[1] + y.mean() >= -1e-9 and max(abs(out[2]), abs(out[3])) <= max_drop * (1 + 1e-9)
+    np.testing.assert_allclose([out[1] + y.mean(), out[2], out[3]], amp,
+                               rtol=1e-5, atol=1e-6 * (1 + np.ptp(y)))
+
+
+@needs_numba
+def test_two_sigmoid_gradient_matches_finite_differences_where_drops_bind():
+    rng = np.random.default_rng(8)
+    checked = 0
+    for _ in range(200):
+        y = _two_data(rng)
+        th = np.array([rng.uniform(0.5, 2.5), np.log(rng.uniform(0.1, 1.0)),
+                       rng.uniform(0.5, 2.5), np.log(rng.uniform(0.1, 1.0))])
+        max_drop = 0.3 * float(np.ptp(y))
+        F0, out = _two_numba(X, y, th, 0.0, max_drop)
+        if not np.isfinite(F0) or max(abs(out[2]), abs(out[3])) < max_drop * (1 - 1e-9):
+            continue
+        eps = 1e-6
+        Fs = [(_two_numba(X, y, th + eps * e, 0.0, max_drop)[0],
+               _two_numba(X, y, th - eps * e, 0.0, max_drop)[0]) for e in np.eye(4)]
+        _, out_p = _two_numba(X, y, th + eps * np.eye(4)[0], 0.0, max_drop)
+        if abs(out_p[2]) < max_drop * (1 - 1e-9) and abs(out_p[3]) < max_drop * (1 - 1e-9):
+            continue  # an active-set switch within eps
+        grad = [(a - b) / (4 * eps) for a, b in Fs]
+        np.testing.assert_allclose(out[4:8], grad, rtol=1e-4, atol=1e-7 * max(F0, 1.0))
+        checked += 1
+    assert checked >= 20
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=10, deadline=None)
+@given(seed=hs.integers(0, 2**32 - 1))
+def test_two_sigmoid_drops_stay_within_the_bound(backend, seed):
+    """Every backend: each fitted drop within MAX_DROP_RANGE times the row's observed range,
+    linf >= 0, on censored, two-step and noise data with missing points."""
+    from tokdyn.fit.models import MAX_DROP_RANGE
+
+    rng = np.random.default_rng(seed)
+    Y = np.stack([_two_data(rng) for _ in range(40)])
+    Y[rng.random(Y.shape) < 0.1] = np.nan
+    fit = fit_sigmoids(X, Y, backend=backend)
+    span = np.nanmax(Y, 1) - np.nanmin(Y, 1)
+    for name in ("delta1", "delta2"):
+        v = getattr(fit, name)
+        ok = np.isfinite(v)
+        assert np.all(np.abs(v[ok]) <= MAX_DROP_RANGE * span[ok] * (1 + 1e-9) + 1e-12), name
+    v = fit.linf2
+    assert np.all(v[np.isfinite(v)] >= LEVEL_FLOOR - 1e-9)

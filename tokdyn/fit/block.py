@@ -29,6 +29,7 @@ from tokdyn.fit.models import (
     choose_model,
     class_loss_share,
     classify,
+    drop_bound,
     model_level,
     order_events,
     two_sigmoid_bounds,
@@ -247,7 +248,7 @@ def _try_again(solve: _Solver, Y, res, rows, p_start, lo, hi, caps) -> None:
 def _fit_two_sigmoids(solve: _Solver, Y, p1, prep):
     """Two sigmoids per row, started from the sigmoid fit plus the grid event that best
     explains what it leaves (where none qualifies: the sigmoid split in two halves)."""
-    lo, hi = two_sigmoid_bounds(prep["lo"], prep["hi"])
+    lo, hi = two_sigmoid_bounds(prep["lo"], prep["hi"], drop_bound(Y))
     p0 = two_sigmoid_start(p1, lo, hi)
     alt = two_starts(solve.x, Y, p1, lo, hi, prep["grid_mu"], prep["grid_s"], solve.backend)
     use = np.all(np.isfinite(alt[:, [2, 3, 5, 6]]), axis=1)
@@ -258,7 +259,8 @@ def _fit_two_sigmoids(solve: _Solver, Y, p1, prep):
     p0 = np.minimum(np.maximum(np.where(np.isfinite(p0), p0, 0.0), lo), hi)
     res = solve(MODEL_TWO_SIGMOIDS, Y, p0, lo, hi, [3, 6], prep["step_max"])
     _, cov_ok = solve.standard_errors(res, prep["n"], [3, 6])
-    status = _final_status(res["status"], res["p"], lo, hi, cov_ok, [2, 3, 5, 6])
+    # a drop on its bound (MAX_DROP_RANGE) is a fit on a bound too: the data ask for more
+    status = _final_status(res["status"], res["p"], lo, hi, cov_ok, [1, 2, 3, 4, 5, 6])
     return res, order_events(res["p"]), status
 
 

@@ -455,13 +455,76 @@ def _sum(u, n):
     return acc
 
 
+@njit(inline="always", **_JIT)
+def _free_solve(fix0, fix1, fix2, a0, a1, a2, nf, sg1, sg2, u11, u12, u22, y1, y2, syy):
+    """One active set of the amplitude box: amplitudes flagged fixed keep their value (a0 the
+    constant, a1 and a2 the drops), the free ones solve the least squares problem that is
+    left. Returns (ok, sse, c0, d1, d2); ok False where the free block is singular."""
+    # the data less the fixed columns: its sum and its products with g1, g2
+    ty = -(a0 * nf if fix0 else 0.0)
+    t1 = y1 - (a0 * sg1 if fix0 else 0.0)
+    t2 = y2 - (a0 * sg2 if fix0 else 0.0)
+    tt = syy + (nf * a0 * a0 if fix0 else 0.0)
+    if fix1:
+        ty -= a1 * sg1
+        t1 -= a1 * u11
+        t2 -= a1 * u12
+        tt += a1 * a1 * u11 + 2.0 * a1 * ((a0 * sg1 if fix0 else 0.0) - y1)
+    if fix2:
+        ty -= a2 * sg2
+        t1 -= a2 * u12
+        t2 -= a2 * u22
+        tt += a2 * a2 * u22 + 2.0 * a2 * ((a0 * sg2 if fix0 else 0.0) - y2)
+        if fix1:
+            tt += 2.0 * a1 * a2 * u12
+    inv_n = 0.0 if fix0 else 1.0 / nf
+    v11 = u11 - sg1 * sg1 * inv_n
+    v12 = u12 - sg1 * sg2 * inv_n
+    v22 = u22 - sg2 * sg2 * inv_n
+    c1 = t1 - sg1 * ty * inv_n
+    c2 = t2 - sg2 * ty * inv_n
+    sse = tt - ty * ty * inv_n
+    d1, d2 = a1, a2
+    if not fix1 and not fix2:
+        det = v11 * v22 - v12 * v12
+        if not (det > 1e-14 * v11 * v22 and v11 > 0.0 and v22 > 0.0):
+            return False, math.inf, 0.0, 0.0, 0.0
+        d1 = (v22 * c1 - v12 * c2) / det
+        d2 = (v11 * c2 - v12 * c1) / det
+        sse -= d1 * c1 + d2 * c2
+    elif not fix1:
+        if not v11 > 0.0:
+            return False, math.inf, 0.0, 0.0, 0.0
+        d1 = c1 / v11
+        sse -= d1 * c1
+    elif not fix2:
+        if not v22 > 0.0:
+            return False, math.inf, 0.0, 0.0, 0.0
+        d2 = c2 / v22
+        sse -= d2 * c2
+    c0 = a0
+    if not fix0:
+        c0 = (ty - (0.0 if fix1 else d1 * sg1) - (0.0 if fix2 else d2 * sg2)) / nf
+    return True, max(sse, 0.0), c0, d1, d2
+
+
+@njit(inline="always", **_JIT)
+def _inside(v, lo, hi):
+    tol = 1e-9 * (1.0 + abs(v))
+    return lo - tol <= v <= hi + tol
+
+
 @njit(**_JIT_SIMD)
-def _vp_two(xo, yc, n, syy, th, buf, out, floor=-math.inf, mean=0.0):
+def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     """Projected fit of l = linf + d1 g1 + d2 g2 at th = (mu1, ln s1, mu2, ln s2).
 
-    The final level linf stays at or above ``floor`` (the data's mean is ``mean``): where the
-    least-squares linf is below it, linf = floor and (d1, d2) solve the problem without the
-    constant column (the same sums, uncentred).
+    The amplitudes solve a box-constrained least squares problem: the final level linf stays
+    at or above ``bnd[0]`` (the data's mean is ``mean``), each drop d_k within
+    [bnd[2k-1], bnd[2k]]. Where the unconstrained solution leaves the box, every active set
+    (each amplitude free or on one of its bounds) is solved and the best one inside the box
+    kept: the problem is convex, so that is its optimum. The gradient (envelope theorem) and
+    Kaufman's matrix then hold the fixed amplitudes as constants and project out the free
+    columns only.
 
     out: [0] SSE, [1] linf - mean, [2:4] (d1, d2), [4:8] gradient J^T r, [8:24] the 4x4
     normal matrix (Kaufman). Returns the SSE (inf where the basis is degenerate).
@@ -486,36 +549,61 @@ def _vp_two(xo, yc, n, syy, th, buf, out, floor=-math.inf, mean=0.0):
     u22 = _dot(g2, g2, n)
     y1 = _dot(g1, yc, n)
     y2 = _dot(g2, yc, n)
-    # inv_n = 1/n projects out the free constant; 0 where linf sits on the floor
-    inv_n = 1.0 / nf
-    m = 0.0  # the data's mean above linf's fixed value (the uncentred data: yc + m)
-    for attempt in range(2):
-        v11 = u11 - sg1 * sg1 * inv_n
-        v12 = u12 - sg1 * sg2 * inv_n
-        v22 = u22 - sg2 * sg2 * inv_n
-        c1 = y1 + m * sg1
-        c2 = y2 + m * sg2
-        # a tiny ridge keeps the 2x2 solve finite when the two events coincide
+    lb0 = bnd[0] - mean
+    # the unconstrained amplitudes (a tiny ridge keeps the 2x2 solve finite when the two
+    # events coincide); a degenerate basis is no answer
+    v11 = u11 - sg1 * sg1 / nf
+    v12 = u12 - sg1 * sg2 / nf
+    v22 = u22 - sg2 * sg2 / nf
+    ridge = 1e-12 * (v11 + v22) + 1e-300
+    v11 += ridge
+    v22 += ridge
+    det = v11 * v22 - v12 * v12
+    if not (det > 1e-14 * v11 * v22 and v11 > 1e-12 * nf and v22 > 1e-12 * nf):
+        out[0] = math.inf
+        return math.inf
+    d1 = (v22 * y1 - v12 * y2) / det
+    d2 = (v11 * y2 - v12 * y1) / det
+    c0 = -(d1 * sg1 + d2 * sg2) / nf
+    sse = max(syy - d1 * y1 - d2 * y2, 0.0)
+    fix0 = fix1 = fix2 = False
+    if not (c0 >= lb0 and _inside(d1, bnd[1], bnd[2]) and _inside(d2, bnd[3], bnd[4])):
+        # every active set: 0 free, 1 on the lower bound, 2 on the upper (linf has none)
+        sse = math.inf
+        for state in range(18):
+            k0, k1, k2 = state % 2, (state // 2) % 3, state // 6
+            if k0 + k1 + k2 == 0:
+                continue
+            f1 = bnd[1] if k1 == 1 else bnd[2]
+            f2 = bnd[3] if k2 == 1 else bnd[4]
+            if (k1 > 0 and not math.isfinite(f1)) or (k2 > 0 and not math.isfinite(f2)):
+                continue
+            ok, s_c, e0, e1, e2 = _free_solve(k0 > 0, k1 > 0, k2 > 0, lb0, f1, f2, nf, sg1,
+                                              sg2, u11, u12, u22, y1, y2, syy)
+            if not (ok and s_c < sse and e0 >= lb0 - 1e-9 * (1.0 + abs(lb0))
+                    and _inside(e1, bnd[1], bnd[2]) and _inside(e2, bnd[3], bnd[4])):
+                continue
+            sse, c0 = s_c, max(e0, lb0)
+            d1, d2 = min(max(e1, bnd[1]), bnd[2]), min(max(e2, bnd[3]), bnd[4])
+            fix0, fix1, fix2 = k0 > 0, k1 > 0, k2 > 0
+        if not math.isfinite(sse):
+            out[0] = math.inf
+            return math.inf
+    # Kaufman's matrix: the derivative columns projected off the free amplitude columns
+    inv_n = 0.0 if fix0 else 1.0 / nf
+    v11 = u11 - sg1 * sg1 * inv_n
+    v12 = u12 - sg1 * sg2 * inv_n
+    v22 = u22 - sg2 * sg2 * inv_n
+    if not fix1 and not fix2:
         ridge = 1e-12 * (v11 + v22) + 1e-300
         v11 += ridge
         v22 += ridge
         det = v11 * v22 - v12 * v12
-        if not (det > 1e-14 * v11 * v22 and v11 > 1e-12 * nf and v22 > 1e-12 * nf):
-            out[0] = math.inf
-            return math.inf
         i11, i12, i22 = v22 / det, -v12 / det, v11 / det
-        d1 = i11 * c1 + i12 * c2
-        d2 = i12 * c1 + i22 * c2
-        if attempt == 0:
-            c0 = -(d1 * sg1 + d2 * sg2) / nf
-            sse = max(syy - d1 * c1 - d2 * c2, 0.0)
-            if not mean + c0 < floor:
-                break
-            inv_n = 0.0
-            m = mean - floor
-        else:
-            c0 = -m
-            sse = max(syy + nf * m * m - d1 * c1 - d2 * c2, 0.0)
+    else:
+        i11 = 0.0 if fix1 else 1.0 / v11
+        i22 = 0.0 if fix2 else 1.0 / v22
+        i12 = 0.0
     out[0] = sse
     out[1] = c0
     out[2] = d1
@@ -548,10 +636,10 @@ def _layout(P):
 
 
 @njit(**_JIT)
-def _vp_eval(P, xo, yc, n, syy, th, buf, out, floor, mean):
+def _vp_eval(P, xo, yc, n, syy, th, buf, out, bnd, mean):
     if P == 2:
-        return _vp_sigmoid(xo, yc, n, syy, th, buf, out, floor, mean)
-    return _vp_two(xo, yc, n, syy, th, buf, out, floor, mean)
+        return _vp_sigmoid(xo, yc, n, syy, th, buf, out, bnd[0], mean)
+    return _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -560,9 +648,10 @@ def _vp_eval(P, xo, yc, n, syy, th, buf, out, floor, mean):
 
 @njit(**_JIT)
 def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, work, L3,
-           step_max, shrink_min, floor, mean):
+           step_max, shrink_min, bnd, mean):
     """Bounded LM over th [P] (mu, ln s pairs) on the projected SSE; as numba_kernels._lm_row.
 
+    ``bnd``: the amplitudes' bounds (the least level, then each drop's low and high bound).
     On return ``out`` holds the evaluation at the final th; returns (sse, iterations, status).
     """
     gi, ni = _layout(P)
@@ -570,7 +659,7 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
     M, L = L3[0], L3[1]
     for j in range(P):
         th[j] = min(max(th[j], lo[j]), hi[j])
-    sse = _vp_eval(P, xo, yc, n, syy, th, buf, out, floor, mean)
+    sse = _vp_eval(P, xo, yc, n, syy, th, buf, out, bnd, mean)
     if not math.isfinite(sse):
         return sse, 0, LM_FAILED
     for j in range(P):
@@ -582,14 +671,14 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
         for j in range(P):
             D[j] = max(D[j], abs(out[ni + P * j + j]))
             dmax = max(dmax, D[j])
-        floor = 1e-12 * dmax + 1e-300
+        d_floor = 1e-12 * dmax + 1e-300
         for j in range(P):
             gj = out[gi + j]
             fixed[j] = 1.0 if ((th[j] <= lo[j] and gj > 0) or (th[j] >= hi[j] and gj < 0)) else 0.0
         for a in range(P):
             for b in range(P):
                 M[a, b] = 0.0 if (fixed[a] > 0 or fixed[b] > 0) else out[ni + P * a + b]
-            M[a, a] = 1.0 if fixed[a] > 0 else M[a, a] + lam * max(D[a], floor)
+            M[a, a] = 1.0 if fixed[a] > 0 else M[a, a] + lam * max(D[a], d_floor)
             rhs[a] = 0.0 if fixed[a] > 0 else -out[gi + a]
         ok = _cholesky_solve(M, rhs, h, L)
         # Trust region of a grid cell: from the grid's best event the optimum is within
@@ -614,7 +703,7 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
             for b in range(P):
                 v += out[ni + P * a + b] * h[b]
             pred -= 2.0 * out[gi + a] * h[a] + h[a] * v
-        sse_t = _vp_eval(P, xo, yc, n, syy, th_t, buf, out_t, floor, mean)
+        sse_t = _vp_eval(P, xo, yc, n, syy, th_t, buf, out_t, bnd, mean)
         better = ok and math.isfinite(sse_t) and sse_t < sse
         actred = sse - sse_t
         rho = actred / pred if pred > 0 else 0.0
@@ -683,6 +772,7 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
         work = np.zeros((5, Pn))
         L3 = np.zeros((2, Pn, Pn))
         th = np.empty(Pn)
+        bnd = np.full(5, -np.inf)
         tlo = np.empty(Pn)
         thi = np.empty(Pn)
         grad = np.empty(P)
@@ -692,10 +782,12 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
                 th[j] = p0[b, nl[j]]
                 tlo[j] = lo[b, nl[j]]
                 thi[j] = hi[b, nl[j]]
-            # the least level: linf's lower bound (the sigmoid's l0 shares it)
-            floor = lo[b, 1] if P == 4 else lo[b, 0]
+            # the least level: linf's lower bound (the sigmoid's l0 shares it); the drops' box
+            bnd[0] = lo[b, 1] if P == 4 else lo[b, 0]
+            if P == 7:
+                bnd[1], bnd[2], bnd[3], bnd[4] = lo[b, 1], hi[b, 1], lo[b, 4], hi[b, 4]
             s, it, st = _vp_lm(Pn, xo, yc, n, syy, th, tlo, thi, max_iter, ftol, xtol,
-                               buf, out, out_t, work, L3, step_max[b], shrink_min, floor, mean)
+                               buf, out, out_t, work, L3, step_max[b], shrink_min, bnd, mean)
             n_iter[b] = it
             status[b] = st
             if not math.isfinite(s):
