@@ -1,7 +1,7 @@
 """Benchmark the recorder: its cost beyond the probe forwards, write throughput, bytes per value.
 
-Trains the tiny GPT three ways in one process, interleaved over ``--repeats`` rounds so that
-machine noise hits all three alike:
+Trains the tiny GPT three ways in one process, interleaved over ``--repeats`` rounds (the order
+rotating from round to round) so that machine noise hits all three alike:
 
   plain     the training loop alone
   recorder  the same loop with TokenLossRecorder attached (probe forwards + writer thread)
@@ -11,7 +11,15 @@ overhead_pct = (median(recorder) - median(forwards)) / median(plain) * 100: what
 beyond the forwards it must do; writer_cpu_* is the CPU the writer's and zarr's threads spend on
 a replay of the schedule at the plain run's pace (see writer_cpu); overhead_by_round_pct is the same figure round by round (its
 spread is the noise on it), and overhead_cpu_pct the same from the process's CPU time (user +
-system), which other jobs on the machine disturb less than wall time. ``--compare-commit-every S``
+system), which other jobs on the machine disturb less than wall time.
+
+overhead_accounted_pct adds up what recording does beyond the forwards, so machine noise does not
+enter it: the training thread's time in the recorder's own code (the hook on every step, the
+host copy and queueing of a recorded row: ``record_seconds - forward_seconds + hook_seconds`` of
+the recorder runs, median) plus the writer's CPU (writer_cpu), over the plain run's time. On a
+machine whose cores the training keeps busy, the writer can take no more from training than
+the CPU it uses, so this bounds the overhead from above, cache effects aside; the wall-time
+figures check it where the noise allows. ``--compare-commit-every S``
 adds a fourth interleaved mode, the recorder with ``commit_every=S`` (0: each row written on its
 own, as before rows were committed together), reported as ``overhead_compare_pct``. Then it times RunWriter.append on large rows (logical MB/s of
 float32 losses) and measures stored bytes per loss value for float32 and float16 on the losses
@@ -20,6 +28,7 @@ the recorder wrote. Prints one JSON line.
     python pipelines/bench_record.py            # the figures in docs/benchmarks.md
     python pipelines/bench_record.py --quick    # a smoke run
     python pipelines/bench_record.py --compare-commit-every 0   # with the row-by-row writer beside it
+    python pipelines/bench_record.py --presence-check   # steps with and without an idle recorder open
 """
 
 from __future__ import annotations
@@ -44,18 +53,21 @@ from tokdyn.train import TrainConfig, train
 
 
 def one_run(mode: str, corpus, cfg: TrainConfig, schedule, store_url: str, run: str, dtype: str,
-            commit_every: float | None = None) -> tuple[float, float]:
-    """(wall seconds, process CPU seconds) of one training run in ``mode``."""
+            commit_every: float | None = None) -> tuple[float, float, float]:
+    """(wall seconds, process CPU seconds, training-thread seconds in the recorder's own code
+    beyond the forwards: 0 outside mode ``recorder``) of one training run in ``mode``."""
     torch.manual_seed(cfg.seed)
     model = TinyGPT(GPTConfig(vocab_size=corpus.tokenizer.vocab_size, context=corpus.probe.context, n_layer=4))
     batches = random_batches(corpus.train_tokens, batch_size=cfg.batch_size, context=corpus.probe.context, seed=cfg.seed)
     t0, c0 = time.perf_counter(), _cpu()
+    own = 0.0
     if mode == "plain":
         train(model, batches, cfg)
     elif mode == "recorder":
         kw = {} if commit_every is None else {"commit_every": commit_every}
         with TokenLossRecorder(model, corpus.probe, store_url, run, schedule=schedule, dtype=dtype, **kw) as rec:
             train(model, batches, cfg, recorder=rec)
+        own = rec.record_seconds - rec.forward_seconds + rec.hook_seconds
     elif mode == "forwards":
         probe_tokens = torch.as_tensor(corpus.probe.tokens, dtype=torch.long)
         todo = set(schedule.tolist())
@@ -69,7 +81,7 @@ def one_run(mode: str, corpus, cfg: TrainConfig, schedule, store_url: str, run: 
         train(model, batches, cfg, on_step=on_step)
     else:
         raise ValueError(mode)
-    return time.perf_counter() - t0, _cpu() - c0
+    return time.perf_counter() - t0, _cpu() - c0, own
 
 
 def writer_cpu(corpus, schedule, steps: int, step_s: float, store_url: str, commit_every: float | None) -> float:
@@ -90,6 +102,39 @@ def writer_cpu(corpus, schedule, steps: int, step_s: float, store_url: str, comm
         return (_cpu() - c0) - (time.thread_time() - m0)
     finally:
         torch.set_num_threads(threads)
+
+
+def presence_check(corpus, rounds: int = 4, steps: int = 25) -> dict:
+    """Median training-step time (ms) with no recorder, and with a recorder open and idle (one row
+    written, so its writer thread and zarr's threads exist), alternated ``rounds`` times in one
+    process. Whether the recorder's mere presence slows the steps between its rows."""
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=corpus.tokenizer.vocab_size, context=corpus.probe.context, n_layer=4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = random_batches(corpus.train_tokens, batch_size=32, context=corpus.probe.context, seed=0)
+
+    def step_ms(n: int) -> float:
+        times = []
+        for _ in range(n):
+            b = next(batches)
+            t = time.perf_counter()
+            loss = torch.nn.functional.cross_entropy(model(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times) * 1e3
+
+    step_ms(5)
+    out: dict[str, list[float]] = {"no_recorder_ms": [], "idle_recorder_ms": []}
+    with tempfile.TemporaryDirectory() as d:
+        for k in range(rounds):
+            out["no_recorder_ms"].append(step_ms(steps))
+            with TokenLossRecorder(model, corpus.probe, f"{d}/p{k}.zarr", "r", schedule=[0, 1]) as rec:
+                rec.record(0)
+                rec.flush()
+                out["idle_recorder_ms"].append(step_ms(steps))
+    return {k: round(statistics.median(v), 2) for k, v in out.items()} | {"presence_rounds": rounds}
 
 
 def _cpu() -> float:
@@ -128,26 +173,35 @@ def main() -> None:
     ap.add_argument("--commit-every", type=float, default=None, help="the recorder's commit_every (default: its default)")
     ap.add_argument("--compare-commit-every", type=float, default=None,
                     help="also run the recorder with this commit_every, interleaved (0: row by row)")
+    ap.add_argument("--presence-check", action="store_true",
+                    help="only time training steps with and without an idle recorder open (presence_check)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     args = ap.parse_args()
     if args.quick:
         args.steps, args.points, args.repeats, args.write_tokens, args.write_rows = 30, 8, 1, 100_000, 4
 
     corpus = prepare_corpus(context=128, n_probe_sequences=128)
+    if args.presence_check:
+        print(json.dumps(presence_check(corpus, rounds=2 if args.quick else 4, steps=5 if args.quick else 25)))
+        return
     cfg = TrainConfig(steps=args.steps)
     schedule = tokdyn.geometric_schedule(args.steps, args.points)
     modes = ["plain", "recorder", "forwards"] + (["compare"] if args.compare_commit_every is not None else [])
     times: dict[str, list[float]] = {m: [] for m in modes}
     cpu: dict[str, list[float]] = {m: [] for m in modes}
+    own: dict[str, list[float]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for rep in range(args.repeats):
-            for mode in modes:
+            # the order rotates round by round, so a drift of the machine's speed within a round
+            # (other jobs, clock boost) does not always fall on the same mode
+            for mode in modes[rep % len(modes):] + modes[: rep % len(modes)]:
                 url = str(tmp / f"{mode}{rep}.zarr")
                 every = args.compare_commit_every if mode == "compare" else args.commit_every
-                wall, used = one_run("recorder" if mode == "compare" else mode, corpus, cfg, schedule, url, "r", "float32", every)
+                wall, used, mine = one_run("recorder" if mode == "compare" else mode, corpus, cfg, schedule, url, "r", "float32", every)
                 times[mode].append(wall)
                 cpu[mode].append(used)
+                own[mode].append(mine)
                 print(f"round {rep}: {mode} {wall:.2f} s wall, {used:.2f} s CPU", file=sys.stderr, flush=True)
         med = {k: statistics.median(v) for k, v in times.items()}
         cmed = {k: statistics.median(v) for k, v in cpu.items()}
@@ -176,6 +230,8 @@ def main() -> None:
         "commit_every": args.commit_every,
         "writer_cpu_ms_per_row": round(wcpu["recorder"] / len(schedule) * 1e3, 2),
         "writer_cpu_pct_of_training": round(wcpu["recorder"] / med["plain"] * 100, 2),
+        "training_thread_ms_per_row": round(statistics.median(own["recorder"]) / len(schedule) * 1e3, 3),
+        "overhead_accounted_pct": round((statistics.median(own["recorder"]) + wcpu["recorder"]) / med["plain"] * 100, 2),
         **({"compare_commit_every": args.compare_commit_every, "compare_s": round(med["compare"], 3),
             "overhead_compare_pct": round((med["compare"] - med["forwards"]) / med["plain"] * 100, 2),
             "overhead_compare_by_round_pct": [round((c - f) / p * 100, 2) for p, c, f in zip(times["plain"], times["compare"], times["forwards"])],

@@ -222,7 +222,7 @@ def test_two_sigmoid_projection_is_the_box_constrained_least_squares(seed):
     y = _two_data(rng)
     th = np.array([rng.uniform(-1.0, 4.0), np.log(rng.uniform(0.02, 2.0)),
                    rng.uniform(-1.0, 4.0), np.log(rng.uniform(0.02, 2.0))])
-    max_drop = float(np.ptp(y)) * rng.choice([0.05, 0.3, 1.0, 2.0, 100.0])
+    max_drop = float(np.ptp(y)) * rng.choice([0.05, 0.3, 1.0, 2.0, 100.0, np.inf])
     F, out = _two_numba(X, y, th, 0.0, max_drop)
     if not np.isfinite(F):  # a degenerate basis (events coincide or lie off the points)
         g1, g2 = _g(X, th[:2]), _g(X, th[2:])

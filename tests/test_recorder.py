@@ -58,6 +58,8 @@ def test_attach_records_exactly_the_scheduled_steps_with_exact_losses(tiny_model
                 sched.step()
                 weights[step] = copy.deepcopy(tiny_model.state_dict())
         assert rec.n_recorded == len(schedule)
+        # its own time on the training thread: the forwards inside record(), the hook on the other steps
+        assert 0 < rec.forward_seconds <= rec.record_seconds and rec.hook_seconds > 0
 
     run = read_run(store_path, "loop")
     assert run.steps.tolist() == schedule

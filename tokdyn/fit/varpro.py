@@ -576,7 +576,8 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
                 continue
             f1 = bnd[1] if k1 == 1 else bnd[2]
             f2 = bnd[3] if k2 == 1 else bnd[4]
-            if (k1 > 0 and not math.isfinite(f1)) or (k2 > 0 and not math.isfinite(f2)):
+            if ((k0 > 0 and not math.isfinite(lb0)) or (k1 > 0 and not math.isfinite(f1))
+                    or (k2 > 0 and not math.isfinite(f2))):
                 continue
             ok, s_c, e0, e1, e2 = _free_solve(k0 > 0, k1 > 0, k2 > 0, lb0, f1, f2, nf, sg1,
                                               sg2, u11, u12, u22, y1, y2, syy)

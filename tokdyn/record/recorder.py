@@ -238,6 +238,8 @@ class TokenLossRecorder:
         self._rows_queued = self._writer.rows
         self.n_recorded = 0
         self.record_seconds = 0.0  # training-thread time spent inside record()
+        self.forward_seconds = 0.0  # of which in the probe forwards (token_losses)
+        self.hook_seconds = 0.0  # training-thread time in the optimizer hook on steps not recorded
         # A daemon, so that it never keeps a finished job alive; rows still queued when the
         # script ends (normally or with an exception) are written by _flush_at_exit.
         self._thread = threading.Thread(target=self._write_loop, name=f"tokdyn-writer-{run}", daemon=True)
@@ -307,6 +309,7 @@ class TokenLossRecorder:
         t0 = time.perf_counter()
         wall = time.time()
         token_losses(self.model, self._tokens, batch_size=self.batch_size, forward=self.forward, out=self._buf)
+        self.forward_seconds += time.perf_counter() - t0
         host = self._take_host_buffer()
         if self._cuda:
             host.copy_(self._buf, non_blocking=True)
@@ -342,12 +345,14 @@ class TokenLossRecorder:
             return None if tokens_per_step is None else step * int(tokens_per_step)
 
         def hook(opt, args, kwargs) -> None:
+            t0 = time.perf_counter()
             state["step"] += 1
             s = state["step"]
             if self.should_record(s):  # read lr (maybe a device tensor: a sync) only for a recorded row
                 self.record(s, tokens_seen=seen(s), lr=float(opt.param_groups[0]["lr"]))
             else:
                 self._check_error()
+                self.hook_seconds += time.perf_counter() - t0
 
         # Only before the first update is the optimizer's rate the one of the row's update; after a
         # restart it is update start_step + 1's (its scheduler has stepped), which is not stored.
