@@ -204,6 +204,22 @@ def test_cli_reconstruct_axis_assembles_and_fits(tmp_path, capsys):
     assert "assembled" not in capsys.readouterr().err
 
 
+def test_cli_reconstruct_axis_averages_seeds_only_when_asked(tmp_path, capsys):
+    """Two runs per budget (seeds): refused in one line that names the option, then averaged."""
+    budgets = BUDGETS[[0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 9, 9]]
+    st, Y = budget_store(tmp_path / "a.zarr", budgets=budgets, tag="D")
+    w = st.create_run("extra", capacity=3, attrs={"data_budget": float(BUDGETS[5]), "sweep": "D"}).writer()
+    for k, step in enumerate((0, 10, 100)):  # a single-seed point between them
+        w.append(Y[:, 5] + (2 - k), step=step)
+    assert main(["reconstruct", str(tmp_path / "a.zarr"), "--axis", "D", "--json", "--boot", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "--repeats mean" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert main(["reconstruct", str(tmp_path / "a.zarr"), "--axis", "D", "--json", "--boot", "0", "--repeats", "mean"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_points"] == 7
+    axis = tokdyn.open_store(tmp_path / "a.zarr", mode="r").run("axis-D")
+    np.testing.assert_allclose(axis.losses()[0], Y[:, 0], rtol=1e-6)  # the two seeds' mean (equal here)
+
+
 def test_report_is_one_self_contained_file(fitted_T, tmp_path, capsys):
     out = tmp_path / "r.html"
     assert main(["report", str(fitted_T), "--out", str(out)]) == 1  # nothing fitted yet

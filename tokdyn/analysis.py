@@ -212,10 +212,13 @@ class AxisRun:
     fitted: bool
 
 
-def axis_run(store: TrajectoryStore | str, axis: str, *, runs: list[str] | None = None, rebuild: bool = False) -> AxisRun:
+def axis_run(store: TrajectoryStore | str, axis: str, *, runs: list[str] | None = None, rebuild: bool = False,
+             repeats: str = "refuse") -> AxisRun:
     """The fitted run of axis ``axis`` (D or M) of ``store``: found (:func:`tokdyn.axes.find_axis_run`),
     or assembled from the store's runs (``runs``, or those found from run metadata) when there is
-    none or ``rebuild``; fitted when it has no complete, current fit."""
+    none or ``rebuild``; fitted when it has no complete, current fit. ``repeats``: what runs that
+    share an axis value are when assembling (:func:`tokdyn.axes.assemble_axis`: ``"refuse"``, or
+    ``"mean"`` for seeds of one point, averaged)."""
     st = as_store(store)
     name = None if rebuild else find_axis_run(st, axis)
     found = st.run(name) if name is not None else None
@@ -223,6 +226,6 @@ def axis_run(store: TrajectoryStore | str, axis: str, *, runs: list[str] | None 
         return AxisRun(found, assembled=False, fitted=False)
     if not st.writable:
         st = as_store(st.url, mode="r+", storage_options=st.storage_options)
-    run = assemble_axis(st, axis, runs=runs, overwrite=rebuild) if name is None else st.run(name)
+    run = assemble_axis(st, axis, runs=runs, overwrite=rebuild, repeats=repeats) if name is None else st.run(name)
     fit_run(run, progress=False, refit=True)
     return AxisRun(run, assembled=name is None, fitted=True)

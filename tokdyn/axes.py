@@ -133,7 +133,10 @@ def assemble_axis(
     distinct = sorted(set(values))
     if len(distinct) < len(values) and repeats == "refuse":
         dup = next(v for v in distinct if values.count(v) > 1)
-        raise InputError(f"two runs share {attr} = {dup:g}; an axis needs distinct values (repeats='mean' averages seeds)")
+        raise InputError(
+            f"two runs share {attr} = {dup:g}; an axis needs distinct values, or seeds of one point averaged: "
+            "repeats='mean' (`tokdyn reconstruct --axis ... --repeats mean`)"
+        )
     if len(distinct) < MIN_AXIS_RUNS:
         raise InputError(f"axis {axis} needs at least {MIN_AXIS_RUNS} distinct {attr} values, got {len(distinct)}")
     if name in st.runs:

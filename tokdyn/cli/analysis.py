@@ -29,6 +29,8 @@ def register(sub) -> None:
     which.add_argument("--axis", choices=("D", "M"), help="the store's D or M axis (assembled from its runs and fitted if needed)")
     p.add_argument("--runs", help="with --axis: comma-separated runs forming the axis (default: found from run metadata)")
     p.add_argument("--rebuild", action="store_true", help="with --axis: assemble and fit the axis again")
+    p.add_argument("--repeats", choices=("refuse", "mean"), default="refuse",
+                   help="with --axis: runs sharing an axis value (seeds) are an error (default) or averaged token by token")
     p.add_argument("--curves", action="store_true", help="with --json: include the curves and the spectrum")
     _analysis_options(p)
     p.set_defaults(func=_reconstruct)
@@ -89,7 +91,8 @@ def _spectrum(args: argparse.Namespace) -> int:
 
 def _reconstruct(args: argparse.Namespace) -> int:
     if args.axis:
-        found = axis_run(store_path(args.store), args.axis, runs=args.runs.split(",") if args.runs else None, rebuild=args.rebuild)
+        found = axis_run(store_path(args.store), args.axis, runs=args.runs.split(",") if args.runs else None, rebuild=args.rebuild,
+                         repeats=args.repeats)
         run = found.run
         if found.assembled:
             print(f"assembled run {run.name!r}: final rows of {[s['run'] for s in run.attrs['sources']]}", file=sys.stderr)
