@@ -222,7 +222,9 @@ def test_two_sigmoid_projection_is_the_box_constrained_least_squares(seed):
     y = _two_data(rng)
     th = np.array([rng.uniform(-1.0, 4.0), np.log(rng.uniform(0.02, 2.0)),
                    rng.uniform(-1.0, 4.0), np.log(rng.uniform(0.02, 2.0))])
-    max_drop = float(np.ptp(y)) * rng.choice([0.05, 0.3, 1.0, 2.0, 100.0, np.inf])
+    # up to 100x the range: unbounded, an event off the points takes drops of 1e3-1e5 with the
+    # basis' condition number 1e5-1e6, and both solvers only agree to rounding (the bound's reason)
+    max_drop = float(np.ptp(y)) * rng.choice([0.05, 0.3, 1.0, 2.0, 100.0])
     F, out = _two_numba(X, y, th, 0.0, max_drop)
     if not np.isfinite(F):  # a degenerate basis (events coincide or lie off the points)
         g1, g2 = _g(X, th[:2]), _g(X, th[2:])
@@ -230,10 +232,16 @@ def test_two_sigmoid_projection_is_the_box_constrained_least_squares(seed):
         assert np.linalg.cond(A) > 1e6
         return
     ref, amp = _two_sse_reference(X, y, th, 0.0, max_drop)
+    mine = np.array([out[1] + y.mean(), out[2], out[3]])
+    assert mine[0] >= -1e-9 and max(abs(mine[1]), abs(mine[2])) <= max_drop * (1 + 1e-9)
+    A = np.stack([np.ones_like(X), _g(X, th[:2]), _g(X, th[2:])], 1)
+    r = A @ mine - y
+    # its amplitudes are the bounded optimum ...
+    assert float(r @ r) == pytest.approx(ref, rel=1e-7, abs=1e-9 * float(y @ y))
+    # ... and the SSE it reports is theirs
     assert F == pytest.approx(ref, rel=1e-7, abs=1e-9 * float(y @ y))
-    assert out[1] + y.mean() >= -1e-9 and max(abs(out[2]), abs(out[3])) <= max_drop * (1 + 1e-9)
-    np.testing.assert_allclose([out[1] + y.mean(), out[2], out[3]], amp,
-                               rtol=1e-5, atol=1e-6 * (1 + np.ptp(y)))
+    if np.linalg.cond(A) < 1e3:
+        np.testing.assert_allclose(mine, amp, rtol=1e-5, atol=1e-6 * (1 + np.ptp(y)))
 
 
 @needs_numba
