@@ -551,10 +551,12 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     y2 = _dot(g2, yc, n)
     lb0 = bnd[0] - mean
     # the unconstrained amplitudes (a tiny ridge keeps the 2x2 solve finite when the two
-    # events coincide); a degenerate basis is no answer
-    v11 = u11 - sg1 * sg1 / nf
-    v12 = u12 - sg1 * sg2 / nf
-    v22 = u22 - sg2 * sg2 / nf
+    # events coincide); a degenerate basis is no answer. inv_n = 1/n projects out the free
+    # constant; i11, i12, i22 invert the free drops' block, for Kaufman's matrix too.
+    inv_n = 1.0 / nf
+    v11 = u11 - sg1 * sg1 * inv_n
+    v12 = u12 - sg1 * sg2 * inv_n
+    v22 = u22 - sg2 * sg2 * inv_n
     ridge = 1e-12 * (v11 + v22) + 1e-300
     v11 += ridge
     v22 += ridge
@@ -562,14 +564,15 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     if not (det > 1e-14 * v11 * v22 and v11 > 1e-12 * nf and v22 > 1e-12 * nf):
         out[0] = math.inf
         return math.inf
-    d1 = (v22 * y1 - v12 * y2) / det
-    d2 = (v11 * y2 - v12 * y1) / det
-    c0 = -(d1 * sg1 + d2 * sg2) / nf
+    i11, i12, i22 = v22 / det, -v12 / det, v11 / det
+    d1 = i11 * y1 + i12 * y2
+    d2 = i12 * y1 + i22 * y2
+    c0 = -(d1 * sg1 + d2 * sg2) * inv_n
     sse = max(syy - d1 * y1 - d2 * y2, 0.0)
-    fix0 = fix1 = fix2 = False
     if not (c0 >= lb0 and _inside(d1, bnd[1], bnd[2]) and _inside(d2, bnd[3], bnd[4])):
         # every active set: 0 free, 1 on the lower bound, 2 on the upper (linf has none)
         sse = math.inf
+        fix0 = fix1 = fix2 = False
         for state in range(18):
             k0, k1, k2 = state % 2, (state // 2) % 3, state // 6
             if k0 + k1 + k2 == 0:
@@ -590,21 +593,21 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
         if not math.isfinite(sse):
             out[0] = math.inf
             return math.inf
-    # Kaufman's matrix: the derivative columns projected off the free amplitude columns
-    inv_n = 0.0 if fix0 else 1.0 / nf
-    v11 = u11 - sg1 * sg1 * inv_n
-    v12 = u12 - sg1 * sg2 * inv_n
-    v22 = u22 - sg2 * sg2 * inv_n
-    if not fix1 and not fix2:
-        ridge = 1e-12 * (v11 + v22) + 1e-300
-        v11 += ridge
-        v22 += ridge
-        det = v11 * v22 - v12 * v12
-        i11, i12, i22 = v22 / det, -v12 / det, v11 / det
-    else:
-        i11 = 0.0 if fix1 else 1.0 / v11
-        i22 = 0.0 if fix2 else 1.0 / v22
-        i12 = 0.0
+        # Kaufman's matrix projects the derivative columns off the free amplitude columns only
+        inv_n = 0.0 if fix0 else 1.0 / nf
+        v11 = u11 - sg1 * sg1 * inv_n
+        v12 = u12 - sg1 * sg2 * inv_n
+        v22 = u22 - sg2 * sg2 * inv_n
+        if not fix1 and not fix2:
+            ridge = 1e-12 * (v11 + v22) + 1e-300
+            v11 += ridge
+            v22 += ridge
+            det = v11 * v22 - v12 * v12
+            i11, i12, i22 = v22 / det, -v12 / det, v11 / det
+        else:
+            i11 = 0.0 if fix1 else 1.0 / v11
+            i22 = 0.0 if fix2 else 1.0 / v22
+            i12 = 0.0
     out[0] = sse
     out[1] = c0
     out[2] = d1
