@@ -52,12 +52,17 @@ from tokdyn.record import TokenLossRecorder, token_losses
 from tokdyn.train import TrainConfig, train
 
 
+def _model(corpus) -> TinyGPT:
+    """The benchmark's model: the tiny GPT with 4 layers, on the corpus's vocabulary and context."""
+    return TinyGPT(GPTConfig(vocab_size=corpus.tokenizer.vocab_size, context=corpus.probe.context, n_layer=4))
+
+
 def one_run(mode: str, corpus, cfg: TrainConfig, schedule, store_url: str, run: str, dtype: str,
             commit_every: float | None = None) -> tuple[float, float, float]:
     """(wall seconds, process CPU seconds, training-thread seconds in the recorder's own code
     beyond the forwards: 0 outside mode ``recorder``) of one training run in ``mode``."""
     torch.manual_seed(cfg.seed)
-    model = TinyGPT(GPTConfig(vocab_size=corpus.tokenizer.vocab_size, context=corpus.probe.context, n_layer=4))
+    model = _model(corpus)
     batches = random_batches(corpus.train_tokens, batch_size=cfg.batch_size, context=corpus.probe.context, seed=cfg.seed)
     t0, c0 = time.perf_counter(), _cpu()
     own = 0.0
@@ -92,7 +97,7 @@ def writer_cpu(corpus, schedule, steps: int, step_s: float, store_url: str, comm
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the forwards' CPU stays in this thread, out of the writer's count
     try:
-        model = TinyGPT(GPTConfig(vocab_size=corpus.tokenizer.vocab_size, context=corpus.probe.context, n_layer=4))
+        model = _model(corpus)
         kw = {} if commit_every is None else {"commit_every": commit_every}
         c0, m0 = _cpu(), time.thread_time()
         with TokenLossRecorder(model, corpus.probe, store_url, "r", schedule=schedule, **kw) as rec:
@@ -109,21 +114,13 @@ def presence_check(corpus, rounds: int = 4, steps: int = 25) -> dict:
     written, so its writer thread and zarr's threads exist), alternated ``rounds`` times in one
     process. Whether the recorder's mere presence slows the steps between its rows."""
     torch.manual_seed(0)
-    model = TinyGPT(GPTConfig(vocab_size=corpus.tokenizer.vocab_size, context=corpus.probe.context, n_layer=4))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model = _model(corpus)
     batches = random_batches(corpus.train_tokens, batch_size=32, context=corpus.probe.context, seed=0)
 
-    def step_ms(n: int) -> float:
-        times = []
-        for _ in range(n):
-            b = next(batches)
-            t = time.perf_counter()
-            loss = torch.nn.functional.cross_entropy(model(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten())
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            times.append(time.perf_counter() - t)
-        return statistics.median(times) * 1e3
+    def step_ms(n: int) -> float:  # the median time between the ends of n steps of train()
+        ends: list[float] = []
+        train(model, batches, TrainConfig(steps=n + 1), on_step=lambda step, loss: ends.append(time.perf_counter()))
+        return float(np.median(np.diff(ends))) * 1e3
 
     step_ms(5)
     out: dict[str, list[float]] = {"no_recorder_ms": [], "idle_recorder_ms": []}
