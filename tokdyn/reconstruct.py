@@ -242,10 +242,10 @@ def reconstruct_run(
     """:func:`reconstruct` for a fitted :class:`~tokdyn.store.Run`: its mean probe loss on the
     fitted rows and the events of its stored fit (``which``: see
     :func:`tokdyn.spectrum.events_from_fit`), or ``events`` already made from it."""
-    from .fit.job import fit_inputs
+    from .fit.job import fitted_inputs
 
     events = run_events(run, which=which) if events is None else events  # StoreError if not fitted
-    rows, x = fit_inputs(run)
+    rows, x = fitted_inputs(run)  # the rows the fit was made on (after any axis_min)
     return reconstruct(x, mean_probe_loss(run, rows), events, axis=run.axis, run=run.name, bandwidth=bandwidth,
                        smoothing=smoothing, n_boot=n_boot, seed=seed, placement=placement, kernel=kernel)  # fmt: skip
 
@@ -269,7 +269,11 @@ def reconstruct_across(
     ``annealing`` (a :class:`tokdyn.annealing.AnnealingGain`, calibrated on other branches)
     subtracts from each point the loss its decay gains over the trunk (Tissue et al. 2024; use
     it with ``by="lr_area"``, the forward area of their law); each D point's source run must
-    carry ``attrs["decay_lr"]``."""
+    carry ``attrs["decay_lr"]``.
+
+    Fit ``t_run`` from the end of its warm-up (``fit_run(t_run, axis_min=warmup_steps)``): the D
+    points lie after it, and over every step the warm-up's drop takes one of each token's two
+    events (docs/spectrum.md, "D rebuilt from the events of T")."""
     from .axes import effective_steps, source_runs
     from .fit.job import fit_inputs
 

@@ -36,7 +36,7 @@ from .errors import InputError, TokdynError
 from .fit.models import two_sigmoid_curve
 from .fit.options import CLASS_CODES, CLASS_NAMES
 from .fit.sigmoid import sigmoid_curve
-from .fit.job import fit_inputs
+from .fit.job import fitted_inputs
 from .store import TrajectoryStore, as_store
 from .tokenstats import RHO1_CLASSES
 
@@ -445,7 +445,7 @@ def _viewer_data(st: TrajectoryStore, a: RunAnalysis, decode):
     shown = max(1, int(np.searchsorted(np.cumsum(per_seq), VIEW_TOKENS, side="right")))
     toks = np.flatnonzero(sid < shown)
     r = st.run(a.run)
-    rows, x = fit_inputs(r)
+    rows, x = fitted_inputs(r)
     Y = r.losses_at(rows, toks).astype(np.float64)  # [K, shown tokens]
     xf = np.linspace(x[0], x[-1], CURVE_POINTS)
     cc = f["class_code"]
@@ -859,7 +859,7 @@ def _fig_trajectories(st: TrajectoryStore, a: RunAnalysis, per_class: int = 3, d
     from matplotlib.colors import to_hex
 
     r = st.run(a.run)
-    rows, x = fit_inputs(r)
+    rows, x = fitted_inputs(r)
     f = a.fit
     classes = [c for c in CLASS_NAMES.values() if (f["class_code"] == CLASS_CODES[c]).any()]
     rng = np.random.default_rng(0)

@@ -20,6 +20,8 @@ def register(sub) -> None:
     p.add_argument("--batch-rows", type=int, default=16384, help="tokens fitted at once inside a block")
     p.add_argument("--refit", action="store_true", help="discard a stored fit and fit again")
     p.add_argument("--no-two-step", action="store_true", help="skip the two-sigmoid fit (about 8x faster; no multi-step class)")
+    p.add_argument("--axis-min", type=float, metavar="VALUE",
+                   help="fit only the rows at axis values >= VALUE (a step, tokens or parameters), e.g. the end of the warm-up")
     p.add_argument("--vocab-size", type=int, help="vocabulary size for the age of acquisition (default: the probe's tokenizer)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -30,11 +32,12 @@ def _fit(args: argparse.Namespace) -> int:
     options = FitOptions(two_step=not args.no_two_step, **({"vocab_size": args.vocab_size} if args.vocab_size else {}))
     run = open_cli_run(args.store, args.run, mode="r+")
     res = fit_run(run, options=options, backend=args.backend, device=args.device, scheduler=args.scheduler,
-                  workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, progress=not args.no_progress)  # fmt: skip
+                  workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, progress=not args.no_progress, axis_min=args.axis_min)  # fmt: skip
     if args.json:
         print(json.dumps(res.summary(), indent=2))
         return 0
-    print(f"fitted run {res.run!r}: {res.n_tokens:,} tokens on {res.n_points} points, "
+    print(f"fitted run {res.run!r}: {res.n_tokens:,} tokens on {res.n_points} points"
+          f"{'' if args.axis_min is None else f' (axis values >= {args.axis_min:g})'}, "
           f"{res.blocks_fitted} blocks fitted, {res.blocks_resumed} already done, "
           f"{res.seconds:.1f} s ({res.backend}, {res.scheduler})")  # fmt: skip
     total = sum(res.class_counts.values())

@@ -376,7 +376,7 @@ def build_table(store, run: str, *, options: LearnabilityOptions | None = None) 
     :class:`InputError` when its probe has no token ids or no vocabulary size.
     """
     from ..fit import FitOptions, SigmoidFit
-    from ..fit.job import fit_inputs
+    from ..fit.job import fitted_inputs
     from ..store import as_store
 
     opts = options or LearnabilityOptions()
@@ -398,7 +398,7 @@ def build_table(store, run: str, *, options: LearnabilityOptions | None = None) 
             "were learned (train it longer, or on more steps of the schedule)"
         )
     targets = token_targets(events, probe.n_tokens)
-    _, x = fit_inputs(r)
+    _, x = fitted_inputs(r)
     meta = {
         "tokenizer": dict(probe.tokenizer),
         "pilot": {

@@ -29,15 +29,17 @@ from tokdyn.fit.options import CLASS_NAMES, MODEL_NAMES, STATUS_NAMES, FitOption
 from tokdyn.fit.sigmoid import log_axis
 from tokdyn.store import Run, TrajectoryStore, as_store
 
-__all__ = ["FitSummary", "fit_run", "read_fit", "stored_options", "fit_inputs", "LOCAL_SCHEDULERS"]
+__all__ = ["FitSummary", "fit_run", "read_fit", "stored_options", "fit_inputs", "fitted_inputs", "LOCAL_SCHEDULERS"]
 
 LOCAL_SCHEDULERS = ("threads", "processes", "sync")
 
 
-def fit_inputs(run: Run) -> tuple[np.ndarray, np.ndarray]:
+def fit_inputs(run: Run, *, axis_min: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The rows a fit uses and their ``x = log10(axis value)``.
 
-    Rows with a non-positive axis value (step 0) are kept in the store and left out of fits.
+    Rows with a non-positive axis value (step 0) are kept in the store and left out of fits, and
+    so are rows below ``axis_min`` (an axis value: a step, tokens, parameters) when it is given,
+    such as the steps of a learning-rate warm-up.
     """
     k = run.n_committed
     if k == 0:
@@ -45,13 +47,53 @@ def fit_inputs(run: Run) -> tuple[np.ndarray, np.ndarray]:
     av = run.axis_values
     if not np.all(np.isfinite(av)):  # never a silently dropped row: a writer stores finite values only
         raise StoreError(f"run {run.name!r} has non-finite axis values at rows {np.flatnonzero(~np.isfinite(av))[:8].tolist()}; the store is damaged")
-    rows = np.flatnonzero(av > 0)
+    keep = av > 0
+    if axis_min is not None:
+        lo = _axis_min(axis_min)
+        keep &= av >= lo
+        if keep.sum() < 2:
+            raise InputError(
+                f"run {run.name!r} has {int(keep.sum())} rows at axis values >= {lo:g} (its axis runs "
+                f"{av.min():g} .. {av.max():g}); a fit needs more: lower axis_min (--axis-min)"
+            )
+    rows = np.flatnonzero(keep)
     if rows.size < 2:
         raise InputError(f"run {run.name!r} has {rows.size} rows with a positive axis value; a fit needs more")
     try:
         return rows, log_axis(av[rows])
     except InputError as exc:
         raise InputError(f"run {run.name!r}: {exc}") from None
+
+
+def fitted_inputs(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """The rows and ``x`` the stored fit of ``run`` was made on (those of :func:`fit_inputs`
+    with the fit's ``axis_min``): what its results describe. :class:`StoreError` when the run has
+    no complete, current fit."""
+    meta = run.fit.check()
+    try:
+        rows = np.asarray(meta["rows"], dtype=np.int64)
+        x = np.asarray(meta["x"], dtype=np.float64)
+    except (KeyError, TypeError, ValueError):
+        raise StoreError(f"the fit of run {run.name!r} does not record its rows and x; it is damaged, refit it (--refit)") from None
+    ok = (rows.ndim == 1 and rows.shape == x.shape and rows.size >= 2 and np.all(np.diff(rows) > 0)
+          and rows[0] >= 0 and rows[-1] < run.n_committed)  # fmt: skip
+    if ok:  # the rows' own axis values give the same x (committed rows never change)
+        av = run.axis_values[rows]
+        ok = bool(np.all(av > 0)) and np.allclose(x, np.log10(av), rtol=0, atol=1e-9)
+    if not ok:
+        raise StoreError(f"the fit of run {run.name!r} records rows and x that do not fit the run; it is damaged, refit it (--refit)")
+    return rows, x
+
+
+def _axis_min(value) -> float:
+    """``axis_min`` as a finite float, else one clear :class:`InputError`."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"axis_min must be a number (an axis value such as a step), got {value!r}") from None
+    if not np.isfinite(v):
+        raise InputError(f"axis_min must be finite, got {value!r}")
+    return v
 
 
 @dataclass(frozen=True)
@@ -71,6 +113,7 @@ class FitSummary:
     status_counts: dict
     class_counts: dict
     class_loss_share: dict
+    axis_min: float | None = None  # rows below this axis value were left out
 
     def summary(self) -> dict:
         return dataclasses.asdict(self)
@@ -87,6 +130,7 @@ def fit_run(
     batch_rows: int = 16384,
     refit: bool = False,
     progress: bool = True,
+    axis_min: float | None = None,
 ) -> FitSummary:
     """Fit every token of ``run`` and store the results beside it (``run.fit``).
 
@@ -110,6 +154,11 @@ def fit_run(
         options) is resumed, and one on other inputs is an error.
     progress : bool
         Show a progress bar over blocks.
+    axis_min : float, optional
+        Fit only the rows at axis values >= this (a step, tokens, parameters), e.g. the end of a
+        learning-rate warm-up: each token's events then describe what happens from there on.
+        Stored with the fit (it is one of the inputs a resumed fit must match); everything that
+        reads the fit uses its rows (:func:`fitted_inputs`).
     """
     if not isinstance(run, Run):
         raise InputError(f"run must be a tokdyn Run (open_store(url, mode='r+').run(name)), got {type(run).__name__}")
@@ -119,7 +168,8 @@ def fit_run(
         raise InputError(f"workers must be >= 1, got {workers}")
     st = run.store
     st.require_writable()
-    rows, x = fit_inputs(run)
+    axis_min = None if axis_min is None else _axis_min(axis_min)
+    rows, x = fit_inputs(run, axis_min=axis_min)
     opts = options if options is not None else FitOptions()
     if not isinstance(opts, FitOptions):
         raise InputError(f"options must be a FitOptions, got {type(opts).__name__}")
@@ -137,7 +187,7 @@ def fit_run(
     block, n = run.token_chunk, run.n_tokens
     n_blocks = -(-n // block)
     inputs = {"rows": rows.tolist(), "n_committed": run.n_committed, "x": x.tolist(),
-              "options": dataclasses.asdict(opts), "block_tokens": block}  # fmt: skip
+              "options": dataclasses.asdict(opts), "block_tokens": block, "axis_min": axis_min}  # fmt: skip
     labels = {f"{what}_names": {str(k): v for k, v in names.items()}
               for what, names in (("status", STATUS_NAMES), ("class", CLASS_NAMES), ("model", MODEL_NAMES))}  # fmt: skip
     fields = {name: np.dtype(dt).str for name, dt in FIT_FIELDS.items()}
@@ -161,7 +211,7 @@ def fit_run(
         run=run.name, n_tokens=n, n_points=int(rows.size), blocks=n_blocks, blocks_fitted=len(todo),
         blocks_resumed=n_blocks - len(todo), seconds=seconds, fits_per_s=fitted / seconds if fitted else 0.0,
         backend=backend, scheduler=scheduler, status_counts=status_counts, class_counts=class_counts,
-        class_loss_share=class_loss_share(res["class_code"], res["drop"]),
+        class_loss_share=class_loss_share(res["class_code"], res["drop"]), axis_min=axis_min,
     )  # fmt: skip
 
 

@@ -197,11 +197,13 @@ class FitWriter:
         if meta and not refit:
             if all(meta.get(k) == v for k, v in inputs.items()) and meta.get("fields") == fields:
                 return  # resume
-            what = "rows" if meta.get("n_committed") != inputs.get("n_committed") else "options"
-            raise StoreError(
-                f"run {run.name!r} already has a fit made with other {what} "
-                f"({meta.get('n_committed')} rows then, {inputs.get('n_committed')} now); pass refit=True (--refit) to replace it"
-            )
+            if meta.get("n_committed") != inputs.get("n_committed"):
+                what = f"other rows ({meta.get('n_committed')} rows then, {inputs.get('n_committed')} now)"
+            elif meta.get("axis_min") != inputs.get("axis_min"):
+                what = f"another axis_min ({meta.get('axis_min')} then, {inputs.get('axis_min')} now)"
+            else:
+                what = "other options"
+            raise StoreError(f"run {run.name!r} already has a fit made with {what}; pass refit=True (--refit) to replace it")
         parent = run._group
         if has_keys(parent.store, join(parent.path, GROUP) + "/"):  # a refit, or a creation that never finished (we hold the lock)
             zarr_sync(parent.store.delete_dir(join(parent.path, GROUP)))
