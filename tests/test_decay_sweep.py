@@ -187,3 +187,14 @@ def test_reconstruct_across_rebuilds_a_planted_d_axis_from_a_fitted_t_run(tmp_pa
     an.runs[0].across = {"D from T events": rec}
     page = write_report(st, tmp_path / "r.html", analysis=an).read_text()
     assert "rebuilt from the events of another run" in page
+    # more curves than line styles, with labels as long as the sweep's: every one is drawn, and
+    # the legend goes under both panels instead of squeezing them
+    from tokdyn.report import ACROSS_STYLES, _fig_reconstruction
+
+    label = "from the trunk's T events, by lr area, with the annealing gain of 15 % decays"
+    an.runs[0].across = {f"{label} ({k})": rec for k in range(len(ACROSS_STYLES) + 1)}
+    fig = _fig_reconstruction(st, an.runs[0]).fig
+    fig.canvas.draw()
+    ax0, ax1 = fig.axes
+    assert len(ax1.get_lines()) == 3 + len(ACROSS_STYLES) + 1 + 1  # measured, sums, spectrum, 5 across, the 0 line
+    assert min(ax0.get_position().width, ax1.get_position().width) > 0.3

@@ -759,6 +759,11 @@ def _legend_below(ax, *handles_labels, ncol: int = 1, **kw) -> None:
 # -- figures ---------------------------------------------------------------------------------
 
 
+# The curves rebuilt from another run's events: no blue or red (the axis's own two curves).
+ACROSS_STYLES = (":", "-.", (0, (5, 2)), (0, (1, 1, 3, 1)))
+ACROSS_COLORS = ("C4", "C5", "C8", "C9")
+
+
 def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     import matplotlib.pyplot as plt
 
@@ -772,12 +777,17 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     ax1.plot(rec.x, rec.from_events, "-", color="C0", label=f"sum of fitted events (R² {rec.r2_events:.3f})")
     ax1.plot(rec.x, rec.from_spectrum, "--", color="C3", label=f"spectrum alone (R² {rec.r2_spectrum:.3f})")
     for k, (label, other) in enumerate(a.across.items()):  # e.g. D from the events of a T run, no fit on D
-        ax1.plot(other.x, other.from_events, ":", color=f"C{k + 4}", label=f"{_literal(label)} (R² {other.r2_events:.3f})")
+        ax1.plot(other.x, other.from_events, linestyle=ACROSS_STYLES[k % len(ACROSS_STYLES)],
+                 color=ACROSS_COLORS[k % len(ACROSS_COLORS)], lw=1.2,
+                 label=f"{_literal(label)} (R² {other.r2_events:.3f})")  # fmt: skip
     ax1.axhline(0, color="#999", lw=0.5)
     _axis_x(ax1, a.axis, rec.x)
     ax1.set_ylabel("-dL/dlog10 a (nats per decade)")
     ax1.set_title("how fast the mean loss falls")
-    _legend_below(ax1, ncol=3)
+    if a.across:  # long labels: one legend under both panels, so that it never squeezes them
+        fig.legend(*ax1.get_legend_handles_labels(), loc="outside lower center", ncol=2, frameon=False, fontsize=8)
+    else:
+        _legend_below(ax1, ncol=3)
     name = _axis_name(a.axis)
     return Figure(fig, "The mean probe loss and how fast it falls, measured and rebuilt from the tokens",
                   f"Left: the loss averaged over all {rec.spectrum.n_tokens:,} probe tokens at each recorded {name}. "
@@ -785,7 +795,7 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
                   f"black, measured from the mean loss (a local quadratic, smoothing {rec.smoothing:.3f} decades); blue, "
                   f"the sum of every token's fitted learning event(s); red dashed, rebuilt from the learning-time spectrum "
                   f"alone (figure below, bandwidth {rec.spectrum.bandwidth:.3f} decades)"
-                  + ("; dotted, rebuilt from the events of another run with no fit on this axis (each point placed "
+                  + ("; dotted and dash-dotted, rebuilt from the events of another run with no fit on this axis (each point placed "
                      "at its effective step on that run)" if a.across else "") + ". Where the lines follow the dots, "
                   "the per-token events account for how the mean loss falls; R² in the legend.")  # fmt: skip
 
