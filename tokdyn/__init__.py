@@ -34,7 +34,7 @@ _LAZY = {  # public name: the module that defines it
     **dict.fromkeys(["Run", "RunWriter", "TrajectoryStore", "FitResults", "open_store", "as_store"], "store"),
     **dict.fromkeys(["ByteTokenizer", "HFTokenizer", "get_tokenizer"], "tokenizer"),
     **dict.fromkeys(["TokenLossRecorder"], "record"),
-    **dict.fromkeys(["FitOptions", "fit_run", "fit_inputs", "stored_options"], "fit"),
+    **dict.fromkeys(["FitOptions", "fit_run", "fit_inputs", "fitted_inputs", "stored_options"], "fit"),
     **dict.fromkeys(["Events", "Spectrum", "events_from_fit", "learning_time_spectrum", "run_events", "spectrum_power_law"], "spectrum"),
     **dict.fromkeys(["Reconstruction", "reconstruct_run", "reconstruct_across"], "reconstruct"),
     **dict.fromkeys(["assemble_axis", "effective_steps"], "axes"),

@@ -10,7 +10,7 @@ fixed record of fields, for stores). docs/fitting.md describes the algorithm and
 from tokdyn.fit.backends import available_backends
 from tokdyn.fit.block import FIT_FIELDS, SigmoidFit, fit_block, fit_sigmoids
 from tokdyn.fit.estimator import SigmoidFitter
-from tokdyn.fit.job import FitSummary, fit_inputs, fit_run, read_fit, stored_options
+from tokdyn.fit.job import FitSummary, fit_inputs, fit_run, fitted_inputs, read_fit, stored_options
 from tokdyn.fit.models import class_loss_share, classify
 from tokdyn.fit.options import (
     CLASS_CODES,
@@ -27,6 +27,7 @@ __all__ = [
     "fit_run",
     "FitSummary",
     "fit_inputs",
+    "fitted_inputs",
     "read_fit",
     "stored_options",
     "fit_block",

@@ -89,6 +89,41 @@ def _gather(x, Y, b, xo, yc, idx):
     return n, mean, syy
 
 
+# Sums over a row's gathered points run in four interleaved chains (point k adds to chain
+# k mod 4; the chains are added as (a0 + a1) + (a2 + a3)): four independent additions per step
+# instead of one chain that waits on its own latency, in a fixed order, so strict IEEE
+# arithmetic gives the same bits wherever a kernel is compiled (no fastmath: see
+# numba_kernels.py).
+
+
+@njit(inline="always", **_JIT_SIMD)
+def _dot(u, v, n):
+    a0 = a1 = a2 = a3 = 0.0
+    m = n - n % 4
+    for k in range(0, m, 4):
+        a0 += u[k] * v[k]
+        a1 += u[k + 1] * v[k + 1]
+        a2 += u[k + 2] * v[k + 2]
+        a3 += u[k + 3] * v[k + 3]
+    for k in range(m, n):
+        a0 += u[k] * v[k]
+    return (a0 + a1) + (a2 + a3)
+
+
+@njit(inline="always", **_JIT_SIMD)
+def _sum(u, n):
+    a0 = a1 = a2 = a3 = 0.0
+    m = n - n % 4
+    for k in range(0, m, 4):
+        a0 += u[k]
+        a1 += u[k + 1]
+        a2 += u[k + 2]
+        a3 += u[k + 3]
+    for k in range(m, n):
+        a0 += u[k]
+    return (a0 + a1) + (a2 + a3)
+
+
 # ---------------------------------------------------------------------------------------------
 # Start values on each row's grid
 
@@ -98,10 +133,11 @@ _FULL, _OTHER = 0, 1
 
 
 @njit(**_JIT)
-def _use_grid(x, mus, ss, slot, keys, mu_q, s_q, G):
+def _use_grid(x, mus, ss, slot, keys, mu_q, s_q, G, GT):
     """Make ``slot`` hold the grid with axes mus [n_mu], ss [n_s] (mu-major events): keys
-    [2, n_mu + n_s], mu_q and s_q [2, Q], G [2, Q, K] = sigma(-(x - mu)/s). Returns True where
-    it had to be evaluated (keys start NaN, which equals nothing)."""
+    [2, n_mu + n_s], mu_q and s_q [2, Q], G [2, Q, K] = sigma(-(x - mu)/s) and its point-major
+    copy GT [2, K, Q]. Returns True where it had to be evaluated (keys start NaN, which equals
+    nothing)."""
     n_mu = mus.shape[0]
     n_s = ss.shape[0]
     same = True
@@ -123,9 +159,67 @@ def _use_grid(x, mus, ss, slot, keys, mu_q, s_q, G):
                 Gq[k] = min(max((x[k] - mus[i]) / ss[j], -Z_CLIP), Z_CLIP)
             for k in range(K):
                 Gq[k] = 1.0 / (1.0 + _exp(Gq[k]))
+                GT[slot, k, q] = Gq[k]
     for j in range(n_s):
         keys[slot, n_mu + j] = ss[j]
     return True
+
+
+# A row's covariances with every grid event are summed point-major: for each of its points in
+# order, one pass over the events (contiguous in GT, so it vectorises), each event's sum a
+# plain chain over the points. A fully observed row and the same row gathered from a block
+# with missing columns add the same values in the same order: the same bits.
+
+
+@njit(inline="always", **_JIT)
+def _grid_moments(GT, n_points, s1, s2):
+    """s1 [Q] = sum g, s2 [Q] = sum g^2 of every grid event over the grid's n_points points."""
+    Q = GT.shape[1]
+    for q in range(Q):
+        s1[q] = 0.0
+        s2[q] = 0.0
+    for k in range(n_points):
+        row = GT[k]
+        for q in range(Q):
+            g = row[q]
+            s1[q] += g
+            s2[q] += g * g
+
+
+@njit(inline="always", **_JIT)
+def _grid_dots(GT, idx, v, n, full, c):
+    """c [Q] = sum g v of every grid event over the row's n points (v [n] at its points: the
+    centred data, or a column; ``full``: the row observed every point, else idx [n] says which)."""
+    Q = GT.shape[1]
+    for q in range(Q):
+        c[q] = 0.0
+    for k in range(n):
+        row = GT[k] if full else GT[idx[k]]
+        y = v[k]
+        for q in range(Q):
+            c[q] += row[q] * y
+
+
+@njit(inline="always", **_JIT)
+def _grid_projections(GT, idx, v, n, full, c, s1, s2):
+    """:func:`_grid_dots`, and for a gathered row (not ``full``) also s1 [Q] = sum g and s2 [Q]
+    = sum g^2 over its points (a fully observed row takes those from :func:`_grid_moments`)."""
+    Q = GT.shape[1]
+    if full:
+        _grid_dots(GT, idx, v, n, True, c)
+        return
+    for q in range(Q):
+        c[q] = 0.0
+        s1[q] = 0.0
+        s2[q] = 0.0
+    for k in range(n):
+        row = GT[idx[k]]
+        y = v[k]
+        for q in range(Q):
+            g = row[q]
+            c[q] += g * y
+            s1[q] += g
+            s2[q] += g * g
 
 
 @njit(inline="always", **_JIT)
@@ -150,42 +244,30 @@ def _inverse_variance(s1, s2, n):
 
 
 @njit(**_JIT)
-def _grid_inverse_variances(G, inv_var):
-    """inv_var [Q] of each grid event over all K points, summed in the order that
-    _grid_best sums a row's observed points (so a fully observed row scores the same bits
+def _grid_inverse_variances(GT, inv_var, s1, s2):
+    """inv_var [Q] of each grid event over all K points (s1, s2 [Q]: scratch), summed as
+    _grid_projections sums a gathered row's (so a fully observed row scores the same bits
     either way)."""
-    Q, K = G.shape
+    K, Q = GT.shape
+    _grid_moments(GT, K, s1, s2)
     for q in range(Q):
-        s1 = 0.0
-        s2 = 0.0
-        for k in range(K):
-            g = G[q, k]
-            s1 += g
-            s2 += g * g
-        inv_var[q] = _inverse_variance(s1, s2, K)
+        inv_var[q] = _inverse_variance(s1[q], s2[q], K)
 
 
 @njit(**_JIT_SIMD)
-def _grid_best(G, inv_var_full, idx, yc, n, K, lo_mu, hi_mu, lo_s, hi_s, mu_q, s_q):
+def _grid_best(GT, inv_var_full, idx, yc, n, lo_mu, hi_mu, lo_s, hi_s, mu_q, s_q, c, s1, s2):
     """Index of the grid sigmoid with the largest explained sum of squares (cov^2 / var) that
-    lies inside the row's box, or -1; and that score."""
-    Q = G.shape[0]
+    lies inside the row's box, or -1; and that score. c, s1, s2 [Q]: scratch."""
+    K, Q = GT.shape
     best = -1
     best_score = -1.0
     full = n == K
+    _grid_projections(GT, idx, yc, n, full, c, s1, s2)
     for q in range(Q):
         if mu_q[q] < lo_mu or mu_q[q] > hi_mu or s_q[q] < lo_s or s_q[q] > hi_s:
             continue
-        Gq = G[q]
-        if full:
-            c = 0.0
-            for k in range(n):
-                c += Gq[k] * yc[k]
-            inv_var = inv_var_full[q]
-        else:
-            s1, s2, c = _event_sums(Gq, idx, yc, n)
-            inv_var = _inverse_variance(s1, s2, n)
-        score = c * c * inv_var
+        inv_var = inv_var_full[q] if full else _inverse_variance(s1[q], s2[q], n)
+        score = c[q] * c[q] * inv_var
         if score > best_score:
             best_score = score
             best = q
@@ -223,7 +305,11 @@ def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
         mu_q = np.empty((2, Q))
         s_q = np.empty((2, Q))
         G = np.empty((2, Q, K))
+        GT = np.empty((2, K, Q))
         inv_var_full = np.empty(Q)
+        cb = np.empty(Q)
+        s1b = np.empty(Q)
+        s2b = np.empty(Q)
         for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
             n, mean, syy = _gather(x, Y, b, xo, yc, idx)
             if n < 2:
@@ -249,10 +335,10 @@ def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
             p_step[b, 3] = min(max(0.1 * gap, lo[b, 3]), hi[b, 3])
             sse_step[b] = syy - best_e
             slot = _FULL if n == K else _OTHER
-            if _use_grid(x, mus[b], ss[b], slot, keys, mu_q, s_q, G) and slot == _FULL:
-                _grid_inverse_variances(G[_FULL], inv_var_full)
-            q, _ = _grid_best(G[slot], inv_var_full, idx, yc, n, K, lo[b, 2], hi[b, 2], lo[b, 3],
-                              hi[b, 3], mu_q[slot], s_q[slot])
+            if _use_grid(x, mus[b], ss[b], slot, keys, mu_q, s_q, G, GT) and slot == _FULL:
+                _grid_inverse_variances(GT[_FULL], inv_var_full, s1b, s2b)
+            q, _ = _grid_best(GT[slot], inv_var_full, idx, yc, n, lo[b, 2], hi[b, 2], lo[b, 3],
+                              hi[b, 3], mu_q[slot], s_q[slot], cb, s1b, s2b)
             if q < 0:
                 continue
             # amplitudes of that event: d = cov / var, linf = mean - d mean(g)
@@ -437,22 +523,6 @@ def _sigmoid_normal_matrix(out, n, A):
     for i in range(4):
         for j in range(i):
             A[i, j] = A[j, i]
-
-
-@njit(inline="always", **_JIT_SIMD)
-def _dot(u, v, n):
-    acc = 0.0
-    for k in range(n):
-        acc += u[k] * v[k]
-    return acc
-
-
-@njit(inline="always", **_JIT_SIMD)
-def _sum(u, n):
-    acc = 0.0
-    for k in range(n):
-        acc += u[k]
-    return acc
 
 
 @njit(inline="always", **_JIT)
@@ -906,6 +976,10 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
         mu_g = np.empty((2, Q))
         s_g = np.empty((2, Q))
         G2 = np.empty((2, Q, K))
+        GT2 = np.empty((2, K, Q))
+        sq_full = np.empty(Q)
+        s2q = np.empty(Q)
+        s12q = np.empty(Q)
         gram = np.empty((Q, Q))
         qa = np.empty((Q, Q))
         qb = np.empty((Q, Q))
@@ -919,26 +993,17 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
             full = n == K
             v_min = min_var * nf
             slot = _FULL if full else _OTHER
-            if _use_grid(x, mus[b], ss[b], slot, keys, mu_g, s_g, G2) and full:
+            if _use_grid(x, mus[b], ss[b], slot, keys, mu_g, s_g, G2, GT2) and full:
                 _full_pair_forms(G2[_FULL], gram, qa, qb, qe, pen, min_det, min_var)
-            G, mu_q, s_q = G2[slot], mu_g[slot], s_g[slot]
+                _grid_moments(GT2[_FULL], K, sq_full, s2q)
+            G, GT, mu_q, s_q = G2[slot], GT2[slot], mu_g[slot], s_g[slot]
             for q in range(Q):
                 inb[q] = not (mu_q[q] < lo[b, 5] or mu_q[q] > hi[b, 5] or s_q[q] < lo[b, 6]
                               or s_q[q] > hi[b, 6])
-                Gq = G[q]
-                acc = 0.0
-                sgq = 0.0
-                if full:  # contiguous: vectorises
-                    for k in range(n):
-                        acc += Gq[k] * yc[k]
-                        sgq += Gq[k]
-                else:
-                    for k in range(n):
-                        g = Gq[idx[k]]
-                        acc += g * yc[k]
-                        sgq += g
-                cq[q] = acc
-                sq[q] = sgq
+            _grid_projections(GT, idx, yc, n, full, cq, sq, s2q)
+            if full:
+                for q in range(Q):
+                    sq[q] = sq_full[q]
             if not full:  # the centred Gram matrix over this row's observed points
                 for q in range(Q):
                     for r in range(q + 1):
@@ -997,17 +1062,11 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
                     s11 += g1[k] * g1[k]
                     c1 += g1[k] * yc[k]
                 v11 = s11 - sg1 * sg1 / nf
+                _grid_dots(GT, idx, g1, n, full, s12q)
                 for q in range(Q):
                     if not inb[q]:
                         continue
-                    Gq = G[q]
-                    s12 = 0.0
-                    if full:
-                        for k in range(n):
-                            s12 += Gq[k] * g1[k]
-                    else:
-                        for k in range(n):
-                            s12 += Gq[idx[k]] * g1[k]
+                    s12 = s12q[q]
                     v22 = gram[q, q] if full else vq[q, q]
                     sc = _pair_score(v11, s12 - sg1 * sq[q] / nf, v22, c1, cq[q], min_det,
                                      v_min)
