@@ -154,3 +154,21 @@ def test_fitted_inputs_refuse_a_damaged_record(tmp_path, rows, x):
         fitted_inputs(r)
     with pytest.raises(StoreError, match="refit it"):
         reconstruct_run(r, n_boot=0)
+
+
+@pytest.mark.parametrize("axis_min", [0.5, 4, 10.0, 99.9, 1000])
+def test_a_window_fit_equals_the_fit_of_the_sliced_arrays(tmp_path, axis_min):
+    """Invariance: the stored fit with a window is the fit of the same losses with the rows
+    below the window cut off beforehand (fit_sigmoids on arrays, no store)."""
+    from tokdyn.fit import fit_sigmoids
+
+    Y, _ = planted(np.random.default_rng(3), n=200)
+    Y = Y.clip(0.01).astype(np.float32)  # what the store holds
+    r = as_store(make_store(tmp_path / "s.zarr", Y), mode="r+").run("main")
+    fit_run(r, progress=False, axis_min=axis_min, options=tokdyn.FitOptions(two_step=False))
+    keep = STEPS >= axis_min
+    ref = fit_sigmoids(np.log10(STEPS[keep]), Y[:, keep].astype(np.float64), two_step=False)
+    got = r.fit.read(("mu", "s", "delta", "sse", "status"))
+    np.testing.assert_array_equal(got["status"], ref.status)
+    for name in ("mu", "s", "delta", "sse"):
+        np.testing.assert_allclose(got[name], getattr(ref, name), rtol=1e-6, atol=1e-9, err_msg=name)
