@@ -16,8 +16,9 @@ Trains tiny GPTs on the standard-library corpus into ONE store that shares one p
 
 The axes are assembled (``tokdyn.axes.assemble_axis``), fitted with ``tokdyn fit``'s code path
 and rebuilt; the trunk is fitted too (from the end of its warm-up on: ``--trunk-axis-min``), and
-the D axis is rebuilt a second time from the trunk's events alone (no fit on D), each budget placed at its effective step on the trunk (tokens seen,
-or the area under the learning-rate curve), and by the area with each point's annealing gain
+the D axis is rebuilt a second time from the trunk's events alone (no fit on D), each budget
+placed at its effective step on the trunk (tokens seen, or the area under the learning-rate
+curve), and by the area with each point's annealing gain
 (Tissue et al. 2024) calibrated on the calibration branches: the 15 % set is the prediction
 reported against the target, the 30 % set checks that the calibration carries to another decay
 length. Results go to DIR/report.html and DIR/sweep.json.
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
     ap.add_argument("--trunk-factor", type=float, default=1.0,
                     help="the trunk trains to this multiple of the largest D budget (default 1; 2 was measured worse, docs/benchmarks.md)")
     ap.add_argument("--trunk-axis-min", type=float,
-                    help="fit the trunk from this step on (default: the end of its warm-up, 10 steps; 0 fits every step)")
+                    help="fit the trunk from this step on (default: the end of its warm-up, 10 steps, 5 with --quick; 0 fits every step)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--context", type=int, help="tokens per sequence (default 64; quick 32)")
     ap.add_argument("--points", type=int, default=2, help="log-spaced recording points per M run (its own T axis)")

@@ -176,6 +176,11 @@ def test_reconstruct_across_rebuilds_a_planted_d_axis_from_a_fitted_t_run(tmp_pa
     fit_run(st.run("trunk"), progress=False)
     rec = reconstruct_across(axis, st.run("trunk"), by="tokens")
     assert rec.x.size == budgets.size and rec.r2_events > 0.9
+    # a trunk fitted from step 100 on does not reach the budgets below: refused, not extrapolated
+    fit_run(st.run("trunk"), progress=False, refit=True, axis_min=100, options=tokdyn.FitOptions(two_step=False))
+    with pytest.raises(InputError, match=r"below 'trunk''s fit window \(from step 100"):
+        reconstruct_across(axis, st.run("trunk"), by="tokens")
+    fit_run(st.run("trunk"), progress=False, refit=True)
     with pytest.raises(InputError, match="lr_area"):
         reconstruct_across(axis, st.run("trunk"), by="lr_area")
     # the report draws it on D's figure, as the sweep does

@@ -78,9 +78,9 @@ def test_fit_window_rows_are_stored_and_read_back(store_path):
     assert np.nanmin(fit["x_first"]) == pytest.approx(np.log10(STEPS[keep][0]))
     # the fit is resumed only with the same window; another one needs --refit
     fit_run(r, progress=False, axis_min=float(WARMUP), options=tokdyn.FitOptions(two_step=False))
-    with pytest.raises(StoreError, match=r"another axis_min \(10.0 then, 5.0 now\)"):
+    with pytest.raises(StoreError, match=r"another axis_min \(10 then, 5 now\); pass axis_min=10 \(--axis-min 10\) to resume"):
         fit_run(r, progress=False, axis_min=5, options=tokdyn.FitOptions(two_step=False))
-    with pytest.raises(StoreError, match="another axis_min"):
+    with pytest.raises(StoreError, match=r"another axis_min \(10 then, none now\)"):
         fit_run(r, progress=False, options=tokdyn.FitOptions(two_step=False))
     fit_run(r, progress=False, refit=True, options=tokdyn.FitOptions(two_step=False))
     assert fitted_inputs(r)[0].size == STEPS.size

@@ -227,5 +227,6 @@ def axis_run(store: TrajectoryStore | str, axis: str, *, runs: list[str] | None 
     if not st.writable:
         st = as_store(st.url, mode="r+", storage_options=st.storage_options)
     run = assemble_axis(st, axis, runs=runs, overwrite=rebuild, repeats=repeats) if name is None else st.run(name)
-    fit_run(run, progress=False, refit=True)
+    window = run.fit.meta.get("axis_min") if name is not None else None  # an unfinished fit's window is kept
+    fit_run(run, progress=False, refit=True, axis_min=window)
     return AxisRun(run, assembled=name is None, fitted=True)

@@ -273,13 +273,22 @@ def reconstruct_across(
 
     Fit ``t_run`` from the end of its warm-up (``fit_run(t_run, axis_min=warmup_steps)``): the D
     points lie after it, and over every step the warm-up's drop takes one of each token's two
-    events (docs/spectrum.md, "D rebuilt from the events of T")."""
+    events (docs/spectrum.md, "D rebuilt from the events of T"). A point whose effective step
+    lies below that fit window is refused (:class:`InputError`), not extrapolated."""
     from .axes import effective_steps, source_runs
     from .fit.job import fit_inputs
 
     events = run_events(t_run, which=which)  # StoreError if T is not fitted
     rows, x = fit_inputs(axis_run)
-    at = np.log10(effective_steps(axis_run, t_run, by=by)[rows])
+    steps = effective_steps(axis_run, t_run, by=by)[rows]
+    window = t_run.fit.meta.get("axis_min")
+    if window is not None and np.any(steps < window):
+        raise InputError(
+            f"{int(np.sum(steps < window))} of the {steps.size} {axis_run.axis} points lie at effective steps below "
+            f"{t_run.name!r}'s fit window (from step {window:g}; the first at {steps.min():.3g}): its events would be "
+            f"extrapolated there. Refit it with a lower --axis-min"
+        )
+    at = np.log10(steps)
     offset = None
     if annealing is not None:
         from .annealing import decay_schedule

@@ -777,7 +777,7 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     ax1.plot(rec.x, rec.from_events, "-", color="C0", label=f"sum of fitted events (R² {rec.r2_events:.3f})")
     ax1.plot(rec.x, rec.from_spectrum, "--", color="C3", label=f"spectrum alone (R² {rec.r2_spectrum:.3f})")
     for k, (label, other) in enumerate(a.across.items()):  # e.g. D from the events of a T run, no fit on D
-        ax1.plot(other.x, other.from_events, linestyle=ACROSS_STYLES[k % len(ACROSS_STYLES)],
+        ax1.plot(other.x, other.from_events, linestyle=ACROSS_STYLES[(k + k // len(ACROSS_STYLES)) % len(ACROSS_STYLES)],
                  color=ACROSS_COLORS[k % len(ACROSS_COLORS)], lw=1.2,
                  label=f"{_literal(label)} (R² {other.r2_events:.3f})")  # fmt: skip
     ax1.axhline(0, color="#999", lw=0.5)
@@ -795,7 +795,7 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
                   f"black, measured from the mean loss (a local quadratic, smoothing {rec.smoothing:.3f} decades); blue, "
                   f"the sum of every token's fitted learning event(s); red dashed, rebuilt from the learning-time spectrum "
                   f"alone (figure below, bandwidth {rec.spectrum.bandwidth:.3f} decades)"
-                  + ("; dotted and dash-dotted, rebuilt from the events of another run with no fit on this axis (each point placed "
+                  + ("; dotted, dash-dotted or dashed, rebuilt from the events of another run with no fit on this axis (each point placed "
                      "at its effective step on that run)" if a.across else "") + ". Where the lines follow the dots, "
                   "the per-token events account for how the mean loss falls; R² in the legend.")  # fmt: skip
 

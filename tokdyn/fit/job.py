@@ -71,11 +71,11 @@ def fitted_inputs(run: Run) -> tuple[np.ndarray, np.ndarray]:
     no complete, current fit."""
     meta = run.fit.check()
     try:
-        rows = np.asarray(meta["rows"], dtype=np.int64)
+        rows = np.asarray(meta["rows"])
         x = np.asarray(meta["x"], dtype=np.float64)
     except (KeyError, TypeError, ValueError):
         raise StoreError(f"the fit of run {run.name!r} does not record its rows and x; it is damaged, refit it (--refit)") from None
-    ok = (rows.ndim == 1 and rows.shape == x.shape and rows.size >= 2 and np.all(np.diff(rows) > 0)
+    ok = (rows.dtype.kind in "iu" and rows.ndim == 1 and rows.shape == x.shape and rows.size >= 2 and np.all(np.diff(rows) > 0)
           and rows[0] >= 0 and rows[-1] < run.n_committed)  # fmt: skip
     if ok:  # the rows' own axis values give the same x (committed rows never change)
         av = run.axis_values[rows]
@@ -234,7 +234,8 @@ def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backe
     st = store if store is not None else as_store(url, mode="r+", storage_options=storage_options or None)
     r = st.run(run)
     a, e = b * block, min(n, (b + 1) * block)
-    Y = r.losses(tokens=slice(a, e), rows=slice(0, int(rows.max()) + 1))[rows]  # [K, B] in the stored dtype; damage is a StoreError
+    first = int(rows.min())  # a fit window (axis_min) leaves the early rows unread
+    Y = r.losses(tokens=slice(a, e), rows=slice(first, int(rows.max()) + 1))[rows - first]  # [K, B] in the stored dtype; damage is a StoreError
     out = {name: np.empty(e - a, dtype=dt) for name, dt in FIT_FIELDS.items()}
     for s in range(0, e - a, batch_rows):
         part = fit_block(x, Y[:, s : s + batch_rows].T.astype(np.float64), options=options, backend=backend, device=device)

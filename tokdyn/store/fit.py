@@ -200,7 +200,12 @@ class FitWriter:
             if meta.get("n_committed") != inputs.get("n_committed"):
                 what = f"other rows ({meta.get('n_committed')} rows then, {inputs.get('n_committed')} now)"
             elif meta.get("axis_min") != inputs.get("axis_min"):
-                what = f"another axis_min ({meta.get('axis_min')} then, {inputs.get('axis_min')} now)"
+                then, now = meta.get("axis_min"), inputs.get("axis_min")
+                resume = "no axis_min (no --axis-min)" if then is None else f"axis_min={then:g} (--axis-min {then:g})"
+                raise StoreError(
+                    f"run {run.name!r} already has a fit made with another axis_min ({'none' if then is None else f'{then:g}'} "
+                    f"then, {'none' if now is None else f'{now:g}'} now); pass {resume} to resume it, or refit=True (--refit) to replace it"
+                )
             else:
                 what = "other options"
             raise StoreError(f"run {run.name!r} already has a fit made with {what}; pass refit=True (--refit) to replace it")
