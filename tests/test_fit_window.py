@@ -172,3 +172,21 @@ def test_a_window_fit_equals_the_fit_of_the_sliced_arrays(tmp_path, axis_min):
     np.testing.assert_array_equal(got["status"], ref.status)
     for name in ("mu", "s", "delta", "sse"):
         np.testing.assert_allclose(got[name], getattr(ref, name), rtol=1e-6, atol=1e-9, err_msg=name)
+
+
+@pytest.mark.parametrize("damaged", ["ten", True, float("nan"), [10]])
+def test_a_damaged_stored_window_is_one_clear_error(tmp_path, damaged):
+    """A fit whose stored axis_min is not a number: resuming, and reading the window, end in one
+    StoreError (never a TypeError from formatting or comparing it)."""
+    from tokdyn.fit.job import stored_axis_min
+
+    Y, _ = planted(np.random.default_rng(4), n=100)
+    r = as_store(make_store(tmp_path / "w.zarr", Y.clip(0.01)), mode="r+").run("main")
+    fit_run(r, progress=False, axis_min=WARMUP, options=tokdyn.FitOptions(two_step=False))
+    meta = dict(r.fit.meta)
+    meta["axis_min"] = damaged if not (isinstance(damaged, float) and damaged != damaged) else "NaN"
+    r.fit._group().update_attributes({"tokdyn_fit": meta})
+    with pytest.raises(StoreError, match="another axis_min"):
+        fit_run(r, progress=False, axis_min=WARMUP, options=tokdyn.FitOptions(two_step=False))
+    with pytest.raises(StoreError, match="not a number"):
+        stored_axis_min(r)

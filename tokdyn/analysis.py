@@ -15,7 +15,7 @@ import numpy as np
 
 from .axes import assemble_axis, find_axis_run
 from .errors import InputError, StoreError
-from .fit.job import fit_run
+from .fit.job import fit_run, stored_axis_min
 from .fit.models import class_loss_share
 from .fit.options import CLASS_NAMES
 from .reconstruct import Reconstruction, reconstruct_run
@@ -227,6 +227,6 @@ def axis_run(store: TrajectoryStore | str, axis: str, *, runs: list[str] | None 
     if not st.writable:
         st = as_store(st.url, mode="r+", storage_options=st.storage_options)
     run = assemble_axis(st, axis, runs=runs, overwrite=rebuild, repeats=repeats) if name is None else st.run(name)
-    window = run.fit.meta.get("axis_min") if name is not None else None  # an unfinished fit's window is kept
+    window = stored_axis_min(run) if name is not None else None  # an unfinished fit's window is kept
     fit_run(run, progress=False, refit=True, axis_min=window)
     return AxisRun(run, assembled=name is None, fitted=True)

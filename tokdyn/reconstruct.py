@@ -276,12 +276,12 @@ def reconstruct_across(
     events (docs/spectrum.md, "D rebuilt from the events of T"). A point whose effective step
     lies below that fit window is refused (:class:`InputError`), not extrapolated."""
     from .axes import effective_steps, source_runs
-    from .fit.job import fit_inputs
+    from .fit.job import fit_inputs, stored_axis_min
 
     events = run_events(t_run, which=which)  # StoreError if T is not fitted
     rows, x = fit_inputs(axis_run)
     steps = effective_steps(axis_run, t_run, by=by)[rows]
-    window = t_run.fit.meta.get("axis_min")
+    window = stored_axis_min(t_run)
     if window is not None and np.any(steps < window):
         raise InputError(
             f"{int(np.sum(steps < window))} of the {steps.size} {axis_run.axis} points lie at effective steps below "

@@ -29,7 +29,7 @@ from tokdyn.fit.options import CLASS_NAMES, MODEL_NAMES, STATUS_NAMES, FitOption
 from tokdyn.fit.sigmoid import log_axis
 from tokdyn.store import Run, TrajectoryStore, as_store
 
-__all__ = ["FitSummary", "fit_run", "read_fit", "stored_options", "fit_inputs", "fitted_inputs", "LOCAL_SCHEDULERS"]
+__all__ = ["FitSummary", "fit_run", "read_fit", "stored_options", "stored_axis_min", "fit_inputs", "fitted_inputs", "LOCAL_SCHEDULERS"]
 
 LOCAL_SCHEDULERS = ("threads", "processes", "sync")
 
@@ -83,6 +83,17 @@ def fitted_inputs(run: Run) -> tuple[np.ndarray, np.ndarray]:
     if not ok:
         raise StoreError(f"the fit of run {run.name!r} records rows and x that do not fit the run; it is damaged, refit it (--refit)")
     return rows, x
+
+
+def stored_axis_min(run: Run) -> float | None:
+    """The fit window (``axis_min``) the stored fit of ``run`` was made with (None: none, or no
+    fit); :class:`StoreError` when the stored value is not a number."""
+    v = run.fit.meta.get("axis_min")
+    if v is None:
+        return None
+    if not (isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)):
+        raise StoreError(f"the fit of run {run.name!r} records axis_min {v!r}, not a number; it is damaged, refit it (--refit)")
+    return float(v)
 
 
 def _axis_min(value) -> float:

@@ -200,11 +200,11 @@ class FitWriter:
             if meta.get("n_committed") != inputs.get("n_committed"):
                 what = f"other rows ({meta.get('n_committed')} rows then, {inputs.get('n_committed')} now)"
             elif meta.get("axis_min") != inputs.get("axis_min"):
-                then, now = meta.get("axis_min"), inputs.get("axis_min")
-                resume = "no axis_min (no --axis-min)" if then is None else f"axis_min={then:g} (--axis-min {then:g})"
+                then, now = (_value_text(meta.get("axis_min")), _value_text(inputs.get("axis_min")))
+                resume = "no axis_min (no --axis-min)" if then == "none" else f"axis_min={then} (--axis-min {then})"
                 raise StoreError(
-                    f"run {run.name!r} already has a fit made with another axis_min ({'none' if then is None else f'{then:g}'} "
-                    f"then, {'none' if now is None else f'{now:g}'} now); pass {resume} to resume it, or refit=True (--refit) to replace it"
+                    f"run {run.name!r} already has a fit made with another axis_min ({then} then, {now} now); "
+                    f"pass {resume} to resume it, or refit=True (--refit) to replace it"
                 )
             else:
                 what = "other options"
@@ -253,6 +253,13 @@ class FitWriter:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _value_text(v: Any) -> str:
+    """A stored number for a message (``none`` for None; anything else, damaged, as its repr)."""
+    if v is None:
+        return "none"
+    return f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else repr(v)
 
 
 def _fields(meta: Mapping, g: zarr.Group | None) -> list[str]:
