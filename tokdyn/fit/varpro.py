@@ -89,11 +89,11 @@ def _gather(x, Y, b, xo, yc, idx):
     return n, mean, syy
 
 
-# Sums over a row's gathered points run in four interleaved chains (point k < n - n % 4 adds to
-# chain k mod 4, the last n % 4 points to chain 0; the chains are added as (a0 + a1) + (a2 + a3)): four independent additions per step
-# instead of one chain that waits on its own latency, in a fixed order, so strict IEEE
-# arithmetic gives the same bits wherever a kernel is compiled (no fastmath: see
-# numba_kernels.py).
+# Sums over a row's gathered points run in four interleaved chains (point k < n - n % 4 adds
+# to chain k mod 4, the last n % 4 points to chain 0; the chains are added as
+# (a0 + a1) + (a2 + a3)): four independent additions per step instead of one chain that waits
+# on its own latency, in a fixed order, so strict IEEE arithmetic gives the same bits wherever
+# a kernel is compiled (no fastmath: see numba_kernels.py).
 
 
 @njit(inline="always", **_JIT_SIMD)
