@@ -235,6 +235,15 @@ def test_partial_files_of_another_live_writer_are_left_alone(tmp_path, probe):
 # -- the Resume guide's script, killed ------------------------------------------------------
 
 
+def _text_or_empty(path) -> str:
+    """The text of a file another process may remove at any instant (a writer lock released between
+    a check and a read): empty when it is not there."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
 def _guide_script(tmp_path):
     """The restartable training script of docs/recording.md (Resume), as a file."""
     from pathlib import Path
@@ -269,7 +278,7 @@ def test_the_resume_guides_script_killed_at_random_instants_equals_an_uninterrup
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
         deadline, t_lock = time.monotonic() + 300, None
         while p.poll() is None and time.monotonic() < deadline:
-            if t_lock is None and f'"pid": {p.pid},' in (lock.read_text() if lock.exists() else ""):
+            if t_lock is None and f'"pid": {p.pid},' in _text_or_empty(lock):
                 t_lock = time.time()
             if t_lock is not None and kill_at is not None and time.time() - t_lock >= kill_at:
                 p.kill()
