@@ -47,12 +47,12 @@ def _censored(rng, n):
 
 
 def _projected_numba(x, y, th, floor=0.0):
-    from tokdyn.fit.varpro import _vp_sigmoid
+    from tokdyn.fit.varpro import _N_BUF, _OUT_SIZE, _vp_sigmoid
 
     yc = y - y.mean()
-    out = np.zeros(24)
-    F = _vp_sigmoid(x, yc, x.size, float(yc @ yc), np.asarray(th, float), np.zeros((13, x.size)),
-                    out, floor, float(y.mean()))
+    out = np.zeros(_OUT_SIZE)
+    F = _vp_sigmoid(x, yc, x.size, float(yc @ yc), np.asarray(th, float),
+                    np.zeros((_N_BUF, x.size)), out, floor, float(y.mean()))
     return F, out
 
 
@@ -183,12 +183,12 @@ def _two_sse_reference(x, y, th, floor, max_drop):
 
 
 def _two_numba(x, y, th, floor, max_drop):
-    from tokdyn.fit.varpro import _vp_two
+    from tokdyn.fit.varpro import _N_BUF, _OUT_SIZE, _vp_two
 
     yc = y - y.mean()
-    out = np.zeros(24)
+    out = np.zeros(_OUT_SIZE)
     bnd = np.array([floor, -max_drop, max_drop, -max_drop, max_drop])
-    F = _vp_two(x, yc, x.size, float(yc @ yc), np.asarray(th, float), np.zeros((13, x.size)),
+    F = _vp_two(x, yc, x.size, float(yc @ yc), np.asarray(th, float), np.zeros((_N_BUF, x.size)),
                 out, bnd, float(y.mean()))
     return F, out
 
@@ -266,6 +266,51 @@ def test_two_sigmoid_gradient_matches_finite_differences_where_drops_bind():
         np.testing.assert_allclose(out[4:8], grad, rtol=1e-4, atol=1e-7 * max(F0, 1.0))
         checked += 1
     assert checked >= 20
+
+
+def _active_set(out, floor_c, max_drop):
+    """Which amplitudes sit on a bound: (linf on the floor, d1 on +-max_drop, d2 likewise)."""
+    tol = 1e-9 * (1 + max_drop)
+    return (abs(out[1] - floor_c) < tol, abs(abs(out[2]) - max_drop) < tol,
+            abs(abs(out[3]) - max_drop) < tol)
+
+
+@needs_numba
+@settings(max_examples=60, deadline=None)
+@given(seed=hs.integers(0, 2**32 - 1))
+def test_two_sigmoid_step_matrix_is_the_exact_hessian_or_kaufmans(seed):
+    """The exact Hessian of the projected SSE that the evaluation reports (out[40:56]) equals
+    the finite-difference derivative of its gradient, whichever amplitudes sit on their bounds;
+    the solver steps with it where it is positive definite and with Kaufman's matrix
+    (out[24:40]) elsewhere, so the matrix it steps with is always positive definite."""
+    rng = np.random.default_rng(seed)
+    y = _two_data(rng)
+    th = np.array([rng.uniform(0.3, 2.7), np.log(rng.uniform(0.1, 1.0)),
+                   rng.uniform(0.3, 2.7), np.log(rng.uniform(0.1, 1.0))])
+    max_drop = float(np.ptp(y)) * rng.choice([0.3, 1.0, 10.0])
+    F, out = _two_numba(X, y, th, 0.0, max_drop)
+    if not np.isfinite(F):
+        return
+    step, kaufman, exact = (out[a:a + 16].reshape(4, 4) for a in (8, 24, 40))
+    for m in (step, kaufman, exact):
+        np.testing.assert_array_equal(m, m.T)
+    exact_pd = np.all(np.linalg.eigvalsh(exact) > 1e-9 * np.abs(np.diag(exact)).max())
+    if exact_pd:
+        np.testing.assert_array_equal(step, exact)
+    elif not np.all(np.linalg.eigvalsh(exact) > 0):
+        np.testing.assert_array_equal(step, kaufman)
+    assert np.all(np.linalg.eigvalsh(step) > 0)
+    eps = 1e-6 * (1 + np.abs(th))
+    state = _active_set(out, -y.mean(), max_drop)
+    fd = np.empty((4, 4))
+    for j in range(4):
+        e = np.eye(4)[j] * eps[j]
+        _, op = _two_numba(X, y, th + e, 0.0, max_drop)
+        _, om = _two_numba(X, y, th - e, 0.0, max_drop)
+        if any(_active_set(o, -y.mean(), max_drop) != state for o in (op, om)):
+            return  # an active-set switch within eps: the SSE is not twice differentiable there
+        fd[:, j] = (op[4:8] - om[4:8]) / (2 * eps[j])
+    np.testing.assert_allclose(exact, fd, rtol=1e-4, atol=1e-6 * np.abs(exact).max())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -10,8 +10,10 @@ squares problem in closed form, so the solver searches only (mu, ln s) (four num
 sigmoids) on the projected sum of squares (Golub and Pereyra). Every evaluation is one pass
 over the trajectory's observed points that accumulates a few sums; everything else is
 arithmetic on those sums. The sigmoid gets the exact Hessian of the projected sum of squares
-(damped Newton, :func:`_vp_sigmoid`); two sigmoids get Kaufman's Gauss-Newton matrix (the
-Schur complement of the full J^T J in its amplitude block).
+(damped Newton, :func:`_vp_sigmoid`), and so do two sigmoids (:func:`_vp_two`: Kaufman's
+Gauss-Newton matrix, the Schur complement of the full J^T J in its amplitude block, plus the
+residual terms it leaves out). Where the exact Hessian is not positive definite, Kaufman's
+matrix stands in.
 
 Start values (:func:`grid_start_block`, :func:`two_start_block`; numpy references in
 :mod:`tokdyn.fit.grid`): the event of the row's own grid over (mu, s) that explains most of
@@ -50,11 +52,12 @@ from tokdyn.fit.sigmoid import Z_CLIP
 
 __all__ = ["grid_start_block", "varpro_block", "two_start_block"]
 
-# Scratch rows per trajectory: z, g, h of both events, the four derivative columns and three
+# Scratch rows per trajectory: z, g, h of both events, the four derivative columns and four
 # short vectors of sums.
-_N_BUF = max(N_SCRATCH, 13)
-# Outputs of one projected evaluation: sse, the amplitudes, gradient [P], normal matrix [P, P].
-_OUT_SIZE = 24
+_N_BUF = max(N_SCRATCH, 14)
+# Outputs of one projected evaluation: sse, the amplitudes, gradient [P], step matrix [P, P], and
+# (two sigmoids) the two matrices it is chosen from with their scratch (see _vp_two).
+_OUT_SIZE = 78
 # Least factor by which a successful step shrinks the damping (Nielsen's rule uses 1/3: with
 # an exact Hessian that damping, not the model, then limits the convergence rate; measured
 # on 20,000 planted events with the half-cell trust region: 4.91 steps with 1/3, 4.90 with
@@ -584,6 +587,35 @@ def _inside(v, lo, hi):
     return lo - tol <= v <= hi + tol
 
 
+@njit(inline="always", **_JIT)
+def _second_q(yc, c0, d1, g1, d2, g2, g, h, k):
+    """q = r g h (h - g) at point k: the residual times g's curvature factor."""
+    return (yc[k] - c0 - d1 * g1[k] - d2 * g2[k]) * g[k] * h[k] * (h[k] - g[k])
+
+
+@njit(inline="always", **_JIT)
+def _second_sums(z, g, h, yc, c0, d1, g1, d2, g2, n):
+    """sum q, sum q z, sum q z^2 with q = r g h (h - g) of one event (r: the residuals of the
+    two-sigmoid model), in two fixed interleaved chains each (even and odd points)."""
+    a0 = a1 = a2 = b0 = b1 = b2 = 0.0
+    m = n - n % 2
+    for k in range(0, m, 2):
+        q = _second_q(yc, c0, d1, g1, d2, g2, g, h, k)
+        a0 += q
+        a1 += q * z[k]
+        a2 += q * z[k] * z[k]
+        q = _second_q(yc, c0, d1, g1, d2, g2, g, h, k + 1)
+        b0 += q
+        b1 += q * z[k + 1]
+        b2 += q * z[k + 1] * z[k + 1]
+    for k in range(m, n):
+        q = _second_q(yc, c0, d1, g1, d2, g2, g, h, k)
+        a0 += q
+        a1 += q * z[k]
+        a2 += q * z[k] * z[k]
+    return a0 + b0, a1 + b1, a2 + b2
+
+
 @njit(**_JIT_SIMD)
 def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     """Projected fit of l = linf + d1 g1 + d2 g2 at th = (mu1, ln s1, mu2, ln s2).
@@ -596,8 +628,18 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     Kaufman's matrix then hold the fixed amplitudes as constants and project out the free
     columns only.
 
+    The step matrix is the exact Hessian of the projected SSE (halved) where it is positive
+    definite, else Kaufman's matrix: with r the residuals and c_j the derivative columns of
+    g (unscaled), the exact one adds to Kaufman's the residuals' products with each event's
+    second derivatives and the terms r.c_j in the amplitudes' cross block (Golub and Pereyra's
+    full Jacobian of the projection). On planted single events it cut the mean steps from
+    14.7 to 11.2 and the rows that run out of steps from 0.56 % to 0.19 %; on a tiny GPT's
+    probe tokens 1.4 % to 0.1 % (the sum of squares lower in total on both).
+
     out: [0] SSE, [1] linf - mean, [2:4] (d1, d2), [4:8] gradient J^T r, [8:24] the 4x4
-    normal matrix (Kaufman). Returns the SSE (inf where the basis is degenerate).
+    step matrix, [24:40] Kaufman's matrix, [40:56] the exact Hessian, [56:62] the residuals'
+    second-derivative products, [62:78] scratch. Returns the SSE (inf where the basis is
+    degenerate).
     """
     inv_s1, inv_s2 = math.exp(-th[1]), math.exp(-th[3])
     _sigmoid_columns(xo, n, th[0], inv_s1, buf[0], buf[1], buf[2])
@@ -684,7 +726,7 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     out[3] = d2
     cols = (a1, b1, a2, b2)
     scale = (d1, d1, d2, d2)
-    sc, w1, w2 = buf[10], buf[11], buf[12]
+    sc, w1, w2, rc = buf[10], buf[11], buf[12], buf[13]
     for j in range(4):
         cj = cols[j]
         sc[j] = _sum(cj, n)
@@ -692,15 +734,71 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
         s2j = _dot(g2, cj, n)
         w1[j] = s1j - sg1 * sc[j] * inv_n
         w2[j] = s2j - sg2 * sc[j] * inv_n
-        out[4 + j] = scale[j] * (c0 * sc[j] + d1 * s1j + d2 * s2j - _dot(cj, yc, n))
+        rc[j] = _dot(cj, yc, n) - c0 * sc[j] - d1 * s1j - d2 * s2j  # r . c_j
+        out[4 + j] = -scale[j] * rc[j]
+    # The residuals' products with each event's second derivatives (mu mu, mu ln s, ln s ln s):
+    # the exact Hessian's terms that Kaufman's matrix leaves out. With u = g h, q = r u (h - g):
+    # r.g_mumu = q0 / s^2, r.g_mu,lns = (q1 - r.u) / s and r.g_lns,lns = q2 - r.(u z), where
+    # qj = sum q z^j, r.u = s r.c_mu and r.(u z) = r.c_lns
+    rq = 56  # out[56:62] (buf's rows may be as short as 5 points)
+    for e in range(2):
+        z, g, h = buf[3 * e], buf[3 * e + 1], buf[3 * e + 2]
+        q0, q1, q2 = _second_sums(z, g, h, yc, c0, d1, g1, d2, g2, n)
+        inv_s = inv_s1 if e == 0 else inv_s2
+        out[rq + 3 * e] = q0 * inv_s * inv_s
+        out[rq + 3 * e + 1] = (q1 - rc[2 * e] / inv_s) * inv_s
+        out[rq + 3 * e + 2] = q2 - rc[2 * e + 1]
+    # Both matrices of F/2 over the free amplitudes' projection (W^-1 by the centred block
+    # above): Kaufman's d_i d_j (c_i.c_j - Q(b_i, b_j)) with b_j = (1, g1, g2) . c_j, and the
+    # exact Hessian d_i d_j c_i.c_j - R2_ij - Q(b'_i, b'_j), where b'_j = d_j b_j less r.c_j
+    # in the component of c_j's own event and R2 holds d_e r.(second derivative of g_e)
     for i in range(4):
+        ei = i // 2
+        x1i = scale[i] * w1[i] - (rc[i] if ei == 0 else 0.0)
+        x2i = scale[i] * w2[i] - (rc[i] if ei == 1 else 0.0)
         for j in range(i + 1):
-            proj = (sc[i] * sc[j] * inv_n + w1[i] * (i11 * w1[j] + i12 * w2[j])
-                    + w2[i] * (i12 * w1[j] + i22 * w2[j]))
-            v = scale[i] * scale[j] * (_dot(cols[i], cols[j], n) - proj)
-            out[8 + 4 * i + j] = v
-            out[8 + 4 * j + i] = v
+            ej = j // 2
+            x1j = scale[j] * w1[j] - (rc[j] if ej == 0 else 0.0)
+            x2j = scale[j] * w2[j] - (rc[j] if ej == 1 else 0.0)
+            cc = scale[i] * scale[j] * _dot(cols[i], cols[j], n)
+            q = scale[i] * scale[j] * sc[i] * sc[j] * inv_n
+            proj = (q + scale[i] * scale[j] * (w1[i] * (i11 * w1[j] + i12 * w2[j])
+                                               + w2[i] * (i12 * w1[j] + i22 * w2[j])))
+            r2 = (scale[i] * out[rq + 3 * ei + (i % 2) + (j % 2)]) if ei == ej else 0.0
+            exact = cc - r2 - (q + x1i * (i11 * x1j + i12 * x2j) + x2i * (i12 * x1j + i22 * x2j))
+            out[40 + 4 * i + j] = exact
+            out[40 + 4 * j + i] = exact
+            out[24 + 4 * i + j] = cc - proj
+            out[24 + 4 * j + i] = cc - proj
+    # the exact Hessian where it is positive definite, else Kaufman's matrix
+    src = 40 if _positive_definite4(out, 40, 62) else 24
+    for j in range(16):
+        out[8 + j] = out[src + j]
     return sse
+
+
+@njit(inline="always", **_JIT)
+def _positive_definite4(out, o, f):
+    """Whether the symmetric 4x4 matrix at out[o:o + 16] is positive definite by a margin: each
+    Cholesky pivot above 1e-12 of its diagonal entry (as _projected_terms' 2x2 test). The
+    factor is worked out in out[f:f + 16]."""
+    for j in range(4):
+        d = out[o + 5 * j]
+        if not d > 0.0:
+            return False
+        piv = d
+        for k in range(j):
+            piv -= out[f + 4 * j + k] ** 2
+        if not piv > 1e-12 * d:
+            return False
+        ljj = math.sqrt(piv)
+        out[f + 5 * j] = ljj
+        for i in range(j + 1, 4):
+            v = out[o + 4 * i + j]
+            for k in range(j):
+                v -= out[f + 4 * i + k] * out[f + 4 * j + k]
+            out[f + 4 * i + j] = v / ljj
+    return True
 
 
 # Where the gradient and normal matrix sit in ``out`` for each model (P = 2 or 4).
