@@ -57,18 +57,18 @@ def test_stored_reference_matches_a_fresh_search():
 
 def test_projected_derivatives_match_finite_differences():
     pytest.importorskip("numba")
-    from tokdyn.fit.varpro import _vp_sigmoid
+    from tokdyn.fit.varpro import _N_BUF, _OUT_SIZE, _vp_sigmoid
 
     x = np.linspace(1.0, 5.0, 60)
     pl = plant_sigmoids(5, x, rng=np.random.default_rng(3))
-    buf = np.zeros((13, x.size))
+    buf = np.zeros((_N_BUF, x.size))
     for b in range(5):
         y = pl.Y[b]
         yc = y - y.mean()
         syy = float(yc @ yc)
 
         def F(th):
-            out = np.zeros(24)
+            out = np.zeros(_OUT_SIZE)
             return _vp_sigmoid(x, yc, x.size, syy, np.asarray(th, float), buf, out), out
 
         th = np.array([pl.truth["mu"][b] + 0.2, np.log(pl.truth["s"][b]) - 0.3])
