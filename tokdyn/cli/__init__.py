@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 
 from .._version import __version__
@@ -40,7 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            _one_line_warnings(args.command)
+            return int(args.func(args) or 0)
+    except BrokenPipeError:  # `tokdyn spectrum ... | head`: the reader left; say nothing
+        _quiet_stdout()
+        return 141  # as a process killed by SIGPIPE
     except KeyboardInterrupt:
         settle_io()
         print(f"tokdyn {args.command}: interrupted", file=sys.stderr)
@@ -51,6 +57,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"tokdyn {args.command}: error: {error_line(exc)}", file=sys.stderr)
         return 1
+
+
+def _one_line_warnings(command: str) -> None:
+    """Warnings as one line each, ``tokdyn CMD: warning: ...``, without the source line Python
+    shows; numpy's floating-point RuntimeWarnings (an all-NaN slice, 0/0 in a degenerate row)
+    are left out: the results say where values are missing, and the warning would only put
+    lines of code before the command's own answer or error line."""
+    warnings.simplefilter("ignore", RuntimeWarning)
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ARG001
+        print(f"tokdyn {command}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    warnings.showwarning = show
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null, so that Python's flush at exit does not
+    raise (and print) again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (embedded, captured): nothing to quiet
+        pass
 
 
 def settle_io(timeout: float = 10.0) -> None:

@@ -1,14 +1,16 @@
 """What several commands share: the store argument (a store, or a folder holding one, as the
-demo writes) and the run argument (optional where the store holds one run)."""
+demo writes), the run argument (optional where the store holds one run) and ``--json`` output."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 
 from ..errors import InputError
 from ..store import Run, TrajectoryStore, as_store
 
-__all__ = ["store_path", "open_cli_store", "open_cli_run", "add_store_argument", "add_run_argument"]
+__all__ = ["store_path", "open_cli_store", "open_cli_run", "add_store_argument", "add_run_argument", "print_json"]
 
 DEMO_STORE = "store.zarr"  # where `tokdyn demo --out DIR` puts its store
 
@@ -46,3 +48,22 @@ def open_cli_run(path: str, name: str | None, *, mode: str = "r") -> Run:
             raise InputError(f"{st.url} holds {len(runs)} runs ({listed}); choose one with --run NAME")
         name = runs[0]
     return st.run(name)
+
+
+def _strict(value):
+    """``value`` with every non-finite float as None, numpy scalars and arrays as Python ones:
+    JSON has no NaN or Infinity, and strict parsers (jq, most languages' own) reject them."""
+    if isinstance(value, dict):
+        return {str(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy array or scalar
+        return _strict(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def print_json(obj) -> None:
+    """Print ``obj`` as strict JSON (``--json``): NaN and infinities become null."""
+    print(json.dumps(_strict(obj), indent=2, allow_nan=False))

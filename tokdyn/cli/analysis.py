@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import numpy as np
@@ -11,7 +10,7 @@ import numpy as np
 from ..analysis import axis_run, run_spectrum
 from ..reconstruct import reconstruct_run
 from ..report import check_writable, write_report
-from ._common import add_run_argument, add_store_argument, open_cli_run, store_path
+from ._common import add_run_argument, add_store_argument, open_cli_run, print_json, store_path
 
 
 def register(sub) -> None:
@@ -71,7 +70,7 @@ def _spectrum(args: argparse.Namespace) -> int:
     res = run_spectrum(run, which=args.events, bandwidth=args.bandwidth, n_boot=args.boot, placement=args.placement,
                        kernel=args.kernel, by=args.by)
     if args.json:
-        print(json.dumps(res.to_dict(), indent=2))
+        print_json(res.to_dict())
         return 0
     rec, spec = res.reconstruction, res.reconstruction.spectrum
     print(f"run {run.name!r} (axis {rec.axis}): {spec.n_events:,} events of {spec.n_tokens:,} tokens ({args.events}), "
@@ -103,7 +102,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
     rec = reconstruct_run(run, which=args.events, bandwidth=args.bandwidth, n_boot=args.boot, placement=args.placement,
                           kernel=args.kernel)
     if args.json:
-        print(json.dumps(rec.to_dict() if args.curves else rec.summary(), indent=2))
+        print_json(rec.to_dict() if args.curves else rec.summary())
         return 0
     s = rec.summary()
     print(f"run {run.name!r} (axis {rec.axis}): {s['n_points']} points, {s['n_tokens']:,} tokens, {s['n_events']:,} events ({args.events})")

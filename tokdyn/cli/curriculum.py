@@ -11,9 +11,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..errors import InputError
+from ._common import print_json
 
 __all__ = ["register", "add_cli_arguments", "run_cli"]
 
@@ -78,7 +78,7 @@ def _print(table, as_json: bool, *, header: str) -> None:
     info = {"vocab_size": table.vocab_size, "order": table.order, "n_keys": table.n_keys, "mu_global": table.mu_global,
             "delta_global": table.delta_global, **table.meta}  # fmt: skip
     if as_json:
-        print(json.dumps(info, indent=2))
+        print_json(info)
         return
     pilot = table.meta.get("pilot", {})
     print(header)
@@ -121,8 +121,8 @@ def _schedule(args: argparse.Namespace) -> int:
     path = sched.save(args.out)
     e = sched.enrichment()
     if args.json:
-        print(json.dumps({"out": path, "domains": list(sched.domains), "enrichment": {k: v for k, v in e.items() if k != "per_step"},
-                          "verdict": enrichment_verdict(e)}, indent=2))  # fmt: skip
+        print_json({"out": path, "domains": list(sched.domains), "enrichment": {k: v for k, v in e.items() if k != "per_step"},
+                    "verdict": enrichment_verdict(e)})  # fmt: skip
         return 0
     print(f"wrote {path}")
     print(f"  {enrichment_verdict(e)}")
@@ -148,7 +148,7 @@ def run_compare(args: argparse.Namespace) -> int:
         raise InputError(f"give exactly two runs (--run A --run B), got {len(args.run)}")
     res = compare_runs(args.store, args.run[0], args.run[1], tolerance=args.tolerance)
     if args.json:
-        print(json.dumps(res, indent=2))
+        print_json(res)
         return 0
     print(f"learning-time shift of {res['run_b']!r} against {res['run_a']!r} (decades; < 0: learned earlier), "
           f"{res['overall']['n_tokens']} of {res['n_probe_tokens']} tokens with an event in both")  # fmt: skip

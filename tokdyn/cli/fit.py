@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..fit import FitOptions, fit_run
-from ._common import add_run_argument, add_store_argument, open_cli_run
+from ._common import add_run_argument, add_store_argument, open_cli_run, print_json
 
 
 def register(sub) -> None:
@@ -34,7 +33,7 @@ def _fit(args: argparse.Namespace) -> int:
     res = fit_run(run, options=options, backend=args.backend, device=args.device, scheduler=args.scheduler,
                   workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, progress=not args.no_progress, axis_min=args.axis_min)  # fmt: skip
     if args.json:
-        print(json.dumps(res.summary(), indent=2))
+        print_json(res.summary())
         return 0
     print(f"fitted run {res.run!r}: {res.n_tokens:,} tokens on {res.n_points} points"
           f"{'' if args.axis_min is None else f' (axis values >= {args.axis_min:g})'}, "

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ..interchange import export_npz, import_npz
 from ..store import LOSS_DTYPES
-from ._common import add_run_argument, add_store_argument, open_cli_run, open_cli_store
+from ._common import add_run_argument, add_store_argument, open_cli_run, open_cli_store, print_json
 
 
 def register(sub) -> None:
@@ -36,7 +35,7 @@ def _info(args: argparse.Namespace) -> int:
     info = open_cli_store(args.store).info()
     damaged = sorted(name for name, r in info["runs"].items() if "error" in r)
     if args.json:
-        print(json.dumps(info, indent=2))
+        print_json(info)
         return 1 if damaged else 0
     p = info["probe"]
     size = info["size_bytes"]

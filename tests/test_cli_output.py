@@ -1,0 +1,122 @@
+"""The CLI's output classes: ``--json`` is strict JSON (no NaN or Infinity) on every command that
+has it, a warning is one line, and a reader that leaves a pipe early gets no error line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+import tokdyn
+from test_hostile import STEPS, fitted_store
+from tokdyn.cli import main
+from tokdyn.cli._common import _strict, print_json
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _strict_load(text: str):
+    def no_constants(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    return json.loads(text, parse_constant=no_constants)
+
+
+scalars = hs.one_of(hs.floats(allow_nan=True, allow_infinity=True), hs.integers(-10**6, 10**6),
+                    hs.text(max_size=5), hs.none(), hs.booleans())  # fmt: skip
+trees = hs.recursive(scalars, lambda kids: hs.one_of(hs.lists(kids, max_size=4),
+                                                      hs.dictionaries(hs.text(max_size=4), kids, max_size=4)),
+                     max_leaves=20)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(tree=trees)
+def test_print_json_is_strict_json_with_non_finite_numbers_as_null(tree):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_json(tree)
+    got = _strict_load(out.getvalue())
+
+    def expect(v):
+        if isinstance(v, dict):
+            return {k: expect(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [expect(x) for x in v]
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+
+    assert got == expect(tree)
+
+
+def test_numpy_values_are_plain_json():
+    got = _strict(dict(a=np.float32("nan"), b=np.arange(3), c=np.array([1.5, np.inf]), d=np.int64(7)))
+    assert got == {"a": None, "b": [0, 1, 2], "c": [1.5, None], "d": 7}
+
+
+def _nan_store(path):
+    """A run whose every loss is NaN: fitted, it has no event, and its summaries are NaN."""
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.zeros(4, np.int32), "token_pos": np.arange(1, 5, dtype=np.int32)})
+    st = tokdyn.open_store(path, probe, mode="w")
+    with st.create_run("r", capacity=len(STEPS)).writer() as w:
+        for step in STEPS:
+            w.append(np.full(4, np.nan, np.float32), step=int(step), warn_nonfinite=False)
+    return st
+
+
+@pytest.mark.parametrize("argv", [["fit", "--refit", "--json", "--no-progress"], ["info", "--json"]])
+def test_json_of_a_run_without_events_parses_strictly(argv, tmp_path, capsys):
+    path = str(tmp_path / "s.zarr")
+    _nan_store(path)
+    main([argv[0], path, *argv[1:]])
+    _strict_load(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("argv", [["spectrum", "--boot", "5", "--json"], ["reconstruct", "--boot", "5", "--json"]])
+def test_json_of_analyses_parses_strictly(argv, tmp_path, capsys):
+    path = str(tmp_path / "s.zarr")
+    fitted_store(path)
+    assert main([argv[0], path, *argv[1:]]) == 0
+    _strict_load(capsys.readouterr().out)
+
+
+def test_a_warning_is_one_line_and_numeric_noise_is_left_out(tmp_path, capsys, monkeypatch):
+    import tokdyn.cli.store as cli_store
+
+    def noisy(args):
+        np.nanmax(np.full(3, np.nan))  # numpy: "All-NaN slice encountered"
+        warnings.warn("step 5: 3 non-finite\nlosses stored as NaN")
+        return 0
+
+    monkeypatch.setattr(cli_store, "_info", noisy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        assert main(["info", str(tmp_path)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tokdyn info: warning: step 5: 3 non-finite losses stored as NaN"]
+    assert warnings.showwarning is not None  # restored after the command
+
+
+def test_a_reader_that_leaves_the_pipe_gets_no_error_line(tmp_path):
+    path = str(tmp_path / "s.zarr")
+    fitted_store(path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # `| head -1` as a pipe closed after the first line; the spectrum prints ~25 lines
+    for _ in range(3):
+        p = subprocess.Popen([sys.executable, "-m", "tokdyn", "spectrum", path], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env)  # fmt: skip
+        p.stdout.readline()
+        p.stdout.close()
+        err = p.stderr.read().decode()
+        rc = p.wait(timeout=120)
+        assert "error" not in err and "Traceback" not in err, err
+        assert rc in (0, 141)
