@@ -174,13 +174,19 @@ def import_npz(
     so a store exported then imported keeps its probe fingerprint. ``dtype`` defaults to the
     file's, so nothing is rounded unless asked.
     """
+    if run is not None and not run.strip():
+        raise InputError("run: expected a name, got an empty one (leave --run out to name the run after the file)")
     arrays = read_npz(path)
     lm = arrays["loss_matrix"]
     n, k = lm.shape
-    dtype = dtype or str(lm.dtype)
+    # the file's own dtype by default, in native byte order (a big-endian '>f4' is float32)
+    dtype = dtype or lm.dtype.newbyteorder("=").name
     if dtype not in LOSS_DTYPES:
         raise InputError(f"dtype must be one of {LOSS_DTYPES}, got {dtype!r}")
     axis = _axis_name(arrays["axis_name"])
+    top = float(np.max(arrays["axis_values"]))
+    if axis == "T" and top >= 2.0**63:  # a step is an int64: the cast would wrap negative
+        raise InputError(f"axis_values reach {top:g}; a step on T must be below 2^63 (are these tokens? name the axis D)")
     carried = [key for key in arrays if key not in _REQUIRED and key not in _PROBE]  # per-token arrays in the file
     st = _open_or_create(store, _probe_from(arrays, Path(path)), carried)
     name = run or Path(path).stem

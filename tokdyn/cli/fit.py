@@ -28,7 +28,7 @@ def register(sub) -> None:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    options = FitOptions(two_step=not args.no_two_step, **({"vocab_size": args.vocab_size} if args.vocab_size else {}))
+    options = FitOptions(two_step=not args.no_two_step, **({"vocab_size": args.vocab_size} if args.vocab_size is not None else {}))
     run = open_cli_run(args.store, args.run, mode="r+")
     res = fit_run(run, options=options, backend=args.backend, device=args.device, scheduler=args.scheduler,
                   workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, progress=not args.no_progress, axis_min=args.axis_min)  # fmt: skip

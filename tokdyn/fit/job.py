@@ -256,6 +256,55 @@ def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backe
     return e - a
 
 
+# Seconds a scheduler address has to answer (connect, handshake, identity) before a fit gives up.
+SCHEDULER_TIMEOUT = 10.0
+
+
+def check_scheduler(address: str, timeout: float | None = None) -> None:
+    """Raise InputError unless a dask scheduler answers at ``address`` within ``timeout`` seconds
+    (default :data:`SCHEDULER_TIMEOUT`).
+
+    ``Client(address, timeout=...)`` bounds the TCP connect only: a server that accepts the
+    connection and never answers hung the fit for good, and one that answers with something
+    else (an SSH banner) was read as a frame of exabytes and reported as running out of memory.
+    This asks the scheduler who it is first, in a thread of its own with a hard deadline.
+    """
+    import asyncio
+    import threading
+
+    from distributed.comm import connect
+
+    timeout = SCHEDULER_TIMEOUT if timeout is None else timeout
+
+    async def identity():
+        comm = await asyncio.wait_for(connect(address, timeout=timeout), timeout)
+        try:
+            await asyncio.wait_for(comm.write({"op": "identity", "reply": True}), timeout)
+            return await asyncio.wait_for(comm.read(), timeout)
+        finally:
+            comm.abort()
+
+    answer: dict = {}
+
+    def ask() -> None:
+        try:
+            answer["reply"] = asyncio.run(identity())
+        except BaseException as exc:  # noqa: BLE001 - reported below, in one line
+            answer["error"] = exc
+
+    t = threading.Thread(target=ask, name="tokdyn-scheduler-check", daemon=True)
+    t.start()
+    t.join(3 * timeout + 1)
+    if t.is_alive() or isinstance(answer.get("error"), (asyncio.TimeoutError, TimeoutError)):
+        raise InputError(f"the dask scheduler at {address} did not answer within {timeout:g} s")
+    err = answer.get("error")
+    if isinstance(err, OSError):
+        raise InputError(f"cannot reach the dask scheduler at {address}: {' '.join(str(err).split())}")
+    reply = answer.get("reply")
+    if err is not None or not (isinstance(reply, dict) and reply.get("type") == "Scheduler"):
+        raise InputError(f"{address} did not answer as a dask scheduler (is it another service?)")
+
+
 def _run_tasks(todo, task_args, *, scheduler: str, distributed: bool, workers: int | None, progress: bool) -> None:
     """Run one task per block on the chosen scheduler; a task's error is raised here."""
     import dask
@@ -266,6 +315,7 @@ def _run_tasks(todo, task_args, *, scheduler: str, distributed: bool, workers: i
             from distributed import Client, as_completed
         except ImportError:
             raise InputError("a scheduler address needs dask.distributed: pip install 'tokdyn[distributed]'") from None
+        check_scheduler(scheduler)
         try:
             client = Client(scheduler, timeout="10s")
         except OSError as exc:

@@ -196,6 +196,7 @@ class FitWriter:
             refit = True  # an unfinished fit of an earlier tokdyn, without checksums: redone whole
         if meta and not refit:
             if all(meta.get(k) == v for k, v in inputs.items()) and meta.get("fields") == fields:
+                self._check_arrays(fields, n_blocks)
                 return  # resume
             if meta.get("n_committed") != inputs.get("n_committed"):
                 what = f"other rows ({meta.get('n_committed')} rows then, {inputs.get('n_committed')} now)"
@@ -225,6 +226,23 @@ class FitWriter:
         # Written last: a group without it is an unfinished creation, redone by the next fit.
         g.update_attributes({META: {**inputs, "fields": fields, **labels, "fit_id": uuid.uuid4().hex, "schema_version": FIT_SCHEMA_VERSION,
                                     "tokdyn_version": __version__, "created": utc_now(), "complete": False}})  # fmt: skip
+
+    def _check_arrays(self, fields: dict, n_blocks: int) -> None:
+        """Before resuming: every array of the fit is there with its shape and dtype, so blocks
+        marked done are not taken as written over a field that was deleted or replaced (a resume
+        would otherwise report success over a fit nothing can read)."""
+        run, g = self.results._run, self.results._group()
+        expected = {name: ((run.n_tokens,), np.dtype(dt)) for name, dt in fields.items()}
+        expected["crc"] = ((n_blocks, len(fields)), np.dtype("uint32"))
+        expected["done"] = ((n_blocks,), np.dtype("uint8"))
+        for name, (shape, dt) in expected.items():
+            try:
+                arr = g[name] if g is not None else None
+            except Exception:  # noqa: BLE001 - missing, or its metadata unreadable
+                arr = None
+            if not isinstance(arr, zarr.Array) or arr.shape != shape or np.dtype(arr.dtype) != dt:
+                raise StoreError(f"the fit of run {run.name!r} is damaged: fit/{name} is missing or is not a {dt} array of "
+                                 f"shape {shape}; refit it (`tokdyn fit --refit`)")  # fmt: skip
 
     def done(self) -> np.ndarray:
         """[block] bool: which blocks are already written."""

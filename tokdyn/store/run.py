@@ -76,7 +76,7 @@ class Run:
         loss, where = self._loss, f"run {self.name!r} in {self.store.url}"
         if not isinstance(loss, zarr.Array) or str(loss.dtype) not in LOSS_DTYPES or loss.ndim != 2:
             raise StoreError(f"{where}: loss must be a 2-D array of {'/'.join(LOSS_DTYPES)}, found {getattr(loss, 'dtype', type(loss).__name__)} with shape {getattr(loss, 'shape', None)}")
-        n = self.store._group["probe"].attrs.get("n_tokens")
+        n = self.store.probe_group().attrs.get("n_tokens")
         if loss.shape[1] != n or not self.writers or self.writers[0][0] != 0 or self.writers[-1][1] != loss.shape[1]:
             raise StoreError(f"{where}: loss has {loss.shape[1]} tokens and writers {self.writers}; the probe has {n}")
         if loss.chunks != (1, self.attrs.get("token_chunk")):

@@ -173,13 +173,27 @@ class TrajectoryStore:
     def probe(self) -> ProbeSet:
         """The probe set, read from the store once and cached."""
         if self._probe is None:
-            self._probe = read_probe(self._group["probe"])
+            self._probe = read_probe(self.probe_group())
             if self._probe.fingerprint != self.probe_fingerprint:
                 raise StoreError(
                     f"{self.url}: probe content hashes to {self._probe.fingerprint}, store records "
                     f"{self.probe_fingerprint}; the probe arrays were modified or damaged"
                 )
         return self._probe
+
+    def probe_group(self) -> zarr.Group:
+        """The store's ``probe`` group; StoreError where it is missing or not a group (its
+        zarr.json deleted or damaged): no run can be read against a probe that is not there."""
+        try:
+            g = self._group["probe"]
+        except (KeyError, FileNotFoundError, zarr.errors.NodeTypeValidationError):
+            g = None
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError) as exc:
+            raise StoreError(f"{self.url}: the probe group's metadata is unreadable ({type(exc).__name__}: {exc})") from None
+        if not isinstance(g, zarr.Group):
+            raise StoreError(f"{self.url}: the probe group is missing or damaged (no probe/zarr.json of a group); "
+                             "the store cannot be read")  # fmt: skip
+        return g
 
     def check_probe(self, probe: ProbeSet) -> None:
         """Raise :class:`ProbeMismatchError` unless ``probe`` is the store's probe."""
