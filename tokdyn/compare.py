@@ -4,13 +4,16 @@ Did a curriculum move learning events? For two fitted runs of one store (same pr
 curriculum arm and its baseline), every probe token's learning time is the drop-weighted mean
 ``mu`` of its events (``two_step`` event set of :mod:`tokdyn.spectrum`) and its drop their sum.
 Over tokens with a positive drop in both runs, ``shift = mu_B - mu_A`` (decades; < 0: learned
-earlier in B); reported overall, by the token's class in run A and by domain: the median and
-quartiles of the shift, the share of tokens that moved earlier, and the share of run A's loss
-drop carried by tokens that moved earlier by more than ``tolerance`` decades (and later).
+earlier in B); reported overall, by the token's class in run A and by domain (when the probe
+labels its tokens by domain; else ``by_domain`` is empty): the median and quartiles of the
+shift, the share of tokens that moved earlier, and the share of run A's loss drop carried by
+tokens that moved earlier by more than ``tolerance`` decades (and later). Both runs must lie
+on one axis (T, D or M): a shift between a step and a token count means nothing.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,21 +26,22 @@ __all__ = ["TokenTimes", "token_times", "compare_runs"]
 @dataclass(frozen=True)
 class TokenTimes:
     """Per probe token: learning time ``mu`` (nan without a positive drop), total ``drop``, class
-    name and domain name."""
+    name and domain name (None when the probe has no domain labels); ``axis`` of the run."""
 
     mu: np.ndarray
     drop: np.ndarray
     klass: np.ndarray
-    domain: np.ndarray
+    domain: np.ndarray | None
+    axis: str = "T"
 
 
 def token_times(store, run: str) -> TokenTimes:
     """Per-token learning times of a fitted run. The one place this module reads fit results."""
     from .fit.options import CLASS_NAMES
     from .spectrum import run_events
-    from .store import open_store
+    from .store import as_store
 
-    st = open_store(store, mode="r")
+    st = as_store(store, mode="r")
     r = st.run(run)
     fit = r.fit.read()
     ev = run_events(r, fit=fit)
@@ -49,10 +53,17 @@ def token_times(store, run: str) -> TokenTimes:
     mu = np.divide(wmu, drop, out=np.full(n, np.nan), where=drop > 0)
     names = np.array([CLASS_NAMES.get(int(c), "?") for c in range(max(CLASS_NAMES) + 1)])
     klass = names[np.clip(np.asarray(fit["class_code"]).astype(int), 0, names.size - 1)]
-    doms = np.array(list(probe.domains) or ["default"])
-    dom_idx = np.asarray(probe.token_arrays["domain"]).astype(int)
-    domain = doms[np.clip(dom_idx, 0, doms.size - 1)]
-    return TokenTimes(mu, drop, klass, domain)
+    return TokenTimes(mu, drop, klass, _token_domains(probe), r.axis)
+
+
+def _token_domains(probe) -> np.ndarray | None:
+    """Each probe token's domain name, or None when the probe does not label its tokens by domain
+    (an imported losses.npz without ``domain``, or a probe without domain names)."""
+    idx = probe.token_arrays.get("domain")
+    if idx is None or not probe.domains or np.asarray(idx).dtype.kind not in "iu":
+        return None
+    doms = np.array(list(probe.domains))
+    return doms[np.clip(np.asarray(idx).astype(np.int64), 0, doms.size - 1)]
 
 
 def _summary(shift: np.ndarray, drop: np.ndarray, tol: float) -> dict:
@@ -69,21 +80,34 @@ def _summary(shift: np.ndarray, drop: np.ndarray, tol: float) -> dict:
 def compare_runs(store, run_a: str, run_b: str, *, tolerance: float = 0.05) -> dict:
     """The learning-time shift of ``run_b`` against ``run_a`` (module docstring).
 
-    Raises :class:`InputError` when the runs are the same or share no token with an event.
+    Raises :class:`InputError` when the runs are the same, lie on different axes or share no
+    token with an event, or when ``tolerance`` is not a finite number >= 0.
     """
+    from .store import as_store
+
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float, np.integer, np.floating)) \
+            or not (math.isfinite(tolerance) and tolerance >= 0):  # fmt: skip
+        raise InputError(f"tolerance must be a finite number of decades >= 0, got {tolerance!r}")
     if run_a == run_b:
         raise InputError(f"compare needs two different runs, got {run_a!r} twice")
-    a, b = token_times(store, run_a), token_times(store, run_b)
+    st = as_store(store, mode="r")
+    ra, rb = st.run(run_a), st.run(run_b)  # RunNotFoundError before any fit is read
+    if ra.axis != rb.axis:
+        raise InputError(f"run {run_a!r} lies on the {ra.axis} axis and run {run_b!r} on the {rb.axis} axis; "
+                         "compare needs two runs of one axis (a shift between them would mean nothing)")  # fmt: skip
+    a, b = token_times(st, run_a), token_times(st, run_b)
     if a.mu.shape != b.mu.shape:
         raise InputError(f"runs {run_a!r} and {run_b!r} have {a.mu.size} and {b.mu.size} probe tokens; they must share the probe")
     both = np.isfinite(a.mu) & np.isfinite(b.mu)
     if not both.any():
         raise InputError(f"no probe token has a positive learning event in both {run_a!r} and {run_b!r}")
     shift, drop = (b.mu - a.mu)[both], a.drop[both]
-    out = {"run_a": run_a, "run_b": run_b, "tolerance": tolerance, "n_probe_tokens": int(a.mu.size),
+    out = {"run_a": run_a, "run_b": run_b, "axis": a.axis, "tolerance": float(tolerance), "n_probe_tokens": int(a.mu.size),
+           "has_domains": a.domain is not None,
            "overall": _summary(shift, drop, tolerance), "by_class": {}, "by_domain": {},
            "histogram": dict(zip(("counts", "edges"), (lambda h: (h[0].tolist(), h[1].tolist()))(np.histogram(shift, bins=40))))}  # fmt: skip
-    for key, labels in (("by_class", a.klass[both]), ("by_domain", a.domain[both])):
+    groups = [("by_class", a.klass[both])] + ([("by_domain", a.domain[both])] if a.domain is not None else [])
+    for key, labels in groups:
         for lab in sorted(set(labels.tolist())):
             m = labels == lab
             out[key][lab] = _summary(shift[m], drop[m], tolerance)

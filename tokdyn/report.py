@@ -56,6 +56,9 @@ def check_writable(out: str | os.PathLike) -> Path:
         raise InputError(f"report path {p} is a folder; give a file name such as {p / 'report.html'}")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
+        blocker = next((a for a in (parent, *parent.parents) if a.exists()), None)
+        if blocker is not None and not blocker.is_dir():  # a file where a folder of the path should be
+            raise InputError(f"cannot write the report to {p}: {blocker} is a file, not a folder")
         raise InputError(f"cannot write the report to {p}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise InputError(f"cannot write the report to {p}: permission denied")
@@ -74,6 +77,7 @@ def write_report(
 ) -> Path:
     """Analyse ``store`` (or use ``analysis``) and write the HTML report to ``out``; returns its path.
 
+    ``runs``: the runs to show, in order (a run named twice is shown once).
     ``extra``: a dict shown as a table at the top (the demo puts its stage timings there).
     ``tokenizer``: the probe's tokenizer (anything with ``decode(ids)`` and ``spec()``), to show
     example tokens as text; without it only a byte-level probe is shown as text (the store keeps
@@ -82,6 +86,7 @@ def write_report(
     p = check_writable(out)
     st = as_store(store)
     _decoder(st.probe, tokenizer)  # a tokenizer that is not the probe's is refused before any work
+    runs = None if runs is None else list(dict.fromkeys(runs))  # each run once, in the order given
     an = analysis if analysis is not None else analyze_store(st, runs=runs)
     text = render_report(st, an, title=title, extra=extra, tokenizer=tokenizer)
     tmp = None

@@ -11,9 +11,10 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from ..errors import InputError
-from ._common import print_json
+from ._common import print_json, store_path
 
 __all__ = ["register", "add_cli_arguments", "run_cli"]
 
@@ -35,30 +36,93 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output file (.npz)")
     p.add_argument("--order", type=int, default=3, help="longest key: the token and its order-1 preceding tokens (1-3, default 3)")
     p.add_argument("--min-count", type=int, default=5, help="keys of order >= 2 seen fewer times back off (default 5)")
-    p.add_argument("--prior", type=float, default=5.0, help="shrinkage toward the shorter key, in pseudo-occurrences (default 5)")
-    p.add_argument("--holdout", type=float, default=0.2, help="fraction of pilot sequences held out for the check (default 0.2; 0: none)")
+    p.add_argument("--prior", type=_number, default=5.0, help="shrinkage toward the shorter key, in pseudo-occurrences (default 5)")
+    p.add_argument("--holdout", type=_number, default=0.2, help="fraction of pilot sequences held out for the check (default 0.2; 0: none)")
     p.add_argument("--seed", type=int, default=0, help="chooses the held-out sequences")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("schedule", help="domain-mixture schedule (.json) from a fitted pilot whose probe is labelled by domain; prints its enrichment")
     p.add_argument("store", help="store holding the pilot run (probe windows of the training pool, labelled by domain)")
     p.add_argument("--run", required=True, help="the pilot run")
-    p.add_argument("--steps", type=int, required=True, help="optimizer steps of the run the schedule is for")
+    p.add_argument("--steps", type=int, required=True, help="optimizer steps of the run the schedule is for (1 to 10,000,000)")
     p.add_argument("--out", required=True, help="output file (.json)")
-    p.add_argument("--floor", type=float, default=0.3, help="share of each step's weight kept at the baseline mixture (default 0.3)")
-    p.add_argument("--temperature", type=float, default=1.0, help="rates are raised to 1/T (default 1)")
-    p.add_argument("--width", type=float, default=0.2, help="smoothing of each learning event, decades (default 0.2)")
-    p.add_argument("--lead", type=float, default=0.0, help="decades to look ahead (default 0)")
-    p.add_argument("--time-scale", type=float, default=1.0, help="pilot steps per training step (default 1)")
-    p.add_argument("--base", type=float, nargs="+", help="baseline mixture, one weight per domain in the probe's order (default equal)")
+    p.add_argument("--floor", type=_number, default=0.3, help="share of each step's weight kept at the baseline mixture (default 0.3)")
+    p.add_argument("--temperature", type=_number, default=1.0, help="rates are raised to 1/T (default 1)")
+    p.add_argument("--width", type=_number, default=0.2, help="smoothing of each learning event, decades (default 0.2)")
+    p.add_argument("--lead", type=_number, default=0.0, help="decades to look ahead (default 0)")
+    p.add_argument("--time-scale", type=_number, default=1.0, help="pilot steps per training step (default 1)")
+    p.add_argument("--base", type=_number, nargs="+", help="baseline mixture, one weight per domain in the probe's order (default equal)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("show", help="what a learnability table holds and how well it predicted held-out pilot tokens")
     p.add_argument("table", help="a .npz written by `tokdyn curriculum build`")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+class _Given(float):
+    """A number option's value that keeps the text the user typed, to echo it in an error."""
+
+    text: str
+
+
+def _number(text: str) -> float:
+    """``type=`` of the number options: a float that remembers its text (ValueError: argparse's
+    usage error, as ``type=float`` gives)."""
+    v = _Given(text)
+    v.text = text
+    return v
+
+
+_number.__name__ = "float"  # argparse names the type in its error: "invalid float value: 'x'"
+
+
+def _shown(v) -> str:
+    """A number as the user typed it (``1e308``, ``-1``, ``inf``), or as Python writes it."""
+    return getattr(v, "text", None) or str(v)
+
+
+def _option_checks() -> dict:
+    """What each numeric option of the curriculum actions must be: ``dest: (words, test)``."""
+    from ..curriculum.learnability import MAX_ORDER
+    from ..curriculum.mixture import MAX_MIXTURE_STEPS
+
+    finite = math.isfinite
+    return {
+        "order": (f"an integer from 1 to {MAX_ORDER}", lambda v: 1 <= v <= MAX_ORDER),
+        "min_count": ("an integer >= 1", lambda v: v >= 1),
+        "seed": ("an integer >= 0", lambda v: v >= 0),
+        "steps": (f"an integer from 1 to {MAX_MIXTURE_STEPS:,} (a schedule holds a row of weights per step)",
+                  lambda v: 1 <= v <= MAX_MIXTURE_STEPS),
+        "prior": ("a finite number >= 0", lambda v: finite(v) and v >= 0),
+        "holdout": ("a fraction in [0, 1)", lambda v: 0 <= v < 1),
+        "floor": ("a share in [0, 1]", lambda v: 0 <= v <= 1),
+        "temperature": ("a finite number > 0", lambda v: finite(v) and v > 0),
+        "width": ("a finite number of decades >= 0", lambda v: finite(v) and v >= 0),
+        "lead": ("a finite number of decades", finite),
+        "time_scale": ("a finite number > 0", lambda v: finite(v) and v > 0),
+    }  # fmt: skip
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse, before any work, a numeric option of a curriculum action outside its range: one
+    :class:`InputError` naming the option and echoing the value given."""
+    for dest, (words, ok) in _option_checks().items():
+        v = getattr(args, dest, None)
+        if v is not None and not ok(v):
+            raise InputError(f"--{dest.replace('_', '-')} must be {words}, got {_shown(v)}")
+    base = getattr(args, "base", None)
+    if base is not None and not (all(math.isfinite(w) and w >= 0 for w in base) and 0 < sum(base) < math.inf):
+        raise InputError(f"--base must be finite weights >= 0 with a positive (finite) sum, got {' '.join(_shown(w) for w in base)}")
+    for dest, v in list(vars(args).items()):  # plain floats from here on (into configs, JSON and files)
+        if isinstance(v, _Given):
+            setattr(args, dest, float(v))
+    if base is not None:
+        args.base_text = " ".join(_shown(w) for w in base)
+        args.base = [float(w) for w in base]
+
+
 def run_cli(args: argparse.Namespace) -> int:
     from ..curriculum.learnability import LearnabilityOptions, build_table, load_table
 
+    check_options(args)
     if args.curriculum_command == "schedule":
         return _schedule(args)
     if args.curriculum_command == "build":
@@ -66,7 +130,7 @@ def run_cli(args: argparse.Namespace) -> int:
             raise InputError(f"--out must name a .npz file, got {args.out}")
         opts = LearnabilityOptions(order=args.order, min_count=args.min_count, prior=args.prior,
                                    holdout=args.holdout, seed=args.seed)  # fmt: skip
-        table = build_table(args.store, args.run, options=opts)
+        table = build_table(store_path(args.store), args.run, options=opts)
         path = table.save(args.out)
         _print(table, args.json, header=f"wrote {path}")
         return 0
@@ -80,21 +144,32 @@ def _print(table, as_json: bool, *, header: str) -> None:
     if as_json:
         print_json(info)
         return
-    pilot = table.meta.get("pilot", {})
+    pilot = table.meta.get("pilot") if isinstance(table.meta.get("pilot"), dict) else {}
     print(header)
     print(f"  tokenizer   {table.meta.get('tokenizer', {})}")
     print(f"  pilot       run {pilot.get('run')!r} of {pilot.get('store')}: {pilot.get('n_tokens')} tokens, "
-          f"{pilot.get('n_events')} events, x {pilot.get('x_first', float('nan')):.2f}..{pilot.get('x_last', float('nan')):.2f}")  # fmt: skip
+          f"{pilot.get('n_events')} events, x {_num(pilot.get('x_first'), '.2f')}..{_num(pilot.get('x_last'), '.2f')}")  # fmt: skip
     print(f"  keys        {table.n_keys} (orders 1..{table.order}); global mu {table.mu_global:.3f}, delta {table.delta_global:.3f} nats")
     v = table.validation
-    if v is None:
+    if not isinstance(v, dict):
         print("  held-out    no check (holdout 0)")
         return
-    print(f"  held-out    {v['n_tokens']} tokens ({v['n_tokens_with_event']} with an event)")
-    print(f"    mu        rank corr {v['mu_spearman']:.3f}, MAE {v['mu_mae']:.3f} decades (global mean: {v['mu_mae_global']:.3f})")
-    print(f"    delta     rank corr {v['delta_spearman']:.3f}, MAE {v['delta_mae']:.3f} nats (global mean: {v['delta_mae_global']:.3f})")
-    shares = ", ".join(f"{'global' if k == '0' else 'order ' + k} {s:.0%}" for k, s in v["level_share"].items())
-    print(f"    answered  {shares}")
+    print(f"  held-out    {v.get('n_tokens')} tokens ({v.get('n_tokens_with_event')} with an event)")
+    print(f"    mu        rank corr {_num(v.get('mu_spearman'))}, MAE {_num(v.get('mu_mae'))} decades "
+          f"(global mean: {_num(v.get('mu_mae_global'))})")  # fmt: skip
+    print(f"    delta     rank corr {_num(v.get('delta_spearman'))}, MAE {_num(v.get('delta_mae'))} nats "
+          f"(global mean: {_num(v.get('delta_mae_global'))})")  # fmt: skip
+    level = v.get("level_share") if isinstance(v.get("level_share"), dict) else {}
+    shares = ", ".join(f"{'global' if k == '0' else 'order ' + str(k)} {_num(s, '.0%')}" for k, s in level.items())
+    print(f"    answered  {shares or '?'}")
+
+
+def _num(v, spec: str = ".3f") -> str:
+    """``v`` formatted by ``spec``; ``?`` for a value that is not a number (a table's metadata is
+    the writer's JSON)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return "?"
+    return format(v, spec)
 
 
 def _schedule(args: argparse.Namespace) -> int:
@@ -104,7 +179,7 @@ def _schedule(args: argparse.Namespace) -> int:
 
     if not str(args.out).endswith(".json"):
         raise InputError(f"--out must name a .json file, got {args.out}")
-    pe = pilot_events(args.store, args.run)
+    pe = pilot_events(store_path(args.store), args.run)
     present = np.unique(pe.token_domain)
     if present.size < 2:
         raise InputError(f"the pilot's probe holds one domain ({pe.domains[int(present[0])] if pe.domains else 'unlabelled'}); "
@@ -114,9 +189,10 @@ def _schedule(args: argparse.Namespace) -> int:
     rates = DomainRates.from_events(pe.events, pe.token_domain, pe.domains, width=args.width)
     base = None
     if args.base is not None:
-        if len(args.base) != len(pe.domains) or min(args.base) < 0 or sum(args.base) <= 0:
-            raise InputError(f"--base needs {len(pe.domains)} weights >= 0 (domains {list(pe.domains)}), got {args.base}")
-        base = np.asarray(args.base) / sum(args.base)
+        if len(args.base) != len(pe.domains):  # each weight was checked by check_options
+            raise InputError(f"--base needs {len(pe.domains)} weights, one per domain {list(pe.domains)}, got "
+                             f"{len(args.base)}: {args.base_text}")  # fmt: skip
+        base = np.asarray(args.base, np.float64) / sum(args.base)
     sched = MixtureSchedule(rates, cfg, base=base)
     path = sched.save(args.out)
     e = sched.enrichment()
@@ -126,7 +202,7 @@ def _schedule(args: argparse.Namespace) -> int:
         return 0
     print(f"wrote {path}")
     print(f"  {enrichment_verdict(e)}")
-    for s in sorted({0, 9, args.steps // 10, args.steps // 3, args.steps - 1} & set(range(args.steps))):
+    for s in sorted(s for s in {0, 9, args.steps // 10, args.steps // 3, args.steps - 1} if 0 <= s < args.steps):
         print(f"  step {s + 1:>6}: " + ", ".join(f"{d} {w:.2f}" for d, w in zip(sched.domains, sched.weights(s))))
     return 0
 
@@ -137,7 +213,7 @@ def _schedule(args: argparse.Namespace) -> int:
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("store", help="store holding both runs (one probe)")
     parser.add_argument("--run", action="append", required=True, metavar="NAME", help="give twice: --run A --run B (shift = B - A)")
-    parser.add_argument("--tolerance", type=float, default=0.05, help="decades a token must move to count as earlier/later (default 0.05)")
+    parser.add_argument("--tolerance", type=_number, default=0.05, help="decades a token must move to count as earlier/later (default 0.05)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -146,7 +222,9 @@ def run_compare(args: argparse.Namespace) -> int:
 
     if len(args.run) != 2:
         raise InputError(f"give exactly two runs (--run A --run B), got {len(args.run)}")
-    res = compare_runs(args.store, args.run[0], args.run[1], tolerance=args.tolerance)
+    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+        raise InputError(f"--tolerance must be a finite number of decades >= 0, got {_shown(args.tolerance)}")
+    res = compare_runs(store_path(args.store), args.run[0], args.run[1], tolerance=float(args.tolerance))
     if args.json:
         print_json(res)
         return 0
@@ -159,4 +237,6 @@ def run_compare(args: argparse.Namespace) -> int:
         if s.get("n_tokens"):
             print(f"  {name:<24} {s['n_tokens']:>7} {s['median_shift']:>+8.3f} {s['q25']:>+8.3f} {s['q75']:>+8.3f} "
                   f"{s['share_earlier']:>8.1%} {s['drop_share_earlier']:>19.1%} {s['drop_share_later']:>7.1%}")  # fmt: skip
+    if not res["has_domains"]:
+        print("  (no rows by domain: the probe does not label its tokens by domain)")
     return 0

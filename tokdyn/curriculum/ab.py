@@ -114,6 +114,8 @@ class MixtureABConfig:
             raise InputError(f"seeds must be distinct, >= 0 and at least one, got {self.seeds}")
         if self.compare_seed is not None and self.compare_seed not in self.seeds:
             raise InputError(f"compare_seed {self.compare_seed} is not one of the seeds {list(self.seeds)}")
+        if self.pilot_seed < 0:
+            raise InputError(f"pilot_seed must be >= 0, got {self.pilot_seed}")
         lad = tuple(self.ladder)
         if len(lad) < 2 or 1.0 not in lad or any(b <= a for a, b in zip(lad, lad[1:])) or lad[0] <= 0:
             raise InputError(f"ladder must be >= 2 increasing budgets including 1.0, got {self.ladder}")

@@ -66,6 +66,8 @@ class CoupledSampler(torch.utils.data.Sampler[int]):
         for name, v in (("samples_per_step", samples_per_step), ("total_steps", total_steps)):
             if int(v) != v or int(v) < 1:
                 raise InputError(f"{name} must be an int >= 1, got {v!r}")
+        if isinstance(seed, bool) or int(seed) != seed or int(seed) < 0:  # numpy's generators take seeds >= 0
+            raise InputError(f"seed must be an int >= 0, got {seed!r}")
         self.base, self.probabilities = p0, probabilities
         self.samples_per_step, self.total_steps, self.seed = int(samples_per_step), int(total_steps), int(seed)
         self._cdf0 = _cdf(p0)

@@ -81,8 +81,10 @@ class ABConfig:
         unknown = [a for a in self.arms if a not in ARMS]
         if unknown or "baseline" not in self.arms:
             raise InputError(f"arms must include 'baseline' and be some of {list(ARMS)}, got {list(self.arms)}")
-        if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
-            raise InputError(f"seeds must be distinct and at least one, got {self.seeds}")
+        if len(set(self.seeds)) != len(self.seeds) or not self.seeds or min(self.seeds) < 0:
+            raise InputError(f"seeds must be distinct, >= 0 and at least one, got {self.seeds}")
+        if self.pilot_seed < 0:
+            raise InputError(f"pilot_seed must be >= 0, got {self.pilot_seed}")
         if self.eval_points < 2 or self.steps < self.eval_points:
             raise InputError(f"need 2 <= eval_points <= steps, got {self.eval_points} and {self.steps}")
 

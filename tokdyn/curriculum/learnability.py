@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,7 +35,7 @@ import numpy as np
 import torch
 
 from .._version import __version__
-from ..errors import InputError, StoreError
+from ..errors import InputError, StoreError, UnsafeFileError
 from ..store.schema import jsonable, utc_now  # numpy scalars and arrays as JSON, one InputError otherwise
 
 __all__ = [
@@ -86,6 +88,8 @@ class LearnabilityOptions:
             raise InputError(f"prior must be a finite number >= 0, got {self.prior!r}")
         if not 0 <= self.holdout < 1:
             raise InputError(f"holdout must be in [0, 1), got {self.holdout!r}")
+        if not (isinstance(self.seed, (int, np.integer)) and not isinstance(self.seed, bool) and self.seed >= 0):
+            raise InputError(f"seed must be an int >= 0, got {self.seed!r}")
 
 
 # -- keys and targets ----------------------------------------------------------------------
@@ -334,33 +338,81 @@ class LearnabilityTable:
         return path
 
 
+_NPZ_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip archive's first bytes (the second: an empty one)
+_NPY_MAGIC = b"\x93NUMPY"
+
+
 def load_table(path: str | os.PathLike, *, device: torch.device | str = "cpu") -> LearnabilityTable:
-    """Load a table written by :meth:`LearnabilityTable.save` onto ``device``."""
+    """Load a table written by :meth:`LearnabilityTable.save` onto ``device``.
+
+    Raises :class:`InputError` naming the file, and why in plain words, for any file that is not
+    a whole learnability table (empty, not an .npz archive, damaged, or holding other arrays).
+    """
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"learnability table not found: {path}")
+        raise InputError(f"learnability table not found: {path}" + (" (it is a folder)" if path.is_dir() else ""))
+
+    def refuse(why: str) -> InputError:
+        return InputError(f"{path} is not a learnability table: {why}")
+
+    with open(path, "rb") as fh:
+        head = fh.read(6)
+    if not head:
+        raise refuse("the file is empty")
+    if head.startswith(_NPY_MAGIC):
+        raise refuse("it holds a single numpy array (.npy), not the .npz archive `tokdyn curriculum build` writes")
+    if not head.startswith(_NPZ_MAGIC):
+        raise refuse("it is not an .npz archive (the zip file `tokdyn curriculum build` writes)")
     try:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
-    except ValueError as exc:
-        raise InputError(f"{path} is not a learnability table: {exc}") from None
+    except (ValueError, EOFError, KeyError, RuntimeError, zipfile.BadZipFile, zlib.error) as exc:
+        if "pickle" in str(exc):  # an object array: loading it could run code, and no table holds one
+            raise UnsafeFileError(f"{path} is not a learnability table: an array in it would need pickle to load "
+                                  "(arbitrary code); refused") from None  # fmt: skip
+        raise refuse(f"the .npz archive is damaged or holds other data ({type(exc).__name__}: {exc})") from None
     try:
-        meta = json.loads(bytes(data["meta"]).decode())
-    except (KeyError, ValueError, UnicodeDecodeError):
-        raise InputError(f"{path} is not a learnability table (no readable 'meta')") from None
+        meta = json.loads(bytes(np.ascontiguousarray(data["meta"])).decode())
+    except KeyError:
+        raise refuse("it has no 'meta' array") from None
+    except (ValueError, UnicodeDecodeError, TypeError):
+        raise refuse("its 'meta' array is not JSON text") from None
+    if not isinstance(meta, dict):
+        raise refuse(f"its 'meta' is a JSON {type(meta).__name__}, not an object")
     if meta.get("kind") != TABLE_KIND:
-        raise InputError(f"{path} is not a learnability table (kind {meta.get('kind')!r})")
+        raise refuse(f"kind {meta.get('kind')!r}, expected {TABLE_KIND!r}")
     if meta.get("schema_version") != TABLE_SCHEMA_VERSION:
         raise InputError(f"{path} has table schema version {meta.get('schema_version')!r}; this tokdyn reads {TABLE_SCHEMA_VERSION}")
+    order, vocab = meta.get("order"), meta.get("vocab_size")
+    if not (type(order) is int and 1 <= order <= MAX_ORDER):
+        raise refuse(f"its 'order' is {order!r}, not an integer from 1 to {MAX_ORDER}")
+    if type(vocab) is not int:
+        raise refuse(f"its 'vocab_size' is {vocab!r}, not an integer")
+    for name in ("mu_global", "delta_global"):
+        if isinstance(meta.get(name), bool) or not isinstance(meta.get(name), (int, float)):
+            raise refuse(f"its {name!r} is {meta.get(name)!r}, not a number")
     levels = []
-    for k in range(1, int(meta.get("order", 0)) + 1):
-        try:
-            levels.append({f: torch.from_numpy(np.asarray(data[f"{f}_{k}"])).to(device) for f in _FIELDS})
-        except KeyError as exc:
-            raise InputError(f"{path}: array {exc} is missing") from None
+    for k in range(1, order + 1):
+        lev = {}
+        for f in _FIELDS:
+            a = data.get(f"{f}_{k}")
+            if a is None:
+                raise refuse(f"array '{f}_{k}' is missing")
+            kinds = "iu" if f in ("keys", "count", "n_events") else "iuf"
+            if a.ndim != 1 or a.dtype.kind not in kinds:
+                raise refuse(f"array '{f}_{k}' is {a.dtype} of shape {a.shape}, expected a 1-D array of "
+                             + ("integers" if kinds == "iu" else "numbers"))  # fmt: skip
+            lev[f] = torch.from_numpy(a.astype(np.float32 if f in ("mu", "delta") else np.int64)).to(device)
+        levels.append(lev)
+    if not isinstance(meta.get("tokenizer", {}), dict) or not isinstance(meta.get("pilot", {}), dict) \
+            or not isinstance(meta.get("validation"), (dict, type(None))):  # fmt: skip
+        raise refuse("its 'tokenizer', 'pilot' or 'validation' metadata is not a JSON object")
     rest = {k: v for k, v in meta.items() if k not in ("vocab_size", "mu_global", "delta_global", "order")}
-    return LearnabilityTable(vocab_size=meta["vocab_size"], levels=levels, mu_global=meta["mu_global"],
-                             delta_global=meta["delta_global"], meta=rest)  # fmt: skip
+    try:
+        return LearnabilityTable(vocab_size=vocab, levels=levels, mu_global=meta["mu_global"],
+                                 delta_global=meta["delta_global"], meta=rest)  # fmt: skip
+    except InputError as exc:
+        raise refuse(str(exc)) from None
 
 
 # -- from a fitted pilot run ---------------------------------------------------------------

@@ -40,9 +40,14 @@ import numpy as np
 from ..errors import InputError
 
 __all__ = ["MixtureConfig", "DomainRates", "MixtureSchedule", "enrichment_verdict", "ContextSchedule", "PilotEvents",
-           "pilot_events", "load_mixture_schedule", "mixture_sampler"]
+           "pilot_events", "load_mixture_schedule", "mixture_sampler", "MAX_MIXTURE_STEPS"]
 
 _NO_HELP = 1.05  # best achievable enrichment below this: no schedule can help
+# The most updates a mixture schedule covers: well above the step count of a training run, and
+# below counts that would run for hours. The schedule and its file hold one row of weights per
+# update (a JSON [steps, D] table, about 20 bytes a number): at this bound, with 5 domains, it
+# takes about 1.5 minutes, 2 GB of memory and a 1.1 GB file; 10^10 steps would take days.
+MAX_MIXTURE_STEPS = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -66,15 +71,19 @@ def pilot_events(store, run: str) -> PilotEvents:
     st = open_store(store, mode="r")
     events = run_events(st.run(run))
     probe = st.probe
-    return PilotEvents(events, np.asarray(probe.token_arrays["domain"]), np.asarray(probe.token_arrays["token_pos"]),
-                       tuple(probe.domains))  # fmt: skip
+    ta = probe.token_arrays
+    domain = ta.get("domain")
+    if domain is None or not probe.domains or np.asarray(domain).dtype.kind not in "iu":
+        domain = np.zeros(probe.n_tokens, np.int64)  # not labelled by domain (an imported losses.npz): one domain
+    return PilotEvents(events, np.asarray(domain), np.asarray(ta["token_pos"]), tuple(probe.domains))
 
 
 @dataclass(frozen=True)
 class MixtureConfig:
     """Knobs of the mixture schedule (docs/curriculum.md).
 
-    total_steps : optimizer updates covered (``0 .. total_steps - 1``).
+    total_steps : optimizer updates covered (``0 .. total_steps - 1``), at most
+        :data:`MAX_MIXTURE_STEPS`.
     floor : share in [0, 1] of each step's weight kept at the baseline mixture (1: baseline).
     temperature : ``T > 0``; rates are raised to ``1/T`` (large: flatter).
     width : smoothing of each event, decades.
@@ -90,8 +99,10 @@ class MixtureConfig:
     time_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.total_steps, (int, np.integer)) and self.total_steps >= 1):
-            raise InputError(f"total_steps must be an int >= 1, got {self.total_steps!r}")
+        if not (isinstance(self.total_steps, (int, np.integer)) and not isinstance(self.total_steps, bool)
+                and 1 <= self.total_steps <= MAX_MIXTURE_STEPS):  # fmt: skip
+            raise InputError(f"total_steps must be an int from 1 to {MAX_MIXTURE_STEPS:,} (a schedule holds a row of weights "
+                             f"per step), got {self.total_steps!r}")  # fmt: skip
         if not 0 <= self.floor <= 1:
             raise InputError(f"floor must be in [0, 1], got {self.floor!r}")
         for name in ("temperature", "time_scale"):
@@ -107,6 +118,10 @@ class MixtureConfig:
         if not 0 <= int(step) < self.total_steps:
             raise InputError(f"the schedule covers steps 0..{self.total_steps - 1}; asked for step {step}")
         return math.log10((int(step) + 1) * self.time_scale) + self.lead
+
+    def xs(self) -> np.ndarray:
+        """``x`` of every step ``0 .. total_steps - 1`` ``[steps]``."""
+        return np.log10(np.arange(1, self.total_steps + 1, dtype=np.float64) * self.time_scale) + self.lead
 
 
 class DomainRates:
@@ -162,9 +177,10 @@ class DomainRates:
         k = np.exp(-0.5 * ((x[:, None] - mid[None, :]) / max(width, 1e-6)) ** 2) * np.diff(lx)[None, :]
         return cls(domains, x, (k @ np.clip(r, 0, None)) / k.sum(1, keepdims=True))
 
-    def at(self, x: float) -> np.ndarray:
-        """``r_k(x)`` for every domain ``[D]`` (0 outside the grid)."""
-        return np.array([np.interp(x, self.x, self.rates[:, k], left=0.0, right=0.0) for k in range(len(self.domains))])
+    def at(self, x) -> np.ndarray:
+        """``r_k(x)`` for every domain (0 outside the grid): ``[D]`` for one ``x``, ``[len(x), D]``
+        for an array of them."""
+        return np.stack([np.interp(x, self.x, self.rates[:, k], left=0.0, right=0.0) for k in range(len(self.domains))], axis=-1)
 
     def to_dict(self) -> dict:
         return {"domains": list(self.domains), "x": self.x.tolist(), "rates": self.rates.tolist()}
@@ -186,20 +202,26 @@ class MixtureSchedule:
             raise InputError(f"rates must be DomainRates, got {type(rates).__name__}")
         d = len(rates.domains)
         b = np.full(d, 1.0 / d) if base is None else np.asarray(base, np.float64)
-        if b.shape != (d,) or np.any(b < 0) or not np.isclose(b.sum(), 1.0):
+        if b.shape != (d,) or not np.all(np.isfinite(b)) or np.any(b < 0) or not np.isclose(b.sum(), 1.0):
             raise InputError(f"base must be {d} weights >= 0 summing to 1, got {np.asarray(base).tolist()}")
         self.rates, self.config, self.base = rates, config, b
-        self.table_ = np.stack([self._weights(t) for t in range(config.total_steps)])  # (steps, D)
+        self.table_ = self._weights(self._step_rates())  # (steps, D)
+        self._enrichment_: dict | None = None
 
     @property
     def domains(self) -> tuple[str, ...]:
         return self.rates.domains
 
-    def _weights(self, step: int) -> np.ndarray:
+    def _step_rates(self) -> np.ndarray:
+        """``r_k(x_t)`` of every step ``[steps, D]`` (whole arrays: no loop over the steps)."""
+        return self.rates.at(self.config.xs())
+
+    def _weights(self, r: np.ndarray) -> np.ndarray:
+        """The weights ``[steps, D]`` at rates ``r [steps, D]`` (module docstring)."""
         c = self.config
-        r = self.rates.at(c.x(step))
         q = self.base * (r if c.temperature == 1 else r ** (1.0 / c.temperature))
-        q = q / q.sum() if q.sum() > 0 else self.base
+        total = q.sum(axis=1, keepdims=True)
+        q = np.where(total > 0, q / np.where(total > 0, total, 1.0), self.base)
         return c.floor * self.base + (1.0 - c.floor) * q
 
     def weights(self, step: int) -> np.ndarray:
@@ -210,16 +232,24 @@ class MixtureSchedule:
     def enrichment(self) -> dict:
         """``schedule``: the enrichment E of these weights; ``best``: the most any schedule with
         this floor reaches; ``unbounded``: with floor 0; ``per_step``: E at each step."""
-        r = np.stack([self.rates.at(self.config.x(t)) for t in range(self.config.total_steps)])  # (steps, D)
-        base = r @ self.base
-        den = base.sum()
-        if not den > 0:
-            return {"schedule": 1.0, "best": 1.0, "unbounded": 1.0, "per_step": [1.0] * len(r)}
-        f = self.config.floor
-        best = f * base + (1 - f) * r.max(1)
-        per = np.divide((self.table_ * r).sum(1), base, out=np.ones(len(r)), where=base > 0)
-        return {"schedule": float((self.table_ * r).sum() / den), "best": float(best.sum() / den),
-                "unbounded": float(r.max(1).sum() / den), "per_step": per.tolist()}  # fmt: skip
+        e = self._enrichment()
+        return {**e, "per_step": e["per_step"].tolist()}
+
+    def _enrichment(self) -> dict:
+        """:meth:`enrichment` with ``per_step`` an array, computed once."""
+        if self._enrichment_ is None:
+            r = self._step_rates()  # (steps, D)
+            base = r @ self.base
+            den = base.sum()
+            if not den > 0:
+                self._enrichment_ = {"schedule": 1.0, "best": 1.0, "unbounded": 1.0, "per_step": np.ones(len(r))}
+            else:
+                f = self.config.floor
+                best = f * base + (1 - f) * r.max(1)
+                per = np.divide((self.table_ * r).sum(1), base, out=np.ones(len(r)), where=base > 0)
+                self._enrichment_ = {"schedule": float((self.table_ * r).sum() / den), "best": float(best.sum() / den),
+                                     "unbounded": float(r.max(1).sum() / den), "per_step": per}  # fmt: skip
+        return self._enrichment_
 
     def to_dict(self) -> dict:
         return {"kind": "tokdyn-mixture-schedule", "schema_version": 1, "domains": list(self.domains),
@@ -227,16 +257,40 @@ class MixtureSchedule:
                 "enrichment": self.enrichment(), "rates": self.rates.to_dict()}  # fmt: skip
 
     def save(self, path) -> str:
-        """Write the schedule as JSON (temporary file, then rename)."""
+        """Write the schedule as JSON (temporary file, then rename): the text of :meth:`to_dict`,
+        its per-step arrays written a block of rows at a time (memory independent of the steps)."""
         import json
         import os
 
         path = os.fspath(path)
         tmp = path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(self.to_dict(), fh)
-        os.replace(tmp, path)
+        e = dict(self._enrichment())
+        per_step = e.pop("per_step")
+        head = {"kind": "tokdyn-mixture-schedule", "schema_version": 1, "domains": list(self.domains),
+                "config": asdict(self.config), "base": self.base.tolist()}  # fmt: skip
+        try:
+            with open(tmp, "w") as fh:
+                fh.write(json.dumps(head)[:-1] + ', "weights": ')
+                _write_rows(fh, self.table_)
+                fh.write(', "enrichment": ' + json.dumps(e)[:-1] + ', "per_step": ')
+                _write_rows(fh, per_step)
+                fh.write('}, "rates": ' + json.dumps(self.rates.to_dict()) + "}")
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
         return path
+
+
+def _write_rows(fh, arr: np.ndarray, block: int = 65536) -> None:
+    """``json.dumps(arr.tolist())`` written to ``fh`` a block of rows at a time (json's C encoder
+    for each block: ``json.dump`` would go through the Python one, 5x slower)."""
+    import json
+
+    fh.write("[")
+    for a in range(0, len(arr), block):
+        fh.write((", " if a else "") + json.dumps(arr[a : a + block].tolist())[1:-1])
+    fh.write("]")
 
 
 def load_mixture_schedule(path) -> MixtureSchedule:

@@ -62,6 +62,8 @@ class CurriculumSampler(torch.utils.data.Sampler[int]):
                                ("samples_per_step", samples_per_step, 1), ("world_size", world_size, 1)):  # fmt: skip
             if int(v) != v or int(v) < least:
                 raise InputError(f"{name} must be an int >= {least}, got {v!r}")
+        if isinstance(seed, bool) or int(seed) != seed or int(seed) < 0:  # numpy's generators take seeds >= 0
+            raise InputError(f"seed must be an int >= 0, got {seed!r}")
         if not 0 <= int(rank) < int(world_size):
             raise InputError(f"rank must be in [0, {world_size}), got {rank}")
         if int(samples_per_step) % int(world_size):
