@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sysconfig
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -204,12 +205,16 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
 def jsonl_documents(
     path: str | os.PathLike, *, text_field: str = "text", domain_field: str | None = None
 ) -> list[Document]:
-    """Documents from a JSON-lines file, one per line with a string ``text_field``."""
+    """Documents from a JSON-lines file, one per line with a string ``text_field``.
+
+    As with text files, what is not valid text is replaced by U+FFFD: bytes that are not UTF-8,
+    and lone surrogates written as JSON escapes (``"\\ud800"``, which no encoder can write).
+    """
     p = Path(path)
     if not p.is_file():
         raise InputError(f"JSON lines file not found: {p}")
     docs = []
-    with open(p, encoding="utf-8") as fh:
+    with open(p, encoding="utf-8", errors="replace") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -219,12 +224,20 @@ def jsonl_documents(
                 raise InputError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
             if not isinstance(rec, dict) or not isinstance(rec.get(text_field), str):
                 raise InputError(f"{p}:{lineno}: expected an object with a string field {text_field!r}")
-            domain = str(rec.get(domain_field, "default")) if domain_field else "default"
+            domain = _valid_text(str(rec.get(domain_field, "default"))) if domain_field else "default"
             if rec[text_field]:
-                docs.append(Document(key=f"{p.name}:{lineno}", domain=domain, text=rec[text_field]))
+                docs.append(Document(key=f"{p.name}:{lineno}", domain=domain, text=_valid_text(rec[text_field])))
     if not docs:
         raise InputError(f"{p}: no documents with a non-empty {text_field!r} field")
     return docs
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins escaped pairs: any left is alone
+
+
+def _valid_text(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD, as undecodable bytes are."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
 
 
 def bin_documents(
@@ -243,14 +256,22 @@ def bin_documents(
     p = Path(path)
     if not p.is_file():
         raise InputError(f"token file not found: {p}")
-    dt = np.dtype(dtype)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise InputError(f"token dtype must be an integer type, got {dtype!r}") from None
     if dt.kind not in "ui":
         raise InputError(f"token dtype must be an integer type, got {dtype!r}")
-    if p.stat().st_size % dt.itemsize:
-        raise InputError(f"{p}: size {p.stat().st_size} B is not a multiple of {dt} ({dt.itemsize} B)")
-    arr = np.memmap(p, dtype=dt, mode="r")
-    if arr.size == 0:
+    if eot_id is not None:
+        info = np.iinfo(dt)
+        if isinstance(eot_id, bool) or not isinstance(eot_id, (int, np.integer)) or not info.min <= eot_id <= info.max:
+            raise InputError(f"{p}: end-of-text id must be an integer a {dt} token can hold ({info.min}..{info.max}), got {eot_id!r}")
+    size = p.stat().st_size
+    if size == 0:  # before mapping it: numpy cannot map an empty file
         raise InputError(f"{p}: empty token file")
+    if size % dt.itemsize:
+        raise InputError(f"{p}: size {size} B is not a multiple of {dt} ({dt.itemsize} B)")
+    arr = np.memmap(p, dtype=dt, mode="r")
     if eot_id is not None:
         cuts = np.flatnonzero(arr == eot_id)
         bounds = np.concatenate([[0], cuts + 1, [arr.size]])

@@ -86,11 +86,21 @@ def prepare_corpus(
     ``tokenizer``: ``"byte"``, ``"bpe"`` (a byte-level BPE of ``vocab_size`` trained on the
     *training* documents only), a path to a ``tokenizer.json``, or a tokenizer object.
     """
+    _check_probe_options(context=context, n_sequences=n_probe_sequences, probe_fraction=probe_fraction, seed=seed)
     docs = load_documents(source)
     train_docs, probe_docs = split_documents(docs, probe_fraction=probe_fraction)
     tok = resolve_tokenizer(tokenizer, train_docs=train_docs, vocab_size=vocab_size)
     probe = build_probe(probe_docs, tok, context=context, n_sequences=n_probe_sequences, seed=seed)
     return Corpus(training_stream(train_docs, tok), probe, tok, len(train_docs), len(probe_docs))
+
+
+def _check_probe_options(*, context: int, n_sequences: int, probe_fraction: float, seed: int) -> None:
+    """The probe's numbers, checked before the corpus is read (that can take minutes)."""
+    for name, value, low in (("context", context, 1), ("n_sequences", n_sequences, 1), ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
+    if isinstance(probe_fraction, bool) or not isinstance(probe_fraction, (int, float, np.number)) or not 0.0 < probe_fraction < 1.0:
+        raise InputError(f"probe_fraction must be in (0, 1), got {probe_fraction!r}")
 
 
 def resolve_tokenizer(tokenizer: str | Tokenizer, *, train_docs: Sequence[Document] = (), vocab_size: int = 1024) -> Tokenizer:
@@ -134,6 +144,7 @@ def prepare_probe(
     deterministically by document (:func:`~tokdyn.corpus.split_documents`), the probe cut from
     the held-out side only. Train on ``train_documents`` (the same split is reproduced by
     ``split_documents`` on the same keys), never on ``probe_documents``."""
+    _check_probe_options(context=context, n_sequences=n_sequences, probe_fraction=probe_fraction, seed=seed)
     docs = load_documents(source, text_field=text_field, domain_field=domain_field, bin_dtype=bin_dtype, eot_id=eot_id)
     train_docs, probe_docs = split_documents(docs, probe_fraction=probe_fraction)
     tok = resolve_tokenizer(tokenizer, train_docs=train_docs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -17,6 +18,10 @@ from .errors import InputError
 from .runtime import count_parameters, register_model_builder
 
 __all__ = ["GPTConfig", "TinyGPT", "count_parameters", "build_tinygpt"]  # count_parameters: from tokdyn.runtime
+
+
+MAX_DIMENSION = 1 << 24  # any size of a tiny GPT (16 M tokens of vocabulary or context, layers, width)
+MAX_PARAMETERS = 10**10  # 40 GB of float32: a config beyond it is a typo, refused before allocating
 
 
 @dataclass(frozen=True)
@@ -29,13 +34,22 @@ class GPTConfig:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
+        # Checked by type before by value: a config comes from JSON files a user wrote, where
+        # "abc", null, 16.5 or true would otherwise fail deep in torch, or pass as 16 or 1.
         for name in ("vocab_size", "context", "n_layer", "n_head", "n_embd"):
-            if int(getattr(self, name)) < 1:
-                raise InputError(f"GPTConfig.{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_DIMENSION:
+                raise InputError(f"GPTConfig.{name} must be an integer in [1, {MAX_DIMENSION}], got {value!r}")
+            object.__setattr__(self, name, int(value))
         if self.n_embd % self.n_head:
             raise InputError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise InputError(f"dropout must be in [0, 1), got {self.dropout}")
+        number = isinstance(self.dropout, (int, float, np.floating, np.integer)) and not isinstance(self.dropout, bool)
+        if not number or not 0.0 <= self.dropout < 1.0:
+            raise InputError(f"GPTConfig.dropout must be a number in [0, 1), got {self.dropout!r}")
+        object.__setattr__(self, "dropout", float(self.dropout))
+        n_params = self.vocab_size * self.n_embd + self.context * self.n_embd + self.n_layer * 12 * self.n_embd**2
+        if n_params > MAX_PARAMETERS:
+            raise InputError(f"GPTConfig {self.to_dict()} has about {n_params:.2g} parameters; a tiny GPT has at most {MAX_PARAMETERS:.0g}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,6 +99,10 @@ class TinyGPT(nn.Module):
             nn.init.normal_(m.weight, std=0.02)
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding (the name Hugging Face models use): its size is the vocabulary."""
+        return self.tok_emb
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         B, T = idx.shape

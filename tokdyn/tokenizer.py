@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
@@ -39,7 +40,11 @@ class ByteTokenizer:
     eot_id = 256
 
     def encode(self, text: str) -> np.ndarray:
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _not_text(text, exc.start) from None
+        return np.frombuffer(data, dtype=np.uint8).astype(np.int64)
 
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
@@ -112,7 +117,13 @@ class HFTokenizer:
         Path(path).write_text(self._json, encoding="utf-8")
 
     def encode(self, text: str) -> np.ndarray:
-        return np.asarray(self._tok.encode(text).ids, dtype=np.int64)
+        try:
+            ids = self._tok.encode(text).ids
+        except TypeError:  # what tokenizers raises for a str it cannot encode (a lone surrogate)
+            if isinstance(text, str) and (bad := _LONE_SURROGATE.search(text)):
+                raise _not_text(text, bad.start()) from None
+            raise
+        return np.asarray(ids, dtype=np.int64)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode([int(i) for i in ids])
@@ -131,6 +142,17 @@ def get_tokenizer(name: str = "byte", *, path: str | os.PathLike | None = None) 
             raise InputError("tokenizer 'hf' needs a path to a tokenizer.json")
         return HFTokenizer.from_file(path)
     raise InputError(f"unknown tokenizer {name!r}; expected 'byte' or 'hf'")
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _not_text(text: str, at: int) -> InputError:
+    """A lone surrogate (from a JSON escape such as "\\ud800") is not text any encoding writes."""
+    return InputError(
+        f"text holds a lone surrogate U+{ord(text[at]):04X} at character {at}, which is not valid Unicode; "
+        "replace it (tokdyn's own readers put U+FFFD there)"
+    )
 
 
 def _import_tokenizers():

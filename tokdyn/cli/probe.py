@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import tempfile
 
 from ..errors import InputError
 from ..store import open_store
@@ -30,6 +32,7 @@ def register(sub) -> None:
 
 
 def _probe(args: argparse.Namespace) -> int:
+    _check_arguments(args)  # before any work: reading and tokenizing a corpus can take minutes
     from ..data import prepare_probe  # imports torch: only for this command, not for every command's start
 
     tokenizer = args.tokenizer
@@ -39,15 +42,22 @@ def _probe(args: argparse.Namespace) -> int:
         tokenizer = HFTokenizer.from_file(tokenizer, eot=args.eot)
     elif args.eot is not None:
         raise InputError("--eot names a token of a tokenizers file; the byte tokenizer's end-of-text is fixed (256)")
-    split = prepare_probe(args.source, tokenizer=tokenizer, context=args.context, n_sequences=args.sequences,
-                          probe_fraction=args.probe_fraction, seed=args.seed, text_field=args.text_field,
-                          domain_field=args.domain_field, bin_dtype=args.bin_dtype, eot_id=args.bin_eot_id)  # fmt: skip
-    store = open_store(args.out, split.probe, mode="a")
-    if args.held_out:
-        tmp = f"{args.held_out}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.writelines(f"{d.key}\n" for d in split.probe_documents)
-        os.replace(tmp, args.held_out)
+    held_tmp = _held_out_tmp(args.held_out) if args.held_out else None  # can we write there? find out now
+    try:
+        split = prepare_probe(args.source, tokenizer=tokenizer, context=args.context, n_sequences=args.sequences,
+                              probe_fraction=args.probe_fraction, seed=args.seed, text_field=args.text_field,
+                              domain_field=args.domain_field, bin_dtype=args.bin_dtype, eot_id=args.bin_eot_id)  # fmt: skip
+        if held_tmp is not None:
+            with open(held_tmp, "w", encoding="utf-8") as fh:
+                fh.writelines(f"{d.key}\n" for d in split.probe_documents)
+        store = open_store(args.out, split.probe, mode="a")
+        if held_tmp is not None:
+            os.replace(held_tmp, args.held_out)
+            held_tmp = None
+    finally:
+        if held_tmp is not None:  # failed: leave no temporary file behind
+            with contextlib.suppress(OSError):
+                os.unlink(held_tmp)
     p = split.probe
     print(f"probe {p.fingerprint}: {p.n_tokens:,} tokens = {p.n_sequences} sequences x {p.context} in {store.url}")
     print(f"  documents  {len(split.train_documents):,} for training, {len(split.probe_documents):,} held out "
@@ -59,3 +69,46 @@ def _probe(args: argparse.Namespace) -> int:
     print(f"next: tokdyn record-offline --checkpoints DIR --out {args.out} --run NAME, or in a training loop "
           f"TokenLossRecorder(model, tokdyn.open_store({args.out!r}).probe, {args.out!r}, NAME, schedule=...)")  # fmt: skip
     return 0
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """The numbers and output paths, checked before any work (the library checks the numbers
+    again, but only after reading the corpus)."""
+    if args.seed < 0:
+        raise InputError(f"--seed must be an integer >= 0, got {args.seed}")
+    if args.context < 1:
+        raise InputError(f"--context must be an integer >= 1, got {args.context}")
+    if args.sequences < 1:
+        raise InputError(f"--sequences must be an integer >= 1, got {args.sequences}")
+    if not 0.0 < args.probe_fraction < 1.0:
+        raise InputError(f"--probe-fraction must be in (0, 1), got {args.probe_fraction}")
+    out = args.out
+    if "://" not in out and os.path.lexists(out):
+        if not os.path.isdir(out):
+            raise InputError(f"--out {out} is a file, not a store; give a new path or an existing store")
+        if os.listdir(out) and not os.path.exists(os.path.join(out, "zarr.json")):
+            raise InputError(f"--out {out} is a folder that holds files but no store; give a new path or an existing store")
+    held = args.held_out
+    if held is None:
+        return
+    parent = os.path.dirname(os.path.abspath(held))
+    if os.path.isdir(held):
+        raise InputError(f"--held-out {held} is a folder; give the path of a file to write")
+    if not os.path.isdir(parent):
+        raise InputError(f"--held-out {held}: folder {parent} does not exist")
+    if "://" not in out and os.path.abspath(held) == os.path.abspath(out):
+        raise InputError(f"--held-out {held} is the --out store's path; give another file")
+    source, target = os.path.realpath(args.source), os.path.realpath(held)
+    if os.path.exists(args.source) and (target == source or (os.path.isdir(source) and target.startswith(source + os.sep))):
+        raise InputError(f"--held-out {held} is part of the source {args.source}; writing the keys there would change the corpus")
+
+
+def _held_out_tmp(held: str) -> str:
+    """A new temporary file beside ``held`` (the keys are written there, then moved into place)."""
+    folder, name = os.path.split(os.path.abspath(held))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise InputError(f"--held-out {held}: cannot write in {folder}: {exc.strerror or exc}") from None
+    os.close(fd)
+    return tmp

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 from pathlib import Path
 
-from ..errors import InputError
 from ..record.offline.discovery import MANIFEST, MODEL_DTYPE_NAMES
 from ..store import AXES, LOSS_DTYPES
 
@@ -43,15 +41,13 @@ def run_cli(args: argparse.Namespace) -> int:
 
     Errors are raised as :class:`~tokdyn.errors.TokdynError` for the CLI to report.
     """
-    from ..record.offline.models import build_model  # torch and the recorder: only for this command
+    from ..record.offline.files import read_json  # torch and the recorder: only for this command
+    from ..record.offline.models import build_model
     from ..record.offline.recording import record_offline
 
     factory = None
     if args.model:
-        try:
-            spec = json.loads(Path(args.model).read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"cannot read model spec {args.model}: {exc}") from None
+        spec = read_json(Path(args.model), "model spec")  # a regular file of bounded size: a FIFO would block
         build_model(spec, where=args.model)  # fail now on a bad spec, not in a worker
         factory = functools.partial(build_model, spec, where=args.model)
     summary = record_offline(

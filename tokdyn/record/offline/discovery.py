@@ -107,7 +107,7 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
         if step is None:
             unnamed.append(p.name)
         else:
-            found.append(CheckpointRef(step, p, kind))
+            found.append(CheckpointRef(_name_step(step, p), p, kind))
     if skipped_dirs:
         warnings.warn(
             f"{root}: sub-folders {skipped_dirs} hold weight files but no config.json and were skipped; "
@@ -152,6 +152,13 @@ def _step_from_name(p: Path) -> int:
     step = _last_int(p)
     if step is None:
         raise InputError(f"cannot tell the step of {p}: no integer in its name; give the step in a {MANIFEST}")
+    return _name_step(step, p)
+
+
+def _name_step(step: int, p: Path) -> int:
+    """The step read from ``p``'s name, checked to fit the store's int64 steps."""
+    if step > MAX_STEP:
+        raise InputError(f"{p}: step {step} in its name is beyond 2**63 - 1; rename it, or give its step in a {MANIFEST}")
     return step
 
 
@@ -170,6 +177,10 @@ def _read_manifest(path: Path, axis: str | None) -> list[CheckpointRef]:
             raise InputError(f'{where}: expected an object with "path", got {e!r}')
         if unknown := set(e) - _ENTRY_KEYS:
             raise InputError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_ENTRY_KEYS)}")
+        if not isinstance(e["path"], str) or not e["path"] or "\0" in e["path"]:
+            raise InputError(f'{where}: "path" must be a non-empty string (a file or folder name), got {e["path"]!r}')
+        if e.get("kind") and e["kind"] not in KINDS:
+            raise InputError(f'{where}: "kind" must be one of {KINDS}, got {e["kind"]!r}')
         p = Path(e["path"])
         p = p if p.is_absolute() else path.parent / p
         if not p.exists():
@@ -188,8 +199,8 @@ def _read_manifest(path: Path, axis: str | None) -> list[CheckpointRef]:
                 CheckpointRef(
                     step=_int(step, "step"), path=p, kind=kind,
                     tokens_seen=None if e.get("tokens_seen") is None else _int(e["tokens_seen"], "tokens_seen"),
-                    axis_value=None if e.get("axis_value") is None else float(e["axis_value"]),
-                    lr=None if e.get("lr") is None else float(e["lr"]),
+                    axis_value=None if e.get("axis_value") is None else _float(e["axis_value"], "axis_value"),
+                    lr=None if e.get("lr") is None else _float(e["lr"], "lr"),
                     model=e.get("model", default_model),
                 )  # fmt: skip
             )
@@ -198,10 +209,19 @@ def _read_manifest(path: Path, axis: str | None) -> list[CheckpointRef]:
     return order_refs(refs, axis, str(path))
 
 
+MAX_STEP = int(np.iinfo(np.int64).max)  # steps and token counts are stored as int64
+
+
 def _int(v: Any, what: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-        raise InputError(f"{what} must be a non-negative integer, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= MAX_STEP:
+        raise InputError(f"{what} must be an integer in [0, 2**63 - 1], got {v!r}")
     return int(v)
+
+
+def _float(v: Any, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(float(v)):
+        raise InputError(f"{what} must be a finite number, got {v!r}")
+    return float(v)
 
 
 def order_refs(refs: Sequence[CheckpointRef], axis: str, where: str) -> list[CheckpointRef]:

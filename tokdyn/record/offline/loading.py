@@ -8,11 +8,13 @@ files are checked the same way before transformers reads them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import pickle
 import re
+import warnings
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -22,8 +24,8 @@ import torch
 
 from ...errors import InputError, UnsafeFileError
 from .discovery import MANIFEST, MODEL_DTYPE_NAMES, SAFETENSORS_SUFFIXES, CheckpointRef
-from .files import check_regular
-from .models import HF_LOCK, build_model, import_transformers, model_spec_beside
+from .files import check_regular, read_json
+from .models import HF_LOCK, build_model, check_causal_model_type, import_transformers, json_type, model_spec_beside, short_error
 
 __all__ = ["read_state_dict", "load_checkpoint", "weights_fingerprint", "needs_transformers", "ModelFactory", "MODEL_DTYPES"]
 
@@ -57,33 +59,92 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         try:
             obj: Any = load_file(p, device="cpu")
         except (SafetensorError, OSError) as exc:
-            raise InputError(f"cannot read {p} as safetensors: {exc}") from None
+            raise InputError(f"{p} is not a readable safetensors file (corrupt, or another format): {_error_detail(exc)}") from None
     else:
         obj = _torch_load_safely(p)
     return _strip_prefixes(_unwrap(obj, p))
 
 
 def _torch_load_safely(p: Path) -> Any:
+    """The object in torch file ``p``, read with ``torch.load(weights_only=True)``.
+
+    Every way the file can fail to load is one :class:`InputError` naming it: a file that is not
+    a torch checkpoint (text, random bytes, another format) or is cut short is recognised from its
+    header before torch reads it (torch would print warnings about it, then fail in any of a dozen
+    ways); only a well-formed pickle that names a Python global torch will not load is an
+    :class:`UnsafeFileError`.
+    """
+    zipped = _check_torch_header(p)
     try:
         # mmap: tensor data stays on disk until copied into the model (zip-format files only).
-        return torch.load(p, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(p))
+        return torch.load(p, map_location="cpu", weights_only=True, mmap=zipped)
+    except MemoryError:
+        raise
     except pickle.UnpicklingError as exc:
-        if "weights only" not in str(exc).lower() and "weights_only" not in str(exc).lower():
-            raise InputError(f"cannot read {p} as a torch checkpoint: {_first_line(exc)}") from None
-        found = re.search(r"GLOBAL (\S+)", str(exc))
-        what = f" (it references {found.group(1)})" if found else ""
+        found = _UNSAFE_GLOBAL.search(str(exc))
+        if found is None:  # a damaged pickle (an unknown opcode, a short string, ...), not code
+            raise _not_a_checkpoint(p, exc) from None
         raise UnsafeFileError(
-            f"{p} cannot be loaded without unpickling arbitrary Python objects{what}; tokdyn loads torch "
-            "files only with torch.load(weights_only=True) and refuses to run code from a checkpoint. "
-            "If you trust it, convert it to safetensors (load it yourself, then "
+            f"{p} cannot be loaded without unpickling arbitrary Python objects (it references {found.group(1)}); "
+            "tokdyn loads torch files only with torch.load(weights_only=True) and refuses to run code from a "
+            "checkpoint. If you trust it, convert it to safetensors (load it yourself, then "
             "safetensors.torch.save_file(state_dict, ...)) or save only model.state_dict()"
         ) from None
-    except (RuntimeError, OSError, EOFError, KeyError, ValueError) as exc:
-        raise InputError(f"cannot read {p} as a torch checkpoint: {_first_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - torch fails on damaged files with any exception type
+        raise _not_a_checkpoint(p, exc) from None
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+# A Python global the weights-only unpickler refused ("GLOBAL os.system whose module os is blocked",
+# "GLOBAL eval was not an allowed global"): a well-formed pickle of code. A damaged file fails on
+# an opcode or a truncated string instead.
+_UNSAFE_GLOBAL = re.compile(r"GLOBAL ([A-Za-z_][\w.]*) (?:was not an allowed global|whose module)")
+_PICKLE_PROTO = 0x80  # a pickle of protocol 2 or later starts with PROTO, then the protocol number
+_TORCH_PROTOCOLS = (2, 3)  # torch.save's default is 2; the weights-only unpickler fails on 4 and 5 (their FRAME opcode)
+# torch warns of every pickle protocol but 2 it meets, mid-file too (a damaged file, or protocol 3,
+# which it reads): a damaged file is one error line, a readable one loads quietly. A filter, not
+# catch_warnings: files load in worker threads, and catch_warnings is not thread-safe.
+warnings.filterwarnings("ignore", message=r"Detected pickle protocol \d+ in the checkpoint", category=UserWarning)
+
+
+def _check_torch_header(p: Path) -> bool:
+    """Whether ``p`` is a zip-format torch file (else a legacy one); an :class:`InputError` when
+    its first bytes are neither, or its pickle protocol is one ``weights_only`` cannot read."""
+    try:
+        zipped = zipfile.is_zipfile(p)
+        with zipfile.ZipFile(p) if zipped else contextlib.nullcontext() as zf:
+            pkl = p if zf is None else next((n for n in zf.namelist() if n.rsplit("/", 1)[-1] == "data.pkl"), None)
+            if pkl is not None:
+                with open(pkl, "rb") if zf is None else zf.open(pkl) as fh:
+                    head = fh.read(2)
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError, NotImplementedError) as exc:  # a damaged archive
+        raise _not_a_checkpoint(p, exc) from None
+    if pkl is None:
+        raise _not_a_checkpoint(p, "a zip archive without data.pkl")
+    if len(head) < 2 or head[0] != _PICKLE_PROTO or not 2 <= head[1] <= pickle.HIGHEST_PROTOCOL:
+        with open(p, "rb") as fh:
+            start = fh.read(4)
+        if not start:
+            raise _not_a_checkpoint(p, "an empty file")
+        raise _not_a_checkpoint(p, "a truncated zip archive" if start == b"PK\x03\x04" and not zipped else None)
+    if head[1] not in _TORCH_PROTOCOLS:
+        raise InputError(
+            f"{p} is pickled with protocol {head[1]}, which torch.load(weights_only=True) cannot read; save it with "
+            "torch.save's default protocol (2), or convert it to safetensors"
+        )
+    return zipped
+
+
+def _not_a_checkpoint(p: Path, detail: BaseException | str | None) -> InputError:
+    text = detail if isinstance(detail, str) or detail is None else _error_detail(detail)
+    return InputError(f"{p} is not a readable torch checkpoint (corrupt, or another format)" + (f": {text}" if text else ""))
+
+
+def _error_detail(exc: BaseException) -> str:
+    """What went wrong, in a few words: torch's weights-only errors bury it under a long preamble."""
+    text = str(exc)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n")[0]
+    return short_error(text or type(exc).__name__, limit=200)
 
 
 def _is_state_dict(obj: Any) -> bool:
@@ -201,6 +262,13 @@ def needs_transformers(refs: Iterable[CheckpointRef], model_factory: ModelFactor
 
 def _load_hf(folder: Path) -> torch.nn.Module:
     transformers = import_transformers()
+    config = read_json(folder / "config.json", "Hugging Face config")
+    if not isinstance(config, Mapping):
+        raise InputError(f"{folder / 'config.json'}: expected an object of config fields, got {json_type(config)}")
+    try:
+        check_causal_model_type(config.get("model_type"))
+    except InputError as exc:
+        raise InputError(f"{folder / 'config.json'}: {exc}") from None
     has_st = any((folder / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json"))
     bins = sorted(folder.glob("pytorch_model*.bin"))
     if not has_st:
@@ -219,8 +287,10 @@ def _load_hf(folder: Path) -> torch.nn.Module:
             f"{folder}: the weights cannot be loaded without unpickling arbitrary Python objects; tokdyn refuses "
             "to run code from a checkpoint. If you trust it, convert it to safetensors"
         ) from None
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise InputError(f"cannot load Hugging Face folder {folder}: {_first_line(exc)}") from None
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a damaged folder fails in transformers or safetensors with any exception type
+        raise InputError(f"cannot load Hugging Face folder {folder}: {_error_detail(exc)}") from None
 
 
 @functools.cache

@@ -26,7 +26,8 @@ from ...errors import InputError
 from ...runtime import model_builder, model_kinds, register_model_builder
 from .files import read_json
 
-__all__ = ["build_model", "model_spec_beside", "import_transformers", "hf_progress_bars", "HF_LOCK", "MODEL_SPEC_FILES"]
+__all__ = ["build_model", "model_spec_beside", "import_transformers", "hf_progress_bars", "check_causal_model_type",
+           "short_error", "json_type", "HF_LOCK", "MODEL_SPEC_FILES"]
 
 MODEL_SPEC_FILES = ("tokdyn_model.json", "config.json")  # beside bare state dicts, first found wins
 HF_LOCK = threading.Lock()  # held while transformers builds or loads a model
@@ -61,9 +62,20 @@ def model_spec_beside(folder: Path) -> tuple[Mapping, Path] | None:
         if f.exists():
             spec = read_json(f, "model spec")
             if name == "config.json":
+                if not isinstance(spec, Mapping):
+                    raise InputError(f"{f}: a config.json beside state dicts holds an object of model config fields, got {json_type(spec)}")
                 spec = {"type": "hf" if "model_type" in spec else "tinygpt", "config": spec}
             return spec, f
     return None
+
+
+def json_type(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words (for messages)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return {int: "a number", float: "a number", str: "a string", list: "an array"}.get(type(value), type(value).__name__)
 
 
 def import_transformers():
@@ -108,12 +120,42 @@ def _build_hf(config: dict[str, Any]) -> torch.nn.Module:
     model_type = config.pop("model_type", None)
     if model_type is None:
         raise InputError('an "hf" model config needs "model_type"')
+    check_causal_model_type(model_type)
     try:
         hf_config = transformers.AutoConfig.for_model(model_type, **config)
         with HF_LOCK:
             return transformers.AutoModelForCausalLM.from_config(hf_config)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"cannot build a causal LM from this config: {exc}") from None
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - transformers checks a config's values with any exception type
+        raise InputError(f"cannot build a causal LM from this config: {short_error(exc)}") from None
+
+
+_EXAMPLE_MODEL_TYPES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
+
+
+def check_causal_model_type(model_type: Any) -> None:
+    """An :class:`InputError` unless ``model_type`` names a transformers architecture with a causal
+    LM (transformers' own errors list every model type it knows: thousands of characters)."""
+    import_transformers()
+    from transformers.models.auto import configuration_auto, modeling_auto
+
+    causal = getattr(modeling_auto, "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", None)
+    if model_type is None:
+        raise InputError('no "model_type" in the Hugging Face config')
+    if not isinstance(model_type, str) or model_type not in configuration_auto.CONFIG_MAPPING_NAMES:
+        raise InputError(
+            f"unknown Hugging Face model_type {model_type!r} (this transformers knows e.g. {', '.join(_EXAMPLE_MODEL_TYPES)}; "
+            "a newer transformers may know more)"
+        )
+    if causal is not None and model_type not in causal:
+        raise InputError(f"Hugging Face model_type {model_type!r} has no causal language model (AutoModelForCausalLM cannot build it)")
+
+
+def short_error(exc: BaseException | str, limit: int = 300) -> str:
+    """``exc``'s message on one line, at most about ``limit`` characters."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 register_model_builder("hf", _build_hf)

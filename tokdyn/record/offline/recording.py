@@ -22,11 +22,12 @@ import torch
 
 from ...errors import InputError, NotAStoreError, RunExistsError, StoreError
 from ...probe import ProbeSet
+from ...runtime import resolve_device
 from ...store import AXES, LOSS_DTYPES, TrajectoryStore, open_store
-from ..recorder import model_attrs, token_losses
+from ..recorder import default_forward, model_attrs, token_losses
 from .discovery import CheckpointRef, discover_checkpoints, manifest_axis, order_refs
 from .loading import MODEL_DTYPES, ModelFactory, load_checkpoint, needs_transformers, weights_fingerprint
-from .models import hf_progress_bars, import_transformers
+from .models import hf_progress_bars, import_transformers, short_error
 
 __all__ = ["record_offline", "DuplicateWeightsWarning"]
 
@@ -96,7 +97,7 @@ def record_offline(
     """
     t0 = time.perf_counter()
     _check_options(dtype=dtype, model_dtype=model_dtype, batch_size=batch_size, axis=axis)
-    device = torch.device(device)
+    device = _usable_device(device)
     ts = _open_target_store(store, probe)
     try:
         existing = _run_to_resume(ts, run, resume=resume, axis=axis)
@@ -115,8 +116,9 @@ def record_offline(
         if needs_transformers(todo, model_factory):
             import_transformers()  # here, once: its first import is not safe from several threads
         evaluate = functools.partial(
-            _evaluate, tokens=tokens, model_factory=model_factory, device=device, model_dtype=model_dtype,
-            batch_size=int(batch_size), threads=_threads_per_worker(workers, device), restore_threads=restore_threads,
+            _evaluate, tokens=tokens, max_id=int(tokens.max().item()), model_factory=model_factory, device=device,
+            model_dtype=model_dtype, batch_size=int(batch_size), threads=_threads_per_worker(workers, device),
+            restore_threads=restore_threads,
         )  # fmt: skip
         with hf_progress_bars(progress):
             _record_in_order(todo, evaluate, rows, workers=workers, progress=progress)
@@ -142,6 +144,19 @@ def _check_options(*, dtype: str, model_dtype: str | None, batch_size: int, axis
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
     if axis is not None and axis not in AXES:
         raise InputError(f"axis must be one of {AXES}, got {axis!r}")
+
+
+def _usable_device(device: torch.device | str) -> torch.device:
+    """``device`` checked before any work: a name torch knows, present on this machine, and able
+    to hold weights (``meta`` holds shapes only)."""
+    dev = resolve_device(device)
+    if dev.type == "meta":
+        raise InputError(f"device {device!s}: the meta device holds no data, only shapes; evaluate on cpu or cuda")
+    try:
+        torch.zeros(1, device=dev)
+    except Exception as exc:  # noqa: BLE001 - torch reports a missing backend with any exception type
+        raise InputError(f"device {device!s} cannot be used on this machine: {short_error(exc, limit=150)}") from None
+    return dev
 
 
 def _open_target_store(store, probe) -> TrajectoryStore:
@@ -272,6 +287,7 @@ def _evaluate(
     ref: CheckpointRef,
     tokens: torch.Tensor,
     *,
+    max_id: int,
     model_factory: ModelFactory | None,
     device: torch.device,
     model_dtype: str | None,
@@ -285,7 +301,15 @@ def _evaluate(
     try:
         model = load_checkpoint(ref, model_factory=model_factory, device=device, model_dtype=model_dtype)
         fp = weights_fingerprint(model)
-        losses = token_losses(model, tokens, batch_size=batch_size).cpu().numpy()
+        where = f"checkpoint {ref.path} (step {ref.step})"
+        _check_input_vocabulary(model, max_id, where)
+        forward = functools.partial(_forward_covering, max_id=max_id, where=where)
+        try:
+            losses = token_losses(model, tokens, batch_size=batch_size, forward=forward).cpu().numpy()
+        except InputError as exc:  # say which checkpoint the probe's tokens do not fit
+            if str(exc).startswith(where):
+                raise
+            raise InputError(f"{where}: {exc}") from exc
         return _Evaluated(losses, fp, model_attrs(model), ref.path.stat().st_mtime)
     except Exception as exc:  # noqa: BLE001 - re-raised in order by record_offline
         if hasattr(exc, "add_note"):
@@ -293,6 +317,33 @@ def _evaluate(
         return exc
     finally:
         torch.set_num_threads(restore_threads)
+
+
+def _check_input_vocabulary(model: torch.nn.Module, max_id: int, where: str) -> None:
+    """Refuse a model whose input embedding (when it says) lacks the probe's largest token id,
+    before a forward: on a GPU the lookup would be a device-side assert, not an error."""
+    get = getattr(model, "get_input_embeddings", None)
+    try:
+        n = getattr(get(), "num_embeddings", None) if callable(get) else None
+    except (NotImplementedError, AttributeError):  # an HF model without the method
+        n = None
+    if isinstance(n, int) and max_id >= n:
+        raise InputError(
+            f"{where}: the model's vocabulary has {n} tokens but the probe's token ids reach {max_id}; "
+            "the model must use the probe's tokenizer"
+        )
+
+
+def _forward_covering(model: torch.nn.Module, input_ids: torch.Tensor, *, max_id: int, where: str) -> torch.Tensor:
+    """:func:`default_forward`, refusing logits that do not cover the probe's token ids: a target
+    (the last position of a sequence) beyond them would fail in cross-entropy."""
+    logits = default_forward(model, input_ids)
+    if logits.ndim == 3 and logits.shape[-1] <= max_id:
+        raise InputError(
+            f"{where}: the model gives {logits.shape[-1]} logits per position but the probe's token ids reach {max_id}; "
+            "the model must use the probe's tokenizer"
+        )
+    return logits
 
 
 # -- the run's rows --------------------------------------------------------------------------
