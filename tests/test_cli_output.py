@@ -94,7 +94,9 @@ def test_a_warning_is_one_line_and_numeric_noise_is_left_out(tmp_path, capsys, m
 
     def noisy(args):
         np.nanmax(np.full(3, np.nan))  # numpy: "All-NaN slice encountered"
-        warnings.warn("step 5: 3 non-finite\nlosses stored as NaN")
+        np.log(np.zeros(1))  # numpy: "divide by zero encountered in log"
+        warnings.warn("step 5: 3 non-finite\nlosses stored as NaN", RuntimeWarning)  # tokdyn's own, as the writer's
+        warnings.warn("a checkpoint file is a duplicate")
         return 0
 
     monkeypatch.setattr(cli_store, "_info", noisy)
@@ -102,7 +104,8 @@ def test_a_warning_is_one_line_and_numeric_noise_is_left_out(tmp_path, capsys, m
         warnings.simplefilter("default")
         assert main(["info", str(tmp_path)]) == 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["tokdyn info: warning: step 5: 3 non-finite losses stored as NaN"]
+    assert err == ["tokdyn info: warning: step 5: 3 non-finite losses stored as NaN",
+                   "tokdyn info: warning: a checkpoint file is a duplicate"]
     assert warnings.showwarning is not None  # restored after the command
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import sysconfig
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError
+from .tokenizer import _LONE_SURROGATE
 
 __all__ = [
     "Document",
@@ -232,11 +232,9 @@ def jsonl_documents(
     return docs
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins escaped pairs: any left is alone
-
-
 def _valid_text(text: str) -> str:
-    """``text`` with each lone surrogate replaced by U+FFFD, as undecodable bytes are."""
+    """``text`` with each lone surrogate replaced by U+FFFD, as undecodable bytes are (json.loads
+    joins escaped pairs: any surrogate left is alone)."""
     return _LONE_SURROGATE.sub("\ufffd", text)
 
 

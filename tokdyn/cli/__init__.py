@@ -59,12 +59,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+# numpy's floating-point warnings (its messages; tokdyn's own RuntimeWarnings, such as non-finite
+# losses stored as NaN, are shown)
+_NUMPY_NOISE = (r"(All-NaN (slice|axis) encountered|Mean of empty slice|Degrees of freedom <= 0"
+                r"|(invalid value|divide by zero|overflow|underflow) encountered)")
+
+
 def _one_line_warnings(command: str) -> None:
     """Warnings as one line each, ``tokdyn CMD: warning: ...``, without the source line Python
     shows; numpy's floating-point RuntimeWarnings (an all-NaN slice, 0/0 in a degenerate row)
     are left out: the results say where values are missing, and the warning would only put
     lines of code before the command's own answer or error line."""
-    warnings.simplefilter("ignore", RuntimeWarning)
+    warnings.filterwarnings("ignore", category=RuntimeWarning, message=_NUMPY_NOISE)
 
     def show(message, category, filename, lineno, file=None, line=None):  # noqa: ARG001
         print(f"tokdyn {command}: warning: {' '.join(str(message).split())}", file=sys.stderr)

@@ -58,6 +58,8 @@ _N_BUF = max(N_SCRATCH, 14)
 # Outputs of one projected evaluation: sse, the amplitudes, gradient [P], step matrix [P, P], and
 # (two sigmoids) the two matrices it is chosen from with their scratch (see _vp_two).
 _OUT_SIZE = 78
+# What an accepted step carries over: sse, amplitudes, gradient, step matrix and the sigmoid's sums.
+_OUT_KEPT = 24
 # Least factor by which a successful step shrinks the damping (Nielsen's rule uses 1/3: with
 # an exact Hessian that damping, not the model, then limits the convergence rate; measured
 # on 20,000 planted events with the half-cell trust region: 4.91 steps with 1/3, 4.90 with
@@ -891,7 +893,7 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
             sse = sse_t
             for j in range(P):
                 th[j] = th_t[j]
-            for j in range(out.shape[0]):
+            for j in range(_OUT_KEPT):  # the rest is the evaluation's scratch
                 out[j] = out_t[j]
             lam *= max(shrink_min, 1.0 - (2.0 * rho - 1.0) ** 3)
             nu = 2.0
