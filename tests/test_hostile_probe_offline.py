@@ -501,3 +501,19 @@ def test_a_failed_probe_leaves_no_temporary_held_out_file(texts, tmp_path, capsy
     assert not held.exists() and not list(tmp_path.glob(".held.txt.*"))
     code, _ = _probe_cli(texts, tmp_path / "q.zarr", capsys, "--probe-fraction", "0.5", "--held-out", str(held))
     assert code == 0 and held.read_text().split() and not list(tmp_path.glob(".held.txt.*"))
+
+
+@pytest.mark.parametrize("device", ["bogus", "meta", "cuda:99", "fpga"])
+def test_every_command_gets_the_same_device_check(device):
+    """resolve_device (demo, train, the curriculum, record-offline) refuses a device that cannot
+    hold data on this machine, in one InputError; cpu passes."""
+    import torch
+
+    from tokdyn.errors import InputError
+    from tokdyn.runtime import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    if device == "cuda:99" and torch.cuda.device_count() > 99:
+        pytest.skip("a machine with 100 GPUs")
+    with pytest.raises(InputError, match="device|torch device"):
+        resolve_device(device)

@@ -31,13 +31,22 @@ _PROVIDERS: Mapping[str, str] = {"tinygpt": "tokdyn.model"}
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """``device`` as a ``torch.device``; an :class:`InputError` for a bad name or absent CUDA."""
+    """``device`` as a ``torch.device`` that can hold data on this machine; an
+    :class:`InputError` for a bad name, absent CUDA, a device index beyond those present, or the
+    ``meta`` device (it holds shapes only)."""
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise InputError(f"not a torch device: {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise InputError(f"device {device}: CUDA is not available on this machine")
+    if dev.type == "meta":
+        raise InputError(f"device {device!s}: the meta device holds no data, only shapes; use cpu or cuda")
+    try:
+        torch.zeros(1, device=dev)
+    except Exception as exc:  # noqa: BLE001 - torch reports a missing backend with any exception type
+        detail = " ".join(str(exc).split())
+        raise InputError(f"device {device!s} cannot be used on this machine: {detail[:150]}") from None
     return dev
 
 

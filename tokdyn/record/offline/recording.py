@@ -27,7 +27,7 @@ from ...store import AXES, LOSS_DTYPES, TrajectoryStore, open_store
 from ..recorder import default_forward, model_attrs, token_losses
 from .discovery import CheckpointRef, discover_checkpoints, manifest_axis, order_refs
 from .loading import MODEL_DTYPES, ModelFactory, load_checkpoint, needs_transformers, weights_fingerprint
-from .models import hf_progress_bars, import_transformers, short_error
+from .models import hf_progress_bars, import_transformers
 
 __all__ = ["record_offline", "DuplicateWeightsWarning"]
 
@@ -97,7 +97,7 @@ def record_offline(
     """
     t0 = time.perf_counter()
     _check_options(dtype=dtype, model_dtype=model_dtype, batch_size=batch_size, axis=axis)
-    device = _usable_device(device)
+    device = resolve_device(device)  # before any work: a device that can hold weights
     ts = _open_target_store(store, probe)
     try:
         existing = _run_to_resume(ts, run, resume=resume, axis=axis)
@@ -144,19 +144,6 @@ def _check_options(*, dtype: str, model_dtype: str | None, batch_size: int, axis
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
     if axis is not None and axis not in AXES:
         raise InputError(f"axis must be one of {AXES}, got {axis!r}")
-
-
-def _usable_device(device: torch.device | str) -> torch.device:
-    """``device`` checked before any work: a name torch knows, present on this machine, and able
-    to hold weights (``meta`` holds shapes only)."""
-    dev = resolve_device(device)
-    if dev.type == "meta":
-        raise InputError(f"device {device!s}: the meta device holds no data, only shapes; evaluate on cpu or cuda")
-    try:
-        torch.zeros(1, device=dev)
-    except Exception as exc:  # noqa: BLE001 - torch reports a missing backend with any exception type
-        raise InputError(f"device {device!s} cannot be used on this machine: {short_error(exc, limit=150)}") from None
-    return dev
 
 
 def _open_target_store(store, probe) -> TrajectoryStore:
