@@ -71,18 +71,15 @@ class ProbeSet:
                 raise InputError(f"probe array {k!r} has dtype {v.dtype}; expected numbers, booleans or strings")
         if n[0] == 0:
             raise InputError("probe has no tokens")
-        for k, names in (("domain", self.domains),):
-            # an index into the domain names: out of range, its tokens would fall into no
-            # group, or into another's (silently). (doc_id may index documents a probe does
-            # not name, so it is not checked.)
-            v = arrays.get(k)
-            if v is None or not len(names):
-                continue
+        # domain indexes the domain names: out of range, its tokens would fall into no group, or
+        # into another's (silently). (doc_id may index documents a probe does not name: unchecked.)
+        v, names = arrays.get("domain"), self.domains
+        if v is not None and len(names):
             if v.dtype.kind not in "iu":
-                raise InputError(f"probe array {k!r} indexes {len(names)} names; expected integers, got {v.dtype}")
+                raise InputError(f"probe array 'domain' indexes {len(names)} names; expected integers, got {v.dtype}")
             lo, hi = int(v.min()), int(v.max())
             if lo < 0 or hi >= len(names):
-                raise InputError(f"probe array {k!r} holds indices {lo}..{hi}, but there are {len(names)} names "
+                raise InputError(f"probe array 'domain' holds indices {lo}..{hi}, but there are {len(names)} names "
                                  f"(indices 0..{len(names) - 1})")  # fmt: skip
         if self.tokens is not None:
             t = np.asarray(self.tokens)

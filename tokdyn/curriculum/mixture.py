@@ -205,16 +205,13 @@ class MixtureSchedule:
         if b.shape != (d,) or not np.all(np.isfinite(b)) or np.any(b < 0) or not np.isclose(b.sum(), 1.0):
             raise InputError(f"base must be {d} weights >= 0 summing to 1, got {np.asarray(base).tolist()}")
         self.rates, self.config, self.base = rates, config, b
-        self.table_ = self._weights(self._step_rates())  # (steps, D)
-        self._enrichment_: dict | None = None
+        r = self.rates.at(config.xs())  # r_k(x_t) of every step [steps, D], whole arrays
+        self.table_ = self._weights(r)  # (steps, D)
+        self._enrichment_ = self._enrichment(r)  # from the same rates: interpolated once
 
     @property
     def domains(self) -> tuple[str, ...]:
         return self.rates.domains
-
-    def _step_rates(self) -> np.ndarray:
-        """``r_k(x_t)`` of every step ``[steps, D]`` (whole arrays: no loop over the steps)."""
-        return self.rates.at(self.config.xs())
 
     def _weights(self, r: np.ndarray) -> np.ndarray:
         """The weights ``[steps, D]`` at rates ``r [steps, D]`` (module docstring)."""
@@ -232,29 +229,29 @@ class MixtureSchedule:
     def enrichment(self) -> dict:
         """``schedule``: the enrichment E of these weights; ``best``: the most any schedule with
         this floor reaches; ``unbounded``: with floor 0; ``per_step``: E at each step."""
-        e = self._enrichment()
+        e = self._enrichment_
         return {**e, "per_step": e["per_step"].tolist()}
 
-    def _enrichment(self) -> dict:
-        """:meth:`enrichment` with ``per_step`` an array, computed once."""
-        if self._enrichment_ is None:
-            r = self._step_rates()  # (steps, D)
-            base = r @ self.base
-            den = base.sum()
-            if not den > 0:
-                self._enrichment_ = {"schedule": 1.0, "best": 1.0, "unbounded": 1.0, "per_step": np.ones(len(r))}
-            else:
-                f = self.config.floor
-                best = f * base + (1 - f) * r.max(1)
-                per = np.divide((self.table_ * r).sum(1), base, out=np.ones(len(r)), where=base > 0)
-                self._enrichment_ = {"schedule": float((self.table_ * r).sum() / den), "best": float(best.sum() / den),
-                                     "unbounded": float(r.max(1).sum() / den), "per_step": per}  # fmt: skip
-        return self._enrichment_
+    def _enrichment(self, r: np.ndarray) -> dict:
+        """:meth:`enrichment` at the step rates ``r [steps, D]``, with ``per_step`` an array."""
+        base = r @ self.base
+        den = base.sum()
+        if not den > 0:
+            return {"schedule": 1.0, "best": 1.0, "unbounded": 1.0, "per_step": np.ones(len(r))}
+        f = self.config.floor
+        best = f * base + (1 - f) * r.max(1)
+        per = np.divide((self.table_ * r).sum(1), base, out=np.ones(len(r)), where=base > 0)
+        return {"schedule": float((self.table_ * r).sum() / den), "best": float(best.sum() / den),
+                "unbounded": float(r.max(1).sum() / den), "per_step": per}  # fmt: skip
+
+    def _head(self) -> dict:
+        """The schedule's description before its per-step arrays (:meth:`to_dict`, :meth:`save`)."""
+        return {"kind": "tokdyn-mixture-schedule", "schema_version": 1, "domains": list(self.domains),
+                "config": asdict(self.config), "base": self.base.tolist()}  # fmt: skip
 
     def to_dict(self) -> dict:
-        return {"kind": "tokdyn-mixture-schedule", "schema_version": 1, "domains": list(self.domains),
-                "config": asdict(self.config), "base": self.base.tolist(), "weights": self.table_.tolist(),
-                "enrichment": self.enrichment(), "rates": self.rates.to_dict()}  # fmt: skip
+        return {**self._head(), "weights": self.table_.tolist(), "enrichment": self.enrichment(),
+                "rates": self.rates.to_dict()}
 
     def save(self, path) -> str:
         """Write the schedule as JSON (temporary file, then rename): the text of :meth:`to_dict`,
@@ -264,10 +261,9 @@ class MixtureSchedule:
 
         path = os.fspath(path)
         tmp = path + ".tmp"
-        e = dict(self._enrichment())
+        e = dict(self._enrichment_)
         per_step = e.pop("per_step")
-        head = {"kind": "tokdyn-mixture-schedule", "schema_version": 1, "domains": list(self.domains),
-                "config": asdict(self.config), "base": self.base.tolist()}  # fmt: skip
+        head = self._head()
         try:
             with open(tmp, "w") as fh:
                 fh.write(json.dumps(head)[:-1] + ', "weights": ')
