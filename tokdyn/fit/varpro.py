@@ -9,7 +9,9 @@ with g = sigma(-(x - mu)/s). For given (mu, ln s) the amplitudes solve a 2x2 (3x
 squares problem in closed form, so the solver searches only (mu, ln s) (four numbers for two
 sigmoids) on the projected sum of squares (Golub and Pereyra). Every evaluation is one pass
 over the trajectory's observed points that accumulates a few sums; everything else is
-arithmetic on those sums. The sigmoid gets the exact Hessian of the projected sum of squares
+arithmetic on those sums, which run in eight vector lanes (:mod:`tokdyn.fit.lanes`: the
+evaluation's terms are written once, as Python functions such as :func:`_sigmoid_terms`, and
+emitted as vector code whose summation order is fixed). The sigmoid gets the exact Hessian of the projected sum of squares
 (damped Newton, :func:`_vp_sigmoid`), and so do two sigmoids (:func:`_vp_two`: Kaufman's
 Gauss-Newton matrix, the Schur complement of the full J^T J in its amplitude block, plus the
 residual terms it leaves out). Where the exact Hessian is not positive definite, Kaufman's
@@ -38,13 +40,13 @@ import numpy as np
 from numba import njit, prange
 
 from tokdyn.fit.grid import TWO_MIN_DET, TWO_MIN_VAR
+from tokdyn.fit.lanes import LANES as _LANES
+from tokdyn.fit.lanes import clip, lane_maxima, lane_sums
 from tokdyn.fit.lm import LM_CONVERGED, LM_FAILED
 from tokdyn.fit.numba_kernels import (
-    N_SCRATCH,
     _JIT,
     _JIT_SIMD,
     _cholesky_solve,
-    _eval_two_sigmoids,
     _exp,
     _sigmoid_columns,
 )
@@ -52,9 +54,8 @@ from tokdyn.fit.sigmoid import Z_CLIP
 
 __all__ = ["grid_start_block", "varpro_block", "two_start_block"]
 
-# Scratch rows per trajectory: z, g, h of both events, the four derivative columns and four
-# short vectors of sums.
-_N_BUF = max(N_SCRATCH, 14)
+# Scratch rows per trajectory: _vp_two keeps a 4x4 block and four short vectors of sums there.
+_N_BUF = 8
 # Outputs of one projected evaluation: sse, the amplitudes, gradient [P], step matrix [P, P], and
 # (two sigmoids) the two matrices it is chosen from with their scratch (see _vp_two).
 _OUT_SIZE = 78
@@ -92,41 +93,6 @@ def _gather(x, Y, b, xo, yc, idx):
         yc[k] = v
         syy += v * v
     return n, mean, syy
-
-
-# Sums over a row's gathered points run in four interleaved chains (point k < n - n % 4 adds
-# to chain k mod 4, the last n % 4 points to chain 0; the chains are added as
-# (a0 + a1) + (a2 + a3)): four independent additions per step instead of one chain that waits
-# on its own latency, in a fixed order, so strict IEEE arithmetic gives the same bits wherever
-# a kernel is compiled (no fastmath: see numba_kernels.py).
-
-
-@njit(inline="always", **_JIT_SIMD)
-def _dot(u, v, n):
-    a0 = a1 = a2 = a3 = 0.0
-    m = n - n % 4
-    for k in range(0, m, 4):
-        a0 += u[k] * v[k]
-        a1 += u[k + 1] * v[k + 1]
-        a2 += u[k + 2] * v[k + 2]
-        a3 += u[k + 3] * v[k + 3]
-    for k in range(m, n):
-        a0 += u[k] * v[k]
-    return (a0 + a1) + (a2 + a3)
-
-
-@njit(inline="always", **_JIT_SIMD)
-def _sum(u, n):
-    a0 = a1 = a2 = a3 = 0.0
-    m = n - n % 4
-    for k in range(0, m, 4):
-        a0 += u[k]
-        a1 += u[k + 1]
-        a2 += u[k + 2]
-        a3 += u[k + 3]
-    for k in range(m, n):
-        a0 += u[k]
-    return (a0 + a1) + (a2 + a3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,6 +359,34 @@ def _projected_terms(c, c_0, c_1, c_00, c_01, c_11, v, v_0, v_1, v_00, v_01, v_1
     return sse, d, g0, g1, h00, h01, h11
 
 
+def _event(x, mu, inv_s):
+    """One event at the points x: z = (x - mu)/s clipped, g = sigma(-z) and h = 1 - g, by the
+    same operations as :func:`tokdyn.fit.numba_kernels._sigmoid_columns`."""
+    z = clip((x - mu) * inv_s, -Z_CLIP, Z_CLIP)
+    e = _exp.py_func(z)
+    g = 1.0 / (1.0 + e)
+    return z, g, e * g
+
+
+def _sigmoid_terms(x, y, mu, inv_s, inv_s2):
+    """What :func:`_vp_sigmoid` sums over the points: g, its derivatives in mu and ln s (a, b)
+    and its second derivatives (mm, mt, tt), their products with g, with each other and with
+    the centred data y."""
+    z, g, h = _event(x, mu, inv_s)
+    u = g * h
+    a = u * inv_s  # dg/dmu
+    b = u * z  # dg/dln s
+    zw1 = z * (h - g) - 1.0
+    mm = u * (h - g) * inv_s2  # second derivatives of g
+    mt = a * zw1
+    tt = b * zw1
+    return (g, g * g, g * y, a, b, g * a, g * b, a * a, a * b, b * b, a * y, b * y,
+            mm, mt, tt, g * mm, g * mt, g * tt, mm * y, mt * y, tt * y)
+
+
+_sigmoid_sums = lane_sums(_sigmoid_terms, 2, 3)
+
+
 @njit(**_JIT_SIMD)
 def _vp_sigmoid(xo, yc, n, syy, th, buf, out, floor=-math.inf, mean=0.0):
     """Projected fit of l = linf + d g at th = (mu, ln s) to the centred data yc.
@@ -415,44 +409,8 @@ def _vp_sigmoid(xo, yc, n, syy, th, buf, out, floor=-math.inf, mean=0.0):
     Returns F (inf where the basis is degenerate).
     """
     mu, inv_s = th[0], math.exp(-th[1])
-    zb, gb, hb = buf[0], buf[1], buf[2]
-    _sigmoid_columns(xo, n, mu, inv_s, zb, gb, hb)
-    sg = sgg = sgy = sa = sb = sga = sgb = saa = sab = sbb = say = sby = 0.0
-    smm = smt = stt = sgmm = sgmt = sgtt = smmy = smty = stty = 0.0
-    inv_s2 = inv_s * inv_s
-    for k in range(n):
-        g = gb[k]
-        h = hb[k]
-        z = zb[k]
-        y = yc[k]
-        u = g * h
-        a = u * inv_s  # dg/dmu
-        bb = u * z  # dg/dln s
-        zw1 = z * (h - g) - 1.0
-        mm = u * (h - g) * inv_s2  # second derivatives of g
-        mt = a * zw1
-        tt = bb * zw1
-        sg += g
-        sgg += g * g
-        sgy += g * y
-        sa += a
-        sb += bb
-        sga += g * a
-        sgb += g * bb
-        saa += a * a
-        sab += a * bb
-        sbb += bb * bb
-        say += a * y
-        sby += bb * y
-        smm += mm
-        smt += mt
-        stt += tt
-        sgmm += g * mm
-        sgmt += g * mt
-        sgtt += g * tt
-        smmy += mm * y
-        smty += mt * y
-        stty += tt * y
+    (sg, sgg, sgy, sa, sb, sga, sgb, saa, sab, sbb, say, sby, smm, smt, stt, sgmm, sgmt, sgtt,
+     smmy, smty, stty) = _sigmoid_sums(xo, yc, mu, inv_s, inv_s * inv_s, n)
     nf = float(n)
     v = sgg - sg * sg / nf
     if not v > 1e-12 * nf:
@@ -589,33 +547,36 @@ def _inside(v, lo, hi):
     return lo - tol <= v <= hi + tol
 
 
-@njit(inline="always", **_JIT)
-def _second_q(yc, c0, d1, g1, d2, g2, g, h, k):
-    """q = r g h (h - g) at point k: the residual times g's curvature factor."""
-    return (yc[k] - c0 - d1 * g1[k] - d2 * g2[k]) * g[k] * h[k] * (h[k] - g[k])
+def _two_terms(x, y, mu1, inv_s1, mu2, inv_s2):
+    """What :func:`_vp_two` sums over the points before it solves the amplitudes: each event's
+    g and its derivative columns c = (a1, b1, a2, b2) in (mu, ln s), with their products
+    (sum g, sum g g', sum g y; sum c_j, sum g1 c_j, sum g2 c_j, sum c_j y; sum c_i c_j, i >= j)."""
+    z1, g1, h1 = _event(x, mu1, inv_s1)
+    z2, g2, h2 = _event(x, mu2, inv_s2)
+    u1 = g1 * h1
+    u2 = g2 * h2
+    c = (u1 * inv_s1, u1 * z1, u2 * inv_s2, u2 * z2)
+    return ((g1, g2, g1 * g1, g1 * g2, g2 * g2, g1 * y, g2 * y)
+            + c + tuple(g1 * cj for cj in c) + tuple(g2 * cj for cj in c)
+            + tuple(cj * y for cj in c)
+            + tuple(c[i] * c[j] for i in range(4) for j in range(i + 1)))
 
 
-@njit(inline="always", **_JIT)
-def _second_sums(z, g, h, yc, c0, d1, g1, d2, g2, n):
-    """sum q, sum q z, sum q z^2 with q = r g h (h - g) of one event (r: the residuals of the
-    two-sigmoid model), in two fixed interleaved chains each (even and odd points)."""
-    a0 = a1 = a2 = b0 = b1 = b2 = 0.0
-    m = n - n % 2
-    for k in range(0, m, 2):
-        q = _second_q(yc, c0, d1, g1, d2, g2, g, h, k)
-        a0 += q
-        a1 += q * z[k]
-        a2 += q * z[k] * z[k]
-        q = _second_q(yc, c0, d1, g1, d2, g2, g, h, k + 1)
-        b0 += q
-        b1 += q * z[k + 1]
-        b2 += q * z[k + 1] * z[k + 1]
-    for k in range(m, n):
-        q = _second_q(yc, c0, d1, g1, d2, g2, g, h, k)
-        a0 += q
-        a1 += q * z[k]
-        a2 += q * z[k] * z[k]
-    return a0 + b0, a1 + b1, a2 + b2
+_two_sums = lane_sums(_two_terms, 2, 4)
+
+
+def _second_terms(x, y, mu1, inv_s1, mu2, inv_s2, c0, d1, d2):
+    """sum q, sum q z, sum q z^2 of each event, q = r g h (h - g) with r the residuals of the
+    two-sigmoid model (the exact Hessian's second-derivative terms in :func:`_vp_two`)."""
+    z1, g1, h1 = _event(x, mu1, inv_s1)
+    z2, g2, h2 = _event(x, mu2, inv_s2)
+    r = y - c0 - d1 * g1 - d2 * g2
+    q1 = r * g1 * h1 * (h1 - g1)
+    q2 = r * g2 * h2 * (h2 - g2)
+    return (q1, q1 * z1, q1 * z1 * z1, q2, q2 * z2, q2 * z2 * z2)
+
+
+_second_sums = lane_sums(_second_terms, 2, 7)
 
 
 @njit(**_JIT_SIMD)
@@ -644,25 +605,11 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     degenerate).
     """
     inv_s1, inv_s2 = math.exp(-th[1]), math.exp(-th[3])
-    _sigmoid_columns(xo, n, th[0], inv_s1, buf[0], buf[1], buf[2])
-    _sigmoid_columns(xo, n, th[2], inv_s2, buf[3], buf[4], buf[5])
-    z1, g1, h1, z2, g2, h2 = buf[0], buf[1], buf[2], buf[3], buf[4], buf[5]
-    a1, b1, a2, b2 = buf[6], buf[7], buf[8], buf[9]
-    for k in range(n):
-        u1 = g1[k] * h1[k]
-        u2 = g2[k] * h2[k]
-        a1[k] = u1 * inv_s1
-        b1[k] = u1 * z1[k]
-        a2[k] = u2 * inv_s2
-        b2[k] = u2 * z2[k]
+    (sg1, sg2, u11, u12, u22, y1, y2,
+     sc0, sc1, sc2, sc3, s10, s11, s12, s13, s20, s21, s22, s23, cy0, cy1, cy2, cy3,
+     cc00, cc10, cc11, cc20, cc21, cc22, cc30, cc31, cc32, cc33) = _two_sums(
+        xo, yc, th[0], inv_s1, th[2], inv_s2, n)
     nf = float(n)
-    sg1 = _sum(g1, n)
-    sg2 = _sum(g2, n)
-    u11 = _dot(g1, g1, n)
-    u12 = _dot(g1, g2, n)
-    u22 = _dot(g2, g2, n)
-    y1 = _dot(g1, yc, n)
-    y2 = _dot(g2, yc, n)
     lb0 = bnd[0] - mean
     # the unconstrained amplitudes (a tiny ridge keeps the 2x2 solve finite when the two
     # events coincide); a degenerate basis is no answer. inv_n = 1/n projects out the free
@@ -726,26 +673,28 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     out[1] = c0
     out[2] = d1
     out[3] = d2
-    cols = (a1, b1, a2, b2)
     scale = (d1, d1, d2, d2)
-    sc, w1, w2, rc = buf[10], buf[11], buf[12], buf[13]
+    sc, w1, w2, rc = buf[4], buf[5], buf[6], buf[7]
+    sc[0], sc[1], sc[2], sc[3] = sc0, sc1, sc2, sc3
+    s1 = (s10, s11, s12, s13)
+    s2 = (s20, s21, s22, s23)
+    cy = (cy0, cy1, cy2, cy3)
+    cc = buf[:4, :4]  # the derivative columns' products
+    cc[0, 0], cc[1, 0], cc[1, 1], cc[2, 0], cc[2, 1] = cc00, cc10, cc11, cc20, cc21
+    cc[2, 2], cc[3, 0], cc[3, 1], cc[3, 2], cc[3, 3] = cc22, cc30, cc31, cc32, cc33
     for j in range(4):
-        cj = cols[j]
-        sc[j] = _sum(cj, n)
-        s1j = _dot(g1, cj, n)
-        s2j = _dot(g2, cj, n)
-        w1[j] = s1j - sg1 * sc[j] * inv_n
-        w2[j] = s2j - sg2 * sc[j] * inv_n
-        rc[j] = _dot(cj, yc, n) - c0 * sc[j] - d1 * s1j - d2 * s2j  # r . c_j
+        w1[j] = s1[j] - sg1 * sc[j] * inv_n
+        w2[j] = s2[j] - sg2 * sc[j] * inv_n
+        rc[j] = cy[j] - c0 * sc[j] - d1 * s1[j] - d2 * s2[j]  # r . c_j
         out[4 + j] = -scale[j] * rc[j]
     # The residuals' products with each event's second derivatives (mu mu, mu ln s, ln s ln s):
     # the exact Hessian's terms that Kaufman's matrix leaves out. With u = g h, q = r u (h - g):
     # r.g_mumu = q0 / s^2, r.g_mu,lns = (q1 - r.u) / s and r.g_lns,lns = q2 - r.(u z), where
     # qj = sum q z^j, r.u = s r.c_mu and r.(u z) = r.c_lns
     rq = 56  # out[56:62] (buf's rows may be as short as 5 points)
+    q = _second_sums(xo, yc, th[0], inv_s1, th[2], inv_s2, c0, d1, d2, n)
     for e in range(2):
-        z, g, h = buf[3 * e], buf[3 * e + 1], buf[3 * e + 2]
-        q0, q1, q2 = _second_sums(z, g, h, yc, c0, d1, g1, d2, g2, n)
+        q0, q1, q2 = q[3 * e], q[3 * e + 1], q[3 * e + 2]
         inv_s = inv_s1 if e == 0 else inv_s2
         out[rq + 3 * e] = q0 * inv_s * inv_s
         out[rq + 3 * e + 1] = (q1 - rc[2 * e] / inv_s) * inv_s
@@ -762,21 +711,55 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
             ej = j // 2
             x1j = scale[j] * w1[j] - (rc[j] if ej == 0 else 0.0)
             x2j = scale[j] * w2[j] - (rc[j] if ej == 1 else 0.0)
-            cc = scale[i] * scale[j] * _dot(cols[i], cols[j], n)
-            q = scale[i] * scale[j] * sc[i] * sc[j] * inv_n
-            proj = (q + scale[i] * scale[j] * (w1[i] * (i11 * w1[j] + i12 * w2[j])
+            cc_ij = scale[i] * scale[j] * cc[i, j]
+            qq = scale[i] * scale[j] * sc[i] * sc[j] * inv_n
+            proj = (qq + scale[i] * scale[j] * (w1[i] * (i11 * w1[j] + i12 * w2[j])
                                                + w2[i] * (i12 * w1[j] + i22 * w2[j])))
             r2 = (scale[i] * out[rq + 3 * ei + (i % 2) + (j % 2)]) if ei == ej else 0.0
-            exact = cc - r2 - (q + x1i * (i11 * x1j + i12 * x2j) + x2i * (i12 * x1j + i22 * x2j))
+            exact = cc_ij - r2 - (qq + x1i * (i11 * x1j + i12 * x2j) + x2i * (i12 * x1j + i22 * x2j))
             out[40 + 4 * i + j] = exact
             out[40 + 4 * j + i] = exact
-            out[24 + 4 * i + j] = cc - proj
-            out[24 + 4 * j + i] = cc - proj
+            out[24 + 4 * i + j] = cc_ij - proj
+            out[24 + 4 * j + i] = cc_ij - proj
     # the exact Hessian where it is positive definite, else Kaufman's matrix
     src = 40 if _positive_definite4(out, 40, 62) else 24
     for j in range(16):
         out[8 + j] = out[src + j]
     return sse
+
+
+def _full_two_terms(x, y, linf, d1, mu1, inv_s1, d2, mu2, inv_s2):
+    """The full two-sigmoid model's squared residuals, its Jacobian's columns in (linf, d1,
+    mu1, ln s1, d2, mu2, ln s2) (the first is 1) and their products (i >= j >= 1), at the
+    centred data y (linf centred too)."""
+    z1, g1, h1 = _event(x, mu1, inv_s1)
+    z2, g2, h2 = _event(x, mu2, inv_s2)
+    t1 = d1 * g1 * h1
+    t2 = d2 * g2 * h2
+    cols = (g1, t1 * inv_s1, t1 * z1, g2, t2 * inv_s2, t2 * z2)
+    r = linf + d1 * g1 + d2 * g2 - y
+    return ((r * r,) + cols
+            + tuple(cols[i] * cols[j] for i in range(6) for j in range(i + 1)))
+
+
+_full_two_sums = lane_sums(_full_two_terms, 2, 7)
+
+
+@njit(inline="always", **_JIT)
+def _two_normal_matrix(xo, yc, n, mean, p, A):
+    """Fill A [7, 7] = J^T J of the two-sigmoid model at p (linf, d1, mu1, ln s1, d2, mu2,
+    ln s2) over a row's observed points (yc centred on ``mean``); return its sum of squares
+    (direct, not projected)."""
+    t = _full_two_sums(xo, yc, p[0] - mean, p[1], p[2], math.exp(-p[3]), p[4], p[5],
+                       math.exp(-p[6]), n)
+    A[0, 0] = n
+    k = 7
+    for a in range(6):
+        A[0, a + 1] = A[a + 1, 0] = t[1 + a]
+        for b in range(a + 1):
+            A[a + 1, b + 1] = A[b + 1, a + 1] = t[k]
+            k += 1
+    return t[0]
 
 
 @njit(inline="always", **_JIT)
@@ -938,7 +921,6 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
     for c in prange(n_chunks):
         xo = np.empty(K)
         yc = np.empty(K)
-        yo = np.empty(K)
         idx = np.empty(K, dtype=np.int64)
         buf = np.zeros((_N_BUF, K))
         out = np.zeros(_OUT_SIZE)
@@ -949,7 +931,6 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
         bnd = np.full(5, -np.inf)
         tlo = np.empty(Pn)
         thi = np.empty(Pn)
-        grad = np.empty(P)
         for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
             n, mean, syy = _gather(x, Y, b, xo, yc, idx)
             for j in range(Pn):
@@ -987,9 +968,7 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
                 sse[b] = s
                 _sigmoid_normal_matrix(out, n, A[b])
             else:
-                for k in range(n):
-                    yo[k] = yc[k] + mean
-                sse[b] = _eval_two_sigmoids(xo, yo, n, pb, A[b], grad, buf)
+                sse[b] = _two_normal_matrix(xo, yc, n, mean, pb, A[b])
     return p_out, sse, A, n_iter, status
 
 
@@ -1010,7 +989,8 @@ def two_start_block(x, Y, p1, lo, hi, mus, ss):
 def _full_pair_forms(G, gram, qa, qb, qe, pen, min_det, min_var):
     """For rows with every point observed, a pair's score is a quadratic form in the two
     covariances with fixed coefficients: score = qa c_q^2 + qb c_q c_r + qe c_r^2 (+ pen:
-    -inf for pairs that are collinear or hold a near-constant event). Fills gram [Q, Q]
+    -inf for pairs that are collinear or hold a near-constant event, and for r >= q: each
+    pair is scored once, as (q, r) with r < q). Fills gram [Q, Q]
     (the centred Gram matrix over all K points) and the coefficients [Q, Q]."""
     Q, K = G.shape
     mean = np.empty(Q)
@@ -1031,7 +1011,7 @@ def _full_pair_forms(G, gram, qa, qb, qe, pen, min_det, min_var):
         for r in range(Q):
             vq, vr = gram[q, q], gram[r, r]
             det = vq * vr - gram[q, r] * gram[q, r]
-            if det > min_det * vq * vr and vq > v_min and vr > v_min:
+            if r < q and det > min_det * vq * vr and vq > v_min and vr > v_min:
                 qa[q, r] = vr / det
                 qb[q, r] = -2.0 * gram[q, r] / det
                 qe[q, r] = vq / det
@@ -1054,6 +1034,20 @@ def _pair_score(v11, v12, v22, c1, c2, min_det, v_min):
     return (v22 * c1 * c1 - 2.0 * v12 * c1 * c2 + v11 * c2 * c2) / det
 
 
+def _pair_form_py(a, b, e, pen, rowpen, c, c1, c1s):
+    """A fully observed row's score of a pair of grid events (see :func:`_full_pair_forms`)."""
+    return a * c1s + b * c1 * c + e * c * c + pen + rowpen
+
+
+def _pair_terms(a, b, e, pen, rowpen, c, c1, c1s):
+    return (_pair_form_py(a, b, e, pen, rowpen, c, c1, c1s),)
+
+
+_pair_form = njit(inline="always", **_JIT)(_pair_form_py)
+# the best score of one event q with every r < q (the same bits as _pair_form's)
+_pair_max = lane_maxima(_pair_terms, 6, 2)
+
+
 @njit(cache=True, parallel=True, nogil=True)
 def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
     B, K = Y.shape
@@ -1071,7 +1065,6 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
         vq = np.empty((Q, Q))
         inb = np.empty(Q, dtype=np.bool_)
         rowpen = np.empty(Q)
-        scores = np.empty(Q)
         keys = np.full((2, mus.shape[1] + ss.shape[1]), np.nan)
         mu_g = np.empty((2, Q))
         s_g = np.empty((2, Q))
@@ -1122,18 +1115,20 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
             for q in range(Q):
                 if not inb[q]:
                     continue
-                if full:  # vectorised quadratic forms, then the largest
+                if full:  # the largest quadratic form in lanes, then the first pair with it
                     c1 = cq[q]
                     c1s = c1 * c1
-                    aq, bq_, eq, pq = qa[q], qb[q], qe[q], pen[q]
-                    for r in range(q):
-                        scores[r] = (aq[r] * c1s + bq_[r] * c1 * cq[r] + eq[r] * cq[r] * cq[r]
-                                     + pq[r] + rowpen[r])
-                    for r in range(q):
-                        if scores[r] > best:
-                            best = scores[r]
-                            bq = q
-                            br = r
+                    # whole blocks of r (pen is -inf from r = q on), so no ragged last one
+                    top = _pair_max(qa, qb, qe, pen, rowpen, cq, c1, c1s,
+                                    min(-(-q // _LANES) * _LANES, Q), q)[0]
+                    if top > best:
+                        for r in range(q):
+                            if _pair_form(qa[q, r], qb[q, r], qe[q, r], pen[q, r], rowpen[r],
+                                          cq[r], c1, c1s) == top:
+                                best = top
+                                bq = q
+                                br = r
+                                break
                     continue
                 for r in range(q):
                     if not inb[r]:

@@ -1,0 +1,158 @@
+"""Sums and maxima in eight vector lanes (tokdyn.fit.lanes).
+
+The compiled lanes must add exactly what their numpy reference adds, in the same order (the
+same bits: the fit's determinism rests on it), those sums must be the mathematical sums to
+rounding (against math.fsum of the terms), maxima must be the plain maxima, and nothing past
+the n-th point may reach a result.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+from numba import njit
+from numba.core.errors import TypingError
+
+from tokdyn.fit import varpro
+from tokdyn.fit.lanes import LANES, clip, lane_maxima, lane_sums, reference_sums
+
+
+def _toy_terms(a, b, s):
+    return (a, a * b - s, (a - b) * (a + b) / (1.0 + b * b), clip(a * s, -0.5, 0.25), 2.0)
+
+
+_toy_sums = lane_sums(_toy_terms, 2, 1)
+_toy_max = lane_maxima(_toy_terms, 2, 1)
+
+
+@njit
+def _call_toy(a, b, s, n):
+    return _toy_sums(a, b, s, n)
+
+
+@njit
+def _call_toy_max(a, b, s, n, row):
+    return _toy_max(a, b, s, n, row)
+
+
+# (terms, sums, columns drawn in [lo, hi] with x sorted first, scalars drawn likewise)
+_FIT_SUMS = {
+    "sigmoid": (varpro._sigmoid_terms, varpro._sigmoid_sums, 2, 3),
+    "two": (varpro._two_terms, varpro._two_sums, 2, 4),
+    "second": (varpro._second_terms, varpro._second_sums, 2, 7),
+    "full_two": (varpro._full_two_terms, varpro._full_two_sums, 2, 7),
+}
+
+
+def _caller(fn, n_args):
+    names = ", ".join(f"a{i}" for i in range(n_args))
+    space = {"fn": fn}
+    exec(f"def call({names}):\n    return fn({names})\n", space)
+    return njit(space["call"])
+
+
+_CALLERS = {name: _caller(s, c + k + 1) for name, (_, s, c, k) in _FIT_SUMS.items()}
+
+
+def _bits(values) -> list[bytes]:
+    return [np.float64(v).tobytes() for v in values]
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=hs.sampled_from(sorted(_FIT_SUMS)), n=hs.integers(0, 3 * LANES * 2 + 5),
+       seed=hs.integers(0, 2**32 - 1))
+def test_the_fit_sums_are_their_numpy_reference_to_the_bit(name, n, seed):
+    terms, _, n_cols, n_scalars = _FIT_SUMS[name]
+    rng = np.random.default_rng(seed)
+    x = np.sort(rng.uniform(-1.0, 4.0, n))
+    y = rng.normal(0.0, 1.0, n)
+    # event times within the axis or beyond it, widths from sharp to wide, amplitudes mixed
+    scalars = [float(v) for v in rng.uniform(-2.0, 5.0, n_scalars)]
+    scalars[1] = float(math.exp(rng.uniform(-3.0, 4.0)))  # an inverse width
+    got = _CALLERS[name](x, y, *scalars, n)
+    ref = reference_sums(terms, [x, y], scalars, n)
+    assert _bits(got) == _bits(ref)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=hs.integers(0, 70), seed=hs.integers(0, 2**32 - 1))
+def test_lane_sums_are_the_sums_to_rounding(n, seed):
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(0, 3, n), rng.normal(0, 1, n)
+    got = _call_toy(a, b, 0.7, n)
+    terms = _toy_terms(a, b, 0.7)
+    for g, t in zip(got, terms):
+        t = np.broadcast_to(np.asarray(t, dtype=np.float64), (n,))
+        exact = math.fsum(t)
+        # a sum of n terms in any order is within n eps sum |t| of the exact sum
+        assert abs(g - exact) <= 2 * max(n, 1) * np.finfo(float).eps * (np.abs(t).sum() + 1e-300)
+    assert got[4] == 2.0 * n  # a constant term counts the points
+
+
+def test_no_point_past_n_reaches_a_sum():
+    """The last block's lanes past n read the n-th point again and are masked out: poison
+    after n (NaN, inf) changes nothing, and n = 0 gives zeros."""
+    rng = np.random.default_rng(3)
+    for n in range(0, 3 * LANES + 1):
+        a = np.concatenate([rng.normal(size=n), np.full(9, np.nan)])
+        b = np.concatenate([rng.normal(size=n), np.full(9, np.inf)])
+        clean = _call_toy(a[:n].copy(), b[:n].copy(), 0.3, n)
+        poisoned = _call_toy(a, b, 0.3, n)
+        assert _bits(clean) == _bits(poisoned)
+        assert all(math.isfinite(v) for v in poisoned)
+    assert _call_toy(np.zeros(0), np.zeros(0), 1.0, 0) == (0.0,) * 5
+    assert _call_toy(np.ones(4), np.ones(4), 1.0, -3) == (0.0,) * 5  # n < 0: nothing
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=hs.integers(0, 40), row=hs.integers(0, 2), seed=hs.integers(0, 2**32 - 1),
+       nan_frac=hs.sampled_from([0.0, 0.2, 1.0]))
+def test_lane_maxima_are_the_maxima_and_read_the_given_row(n, row, seed, nan_frac):
+    rng = np.random.default_rng(seed)
+    A = rng.normal(0, 2, (3, max(n, 1)))
+    A[rng.random(A.shape) < nan_frac] = np.nan
+    b = rng.normal(0, 1, max(n, 1))
+    got = _call_toy_max(A, b, 0.7, n, row)
+    terms = _toy_terms(A[row, :n], b[:n], 0.7)
+    for g, t in zip(got, terms):
+        t = np.broadcast_to(np.asarray(t, dtype=np.float64), (n,))
+        finite = t[~np.isnan(t)]
+        want = finite.max() if finite.size else -math.inf  # NaN terms are passed over
+        assert g == want
+    ref = reference_sums(_toy_terms, [A[row], b], [0.7], n, kind="max")
+    assert _bits(got) == _bits(ref)
+
+
+def test_columns_must_be_contiguous_float64_vectors():
+    with pytest.raises(TypingError, match="C-contiguous"):
+        _call_toy(np.arange(10.0)[::2], np.zeros(5), 1.0, 5)
+    with pytest.raises(TypingError, match="C-contiguous"):
+        _call_toy(np.zeros(5, dtype=np.float32), np.zeros(5), 1.0, 5)
+    with pytest.raises(TypingError, match="scalars"):
+        _call_toy(np.zeros(5), np.zeros(5), 1, 5)
+    with pytest.raises(TypeError, match="tuple"):
+        lane_sums(lambda a: a, 1, 0)
+
+
+def test_a_sum_does_not_depend_on_the_threads_or_the_call_site():
+    """The same row summed inside a parallel loop, on any thread, gives the same bits."""
+
+    @njit(parallel=True)
+    def many(x, y, reps):
+        out = np.empty((reps, 21))
+        for r in numba.prange(reps):
+            t = varpro._sigmoid_sums(x, y, 1.3, 2.0, 4.0, x.shape[0])
+            for j in range(21):
+                out[r, j] = t[j]
+        return out
+
+    rng = np.random.default_rng(0)
+    x, y = np.sort(rng.uniform(0, 3, 37)), rng.normal(size=37)
+    out = many(x, y, 64)
+    ref = reference_sums(varpro._sigmoid_terms, [x, y], [1.3, 2.0, 4.0], 37)
+    assert all(_bits(row) == _bits(ref) for row in out)
