@@ -186,6 +186,15 @@ def _evaluate(model, xo, yo, n, p, A, grad, buf):
 @njit(**_JIT)
 def _cholesky_solve(M, rhs, h, L):
     """Solve M h = rhs (M small SPD); False if a pivot is not positive (as lm.cholesky_solve)."""
+    ok = _cholesky_factor(M, L)
+    _cholesky_substitute(L, rhs, h)
+    return ok
+
+
+@njit(inline="always", **_JIT)
+def _cholesky_factor(M, L):
+    """L L^T = M (lower triangle of L); False if a pivot is not positive (it is then taken
+    as 1)."""
     P = M.shape[0]
     ok = True
     for j in range(P):
@@ -202,6 +211,13 @@ def _cholesky_solve(M, rhs, h, L):
             for k in range(j):
                 v -= L[i, k] * L[j, k]
             L[i, j] = v / d
+    return ok
+
+
+@njit(inline="always", **_JIT)
+def _cholesky_substitute(L, rhs, h):
+    """h = (L L^T)^-1 rhs by forward and back substitution."""
+    P = L.shape[0]
     for j in range(P):
         v = rhs[j]
         for k in range(j):
@@ -212,7 +228,6 @@ def _cholesky_solve(M, rhs, h, L):
         for k in range(j + 1, P):
             v -= L[k, j] * h[k]
         h[j] = v / L[j, j]
-    return ok
 
 
 @njit(**_JIT)
@@ -441,24 +456,31 @@ def prepare_block(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_ma
     return (n_out, x_first, x_last, invalid, mean, sse_c, intercept, slope, sse_l, p0, lo, hi)
 
 
-@njit(cache=True, parallel=True, nogil=True)
 def inverse_diagonal(A):
     """diag(A^-1) [B, P] of SPD matrices A [B, P, P] by Cholesky, and ok [B] (as lm.py)."""
+    B = A.shape[0]
+    return _inverse_diagonal_chunks(A, max(1, min(B, 8 * numba.get_num_threads())))
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _inverse_diagonal_chunks(A, n_chunks):
     B, P = A.shape[0], A.shape[1]
     out = np.full((B, P), np.nan)
     ok = np.zeros(B, dtype=np.bool_)
-    for b in prange(B):
-        L = np.zeros((P, P))
+    for c in prange(n_chunks):
+        L = np.zeros((P, P))  # scratch per chunk (an allocation per row serialises threads)
         e = np.zeros(P)
         col = np.zeros(P)
-        good = True
-        for j in range(P):
-            for i in range(P):
-                good = good and math.isfinite(A[b, i, j])
-        for j in range(P):
-            e[:] = 0.0
-            e[j] = 1.0
-            good = _cholesky_solve(A[b], e, col, L) and good
-            out[b, j] = col[j]
-        ok[b] = good
+        for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
+            good = True
+            for j in range(P):
+                for i in range(P):
+                    good = good and math.isfinite(A[b, i, j])
+            good = _cholesky_factor(A[b], L) and good  # once: the same L for every column
+            for j in range(P):
+                e[:] = 0.0
+                e[j] = 1.0
+                _cholesky_substitute(L, e, col)
+                out[b, j] = col[j]
+            ok[b] = good
     return out, ok
