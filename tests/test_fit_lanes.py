@@ -40,12 +40,12 @@ def _call_toy_max(a, b, s, n, row):
     return _toy_max(a, b, s, n, row)
 
 
-# (terms, sums, columns drawn in [lo, hi] with x sorted first, scalars drawn likewise)
+# name: (terms, sums, columns, outputs, scalars)
 _FIT_SUMS = {
-    "sigmoid": (varpro._sigmoid_terms, varpro._sigmoid_sums, 2, 3),
-    "two": (varpro._two_terms, varpro._two_sums, 2, 4),
-    "second": (varpro._second_terms, varpro._second_sums, 2, 7),
-    "full_two": (varpro._full_two_terms, varpro._full_two_sums, 2, 7),
+    "sigmoid": (varpro._sigmoid_terms, varpro._sigmoid_sums, 2, 0, 3),
+    "two": (varpro._two_terms, varpro._two_sums, 2, 6, 4),
+    "second": (varpro._second_terms, varpro._second_sums, 7, 0, 3),
+    "full_two": (varpro._full_two_terms, varpro._full_two_sums, 2, 0, 7),
 }
 
 
@@ -56,27 +56,37 @@ def _caller(fn, n_args):
     return njit(space["call"])
 
 
-_CALLERS = {name: _caller(s, c + k + 1) for name, (_, s, c, k) in _FIT_SUMS.items()}
+_CALLERS = {name: _caller(f, c + o + k + 1) for name, (_, f, c, o, k) in _FIT_SUMS.items()}
 
 
 def _bits(values) -> list[bytes]:
     return [np.float64(v).tobytes() for v in values]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(name=hs.sampled_from(sorted(_FIT_SUMS)), n=hs.integers(0, 3 * LANES * 2 + 5),
        seed=hs.integers(0, 2**32 - 1))
 def test_the_fit_sums_are_their_numpy_reference_to_the_bit(name, n, seed):
-    terms, _, n_cols, n_scalars = _FIT_SUMS[name]
+    terms, _, n_cols, n_out, n_scalars = _FIT_SUMS[name]
     rng = np.random.default_rng(seed)
     x = np.sort(rng.uniform(-1.0, 4.0, n))
     y = rng.normal(0.0, 1.0, n)
     # event times within the axis or beyond it, widths from sharp to wide, amplitudes mixed
     scalars = [float(v) for v in rng.uniform(-2.0, 5.0, n_scalars)]
-    scalars[1] = float(math.exp(rng.uniform(-3.0, 4.0)))  # an inverse width
-    got = _CALLERS[name](x, y, *scalars, n)
-    ref = reference_sums(terms, [x, y], scalars, n)
+    if name == "second":  # the columns _two_terms writes
+        columns = [*varpro._event(x, 1.2, 3.0), *varpro._event(x, 2.5, 0.4), y]
+    else:
+        scalars[1] = float(math.exp(rng.uniform(-3.0, 4.0)))  # an inverse width
+        columns = [x, y]
+    assert len(columns) == n_cols
+    outputs = [np.full(n + 3, -7.0) for _ in range(n_out)]  # nothing may be written past n
+    got = _CALLERS[name](*columns, *[o[:n] for o in outputs], *scalars, n)
+    ref = reference_sums(terms, columns, scalars, n, n_outputs=n_out)
     assert _bits(got) == _bits(ref)
+    want = terms(*columns, *scalars)[:n_out]
+    for o, w in zip(outputs, want):
+        assert o[:n].tobytes() == np.asarray(w, dtype=np.float64).tobytes()
+        assert np.all(o[n:] == -7.0)
 
 
 @settings(max_examples=40, deadline=None)
@@ -137,6 +147,8 @@ def test_columns_must_be_contiguous_float64_vectors():
         _call_toy(np.zeros(5), np.zeros(5), 1, 5)
     with pytest.raises(TypeError, match="tuple"):
         lane_sums(lambda a: a, 1, 0)
+    with pytest.raises(TypeError, match="outputs"):
+        lane_sums(lambda a: (a, a), 1, 0, n_outputs=2)
 
 
 def test_a_sum_does_not_depend_on_the_threads_or_the_call_site():

@@ -131,15 +131,18 @@ def _splat(builder: ir.IRBuilder, scalar: ir.Value, ty: ir.VectorType) -> ir.Val
 _UNROLL = 2
 
 
-def lane_sums(terms: Callable, n_columns: int, n_scalars: int):
-    """A numba intrinsic ``f(col_1 .. col_C, scalar_1 .. scalar_S, n)`` returning the tuple of
-    sums over points k < n of ``terms(col_1[k], .., col_C[k], scalar_1, .., scalar_S)``.
+def lane_sums(terms: Callable, n_columns: int, n_scalars: int, n_outputs: int = 0):
+    """A numba intrinsic ``f(col_1 .. col_C, out_1 .. out_O, scalar_1 .. scalar_S, n)``
+    returning the tuple of sums over points k < n of ``terms(col_1[k], .., col_C[k],
+    scalar_1, .., scalar_S)``.
 
     ``terms`` returns a tuple of expressions built with +, -, *, / and :func:`clip` (and
     number constants); columns are 1-D C-contiguous float64 arrays with at least n entries,
-    scalars float64.
+    scalars float64. The first ``n_outputs`` expressions are not summed but written to the
+    output arrays (1-D, C-contiguous, at least n entries; out_i[k] for k < n, nothing past):
+    columns a later pass reads instead of computing them again.
     """
-    return _lane_reduction(terms, n_columns, n_scalars, "sum")
+    return _lane_reduction(terms, n_columns, n_scalars, "sum", n_outputs=n_outputs)
 
 
 def lane_maxima(terms: Callable, n_columns: int, n_scalars: int):
@@ -161,28 +164,38 @@ def _combine(builder: ir.IRBuilder, kind: str, acc: ir.Value, v: ir.Value) -> ir
 
 
 def _lane_reduction(terms: Callable, n_columns: int, n_scalars: int, kind: str,
-                    rows: bool = False):
-    n_sums = _count_terms(terms, n_columns, n_scalars)
-    n_args = n_columns + n_scalars + (2 if rows else 1)
+                    rows: bool = False, n_outputs: int = 0):
+    n_sums = _count_terms(terms, n_columns, n_scalars) - n_outputs
+    if n_sums < 1:
+        raise TypeError(f"{terms.__name__} must return more than its {n_outputs} outputs")
+    n_arrays = n_columns + n_outputs
+    n_args = n_arrays + n_scalars + (2 if rows else 1)
     dims = (1, 2) if rows else (1,)
 
     def typer(typingctx, *args):
+        for i, a in enumerate(args[n_columns:n_arrays]):
+            if not (isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.float64
+                    and a.layout == "C" and a.mutable):
+                raise TypingError(f"{terms.__name__}: output {i} must be a writable 1-D "
+                                  f"C-contiguous float64 array, got {a}")
         for i, a in enumerate(args[:n_columns]):
             if not (isinstance(a, types.Array) and a.ndim in dims and a.dtype == types.float64
                     and a.layout == "C"):
                 raise TypingError(f"{terms.__name__}: column {i} must be a "
                                   f"{' or '.join(f'{d}-D' for d in dims)} C-contiguous float64 "
                                   f"array, got {a}")
-        for a in args[n_columns:n_columns + n_scalars]:
+        for a in args[n_arrays:n_arrays + n_scalars]:
             if not isinstance(a, types.Float):
                 raise TypingError(f"{terms.__name__}: scalars must be floats, got {a}")
-        for a in args[n_columns + n_scalars:]:
+        for a in args[n_arrays + n_scalars:]:
             if not isinstance(a, types.Integer):
                 raise TypingError(f"{terms.__name__}: n (and row) must be integers, got {a}")
         sig = types.UniTuple(types.float64, n_sums)(*args)
 
         def codegen(context, builder, sig, llargs):
-            i_n = n_columns + n_scalars
+            i_n = n_arrays + n_scalars
+            outs = [context.make_array(sig.args[i])(context, builder, llargs[i]).data
+                    for i in range(n_columns, n_arrays)]
             cols = []
             for i in range(n_columns):
                 arr = context.make_array(sig.args[i])(context, builder, llargs[i])
@@ -192,7 +205,7 @@ def _lane_reduction(terms: Callable, n_columns: int, n_scalars: int, kind: str,
                     width = cgutils.unpack_tuple(builder, arr.shape, 2)[1]
                     ptr = builder.gep(ptr, [builder.mul(row, width)])
                 cols.append(ptr)
-            scalars = [context.cast(builder, llargs[n_columns + i], sig.args[n_columns + i],
+            scalars = [context.cast(builder, llargs[n_arrays + i], sig.args[n_arrays + i],
                                     types.float64) for i in range(n_scalars)]
             n = context.cast(builder, llargs[i_n], sig.args[i_n], types.int64)
             n = builder.select(builder.icmp_signed("<", n, ir.Constant(_I64, 0)),
@@ -208,8 +221,8 @@ def _lane_reduction(terms: Callable, n_columns: int, n_scalars: int, kind: str,
                 return [t.value if isinstance(t, _Lanes) else _constant(ty, t) for t in out]
 
             def add(values, block, mask=None):
-                """Add block ``block`` of each term's vector to the accumulators."""
-                for acc, v in zip(accs, values):
+                """Add block ``block`` of each summed term's vector to the accumulators."""
+                for acc, v in zip(accs, values[n_outputs:]):
                     if v.type.count > LANES:
                         v = builder.shuffle_vector(v, v, ir.Constant(
                             ir.VectorType(_I32, LANES),
@@ -223,37 +236,55 @@ def _lane_reduction(terms: Callable, n_columns: int, n_scalars: int, kind: str,
                 return [builder.load(builder.bitcast(builder.gep(p, [k0]), ty.as_pointer()),
                                      align=8) for p in cols]
 
+            def store(values, k0):
+                for p, v in zip(outs, values[:n_outputs]):
+                    builder.store(v, builder.bitcast(builder.gep(p, [k0]), v.type.as_pointer()),
+                                  align=8)
+
             step = ir.Constant(_I64, LANES * _UNROLL)
             n_steps = builder.sdiv(n, step)
             with cgutils.for_range(builder, n_steps) as loop:
-                values = emit(load(builder.mul(loop.index, step), LANES * _UNROLL))
+                k = builder.mul(loop.index, step)
+                values = emit(load(k, LANES * _UNROLL))
+                store(values, k)
                 for block in range(_UNROLL):
                     add(values, block)
             k0 = builder.mul(n_steps, step)
             lanes = ir.Constant(_I64, LANES)
             n_blocks = builder.sdiv(builder.sub(n, k0), lanes)  # whole blocks left (< _UNROLL)
             with cgutils.for_range(builder, n_blocks) as loop:
-                add(emit(load(builder.add(k0, builder.mul(loop.index, lanes)), LANES)), 0)
+                k = builder.add(k0, builder.mul(loop.index, lanes))
+                values = emit(load(k, LANES))
+                store(values, k)
+                add(values, 0)
             k0 = builder.add(k0, builder.mul(n_blocks, lanes))
             left = builder.sub(n, k0)
             with builder.if_then(builder.icmp_signed(">", left, ir.Constant(_I64, 0))):
-                # the last points: lane j reads point min(k0 + j, n - 1) (no read past n), and
-                # the lanes past n are masked out
+                # the last points: lane j reads point min(k0 + j, n - 1) (no read past n), the
+                # lanes past n are masked out of the sums, and their outputs (those of point
+                # n - 1 again) are written to it again
                 last = builder.sub(left, ir.Constant(_I64, 1))
+                points = []
+                for j in range(LANES):
+                    jj = ir.Constant(_I64, j)
+                    points.append(builder.add(k0, builder.select(
+                        builder.icmp_signed("<", jj, last), jj, last)))
                 vectors = []
                 for p in cols:
                     v = ir.Constant(_VEC, ir.Undefined)
-                    for j in range(LANES):
-                        jj = ir.Constant(_I64, j)
-                        k = builder.add(k0, builder.select(builder.icmp_signed("<", jj, last),
-                                                           jj, last))
+                    for j, k in enumerate(points):
                         v = builder.insert_element(v, builder.load(builder.gep(p, [k])),
                                                    ir.Constant(_I32, j))
                     vectors.append(v)
                 lane_index = ir.Constant(ir.VectorType(_I64, LANES), list(range(LANES)))
                 mask = builder.icmp_signed("<", lane_index,
                                            _splat(builder, left, ir.VectorType(_I64, LANES)))
-                add(emit(vectors), 0, mask)
+                values = emit(vectors)
+                for p, v in zip(outs, values[:n_outputs]):
+                    for j, k in enumerate(points):
+                        builder.store(builder.extract_element(v, ir.Constant(_I32, j)),
+                                      builder.gep(p, [k]))
+                add(values, 0, mask)
             sums = []
             for acc in accs:
                 v = builder.load(acc)
@@ -276,11 +307,12 @@ def _lane_reduction(terms: Callable, n_columns: int, n_scalars: int, kind: str,
 
 
 def reference_sums(terms: Callable, columns: Sequence[np.ndarray], scalars: Sequence[float],
-                   n: int, kind: str = "sum") -> tuple[float, ...]:
+                   n: int, kind: str = "sum", n_outputs: int = 0) -> tuple[float, ...]:
     """The sums (``kind`` "max": the maxima) that :func:`lane_sums` (:func:`lane_maxima`)
-    computes, in numpy, in the same order (for tests)."""
+    computes, in numpy, in the same order (for tests); the first ``n_outputs`` terms are
+    outputs, not sums, and left out."""
     values = terms(*[np.asarray(c, dtype=np.float64)[:n] for c in columns],
-                   *[float(s) for s in scalars])
+                   *[float(s) for s in scalars])[n_outputs:]
     start = _START[kind]
 
     def combine(acc, v):

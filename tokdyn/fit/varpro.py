@@ -54,8 +54,9 @@ from tokdyn.fit.sigmoid import Z_CLIP
 
 __all__ = ["grid_start_block", "varpro_block", "two_start_block"]
 
-# Scratch rows per trajectory: _vp_two keeps a 4x4 block and four short vectors of sums there.
-_N_BUF = 8
+# Scratch rows per trajectory: _vp_two keeps a 4x4 block and four short vectors of sums in the
+# first eight, its events' columns (z, g, h of each) in the next six.
+_N_BUF = 14
 # Outputs of one projected evaluation: sse, the amplitudes, gradient [P], step matrix [P, P], and
 # (two sigmoids) the two matrices it is chosen from with their scratch (see _vp_two).
 _OUT_SIZE = 78
@@ -550,33 +551,34 @@ def _inside(v, lo, hi):
 def _two_terms(x, y, mu1, inv_s1, mu2, inv_s2):
     """What :func:`_vp_two` sums over the points before it solves the amplitudes: each event's
     g and its derivative columns c = (a1, b1, a2, b2) in (mu, ln s), with their products
-    (sum g, sum g g', sum g y; sum c_j, sum g1 c_j, sum g2 c_j, sum c_j y; sum c_i c_j, i >= j)."""
+    (sum g, sum g g', sum g y; sum c_j, sum g1 c_j, sum g2 c_j, sum c_j y; sum c_i c_j, i >= j).
+    The events' columns (z, g, h of each) are written out for :func:`_second_terms`."""
     z1, g1, h1 = _event(x, mu1, inv_s1)
     z2, g2, h2 = _event(x, mu2, inv_s2)
     u1 = g1 * h1
     u2 = g2 * h2
     c = (u1 * inv_s1, u1 * z1, u2 * inv_s2, u2 * z2)
-    return ((g1, g2, g1 * g1, g1 * g2, g2 * g2, g1 * y, g2 * y)
+    return ((z1, g1, h1, z2, g2, h2)
+            + (g1, g2, g1 * g1, g1 * g2, g2 * g2, g1 * y, g2 * y)
             + c + tuple(g1 * cj for cj in c) + tuple(g2 * cj for cj in c)
             + tuple(cj * y for cj in c)
             + tuple(c[i] * c[j] for i in range(4) for j in range(i + 1)))
 
 
-_two_sums = lane_sums(_two_terms, 2, 4)
+_two_sums = lane_sums(_two_terms, 2, 4, n_outputs=6)
 
 
-def _second_terms(x, y, mu1, inv_s1, mu2, inv_s2, c0, d1, d2):
+def _second_terms(z1, g1, h1, z2, g2, h2, y, c0, d1, d2):
     """sum q, sum q z, sum q z^2 of each event, q = r g h (h - g) with r the residuals of the
-    two-sigmoid model (the exact Hessian's second-derivative terms in :func:`_vp_two`)."""
-    z1, g1, h1 = _event(x, mu1, inv_s1)
-    z2, g2, h2 = _event(x, mu2, inv_s2)
+    two-sigmoid model (the exact Hessian's second-derivative terms in :func:`_vp_two`), from
+    the events' columns that :func:`_two_terms` wrote."""
     r = y - c0 - d1 * g1 - d2 * g2
     q1 = r * g1 * h1 * (h1 - g1)
     q2 = r * g2 * h2 * (h2 - g2)
     return (q1, q1 * z1, q1 * z1 * z1, q2, q2 * z2, q2 * z2 * z2)
 
 
-_second_sums = lane_sums(_second_terms, 2, 7)
+_second_sums = lane_sums(_second_terms, 7, 3)
 
 
 @njit(**_JIT_SIMD)
@@ -605,10 +607,11 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     degenerate).
     """
     inv_s1, inv_s2 = math.exp(-th[1]), math.exp(-th[3])
+    z1, g1, h1, z2, g2, h2 = buf[8], buf[9], buf[10], buf[11], buf[12], buf[13]
     (sg1, sg2, u11, u12, u22, y1, y2,
      sc0, sc1, sc2, sc3, s10, s11, s12, s13, s20, s21, s22, s23, cy0, cy1, cy2, cy3,
      cc00, cc10, cc11, cc20, cc21, cc22, cc30, cc31, cc32, cc33) = _two_sums(
-        xo, yc, th[0], inv_s1, th[2], inv_s2, n)
+        xo, yc, z1, g1, h1, z2, g2, h2, th[0], inv_s1, th[2], inv_s2, n)
     nf = float(n)
     lb0 = bnd[0] - mean
     # the unconstrained amplitudes (a tiny ridge keeps the 2x2 solve finite when the two
@@ -692,7 +695,7 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     # r.g_mumu = q0 / s^2, r.g_mu,lns = (q1 - r.u) / s and r.g_lns,lns = q2 - r.(u z), where
     # qj = sum q z^j, r.u = s r.c_mu and r.(u z) = r.c_lns
     rq = 56  # out[56:62] (buf's rows may be as short as 5 points)
-    q = _second_sums(xo, yc, th[0], inv_s1, th[2], inv_s2, c0, d1, d2, n)
+    q = _second_sums(z1, g1, h1, z2, g2, h2, yc, c0, d1, d2, n)
     for e in range(2):
         q0, q1, q2 = q[3 * e], q[3 * e + 1], q[3 * e + 2]
         inv_s = inv_s1 if e == 0 else inv_s2
