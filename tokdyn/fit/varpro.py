@@ -1101,12 +1101,20 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
                 for q in range(Q):
                     sq[q] = sq_full[q]
             if not full:  # the centred Gram matrix over this row's observed points
+                # point-major, each entry summed over the points in order (as a plain loop
+                # would), the pass over r contiguous so that it vectorises
                 for q in range(Q):
                     for r in range(q + 1):
-                        acc = 0.0
-                        for k in range(n):
-                            acc += G[q, idx[k]] * G[r, idx[k]]
-                        v = acc - sq[q] * sq[r] / nf
+                        vq[q, r] = 0.0
+                for k in range(n):
+                    kk = idx[k]
+                    for q in range(Q):
+                        gq = GT[kk, q]
+                        for r in range(q + 1):
+                            vq[q, r] += gq * GT[kk, r]
+                for q in range(Q):
+                    for r in range(q + 1):
+                        v = vq[q, r] - sq[q] * sq[r] / nf
                         vq[q, r] = v
                         vq[r, q] = v
             best = -1.0
