@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from tokdyn.fit import FitOptions, available_backends, fit_sigmoids
 from tokdyn.fit.grid import grid_start, row_grids, two_start
@@ -106,6 +108,42 @@ def test_compiled_starts_match_numpy():
     p1 = prep["p0"]
     np.testing.assert_allclose(two_start(x, Y, p1, lo, hi, *grid),
                                varpro.two_start_block(x, Y, p1, lo, hi, *grid), rtol=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=hs.lists(hs.tuples(hs.integers(0, 4), hs.booleans()), min_size=2, max_size=24),
+       seed=hs.integers(0, 2**32 - 1))
+def test_compiled_two_start_shares_pair_forms_only_between_rows_that_miss_the_same_points(
+        rows, seed):
+    """Rows that miss the same points reuse one set of pair forms (a checkpoint lost for every
+    token); a row with other points or another grid in between must not leave stale ones.
+    Blocks of rows with 5 kinds of observed points (0: all) and two grids in a drawn order,
+    against numpy's start and each row alone."""
+    pytest.importorskip("numba")
+    from tokdyn.fit import varpro
+
+    x = np.linspace(1.0, 5.0, 30)
+    rng = np.random.default_rng(seed)
+    rows = (rows * 64)[:64]  # several rows per chunk (a chunk's rows share its scratch)
+    n = len(rows)
+    Y = np.concatenate([plant_sigmoids(n, x, rng=rng).Y[: n // 2],
+                        plant_two_steps(n, x, rng=rng).Y[: n - n // 2]])
+    missing = {1: [12], 2: [0, 7, 29], 3: [12, 13], 4: [3, 20]}  # 3, 4: as many, not the same
+    for row, (m, _) in enumerate(rows):
+        Y[row, missing.get(m, [])] = np.nan
+    prep = prepare(x, Y, FitOptions())
+    mus, ss = row_grids(x, Y, default_s_min(x))
+    shifted = np.array([s for _, s in rows])
+    mus[shifted] += 0.4  # another grid for the same points
+    ss[shifted] *= 2.5
+    lo, hi = two_sigmoid_bounds(prep["lo"], prep["hi"])
+    p1 = prep["p0"]
+    block = varpro.two_start_block(x, Y, p1, lo, hi, mus, ss)
+    np.testing.assert_allclose(two_start(x, Y, p1, lo, hi, mus, ss), block, rtol=1e-12)
+    for row in range(n):
+        r = slice(row, row + 1)
+        alone = varpro.two_start_block(x, Y[r], p1[r], lo[r], hi[r], mus[r], ss[r])
+        assert alone.tobytes() == block[r].tobytes()
 
 
 def test_sigmoid_at_scipy_optimum_from_a_far_start():

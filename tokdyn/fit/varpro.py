@@ -993,8 +993,8 @@ def _full_pair_forms(G, gram, qa, qb, qe, pen, min_det, min_var):
     """For rows with every point observed, a pair's score is a quadratic form in the two
     covariances with fixed coefficients: score = qa c_q^2 + qb c_q c_r + qe c_r^2 (+ pen:
     -inf for pairs that are collinear or hold a near-constant event, and for r >= q: each
-    pair is scored once, as (q, r) with r < q). Fills gram [Q, Q]
-    (the centred Gram matrix over all K points) and the coefficients [Q, Q]."""
+    pair is scored once, as (q, r) with r < q). Fills gram [Q, Q] (the centred Gram matrix
+    over all K points) and the coefficients [Q, Q] (:func:`_pair_forms`)."""
     Q, K = G.shape
     mean = np.empty(Q)
     for q in range(Q):
@@ -1009,7 +1009,14 @@ def _full_pair_forms(G, gram, qa, qb, qe, pen, min_det, min_var):
                 acc += (G[q, k] - mean[q]) * (G[r, k] - mean[r])
             gram[q, r] = acc
             gram[r, q] = acc
-    v_min = min_var * K
+    _pair_forms(gram, qa, qb, qe, pen, min_det, min_var * K)
+
+
+@njit(**_JIT)
+def _pair_forms(gram, qa, qb, qe, pen, min_det, v_min):
+    """The pair scores' coefficients [Q, Q] from a centred Gram matrix of grid events over a
+    row's points (see :func:`_full_pair_forms`; v_min: the least variance of an event)."""
+    Q = gram.shape[0]
     for q in range(Q):
         for r in range(Q):
             vq, vr = gram[q, q], gram[r, r]
@@ -1081,6 +1088,14 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
         qb = np.empty((Q, Q))
         qe = np.empty((Q, Q))
         pen = np.empty((Q, Q))
+        # the same for the last set of observed points of a gathered row (rows that all miss
+        # the same points, a checkpoint lost for every token, reuse them)
+        qa_g = np.empty((Q, Q))
+        qb_g = np.empty((Q, Q))
+        qe_g = np.empty((Q, Q))
+        pen_g = np.empty((Q, Q))
+        seen_idx = np.empty(K, dtype=np.int64)
+        seen_n = -1
         for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
             n, mean, _ = _gather(x, Y, b, xo, yc, idx)
             if n < 3:
@@ -1089,10 +1104,13 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
             full = n == K
             v_min = min_var * nf
             slot = _FULL if full else _OTHER
-            if _use_grid(x, mus[b], ss[b], slot, keys, mu_g, s_g, G2, GT2) and full:
-                _full_pair_forms(G2[_FULL], gram, qa, qb, qe, pen, min_det, min_var)
-                _grid_moments(GT2[_FULL], K, sq_full, s2q)
-            G, GT, mu_q, s_q = G2[slot], GT2[slot], mu_g[slot], s_g[slot]
+            if _use_grid(x, mus[b], ss[b], slot, keys, mu_g, s_g, G2, GT2):
+                if full:
+                    _full_pair_forms(G2[_FULL], gram, qa, qb, qe, pen, min_det, min_var)
+                    _grid_moments(GT2[_FULL], K, sq_full, s2q)
+                else:
+                    seen_n = -1  # another grid: the gathered forms are stale
+            GT, mu_q, s_q = GT2[slot], mu_g[slot], s_g[slot]
             for q in range(Q):
                 inb[q] = not (mu_q[q] < lo[b, 5] or mu_q[q] > hi[b, 5] or s_q[q] < lo[b, 6]
                               or s_q[q] > hi[b, 6])
@@ -1100,7 +1118,10 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
             if full:
                 for q in range(Q):
                     sq[q] = sq_full[q]
-            if not full:  # the centred Gram matrix over this row's observed points
+            same = n == seen_n
+            for k in range(n if same else 0):
+                same = same and idx[k] == seen_idx[k]
+            if not full and not same:  # the centred Gram matrix over this row's points
                 # point-major, each entry summed over the points in order (as a plain loop
                 # would), the pass over r contiguous so that it vectorises
                 for q in range(Q):
@@ -1117,6 +1138,11 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
                         v = vq[q, r] - sq[q] * sq[r] / nf
                         vq[q, r] = v
                         vq[r, q] = v
+                _pair_forms(vq, qa_g, qb_g, qe_g, pen_g, min_det, v_min)
+                seen_n = n
+                for k in range(n):
+                    seen_idx[k] = idx[k]
+            fa, fb, fe, fp = (qa, qb, qe, pen) if full else (qa_g, qb_g, qe_g, pen_g)
             best = -1.0
             bq = -1
             br = -1
@@ -1126,30 +1152,20 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
             for q in range(Q):
                 if not inb[q]:
                     continue
-                if full:  # the largest quadratic form in lanes, then the first pair with it
-                    c1 = cq[q]
-                    c1s = c1 * c1
-                    # whole blocks of r (pen is -inf from r = q on), so no ragged last one
-                    top = _pair_max(qa, qb, qe, pen, rowpen, cq, c1, c1s,
-                                    min(-(-q // _LANES) * _LANES, Q), q)[0]
-                    if top > best:
-                        for r in range(q):
-                            if _pair_form(qa[q, r], qb[q, r], qe[q, r], pen[q, r], rowpen[r],
-                                          cq[r], c1, c1s) == top:
-                                best = top
-                                bq = q
-                                br = r
-                                break
-                    continue
-                for r in range(q):
-                    if not inb[r]:
-                        continue
-                    sc = _pair_score(vq[q, q], vq[q, r], vq[r, r], cq[q], cq[r], min_det,
-                                     v_min)
-                    if sc > best:
-                        best = sc
-                        bq = q
-                        br = r
+                # the largest quadratic form in lanes, then the first pair with it
+                c1 = cq[q]
+                c1s = c1 * c1
+                # whole blocks of r (pen is -inf from r = q on), so no ragged last one
+                top = _pair_max(fa, fb, fe, fp, rowpen, cq, c1, c1s,
+                                min(-(-q // _LANES) * _LANES, Q), q)[0]
+                if top > best:
+                    for r in range(q):
+                        if _pair_form(fa[q, r], fb[q, r], fe[q, r], fp[q, r], rowpen[r], cq[r],
+                                      c1, c1s) == top:
+                            best = top
+                            bq = q
+                            br = r
+                            break
             mu1 = 0.0
             s1 = 0.0
             mu2 = 0.0
