@@ -44,7 +44,10 @@ def blocks(draw):
     others = np.array([_trajectory(rng, two=bool(b % 2)) for b in range(n_other)]
                       ).reshape(n_other, X.size)
     others[rng.random(others.shape) < draw(st.sampled_from([0.0, 0.1, 0.4]))] = np.nan
-    at = draw(st.integers(0, n_other))
+    # eight copies: the compiled kernels split a block into 8 chunks per thread and each chunk
+    # keeps state from row to row (grids, pair forms); with a few rows every chunk holds one
+    others = np.tile(others, (8, 1))
+    at = draw(st.integers(0, len(others)))
     block = np.insert(others, at, np.where(keep, row, np.nan), axis=0)
     return row, keep, block, at
 
