@@ -50,6 +50,18 @@ _I64 = ir.IntType(64)
 _ZERO = ir.Constant(_VEC, [0.0] * LANES)
 
 
+def _binary(name: str):
+    """The operator and its reflection for one IR instruction (``fadd``, ``fsub``, ...)."""
+
+    def op(self, o):
+        return self._op(name, self.value, self._operand(o))
+
+    def rop(self, o):
+        return self._op(name, self._operand(o), self.value)
+
+    return op, rop
+
+
 class _Lanes:
     """One value on all eight lanes while the terms are emitted: +, -, * and / with each other
     or with Python numbers (broadcast), as IEEE operations without fast-math flags."""
@@ -71,29 +83,10 @@ class _Lanes:
             return NotImplemented
         return _Lanes(self.builder, getattr(self.builder, name)(a, b))
 
-    def __add__(self, o):
-        return self._op("fadd", self.value, self._operand(o))
-
-    def __radd__(self, o):
-        return self._op("fadd", self._operand(o), self.value)
-
-    def __sub__(self, o):
-        return self._op("fsub", self.value, self._operand(o))
-
-    def __rsub__(self, o):
-        return self._op("fsub", self._operand(o), self.value)
-
-    def __mul__(self, o):
-        return self._op("fmul", self.value, self._operand(o))
-
-    def __rmul__(self, o):
-        return self._op("fmul", self._operand(o), self.value)
-
-    def __truediv__(self, o):
-        return self._op("fdiv", self.value, self._operand(o))
-
-    def __rtruediv__(self, o):
-        return self._op("fdiv", self._operand(o), self.value)
+    __add__, __radd__ = _binary("fadd")
+    __sub__, __rsub__ = _binary("fsub")
+    __mul__, __rmul__ = _binary("fmul")
+    __truediv__, __rtruediv__ = _binary("fdiv")
 
 
 def clip(v, lo: float, hi: float):
