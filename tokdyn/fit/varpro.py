@@ -11,11 +11,11 @@ sigmoids) on the projected sum of squares (Golub and Pereyra). Every evaluation 
 over the trajectory's observed points that accumulates a few sums; everything else is
 arithmetic on those sums, which run in eight vector lanes (:mod:`tokdyn.fit.lanes`: the
 evaluation's terms are written once, as Python functions such as :func:`_sigmoid_terms`, and
-emitted as vector code whose summation order is fixed). The sigmoid gets the exact Hessian of the projected sum of squares
-(damped Newton, :func:`_vp_sigmoid`), and so do two sigmoids (:func:`_vp_two`: Kaufman's
-Gauss-Newton matrix, the Schur complement of the full J^T J in its amplitude block, plus the
-residual terms it leaves out). Where the exact Hessian is not positive definite, Kaufman's
-matrix stands in.
+emitted as vector code whose summation order is fixed). The sigmoid gets the exact Hessian of
+the projected sum of squares (damped Newton, :func:`_vp_sigmoid`), and so do two sigmoids
+(:func:`_vp_two`: Kaufman's Gauss-Newton matrix, the Schur complement of the full J^T J in its
+amplitude block, plus the residual terms it leaves out). Where the exact Hessian is not
+positive definite, Kaufman's matrix stands in.
 
 Start values (:func:`grid_start_block`, :func:`two_start_block`; numpy references in
 :mod:`tokdyn.fit.grid`): the event of the row's own grid over (mu, s) that explains most of
@@ -719,7 +719,8 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
             proj = (qq + scale[i] * scale[j] * (w1[i] * (i11 * w1[j] + i12 * w2[j])
                                                + w2[i] * (i12 * w1[j] + i22 * w2[j])))
             r2 = (scale[i] * out[rq + 3 * ei + (i % 2) + (j % 2)]) if ei == ej else 0.0
-            exact = cc_ij - r2 - (qq + x1i * (i11 * x1j + i12 * x2j) + x2i * (i12 * x1j + i22 * x2j))
+            exact = cc_ij - r2 - (qq + x1i * (i11 * x1j + i12 * x2j)
+                                  + x2i * (i12 * x1j + i22 * x2j))
             out[40 + 4 * i + j] = exact
             out[40 + 4 * j + i] = exact
             out[24 + 4 * i + j] = cc_ij - proj
@@ -1045,7 +1046,8 @@ def _pair_score(v11, v12, v22, c1, c2, min_det, v_min):
 
 
 def _pair_form_py(a, b, e, pen, rowpen, c, c1, c1s):
-    """A fully observed row's score of a pair of grid events (see :func:`_full_pair_forms`)."""
+    """A row's score of a pair of grid events from the pair forms (see
+    :func:`_full_pair_forms`)."""
     return a * c1s + b * c1 * c + e * c * c + pen + rowpen
 
 
