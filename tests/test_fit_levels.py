@@ -91,7 +91,15 @@ def test_projected_sse_is_the_bounded_least_squares(projected, seed):
         assert F == np.inf
         return
     ref = _nnls_sse(X, y, th)
-    assert F == pytest.approx(ref, rel=1e-7, abs=1e-9 * float(y @ y))
+    # The projection's rounding grows with the conditioning of the columns (1, g): where g
+    # barely varies over the points (an event far outside them), var(g) is a difference of
+    # nearly equal sums, and the explained part c^2 / v carries eps * mean(g^2) / var(g) of
+    # relative error (measured on 20,000 draws: 12 beyond 1e-7 of nnls's answer, which a
+    # 50-digit solve confirmed, all within 1.8 of this bound; typically it is 1e-15 of F).
+    yc = y - y.mean()
+    slack = (16 * np.finfo(float).eps * max(float(yc @ yc) - ref, 0.0)
+             * float(np.mean(g * g) / g.var()))
+    assert abs(F - ref) <= max(1e-7 * abs(ref), 1e-9 * float(y @ y)) + slack
 
 
 @pytest.mark.parametrize("projected", PROJECTIONS)
