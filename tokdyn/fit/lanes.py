@@ -9,12 +9,11 @@ additions is itself vectorised, so strict IEEE arithmetic keeps it:
     sum = tree over lanes j of ( sum over blocks b, in order, of term(point 8 b + j) )
 
 with the lanes added pairwise, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). The final
-block's lanes past the last point add +0.0. :func:`lane_sums` turns a Python function
-of the point's columns and a few scalars, written with ``+``, ``-``, ``*``, ``/`` and
-:func:`clip` only, into a
-numba intrinsic that emits that function once on ``<8 x double>`` vectors: each term is the
-same sequence of correctly rounded operations on every lane as it would be on one point, and
-the accumulators are vectors. :func:`reference_sums` computes the same sums in numpy in the
+block's lanes past the last point add +0.0. :func:`lane_sums` turns a Python function of the
+point's columns and a few scalars, written with ``+``, ``-``, ``*``, ``/`` and :func:`clip`
+only, into a numba intrinsic that emits that function once on ``<8 x double>`` vectors: each
+term is the same sequence of correctly rounded operations on every lane as it would be on one
+point, and the accumulators are vectors. :func:`reference_sums` computes the same sums in numpy in the
 same order; the tests require identical bits.
 
 Measured (one core, 100 points, the sigmoid's 21 sums as a loop in numba): 0.59 us as scalar
@@ -47,7 +46,6 @@ _DOUBLE = ir.DoubleType()
 _VEC = ir.VectorType(_DOUBLE, LANES)
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
-_ZERO = ir.Constant(_VEC, [0.0] * LANES)
 
 
 def _binary(name: str):

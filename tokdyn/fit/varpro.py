@@ -54,9 +54,9 @@ from tokdyn.fit.sigmoid import Z_CLIP
 
 __all__ = ["grid_start_block", "varpro_block", "two_start_block"]
 
-# Scratch rows per trajectory: _vp_two keeps a 4x4 block and four short vectors of sums in the
-# first eight, its events' columns (z, g, h of each) in the next six.
-_N_BUF = 14
+# Scratch rows per trajectory: _vp_two keeps three short vectors of sums in the first three,
+# its events' columns (z, g, h of each) in the next six.
+_N_BUF = 9
 # Outputs of one projected evaluation: sse, the amplitudes, gradient [P], step matrix [P, P], and
 # (two sigmoids) the two matrices it is chosen from with their scratch (see _vp_two).
 _OUT_SIZE = 78
@@ -607,7 +607,7 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     degenerate).
     """
     inv_s1, inv_s2 = math.exp(-th[1]), math.exp(-th[3])
-    z1, g1, h1, z2, g2, h2 = buf[8], buf[9], buf[10], buf[11], buf[12], buf[13]
+    z1, g1, h1, z2, g2, h2 = buf[3], buf[4], buf[5], buf[6], buf[7], buf[8]
     (sg1, sg2, u11, u12, u22, y1, y2,
      sc0, sc1, sc2, sc3, s10, s11, s12, s13, s20, s21, s22, s23, cy0, cy1, cy2, cy3,
      cc00, cc10, cc11, cc20, cc21, cc22, cc30, cc31, cc32, cc33) = _two_sums(
@@ -677,14 +677,13 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     out[2] = d1
     out[3] = d2
     scale = (d1, d1, d2, d2)
-    sc, w1, w2, rc = buf[4], buf[5], buf[6], buf[7]
-    sc[0], sc[1], sc[2], sc[3] = sc0, sc1, sc2, sc3
+    w1, w2, rc = buf[0], buf[1], buf[2]
+    sc = (sc0, sc1, sc2, sc3)
     s1 = (s10, s11, s12, s13)
     s2 = (s20, s21, s22, s23)
     cy = (cy0, cy1, cy2, cy3)
-    cc = buf[:4, :4]  # the derivative columns' products
-    cc[0, 0], cc[1, 0], cc[1, 1], cc[2, 0], cc[2, 1] = cc00, cc10, cc11, cc20, cc21
-    cc[2, 2], cc[3, 0], cc[3, 1], cc[3, 2], cc[3, 3] = cc22, cc30, cc31, cc32, cc33
+    # the derivative columns' products c_i.c_j, j <= i, at i (i + 1) / 2 + j
+    cc = (cc00, cc10, cc11, cc20, cc21, cc22, cc30, cc31, cc32, cc33)
     for j in range(4):
         w1[j] = s1[j] - sg1 * sc[j] * inv_n
         w2[j] = s2[j] - sg2 * sc[j] * inv_n
@@ -714,7 +713,7 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
             ej = j // 2
             x1j = scale[j] * w1[j] - (rc[j] if ej == 0 else 0.0)
             x2j = scale[j] * w2[j] - (rc[j] if ej == 1 else 0.0)
-            cc_ij = scale[i] * scale[j] * cc[i, j]
+            cc_ij = scale[i] * scale[j] * cc[i * (i + 1) // 2 + j]
             qq = scale[i] * scale[j] * sc[i] * sc[j] * inv_n
             proj = (qq + scale[i] * scale[j] * (w1[i] * (i11 * w1[j] + i12 * w2[j])
                                                + w2[i] * (i12 * w1[j] + i22 * w2[j])))
