@@ -1,8 +1,9 @@
 """Batched, bounded Levenberg-Marquardt: one solver for a whole block of trajectories.
 
 Written once against a tiny array namespace (``ops``, see :mod:`tokdyn.fit.backends`) so the
-same lines run on numpy and on torch (CPU or CUDA); the numba kernels in
-:mod:`tokdyn.fit.numba_kernels` follow these lines one trajectory at a time.
+same lines run on numpy and on torch (CPU or CUDA); the numba backend's variable projection
+(:mod:`tokdyn.fit.varpro`) takes the same steps, one trajectory at a time, over the nonlinear
+parameters only.
 
 The step, for each trajectory (row) with parameters ``p`` [P], Jacobian ``J`` and residual
 ``r = f(p) - y`` on its observed points:

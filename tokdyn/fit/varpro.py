@@ -27,8 +27,8 @@ all do).
 
 The returned parameters and J^T J are those of the full models in the solver's
 parameterisation (l0, linf, mu, ln s) and (linf, d1, mu1, ln s1, d2, mu2, ln s2), so standard
-errors follow as with the classic solver (:mod:`tokdyn.fit.numba_kernels`, kept for
-reference: ``lm_block``).
+errors follow as with the full-parameter solver of the numpy and torch backends
+(:mod:`tokdyn.fit.lm`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from tokdyn.fit.lanes import clip, lane_maxima, lane_sums
 from tokdyn.fit.lm import LM_CONVERGED, LM_FAILED
 from tokdyn.fit.numba_kernels import (
     _JIT,
-    _JIT_SIMD,
     _cholesky_solve,
     _exp,
     _sigmoid_columns,
@@ -226,7 +225,7 @@ def _grid_inverse_variances(GT, inv_var, s1, s2):
         inv_var[q] = _inverse_variance(s1[q], s2[q], K)
 
 
-@njit(**_JIT_SIMD)
+@njit(**_JIT)
 def _grid_best(GT, inv_var_full, idx, yc, n, lo_mu, hi_mu, lo_s, hi_s, mu_q, s_q, c, s1, s2):
     """Index of the grid sigmoid with the largest explained sum of squares (cov^2 / var) that
     lies inside the row's box, or -1; and that score. c, s1, s2 [Q]: scratch."""
@@ -388,7 +387,7 @@ def _sigmoid_terms(x, y, mu, inv_s, inv_s2):
 _sigmoid_sums = lane_sums(_sigmoid_terms, 2, 3)
 
 
-@njit(**_JIT_SIMD)
+@njit(**_JIT)
 def _vp_sigmoid(xo, yc, n, syy, th, buf, out, floor=-math.inf, mean=0.0):
     """Projected fit of l = linf + d g at th = (mu, ln s) to the centred data yc.
 
@@ -581,7 +580,7 @@ def _second_terms(z1, g1, h1, z2, g2, h2, y, c0, d1, d2):
 _second_sums = lane_sums(_second_terms, 7, 3)
 
 
-@njit(**_JIT_SIMD)
+@njit(**_JIT)
 def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     """Projected fit of l = linf + d1 g1 + d2 g2 at th = (mu1, ln s1, mu2, ln s2).
 
@@ -809,7 +808,7 @@ def _vp_eval(P, xo, yc, n, syy, th, buf, out, bnd, mean):
 @njit(**_JIT)
 def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, work, L3,
            step_max, shrink_min, bnd, mean):
-    """Bounded LM over th [P] (mu, ln s pairs) on the projected SSE; as numba_kernels._lm_row.
+    """Bounded LM over th [P] (mu, ln s pairs) on the projected SSE; the steps of tokdyn.fit.lm.
 
     ``bnd``: the amplitudes' bounds (the least level, then each drop's low and high bound).
     On return ``out`` holds the evaluation at the final th; returns (sse, iterations, status).
@@ -893,7 +892,8 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
 
 def varpro_block(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max=None,
                  shrink_min=SHRINK_MIN):
-    """Fit every row of Y [B, K] by variable projection; the classic kernel's interface.
+    """Fit every row of Y [B, K] by variable projection, with the interface of the
+    full-parameter solver (:func:`tokdyn.fit.backends.run_lm`).
 
     ``model_p``: 4 (sigmoid, p = (l0, linf, mu, ln s)) or 7 (two sigmoids, p = (linf, d1, mu1,
     ln s1, d2, mu2, ln s2)). Only p0's nonlinear columns are used as the start; lo, hi bound
