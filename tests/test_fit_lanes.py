@@ -9,6 +9,7 @@ the n-th point may reach a result.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numba
 import numpy as np
@@ -19,7 +20,15 @@ from numba import njit
 from numba.core.errors import TypingError
 
 from tokdyn.fit import varpro
-from tokdyn.fit.lanes import LANES, clip, lane_maxima, lane_sums, reference_sums
+from tokdyn.fit.lanes import (
+    LANES,
+    clip,
+    fma_exact,
+    lane_maxima,
+    lane_sums,
+    reference_sums,
+    reference_terms,
+)
 
 
 def _toy_terms(a, b, s):
@@ -83,7 +92,7 @@ def test_the_fit_sums_are_their_numpy_reference_to_the_bit(name, n, seed):
     got = _CALLERS[name](*columns, *[o[:n] for o in outputs], *scalars, n)
     ref = reference_sums(terms, columns, scalars, n, n_outputs=n_out)
     assert _bits(got) == _bits(ref)
-    want = terms(*columns, *scalars)[:n_out]
+    want = reference_terms(terms, columns, scalars, n)[:n_out]
     for o, w in zip(outputs, want):
         assert o[:n].tobytes() == np.asarray(w, dtype=np.float64).tobytes()
         assert np.all(o[n:] == -7.0)
@@ -168,3 +177,62 @@ def test_a_sum_does_not_depend_on_the_threads_or_the_call_site():
     out = many(x, y, 64)
     ref = reference_sums(varpro._sigmoid_terms, [x, y], [1.3, 2.0, 4.0], 37)
     assert all(_bits(row) == _bits(ref) for row in out)
+
+
+# -- fused multiply-adds ----------------------------------------------------------------------
+
+
+def _exact(*values) -> Fraction:
+    return sum((Fraction(v) for v in values), Fraction(0))
+
+
+_finite = hs.floats(min_value=-1e30, max_value=1e30, allow_nan=False, allow_subnormal=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=_finite, b=_finite, c=_finite, scale=hs.sampled_from([1.0, 2.0**-300, 2.0**-530]))
+def test_fma_exact_is_the_product_plus_the_addend_rounded_once(a, b, c, scale):
+    """numpy has no fma: the reference's (Dekker's product and fsum, exact rationals near
+    underflow) against Python's exact rationals, rounded by float() (correctly rounded)."""
+    a, c = a * scale, c * scale * scale
+    want = float(Fraction(a) * Fraction(b) + Fraction(c))
+    got = fma_exact(np.array([a]), np.array([b]), np.array([c]))[0]
+    assert np.float64(got).tobytes() == np.float64(want).tobytes()
+
+
+def _fused_terms(a, b, c, d):
+    return (a * b + c, d - a * b, a * b - d, a * b + c * d, c * d + a * b, (a * b) / 1.0, a * b)
+
+
+_fused_sums = lane_sums(_fused_terms, 4, 0, n_outputs=6)
+
+
+@njit
+def _call_fused(a, b, c, d, o1, o2, o3, o4, o5, o6, n):
+    return _fused_sums(a, b, c, d, o1, o2, o3, o4, o5, o6, n)
+
+
+def test_a_product_feeding_an_addition_is_rounded_once():
+    """By hand, at point 8: a = 1 + 2^-30, b = 1 - 2^-30, so a b = 1 - 2^-60, which rounds to
+    1; c = -1, d = 1. Fused, a b + c = -2^-60, d - a b = 2^-60 and a b - d = -2^-60 (rounded
+    separately, all 0); of two products the left one is fused and the right one rounded (a b
+    + c d = -2^-60, c d + a b = 0); a product used otherwise is rounded ((a b) / 1 = 1). The
+    summed a b: point 0 (a = -1, b = 1) leaves -1 in lane 0, to which point 8's product is
+    added in one rounding: -2^-60 (rounded separately: 0)."""
+    n = 9
+    a, b, c, d = np.zeros(n), np.zeros(n), np.full(n, -1.0), np.ones(n)
+    a[0], b[0] = -1.0, 1.0
+    a[8], b[8] = 1 + 2.0**-30, 1 - 2.0**-30
+    outs = [np.full(n, np.nan) for _ in range(6)]
+    sums = _call_fused(a, b, c, d, *outs, n)
+    tiny = 2.0**-60
+    assert [o[8] for o in outs] == [-tiny, tiny, -tiny, -tiny, 0.0, 1.0]
+    assert sums == (-tiny,)
+    ref = reference_sums(_fused_terms, [a, b, c, d], [], n, n_outputs=6)
+    assert _bits(sums) == _bits(ref)
+    for o, w in zip(outs, reference_terms(_fused_terms, [a, b, c, d], [], n)):
+        assert o.tobytes() == w.tobytes()
+    # maxima are not fused (the pair search compares them with scalar code)
+    top = lane_maxima(_fused_terms, 4, 0)
+    got = njit(lambda a, b, c, d, n, row: top(a, b, c, d, n, row))(a, b, c, d, n, 0)
+    assert got[0] == 0.0  # RN(a b) - 1 at point 8 (fused it would be -2^-60)

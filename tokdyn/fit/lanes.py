@@ -13,13 +13,21 @@ block's lanes past the last point add +0.0. :func:`lane_sums` turns a Python fun
 point's columns and a few scalars, written with ``+``, ``-``, ``*``, ``/`` and :func:`clip`
 only, into a numba intrinsic that emits that function once on ``<8 x double>`` vectors: each
 term is the same sequence of correctly rounded operations on every lane as it would be on one
-point, and the accumulators are vectors. :func:`reference_sums` computes the same sums in numpy in the
-same order; the tests require identical bits.
+point, and the accumulators are vectors.
 
-Measured (one core, 100 points, the sigmoid's 21 sums as a loop in numba): 0.59 us as scalar
-chains, 0.12 us with fastmath's vectorisation (whose bits depend on the compilation). In
-lanes, the whole projected evaluation of the sigmoid (the exponentials and divisions
-included) takes 0.53 us against 1.0 us before; see docs/benchmarks.md.
+Fused multiply-adds, by rule rather than by the compiler's choice: in a summed function a
+product that is an operand of ``+`` or ``-`` is not rounded on its own, the two make one
+fused multiply-add (``llvm.fma``: one rounding on every CPU, libm's correctly rounded
+``fma`` where there is no FMA unit); of two products added, the left one is fused. A term
+that is a product is added to its accumulator the same way (acc = fma(a, b, acc)). A product
+used in any other way is rounded. So Horner's steps in the exponential and most sums cost
+one instruction instead of two: the sigmoid's projected evaluation 0.67 -> 0.41 us, the
+two-sigmoid one 1.1 -> 0.97 us (docs/benchmarks.md). Maxima (:func:`lane_maxima`) are not
+fused: the two-sigmoid start compares them with a scalar computation of the same form.
+
+:func:`reference_sums` and :func:`reference_terms` compute the same values in numpy with the
+same roundings in the same order (:func:`fma_exact` for the fused ones); the tests require
+identical bits, and check the fusion against hand-computed values.
 
 numba caches a compiled kernel keyed on its own source file only: after editing this module
 (or a terms function's helpers in another one), delete ``tokdyn/fit/__pycache__`` so the
@@ -29,6 +37,7 @@ kernels that inline these intrinsics are compiled again.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Callable, Sequence
 
 import numpy as np
@@ -38,7 +47,8 @@ from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-__all__ = ["LANES", "clip", "lane_maxima", "lane_sums", "reference_sums"]
+__all__ = ["LANES", "clip", "fma_exact", "lane_maxima", "lane_sums", "reference_sums",
+           "reference_terms"]
 
 LANES = 8
 
@@ -48,55 +58,181 @@ _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 
 
-def _binary(name: str):
-    """The operator and its reflection for one IR instruction (``fadd``, ``fsub``, ...)."""
+class _IROps:
+    """The operations of traced terms on LLVM vectors: IEEE instructions without fast-math
+    flags, and ``llvm.fma`` (one rounding, whatever the CPU: where it has no FMA unit LLVM
+    calls libm's correctly rounded ``fma``)."""
 
-    def op(self, o):
-        return self._op(name, self.value, self._operand(o))
+    def __init__(self, builder: ir.IRBuilder) -> None:
+        self.b = builder
 
-    def rop(self, o):
-        return self._op(name, self._operand(o), self.value)
+    def const(self, like: ir.Value, value: float) -> ir.Value:
+        return _constant(like.type, value)
 
-    return op, rop
+    def add(self, a, b):
+        return self.b.fadd(a, b)
+
+    def sub(self, a, b):
+        return self.b.fsub(a, b)
+
+    def mul(self, a, b):
+        return self.b.fmul(a, b)
+
+    def div(self, a, b):
+        return self.b.fdiv(a, b)
+
+    def neg(self, a):
+        return self.b.fneg(a)
+
+    def fma(self, a, b, c):
+        return _fma(self.b, a, b, c)
+
+    def clip(self, v, lo, hi):
+        b = self.b
+        w = b.select(b.fcmp_ordered(">", v, hi), hi, v)
+        return b.select(b.fcmp_ordered("<", v, lo), lo, w)
 
 
-class _Lanes:
-    """One value on all eight lanes while the terms are emitted: +, -, * and / with each other
-    or with Python numbers (broadcast), as IEEE operations without fast-math flags."""
+class _NumpyOps:
+    """The same operations on numpy arrays, for :func:`reference_sums` (fma exactly rounded:
+    :func:`fma_exact`)."""
 
-    __slots__ = ("builder", "value")
+    @staticmethod
+    def const(like, value: float):
+        return np.float64(value)
 
-    def __init__(self, builder: ir.IRBuilder, value: ir.Value) -> None:
-        self.builder, self.value = builder, value
+    add, sub, mul, div, neg = np.add, np.subtract, np.multiply, np.divide, np.negative
 
-    def _operand(self, other) -> ir.Value:
-        if isinstance(other, _Lanes):
-            return other.value
+    @staticmethod
+    def fma(a, b, c):
+        return fma_exact(a, b, c)
+
+    @staticmethod
+    def clip(v, lo, hi):
+        return np.where(v < lo, lo, np.where(v > hi, hi, v))
+
+
+class _Term:
+    """One value of a terms function while it is traced (on LLVM vectors, or on numpy arrays
+    for the reference): +, -, * and / with each other or with Python numbers. With ``fuse``,
+    a product stays unrounded until it is used: as an operand of + or - it makes one fused
+    multiply-add (the left operand's product first where both are products), anywhere else
+    it is rounded once."""
+
+    __slots__ = ("ops", "fuse", "_value", "factors")
+
+    def __init__(self, ops, fuse: bool, value=None, factors=None) -> None:
+        self.ops, self.fuse, self._value, self.factors = ops, fuse, value, factors
+
+    @property
+    def value(self):
+        if self._value is None:
+            self._value = self.ops.mul(*self.factors)
+        return self._value
+
+    def _term(self, other):
+        if isinstance(other, _Term):
+            return other
         if isinstance(other, (int, float)):
-            return _constant(self.value.type, other)
+            return _Term(self.ops, self.fuse, self.ops.const(self.value, other))
         return NotImplemented
 
-    def _op(self, name: str, a, b):
-        if a is NotImplemented or b is NotImplemented:
-            return NotImplemented
-        return _Lanes(self.builder, getattr(self.builder, name)(a, b))
+    def _new(self, value=None, factors=None) -> "_Term":
+        return _Term(self.ops, self.fuse, value, factors)
 
-    __add__, __radd__ = _binary("fadd")
-    __sub__, __rsub__ = _binary("fsub")
-    __mul__, __rmul__ = _binary("fmul")
-    __truediv__, __rtruediv__ = _binary("fdiv")
+    def _product(self, a: "_Term", b: "_Term") -> "_Term":
+        if self.fuse:
+            return self._new(factors=(a.value, b.value))
+        return self._new(self.ops.mul(a.value, b.value))
+
+    def _add(self, a: "_Term", b: "_Term", subtract: bool) -> "_Term":
+        ops = self.ops
+        if a.factors is not None:  # a0 a1 +- b
+            c = b.value
+            return self._new(ops.fma(*a.factors, ops.neg(c) if subtract else c))
+        if b.factors is not None:  # a +- b0 b1
+            b0, b1 = b.factors
+            return self._new(ops.fma(ops.neg(b0) if subtract else b0, b1, a.value))
+        return self._new((ops.sub if subtract else ops.add)(a.value, b.value))
+
+    def _binary(self, other, reflected: bool, fn):
+        o = self._term(other)
+        if o is NotImplemented:
+            return NotImplemented
+        return fn(o, self) if reflected else fn(self, o)
+
+    def __add__(self, o):
+        return self._binary(o, False, lambda a, b: self._add(a, b, False))
+
+    def __radd__(self, o):
+        return self._binary(o, True, lambda a, b: self._add(a, b, False))
+
+    def __sub__(self, o):
+        return self._binary(o, False, lambda a, b: self._add(a, b, True))
+
+    def __rsub__(self, o):
+        return self._binary(o, True, lambda a, b: self._add(a, b, True))
+
+    def __mul__(self, o):
+        return self._binary(o, False, self._product)
+
+    def __rmul__(self, o):
+        return self._binary(o, True, self._product)
+
+    def __truediv__(self, o):
+        return self._binary(o, False, lambda a, b: self._new(self.ops.div(a.value, b.value)))
+
+    def __rtruediv__(self, o):
+        return self._binary(o, True, lambda a, b: self._new(self.ops.div(a.value, b.value)))
 
 
 def clip(v, lo: float, hi: float):
-    """v limited to [lo, hi] (lo where v < lo, hi where v > hi, else v) on lanes or numpy
-    arrays; the same bits either way (NaN passes through)."""
-    if isinstance(v, _Lanes):
-        b = v.builder
-        lo_v, hi_v = v._operand(lo), v._operand(hi)
-        w = b.select(b.fcmp_ordered(">", v.value, hi_v), hi_v, v.value)
-        return _Lanes(b, b.select(b.fcmp_ordered("<", v.value, lo_v), lo_v, w))
-    v = np.asarray(v, dtype=np.float64)
-    return np.where(v < lo, lo, np.where(v > hi, hi, v))
+    """v limited to [lo, hi] (lo where v < lo, hi where v > hi, else v) on traced terms or
+    numpy arrays; the same bits either way (NaN passes through)."""
+    if isinstance(v, _Term):
+        x = v.value
+        return v._new(v.ops.clip(x, v.ops.const(x, lo), v.ops.const(x, hi)))
+    return _NumpyOps.clip(np.asarray(v, dtype=np.float64), lo, hi)
+
+
+def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    """a b + c rounded once (``llvm.fma`` on vectors of doubles)."""
+    ty = a.type
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty, ty, ty]),
+                                        f"llvm.fma.v{ty.count}f64")
+    return builder.call(fn, [a, b, c])
+
+
+_SPLITTER = 134217729.0  # 2^27 + 1: Veltkamp's split of a double into two 26-bit halves
+
+
+def _split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    t = _SPLITTER * a
+    hi = t - (t - a)
+    return hi, a - hi
+
+
+def fma_exact(a, b, c) -> np.ndarray:
+    """a b + c rounded once, elementwise, in numpy (which has no fma): the product exactly as
+    p + e (Dekker's product of Veltkamp's halves), then math.fsum's correctly rounded sum of
+    p, e and c. Where a value is not finite or near overflow, the plain a b + c (both agree
+    there up to the overflow's edge, which the fit's terms never reach)."""
+    a, b, c = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (a, b, c)))
+    p = a * b
+    (ah, al), (bh, bl) = _split(a), _split(b)
+    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+    ok = np.isfinite(p) & np.isfinite(e) & np.isfinite(c) & (np.abs(p) < 1e300) \
+        & (np.abs(c) < 1e300) & (np.abs(a) < 1e290) & (np.abs(b) < 1e290)
+    out = p + c
+    # a product near underflow is not split exactly: there, exact rationals
+    tiny = ok & (np.abs(p) < 1e-280) & (a != 0) & (b != 0)
+    ok &= ~tiny
+    if ok.any():
+        out[ok] = [math.fsum(t) for t in zip(p[ok].tolist(), e[ok].tolist(), c[ok].tolist())]
+    if tiny.any():
+        out[tiny] = [float(Fraction(x) * Fraction(y) + Fraction(z))
+                     for x, y, z in zip(a[tiny].tolist(), b[tiny].tolist(), c[tiny].tolist())]
+    return out
 
 
 def _constant(ty: ir.VectorType, value: float) -> ir.Constant:
@@ -156,6 +292,7 @@ def _combine(builder: ir.IRBuilder, kind: str, acc: ir.Value, v: ir.Value) -> ir
 
 def _lane_reduction(terms: Callable, n_columns: int, n_scalars: int, kind: str,
                     rows: bool = False, n_outputs: int = 0):
+    fuse = kind == "sum"  # maxima are compared with scalar code (varpro._pair_form): no fma
     n_sums = _count_terms(terms, n_columns, n_scalars) - n_outputs
     if n_sums < 1:
         raise TypeError(f"{terms.__name__} must return more than its {n_outputs} outputs")
@@ -204,23 +341,41 @@ def _lane_reduction(terms: Callable, n_columns: int, n_scalars: int, kind: str,
             start = _constant(_VEC, _START[kind])
             accs = [cgutils.alloca_once_value(builder, start) for _ in range(n_sums)]
 
+            ir_ops = _IROps(builder)
+
             def emit(vectors):
-                """The terms on vectors of LANES * m points (m blocks side by side)."""
+                """The terms on vectors of LANES * m points (m blocks side by side): outputs
+                as values, summed terms as values or, where fused, as their two factors."""
                 ty = vectors[0].type
-                out = terms(*[_Lanes(builder, v) for v in vectors],
-                            *[_Lanes(builder, _splat(builder, s, ty)) for s in scalars])
-                return [t.value if isinstance(t, _Lanes) else _constant(ty, t) for t in out]
+                out = terms(*[_Term(ir_ops, fuse, v) for v in vectors],
+                            *[_Term(ir_ops, fuse, _splat(builder, s, ty)) for s in scalars])
+                values = []
+                for i, t in enumerate(out):
+                    if not isinstance(t, _Term):
+                        values.append(_constant(ty, t))
+                    elif t.factors is not None and i >= n_outputs:
+                        values.append(t.factors)
+                    else:
+                        values.append(t.value)
+                return values
 
             def add(values, block, mask=None):
-                """Add block ``block`` of each summed term's vector to the accumulators."""
-                for acc, v in zip(accs, values[n_outputs:]):
+                """Add block ``block`` of each summed term to the accumulators (a product
+                by one fused multiply-add; masked lanes add 0 x 0)."""
+
+                def part(v):
                     if v.type.count > LANES:
                         v = builder.shuffle_vector(v, v, ir.Constant(
                             ir.VectorType(_I32, LANES),
                             list(range(block * LANES, (block + 1) * LANES))))
-                    if mask is not None:
-                        v = builder.select(mask, v, start)
-                    builder.store(_combine(builder, kind, builder.load(acc), v), acc)
+                    return v if mask is None else builder.select(mask, v, start)
+
+                for acc, v in zip(accs, values[n_outputs:]):
+                    if isinstance(v, tuple):
+                        new = _fma(builder, part(v[0]), part(v[1]), builder.load(acc))
+                    else:
+                        new = _combine(builder, kind, builder.load(acc), part(v))
+                    builder.store(new, acc)
 
             def load(k0, width):
                 ty = ir.VectorType(_DOUBLE, width)
@@ -297,26 +452,51 @@ def _lane_reduction(terms: Callable, n_columns: int, n_scalars: int, kind: str,
     return intrinsic(fn)
 
 
+def _traced(terms: Callable, columns: Sequence[np.ndarray], scalars: Sequence[float], n: int,
+            fuse: bool) -> list:
+    """``terms`` traced on numpy arrays (the first n points of each column) as the lanes
+    trace it: _Term values (unrounded products included) or plain numbers."""
+    ops = _NumpyOps()
+    return list(terms(*[_Term(ops, fuse, np.asarray(c, dtype=np.float64)[:n]) for c in columns],
+                      *[_Term(ops, fuse, np.float64(s)) for s in scalars]))
+
+
+def reference_terms(terms: Callable, columns: Sequence[np.ndarray], scalars: Sequence[float],
+                    n: int, fuse: bool = True) -> list[np.ndarray]:
+    """Each term of ``terms`` at the first n points, in numpy, rounded as :func:`lane_sums`
+    rounds it (``fuse``; :func:`lane_maxima`: False), as arrays [n]: what the outputs hold."""
+    return [np.broadcast_to(np.asarray(t.value if isinstance(t, _Term) else t, np.float64),
+                            (n,)).copy() for t in _traced(terms, columns, scalars, n, fuse)]
+
+
 def reference_sums(terms: Callable, columns: Sequence[np.ndarray], scalars: Sequence[float],
                    n: int, kind: str = "sum", n_outputs: int = 0) -> tuple[float, ...]:
     """The sums (``kind`` "max": the maxima) that :func:`lane_sums` (:func:`lane_maxima`)
-    computes, in numpy, in the same order (for tests); the first ``n_outputs`` terms are
-    outputs, not sums, and left out."""
-    values = terms(*[np.asarray(c, dtype=np.float64)[:n] for c in columns],
-                   *[float(s) for s in scalars])[n_outputs:]
+    computes, in numpy, with the same roundings in the same order (for tests); the first
+    ``n_outputs`` terms are outputs, not sums, and left out."""
+    values = _traced(terms, columns, scalars, n, kind == "sum")[n_outputs:]
     start = _START[kind]
+    n_blocks = -(-n // LANES)
+
+    def padded(v):
+        out = np.full(n_blocks * LANES, start)
+        out[:n] = v
+        return out.reshape(n_blocks, LANES)
 
     def combine(acc, v):
         return acc + v if kind == "sum" else np.where(v > acc, v, acc)
 
-    n_blocks = -(-n // LANES)
     out = []
     for t in values:
-        padded = np.full(n_blocks * LANES, start)
-        padded[:n] = t
         acc = np.full(LANES, start)
-        for b in range(n_blocks):
-            acc = combine(acc, padded[b * LANES:(b + 1) * LANES])
+        if isinstance(t, _Term) and t.factors is not None:  # acc = fma(a, b, acc) per block
+            fa, fb = (padded(np.broadcast_to(f, (n,))) for f in t.factors)
+            for b in range(n_blocks):
+                acc = fma_exact(fa[b], fb[b], acc)
+        else:
+            v = padded(np.broadcast_to(t.value if isinstance(t, _Term) else t, (n,)))
+            for b in range(n_blocks):
+                acc = combine(acc, v[b])
         e = list(acc)
         while len(e) > 1:
             e = [float(combine(e[i], e[i + 1])) for i in range(0, len(e), 2)]

@@ -361,7 +361,8 @@ def _projected_terms(c, c_0, c_1, c_00, c_01, c_11, v, v_0, v_1, v_00, v_01, v_1
 
 def _event(x, mu, inv_s):
     """One event at the points x: z = (x - mu)/s clipped, g = sigma(-z) and h = 1 - g, by the
-    same operations as :func:`tokdyn.fit.numba_kernels._sigmoid_columns`."""
+    formula of :func:`tokdyn.fit.numba_kernels._sigmoid_columns` (in lanes the exponential's
+    Horner steps are fused multiply-adds, so the two differ in the last bits)."""
     z = clip((x - mu) * inv_s, -Z_CLIP, Z_CLIP)
     e = _exp.py_func(z)
     g = 1.0 / (1.0 + e)
