@@ -23,6 +23,16 @@ write it (data-driven start values, default Levenberg-Marquardt), and prints one
                        with other work inflate every timing; ratios are taken in one run)
 
 Usage: python pipelines/bench_fit.py [--n 200000] [--n-scipy 2000] [--backend auto] [--real F]
+
+Against another revision (``--against REV``): this checkout's fit and REV's (a temporary git
+worktree) are timed in separate processes, alternately, ``--pairs`` times, on the same planted
+rows; one JSON line with each pair's fits/s, the medians of the per-pair speed-ups, and whether
+the two fit identically (a digest of every fit field). Separate processes, because two versions
+loaded side by side in one process do not run as they do alone (numba binds same-named
+compiled functions across them; docs/benchmarks.md), and alternated pairs, because the
+machine's speed drifts by tens of percent within minutes.
+
+    python pipelines/bench_fit.py --against c692b37 --pairs 6 --n 100000
 """
 
 from __future__ import annotations
@@ -183,6 +193,96 @@ def store_mode(tokens: int, rows: int, seed: int, only_full: bool = False) -> No
     print(json.dumps(out))
 
 
+def timed_fits(n: int, points: int, noise: float, seed: int, repeat: int, backend: str) -> dict:
+    """fits/s of the sigmoid alone and of the full record on planted rows (best of ``repeat``),
+    and a digest of every field of the full record's fit (identical fits, identical digest)."""
+    import hashlib
+
+    x = log_axis(np.geomspace(10.0, 1e5, points))
+    Y = plant_sigmoids(n, x, rng=np.random.default_rng(seed), noise=noise).Y
+    fit_sigmoids(x, Y[:256], backend=backend)  # compile / load kernels
+    best = {"sigmoid": np.inf, "full": np.inf}
+    for _ in range(repeat):
+        for label, two in (("sigmoid", False), ("full", True)):
+            t0 = time.perf_counter()
+            fit = fit_sigmoids(x, Y, backend=backend, two_step=two)
+            best[label] = min(best[label], time.perf_counter() - t0)
+    digest = hashlib.sha256()
+    for name, values in sorted(fit.to_dict().items()):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(values).tobytes())
+    return {"fits_per_s": n / best["sigmoid"], "full_fits_per_s": n / best["full"],
+            "digest": digest.hexdigest()}
+
+
+def against_mode(rev: str, pairs: int, n: int, points: int, noise: float, seed: int,
+                 repeat: int, backend: str) -> None:
+    """Time this checkout against revision ``rev`` in alternated child processes (module doc)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child = [sys.executable, os.path.abspath(__file__), "--child", "--n", str(n), "--points",
+             str(points), "--noise", str(noise), "--seed", str(seed), "--repeat", str(repeat),
+             "--backend", backend]
+
+    def git(*args):
+        proc = subprocess.run(["git", "-C", here, *args], capture_output=True, text=True)
+        if proc.returncode:
+            raise SystemExit(f"bench_fit: git {' '.join(args)}: {proc.stderr.strip()}")
+        return proc.stdout.strip()
+
+    head, base = git("rev-parse", "--short", "HEAD"), git("rev-parse", "--short", rev)
+    dirty = bool(git("status", "--porcelain", "--", "tokdyn"))  # head is the working tree
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = os.path.join(tmp, "base")
+        git("worktree", "add", "--detach", tree, base)
+        try:
+            def run(where: str) -> dict:
+                # the tree's own package first on the path, whatever is installed
+                env = {**os.environ, "PYTHONPATH": where}
+                proc = subprocess.run(child, cwd=where, env=env, capture_output=True, text=True)
+                if proc.returncode:
+                    raise SystemExit(f"bench_fit: the child in {where} failed: {proc.stderr[-2000:]}")
+                return json.loads(proc.stdout)
+
+            for where in (tree, here):  # compile each tree's kernels once, untimed
+                subprocess.run([*child[:2], "--child", "--n", "300", "--backend", backend],
+                               cwd=where, env={**os.environ, "PYTHONPATH": where},
+                               capture_output=True, check=False)
+            load = [round(os.getloadavg()[0], 2)]
+            rows = []
+            for i in range(pairs):
+                order = ("base", "head") if i % 2 == 0 else ("head", "base")
+                got = {who: run(tree if who == "base" else here) for who in order}
+                rows.append(got)
+        finally:
+            git("worktree", "remove", "--force", tree)
+    load.append(round(os.getloadavg()[0], 2))
+
+    def ratios(key):
+        return [r["head"][key] / r["base"][key] for r in rows]
+
+    out = {
+        "bench": "fit_against", "base": base, "head": head, "head_uncommitted_changes": dirty,
+        "pairs": pairs, "n": n,
+        "points": points, "backend": backend,
+        "fits_per_s": [[round(r["base"]["fits_per_s"]), round(r["head"]["fits_per_s"])] for r in rows],
+        "full_fits_per_s": [[round(r["base"]["full_fits_per_s"]), round(r["head"]["full_fits_per_s"])]
+                            for r in rows],
+        "speedup_median": round(float(np.median(ratios("fits_per_s"))), 3),
+        "speedup_range": [round(min(ratios("fits_per_s")), 3), round(max(ratios("fits_per_s")), 3)],
+        "full_speedup_median": round(float(np.median(ratios("full_fits_per_s"))), 3),
+        "full_speedup_range": [round(min(ratios("full_fits_per_s")), 3),
+                               round(max(ratios("full_fits_per_s")), 3)],
+        "identical_fits": all(r["head"]["digest"] == r["base"]["digest"] for r in rows),
+        "load_avg": load,
+        "cpus": os.cpu_count(),
+    }
+    print(json.dumps(out))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=200_000, help="trajectories fitted by tokdyn")
@@ -203,7 +303,21 @@ def main() -> None:
     ap.add_argument("--store-tokens", type=int, help="store mode: tokens in the store")
     ap.add_argument("--store-rows", type=int, default=200, help="store mode: checkpoints in the store")
     ap.add_argument("--store-full-only", action="store_true", help="store mode: time the full record only")
+    ap.add_argument("--against", metavar="REV", help="time this checkout against git revision REV "
+                    "(alternated child processes; see the module doc)")
+    ap.add_argument("--pairs", type=int, default=6, help="--against: alternated pairs of runs")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        print(json.dumps(timed_fits(args.n, args.points, args.noise, args.seed, args.repeat,
+                                    args.backend)))
+        return
+    if args.against:
+        if args.pairs < 1 or args.n < 1 or args.repeat < 1:
+            raise SystemExit("bench_fit: --pairs, --n and --repeat must be >= 1")
+        against_mode(args.against, args.pairs, args.n, args.points, args.noise, args.seed,
+                     args.repeat, args.backend)
+        return
     if args.store_tokens:
         store_mode(args.store_tokens, args.store_rows, args.seed, args.store_full_only)
         return

@@ -83,3 +83,35 @@ def test_scaling_sweep_quick(tmp_path):
     for key in ("D", "M", "D_from_T_tokens", "D_from_T_lr_area", "D_from_T_annealing_15", "D_from_T_annealing_30"):
         assert np.isfinite(head[key]["r2_events"]) and np.isfinite(head[key]["rel_l2_spectrum_interior"]), key
     assert (out / "report.html").stat().st_size > 10_000
+
+
+def test_bench_fit_against_a_revision_times_both_in_their_own_processes():
+    """bench_fit --against HEAD: both sides are this code, so they fit identically (the digest
+    covers every field), each pair holds two positive rates, and the temporary worktree is
+    gone afterwards."""
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode:
+        import pytest
+
+        pytest.skip("not a git checkout")
+    before = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True,
+                            text=True).stdout
+    cmd = [sys.executable, str(ROOT / "pipelines" / "bench_fit.py"), "--against", "HEAD",
+           "--pairs", "2", "--n", "300", "--repeat", "1", "--backend", "numpy"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["bench"] == "fit_against" and out["base"] == out["head"] and out["pairs"] == 2
+    assert out["identical_fits"] is True
+    assert len(out["fits_per_s"]) == 2 and all(a > 0 and b > 0 for a, b in out["fits_per_s"])
+    lo, hi = out["speedup_range"]
+    assert lo <= out["speedup_median"] <= hi
+    after = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True,
+                           text=True).stdout
+    assert after == before
+    # the digest is of the fits themselves: other rows give another, the same rows the same
+    child = [sys.executable, str(ROOT / "pipelines" / "bench_fit.py"), "--child", "--n", "50",
+             "--repeat", "1", "--backend", "numpy", "--seed"]
+    digests = [json.loads(subprocess.run([*child, seed], capture_output=True, text=True,
+                                         timeout=300, check=True).stdout)["digest"]
+               for seed in ("0", "0", "1")]
+    assert digests[0] == digests[1] != digests[2]
