@@ -193,13 +193,14 @@ def store_mode(tokens: int, rows: int, seed: int, only_full: bool = False) -> No
     print(json.dumps(out))
 
 
-def timed_fits(n: int, points: int, noise: float, seed: int, repeat: int, backend: str) -> dict:
-    """fits/s of the sigmoid alone and of the full record on planted rows (best of ``repeat``),
-    and a digest of every field of the full record's fit (identical fits, identical digest)."""
+def timed_fits(rows: str, repeat: int, backend: str) -> dict:
+    """fits/s of the sigmoid alone and of the full record on the rows of ``rows`` (an .npz of
+    x [K] and Y [B, K]; best of ``repeat``), and a digest of every field of the full record's
+    fit (identical fits, identical digest)."""
     import hashlib
 
-    x = log_axis(np.geomspace(10.0, 1e5, points))
-    Y = plant_sigmoids(n, x, rng=np.random.default_rng(seed), noise=noise).Y
+    with np.load(rows) as f:
+        x, Y = f["x"], f["Y"]
     fit_sigmoids(x, Y[:256], backend=backend)  # compile / load kernels
     best = {"sigmoid": np.inf, "full": np.inf}
     for _ in range(repeat):
@@ -211,6 +212,7 @@ def timed_fits(n: int, points: int, noise: float, seed: int, repeat: int, backen
     for name, values in sorted(fit.to_dict().items()):
         digest.update(name.encode())
         digest.update(np.ascontiguousarray(values).tobytes())
+    n = len(Y)
     return {"fits_per_s": n / best["sigmoid"], "full_fits_per_s": n / best["full"],
             "digest": digest.hexdigest()}
 
@@ -223,9 +225,8 @@ def against_mode(rev: str, pairs: int, n: int, points: int, noise: float, seed: 
     import tempfile
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    child = [sys.executable, os.path.abspath(__file__), "--child", "--n", str(n), "--points",
-             str(points), "--noise", str(noise), "--seed", str(seed), "--repeat", str(repeat),
-             "--backend", backend]
+    child = [sys.executable, os.path.abspath(__file__), "--repeat", str(repeat), "--backend",
+             backend, "--child"]
 
     def git(*args):
         proc = subprocess.run(["git", "-C", here, *args], capture_output=True, text=True)
@@ -236,27 +237,31 @@ def against_mode(rev: str, pairs: int, n: int, points: int, noise: float, seed: 
     head, base = git("rev-parse", "--short", "HEAD"), git("rev-parse", "--short", rev)
     dirty = bool(git("status", "--porcelain", "--", "tokdyn"))  # head is the working tree
     with tempfile.TemporaryDirectory() as tmp:
+        # the same rows for both sides, planted here (not by each revision's own code)
+        x = log_axis(np.geomspace(10.0, 1e5, points))
+        Y = plant_sigmoids(n, x, rng=np.random.default_rng(seed), noise=noise).Y
+        data, warm = os.path.join(tmp, "rows.npz"), os.path.join(tmp, "warm.npz")
+        np.savez(data, x=x, Y=Y)
+        np.savez(warm, x=x, Y=Y[:300])
         tree = os.path.join(tmp, "base")
         git("worktree", "add", "--detach", tree, base)
         try:
-            def run(where: str) -> dict:
+            def run(where: str, rows_file: str) -> dict:
                 # the tree's own package first on the path, whatever is installed
                 env = {**os.environ, "PYTHONPATH": where}
-                proc = subprocess.run(child, cwd=where, env=env, capture_output=True, text=True)
+                proc = subprocess.run([*child, rows_file], cwd=where, env=env,
+                                      capture_output=True, text=True)
                 if proc.returncode:
                     raise SystemExit(f"bench_fit: the child in {where} failed: {proc.stderr[-2000:]}")
                 return json.loads(proc.stdout)
 
             for where in (tree, here):  # compile each tree's kernels once, untimed
-                subprocess.run([*child[:2], "--child", "--n", "300", "--backend", backend],
-                               cwd=where, env={**os.environ, "PYTHONPATH": where},
-                               capture_output=True, check=False)
+                run(where, warm)
             load = [round(os.getloadavg()[0], 2)]
             rows = []
             for i in range(pairs):
                 order = ("base", "head") if i % 2 == 0 else ("head", "base")
-                got = {who: run(tree if who == "base" else here) for who in order}
-                rows.append(got)
+                rows.append({who: run(tree if who == "base" else here, data) for who in order})
         finally:
             git("worktree", "remove", "--force", tree)
     load.append(round(os.getloadavg()[0], 2))
@@ -266,8 +271,7 @@ def against_mode(rev: str, pairs: int, n: int, points: int, noise: float, seed: 
 
     out = {
         "bench": "fit_against", "base": base, "head": head, "head_uncommitted_changes": dirty,
-        "pairs": pairs, "n": n,
-        "points": points, "backend": backend,
+        "pairs": pairs, "n": n, "points": points, "backend": backend,
         "fits_per_s": [[round(r["base"]["fits_per_s"]), round(r["head"]["fits_per_s"])] for r in rows],
         "full_fits_per_s": [[round(r["base"]["full_fits_per_s"]), round(r["head"]["full_fits_per_s"])]
                             for r in rows],
@@ -306,11 +310,10 @@ def main() -> None:
     ap.add_argument("--against", metavar="REV", help="time this checkout against git revision REV "
                     "(alternated child processes; see the module doc)")
     ap.add_argument("--pairs", type=int, default=6, help="--against: alternated pairs of runs")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child", metavar="ROWS", help=argparse.SUPPRESS)  # time the fits of an .npz
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(timed_fits(args.n, args.points, args.noise, args.seed, args.repeat,
-                                    args.backend)))
+        print(json.dumps(timed_fits(args.child, args.repeat, args.backend)))
         return
     if args.against:
         if args.pairs < 1 or args.n < 1 or args.repeat < 1:

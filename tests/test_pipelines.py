@@ -85,7 +85,7 @@ def test_scaling_sweep_quick(tmp_path):
     assert (out / "report.html").stat().st_size > 10_000
 
 
-def test_bench_fit_against_a_revision_times_both_in_their_own_processes():
+def test_bench_fit_against_a_revision_times_both_in_their_own_processes(tmp_path):
     """bench_fit --against HEAD: both sides are this code, so they fit identically (the digest
     covers every field), each pair holds two positive rates, and the temporary worktree is
     gone afterwards."""
@@ -109,9 +109,16 @@ def test_bench_fit_against_a_revision_times_both_in_their_own_processes():
                            text=True).stdout
     assert after == before
     # the digest is of the fits themselves: other rows give another, the same rows the same
-    child = [sys.executable, str(ROOT / "pipelines" / "bench_fit.py"), "--child", "--n", "50",
-             "--repeat", "1", "--backend", "numpy", "--seed"]
-    digests = [json.loads(subprocess.run([*child, seed], capture_output=True, text=True,
-                                         timeout=300, check=True).stdout)["digest"]
-               for seed in ("0", "0", "1")]
+    x = np.linspace(1.0, 4.0, 30)
+    rng = np.random.default_rng(0)
+    for name in ("a", "b"):
+        mu = rng.uniform(2.0, 3.0, (40, 1))
+        Y = 1.0 + 3.0 / (1.0 + np.exp((x - mu) / 0.3)) + 0.1 * rng.standard_normal((40, 30))
+        np.savez(tmp_path / f"{name}.npz", x=x, Y=Y)
+    child = [sys.executable, str(ROOT / "pipelines" / "bench_fit.py"), "--repeat", "1",
+             "--backend", "numpy", "--child"]
+    digests = [json.loads(subprocess.run([*child, str(tmp_path / f"{name}.npz")],
+                                         capture_output=True, text=True, timeout=300,
+                                         check=True).stdout)["digest"]
+               for name in ("a", "a", "b")]
     assert digests[0] == digests[1] != digests[2]
