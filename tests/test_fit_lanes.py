@@ -26,8 +26,10 @@ from tokdyn.fit.lanes import (
     fma_exact,
     lane_maxima,
     lane_sums,
+    reference_row_dots,
     reference_sums,
     reference_terms,
+    row_dots,
 )
 
 
@@ -236,3 +238,74 @@ def test_a_product_feeding_an_addition_is_rounded_once():
     top = lane_maxima(_fused_terms, 4, 0)
     got = njit(lambda a, b, c, d, n, row: top(a, b, c, d, n, row))(a, b, c, d, n, 0)
     assert got[0] == 0.0  # RN(a b) - 1 at point 8 (fused it would be -2^-60)
+
+
+# -- column sums over chosen rows (row_dots) --------------------------------------------------
+
+
+@njit
+def _call_row_dots(M, idx, v, n, c, s1, s2):
+    row_dots(M, idx, v, n, c, s1, s2)
+
+
+@njit
+def _call_row_dots_only(M, idx, v, n, c):
+    row_dots(M, idx, v, n, c, None, None)
+
+
+@settings(max_examples=120, deadline=None)
+@given(q=hs.integers(1, 6 * LANES + 3), rows=hs.integers(1, 12), n=hs.integers(-2, 30),
+       seed=hs.integers(0, 2**32 - 1))
+def test_row_dots_are_plain_loops_to_the_bit(q, rows, n, seed):
+    """Every column count (whole groups of vectors, a shorter group, single columns left) and
+    rows read in any order, repeated: the bits of ``for k: c[q] += M[idx[k], q] * v[k]``, summed
+    here in Python floats one column at a time; s1, s2 the same for g and g * g."""
+    rng = np.random.default_rng(seed)
+    M = rng.normal(0, 1, (rows, q)) * 10.0 ** rng.integers(-5, 5, (rows, q))
+    m = max(n, 0)
+    idx = rng.integers(0, rows, m + 3)
+    v = rng.normal(0, 1, m + 3)
+    c, s1, s2 = (np.full(q, np.nan) for _ in range(3))
+    _call_row_dots(M, idx, v, n, c, s1, s2)
+    only = np.full(q, np.nan)
+    _call_row_dots_only(M, idx, v, n, only)
+    for j in range(q):
+        want_c = want_1 = want_2 = 0.0
+        for k in range(m):
+            g = float(M[idx[k], j])
+            want_c += g * float(v[k])
+            want_1 += g
+            want_2 += g * g
+        assert _bits([c[j], only[j], s1[j], s2[j]]) == _bits([want_c, want_c, want_1, want_2])
+    ref = reference_row_dots(M, idx, v, n)
+    assert _bits(np.concatenate(ref)) == _bits(np.concatenate([c, s1, s2]))
+
+
+def test_row_dots_read_only_the_rows_named_and_write_only_their_outputs():
+    """Rows not in idx[:n] (NaN here) and entries of v past n never reach a sum; the outputs
+    are exactly their Q entries (a guard after them keeps its value)."""
+    M = np.full((4, 11), np.nan)
+    M[1] = np.arange(11.0)
+    M[3] = 2.0
+    idx = np.array([3, 1, 1, 0, 2])
+    v = np.array([1.0, 0.5, 2.0, np.nan, np.inf])
+    out = np.full(12, -7.0)
+    s = np.full(12, -7.0)
+    s2 = np.full(12, -7.0)
+    _call_row_dots(M, idx, v, 3, out[:11], s[:11], s2[:11])
+    np.testing.assert_array_equal(out[:11], 2.0 + 2.5 * np.arange(11.0))
+    np.testing.assert_array_equal(s[:11], 2.0 + 2.0 * np.arange(11.0))
+    np.testing.assert_array_equal(s2[:11], 4.0 + 2.0 * np.arange(11.0) ** 2)
+    assert out[11] == s[11] == s2[11] == -7.0
+
+
+def test_row_dots_check_their_arguments():
+    M, idx, v, c = np.zeros((3, 4)), np.zeros(2, dtype=np.int64), np.zeros(2), np.zeros(4)
+    with pytest.raises(TypingError, match="both arrays or both None"):
+        _call_row_dots(M, idx, v, 2, c, c, None)
+    with pytest.raises(TypingError, match="M must be"):
+        _call_row_dots_only(M[:, ::2], idx, v, 2, c)
+    with pytest.raises(TypingError, match="idx must be"):
+        _call_row_dots_only(M, idx.astype(np.int32), v, 2, c)
+    with pytest.raises(TypingError, match="c must be"):
+        _call_row_dots_only(M, idx, v, 2, c.astype(np.float32))

@@ -48,7 +48,7 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 __all__ = ["LANES", "clip", "fma_exact", "lane_maxima", "lane_sums", "reference_sums",
-           "reference_terms"]
+           "reference_terms", "row_dots", "reference_row_dots"]
 
 LANES = 8
 
@@ -450,6 +450,124 @@ def _lane_reduction(terms: Callable, n_columns: int, n_scalars: int, kind: str,
     fn = space[f"{terms.__name__}_{kind}"]
     fn.__doc__ = f"Lane {kind} of {terms.__name__} (tokdyn.fit.lanes)."
     return intrinsic(fn)
+
+
+# Vectors of columns per pass of row_dots: four chains of 8 columns in flight hide an
+# addition's latency (4 cycles) behind the loads and products of the others.
+_DOT_VECTORS = 5
+
+
+def _row_dots(typingctx, M, idx, v, n, c, s1, s2):
+    """The typer and code of :func:`row_dots` (``s1``, ``s2`` None: the products only)."""
+    moments = not isinstance(s1, types.NoneType)
+    if moments == isinstance(s2, types.NoneType):
+        raise TypingError("row_dots: s1 and s2 are both arrays or both None")
+    if not (isinstance(M, types.Array) and M.ndim == 2 and M.dtype == types.float64
+            and M.layout == "C"):
+        raise TypingError(f"row_dots: M must be a 2-D C-contiguous float64 array, got {M}")
+    if not (isinstance(idx, types.Array) and idx.ndim == 1 and idx.dtype == types.int64
+            and idx.layout == "C"):
+        raise TypingError(f"row_dots: idx must be a 1-D C-contiguous int64 array, got {idx}")
+    if not (isinstance(v, types.Array) and v.ndim == 1 and v.dtype == types.float64
+            and v.layout == "C"):
+        raise TypingError(f"row_dots: v must be a 1-D C-contiguous float64 array, got {v}")
+    if not isinstance(n, types.Integer):
+        raise TypingError(f"row_dots: n must be an integer, got {n}")
+    for name, a in (("c", c), ("s1", s1), ("s2", s2)) if moments else (("c", c),):
+        if not (isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.float64
+                and a.layout == "C" and a.mutable):
+            raise TypingError(f"row_dots: {name} must be a writable 1-D C-contiguous float64 "
+                              f"array, got {a}")
+    sig = types.none(M, idx, v, n, c, s1, s2)
+
+    def codegen(context, builder, sig, llargs):
+        arr = context.make_array(sig.args[0])(context, builder, llargs[0])
+        width = cgutils.unpack_tuple(builder, arr.shape, 2)[1]
+        base = arr.data
+        rows = context.make_array(sig.args[1])(context, builder, llargs[1]).data
+        vals = context.make_array(sig.args[2])(context, builder, llargs[2]).data
+        n_ = context.cast(builder, llargs[3], sig.args[3], types.int64)
+        n_ = builder.select(builder.icmp_signed("<", n_, ir.Constant(_I64, 0)),
+                            ir.Constant(_I64, 0), n_)
+        outs = [context.make_array(sig.args[i])(context, builder, llargs[i]).data
+                for i in ((4, 5, 6) if moments else (4,))]
+
+        def group(q0, ty, m):
+            """Columns q0 .. q0 + m * lanes(ty) - 1: the chains in registers over the rows."""
+            zero = _constant(ty, 0.0) if isinstance(ty, ir.VectorType) else ir.Constant(ty, 0.0)
+            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(m)]
+                    for _ in outs]
+            with cgutils.for_range(builder, n_) as loop:
+                r = builder.load(builder.gep(rows, [loop.index]))
+                row = builder.gep(base, [builder.add(builder.mul(r, width), q0)])
+                vk = _splat(builder, builder.load(builder.gep(vals, [loop.index])), ty) \
+                    if isinstance(ty, ir.VectorType) else \
+                    builder.load(builder.gep(vals, [loop.index]))
+                step = ty.count if isinstance(ty, ir.VectorType) else 1
+                for j in range(m):
+                    ptr = builder.gep(row, [ir.Constant(_I64, j * step)])
+                    if isinstance(ty, ir.VectorType):
+                        ptr = builder.bitcast(ptr, ty.as_pointer())
+                    g = builder.load(ptr, align=8)
+                    terms = (builder.fmul(g, vk), g, builder.fmul(g, g)) if moments else \
+                        (builder.fmul(g, vk),)
+                    for acc, t in zip(accs, terms):
+                        builder.store(builder.fadd(builder.load(acc[j]), t), acc[j])
+            for out, acc in zip(outs, accs):
+                for j in range(m):
+                    ptr = builder.gep(out, [builder.add(q0, ir.Constant(_I64, j * step))])
+                    if isinstance(ty, ir.VectorType):
+                        ptr = builder.bitcast(ptr, ty.as_pointer())
+                    builder.store(builder.load(acc[j]), ptr, align=8)
+
+        lanes = ir.Constant(_I64, LANES)
+        span = ir.Constant(_I64, LANES * _DOT_VECTORS)
+        n_groups = builder.sdiv(width, span)
+        with cgutils.for_range(builder, n_groups) as loop:
+            group(builder.mul(loop.index, span), _VEC, _DOT_VECTORS)
+        q0 = builder.mul(n_groups, span)
+        # the columns left: whole vectors in one group, then single columns
+        left_vecs = builder.sdiv(builder.sub(width, q0), lanes)
+        for m in range(1, _DOT_VECTORS):
+            with builder.if_then(builder.icmp_signed("==", left_vecs, ir.Constant(_I64, m))):
+                group(q0, _VEC, m)
+        q0 = builder.add(q0, builder.mul(left_vecs, lanes))
+        with cgutils.for_range(builder, builder.sub(width, q0)) as loop:
+            group(builder.add(q0, loop.index), _DOUBLE, 1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _row_dots_intrinsic(typingctx, M, idx, v, n, c, s1, s2):
+    return _row_dots(typingctx, M, idx, v, n, c, s1, s2)
+
+
+row_dots = _row_dots_intrinsic
+row_dots.__doc__ = """``row_dots(M, idx, v, n, c, s1, s2)`` (a numba intrinsic): for every column q of
+M [R, Q], c[q] = sum over k < n, in order, of M[idx[k], q] * v[k], each product rounded and
+then added, as the plain loop ``for k: c[q] += M[idx[k], q] * v[k]`` adds it; where s1, s2 are
+arrays (not None) also s1[q] = sum M[idx[k], q] and s2[q] = sum M[idx[k], q]^2 the same way.
+
+The columns run in vector lanes, each its own chain over the rows kept in registers (four
+vectors of eight columns at a time), so the bits are a scalar loop's.
+"""
+
+
+def reference_row_dots(M: np.ndarray, idx: np.ndarray, v: np.ndarray, n: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(c, s1, s2) of :func:`row_dots` in numpy, in the same order with the same roundings."""
+    M = np.asarray(M, dtype=np.float64)
+    c = np.zeros(M.shape[1])
+    s1 = np.zeros(M.shape[1])
+    s2 = np.zeros(M.shape[1])
+    for k in range(max(n, 0)):
+        g = M[idx[k]]
+        c = c + g * v[k]
+        s1 = s1 + g
+        s2 = s2 + g * g
+    return c, s1, s2
 
 
 def _traced(terms: Callable, columns: Sequence[np.ndarray], scalars: Sequence[float], n: int,

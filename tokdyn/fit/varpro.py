@@ -41,7 +41,7 @@ from numba import njit, prange
 
 from tokdyn.fit.grid import TWO_MIN_DET, TWO_MIN_VAR
 from tokdyn.fit.lanes import LANES as _LANES
-from tokdyn.fit.lanes import clip, lane_maxima, lane_sums
+from tokdyn.fit.lanes import clip, lane_maxima, lane_sums, row_dots
 from tokdyn.fit.lm import LM_CONVERGED, LM_FAILED
 from tokdyn.fit.numba_kernels import (
     _JIT,
@@ -136,10 +136,11 @@ def _use_grid(x, mus, ss, slot, keys, mu_q, s_q, G, GT):
     return True
 
 
-# A row's covariances with every grid event are summed point-major: for each of its points in
-# order, one pass over the events (contiguous in GT, so it vectorises), each event's sum a
-# plain chain over the points. A fully observed row and the same row gathered from a block
-# with missing columns add the same values in the same order: the same bits.
+# A row's covariances with every grid event are summed point-major, each event's sum a plain
+# chain over the row's points in order (:func:`tokdyn.fit.lanes.row_dots` keeps forty events'
+# chains in vector registers and reads each point's events once). A fully observed row and
+# the same row gathered from a block with missing columns add the same values in the same
+# order: the same bits.
 
 
 @njit(inline="always", **_JIT)
@@ -158,39 +159,20 @@ def _grid_moments(GT, n_points, s1, s2):
 
 
 @njit(inline="always", **_JIT)
-def _grid_dots(GT, idx, v, n, full, c):
+def _grid_dots(GT, idx, v, n, c):
     """c [Q] = sum g v of every grid event over the row's n points (v [n] at its points: the
-    centred data, or a column; ``full``: the row observed every point, else idx [n] says which)."""
-    Q = GT.shape[1]
-    for q in range(Q):
-        c[q] = 0.0
-    for k in range(n):
-        row = GT[k] if full else GT[idx[k]]
-        y = v[k]
-        for q in range(Q):
-            c[q] += row[q] * y
+    centred data, or a column; idx [n] says which: for a fully observed row, 0 .. K - 1)."""
+    row_dots(GT, idx, v, n, c, None, None)
 
 
 @njit(inline="always", **_JIT)
 def _grid_projections(GT, idx, v, n, full, c, s1, s2):
     """:func:`_grid_dots`, and for a gathered row (not ``full``) also s1 [Q] = sum g and s2 [Q]
     = sum g^2 over its points (a fully observed row takes those from :func:`_grid_moments`)."""
-    Q = GT.shape[1]
     if full:
-        _grid_dots(GT, idx, v, n, True, c)
-        return
-    for q in range(Q):
-        c[q] = 0.0
-        s1[q] = 0.0
-        s2[q] = 0.0
-    for k in range(n):
-        row = GT[idx[k]]
-        y = v[k]
-        for q in range(Q):
-            g = row[q]
-            c[q] += g * y
-            s1[q] += g
-            s2[q] += g * g
+        row_dots(GT, idx, v, n, c, None, None)
+    else:
+        row_dots(GT, idx, v, n, c, s1, s2)
 
 
 @njit(inline="always", **_JIT)
@@ -1186,7 +1168,7 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
                     s11 += g1[k] * g1[k]
                     c1 += g1[k] * yc[k]
                 v11 = s11 - sg1 * sg1 / nf
-                _grid_dots(GT, idx, g1, n, full, s12q)
+                _grid_dots(GT, idx, g1, n, s12q)
                 for q in range(Q):
                     if not inb[q]:
                         continue
