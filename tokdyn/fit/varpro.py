@@ -103,21 +103,28 @@ def _gather(x, Y, b, xo, yc, idx):
 _FULL, _OTHER = 0, 1
 
 
+@njit(inline="always", **_JIT)
+def _same_grid(mus, ss, b, slot, keys):
+    """Whether ``slot`` holds row b's grid (axes mus[b], ss[b]), compared in place: a view of
+    the row per call (reference counted) cost more than the comparisons."""
+    n_mu = mus.shape[1]
+    for i in range(n_mu):
+        if not keys[slot, i] == mus[b, i]:
+            return False
+    for j in range(ss.shape[1]):
+        if not keys[slot, n_mu + j] == ss[b, j]:
+            return False
+    return True
+
+
 @njit(**_JIT)
 def _use_grid(x, mus, ss, slot, keys, mu_q, s_q, G, GT):
     """Make ``slot`` hold the grid with axes mus [n_mu], ss [n_s] (mu-major events): keys
     [2, n_mu + n_s], mu_q and s_q [2, Q], G [2, Q, K] = sigma(-(x - mu)/s) and its point-major
-    copy GT [2, K, Q]. Returns True where it had to be evaluated (keys start NaN, which equals
+    copy GT [2, K, Q]. Call it where :func:`_same_grid` is False (keys start NaN, which equals
     nothing)."""
     n_mu = mus.shape[0]
     n_s = ss.shape[0]
-    same = True
-    for i in range(n_mu):
-        same = same and keys[slot, i] == mus[i]
-    for j in range(n_s):
-        same = same and keys[slot, n_mu + j] == ss[j]
-    if same:
-        return False
     K = x.shape[0]
     for i in range(n_mu):
         keys[slot, i] = mus[i]
@@ -133,7 +140,6 @@ def _use_grid(x, mus, ss, slot, keys, mu_q, s_q, G, GT):
                 GT[slot, k, q] = Gq[k]
     for j in range(n_s):
         keys[slot, n_mu + j] = ss[j]
-    return True
 
 
 # A row's covariances with every grid event are summed point-major, each event's sum a plain
@@ -288,8 +294,10 @@ def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
             p_step[b, 3] = min(max(0.1 * gap, lo[b, 3]), hi[b, 3])
             sse_step[b] = syy - best_e
             slot = _FULL if n == K else _OTHER
-            if _use_grid(x, mus[b], ss[b], slot, keys, mu_q, s_q, G, GT) and slot == _FULL:
-                _grid_inverse_variances(GT[_FULL], inv_var_full, s1b, s2b)
+            if not _same_grid(mus, ss, b, slot, keys):
+                _use_grid(x, mus[b], ss[b], slot, keys, mu_q, s_q, G, GT)
+                if slot == _FULL:
+                    _grid_inverse_variances(GT[_FULL], inv_var_full, s1b, s2b)
             q, _ = _grid_best(GT[slot], inv_var_full, idx, yc, n, lo[b, 2], hi[b, 2], lo[b, 3],
                               hi[b, 3], mu_q[slot], s_q[slot], cb, s1b, s2b)
             if q < 0:
@@ -1088,7 +1096,8 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
             full = n == K
             v_min = min_var * nf
             slot = _FULL if full else _OTHER
-            if _use_grid(x, mus[b], ss[b], slot, keys, mu_g, s_g, G2, GT2):
+            if not _same_grid(mus, ss, b, slot, keys):
+                _use_grid(x, mus[b], ss[b], slot, keys, mu_g, s_g, G2, GT2)
                 if full:
                     _full_pair_forms(G2[_FULL], gram, qa, qb, qe, pen, min_det, min_var)
                     _grid_moments(GT2[_FULL], K, sq_full, s2q)
