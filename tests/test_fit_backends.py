@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from tokdyn.errors import InputError
 from tokdyn.fit import FIT_FIELDS, FitOptions, available_backends, fit_block, fit_sigmoids
@@ -151,3 +153,31 @@ def test_threads_share_the_fit():
         outs = list(pool.map(lambda _: fit_block(X, Y), range(8)))
     for out in outs:
         np.testing.assert_array_equal(out["mu"], ref["mu"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=hs.sampled_from([2, 4, 7]), log_cond=hs.floats(0.0, 8.0), seed=hs.integers(0, 2**32 - 1))
+def test_inverse_diagonal_is_the_inverse_matrix_diagonal(p, log_cond, seed):
+    """Standard errors' diag(A^-1) on both host paths (numba's triangular inverse, numpy's
+    solves) against numpy's inverse, on SPD matrices of condition up to 1e8; matrices that
+    are not positive definite or not finite are flagged, not answered."""
+    from tokdyn.fit.backends import inverse_diagonal
+
+    rng = np.random.default_rng(seed)
+    B = 12
+    Qm = np.linalg.qr(rng.normal(size=(B, p, p)))[0]
+    eig = 10.0 ** rng.uniform(0.0, log_cond, (B, p))
+    eig[:, 0] = 1.0
+    eig[:, -1] = 10.0 ** log_cond
+    A = np.einsum("bij,bj,bkj->bik", Qm, eig, Qm)
+    A = 0.5 * (A + A.transpose(0, 2, 1))
+    A[1] = -A[1]  # negative definite
+    A[2, 0, 0] = np.nan
+    A[3] = np.outer(np.arange(1.0, p + 1), np.arange(1.0, p + 1))  # rank 1
+    want = np.diagonal(np.linalg.inv(A[4:]), axis1=1, axis2=2)
+    for backend in [b for b in ("numba", "numpy") if b in available_backends()]:
+        with np.errstate(all="ignore"):  # as fit_block calls it: the bad matrices overflow
+            got, ok = inverse_diagonal(A, backend)
+        assert ok[0] and ok[4:].all() and not ok[1:4].any(), backend
+        assert np.isnan(got[1:4]).all(), backend
+        np.testing.assert_allclose(got[4:], want, rtol=1e-13 * 10.0 ** log_cond + 1e-12)

@@ -240,30 +240,43 @@ def prepare_block(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_ma
 
 
 def inverse_diagonal(A):
-    """diag(A^-1) [B, P] of SPD matrices A [B, P, P] by Cholesky, and ok [B] (as lm.py)."""
+    """diag(A^-1) [B, P] of SPD matrices A [B, P, P] by Cholesky, and ok [B] (as lm.py; NaN
+    where not ok)."""
     B = A.shape[0]
     return _inverse_diagonal_chunks(A, max(1, min(B, 8 * numba.get_num_threads())))
 
 
 @njit(cache=True, parallel=True, nogil=True)
 def _inverse_diagonal_chunks(A, n_chunks):
+    """diag(A^-1) = the squared column norms of W = L^-1 (A = L L^T): one triangular inverse,
+    P^3 / 6 multiply-adds and P divisions, instead of P solves (P^3 and P^2 divisions)."""
     B, P = A.shape[0], A.shape[1]
     out = np.full((B, P), np.nan)
     ok = np.zeros(B, dtype=np.bool_)
     for c in prange(n_chunks):
         L = np.zeros((P, P))  # scratch per chunk (an allocation per row serialises threads)
-        e = np.zeros(P)
-        col = np.zeros(P)
+        W = np.zeros((P, P))
+        inv_d = np.zeros(P)
         for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
             good = True
             for j in range(P):
                 for i in range(P):
                     good = good and math.isfinite(A[b, i, j])
-            good = _cholesky_factor(A[b], L) and good  # once: the same L for every column
-            for j in range(P):
-                e[:] = 0.0
-                e[j] = 1.0
-                _cholesky_substitute(L, e, col)
-                out[b, j] = col[j]
+            good = _cholesky_factor(A[b], L) and good
             ok[b] = good
+            if not good:  # no inverse: NaN, as the numpy path answers
+                continue
+            for i in range(P):
+                inv_d[i] = 1.0 / L[i, i]
+            for j in range(P):  # column j of W, from its diagonal down
+                W[j, j] = inv_d[j]
+                acc = inv_d[j] * inv_d[j]
+                for i in range(j + 1, P):
+                    v = 0.0
+                    for k in range(j, i):
+                        v += L[i, k] * W[k, j]
+                    w = -v * inv_d[i]
+                    W[i, j] = w
+                    acc += w * w
+                out[b, j] = acc
     return out, ok
