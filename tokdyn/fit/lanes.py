@@ -29,6 +29,11 @@ fused: the two-sigmoid start compares them with a scalar computation of the same
 same roundings in the same order (:func:`fma_exact` for the fused ones); the tests require
 identical bits, and check the fusion against hand-computed values.
 
+:func:`row_dots` is the other way round: many sums at once, each over the same chosen rows
+of a matrix (the start grids' covariances of a row with 80 grid events). There the lanes are
+the matrix's columns, each one plain chain in row order (no fusion: the bits of a scalar
+loop), held in registers over the rows.
+
 numba caches a compiled kernel keyed on its own source file only: after editing this module
 (or a terms function's helpers in another one), delete ``tokdyn/fit/__pycache__`` so the
 kernels that inline these intrinsics are compiled again.
