@@ -457,8 +457,9 @@ def _lane_reduction(terms: Callable, n_columns: int, n_scalars: int, kind: str,
     return intrinsic(fn)
 
 
-# Vectors of columns per pass of row_dots: four chains of 8 columns in flight hide an
-# addition's latency (4 cycles) behind the loads and products of the others.
+# Vectors of columns per pass of row_dots: five chains of 8 columns in flight hide an
+# addition's latency behind the loads and products of the others (the default grid's 80
+# events in two passes; 4, 8 and 10 measured no better).
 _DOT_VECTORS = 5
 
 
@@ -499,19 +500,19 @@ def _row_dots(typingctx, M, idx, v, n, c, s1, s2):
 
         def group(q0, ty, m):
             """Columns q0 .. q0 + m * lanes(ty) - 1: the chains in registers over the rows."""
-            zero = _constant(ty, 0.0) if isinstance(ty, ir.VectorType) else ir.Constant(ty, 0.0)
+            vector = isinstance(ty, ir.VectorType)
+            step = ty.count if vector else 1
+            zero = _constant(ty, 0.0) if vector else ir.Constant(ty, 0.0)
             accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(m)]
                     for _ in outs]
             with cgutils.for_range(builder, n_) as loop:
                 r = builder.load(builder.gep(rows, [loop.index]))
                 row = builder.gep(base, [builder.add(builder.mul(r, width), q0)])
-                vk = _splat(builder, builder.load(builder.gep(vals, [loop.index])), ty) \
-                    if isinstance(ty, ir.VectorType) else \
-                    builder.load(builder.gep(vals, [loop.index]))
-                step = ty.count if isinstance(ty, ir.VectorType) else 1
+                vk = builder.load(builder.gep(vals, [loop.index]))
+                vk = _splat(builder, vk, ty) if vector else vk
                 for j in range(m):
                     ptr = builder.gep(row, [ir.Constant(_I64, j * step)])
-                    if isinstance(ty, ir.VectorType):
+                    if vector:
                         ptr = builder.bitcast(ptr, ty.as_pointer())
                     g = builder.load(ptr, align=8)
                     terms = (builder.fmul(g, vk), g, builder.fmul(g, g)) if moments else \
@@ -521,7 +522,7 @@ def _row_dots(typingctx, M, idx, v, n, c, s1, s2):
             for out, acc in zip(outs, accs):
                 for j in range(m):
                     ptr = builder.gep(out, [builder.add(q0, ir.Constant(_I64, j * step))])
-                    if isinstance(ty, ir.VectorType):
+                    if vector:
                         ptr = builder.bitcast(ptr, ty.as_pointer())
                     builder.store(builder.load(acc[j]), ptr, align=8)
 
@@ -555,7 +556,7 @@ M [R, Q], c[q] = sum over k < n, in order, of M[idx[k], q] * v[k], each product 
 then added, as the plain loop ``for k: c[q] += M[idx[k], q] * v[k]`` adds it; where s1, s2 are
 arrays (not None) also s1[q] = sum M[idx[k], q] and s2[q] = sum M[idx[k], q]^2 the same way.
 
-The columns run in vector lanes, each its own chain over the rows kept in registers (four
+The columns run in vector lanes, each its own chain over the rows kept in registers (five
 vectors of eight columns at a time), so the bits are a scalar loop's.
 """
 

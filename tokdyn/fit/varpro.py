@@ -176,7 +176,7 @@ def _grid_projections(GT, idx, v, n, full, c, s1, s2):
     """:func:`_grid_dots`, and for a gathered row (not ``full``) also s1 [Q] = sum g and s2 [Q]
     = sum g^2 over its points (a fully observed row takes those from :func:`_grid_moments`)."""
     if full:
-        row_dots(GT, idx, v, n, c, None, None)
+        _grid_dots(GT, idx, v, n, c)
     else:
         row_dots(GT, idx, v, n, c, s1, s2)
 
