@@ -288,6 +288,17 @@ def lane_maxima(terms: Callable, n_columns: int, n_scalars: int):
 _START = {"sum": 0.0, "max": -math.inf}
 
 
+def _require_array(what: str, a, dims: tuple[int, ...], dtype=types.float64,
+                   writable: bool = False) -> None:
+    """Raise numba's TypingError unless ``a`` is a C-contiguous array of ``dtype`` with one of
+    the dimensions ``dims`` (and writable where asked)."""
+    if not (isinstance(a, types.Array) and a.ndim in dims and a.dtype == dtype
+            and a.layout == "C" and (a.mutable or not writable)):
+        raise TypingError(f"{what} must be a {'writable ' if writable else ''}"
+                          f"{' or '.join(f'{d}-D' for d in dims)} C-contiguous {dtype} array, "
+                          f"got {a}")
+
+
 def _combine(builder: ir.IRBuilder, kind: str, acc: ir.Value, v: ir.Value) -> ir.Value:
     """acc + v, or v where v > acc (else acc: NaN never replaces it)."""
     if kind == "sum":
@@ -307,16 +318,9 @@ def _lane_reduction(terms: Callable, n_columns: int, n_scalars: int, kind: str,
 
     def typer(typingctx, *args):
         for i, a in enumerate(args[n_columns:n_arrays]):
-            if not (isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.float64
-                    and a.layout == "C" and a.mutable):
-                raise TypingError(f"{terms.__name__}: output {i} must be a writable 1-D "
-                                  f"C-contiguous float64 array, got {a}")
+            _require_array(f"{terms.__name__}: output {i}", a, (1,), writable=True)
         for i, a in enumerate(args[:n_columns]):
-            if not (isinstance(a, types.Array) and a.ndim in dims and a.dtype == types.float64
-                    and a.layout == "C"):
-                raise TypingError(f"{terms.__name__}: column {i} must be a "
-                                  f"{' or '.join(f'{d}-D' for d in dims)} C-contiguous float64 "
-                                  f"array, got {a}")
+            _require_array(f"{terms.__name__}: column {i}", a, dims)
         for a in args[n_arrays:n_arrays + n_scalars]:
             if not isinstance(a, types.Float):
                 raise TypingError(f"{terms.__name__}: scalars must be floats, got {a}")
@@ -463,27 +467,27 @@ def _lane_reduction(terms: Callable, n_columns: int, n_scalars: int, kind: str,
 _DOT_VECTORS = 5
 
 
-def _row_dots(typingctx, M, idx, v, n, c, s1, s2):
-    """The typer and code of :func:`row_dots` (``s1``, ``s2`` None: the products only)."""
+@intrinsic
+def row_dots(typingctx, M, idx, v, n, c, s1, s2):
+    """``row_dots(M, idx, v, n, c, s1, s2)`` (a numba intrinsic): for every column q of
+    M [R, Q], c[q] = sum over k < n, in order, of M[idx[k], q] * v[k], each product rounded
+    and then added, as the plain loop ``for k: c[q] += M[idx[k], q] * v[k]`` adds it; where
+    s1, s2 are arrays (not None) also s1[q] = sum M[idx[k], q] and s2[q] = sum M[idx[k], q]^2
+    the same way.
+
+    The columns run in vector lanes, each its own chain over the rows kept in registers (five
+    vectors of eight columns at a time), so the bits are a scalar loop's.
+    """
     moments = not isinstance(s1, types.NoneType)
     if moments == isinstance(s2, types.NoneType):
         raise TypingError("row_dots: s1 and s2 are both arrays or both None")
-    if not (isinstance(M, types.Array) and M.ndim == 2 and M.dtype == types.float64
-            and M.layout == "C"):
-        raise TypingError(f"row_dots: M must be a 2-D C-contiguous float64 array, got {M}")
-    if not (isinstance(idx, types.Array) and idx.ndim == 1 and idx.dtype == types.int64
-            and idx.layout == "C"):
-        raise TypingError(f"row_dots: idx must be a 1-D C-contiguous int64 array, got {idx}")
-    if not (isinstance(v, types.Array) and v.ndim == 1 and v.dtype == types.float64
-            and v.layout == "C"):
-        raise TypingError(f"row_dots: v must be a 1-D C-contiguous float64 array, got {v}")
+    _require_array("row_dots: M", M, (2,))
+    _require_array("row_dots: idx", idx, (1,), types.int64)
+    _require_array("row_dots: v", v, (1,))
     if not isinstance(n, types.Integer):
         raise TypingError(f"row_dots: n must be an integer, got {n}")
     for name, a in (("c", c), ("s1", s1), ("s2", s2)) if moments else (("c", c),):
-        if not (isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.float64
-                and a.layout == "C" and a.mutable):
-            raise TypingError(f"row_dots: {name} must be a writable 1-D C-contiguous float64 "
-                              f"array, got {a}")
+        _require_array(f"row_dots: {name}", a, (1,), writable=True)
     sig = types.none(M, idx, v, n, c, s1, s2)
 
     def codegen(context, builder, sig, llargs):
@@ -543,22 +547,6 @@ def _row_dots(typingctx, M, idx, v, n, c, s1, s2):
         return context.get_dummy_value()
 
     return sig, codegen
-
-
-@intrinsic
-def _row_dots_intrinsic(typingctx, M, idx, v, n, c, s1, s2):
-    return _row_dots(typingctx, M, idx, v, n, c, s1, s2)
-
-
-row_dots = _row_dots_intrinsic
-row_dots.__doc__ = """``row_dots(M, idx, v, n, c, s1, s2)`` (a numba intrinsic): for every column q of
-M [R, Q], c[q] = sum over k < n, in order, of M[idx[k], q] * v[k], each product rounded and
-then added, as the plain loop ``for k: c[q] += M[idx[k], q] * v[k]`` adds it; where s1, s2 are
-arrays (not None) also s1[q] = sum M[idx[k], q] and s2[q] = sum M[idx[k], q]^2 the same way.
-
-The columns run in vector lanes, each its own chain over the rows kept in registers (five
-vectors of eight columns at a time), so the bits are a scalar loop's.
-"""
 
 
 def reference_row_dots(M: np.ndarray, idx: np.ndarray, v: np.ndarray, n: int

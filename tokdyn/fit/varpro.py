@@ -104,25 +104,28 @@ _FULL, _OTHER = 0, 1
 
 
 @njit(inline="always", **_JIT)
-def _same_grid(mus, ss, b, slot, keys):
-    """Whether ``slot`` holds row b's grid (axes mus[b], ss[b]), compared in place: a view of
-    the row per call (reference counted) cost more than the comparisons."""
+def _use_grid(x, mus, ss, b, slot, keys, mu_q, s_q, G, GT):
+    """Make ``slot`` hold row b's grid, axes mus[b] [n_mu] and ss[b] [n_s] (mus [B, n_mu], ss
+    [B, n_s]); return True where it had to be evaluated (keys start NaN, which equals
+    nothing). The keys are compared in place: a view of the row per call (reference counted)
+    cost more than the comparisons."""
     n_mu = mus.shape[1]
+    same = True
     for i in range(n_mu):
-        if not keys[slot, i] == mus[b, i]:
-            return False
+        same = same and keys[slot, i] == mus[b, i]
     for j in range(ss.shape[1]):
-        if not keys[slot, n_mu + j] == ss[b, j]:
-            return False
+        same = same and keys[slot, n_mu + j] == ss[b, j]
+    if same:
+        return False
+    _evaluate_grid(x, mus[b], ss[b], slot, keys, mu_q, s_q, G, GT)
     return True
 
 
 @njit(**_JIT)
-def _use_grid(x, mus, ss, slot, keys, mu_q, s_q, G, GT):
-    """Make ``slot`` hold the grid with axes mus [n_mu], ss [n_s] (mu-major events): keys
+def _evaluate_grid(x, mus, ss, slot, keys, mu_q, s_q, G, GT):
+    """Evaluate the grid with axes mus [n_mu], ss [n_s] (mu-major events) into ``slot``: keys
     [2, n_mu + n_s], mu_q and s_q [2, Q], G [2, Q, K] = sigma(-(x - mu)/s) and its point-major
-    copy GT [2, K, Q]. Call it where :func:`_same_grid` is False (keys start NaN, which equals
-    nothing)."""
+    copy GT [2, K, Q]."""
     n_mu = mus.shape[0]
     n_s = ss.shape[0]
     K = x.shape[0]
@@ -294,10 +297,8 @@ def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
             p_step[b, 3] = min(max(0.1 * gap, lo[b, 3]), hi[b, 3])
             sse_step[b] = syy - best_e
             slot = _FULL if n == K else _OTHER
-            if not _same_grid(mus, ss, b, slot, keys):
-                _use_grid(x, mus[b], ss[b], slot, keys, mu_q, s_q, G, GT)
-                if slot == _FULL:
-                    _grid_inverse_variances(GT[_FULL], inv_var_full, s1b, s2b)
+            if _use_grid(x, mus, ss, b, slot, keys, mu_q, s_q, G, GT) and slot == _FULL:
+                _grid_inverse_variances(GT[_FULL], inv_var_full, s1b, s2b)
             q, _ = _grid_best(GT[slot], inv_var_full, idx, yc, n, lo[b, 2], hi[b, 2], lo[b, 3],
                               hi[b, 3], mu_q[slot], s_q[slot], cb, s1b, s2b)
             if q < 0:
@@ -1096,8 +1097,7 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
             full = n == K
             v_min = min_var * nf
             slot = _FULL if full else _OTHER
-            if not _same_grid(mus, ss, b, slot, keys):
-                _use_grid(x, mus[b], ss[b], slot, keys, mu_g, s_g, G2, GT2)
+            if _use_grid(x, mus, ss, b, slot, keys, mu_g, s_g, G2, GT2):
                 if full:
                     _full_pair_forms(G2[_FULL], gram, qa, qb, qe, pen, min_det, min_var)
                     _grid_moments(GT2[_FULL], K, sq_full, s2q)
