@@ -55,7 +55,7 @@ def _call_toy_max(a, b, s, n, row):
 _FIT_SUMS = {
     "sigmoid": (varpro._sigmoid_terms, varpro._sigmoid_sums, 2, 0, 3),
     "two": (varpro._two_terms, varpro._two_sums, 2, 6, 4),
-    "second": (varpro._second_terms, varpro._second_sums, 7, 0, 3),
+    "derivative": (varpro._derivative_terms, varpro._derivative_sums, 7, 0, 5),
     "full_two": (varpro._full_two_terms, varpro._full_two_sums, 2, 0, 7),
 }
 
@@ -84,7 +84,7 @@ def test_the_fit_sums_are_their_numpy_reference_to_the_bit(name, n, seed):
     y = rng.normal(0.0, 1.0, n)
     # event times within the axis or beyond it, widths from sharp to wide, amplitudes mixed
     scalars = [float(v) for v in rng.uniform(-2.0, 5.0, n_scalars)]
-    if name == "second":  # the columns _two_terms writes
+    if name == "derivative":  # the columns _two_terms writes
         columns = [*varpro._event(x, 1.2, 3.0), *varpro._event(x, 2.5, 0.4), y]
     else:
         scalars[1] = float(math.exp(rng.uniform(-3.0, 4.0)))  # an inverse width

@@ -45,6 +45,7 @@ from tokdyn.fit.lanes import clip, lane_maxima, lane_sums, row_dots
 from tokdyn.fit.lm import LM_CONVERGED, LM_FAILED
 from tokdyn.fit.numba_kernels import (
     _JIT,
+    _KERNEL,
     _cholesky_solve,
     _exp,
     _sigmoid_columns,
@@ -57,8 +58,10 @@ __all__ = ["grid_start_block", "varpro_block", "two_start_block"]
 # its events' columns (z, g, h of each) in the next six.
 _N_BUF = 9
 # Outputs of one projected evaluation: sse, the amplitudes, gradient [P], step matrix [P, P], and
-# (two sigmoids) the two matrices it is chosen from with their scratch (see _vp_two).
-_OUT_SIZE = 78
+# (two sigmoids) the two matrices it is chosen from with their scratch, and what its second
+# pass takes from the first, at _PROJ (see _vp_two).
+_OUT_SIZE = 86
+_PROJ = 78
 # What an accepted step carries over: sse, amplitudes, gradient, step matrix and the sigmoid's sums.
 _OUT_KEPT = 24
 # Least factor by which a successful step shrinks the damping (Nielsen's rule uses 1/3: with
@@ -121,7 +124,7 @@ def _use_grid(x, mus, ss, b, slot, keys, mu_q, s_q, G, GT):
     return True
 
 
-@njit(**_JIT)
+@njit(**_KERNEL)
 def _evaluate_grid(x, mus, ss, slot, keys, mu_q, s_q, G, GT):
     """Evaluate the grid with axes mus [n_mu], ss [n_s] (mu-major events) into ``slot``: keys
     [2, n_mu + n_s], mu_q and s_q [2, Q], G [2, Q, K] = sigma(-(x - mu)/s) and its point-major
@@ -205,7 +208,7 @@ def _inverse_variance(s1, s2, n):
     return 1.0 / var if var > 1e-12 * n else 0.0
 
 
-@njit(**_JIT)
+@njit(**_KERNEL)
 def _grid_inverse_variances(GT, inv_var, s1, s2):
     """inv_var [Q] of each grid event over all K points (s1, s2 [Q]: scratch), summed as
     _grid_projections sums a gathered row's (so a fully observed row scores the same bits
@@ -216,7 +219,7 @@ def _grid_inverse_variances(GT, inv_var, s1, s2):
         inv_var[q] = _inverse_variance(s1[q], s2[q], K)
 
 
-@njit(**_JIT)
+@njit(**_KERNEL)
 def _grid_best(GT, inv_var_full, idx, yc, n, lo_mu, hi_mu, lo_s, hi_s, mu_q, s_q, c, s1, s2):
     """Index of the grid sigmoid with the largest explained sum of squares (cov^2 / var) that
     lies inside the row's box, or -1; and that score. c, s1, s2 [Q]: scratch."""
@@ -379,7 +382,7 @@ def _sigmoid_terms(x, y, mu, inv_s, inv_s2):
 _sigmoid_sums = lane_sums(_sigmoid_terms, 2, 3)
 
 
-@njit(**_JIT)
+@njit(**_KERNEL)
 def _vp_sigmoid(xo, yc, n, syy, th, buf, out, floor=-math.inf, mean=0.0):
     """Projected fit of l = linf + d g at th = (mu, ln s) to the centred data yc.
 
@@ -540,39 +543,41 @@ def _inside(v, lo, hi):
 
 
 def _two_terms(x, y, mu1, inv_s1, mu2, inv_s2):
-    """What :func:`_vp_two` sums over the points before it solves the amplitudes: each event's
-    g and its derivative columns c = (a1, b1, a2, b2) in (mu, ln s), with their products
-    (sum g, sum g g', sum g y; sum c_j, sum g1 c_j, sum g2 c_j, sum c_j y; sum c_i c_j, i >= j).
-    The events' columns (z, g, h of each) are written out for :func:`_second_terms`."""
+    """What :func:`_two_value` sums over the points to solve the amplitudes: each event's g,
+    with their products (sum g, sum g g', sum g y). The events' columns (z, g, h of each) are
+    written out for :func:`_derivative_terms`."""
     z1, g1, h1 = _event(x, mu1, inv_s1)
     z2, g2, h2 = _event(x, mu2, inv_s2)
-    u1 = g1 * h1
-    u2 = g2 * h2
-    c = (u1 * inv_s1, u1 * z1, u2 * inv_s2, u2 * z2)
     return ((z1, g1, h1, z2, g2, h2)
-            + (g1, g2, g1 * g1, g1 * g2, g2 * g2, g1 * y, g2 * y)
-            + c + tuple(g1 * cj for cj in c) + tuple(g2 * cj for cj in c)
-            + tuple(cj * y for cj in c)
-            + tuple(c[i] * c[j] for i in range(4) for j in range(i + 1)))
+            + (g1, g2, g1 * g1, g1 * g2, g2 * g2, g1 * y, g2 * y))
 
 
 _two_sums = lane_sums(_two_terms, 2, 4, n_outputs=6)
 
 
-def _second_terms(z1, g1, h1, z2, g2, h2, y, c0, d1, d2):
-    """sum q, sum q z, sum q z^2 of each event, q = r g h (h - g) with r the residuals of the
-    two-sigmoid model (the exact Hessian's second-derivative terms in :func:`_vp_two`), from
-    the events' columns that :func:`_two_terms` wrote."""
+def _derivative_terms(z1, g1, h1, z2, g2, h2, y, inv_s1, inv_s2, c0, d1, d2):
+    """What :func:`_two_steps` sums over the points, from the events' columns that
+    :func:`_two_terms` wrote: the derivative columns c = (a1, b1, a2, b2) of g in (mu, ln s)
+    with their products (sum c_j, sum g1 c_j, sum g2 c_j, sum c_j y; sum c_i c_j, i >= j),
+    then sum q, sum q z, sum q z^2 of each event, q = r g h (h - g) with r the residuals of the
+    two-sigmoid model at the amplitudes (c0, d1, d2): the exact Hessian's second-derivative
+    terms."""
+    u1 = g1 * h1
+    u2 = g2 * h2
+    c = (u1 * inv_s1, u1 * z1, u2 * inv_s2, u2 * z2)
     r = y - c0 - d1 * g1 - d2 * g2
     q1 = r * g1 * h1 * (h1 - g1)
     q2 = r * g2 * h2 * (h2 - g2)
-    return (q1, q1 * z1, q1 * z1 * z1, q2, q2 * z2, q2 * z2 * z2)
+    return (c + tuple(g1 * cj for cj in c) + tuple(g2 * cj for cj in c)
+            + tuple(cj * y for cj in c)
+            + tuple(c[i] * c[j] for i in range(4) for j in range(i + 1))
+            + (q1, q1 * z1, q1 * z1 * z1, q2, q2 * z2, q2 * z2 * z2))
 
 
-_second_sums = lane_sums(_second_terms, 7, 3)
+_derivative_sums = lane_sums(_derivative_terms, 7, 5)
 
 
-@njit(**_JIT)
+@njit(**_KERNEL)
 def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     """Projected fit of l = linf + d1 g1 + d2 g2 at th = (mu1, ln s1, mu2, ln s2).
 
@@ -592,17 +597,31 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     14.7 to 11.2 and the rows that run out of steps from 0.56 % to 0.19 %; on a tiny GPT's
     probe tokens 1.4 % to 0.1 % (the sum of squares lower in total on both).
 
+    Two passes over the points: :func:`_two_value` (the exponentials, the amplitudes and the
+    sum of squares: all a trial step needs to be judged), then :func:`_two_steps` (the
+    gradient and both matrices, from the events' columns the first pass wrote to ``buf``).
+    The solver runs the second only where it takes the step (:func:`_vp_lm`).
+
     out: [0] SSE, [1] linf - mean, [2:4] (d1, d2), [4:8] gradient J^T r, [8:24] the 4x4
     step matrix, [24:40] Kaufman's matrix, [40:56] the exact Hessian, [56:62] the residuals'
-    second-derivative products, [62:78] scratch. Returns the SSE (inf where the basis is
-    degenerate).
+    second-derivative products, [62:78] scratch, [78:86] what the second pass takes from the
+    first (the events' sums, the free amplitudes' projection, the inverse widths). Returns the SSE (inf where
+    the basis is degenerate; then ``out`` holds nothing else).
     """
+    sse = _two_value(xo, yc, n, syy, th, buf, out, bnd, mean)
+    if math.isfinite(sse):
+        _two_steps(yc, n, buf, out)
+    return sse
+
+
+@njit(**_KERNEL)
+def _two_value(xo, yc, n, syy, th, buf, out, bnd, mean):
+    """:func:`_vp_two`'s first pass: the amplitudes and the sum of squares at th, into
+    out[0:4]; the events' columns (z, g, h of each) into buf[3:9] and what the second pass
+    needs of the amplitudes' solve into out[78:86]. Returns the SSE."""
     inv_s1, inv_s2 = math.exp(-th[1]), math.exp(-th[3])
-    z1, g1, h1, z2, g2, h2 = buf[3], buf[4], buf[5], buf[6], buf[7], buf[8]
-    (sg1, sg2, u11, u12, u22, y1, y2,
-     sc0, sc1, sc2, sc3, s10, s11, s12, s13, s20, s21, s22, s23, cy0, cy1, cy2, cy3,
-     cc00, cc10, cc11, cc20, cc21, cc22, cc30, cc31, cc32, cc33) = _two_sums(
-        xo, yc, z1, g1, h1, z2, g2, h2, th[0], inv_s1, th[2], inv_s2, n)
+    sg1, sg2, u11, u12, u22, y1, y2 = _two_sums(
+        xo, yc, buf[3], buf[4], buf[5], buf[6], buf[7], buf[8], th[0], inv_s1, th[2], inv_s2, n)
     nf = float(n)
     lb0 = bnd[0] - mean
     # the unconstrained amplitudes (a tiny ridge keeps the 2x2 solve finite when the two
@@ -667,6 +686,24 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     out[1] = c0
     out[2] = d1
     out[3] = d2
+    out[_PROJ], out[_PROJ + 1], out[_PROJ + 2] = sg1, sg2, inv_n
+    out[_PROJ + 3], out[_PROJ + 4], out[_PROJ + 5] = i11, i12, i22
+    out[_PROJ + 6], out[_PROJ + 7] = inv_s1, inv_s2
+    return sse
+
+
+@njit(**_KERNEL)
+def _two_steps(yc, n, buf, out):
+    """:func:`_vp_two`'s second pass, at the buf and out of the first: the gradient,
+    Kaufman's matrix, the exact Hessian and the step matrix chosen from them (out[4:78])."""
+    inv_s1, inv_s2 = out[_PROJ + 6], out[_PROJ + 7]
+    c0, d1, d2 = out[1], out[2], out[3]
+    sg1, sg2, inv_n = out[_PROJ], out[_PROJ + 1], out[_PROJ + 2]
+    i11, i12, i22 = out[_PROJ + 3], out[_PROJ + 4], out[_PROJ + 5]
+    (sc0, sc1, sc2, sc3, s10, s11, s12, s13, s20, s21, s22, s23, cy0, cy1, cy2, cy3,
+     cc00, cc10, cc11, cc20, cc21, cc22, cc30, cc31, cc32, cc33,
+     q10, q11, q12, q20, q21, q22) = _derivative_sums(
+        buf[3], buf[4], buf[5], buf[6], buf[7], buf[8], yc, inv_s1, inv_s2, c0, d1, d2, n)
     scale = (d1, d1, d2, d2)
     w1, w2, rc = buf[0], buf[1], buf[2]
     sc = (sc0, sc1, sc2, sc3)
@@ -675,6 +712,7 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     cy = (cy0, cy1, cy2, cy3)
     # the derivative columns' products c_i.c_j, j <= i, at i (i + 1) / 2 + j
     cc = (cc00, cc10, cc11, cc20, cc21, cc22, cc30, cc31, cc32, cc33)
+    q = (q10, q11, q12, q20, q21, q22)
     for j in range(4):
         w1[j] = s1[j] - sg1 * sc[j] * inv_n
         w2[j] = s2[j] - sg2 * sc[j] * inv_n
@@ -685,7 +723,6 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     # r.g_mumu = q0 / s^2, r.g_mu,lns = (q1 - r.u) / s and r.g_lns,lns = q2 - r.(u z), where
     # qj = sum q z^j, r.u = s r.c_mu and r.(u z) = r.c_lns
     rq = 56  # out[56:62] (buf's rows may be as short as 5 points)
-    q = _second_sums(z1, g1, h1, z2, g2, h2, yc, c0, d1, d2, n)
     for e in range(2):
         q0, q1, q2 = q[3 * e], q[3 * e + 1], q[3 * e + 2]
         inv_s = inv_s1 if e == 0 else inv_s2
@@ -719,7 +756,6 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     src = 40 if _positive_definite4(out, 40, 62) else 24
     for j in range(16):
         out[8 + j] = out[src + j]
-    return sse
 
 
 def _full_two_terms(x, y, linf, d1, mu1, inv_s1, d2, mu2, inv_s2):
@@ -786,24 +822,38 @@ def _layout(P):
     return (3, 7) if P == 2 else (4, 8)
 
 
-@njit(**_JIT)
+@njit(**_KERNEL)
 def _vp_eval(P, xo, yc, n, syy, th, buf, out, bnd, mean):
     if P == 2:
         return _vp_sigmoid(xo, yc, n, syy, th, buf, out, bnd[0], mean)
     return _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean)
 
 
+@njit(**_KERNEL)
+def _vp_value(P, xo, yc, n, syy, th, buf, out, bnd, mean):
+    """A trial point's evaluation, as much as judging the step needs: the sigmoid's whole
+    (one pass), two sigmoids' first pass (:func:`_two_steps` completes it if the step is
+    taken)."""
+    if P == 2:
+        return _vp_sigmoid(xo, yc, n, syy, th, buf, out, bnd[0], mean)
+    return _two_value(xo, yc, n, syy, th, buf, out, bnd, mean)
+
+
 # ---------------------------------------------------------------------------------------------
 # The solver over the nonlinear parameters
 
 
-@njit(**_JIT)
+@njit(**_KERNEL)
 def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, work, L3,
            step_max, shrink_min, bnd, mean):
     """Bounded LM over th [P] (mu, ln s pairs) on the projected SSE; the steps of tokdyn.fit.lm.
 
     ``bnd``: the amplitudes' bounds (the least level, then each drop's low and high bound).
-    On return ``out`` holds the evaluation at the final th; returns (sse, iterations, status).
+    A trial point is evaluated only as far as judging its step needs (:func:`_vp_value`),
+    and completed where the step is taken and the solver goes on: 21-23 % of two-sigmoid
+    steps are rejected, and the last step ends the fit. On return ``out`` holds the
+    evaluation at the final th (two sigmoids: its sum of squares and amplitudes, out[0:4]);
+    returns (sse, iterations, status).
     """
     gi, ni = _layout(P)
     D, h, rhs, th_t, fixed = work[0], work[1], work[2], work[3], work[4]
@@ -854,7 +904,7 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
             for b in range(P):
                 v += out[ni + P * a + b] * h[b]
             pred -= 2.0 * out[gi + a] * h[a] + h[a] * v
-        sse_t = _vp_eval(P, xo, yc, n, syy, th_t, buf, out_t, bnd, mean)
+        sse_t = _vp_value(P, xo, yc, n, syy, th_t, buf, out_t, bnd, mean)
         better = ok and math.isfinite(sse_t) and sse_t < sse
         actred = sse - sse_t
         rho = actred / pred if pred > 0 else 0.0
@@ -867,6 +917,8 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
             or (ok and lam <= 1.0 and 0.0 <= pred <= ftol * sse)
         )
         if better:
+            if P == 4 and not converged:  # the gradient and matrix for the next step
+                _two_steps(yc, n, buf, out_t)
             sse = sse_t
             for j in range(P):
                 th[j] = th_t[j]
@@ -1004,7 +1056,7 @@ def _full_pair_forms(G, gram, qa, qb, qe, pen, min_det, min_var):
     _pair_forms(gram, qa, qb, qe, pen, min_det, min_var * K)
 
 
-@njit(**_JIT)
+@njit(**_KERNEL)
 def _pair_forms(gram, qa, qb, qe, pen, min_det, v_min):
     """The pair scores' coefficients [Q, Q] from a centred Gram matrix of grid events over a
     row's points (see :func:`_full_pair_forms`; v_min: the least variance of an event)."""
@@ -1025,7 +1077,7 @@ def _pair_forms(gram, qa, qb, qe, pen, min_det, v_min):
                 pen[q, r] = -np.inf
 
 
-@njit(**_JIT)
+@njit(**_KERNEL)
 def _pair_score(v11, v12, v22, c1, c2, min_det, v_min):
     """Explained sum of squares of two centred columns with variances v11, v22, covariance v12
     and covariances c1, c2 with the data; -1 where they are (nearly) collinear or one is
