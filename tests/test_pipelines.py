@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import tokdyn
 from tokdyn.cli import main
@@ -122,3 +123,60 @@ def test_bench_fit_against_a_revision_times_both_in_their_own_processes(tmp_path
                                          check=True).stdout)["digest"]
                for name in ("a", "a", "b")]
     assert digests[0] == digests[1] != digests[2]
+
+
+def _bench_kernels():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "pipelines" / "bench_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _git_checkout() -> bool:
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode == 0
+
+
+def test_bench_kernels_loads_a_revision_under_its_own_module_names(tmp_path, monkeypatch):
+    """REV's kernel modules import each other under the new names (so no compiled function
+    is shared with this checkout's), and the identity check sees one bit."""
+    if not _git_checkout():
+        pytest.skip("not a git checkout")
+    bench = _bench_kernels()
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        rev = bench.load_revision("HEAD", tmp_path)
+        assert rev["varpro"].__name__ == "_rev_varpro"
+        assert rev["varpro"].lane_sums.__module__ == "_rev_lanes"
+        assert rev["varpro"]._cholesky_solve.py_func.__module__ == "_rev_numba_kernels"
+        assert rev["numba_kernels"].prepare_block.py_func.__module__ == "_rev_numba_kernels"
+    finally:
+        for name in bench.MODULES:
+            sys.modules.pop(f"_rev_{name}", None)
+    a = (np.array([1.0, np.nan]), np.arange(3))
+    assert bench.same([a], [(a[0].copy(), a[1].copy())])
+    assert not bench.same([a], [(np.nextafter(a[0], 2.0), a[1])])
+    assert not bench.same([a], [(a[0], np.arange(4))])
+    with pytest.raises(SystemExit, match="cannot read"):
+        bench.load_revision("no-such-revision", tmp_path)
+
+
+@pytest.mark.slow
+def test_bench_kernels_against_head_is_identical(tmp_path):
+    """bench_kernels --against HEAD (a clean checkout): every kernel's outputs identical on both
+    sides, positive times, the speed-up inside its range. Compiles HEAD's kernels afresh."""
+    if not _git_checkout():
+        pytest.skip("not a git checkout")
+    cmd = [sys.executable, str(ROOT / "pipelines" / "bench_kernels.py"), "--against", "HEAD",
+           "--n", "300", "--repeat", "1", "--data", "planted"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    kernels = out["planted"]
+    assert {"grid_start_block", "varpro_block/4", "varpro_block/7", "two_start_block"} <= set(kernels)
+    for name, k in kernels.items():
+        assert k["rev_us_per_row"] > 0 and k["head_us_per_row"] > 0, name
+        assert k["speedup_range"][0] <= k["speedup_median"] <= k["speedup_range"][1]
+        if not out["head_uncommitted_changes"]:
+            assert k["identical"] is True, name

@@ -7,8 +7,9 @@ Both models are linear in their amplitudes once the event times and widths are f
 
 with g = sigma(-(x - mu)/s). For given (mu, ln s) the amplitudes solve a 2x2 (3x3) least
 squares problem in closed form, so the solver searches only (mu, ln s) (four numbers for two
-sigmoids) on the projected sum of squares (Golub and Pereyra). Every evaluation is one pass
-over the trajectory's observed points that accumulates a few sums; everything else is
+sigmoids) on the projected sum of squares (Golub and Pereyra). Every evaluation is a pass
+over the trajectory's observed points that accumulates a few sums (two sigmoids: two passes,
+the second only where the solver takes the step, :func:`_vp_two`); everything else is
 arithmetic on those sums, which run in eight vector lanes (:mod:`tokdyn.fit.lanes`: the
 evaluation's terms are written once, as Python functions such as :func:`_sigmoid_terms`, and
 emitted as vector code whose summation order is fixed). The sigmoid gets the exact Hessian of
