@@ -30,7 +30,9 @@ rows; one JSON line with each pair's fits/s, the medians of the per-pair speed-u
 the two fit identically (a digest of every fit field). Separate processes, because two versions
 loaded side by side in one process do not run as they do alone (numba binds same-named
 compiled functions across them; docs/benchmarks.md), and alternated pairs, because the
-machine's speed drifts by tens of percent within minutes.
+machine's speed drifts by tens of percent within minutes. To resolve changes of a few per
+cent, time the kernels themselves in one process: ``pipelines/bench_kernels.py --against
+REV`` loads REV's under other module names.
 
     python pipelines/bench_fit.py --against c692b37 --pairs 6 --n 100000
 """
