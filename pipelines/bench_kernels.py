@@ -60,13 +60,14 @@ def load_revision(rev: str, into: Path):
         proc = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"],
                               capture_output=True, text=True)
         if proc.returncode:
-            raise SystemExit(f"bench_kernels: cannot read {path} at {rev}: "
-                             f"{proc.stderr.strip().splitlines()[-1] if proc.stderr else 'git failed'}")
+            why = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "git failed"
+            raise SystemExit(f"bench_kernels: cannot read {path} at {rev}: {why}")
         text = proc.stdout
         for other in MODULES:
-            text = re.sub(rf"\bfrom tokdyn\.fit\.{other} import\b", f"from _rev_{other} import", text)
-            text = re.sub(rf"\bfrom tokdyn\.fit import {other}\b", f"import _rev_{other} as {other}",
+            text = re.sub(rf"\bfrom tokdyn\.fit\.{other} import\b", f"from _rev_{other} import",
                           text)
+            text = re.sub(rf"\bfrom tokdyn\.fit import {other}\b",
+                          f"import _rev_{other} as {other}", text)
         (into / f"_rev_{name}.py").write_text(text)
     sys.path.insert(0, str(into))
     try:
@@ -200,7 +201,8 @@ def main(argv=None) -> None:
         for name in args.data.split(","):
             x, Y = data_set(name.strip(), args.n, args.seed)
             calls = record_calls(x, Y)
-            out[name.strip()] = {key: compare(c, rev, args.repeat) for key, c in sorted(calls.items())}
+            out[name.strip()] = {key: compare(c, rev, args.repeat)
+                                 for key, c in sorted(calls.items())}
     out["load_avg"].append(round(os.getloadavg()[0], 2))
     print(json.dumps(out))
 

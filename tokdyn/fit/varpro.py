@@ -606,8 +606,8 @@ def _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean=0.0):
     out: [0] SSE, [1] linf - mean, [2:4] (d1, d2), [4:8] gradient J^T r, [8:24] the 4x4
     step matrix, [24:40] Kaufman's matrix, [40:56] the exact Hessian, [56:62] the residuals'
     second-derivative products, [62:78] scratch, [78:86] what the second pass takes from the
-    first (the events' sums, the free amplitudes' projection, the inverse widths). Returns the SSE (inf where
-    the basis is degenerate; then ``out`` holds nothing else).
+    first (the events' sums, the free amplitudes' projection, the inverse widths). Returns the
+    SSE (inf where the basis is degenerate; then ``out`` holds nothing else).
     """
     sse = _two_value(xo, yc, n, syy, th, buf, out, bnd, mean)
     if math.isfinite(sse):
