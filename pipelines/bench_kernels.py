@@ -14,7 +14,10 @@ names a compiled function after its module, so the two sides share no compiled c
 copies of one module name in one process do; docs/benchmarks.md). Their other imports
 (``tokdyn.fit.grid``, ``lm``, ``sigmoid``) come from this checkout; a REV whose kernels need
 a name this checkout no longer has is refused with that name. REV's kernels are compiled on
-the first call (into a temporary cache), which the untimed first round absorbs.
+the first call (into a temporary cache), which the untimed first round absorbs. This
+checkout's come from its own cache: after editing ``lanes.py`` or ``numba_kernels.py``,
+delete ``tokdyn/fit/__pycache__`` first (numba keys a kernel's cache on its own file only,
+so ``varpro``'s kernels would still hold the old callees).
 
 Output: one JSON line, per data set and kernel the rows it was called on, the median time
 per row of each side, the median speed-up (REV's time / this checkout's) with its range, and
