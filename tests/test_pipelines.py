@@ -86,13 +86,15 @@ def test_scaling_sweep_quick(tmp_path):
     assert (out / "report.html").stat().st_size > 10_000
 
 
+def _git_checkout() -> bool:
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode == 0
+
+
 def test_bench_fit_against_a_revision_times_both_in_their_own_processes(tmp_path):
     """bench_fit --against HEAD: both sides are this code, so they fit identically (the digest
     covers every field), each pair holds two positive rates, and the temporary worktree is
     gone afterwards."""
-    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode:
-        import pytest
-
+    if not _git_checkout():
         pytest.skip("not a git checkout")
     before = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True,
                             text=True).stdout
@@ -132,10 +134,6 @@ def _bench_kernels():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def _git_checkout() -> bool:
-    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode == 0
 
 
 def test_bench_kernels_loads_a_revision_under_its_own_module_names(tmp_path, monkeypatch):
