@@ -158,6 +158,14 @@ def test_bench_kernels_loads_a_revision_under_its_own_module_names(tmp_path, mon
     assert not bench.same([a], [(a[0], np.arange(4))])
     with pytest.raises(SystemExit, match="cannot read"):
         bench.load_revision("no-such-revision", tmp_path)
+    # a revision's kernel that cannot take this checkout's arguments is reported, not raised
+
+    def old_kernel(x, Y):
+        raise TypeError("takes 7 positional arguments\nbut 8 were given")
+
+    call = ("varpro", "grid_start_block", (np.zeros(3), np.zeros((4, 3))), {})
+    got = bench.compare([call], {"varpro": type("Rev", (), {"grid_start_block": staticmethod(old_kernel)})}, 1)
+    assert got == {"rows": 4, "skipped": "the revision's fails here: TypeError: takes 7 positional arguments"}
 
 
 @pytest.mark.slow
