@@ -56,12 +56,16 @@ KERNELS = (
 )
 
 
+def git(*args: str) -> subprocess.CompletedProcess:
+    """``git -C <this checkout> *args``, its output captured as text."""
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+
+
 def load_revision(rev: str, into: Path):
     """REV's kernel modules, imported from ``into`` under the names ``_rev_<module>``."""
     for name in MODULES:
         path = f"tokdyn/fit/{name}.py"
-        proc = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"],
-                              capture_output=True, text=True)
+        proc = git("show", f"{rev}:{path}")
         if proc.returncode:
             why = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "git failed"
             raise SystemExit(f"bench_kernels: cannot read {path} at {rev}: {why}")
@@ -197,10 +201,8 @@ def main(argv=None) -> None:
     if args.n < 1 or args.repeat < 1 or args.threads < 1:
         raise SystemExit("bench_kernels: --n, --repeat and --threads must be positive")
     os.environ["NUMBA_NUM_THREADS"] = str(args.threads)  # before numba is imported
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "tokdyn"],
-                                capture_output=True, text=True).stdout.strip())
+    head = git("rev-parse", "--short", "HEAD").stdout.strip()
+    dirty = bool(git("status", "--porcelain", "tokdyn").stdout.strip())
     out = {"bench": "kernels_against", "base": args.against, "head": head,
            "head_uncommitted_changes": dirty, "threads": args.threads, "n": args.n,
            "repeat": args.repeat, "load_avg": [round(os.getloadavg()[0], 2)]}
