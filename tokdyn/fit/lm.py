@@ -122,7 +122,9 @@ def levenberg_marquardt(
         down to fit: a trust region, used by variable projection from the start grid).
     shrink_min : least factor by which a successful step shrinks the damping.
     flat_converged : also converged when a nearly undamped step (lam <= 1) predicts a gain of
-        at most ftol (rounding in a projected sum of squares can hide a last real gain).
+        at most ftol (rounding in a projected sum of squares can hide a last real gain). That
+        step is not taken, nor counted: its gain is below the tolerance, and the compiled
+        solver (:mod:`tokdyn.fit.varpro`) stops there without evaluating it.
     row_data : more per-row arrays [B, ...] that ``evaluate`` takes after the parameters
         (``evaluate(x, Y, W, p, *row_data)``); they follow the working set like Y and W.
     """
@@ -174,6 +176,9 @@ def levenberg_marquardt(
         sse_t, A_t, g_t = evaluate(x, Y, W, p_try, *row_data)
 
         step_ok = active & ok & ops.isfinite(sse_t)
+        if flat_converged:  # at the optimum to ftol already: the step is not taken
+            flat = active & ok & (lam <= 1.0) & (pred >= 0) & (pred <= ftol * sse)
+            step_ok = step_ok & ~flat
         better = step_ok & (sse_t < sse)
         actred = sse - sse_t
         safe_pred = ops.where(pred > 0, pred, ops.ones_like(pred))
@@ -185,8 +190,7 @@ def levenberg_marquardt(
         small_x = active & ok & (hn <= xtol * (pn + xtol))
         converged = small_f | exact | small_x
         if flat_converged:
-            converged = converged | (active & ok & (lam <= 1.0) & (pred >= 0)
-                                     & (pred <= ftol * sse))
+            converged = converged | flat
 
         p = ops.where(better[:, None], p_try, p)
         sse = ops.where(better, sse_t, sse)
@@ -197,7 +201,7 @@ def levenberg_marquardt(
         grow = active & ~better
         lam = ops.where(better, lam * shrink, ops.where(grow, lam * nu, lam))
         nu = ops.where(better, ops.full_like(nu, 2.0), ops.where(grow, nu * 2.0, nu))
-        n_iter = n_iter + ops.cast(active, n_iter)
+        n_iter = n_iter + ops.cast(active & ~flat if flat_converged else active, n_iter)
         status = ops.where(active & converged, ops.full_int_like(status, LM_CONVERGED), status)
         active = active & ~converged
 

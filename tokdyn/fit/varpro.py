@@ -905,6 +905,10 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
             for b in range(P):
                 v += out[ni + P * a + b] * h[b]
             pred -= 2.0 * out[gi + a] * h[a] + h[a] * v
+        # At the optimum to the tolerance already: a nearly undamped step predicts no more
+        # than ftol (the same test as after a trial below), so the trial is not evaluated.
+        if ok and lam <= 1.0 and 0.0 <= pred <= ftol * sse:
+            return sse, it, LM_CONVERGED
         sse_t = _vp_value(P, xo, yc, n, syy, th_t, buf, out_t, bnd, mean)
         better = ok and math.isfinite(sse_t) and sse_t < sse
         actred = sse - sse_t
