@@ -219,3 +219,30 @@ def test_solver_kernels_count_no_references():
     assert numba_kernels._KERNEL.get("_nrt") is False  # this numba has the flag
     assert _reference_counts(numba_kernels._JIT) > 0
     assert _reference_counts(numba_kernels._KERNEL) == 0
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_a_fit_restarted_at_its_optimum_takes_no_step(backend):
+    """A step that predicts a gain within ftol ends the fit before its trial point is
+    evaluated: restarted from its own optimum, a fit makes no trial step and returns its
+    start unchanged (every fit would make at least one without that rule)."""
+    from tokdyn.fit.backends import run_lm
+    from tokdyn.fit.lm import LM_CONVERGED, MODEL_SIGMOID
+
+    if backend not in available_backends():
+        pytest.skip(f"{backend} not installed")
+    planted = plant_sigmoids(200, X, rng=np.random.default_rng(3))
+    t = planted.truth
+    p0 = np.stack([t["linf"] + t["delta"], t["linf"], t["mu"], np.log(t["s"])], axis=1)
+    B = len(p0)
+    lo = np.tile([0.0, 0.0, X[0] - 2.0, np.log(0.01)], (B, 1))
+    hi = np.tile([50.0, 50.0, X[-1] + 2.0, np.log(10.0)], (B, 1))
+    kw = dict(max_iter=100, ftol=1e-10, xtol=1e-10, backend=backend)
+    first = run_lm(MODEL_SIGMOID, X, planted.Y, p0, lo, hi, **kw)
+    assert np.all(first["status"] == LM_CONVERGED) and np.all(first["n_iter"] >= 1)
+    again = run_lm(MODEL_SIGMOID, X, planted.Y, first["p"], lo, hi, **kw)
+    assert np.all(again["status"] == LM_CONVERGED)
+    still = again["n_iter"] == 0
+    assert still.mean() > 0.9, np.bincount(again["n_iter"])
+    np.testing.assert_array_equal(again["p"][still], first["p"][still])
+    np.testing.assert_array_equal(again["sse"][still], first["sse"][still])
