@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -69,6 +71,38 @@ def test_results_invariant_to_scheduler_and_chunking(tmp_path, data):
             continue
         for name in FIT_FIELDS:
             np.testing.assert_array_equal(f[name], ref[name], err_msg=f"{name} differs with chunk={chunk}, {sched}, batch={batch}")
+
+
+def test_processes_scheduler_hands_each_worker_one_block_at_a_time(tmp_path, data, monkeypatch):
+    """Each block is its own hand-over to a worker (dask batches 6 tasks to a worker by
+    default: with 8 blocks and 2 workers one of them then idled), and a worker's kernels get
+    its share of the cores."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    handed = []
+
+    class Pool(ThreadPoolExecutor):  # the worker processes, as threads that count hand-overs
+        def submit(self, fn, *args, **kwargs):
+            handed.append(args)
+            return super().submit(fn, *args, **kwargs)
+
+    made = []
+    monkeypatch.setattr(fitjob, "_process_pool", lambda workers: made.append(workers) or Pool(workers))
+    st = make_store(tmp_path / "p.zarr", data[0][:800], token_chunk=100)
+    res = fit_run(st.run("r"), scheduler="processes", workers=2, progress=False)
+    assert res.blocks_fitted == 8 and made == [2]
+    assert len(handed) == 8  # one block each time
+
+    monkeypatch.setenv("NUMBA_NUM_THREADS", "7")  # a value the user set stays
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    numba = pytest.importorskip("numba")
+    before = numba.get_num_threads()
+    try:
+        fitjob._worker_threads(1)
+        assert numba.get_num_threads() == 1
+    finally:
+        numba.set_num_threads(before)
+    assert os.environ["NUMBA_NUM_THREADS"] == "7" and os.environ["OMP_NUM_THREADS"] == "1"
 
 
 def test_resume_after_interruption_fits_only_missing_blocks(tmp_path, data, monkeypatch):
