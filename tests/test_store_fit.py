@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import tokdyn
-from tokdyn.store import as_store
 from tokdyn.cli import main
 from tokdyn.errors import InputError, RunNotFoundError, StoreError
 from tokdyn.fit import CLASS_CODES, FIT_FIELDS
