@@ -331,7 +331,7 @@ def _run_tasks(todo, task_args, *, scheduler: str, distributed: bool, workers: i
     if scheduler == "processes":
         with _process_pool(workers or os.cpu_count() or 1) as pool:
             # One block per hand-over: dask's default batches 6 tasks to a worker, which left
-            # one of 2 workers idle for most of an 8-block fit (43.4 s against 30.0 s).
+            # one of 2 workers idle for most of an 8-block fit (2M tokens: 34.2 s, now 29-31 s).
             _compute_local(tasks, progress, scheduler="processes", pool=pool, chunksize=1)
         return
     _compute_local(tasks, progress, scheduler=scheduler, num_workers=workers)

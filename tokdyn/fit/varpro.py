@@ -906,7 +906,8 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
                 v += out[ni + P * a + b] * h[b]
             pred -= 2.0 * out[gi + a] * h[a] + h[a] * v
         # At the optimum to the tolerance already: a nearly undamped step predicts no more
-        # than ftol (the same test as after a trial below), so the trial is not evaluated.
+        # than ftol (rounding in the projected sums may make its trial look like no gain), so
+        # the step is neither evaluated nor taken.
         if ok and lam <= 1.0 and 0.0 <= pred <= ftol * sse:
             return sse, it, LM_CONVERGED
         sse_t = _vp_value(P, xo, yc, n, syy, th_t, buf, out_t, bnd, mean)
@@ -917,9 +918,6 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
             (better and actred <= ftol * sse and pred <= ftol * sse and rho <= 2.0)
             or (better and sse_t <= 1e-30 * syy)
             or (ok and math.sqrt(hn) <= xtol * (math.sqrt(pn) + xtol))
-            # at the optimum to rounding: a (nearly undamped) step predicts no more than ftol,
-            # though rounding in the projected sums may make it look like no gain
-            or (ok and lam <= 1.0 and 0.0 <= pred <= ftol * sse)
         )
         if better:
             if P == 4 and not converged:  # the gradient and matrix for the next step
