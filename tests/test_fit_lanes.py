@@ -30,6 +30,7 @@ from tokdyn.fit.lanes import (
     reference_sums,
     reference_terms,
     row_dots,
+    rows_dots,
 )
 
 
@@ -279,6 +280,63 @@ def test_row_dots_are_plain_loops_to_the_bit(q, rows, n, seed):
         assert _bits([c[j], only[j], s1[j], s2[j]]) == _bits([want_c, want_c, want_1, want_2])
     ref = reference_row_dots(M, idx, v, n)
     assert _bits(np.concatenate(ref)) == _bits(np.concatenate([c, s1, s2]))
+
+
+@njit
+def _call_rows_dots(M, idx, V, m, n, C):
+    rows_dots(M, idx, V, m, n, C)
+
+
+@settings(max_examples=80, deadline=None)
+@given(q=hs.integers(1, 6 * LANES + 3), rows=hs.integers(1, 12), n=hs.integers(-2, 30),
+       m=hs.integers(0, 11), seed=hs.integers(0, 2**32 - 1))
+def test_rows_dots_are_row_dots_of_each_row_to_the_bit(q, rows, n, m, seed):
+    """Every count of rows (passes of four, a shorter pass), columns and points: each of the
+    first m rows of C has the bits row_dots gives that row of V alone, and no later row of C
+    is written."""
+    rng = np.random.default_rng(seed)
+    M = rng.normal(0, 1, (rows, q)) * 10.0 ** rng.integers(-5, 5, (rows, q))
+    k = max(n, 0)
+    idx = rng.integers(0, rows, k + 3)
+    V = rng.normal(0, 1, (11, k + 3)) * 10.0 ** rng.integers(-3, 3, (11, k + 3))
+    C = np.full((11, q), np.nan)
+    _call_rows_dots(M, idx, V, m, n, C)
+    for r in range(11):
+        if r < m:
+            want = np.full(q, np.nan)
+            _call_row_dots_only(M, idx, V[r], n, want)
+            assert _bits(C[r]) == _bits(want), r
+        else:
+            assert np.isnan(C[r]).all(), r
+
+
+@njit
+def _call_pair_max(fa, fb, fe, fp, rowpen, cq, c1, n, q):
+    return varpro._pair_max(fa, fb, fe, fp, rowpen, cq, c1, c1 * c1, n, q)[0]
+
+
+@njit
+def _call_pair_max4(fa, fb, fe, fp, RP, CQ, q, n):
+    x0, x1, x2, x3 = CQ[0, q], CQ[1, q], CQ[2, q], CQ[3, q]
+    return varpro._pair_max4(fa, fb, fe, fp, RP[0], CQ[0], RP[1], CQ[1], RP[2], CQ[2], RP[3],
+                             CQ[3], x0, x0 * x0, x1, x1 * x1, x2, x2 * x2, x3, x3 * x3, n, q)
+
+
+@settings(max_examples=60, deadline=None)
+@given(Q=hs.integers(1, 3 * LANES + 5), seed=hs.integers(0, 2**32 - 1))
+def test_four_rows_pair_maxima_are_each_rows_own(Q, seed):
+    """The two-sigmoid start's pair scores of four rows at once (the pair forms read once) are
+    each row's own maxima to the bit, whatever the pair and row penalties (-inf) and lengths."""
+    rng = np.random.default_rng(seed)
+    fa, fb, fe = (rng.normal(0, 1, (Q, Q)) for _ in range(3))
+    fp = np.where(rng.random((Q, Q)) < 0.2, -np.inf, 0.0)
+    RP = np.where(rng.random((4, Q)) < 0.3, -np.inf, 0.0)
+    CQ = rng.normal(0, 3, (4, Q))
+    for q in range(Q):
+        n = int(rng.integers(0, Q + 1))
+        tops = _call_pair_max4(fa, fb, fe, fp, RP, CQ, q, n)
+        want = [_call_pair_max(fa, fb, fe, fp, RP[i], CQ[i], CQ[i, q], n, q) for i in range(4)]
+        assert _bits(tops) == _bits(want)
 
 
 def test_row_dots_read_only_the_rows_named_and_write_only_their_outputs():

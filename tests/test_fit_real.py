@@ -146,6 +146,42 @@ def test_compiled_two_start_shares_pair_forms_only_between_rows_that_miss_the_sa
         assert alone.tobytes() == block[r].tobytes()
 
 
+@settings(max_examples=8, deadline=None)
+@given(seed=hs.integers(0, 2**32 - 1))
+def test_compiled_starts_of_a_row_do_not_depend_on_its_batch(seed):
+    """Fully observed rows on one grid are projected onto it sixteen at a time, and their pairs
+    scored four at a time; a row with a missing point or another grid sends its batch row by
+    row. Each row's own box (drawn per row here) still decides which events it may use. Every
+    row's grid start and two-sigmoid start are the bits of that row fitted alone."""
+    pytest.importorskip("numba")
+    from tokdyn.fit import varpro
+
+    x = np.linspace(1.0, 5.0, 30)
+    rng = np.random.default_rng(seed)
+    n = 40 * 16  # rows per chunk (8 chunks per thread) >= a batch
+    Y = np.concatenate([plant_sigmoids(n // 2, x, rng=rng).Y,
+                        plant_two_steps(n // 2, x, rng=rng).Y])
+    Y = Y[rng.permutation(n)]
+    Y[rng.random(n) < 0.02, 7] = np.nan
+    mus, ss = row_grids(x, Y, default_s_min(x))
+    shifted = rng.random(n) < 0.02
+    mus[shifted] += 0.4
+    prep = prepare(x, Y, FitOptions())
+    lo1, hi1 = prep["lo"], prep["hi"]
+    lo1[:, 2] += rng.uniform(0.0, 1.5, n) * (rng.random(n) < 0.5)  # boxes that cut the grid
+    hi1[:, 3] *= rng.uniform(0.2, 1.0, n)
+    lo, hi = two_sigmoid_bounds(lo1, hi1)
+    p1 = prep["p0"]
+    starts = varpro.grid_start_block(x, Y, lo1, hi1, mus, ss)
+    two = varpro.two_start_block(x, Y, p1, lo, hi, mus, ss)
+    for row in range(n):
+        r = slice(row, row + 1)
+        alone = varpro.grid_start_block(x, Y[r], lo1[r], hi1[r], mus[r], ss[r])
+        assert all(a.tobytes() == b[r].tobytes() for a, b in zip(alone, starts)), row
+        alone = varpro.two_start_block(x, Y[r], p1[r], lo[r], hi[r], mus[r], ss[r])
+        assert alone.tobytes() == two[r].tobytes(), row
+
+
 def test_sigmoid_at_scipy_optimum_from_a_far_start():
     # variable projection from the grid reaches what scipy reaches from the truth
     scipy = pytest.importorskip("scipy.optimize")

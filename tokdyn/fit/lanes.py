@@ -53,7 +53,7 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 __all__ = ["LANES", "clip", "fma_exact", "lane_maxima", "lane_sums", "reference_sums",
-           "reference_terms", "row_dots", "reference_row_dots"]
+           "reference_terms", "row_dots", "rows_dots", "reference_row_dots"]
 
 LANES = 8
 
@@ -465,6 +465,71 @@ def _lane_reduction(terms: Callable, n_columns: int, n_scalars: int, kind: str,
 # addition's latency behind the loads and products of the others (the default grid's 80
 # events in two passes; 4, 8 and 10 measured no better).
 _DOT_VECTORS = 5
+# Rows of V per pass of rows_dots, and vectors of columns per pass there: each vector of M's
+# columns, once loaded, is multiplied into this many rows' chains. M comes from the
+# second-level cache (the default grid's events over 200 points are 128 kB), and row_dots
+# waits on those loads (one product and sum per 64 bytes read). Four rows of four vectors (16
+# chains, in registers with their four loads) measured best, about 3x row_dots at 100 and 200
+# points (docs/benchmarks.md).
+_DOT_ROWS = 4
+_ROWS_DOT_VECTORS = 4
+
+
+def _emit_dots(context, builder, M, idx, n, rows, outs, vectors):
+    """The loops of row_dots and rows_dots: ``rows`` points to each v's first point (a
+    compile-time count of them), ``outs`` to the outputs, one per product with a v, then two
+    for the moments (sum g, sum g^2) where there are more outputs than rows. The chains run
+    over M's columns in passes of ``vectors`` vectors, then a shorter pass and single
+    columns."""
+    width = cgutils.unpack_tuple(builder, M.shape, 2)[1]
+    base = M.data
+    n_ = builder.select(builder.icmp_signed("<", n, ir.Constant(_I64, 0)),
+                        ir.Constant(_I64, 0), n)
+
+    def group(q0, ty, m, rows, outs):
+        """Columns q0 .. q0 + m * lanes(ty) - 1 of every output: chains in registers."""
+        vector = isinstance(ty, ir.VectorType)
+        step = ty.count if vector else 1
+        zero = _constant(ty, 0.0) if vector else ir.Constant(ty, 0.0)
+        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(m)] for _ in outs]
+        with cgutils.for_range(builder, n_) as loop:
+            r = builder.load(builder.gep(idx, [loop.index]))
+            row = builder.gep(base, [builder.add(builder.mul(r, width), q0)])
+            vks = []
+            for vrow in rows:
+                vk = builder.load(builder.gep(vrow, [loop.index]))
+                vks.append(_splat(builder, vk, ty) if vector else vk)
+            for j in range(m):
+                ptr = builder.gep(row, [ir.Constant(_I64, j * step)])
+                if vector:
+                    ptr = builder.bitcast(ptr, ty.as_pointer())
+                g = builder.load(ptr, align=8)
+                terms = [builder.fmul(g, vk) for vk in vks]
+                if len(outs) > len(rows):  # the moments: sum g, sum g^2
+                    terms += [g, builder.fmul(g, g)]
+                for acc, t in zip(accs, terms):
+                    builder.store(builder.fadd(builder.load(acc[j]), t), acc[j])
+        for out, acc in zip(outs, accs):
+            for j in range(m):
+                ptr = builder.gep(out, [builder.add(q0, ir.Constant(_I64, j * step))])
+                if vector:
+                    ptr = builder.bitcast(ptr, ty.as_pointer())
+                builder.store(builder.load(acc[j]), ptr, align=8)
+
+    lanes = ir.Constant(_I64, LANES)
+    span = ir.Constant(_I64, LANES * vectors)
+    n_groups = builder.sdiv(width, span)
+    with cgutils.for_range(builder, n_groups) as loop:
+        group(builder.mul(loop.index, span), _VEC, vectors, rows, outs)
+    q0 = builder.mul(n_groups, span)
+    # the columns left: whole vectors in one group, then single columns
+    left_vecs = builder.sdiv(builder.sub(width, q0), lanes)
+    for m in range(1, vectors):
+        with builder.if_then(builder.icmp_signed("==", left_vecs, ir.Constant(_I64, m))):
+            group(q0, _VEC, m, rows, outs)
+    q0 = builder.add(q0, builder.mul(left_vecs, lanes))
+    with cgutils.for_range(builder, builder.sub(width, q0)) as loop:
+        group(builder.add(q0, loop.index), _DOUBLE, 1, rows, outs)
 
 
 @intrinsic
@@ -491,59 +556,64 @@ def row_dots(typingctx, M, idx, v, n, c, s1, s2):
     sig = types.none(M, idx, v, n, c, s1, s2)
 
     def codegen(context, builder, sig, llargs):
-        arr = context.make_array(sig.args[0])(context, builder, llargs[0])
-        width = cgutils.unpack_tuple(builder, arr.shape, 2)[1]
-        base = arr.data
+        data = [context.make_array(sig.args[i])(context, builder, llargs[i]).data
+                for i in ((1, 2, 4, 5, 6) if moments else (1, 2, 4))]
+        _emit_dots(context, builder, context.make_array(sig.args[0])(context, builder, llargs[0]),
+                   data[0], context.cast(builder, llargs[3], sig.args[3], types.int64),
+                   [data[1]], data[2:], _DOT_VECTORS)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def rows_dots(typingctx, M, idx, V, m, n, C):
+    """``rows_dots(M, idx, V, m, n, C)`` (a numba intrinsic): :func:`row_dots` of each of the
+    first m rows of V [R, K] into the same row of C [R, Q] (the caller keeps m <= R and both
+    arrays wide enough): C[r, q] = sum over k < n, in order, of M[idx[k], q] * V[r, k], the
+    bits of ``row_dots(M, idx, V[r], n, C[r], None, None)``.
+
+    Rows run in passes of four: each vector of M loaded is multiplied into four rows' chains,
+    so M is read once per four rows (row_dots is bound by reading it). The caller's rows share
+    idx and n: a block's fully observed rows.
+    """
+    _require_array("rows_dots: M", M, (2,))
+    _require_array("rows_dots: idx", idx, (1,), types.int64)
+    _require_array("rows_dots: V", V, (2,))
+    _require_array("rows_dots: C", C, (2,), writable=True)
+    for name, a in (("m", m), ("n", n)):
+        if not isinstance(a, types.Integer):
+            raise TypingError(f"rows_dots: {name} must be an integer, got {a}")
+    sig = types.none(M, idx, V, m, n, C)
+
+    def codegen(context, builder, sig, llargs):
+        Marr = context.make_array(sig.args[0])(context, builder, llargs[0])
         rows = context.make_array(sig.args[1])(context, builder, llargs[1]).data
-        vals = context.make_array(sig.args[2])(context, builder, llargs[2]).data
-        n_ = context.cast(builder, llargs[3], sig.args[3], types.int64)
-        n_ = builder.select(builder.icmp_signed("<", n_, ir.Constant(_I64, 0)),
-                            ir.Constant(_I64, 0), n_)
-        outs = [context.make_array(sig.args[i])(context, builder, llargs[i]).data
-                for i in ((4, 5, 6) if moments else (4,))]
+        Varr = context.make_array(sig.args[2])(context, builder, llargs[2])
+        Carr = context.make_array(sig.args[5])(context, builder, llargs[5])
+        v_width = cgutils.unpack_tuple(builder, Varr.shape, 2)[1]
+        c_width = cgutils.unpack_tuple(builder, Carr.shape, 2)[1]
+        m_ = context.cast(builder, llargs[3], sig.args[3], types.int64)
+        n_ = context.cast(builder, llargs[4], sig.args[4], types.int64)
+        m_ = builder.select(builder.icmp_signed("<", m_, ir.Constant(_I64, 0)),
+                            ir.Constant(_I64, 0), m_)
 
-        def group(q0, ty, m):
-            """Columns q0 .. q0 + m * lanes(ty) - 1: the chains in registers over the rows."""
-            vector = isinstance(ty, ir.VectorType)
-            step = ty.count if vector else 1
-            zero = _constant(ty, 0.0) if vector else ir.Constant(ty, 0.0)
-            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(m)]
-                    for _ in outs]
-            with cgutils.for_range(builder, n_) as loop:
-                r = builder.load(builder.gep(rows, [loop.index]))
-                row = builder.gep(base, [builder.add(builder.mul(r, width), q0)])
-                vk = builder.load(builder.gep(vals, [loop.index]))
-                vk = _splat(builder, vk, ty) if vector else vk
-                for j in range(m):
-                    ptr = builder.gep(row, [ir.Constant(_I64, j * step)])
-                    if vector:
-                        ptr = builder.bitcast(ptr, ty.as_pointer())
-                    g = builder.load(ptr, align=8)
-                    terms = (builder.fmul(g, vk), g, builder.fmul(g, g)) if moments else \
-                        (builder.fmul(g, vk),)
-                    for acc, t in zip(accs, terms):
-                        builder.store(builder.fadd(builder.load(acc[j]), t), acc[j])
-            for out, acc in zip(outs, accs):
-                for j in range(m):
-                    ptr = builder.gep(out, [builder.add(q0, ir.Constant(_I64, j * step))])
-                    if vector:
-                        ptr = builder.bitcast(ptr, ty.as_pointer())
-                    builder.store(builder.load(acc[j]), ptr, align=8)
+        def emit(r0, count):
+            vrows = [builder.gep(Varr.data, [builder.mul(builder.add(
+                r0, ir.Constant(_I64, r)), v_width)]) for r in range(count)]
+            crows = [builder.gep(Carr.data, [builder.mul(builder.add(
+                r0, ir.Constant(_I64, r)), c_width)]) for r in range(count)]
+            _emit_dots(context, builder, Marr, rows, n_, vrows, crows, _ROWS_DOT_VECTORS)
 
-        lanes = ir.Constant(_I64, LANES)
-        span = ir.Constant(_I64, LANES * _DOT_VECTORS)
-        n_groups = builder.sdiv(width, span)
-        with cgutils.for_range(builder, n_groups) as loop:
-            group(builder.mul(loop.index, span), _VEC, _DOT_VECTORS)
-        q0 = builder.mul(n_groups, span)
-        # the columns left: whole vectors in one group, then single columns
-        left_vecs = builder.sdiv(builder.sub(width, q0), lanes)
-        for m in range(1, _DOT_VECTORS):
-            with builder.if_then(builder.icmp_signed("==", left_vecs, ir.Constant(_I64, m))):
-                group(q0, _VEC, m)
-        q0 = builder.add(q0, builder.mul(left_vecs, lanes))
-        with cgutils.for_range(builder, builder.sub(width, q0)) as loop:
-            group(builder.add(q0, loop.index), _DOUBLE, 1)
+        per = ir.Constant(_I64, _DOT_ROWS)
+        passes = builder.sdiv(m_, per)
+        with cgutils.for_range(builder, passes) as loop:
+            emit(builder.mul(loop.index, per), _DOT_ROWS)
+        r0 = builder.mul(passes, per)
+        left = builder.sub(m_, r0)
+        for count in range(1, _DOT_ROWS):
+            with builder.if_then(builder.icmp_signed("==", left, ir.Constant(_I64, count))):
+                emit(r0, count)
         return context.get_dummy_value()
 
     return sig, codegen

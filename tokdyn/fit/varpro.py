@@ -42,7 +42,7 @@ from numba import njit, prange
 
 from tokdyn.fit.grid import TWO_MIN_DET, TWO_MIN_VAR
 from tokdyn.fit.lanes import LANES as _LANES
-from tokdyn.fit.lanes import clip, lane_maxima, lane_sums, row_dots
+from tokdyn.fit.lanes import clip, lane_maxima, lane_sums, row_dots, rows_dots
 from tokdyn.fit.lm import LM_CONVERGED, LM_FAILED
 from tokdyn.fit.numba_kernels import (
     _JIT,
@@ -123,6 +123,33 @@ def _use_grid(x, mus, ss, b, slot, keys, mu_q, s_q, G, GT):
         return False
     _evaluate_grid(x, mus[b], ss[b], slot, keys, mu_q, s_q, G, GT)
     return True
+
+
+# Rows per batch of the start grids: a batch of fully observed rows on one grid is projected
+# onto it at once (lanes.rows_dots reads the grid's events once per four rows; row by row,
+# reading them bounded the projections). Other rows are projected one by one.
+_BATCH = 16
+
+
+@njit(inline="always", **_JIT)
+def _gather_batch(x, Y, b0, m, mus, ss, XO, YC, IDX, stats):
+    """Rows b0 .. b0 + m - 1 gathered (:func:`_gather`) into XO, YC, IDX [_BATCH, K] and
+    stats [_BATCH, 3] (n, mean, Syy); returns whether they can be projected together: every
+    point observed in each, and one grid (mus [B, n_mu], ss [B, n_s]) for all."""
+    K = x.shape[0]
+    together = K >= 2
+    for j in range(m):
+        n, mean, syy = _gather(x, Y, b0 + j, XO[j], YC[j], IDX[j])
+        stats[j, 0] = n
+        stats[j, 1] = mean
+        stats[j, 2] = syy
+        together = together and n == K
+    for j in range(1, m if together else 0):
+        for i in range(mus.shape[1]):
+            together = together and mus[b0 + j, i] == mus[b0, i]
+        for i in range(ss.shape[1]):
+            together = together and ss[b0 + j, i] == ss[b0, i]
+    return together
 
 
 @njit(**_KERNEL)
@@ -221,14 +248,15 @@ def _grid_inverse_variances(GT, inv_var, s1, s2):
 
 
 @njit(**_KERNEL)
-def _grid_best(GT, inv_var_full, idx, yc, n, lo_mu, hi_mu, lo_s, hi_s, mu_q, s_q, c, s1, s2):
+def _grid_best(c, inv_var_full, s1, s2, n, full, lo_mu, hi_mu, lo_s, hi_s, mu_q, s_q):
     """Index of the grid sigmoid with the largest explained sum of squares (cov^2 / var) that
-    lies inside the row's box, or -1; and that score. c, s1, s2 [Q]: scratch."""
-    K, Q = GT.shape
+    lies inside the row's box, or -1; and that score. c [Q]: the row's projections onto the
+    grid (:func:`_grid_projections`); the events' inverse variances are inv_var_full [Q] for
+    a ``full`` row (every point observed), else from s1, s2 [Q], its n points' sums of g and
+    g^2."""
+    Q = c.shape[0]
     best = -1
     best_score = -1.0
-    full = n == K
-    _grid_projections(GT, idx, yc, n, full, c, s1, s2)
     for q in range(Q):
         if mu_q[q] < lo_mu or mu_q[q] > hi_mu or s_q[q] < lo_s or s_q[q] > hi_s:
             continue
@@ -263,59 +291,76 @@ def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
     p0 = np.full((B, 4), np.nan)
     p_step = np.full((B, 4), np.nan)
     sse_step = np.full(B, np.nan)
+    every = np.arange(K)
     for c in prange(n_chunks):
-        xo = np.empty(K)
-        yc = np.empty(K)
-        idx = np.empty(K, dtype=np.int64)
+        XO = np.empty((_BATCH, K))
+        YC = np.empty((_BATCH, K))
+        IDX = np.empty((_BATCH, K), dtype=np.int64)
+        stats = np.empty((_BATCH, 3))
         keys = np.full((2, mus.shape[1] + ss.shape[1]), np.nan)
         mu_q = np.empty((2, Q))
         s_q = np.empty((2, Q))
         G = np.empty((2, Q, K))
         GT = np.empty((2, K, Q))
         inv_var_full = np.empty(Q)
-        cb = np.empty(Q)
+        CB = np.empty((_BATCH, Q))
         s1b = np.empty(Q)
         s2b = np.empty(Q)
-        for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
-            n, mean, syy = _gather(x, Y, b, xo, yc, idx)
-            if n < 2:
-                continue
-            # the best step between two neighbouring points (the limit s -> 0), by prefix sums
-            s1 = 0.0
-            best_e = -1.0
-            jb = 0
-            for j in range(n - 1):
-                s1 += yc[j]
-                n1 = j + 1.0
-                e = s1 * s1 * n / (n1 * (n - n1))
-                if e > best_e:
-                    best_e = e
-                    jb = j
-            head = 0.0
-            for j in range(jb + 1):
-                head += yc[j]
-            gap = xo[jb + 1] - xo[jb]
-            p_step[b, 0] = mean + head / (jb + 1.0)
-            p_step[b, 1] = mean - head / (n - jb - 1.0)
-            p_step[b, 2] = 0.5 * (xo[jb] + xo[jb + 1])
-            p_step[b, 3] = min(max(0.1 * gap, lo[b, 3]), hi[b, 3])
-            sse_step[b] = syy - best_e
-            slot = _FULL if n == K else _OTHER
-            if _use_grid(x, mus, ss, b, slot, keys, mu_q, s_q, G, GT) and slot == _FULL:
-                _grid_inverse_variances(GT[_FULL], inv_var_full, s1b, s2b)
-            q, _ = _grid_best(GT[slot], inv_var_full, idx, yc, n, lo[b, 2], hi[b, 2], lo[b, 3],
-                              hi[b, 3], mu_q[slot], s_q[slot], cb, s1b, s2b)
-            if q < 0:
-                continue
-            # amplitudes of that event: d = cov / var, linf = mean - d mean(g)
-            s1, s2, cv = _event_sums(G[slot, q], idx, yc, n)
-            var = s2 - s1 * s1 / n
-            d = cv / var if var > 0 else 0.0
-            linf = mean - d * s1 / n
-            p0[b, 0] = linf + d
-            p0[b, 1] = linf
-            p0[b, 2] = mu_q[slot, q]
-            p0[b, 3] = s_q[slot, q]
+        first, last = c * B // n_chunks, (c + 1) * B // n_chunks
+        for b0 in range(first, last, _BATCH):
+            m = min(_BATCH, last - b0)
+            together = _gather_batch(x, Y, b0, m, mus, ss, XO, YC, IDX, stats)
+            if together:  # one grid, every point: all the rows' projections at once
+                if _use_grid(x, mus, ss, b0, _FULL, keys, mu_q, s_q, G, GT):
+                    _grid_inverse_variances(GT[_FULL], inv_var_full, s1b, s2b)
+                rows_dots(GT[_FULL], every, YC, m, K, CB)
+            for j in range(m):
+                b = b0 + j
+                n = int(stats[j, 0])
+                if n < 2:
+                    continue
+                mean, syy = stats[j, 1], stats[j, 2]
+                xo, yc, idx = XO[j], YC[j], IDX[j]
+                # the best step between two neighbouring points (the limit s -> 0), by prefix
+                # sums
+                s1 = 0.0
+                best_e = -1.0
+                jb = 0
+                for i in range(n - 1):
+                    s1 += yc[i]
+                    n1 = i + 1.0
+                    e = s1 * s1 * n / (n1 * (n - n1))
+                    if e > best_e:
+                        best_e = e
+                        jb = i
+                head = 0.0
+                for i in range(jb + 1):
+                    head += yc[i]
+                gap = xo[jb + 1] - xo[jb]
+                p_step[b, 0] = mean + head / (jb + 1.0)
+                p_step[b, 1] = mean - head / (n - jb - 1.0)
+                p_step[b, 2] = 0.5 * (xo[jb] + xo[jb + 1])
+                p_step[b, 3] = min(max(0.1 * gap, lo[b, 3]), hi[b, 3])
+                sse_step[b] = syy - best_e
+                full = n == K
+                slot = _FULL if full else _OTHER
+                if not together:
+                    if _use_grid(x, mus, ss, b, slot, keys, mu_q, s_q, G, GT) and full:
+                        _grid_inverse_variances(GT[_FULL], inv_var_full, s1b, s2b)
+                    _grid_projections(GT[slot], idx, yc, n, full, CB[j], s1b, s2b)
+                q, _ = _grid_best(CB[j], inv_var_full, s1b, s2b, n, full, lo[b, 2], hi[b, 2],
+                                  lo[b, 3], hi[b, 3], mu_q[slot], s_q[slot])
+                if q < 0:
+                    continue
+                # amplitudes of that event: d = cov / var, linf = mean - d mean(g)
+                s1, s2, cv = _event_sums(G[slot, q], idx, yc, n)
+                var = s2 - s1 * s1 / n
+                d = cv / var if var > 0 else 0.0
+                linf = mean - d * s1 / n
+                p0[b, 0] = linf + d
+                p0[b, 1] = linf
+                p0[b, 2] = mu_q[slot, q]
+                p0[b, 3] = s_q[slot, q]
     return p0, p_step, sse_step
 
 
@@ -1106,23 +1151,119 @@ _pair_form = njit(inline="always", **_JIT)(_pair_form_py)
 _pair_max = lane_maxima(_pair_terms, 6, 2)
 
 
+def _pair_terms4(a, b, e, pen, rp0, c0, rp1, c1, rp2, c2, rp3, c3,
+                 x0, xs0, x1, xs1, x2, xs2, x3, xs3):
+    return (_pair_form_py(a, b, e, pen, rp0, c0, x0, xs0),
+            _pair_form_py(a, b, e, pen, rp1, c1, x1, xs1),
+            _pair_form_py(a, b, e, pen, rp2, c2, x2, xs2),
+            _pair_form_py(a, b, e, pen, rp3, c3, x3, xs3))
+
+
+# the same for four rows that share the pair forms (fully observed rows on one grid): each
+# row's maximum has _pair_max's bits, and the forms (4 x 25 kB for the default grid, read
+# from the second-level cache) are read once for the four
+_pair_max4 = lane_maxima(_pair_terms4, 12, 8)
+
+
+@njit(inline="always", **_JIT)
+def _row_in_box(mu_q, s_q, lo, hi, b, inb):
+    """inb [Q]: whether each grid event lies inside row b's box for an event (lo, hi [B, 7]:
+    the second event's mu and s, which bound both)."""
+    for q in range(mu_q.shape[0]):
+        inb[q] = not (mu_q[q] < lo[b, 5] or mu_q[q] > hi[b, 5] or s_q[q] < lo[b, 6]
+                      or s_q[q] > hi[b, 6])
+
+
+@njit(inline="always", **_JIT)
+def _first_pair(fa, fb, fe, fp, rowpen, cq, q, c1, c1s, top):
+    """The first r < q whose pair with q scores ``top`` (-1 where none does)."""
+    for r in range(q):
+        if _pair_form(fa[q, r], fb[q, r], fe[q, r], fp[q, r], rowpen[r], cq[r], c1, c1s) == top:
+            return r
+    return -1
+
+
+@njit(inline="always", **_JIT)
+def _best_pair(fa, fb, fe, fp, rowpen, cq, inb):
+    """(a) of :func:`_two_start_chunks` for one row: the best pair (q, r), r < q, of the grid
+    events inside its box (inb [Q]), by the pair forms fa, fb, fe, fp [Q, Q] and the row's
+    projections cq [Q]: (score, q, r), (-1, -1, -1) where no pair qualifies. Fills rowpen."""
+    Q = cq.shape[0]
+    for q in range(Q):
+        rowpen[q] = 0.0 if inb[q] else -np.inf
+    best = -1.0
+    bq = -1
+    br = -1
+    for q in range(Q):
+        if not inb[q]:
+            continue
+        # the largest quadratic form in lanes, then the first pair with it
+        c1 = cq[q]
+        c1s = c1 * c1
+        # whole blocks of r (pen is -inf from r = q on), so no ragged last one
+        top = _pair_max(fa, fb, fe, fp, rowpen, cq, c1, c1s,
+                        min(-(-q // _LANES) * _LANES, Q), q)[0]
+        if top > best:
+            best = top
+            bq = q
+    if bq >= 0:  # its first r (the maximum is one of the forms to the bit: there is one)
+        c1 = cq[bq]
+        br = _first_pair(fa, fb, fe, fp, rowpen, cq, bq, c1, c1 * c1, best)
+    return (best, bq, br) if br >= 0 else (-1.0, -1, -1)
+
+
+@njit(inline="always", **_JIT)
+def _best_pairs4(fa, fb, fe, fp, ROWPEN, CQ, INB, j0, best, bq, br):
+    """:func:`_best_pair` of rows j0 .. j0 + 3 of ROWPEN, CQ, INB [_BATCH, Q] (filled, the
+    same pair forms for all four), into best, bq, br [_BATCH] (which start at -1)."""
+    Q = CQ.shape[1]
+    rp0, rp1, rp2, rp3 = ROWPEN[j0], ROWPEN[j0 + 1], ROWPEN[j0 + 2], ROWPEN[j0 + 3]
+    c0, c1, c2, c3 = CQ[j0], CQ[j0 + 1], CQ[j0 + 2], CQ[j0 + 3]
+    for q in range(Q):
+        if not (INB[j0, q] or INB[j0 + 1, q] or INB[j0 + 2, q] or INB[j0 + 3, q]):
+            continue
+        x0, x1, x2, x3 = c0[q], c1[q], c2[q], c3[q]
+        tops = _pair_max4(fa, fb, fe, fp, rp0, c0, rp1, c1, rp2, c2, rp3, c3,
+                          x0, x0 * x0, x1, x1 * x1, x2, x2 * x2, x3, x3 * x3,
+                          min(-(-q // _LANES) * _LANES, Q), q)
+        for i in range(4):
+            j = j0 + i
+            if INB[j, q] and tops[i] > best[j]:
+                best[j] = tops[i]
+                bq[j] = q
+    for j in range(j0, j0 + 4):
+        if bq[j] >= 0:
+            x = CQ[j, bq[j]]
+            br[j] = _first_pair(fa, fb, fe, fp, ROWPEN[j], CQ[j], bq[j], x, x * x, best[j])
+            if br[j] < 0:
+                best[j], bq[j] = -1.0, -1
+
+
 @njit(cache=True, parallel=True, nogil=True)
 def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
     B, K = Y.shape
     Q = mus.shape[1] * ss.shape[1]
     p0 = np.full((B, 7), np.nan)
+    every = np.arange(K)
     for c in prange(n_chunks):
-        xo = np.empty(K)
-        yc = np.empty(K)
-        idx = np.empty(K, dtype=np.int64)
-        g1 = np.empty(K)
+        XO = np.empty((_BATCH, K))
+        YC = np.empty((_BATCH, K))
+        IDX = np.empty((_BATCH, K), dtype=np.int64)
+        stats = np.empty((_BATCH, 3))
+        G1 = np.empty((_BATCH, K))  # each row's sigmoid fit over its points
         zb = np.empty(K)
         hb = np.empty(K)
-        cq = np.empty(Q)
+        CQ = np.empty((_BATCH, Q))  # each row's projections onto its grid
+        S12 = np.empty((_BATCH, Q))  # and its sigmoid fit's
         sq = np.empty(Q)
         vq = np.empty((Q, Q))
         inb = np.empty(Q, dtype=np.bool_)
         rowpen = np.empty(Q)
+        INB = np.empty((_BATCH, Q), dtype=np.bool_)  # the same per row of a batch
+        ROWPEN = np.empty((_BATCH, Q))
+        BEST = np.empty(_BATCH)
+        BQ = np.empty(_BATCH, dtype=np.int64)
+        BR = np.empty(_BATCH, dtype=np.int64)
         keys = np.full((2, mus.shape[1] + ss.shape[1]), np.nan)
         mu_g = np.empty((2, Q))
         s_g = np.empty((2, Q))
@@ -1130,7 +1271,6 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
         GT2 = np.empty((2, K, Q))
         sq_full = np.empty(Q)
         s2q = np.empty(Q)
-        s12q = np.empty(Q)
         gram = np.empty((Q, Q))
         qa = np.empty((Q, Q))
         qb = np.empty((Q, Q))
@@ -1144,109 +1284,127 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
         pen_g = np.empty((Q, Q))
         seen_idx = np.empty(K, dtype=np.int64)
         seen_n = -1
-        for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
-            n, mean, _ = _gather(x, Y, b, xo, yc, idx)
-            if n < 3:
-                continue
-            nf = float(n)
-            full = n == K
-            v_min = min_var * nf
-            slot = _FULL if full else _OTHER
-            if _use_grid(x, mus, ss, b, slot, keys, mu_g, s_g, G2, GT2):
-                if full:
+        first, last = c * B // n_chunks, (c + 1) * B // n_chunks
+        for b0 in range(first, last, _BATCH):
+            m = min(_BATCH, last - b0)
+            together = _gather_batch(x, Y, b0, m, mus, ss, XO, YC, IDX, stats)
+            if together:  # one grid, every point: all the rows' projections at once
+                if _use_grid(x, mus, ss, b0, _FULL, keys, mu_g, s_g, G2, GT2):
                     _full_pair_forms(G2[_FULL], gram, qa, qb, qe, pen, min_det, min_var)
                     _grid_moments(GT2[_FULL], K, sq_full, s2q)
-                else:
-                    seen_n = -1  # another grid: the gathered forms are stale
-            GT, mu_q, s_q = GT2[slot], mu_g[slot], s_g[slot]
-            for q in range(Q):
-                inb[q] = not (mu_q[q] < lo[b, 5] or mu_q[q] > hi[b, 5] or s_q[q] < lo[b, 6]
-                              or s_q[q] > hi[b, 6])
-            _grid_projections(GT, idx, yc, n, full, cq, sq, s2q)
-            if full:
-                for q in range(Q):
-                    sq[q] = sq_full[q]
-            same = n == seen_n
-            for k in range(n if same else 0):
-                same = same and idx[k] == seen_idx[k]
-            if not full and not same:  # the centred Gram matrix over this row's points
-                # point-major, each entry summed over the points in order (as a plain loop
-                # would), the pass over r contiguous so that it vectorises
-                for q in range(Q):
-                    for r in range(q + 1):
-                        vq[q, r] = 0.0
-                for k in range(n):
-                    kk = idx[k]
+                rows_dots(GT2[_FULL], every, YC, m, K, CQ)
+                for j in range(m):  # (b) below: each row's sigmoid fit as a column
+                    m1, w1 = p1[b0 + j, 2], p1[b0 + j, 3]
+                    if math.isfinite(m1) and w1 > 0:
+                        _sigmoid_columns(XO[j], K, m1, 1.0 / w1, zb, G1[j], hb)
+                    else:
+                        G1[j, :] = 0.0  # (b) skips the row
+                rows_dots(GT2[_FULL], every, G1, m, K, S12)
+                # (a) below for all of them, four rows at a time
+                mu_q, s_q = mu_g[_FULL], s_g[_FULL]
+                for j in range(m):
+                    _row_in_box(mu_q, s_q, lo, hi, b0 + j, INB[j])
                     for q in range(Q):
-                        gq = GT[kk, q]
-                        for r in range(q + 1):
-                            vq[q, r] += gq * GT[kk, r]
-                for q in range(Q):
-                    for r in range(q + 1):
-                        v = vq[q, r] - sq[q] * sq[r] / nf
-                        vq[q, r] = v
-                        vq[r, q] = v
-                _pair_forms(vq, qa_g, qb_g, qe_g, pen_g, min_det, v_min)
-                seen_n = n
-                for k in range(n):
-                    seen_idx[k] = idx[k]
-            fa, fb, fe, fp = (qa, qb, qe, pen) if full else (qa_g, qb_g, qe_g, pen_g)
-            best = -1.0
-            bq = -1
-            br = -1
-            # (a) every pair of grid events
-            for q in range(Q):
-                rowpen[q] = 0.0 if inb[q] else -np.inf
-            for q in range(Q):
-                if not inb[q]:
+                        ROWPEN[j, q] = 0.0 if INB[j, q] else -np.inf
+                    BEST[j] = -1.0
+                    BQ[j] = -1
+                    BR[j] = -1
+                for j0 in range(0, m - 3, 4):
+                    _best_pairs4(qa, qb, qe, pen, ROWPEN, CQ, INB, j0, BEST, BQ, BR)
+                for j in range(m - m % 4, m):
+                    BEST[j], BQ[j], BR[j] = _best_pair(qa, qb, qe, pen, ROWPEN[j], CQ[j], INB[j])
+            for j in range(m):
+                b = b0 + j
+                n = int(stats[j, 0])
+                if n < 3:
                     continue
-                # the largest quadratic form in lanes, then the first pair with it
-                c1 = cq[q]
-                c1s = c1 * c1
-                # whole blocks of r (pen is -inf from r = q on), so no ragged last one
-                top = _pair_max(fa, fb, fe, fp, rowpen, cq, c1, c1s,
-                                min(-(-q // _LANES) * _LANES, Q), q)[0]
-                if top > best:
-                    for r in range(q):
-                        if _pair_form(fa[q, r], fb[q, r], fe[q, r], fp[q, r], rowpen[r], cq[r],
-                                      c1, c1s) == top:
-                            best = top
-                            bq = q
-                            br = r
-                            break
-            mu1 = 0.0
-            s1 = 0.0
-            mu2 = 0.0
-            s2 = 0.0
-            if bq >= 0:
-                mu1, s1, mu2, s2 = mu_q[bq], s_q[bq], mu_q[br], s_q[br]
-            # (b) the sigmoid fit with the grid event that best explains what it leaves
-            m1, w1 = p1[b, 2], p1[b, 3]
-            if math.isfinite(m1) and w1 > 0:
-                _sigmoid_columns(xo, n, m1, 1.0 / w1, zb, g1, hb)
-                sg1 = 0.0
-                s11 = 0.0
-                c1 = 0.0
-                for k in range(n):
-                    sg1 += g1[k]
-                    s11 += g1[k] * g1[k]
-                    c1 += g1[k] * yc[k]
-                v11 = s11 - sg1 * sg1 / nf
-                _grid_dots(GT, idx, g1, n, s12q)
-                for q in range(Q):
-                    if not inb[q]:
-                        continue
-                    s12 = s12q[q]
-                    v22 = gram[q, q] if full else vq[q, q]
-                    sc = _pair_score(v11, s12 - sg1 * sq[q] / nf, v22, c1, cq[q], min_det,
-                                     v_min)
-                    if sc > best:
-                        best = sc
-                        mu1, s1, mu2, s2 = m1, w1, mu_q[q], s_q[q]
-            if best < 0:
-                continue
-            p0[b, 2] = mu1
-            p0[b, 3] = s1
-            p0[b, 5] = mu2
-            p0[b, 6] = s2
+                xo, yc, idx, cq, s12q = XO[j], YC[j], IDX[j], CQ[j], S12[j]
+                nf = float(n)
+                full = n == K
+                v_min = min_var * nf
+                slot = _FULL if full else _OTHER
+                if not together and _use_grid(x, mus, ss, b, slot, keys, mu_g, s_g, G2, GT2):
+                    if full:
+                        _full_pair_forms(G2[_FULL], gram, qa, qb, qe, pen, min_det, min_var)
+                        _grid_moments(GT2[_FULL], K, sq_full, s2q)
+                    else:
+                        seen_n = -1  # another grid: the gathered forms are stale
+                GT, mu_q, s_q = GT2[slot], mu_g[slot], s_g[slot]
+                if together:
+                    row_inb = INB[j]
+                else:
+                    row_inb = inb
+                    _row_in_box(mu_q, s_q, lo, hi, b, inb)
+                    _grid_projections(GT, idx, yc, n, full, cq, sq, s2q)
+                if full:
+                    for q in range(Q):
+                        sq[q] = sq_full[q]
+                same = n == seen_n
+                for k in range(n if same else 0):
+                    same = same and idx[k] == seen_idx[k]
+                if not full and not same:  # the centred Gram matrix over this row's points
+                    # point-major, each entry summed over the points in order (as a plain loop
+                    # would), the pass over r contiguous so that it vectorises
+                    for q in range(Q):
+                        for r in range(q + 1):
+                            vq[q, r] = 0.0
+                    for k in range(n):
+                        kk = idx[k]
+                        for q in range(Q):
+                            gq = GT[kk, q]
+                            for r in range(q + 1):
+                                vq[q, r] += gq * GT[kk, r]
+                    for q in range(Q):
+                        for r in range(q + 1):
+                            v = vq[q, r] - sq[q] * sq[r] / nf
+                            vq[q, r] = v
+                            vq[r, q] = v
+                    _pair_forms(vq, qa_g, qb_g, qe_g, pen_g, min_det, v_min)
+                    seen_n = n
+                    for k in range(n):
+                        seen_idx[k] = idx[k]
+                fa, fb, fe, fp = (qa, qb, qe, pen) if full else (qa_g, qb_g, qe_g, pen_g)
+                # (a) every pair of grid events
+                if together:
+                    best, bq, br = BEST[j], BQ[j], BR[j]
+                else:
+                    best, bq, br = _best_pair(fa, fb, fe, fp, rowpen, cq, inb)
+                mu1 = 0.0
+                s1 = 0.0
+                mu2 = 0.0
+                s2 = 0.0
+                if bq >= 0:
+                    mu1, s1, mu2, s2 = mu_q[bq], s_q[bq], mu_q[br], s_q[br]
+                # (b) the sigmoid fit with the grid event that best explains what it leaves
+                m1, w1 = p1[b, 2], p1[b, 3]
+                if math.isfinite(m1) and w1 > 0:
+                    g1 = G1[j]
+                    if not together:
+                        _sigmoid_columns(xo, n, m1, 1.0 / w1, zb, g1, hb)
+                    sg1 = 0.0
+                    s11 = 0.0
+                    c1 = 0.0
+                    for k in range(n):
+                        sg1 += g1[k]
+                        s11 += g1[k] * g1[k]
+                        c1 += g1[k] * yc[k]
+                    v11 = s11 - sg1 * sg1 / nf
+                    if not together:
+                        _grid_dots(GT, idx, g1, n, s12q)
+                    for q in range(Q):
+                        if not row_inb[q]:
+                            continue
+                        s12 = s12q[q]
+                        v22 = gram[q, q] if full else vq[q, q]
+                        sc = _pair_score(v11, s12 - sg1 * sq[q] / nf, v22, c1, cq[q], min_det,
+                                         v_min)
+                        if sc > best:
+                            best = sc
+                            mu1, s1, mu2, s2 = m1, w1, mu_q[q], s_q[q]
+                if best < 0:
+                    continue
+                p0[b, 2] = mu1
+                p0[b, 3] = s1
+                p0[b, 5] = mu2
+                p0[b, 6] = s2
     return p0
