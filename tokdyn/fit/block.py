@@ -248,7 +248,7 @@ def _try_again(solve: _Solver, Y, res, rows, p_start, lo, hi, caps) -> None:
 def _fit_two_sigmoids(solve: _Solver, Y, p1, prep):
     """Two sigmoids per row, started from the sigmoid fit plus the grid event that best
     explains what it leaves (where none qualifies: the sigmoid split in two halves)."""
-    lo, hi = two_sigmoid_bounds(prep["lo"], prep["hi"], drop_bound(Y))
+    lo, hi = two_sigmoid_bounds(prep["lo"], prep["hi"], drop_bound(prep["span"]))
     p0 = two_sigmoid_start(p1, lo, hi)
     alt = two_starts(solve.x, Y, p1, lo, hi, prep["grid_mu"], prep["grid_s"], solve.backend)
     use = np.all(np.isfinite(alt[:, [2, 3, 5, 6]]), axis=1)
@@ -497,5 +497,7 @@ def fit_sigmoids(
         fit_block(x, Y[start : start + block_rows], options=opts, backend=backend, device=device)
         for start in range(0, max(Y.shape[0], 1), block_rows)
     ]
+    if len(parts) == 1:  # the block's own arrays (fit_block returns fresh ones)
+        return SigmoidFit(parts[0], opts)
     fields = {name: np.concatenate([part[name] for part in parts]) for name in FIT_FIELDS}
     return SigmoidFit(fields, opts)

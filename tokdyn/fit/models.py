@@ -10,7 +10,6 @@ so each of its two events has a learning time, width and loss drop of its own (d
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 
@@ -108,12 +107,11 @@ def two_sigmoid_evaluate(ops, x, Y, W, q):
 MAX_DROP_RANGE = 10.0
 
 
-def drop_bound(Y: np.ndarray) -> np.ndarray:
+def drop_bound(span: np.ndarray) -> np.ndarray:
     """The largest drop [B] of a two-sigmoid event: MAX_DROP_RANGE times the range of each
-    row's observed losses (Y [B, K], NaN = missing); +inf for a row with no observed point."""
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows
-        span = np.nanmax(Y, axis=1) - np.nanmin(Y, axis=1)
+    row's observed losses (span [B], max - min: :func:`tokdyn.fit.prepare.prepare`); +inf for
+    a row with none (NaN)."""
+    span = np.asarray(span, dtype=np.float64)
     return np.where(np.isfinite(span), MAX_DROP_RANGE * span, np.inf)
 
 

@@ -147,14 +147,22 @@ def _cholesky_substitute(L, rhs, h):
         h[j] = v / L[j, j]
 
 
-@njit(cache=True, parallel=True, nogil=True)
 def prepare_block(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_margin,
                   level_floor):
     """Everything tokdyn.fit.prepare.prepare computes, in one pass per row.
 
     Returns (n, x_first, x_last, invalid, mean, sse_const, intercept, slope, sse_line,
-    p0 [B, 4], lo [B, 4], hi [B, 4]); see that function for the definitions.
+    p0 [B, 4], lo [B, 4], hi [B, 4], span); see that function for the definitions.
     """
+    # chunks of rows (several per thread even out their costs), each with its scratch
+    n_chunks = max(1, min(Y.shape[0], 8 * numba.get_num_threads()))
+    return _prepare_chunks(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_margin,
+                           level_floor, n_chunks)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _prepare_chunks(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_margin,
+                    level_floor, n_chunks):
     B, K = Y.shape
     nan = np.nan
     n_out = np.zeros(B, dtype=np.int64)
@@ -169,92 +177,101 @@ def prepare_block(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_ma
     p0 = np.empty((B, 4))
     lo = np.full((B, 4), level_floor)
     hi = np.full((B, 4), np.inf)
+    y_span = np.full(B, nan)
     grid_span = max(x[K - 1] - x[0], 1.0)
-    for b in prange(B):
+    for chunk in prange(n_chunks):
         xo = np.empty(K)
         yo = np.empty(K)
-        n = 0
-        bad = False
-        for k in range(K):
-            y = Y[b, k]
-            if math.isnan(y):
-                continue
-            if math.isinf(y) or y < -neg_tol or y > max_loss:
-                bad = True
-            xo[n] = x[k]
-            yo[n] = y
-            n += 1
-        if bad:
+        for b in range(chunk * B // n_chunks, (chunk + 1) * B // n_chunks):
             n = 0
-        invalid[b] = bad
-        n_out[b] = n
-        # observed range and bounds
-        if n > 0:
-            first, last = xo[0], xo[n - 1]
-            x_first[b], x_last[b] = first, last
-        else:
-            first, last = x[0], x[K - 1]
-        span = last - first if last > first else grid_span
-        lo[b, 2] = first - mu_margin * span
-        hi[b, 2] = last + mu_margin * span
-        lo[b, 3] = s_min
-        hi[b, 3] = max(s_max_frac * span, s_min)
-        # constant and line
-        if n > 0:
-            sy = 0.0
-            sx = 0.0
+            bad = False
+            y_min = math.inf
+            y_max = -math.inf
+            for k in range(K):
+                y = Y[b, k]
+                if math.isnan(y):
+                    continue
+                if math.isinf(y) or y < -neg_tol or y > max_loss:
+                    bad = True
+                xo[n] = x[k]
+                yo[n] = y
+                y_min = min(y_min, y)
+                y_max = max(y_max, y)
+                n += 1
+            if bad:
+                n = 0
+            invalid[b] = bad
+            n_out[b] = n
+            if n > 0:
+                y_span[b] = y_max - y_min
+            # observed range and bounds
+            if n > 0:
+                first, last = xo[0], xo[n - 1]
+                x_first[b], x_last[b] = first, last
+            else:
+                first, last = x[0], x[K - 1]
+            span = last - first if last > first else grid_span
+            lo[b, 2] = first - mu_margin * span
+            hi[b, 2] = last + mu_margin * span
+            lo[b, 3] = s_min
+            hi[b, 3] = max(s_max_frac * span, s_min)
+            # constant and line
+            if n > 0:
+                sy = 0.0
+                sx = 0.0
+                for k in range(n):
+                    sy += yo[k]
+                    sx += xo[k]
+                ym = sy / n
+                xm = sx / n
+                sc = 0.0
+                sxx = 0.0
+                sxy = 0.0
+                for k in range(n):
+                    sc += (yo[k] - ym) ** 2
+                    sxx += (xo[k] - xm) ** 2
+                    sxy += (xo[k] - xm) * (yo[k] - ym)
+                sl = sxy / sxx if sxx > 0 else 0.0
+                ic = ym - sl * xm
+                sl_sse = 0.0
+                for k in range(n):
+                    sl_sse += (yo[k] - ic - sl * xo[k]) ** 2
+                mean[b], sse_c[b] = ym, sc
+                intercept[b], slope[b], sse_l[b] = ic, sl, sl_sse
+            # sigmoid start values
+            m = max(min(edge_points, n // 4), 1)
+            l0 = 0.0
+            linf = 0.0
+            for k in range(min(m, n)):
+                l0 += yo[k]
+                linf += yo[n - 1 - k]
+            l0 /= m
+            linf /= m
+            mid = 0.5 * (l0 + linf)
+            d = l0 - linf
+            sign = 1.0 if d >= 0 else -1.0
+            c = 0
+            band = 0
             for k in range(n):
-                sy += yo[k]
-                sx += xo[k]
-            ym = sy / n
-            xm = sx / n
-            sc = 0.0
-            sxx = 0.0
-            sxy = 0.0
-            for k in range(n):
-                sc += (yo[k] - ym) ** 2
-                sxx += (xo[k] - xm) ** 2
-                sxy += (xo[k] - xm) * (yo[k] - ym)
-            sl = sxy / sxx if sxx > 0 else 0.0
-            ic = ym - sl * xm
-            sl_sse = 0.0
-            for k in range(n):
-                sl_sse += (yo[k] - ic - sl * xo[k]) ** 2
-            mean[b], sse_c[b] = ym, sc
-            intercept[b], slope[b], sse_l[b] = ic, sl, sl_sse
-        # sigmoid start values
-        m = max(min(edge_points, n // 4), 1)
-        l0 = 0.0
-        linf = 0.0
-        for k in range(min(m, n)):
-            l0 += yo[k]
-            linf += yo[n - 1 - k]
-        l0 /= m
-        linf /= m
-        mid = 0.5 * (l0 + linf)
-        d = l0 - linf
-        sign = 1.0 if d >= 0 else -1.0
-        c = 0
-        band = 0
-        for k in range(n):
-            if sign * (yo[k] - mid) > 0:
-                c += 1
-            if abs(yo[k] - mid) < 0.25 * abs(d):
-                band += 1
-        nn = max(n, 1)
-        if n > 0:
-            x_lo = xo[min(max(c, 1), nn) - 1]
-            x_hi = xo[min(max(c + 1, 1), nn) - 1]
-        else:
-            x_lo = x_hi = x[0]
-        s_span = last - first if (n > 0 and last > first) else 1.0
-        s = band / nn * s_span / 2.2
-        s = min(max(s, s_span / 50.0), s_span / 4.0)
-        p0[b, 0] = l0
-        p0[b, 1] = linf
-        p0[b, 2] = min(max(0.5 * (x_lo + x_hi), lo[b, 2]), hi[b, 2])
-        p0[b, 3] = min(max(s, lo[b, 3]), hi[b, 3])
-    return (n_out, x_first, x_last, invalid, mean, sse_c, intercept, slope, sse_l, p0, lo, hi)
+                if sign * (yo[k] - mid) > 0:
+                    c += 1
+                if abs(yo[k] - mid) < 0.25 * abs(d):
+                    band += 1
+            nn = max(n, 1)
+            if n > 0:
+                x_lo = xo[min(max(c, 1), nn) - 1]
+                x_hi = xo[min(max(c + 1, 1), nn) - 1]
+            else:
+                x_lo = x_hi = x[0]
+            s_span = last - first if (n > 0 and last > first) else 1.0
+            s = band / nn * s_span / 2.2
+            s = min(max(s, s_span / 50.0), s_span / 4.0)
+            p0[b, 0] = l0
+            p0[b, 1] = linf
+            p0[b, 2] = min(max(0.5 * (x_lo + x_hi), lo[b, 2]), hi[b, 2])
+            p0[b, 3] = min(max(s, lo[b, 3]), hi[b, 3])
+    return (n_out, x_first, x_last, invalid, mean, sse_c, intercept, slope, sse_l, p0, lo, hi,
+            y_span)
 
 
 def inverse_diagonal(A):

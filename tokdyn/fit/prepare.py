@@ -1,8 +1,8 @@
 """Per-trajectory summaries of a block, computed before any iterative fit.
 
 One pass over Y [B, K] gives, per row: which points are observed, whether the row is valid,
-its observed x range, the constant and straight-line fits, and the sigmoid's start values and
-bounds. The numpy code here is the reference; :func:`tokdyn.fit.numba_kernels.prepare_block`
+its observed x range, the constant and straight-line fits, the sigmoid's start values and
+bounds, and the range of its losses (which bounds the two-sigmoid fit's drops). The numpy code here is the reference; :func:`tokdyn.fit.numba_kernels.prepare_block`
 computes the same in one compiled pass (tests hold the two equal).
 """
 
@@ -23,7 +23,7 @@ NEGATIVE_TOLERANCE = 1e-4
 SUMMARY_FIELDS = {
     "n": 1, "x_first": 1, "x_last": 1, "invalid": 1,
     "mean": 1, "sse_const": 1, "intercept": 1, "slope": 1, "sse_line": 1,
-    "p0": 4, "lo": 4, "hi": 4,
+    "p0": 4, "lo": 4, "hi": 4, "span": 1,
 }
 
 
@@ -49,9 +49,12 @@ def prepare(x: np.ndarray, Y: np.ndarray, options: FitOptions) -> dict[str, np.n
     for a in (mean, sse_const, intercept, slope, sse_line):
         a[empty] = np.nan
     lo, hi = sigmoid_bounds(x, W, options)
+    span = np.max(np.where(W > 0, Y0, -np.inf), axis=1) - np.min(np.where(W > 0, Y0, np.inf),
+                                                                 axis=1)
+    span[empty] = np.nan
     return dict(
         n=n, x_first=x_first, x_last=x_last, invalid=invalid,
         mean=mean, sse_const=sse_const, intercept=intercept, slope=slope, sse_line=sse_line,
-        p0=sigmoid_start(x, Y0, W, options), lo=lo, hi=hi,
+        p0=sigmoid_start(x, Y0, W, options), lo=lo, hi=hi, span=span,
     )
 
