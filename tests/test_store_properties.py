@@ -63,3 +63,25 @@ def test_reader_sees_exactly_the_accepted_rows(tmp_path_factory, scenario):
         np.testing.assert_array_equal(got, np.stack(expected_rows))  # NaN where not finite
     total, _ = reader.nonfinite()
     assert total == sum(int(np.isnan(r).sum()) for r in expected_rows)
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from(["float16", "float32", "float64"]), rows=st.integers(0, 5),
+       cols=st.integers(0, 40), seed=st.integers(0, 2**32 - 1))
+def test_nan_per_row_counts_every_nan_bit_pattern(dtype, rows, cols, seed):
+    """The read check's NaN count (float16 by its bits) is numpy's isnan count, for any bit
+    pattern: every NaN payload and sign, infinities, zeros, subnormals."""
+    from tokdyn.store.run import nan_per_row
+
+    rng = np.random.default_rng(seed)
+    uint = {"float16": np.uint16, "float32": np.uint32, "float64": np.uint64}[dtype]
+    bits = rng.integers(0, np.iinfo(uint).max, (rows, cols), dtype=uint, endpoint=True)
+    exponent = {"float16": 0x7C00, "float32": 0x7F800000, "float64": 0x7FF0000000000000}[dtype]
+    bits[rng.random((rows, cols)) < 0.3] |= uint(exponent)  # NaN of random payloads
+    sign = uint(1) << uint(8 * np.dtype(dtype).itemsize - 1)
+    for value in (exponent, exponent | sign, 0, sign, 1):  # +-inf, +-0, the least subnormal
+        bits[rng.random((rows, cols)) < 0.1] = uint(value)
+    block = bits.view(dtype)
+    want = np.isnan(block).sum(axis=1)
+    np.testing.assert_array_equal(nan_per_row(block), want)
+    np.testing.assert_array_equal(nan_per_row(block[:, ::2]), np.isnan(block[:, ::2]).sum(axis=1))

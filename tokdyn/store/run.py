@@ -287,7 +287,7 @@ class Run:
     def _check_nan_counts(self, block: np.ndarray, rows: range) -> None:
         """A missing chunk reads as NaN (the fill value). Every NaN a writer stored is counted in
         its commit record, so a row with more NaN than counted has lost chunk data."""
-        nan = np.isnan(block).sum(axis=1)
+        nan = nan_per_row(block)
         if not nan.any():
             return
         _, counted = self.nonfinite()
@@ -361,6 +361,15 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.name!r}, axis={self.axis}, rows={self.n_committed}, tokens={self.n_tokens})"
+
+
+def nan_per_row(block: np.ndarray) -> np.ndarray:
+    """The NaN in each row of a 2-D block of losses. float16 by its bits (exponent all ones,
+    fraction not zero): numpy's isnan widens each half first, four times slower, and this
+    check reads every loss a fit reads."""
+    if block.dtype == np.float16:
+        return np.count_nonzero((block.view(np.uint16) & 0x7FFF) > 0x7C00, axis=1)
+    return np.count_nonzero(np.isnan(block), axis=1)
 
 
 def _implausible(rec: np.ndarray) -> str | None:
