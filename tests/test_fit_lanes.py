@@ -116,6 +116,43 @@ def test_lane_sums_are_the_sums_to_rounding(n, seed):
     assert got[4] == 2.0 * n  # a constant term counts the points
 
 
+_toy_sums_1 = lane_sums(_toy_terms, 2, 1, unroll=1)
+_toy_sums_4 = lane_sums(_toy_terms, 2, 1, unroll=4)
+_toy_sums_8 = lane_sums(_toy_terms, 2, 1, unroll=8)
+
+
+@njit
+def _call_toy_1(a, b, s, n):
+    return _toy_sums_1(a, b, s, n)
+
+
+@njit
+def _call_toy_4(a, b, s, n):
+    return _toy_sums_4(a, b, s, n)
+
+
+@njit
+def _call_toy_8(a, b, s, n):
+    return _toy_sums_8(a, b, s, n)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=hs.integers(0, 9 * LANES + 7), seed=hs.integers(0, 2**32 - 1))
+def test_blocks_per_step_change_the_speed_not_the_bits(n, seed):
+    """Sums emitted 1, 2 (the default), 4 or 8 blocks a step (the blocks left in halving
+    widths, then the masked last points) are the same bits for every point count."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(0, 3, n), rng.normal(0, 1, n)
+    want = _bits(_call_toy(a, b, 0.7, n))
+    for call in (_call_toy_1, _call_toy_4, _call_toy_8):
+        assert _bits(call(a, b, 0.7, n)) == want
+
+
+def test_blocks_per_step_must_be_a_power_of_two():
+    with pytest.raises(ValueError, match="power of 2"):
+        lane_sums(_toy_terms, 2, 1, unroll=3)
+
+
 def test_no_point_past_n_reaches_a_sum():
     """The last block's lanes past n read the n-th point again and are masked out: poison
     after n (NaN, inf) changes nothing, and n = 0 gives zeros."""

@@ -257,13 +257,17 @@ def _splat(builder: ir.IRBuilder, scalar: ir.Value, ty: ir.VectorType) -> ir.Val
                                   ir.Constant(ir.VectorType(_I32, ty.count), [0] * ty.count))
 
 
-# Blocks per step of the main loop: the terms of two consecutive blocks are emitted as one
-# 16-wide vector, so the long dependency chains (the exponential is ~30 operations in a row)
-# of two blocks interleave; each half is then added to the accumulators in block order.
+# Blocks per step of the main loop (default): the terms of two consecutive blocks are
+# emitted as one 16-wide vector, so the long dependency chains (the exponential is ~30
+# operations in a row) of two blocks interleave; each half is then added to the accumulators
+# in block order. With ``unroll`` 4 the blocks left go two at a time, then one. The sums'
+# order is the blocks' order whatever the width: the bits do not depend on it, only the
+# speed (registers against interleaving: docs/benchmarks.md).
 _UNROLL = 2
 
 
-def lane_sums(terms: Callable, n_columns: int, n_scalars: int, n_outputs: int = 0):
+def lane_sums(terms: Callable, n_columns: int, n_scalars: int, n_outputs: int = 0,
+              unroll: int = _UNROLL):
     """A numba intrinsic ``f(col_1 .. col_C, out_1 .. out_O, scalar_1 .. scalar_S, n)``
     returning the tuple of sums over points k < n of ``terms(col_1[k], .., col_C[k],
     scalar_1, .., scalar_S)``.
@@ -272,9 +276,11 @@ def lane_sums(terms: Callable, n_columns: int, n_scalars: int, n_outputs: int = 
     number constants); columns are 1-D C-contiguous float64 arrays with at least n entries,
     scalars float64. The first ``n_outputs`` expressions are not summed but written to the
     output arrays (1-D, C-contiguous, at least n entries; out_i[k] for k < n, nothing past):
-    columns a later pass reads instead of computing them again.
+    columns a later pass reads instead of computing them again. ``unroll`` (1, 2, 4, ...):
+    blocks of 8 points per step of the main loop (the speed only, not the bits).
     """
-    return _lane_reduction(terms, n_columns, n_scalars, "sum", n_outputs=n_outputs)
+    return _lane_reduction(terms, n_columns, n_scalars, "sum", n_outputs=n_outputs,
+                           unroll=unroll)
 
 
 def lane_maxima(terms: Callable, n_columns: int, n_scalars: int):
@@ -307,7 +313,9 @@ def _combine(builder: ir.IRBuilder, kind: str, acc: ir.Value, v: ir.Value) -> ir
 
 
 def _lane_reduction(terms: Callable, n_columns: int, n_scalars: int, kind: str,
-                    rows: bool = False, n_outputs: int = 0):
+                    rows: bool = False, n_outputs: int = 0, unroll: int = _UNROLL):
+    if unroll < 1 or unroll & (unroll - 1):
+        raise ValueError(f"unroll must be a power of 2, got {unroll}")
     fuse = kind == "sum"  # maxima are compared with scalar code (varpro._pair_form): no fma
     n_sums = _count_terms(terms, n_columns, n_scalars) - n_outputs
     if n_sums < 1:
@@ -396,23 +404,20 @@ def _lane_reduction(terms: Callable, n_columns: int, n_scalars: int, kind: str,
                     builder.store(v, builder.bitcast(builder.gep(p, [k0]), v.type.as_pointer()),
                                   align=8)
 
-            step = ir.Constant(_I64, LANES * _UNROLL)
-            n_steps = builder.sdiv(n, step)
-            with cgutils.for_range(builder, n_steps) as loop:
-                k = builder.mul(loop.index, step)
-                values = emit(load(k, LANES * _UNROLL))
-                store(values, k)
-                for block in range(_UNROLL):
-                    add(values, block)
-            k0 = builder.mul(n_steps, step)
-            lanes = ir.Constant(_I64, LANES)
-            n_blocks = builder.sdiv(builder.sub(n, k0), lanes)  # whole blocks left (< _UNROLL)
-            with cgutils.for_range(builder, n_blocks) as loop:
-                k = builder.add(k0, builder.mul(loop.index, lanes))
-                values = emit(load(k, LANES))
-                store(values, k)
-                add(values, 0)
-            k0 = builder.add(k0, builder.mul(n_blocks, lanes))
+            # whole blocks, ``unroll`` at a time, then halving widths down to one block
+            k0 = ir.Constant(_I64, 0)
+            width = unroll
+            while width >= 1:
+                step = ir.Constant(_I64, LANES * width)
+                n_steps = builder.sdiv(builder.sub(n, k0), step)
+                with cgutils.for_range(builder, n_steps) as loop:
+                    k = builder.add(k0, builder.mul(loop.index, step))
+                    values = emit(load(k, LANES * width))
+                    store(values, k)
+                    for block in range(width):
+                        add(values, block)
+                k0 = builder.add(k0, builder.mul(n_steps, step))
+                width //= 2
             left = builder.sub(n, k0)
             with builder.if_then(builder.icmp_signed(">", left, ir.Constant(_I64, 0))):
                 # the last points: lane j reads point min(k0 + j, n - 1) (no read past n), the
