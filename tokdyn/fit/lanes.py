@@ -474,8 +474,8 @@ _DOT_VECTORS = 5
 # columns, once loaded, is multiplied into this many rows' chains. M comes from the
 # second-level cache (the default grid's events over 200 points are 128 kB), and row_dots
 # waits on those loads (one product and sum per 64 bytes read). Four rows of four vectors (16
-# chains, in registers with their four loads) measured best, about 3x row_dots at 100 and 200
-# points (docs/benchmarks.md).
+# chains, in registers with their four loads): about 3x row_dots at 100 and 200 points, as
+# fast as any shape tried (docs/benchmarks.md).
 _DOT_ROWS = 4
 _ROWS_DOT_VECTORS = 4
 
