@@ -249,7 +249,8 @@ def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backe
     Y = r.losses(tokens=slice(a, e), rows=slice(first, int(rows.max()) + 1))[rows - first]  # [K, B] in the stored dtype; damage is a StoreError
     out = {name: np.empty(e - a, dtype=dt) for name, dt in FIT_FIELDS.items()}
     for s in range(0, e - a, batch_rows):
-        # tokens by rows, float64: one copy that converts as it transposes (2x astype then a copy)
+        # tokens by rows, float64: one copy that converts as it transposes (astype, then a
+        # contiguous copy of its transposed result, took twice as long)
         part = fit_block(x, np.ascontiguousarray(Y[:, s : s + batch_rows].T, dtype=np.float64), options=options, backend=backend, device=device)
         for name in FIT_FIELDS:
             out[name][s : s + batch_rows] = part[name]

@@ -10,7 +10,6 @@ so each of its two events has a learning time, width and loss drop of its own (d
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from tokdyn.errors import InputError

@@ -147,6 +147,13 @@ def _cholesky_substitute(L, rhs, h):
         h[j] = v / L[j, j]
 
 
+def _n_chunks(rows) -> int:
+    """Chunks of a block's rows for a parallel kernel (``rows``: an array whose first
+    dimension is the block's rows): several per thread even out rows of unequal cost, and
+    each chunk keeps its scratch."""
+    return max(1, min(rows.shape[0], 8 * numba.get_num_threads()))
+
+
 def prepare_block(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_margin,
                   level_floor):
     """Everything tokdyn.fit.prepare.prepare computes, in one pass per row.
@@ -154,10 +161,8 @@ def prepare_block(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_ma
     Returns (n, x_first, x_last, invalid, mean, sse_const, intercept, slope, sse_line,
     p0 [B, 4], lo [B, 4], hi [B, 4], span); see that function for the definitions.
     """
-    # chunks of rows (several per thread even out their costs), each with its scratch
-    n_chunks = max(1, min(Y.shape[0], 8 * numba.get_num_threads()))
     return _prepare_chunks(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_margin,
-                           level_floor, n_chunks)
+                           level_floor, _n_chunks(Y))
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -277,8 +282,7 @@ def _prepare_chunks(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_
 def inverse_diagonal(A):
     """diag(A^-1) [B, P] of SPD matrices A [B, P, P] by Cholesky, and ok [B] (as lm.py; NaN
     where not ok)."""
-    B = A.shape[0]
-    return _inverse_diagonal_chunks(A, max(1, min(B, 8 * numba.get_num_threads())))
+    return _inverse_diagonal_chunks(A, _n_chunks(A))
 
 
 @njit(cache=True, parallel=True, nogil=True)

@@ -2,8 +2,9 @@
 
 One pass over Y [B, K] gives, per row: which points are observed, whether the row is valid,
 its observed x range, the constant and straight-line fits, the sigmoid's start values and
-bounds, and the range of its losses (which bounds the two-sigmoid fit's drops). The numpy code here is the reference; :func:`tokdyn.fit.numba_kernels.prepare_block`
-computes the same in one compiled pass (tests hold the two equal).
+bounds, and the range of its losses (which bounds the two-sigmoid fit's drops). The numpy
+code here is the reference; :func:`tokdyn.fit.numba_kernels.prepare_block` computes the same
+in one compiled pass (tests hold the two equal).
 """
 
 from __future__ import annotations

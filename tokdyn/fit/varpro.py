@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 from numba import njit, prange
 
@@ -48,6 +47,7 @@ from tokdyn.fit.numba_kernels import (
     _JIT,
     _KERNEL,
     _cholesky_solve,
+    _n_chunks,
     _exp,
     _sigmoid_columns,
 )
@@ -277,11 +277,6 @@ def grid_start_block(x, Y, lo, hi, mus, ss):
     """
     return _grid_start_chunks(x, Y, lo, hi, np.ascontiguousarray(mus),
                               np.ascontiguousarray(ss), _n_chunks(Y))
-
-
-def _n_chunks(Y) -> int:
-    # Several chunks per thread even out trajectories of unequal cost.
-    return max(1, min(Y.shape[0], 8 * numba.get_num_threads()))
 
 
 @njit(cache=True, parallel=True, nogil=True)
