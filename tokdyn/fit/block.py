@@ -21,7 +21,7 @@ from tokdyn.fit.backends import (
     run_lm,
     two_starts,
 )
-from tokdyn.fit.grid import row_grids, step_caps, two_sigmoid_amplitudes
+from tokdyn.fit.grid import start_grids, two_sigmoid_amplitudes
 from tokdyn.fit.lm import LM_CONVERGED, MODEL_SIGMOID, MODEL_TWO_SIGMOIDS
 from tokdyn.fit.models import (
     N_PARAMS,
@@ -319,8 +319,8 @@ def _fit_checked_block(x, Y, options, backend, device) -> dict[str, np.ndarray]:
     xf, xl = prep["x_first"], prep["x_last"]
     mean, sse_c, sse_l = prep["mean"], prep["sse_const"], prep["sse_line"]
     # each row's start grid, from its own observed points (tokdyn.fit.grid.row_grids)
-    prep["grid_mu"], prep["grid_s"] = row_grids(x, Y, s_min_of(x, options))
-    prep["step_max"] = step_caps(prep["grid_mu"], prep["grid_s"])
+    prep["grid_mu"], prep["grid_s"], prep["step_max"] = start_grids(
+        x, Y, s_min_of(x, options), observed=prep["n"])
     solve = _Solver(x, options, backend, device)
 
     res1, se1, status1 = _fit_sigmoid(solve, Y, prep)

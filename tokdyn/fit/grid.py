@@ -22,7 +22,7 @@ import numpy as np
 
 from tokdyn.fit.sigmoid import Z_CLIP
 
-__all__ = ["GRID_MU", "GRID_S", "row_grids", "sigmoid_grid", "grid_events",
+__all__ = ["GRID_MU", "GRID_S", "row_grids", "start_grids", "sigmoid_grid", "grid_events",
            "step_caps", "grid_start", "best_step", "two_start", "two_sigmoid_amplitudes",
            "TWO_MIN_DET", "TWO_MIN_VAR"]
 
@@ -70,23 +70,50 @@ def row_grids(x: np.ndarray, Y: np.ndarray, s_min: float, *, n_mu: int = GRID_MU
     straight decline). Rows with fewer than 2 observed points get NaN. Fully observed rows
     are computed once, by the same code as any other row.
     """
+    mus, ss, _ = start_grids(x, Y, s_min, n_mu=n_mu, n_s=n_s)
+    return mus, ss
+
+
+def start_grids(x: np.ndarray, Y: np.ndarray, s_min: float, *, observed: np.ndarray | None = None,
+                n_mu: int = GRID_MU, n_s: int = GRID_S
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`row_grids` and the solver's trust region of each row (:func:`step_caps`):
+    (mu [B, n_mu], s [B, n_s], caps [B, 2]).
+
+    ``observed`` [B]: the rows' counts of observed points where the caller has them (the
+    fit's preparation does), so that only rows with a missing point are scanned for NaN. The
+    fully observed rows' grid and caps are computed once and copied to each of them.
+    """
     x = np.asarray(x, dtype=np.float64)
-    W = ~np.isnan(Y)
-    B, K = W.shape
-    n = W.sum(1)
-    mus = np.full((B, n_mu), np.nan)
-    ss = np.full((B, n_s), np.nan)
-    full = n == K
-    if K >= 2 and full.any():
+    B, K = Y.shape
+    n = (~np.isnan(Y)).sum(1) if observed is None else np.asarray(observed)
+    full = (n == K) & (K >= 2)
+    mus, ss, caps = np.empty((B, n_mu)), np.empty((B, n_s)), np.empty((B, 2))
+    if not full.all():
+        mus[~full], ss[~full], caps[~full] = np.nan, np.nan, np.nan
+    if full.any():
         all_x = np.ones((1, K), dtype=bool)
-        mus[full], ss[full] = _axes(x[:1], x[-1:], _median_spacing(x, all_x), s_min, n_mu, n_s)
+        mu_f, s_f = _axes(x[:1], x[-1:], _median_spacing(x, all_x), s_min, n_mu, n_s)
+        rows = slice(None) if full.all() else full
+        mus[rows], ss[rows], caps[rows] = mu_f, s_f, step_caps(mu_f, s_f)
     part = np.flatnonzero(~full & (n >= 2))
     if part.size:
-        Wp = W[part]
-        first = x[np.argmax(Wp, axis=1)]
-        last = x[K - 1 - np.argmax(Wp[:, ::-1], axis=1)]
-        mus[part], ss[part] = _axes(first, last, _median_spacing(x, Wp), s_min, n_mu, n_s)
-    return mus, ss
+        # once per pattern of observed points: rows missing the same checkpoints (a whole
+        # checkpoint lost, a shorter run) share it, and the median spacing sorts each row
+        Wp = ~np.isnan(Y if part.size == B else Y[part])
+        packed = np.ascontiguousarray(np.packbits(Wp, axis=1))
+        keys = packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
+        _, first_row, pattern = np.unique(keys, return_index=True, return_inverse=True)
+        Wu = Wp[first_row]
+        first = x[np.argmax(Wu, axis=1)]
+        last = x[K - 1 - np.argmax(Wu[:, ::-1], axis=1)]
+        mu_u, s_u = _axes(first, last, _median_spacing(x, Wu), s_min, n_mu, n_s)
+        pattern = pattern.ravel()
+        mus[part], ss[part], caps[part] = mu_u[pattern], s_u[pattern], step_caps(mu_u, s_u)[pattern]
+    none = np.flatnonzero(~full & (n < 2))
+    if none.size:  # no grid: step_caps of its NaN axes
+        caps[none] = step_caps(mus[none], ss[none])
+    return mus, ss, caps
 
 
 def sigmoid_grid(x: np.ndarray, s_min: float, *, n_mu: int = GRID_MU, n_s: int = GRID_S
