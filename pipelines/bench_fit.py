@@ -7,6 +7,9 @@ write it (data-driven start values, default Levenberg-Marquardt), and prints one
     fits_per_s         tokdyn, one sigmoid per trajectory with SEs, R^2, status (two_step off);
                        this, full_fits_per_s and scipy's rate are the fastest of --repeat runs
     full_fits_per_s    tokdyn's whole record: sigmoid, constant, line, two sigmoids, BIC, class
+    lost_row_fits_per_s  the sigmoid on the same trajectories with one checkpoint missing from
+                       every one (a lost row of a store: rows with a missing point take the
+                       per-row paths); lost_row_slowdown = fits_per_s / this
     scipy_fits_per_s   curve_fit loop
     speedup            fits_per_s / scipy_fits_per_s; full_speedup the same for the record
     agree_frac         share of scipy-converged trajectories where tokdyn's SSE <= scipy's
@@ -336,8 +339,10 @@ def main() -> None:
     fit_sigmoids(x, Y[:256], backend=backend, device=device)  # compile / load kernels
     warmup_s = time.perf_counter() - t0
 
+    Y_lost = Y.copy()
+    Y_lost[:, args.points // 3] = np.nan  # one checkpoint lost for every trajectory
     load_before = os.getloadavg()[0]
-    tokdyn_s = full_s = np.inf
+    tokdyn_s = full_s = lost_s = np.inf
     for _ in range(args.repeat):
         t0 = time.perf_counter()
         fit = fit_sigmoids(x, Y, backend=backend, device=device, two_step=False)
@@ -345,6 +350,9 @@ def main() -> None:
         t0 = time.perf_counter()
         full = fit_sigmoids(x, Y, backend=backend, device=device)
         full_s = min(full_s, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        fit_sigmoids(x, Y_lost, backend=backend, device=device, two_step=False)
+        lost_s = min(lost_s, time.perf_counter() - t0)
 
     m = min(args.n_scipy, args.n)
     scipy_s = np.inf
@@ -364,6 +372,8 @@ def main() -> None:
         "backend": backend if device is None else f"{backend}:{device}",
         "fits_per_s": round(args.n / tokdyn_s, 1),
         "full_fits_per_s": round(args.n / full_s, 1),
+        "lost_row_fits_per_s": round(args.n / lost_s, 1),
+        "lost_row_slowdown": round(lost_s / tokdyn_s, 2),
         "scipy_fits_per_s": round(m / scipy_s, 1),
         "speedup": round((args.n / tokdyn_s) / (m / scipy_s), 1),
         "full_speedup": round((args.n / full_s) / (m / scipy_s), 1),

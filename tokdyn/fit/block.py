@@ -331,8 +331,10 @@ def _fit_checked_block(x, Y, options, backend, device) -> dict[str, np.ndarray]:
     status1 = np.where((status1 == STATUS_CODES["converged"]) & ~has_spread,
                        STATUS_CODES["singular"], status1)
 
+    at = slice(None) if rows.size == B else rows  # a slice copies 5x faster than an index
+
     def put(name: str, values) -> None:
-        out[name][rows] = values
+        out[name][at] = values
 
     put("status", status1)
     put("n_iter", res1["n_iter"])
