@@ -149,10 +149,12 @@ def test_compiled_two_start_shares_pair_forms_only_between_rows_that_miss_the_sa
 @settings(max_examples=8, deadline=None)
 @given(seed=hs.integers(0, 2**32 - 1))
 def test_compiled_starts_of_a_row_do_not_depend_on_its_batch(seed):
-    """Fully observed rows on one grid are projected onto it sixteen at a time, and their pairs
-    scored four at a time; a row with a missing point or another grid sends its batch row by
-    row. Each row's own box (drawn per row here) still decides which events it may use. Every
-    row's grid start and two-sigmoid start are the bits of that row fitted alone."""
+    """Rows on one grid with the same observed points are projected onto it sixteen at a time
+    (fully observed rows, and rows that all miss the same checkpoint), and fully observed
+    rows' pairs scored four at a time; a row with other points or another grid sends its
+    batch row by row. Each row's own box (drawn per row here) still decides which events it
+    may use. Every row's grid start and two-sigmoid start are the bits of that row fitted
+    alone."""
     pytest.importorskip("numba")
     from tokdyn.fit import varpro
 
@@ -163,6 +165,9 @@ def test_compiled_starts_of_a_row_do_not_depend_on_its_batch(seed):
                         plant_two_steps(n // 2, x, rng=rng).Y])
     Y = Y[rng.permutation(n)]
     Y[rng.random(n) < 0.02, 7] = np.nan
+    lost = slice(n // 4, n // 4 + 5 * 16 + 3)  # a checkpoint lost: whole batches and a part
+    Y[lost, 12] = np.nan
+    Y[n // 4 + rng.integers(0, 5 * 16, 3), 20] = np.nan  # three of them miss another point
     mus, ss = row_grids(x, Y, default_s_min(x))
     shifted = rng.random(n) < 0.02
     mus[shifted] += 0.4

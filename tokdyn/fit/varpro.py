@@ -142,16 +142,22 @@ _BATCH = 16
 @njit(inline="always", **_JIT)
 def _gather_batch(x, Y, b0, m, mus, ss, XO, YC, IDX, stats):
     """Rows b0 .. b0 + m - 1 gathered (:func:`_gather`) into XO, YC, IDX [_BATCH, K] and
-    stats [_BATCH, 3] (n, mean, Syy); returns whether they can be projected together: every
-    point observed in each, and one grid (mus [B, n_mu], ss [B, n_s]) for all."""
+    stats [_BATCH, 3] (n, mean, Syy); returns whether they can be projected together: the
+    same observed points (at least 2) in each, every point or the same ones missing (a
+    checkpoint lost for every token), and one grid (mus [B, n_mu], ss [B, n_s]) for all."""
     K = x.shape[0]
-    together = K >= 2
+    together = True
     for j in range(m):
         n, mean, syy = _gather(x, Y, b0 + j, XO[j], YC[j], IDX[j])
         stats[j, 0] = n
         stats[j, 1] = mean
         stats[j, 2] = syy
-        together = together and n == K
+        together = together and n == stats[0, 0]
+    n0 = int(stats[0, 0])
+    together = together and n0 >= 2
+    for j in range(1, m if together and n0 < K else 0):  # (every point: the same columns)
+        for k in range(n0):
+            together = together and IDX[j, k] == IDX[0, k]
     for j in range(1, m if together else 0):
         for i in range(mus.shape[1]):
             together = together and mus[b0 + j, i] == mus[b0, i]
@@ -313,10 +319,16 @@ def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
         for b0 in range(first, last, _BATCH):
             m = min(_BATCH, last - b0)
             together = _gather_batch(x, Y, b0, m, mus, ss, XO, YC, IDX, stats)
-            if together:  # one grid, every point: all the rows' projections at once
+            n0 = int(stats[0, 0])
+            if together and n0 == K:  # one grid, every point: all the rows' projections at once
                 if _use_grid(x, mus, ss, b0, _FULL, keys, mu_q, s_q, G, GT):
                     _grid_inverse_variances(GT[_FULL], inv_var_full, s1b, s2b)
                 rows_dots(GT[_FULL], every, YC, m, K, CB)
+            elif together:  # one grid, the same points missing from each: the events' sums
+                # over those points once (the first row's, as row by row), then all at once
+                _use_grid(x, mus, ss, b0, _OTHER, keys, mu_q, s_q, G, GT)
+                row_dots(GT[_OTHER], IDX[0], YC[0], n0, CB[0], s1b, s2b)
+                rows_dots(GT[_OTHER], IDX[0], YC, m, n0, CB)
             for j in range(m):
                 b = b0 + j
                 n = int(stats[j, 0])
@@ -1292,8 +1304,11 @@ def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
         first, last = c * B // n_chunks, (c + 1) * B // n_chunks
         for b0 in range(first, last, _BATCH):
             m = min(_BATCH, last - b0)
-            together = _gather_batch(x, Y, b0, m, mus, ss, XO, YC, IDX, stats)
-            if together:  # one grid, every point: all the rows' projections at once
+            # one grid, every point (rows that miss the same points go row by row, sharing
+            # their pair forms)
+            together = (_gather_batch(x, Y, b0, m, mus, ss, XO, YC, IDX, stats)
+                        and int(stats[0, 0]) == K)
+            if together:  # all the rows' projections at once
                 if _use_grid(x, mus, ss, b0, _FULL, keys, mu_g, s_g, G2, GT2):
                     _full_pair_forms(G2[_FULL], gram, qa, qb, qe, pen, min_det, min_var)
                     _grid_moments(GT2[_FULL], K, sq_full, s2q)
