@@ -318,7 +318,7 @@ def _fit_checked_block(x, Y, options, backend, device) -> dict[str, np.ndarray]:
     nr = prep["n"].astype(np.float64)
     xf, xl = prep["x_first"], prep["x_last"]
     mean, sse_c, sse_l = prep["mean"], prep["sse_const"], prep["sse_line"]
-    # each row's start grid, from its own observed points (tokdyn.fit.grid.row_grids)
+    # each row's start grid and trust region, from its own observed points (tokdyn.fit.grid)
     prep["grid_mu"], prep["grid_s"], prep["step_max"] = start_grids(
         x, Y, s_min_of(x, options), observed=prep["n"])
     solve = _Solver(x, options, backend, device)
