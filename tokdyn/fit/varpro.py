@@ -910,6 +910,7 @@ def _vp_value(P, xo, yc, n, syy, th, buf, out, bnd, mean):
 def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, work, L3,
            step_max, shrink_min, bnd, mean):
     """Bounded LM over th [P] (mu, ln s pairs) on the projected SSE; the steps of tokdyn.fit.lm.
+    Two sigmoids (P = 4) run here; one sigmoid runs the same steps in :func:`_vp_lm2`.
 
     ``bnd``: the amplitudes' bounds (the least level, then each drop's low and high bound).
     A trial point is evaluated only as far as judging its step needs (:func:`_vp_value`),
@@ -999,6 +1000,101 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
     return sse, max_iter, LM_FAILED
 
 
+@njit(**_KERNEL)
+def _vp_lm2(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, step_max,
+            shrink_min, floor, mean):
+    """:func:`_vp_lm` for one sigmoid (P = 2), its state in scalars: the same operations in
+    the same order (the same bits), without the P x P loops over scratch arrays: their
+    loads, stores and generic Cholesky cost a fifth of the sigmoid solver's time (2.13 ->
+    1.72 us a planted row of 100 points, one thread; docs/benchmarks.md). On return ``out``
+    holds the evaluation at the final th."""
+    lo0, lo1, hi0, hi1 = lo[0], lo[1], hi[0], hi[1]
+    t0 = min(max(th[0], lo0), hi0)
+    t1 = min(max(th[1], lo1), hi1)
+    th[0], th[1] = t0, t1
+    sse = _vp_sigmoid(xo, yc, n, syy, th, buf, out, floor, mean)
+    if not math.isfinite(sse):
+        return sse, 0, LM_FAILED
+    D0, D1 = abs(out[7]), abs(out[10])
+    cap0, cap1 = step_max[0], step_max[1]
+    lam = 1e-3
+    nu = 2.0
+    for it in range(max_iter):
+        a00, a01, a10, a11 = out[7], out[8], out[9], out[10]
+        g0, g1 = out[3], out[4]
+        D0 = max(D0, abs(a00))
+        D1 = max(D1, abs(a11))
+        d_floor = 1e-12 * max(max(0.0, D0), D1) + 1e-300
+        f0 = (t0 <= lo0 and g0 > 0) or (t0 >= hi0 and g0 < 0)
+        f1 = (t1 <= lo1 and g1 > 0) or (t1 >= hi1 and g1 < 0)
+        m00 = 1.0 if f0 else a00 + lam * max(D0, d_floor)
+        m10 = 0.0 if (f0 or f1) else a10
+        m11 = 1.0 if f1 else a11 + lam * max(D1, d_floor)
+        r0 = 0.0 if f0 else -g0
+        r1 = 0.0 if f1 else -g1
+        # numba_kernels._cholesky_solve written out for P = 2
+        ok = True
+        d = m00
+        if not (d > 1e-14 * abs(m00)):
+            ok = False
+            d = 1.0
+        l00 = math.sqrt(d)
+        l10 = m10 / l00
+        d = m11 - l10 * l10
+        if not (d > 1e-14 * abs(m11)):
+            ok = False
+            d = 1.0
+        l11 = math.sqrt(d)
+        h0 = r0 / l00
+        h1 = (r1 - l10 * h0) / l11
+        h1 = h1 / l11
+        h0 = (h0 - l10 * h1) / l00
+        # the trust region (see _vp_lm)
+        scale = 1.0
+        if abs(h0) * scale > cap0:
+            scale = cap0 / abs(h0)
+        if abs(h1) * scale > cap1:
+            scale = cap1 / abs(h1)
+        h0 *= scale
+        h1 *= scale
+        u0 = min(max(t0 + h0, lo0), hi0)
+        u1 = min(max(t1 + h1, lo1), hi1)
+        h0 = u0 - t0
+        h1 = u1 - t1
+        hn = (0.0 + h0 * h0) + h1 * h1
+        pn = (0.0 + t0 * t0) + t1 * t1
+        v = (0.0 + a00 * h0) + a01 * h1
+        pred = 0.0 - (2.0 * g0 * h0 + h0 * v)
+        v = (0.0 + a10 * h0) + a11 * h1
+        pred -= 2.0 * g1 * h1 + h1 * v
+        if ok and lam <= 1.0 and 0.0 <= pred <= ftol * sse:
+            return sse, it, LM_CONVERGED
+        th[0], th[1] = u0, u1
+        sse_t = _vp_sigmoid(xo, yc, n, syy, th, buf, out_t, floor, mean)
+        better = ok and math.isfinite(sse_t) and sse_t < sse
+        actred = sse - sse_t
+        rho = actred / pred if pred > 0 else 0.0
+        converged = (
+            (better and actred <= ftol * sse and pred <= ftol * sse and rho <= 2.0)
+            or (better and sse_t <= 1e-30 * syy)
+            or (ok and math.sqrt(hn) <= xtol * (math.sqrt(pn) + xtol))
+        )
+        if better:
+            sse = sse_t
+            t0, t1 = u0, u1
+            for j in range(_OUT_KEPT):
+                out[j] = out_t[j]
+            lam *= max(shrink_min, 1.0 - (2.0 * rho - 1.0) ** 3)
+            nu = 2.0
+        else:
+            th[0], th[1] = t0, t1
+            lam *= nu
+            nu *= 2.0
+        if converged:
+            return sse, it + 1, LM_CONVERGED
+    return sse, max_iter, LM_FAILED
+
+
 def varpro_block(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max=None,
                  shrink_min=SHRINK_MIN):
     """Fit every row of Y [B, K] by variable projection, with the interface of the
@@ -1053,8 +1149,13 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
             bnd[0] = lo[b, 1] if P == 4 else lo[b, 0]
             if P == 7:
                 bnd[1], bnd[2], bnd[3], bnd[4] = lo[b, 1], hi[b, 1], lo[b, 4], hi[b, 4]
-            s, it, st = _vp_lm(Pn, xo, yc, n, syy, th, tlo, thi, max_iter, ftol, xtol,
-                               buf, out, out_t, work, L3, step_max[b], shrink_min, bnd, mean)
+            if P == 4:
+                s, it, st = _vp_lm2(xo, yc, n, syy, th, tlo, thi, max_iter, ftol, xtol, buf,
+                                    out, out_t, step_max[b], shrink_min, bnd[0], mean)
+            else:
+                s, it, st = _vp_lm(Pn, xo, yc, n, syy, th, tlo, thi, max_iter, ftol, xtol,
+                                   buf, out, out_t, work, L3, step_max[b], shrink_min, bnd,
+                                   mean)
             n_iter[b] = it
             status[b] = st
             if not math.isfinite(s):
