@@ -252,15 +252,16 @@ def test_a_fit_restarted_at_its_optimum_takes_no_step(backend):
 
 @functools.cache
 def _solver_pair():
-    """A compiled harness running the generic solver (P = 2) and the sigmoid's own on one
-    row from one start: (sse, iterations, status, th, out[:20]) of each."""
+    """A compiled harness running the generic solver (varpro._vp_lm) and its copy in scalars
+    for that model (_vp_lm2: P = 2, one sigmoid; _vp_lm4: P = 4, two) on one row from one
+    start: (sse, iterations, status, th, out[:24]) of each."""
     from numba import njit
 
     from tokdyn.fit import varpro
 
     @njit(cache=False)
-    def run(x, y, th0, lo, hi, caps, floor, max_iter, ftol):
-        K = x.shape[0]
+    def run(x, y, th0, lo, hi, caps, bnd, max_iter, ftol):
+        K, P = x.shape[0], th0.shape[0]
         Y = y.reshape(1, K)
         xo, yc, idx = np.empty(K), np.empty(K), np.empty(K, dtype=np.int64)
         n, mean, syy = varpro._gather(x, Y, 0, xo, yc, idx)
@@ -270,43 +271,51 @@ def _solver_pair():
             th = th0.copy()
             out, out_t = np.zeros(varpro._OUT_SIZE), np.zeros(varpro._OUT_SIZE)
             if generic:
-                work, L3 = np.zeros((5, 2)), np.zeros((2, 2, 2))
-                bnd = np.full(5, floor)
-                s, it, st = varpro._vp_lm(2, xo, yc, n, syy, th, lo, hi, max_iter, ftol, 1e-10,
+                work, L3 = np.zeros((5, P)), np.zeros((2, P, P))
+                s, it, st = varpro._vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, 1e-10,
                                           buf, out, out_t, work, L3, caps, 0.1, bnd, mean)
-            else:
+            elif P == 2:
                 s, it, st = varpro._vp_lm2(xo, yc, n, syy, th, lo, hi, max_iter, ftol, 1e-10,
-                                           buf, out, out_t, caps, 0.1, floor, mean)
-            res.append((s, it, st, th, out[:20].copy()))
+                                           buf, out, out_t, caps, 0.1, bnd[0], mean)
+            else:
+                s, it, st = varpro._vp_lm4(xo, yc, n, syy, th, lo, hi, max_iter, ftol, 1e-10,
+                                           buf, out, out_t, caps, 0.1, bnd, mean)
+            res.append((s, it, st, th, out[:24].copy()))
         return res[0], res[1]
 
     return run
 
 
-@settings(max_examples=60, deadline=None)
-@given(seed=hs.integers(0, 2**32 - 1), missing=hs.floats(0.0, 0.5),
-       floor=hs.sampled_from([-np.inf, 0.0, 2.5]), max_iter=hs.sampled_from([1, 3, 100]),
-       ftol=hs.sampled_from([1e-10, 1e-4]), cap=hs.floats(0.01, 2.0))
-def test_the_sigmoid_solver_in_scalars_is_the_generic_solver(seed, missing, floor, max_iter,
-                                                             ftol, cap):
-    """varpro._vp_lm2 (one sigmoid, its state in scalars) makes the generic solver's steps
-    (_vp_lm with P = 2) to the bit: the same optimum, iterations, status and evaluation, on
-    planted events, noise and flat rows with missing points, active level floors, bounds
-    met, trust regions that cut every step, and fits stopped at max_iter."""
+@settings(max_examples=80, deadline=None)
+@given(seed=hs.integers(0, 2**32 - 1), events=hs.sampled_from([1, 2]),
+       missing=hs.floats(0.0, 0.5), floor=hs.sampled_from([-np.inf, 0.0, 2.5]),
+       max_iter=hs.sampled_from([1, 3, 100]), ftol=hs.sampled_from([1e-10, 1e-4]),
+       cap=hs.floats(0.01, 2.0))
+def test_the_solvers_in_scalars_are_the_generic_solver(seed, events, missing, floor, max_iter,
+                                                       ftol, cap):
+    """varpro._vp_lm2 and _vp_lm4 (one and two sigmoids, their state in scalars) make the
+    generic solver's steps (_vp_lm with P = 2 and 4) to the bit: the same optimum,
+    iterations, status and evaluation, on planted events, noise and flat rows with missing
+    points, active level floors and drop bounds, parameter bounds met, trust regions that cut
+    every step, and fits stopped at max_iter."""
     pytest.importorskip("numba")
     rng = np.random.default_rng(seed)
-    kind = rng.integers(3)
+    kind = rng.integers(4)
     if kind == 0:
         y = plant_sigmoids(1, X, rng=rng, noise=float(rng.uniform(0.01, 1.0))).Y[0]
     elif kind == 1:
+        y = plant_two_steps(1, X, rng=rng).Y[0]
+    elif kind == 2:
         y = 3.0 + rng.standard_normal(X.size)
     else:
         y = np.full(X.size, 2.0) + 1e-9 * rng.standard_normal(X.size)
     y[rng.random(X.size) < missing] = np.nan
-    lo = np.array([X[0] - rng.uniform(0.0, 1.0), np.log(rng.uniform(0.005, 0.05))])
-    hi = np.array([X[-1] + rng.uniform(0.0, 1.0), np.log(rng.uniform(0.5, 8.0))])
-    th0 = np.array([rng.uniform(lo[0] - 0.5, hi[0] + 0.5), rng.uniform(lo[1], hi[1])])
-    caps = np.array([cap, 3.0 * cap])
-    generic, scalars = _solver_pair()(X, y, th0, lo, hi, caps, floor, max_iter, ftol)
+    lo = np.tile([X[0] - rng.uniform(0.0, 1.0), np.log(rng.uniform(0.005, 0.05))], events)
+    hi = np.tile([X[-1] + rng.uniform(0.0, 1.0), np.log(rng.uniform(0.5, 8.0))], events)
+    th0 = rng.uniform(lo - np.array([0.5, 0.0] * events), hi + np.array([0.5, 0.0] * events))
+    caps = np.tile([cap, 3.0 * cap], events)
+    drop = rng.choice([np.inf, 4.0, 0.5])
+    bnd = np.array([floor, -drop, drop, -drop, drop])
+    generic, scalars = _solver_pair()(X, y, th0, lo, hi, caps, bnd, max_iter, ftol)
     for a, b in zip(generic, scalars):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

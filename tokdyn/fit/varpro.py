@@ -910,7 +910,9 @@ def _vp_value(P, xo, yc, n, syy, th, buf, out, bnd, mean):
 def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, work, L3,
            step_max, shrink_min, bnd, mean):
     """Bounded LM over th [P] (mu, ln s pairs) on the projected SSE; the steps of tokdyn.fit.lm.
-    Two sigmoids (P = 4) run here; one sigmoid runs the same steps in :func:`_vp_lm2`.
+    Written once for any P, this is the reference: the fits run its copies with their
+    state in scalars, :func:`_vp_lm2` (one sigmoid) and :func:`_vp_lm4` (two), which make
+    the same operations in the same order (tests hold them equal to the bit).
 
     ``bnd``: the amplitudes' bounds (the least level, then each drop's low and high bound).
     A trial point is evaluated only as far as judging its step needs (:func:`_vp_value`),
@@ -1095,6 +1097,147 @@ def _vp_lm2(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, s
     return sse, max_iter, LM_FAILED
 
 
+@njit(**_KERNEL)
+def _vp_lm4(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, step_max,
+            shrink_min, bnd, mean):
+    """:func:`_vp_lm` for two sigmoids (P = 4), its state in scalars: the same operations
+    in the same order (the same bits), as :func:`_vp_lm2` is for one. On return ``out``
+    holds the final th's sum of squares and amplitudes (out[0:4])."""
+    lo0, lo1, lo2, lo3 = lo[0], lo[1], lo[2], lo[3]
+    hi0, hi1, hi2, hi3 = hi[0], hi[1], hi[2], hi[3]
+    c0, c1, c2, c3 = step_max[0], step_max[1], step_max[2], step_max[3]
+    t0 = min(max(th[0], lo0), hi0)
+    t1 = min(max(th[1], lo1), hi1)
+    t2 = min(max(th[2], lo2), hi2)
+    t3 = min(max(th[3], lo3), hi3)
+    th[0], th[1], th[2], th[3] = t0, t1, t2, t3
+    sse = _vp_two(xo, yc, n, syy, th, buf, out, bnd, mean)
+    if not math.isfinite(sse):
+        return sse, 0, LM_FAILED
+    D0, D1, D2, D3 = abs(out[8]), abs(out[13]), abs(out[18]), abs(out[23])
+    lam = 1e-3
+    nu = 2.0
+    for it in range(max_iter):
+        g0, g1, g2, g3 = out[4], out[5], out[6], out[7]
+        D0 = max(D0, abs(out[8]))
+        D1 = max(D1, abs(out[13]))
+        D2 = max(D2, abs(out[18]))
+        D3 = max(D3, abs(out[23]))
+        d_floor = 1e-12 * max(max(max(max(0.0, D0), D1), D2), D3) + 1e-300
+        f0 = (t0 <= lo0 and g0 > 0) or (t0 >= hi0 and g0 < 0)
+        f1 = (t1 <= lo1 and g1 > 0) or (t1 >= hi1 and g1 < 0)
+        f2 = (t2 <= lo2 and g2 > 0) or (t2 >= hi2 and g2 < 0)
+        f3 = (t3 <= lo3 and g3 > 0) or (t3 >= hi3 and g3 < 0)
+        # the damped matrix's lower triangle (numba_kernels._cholesky_solve reads no more)
+        m00 = 1.0 if f0 else out[8] + lam * max(D0, d_floor)
+        m11 = 1.0 if f1 else out[13] + lam * max(D1, d_floor)
+        m22 = 1.0 if f2 else out[18] + lam * max(D2, d_floor)
+        m33 = 1.0 if f3 else out[23] + lam * max(D3, d_floor)
+        m10 = 0.0 if (f1 or f0) else out[12]
+        m20 = 0.0 if (f2 or f0) else out[16]
+        m21 = 0.0 if (f2 or f1) else out[17]
+        m30 = 0.0 if (f3 or f0) else out[20]
+        m31 = 0.0 if (f3 or f1) else out[21]
+        m32 = 0.0 if (f3 or f2) else out[22]
+        r0 = 0.0 if f0 else -g0
+        r1 = 0.0 if f1 else -g1
+        r2 = 0.0 if f2 else -g2
+        r3 = 0.0 if f3 else -g3
+        # numba_kernels._cholesky_solve written out for P = 4
+        ok = True
+        d = m00
+        if not (d > 1e-14 * abs(m00)):
+            ok = False
+            d = 1.0
+        l00 = math.sqrt(d)
+        l10 = m10 / l00
+        l20 = m20 / l00
+        l30 = m30 / l00
+        d = m11 - l10 * l10
+        if not (d > 1e-14 * abs(m11)):
+            ok = False
+            d = 1.0
+        l11 = math.sqrt(d)
+        l21 = (m21 - l20 * l10) / l11
+        l31 = (m31 - l30 * l10) / l11
+        d = (m22 - l20 * l20) - l21 * l21
+        if not (d > 1e-14 * abs(m22)):
+            ok = False
+            d = 1.0
+        l22 = math.sqrt(d)
+        l32 = ((m32 - l30 * l20) - l31 * l21) / l22
+        d = ((m33 - l30 * l30) - l31 * l31) - l32 * l32
+        if not (d > 1e-14 * abs(m33)):
+            ok = False
+            d = 1.0
+        l33 = math.sqrt(d)
+        h0 = r0 / l00
+        h1 = (r1 - l10 * h0) / l11
+        h2 = ((r2 - l20 * h0) - l21 * h1) / l22
+        h3 = (((r3 - l30 * h0) - l31 * h1) - l32 * h2) / l33
+        h3 = h3 / l33
+        h2 = (h2 - l32 * h3) / l22
+        h1 = ((h1 - l21 * h2) - l31 * h3) / l11
+        h0 = (((h0 - l10 * h1) - l20 * h2) - l30 * h3) / l00
+        # the trust region (see _vp_lm)
+        scale = 1.0
+        if abs(h0) * scale > c0:
+            scale = c0 / abs(h0)
+        if abs(h1) * scale > c1:
+            scale = c1 / abs(h1)
+        if abs(h2) * scale > c2:
+            scale = c2 / abs(h2)
+        if abs(h3) * scale > c3:
+            scale = c3 / abs(h3)
+        h0 *= scale
+        h1 *= scale
+        h2 *= scale
+        h3 *= scale
+        u0 = min(max(t0 + h0, lo0), hi0)
+        u1 = min(max(t1 + h1, lo1), hi1)
+        u2 = min(max(t2 + h2, lo2), hi2)
+        u3 = min(max(t3 + h3, lo3), hi3)
+        h0, h1, h2, h3 = u0 - t0, u1 - t1, u2 - t2, u3 - t3
+        hn = (((0.0 + h0 * h0) + h1 * h1) + h2 * h2) + h3 * h3
+        pn = (((0.0 + t0 * t0) + t1 * t1) + t2 * t2) + t3 * t3
+        pred = 0.0
+        for a in range(4):
+            v = 0.0 + out[8 + 4 * a] * h0
+            v += out[9 + 4 * a] * h1
+            v += out[10 + 4 * a] * h2
+            v += out[11 + 4 * a] * h3
+            ha = h0 if a == 0 else (h1 if a == 1 else (h2 if a == 2 else h3))
+            pred -= 2.0 * out[4 + a] * ha + ha * v
+        if ok and lam <= 1.0 and 0.0 <= pred <= ftol * sse:
+            return sse, it, LM_CONVERGED
+        th[0], th[1], th[2], th[3] = u0, u1, u2, u3
+        sse_t = _two_value(xo, yc, n, syy, th, buf, out_t, bnd, mean)
+        better = ok and math.isfinite(sse_t) and sse_t < sse
+        actred = sse - sse_t
+        rho = actred / pred if pred > 0 else 0.0
+        converged = (
+            (better and actred <= ftol * sse and pred <= ftol * sse and rho <= 2.0)
+            or (better and sse_t <= 1e-30 * syy)
+            or (ok and math.sqrt(hn) <= xtol * (math.sqrt(pn) + xtol))
+        )
+        if better:
+            if not converged:  # the gradient and matrix for the next step
+                _two_steps(yc, n, buf, out_t)
+            sse = sse_t
+            t0, t1, t2, t3 = u0, u1, u2, u3
+            for j in range(_OUT_KEPT):
+                out[j] = out_t[j]
+            lam *= max(shrink_min, 1.0 - (2.0 * rho - 1.0) ** 3)
+            nu = 2.0
+        else:
+            th[0], th[1], th[2], th[3] = t0, t1, t2, t3
+            lam *= nu
+            nu *= 2.0
+        if converged:
+            return sse, it + 1, LM_CONVERGED
+    return sse, max_iter, LM_FAILED
+
+
 def varpro_block(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max=None,
                  shrink_min=SHRINK_MIN):
     """Fit every row of Y [B, K] by variable projection, with the interface of the
@@ -1133,8 +1276,6 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
         buf = np.zeros((_N_BUF, K))
         out = np.zeros(_OUT_SIZE)
         out_t = np.zeros(_OUT_SIZE)
-        work = np.zeros((5, Pn))
-        L3 = np.zeros((2, Pn, Pn))
         th = np.empty(Pn)
         bnd = np.full(5, -np.inf)
         tlo = np.empty(Pn)
@@ -1153,9 +1294,8 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
                 s, it, st = _vp_lm2(xo, yc, n, syy, th, tlo, thi, max_iter, ftol, xtol, buf,
                                     out, out_t, step_max[b], shrink_min, bnd[0], mean)
             else:
-                s, it, st = _vp_lm(Pn, xo, yc, n, syy, th, tlo, thi, max_iter, ftol, xtol,
-                                   buf, out, out_t, work, L3, step_max[b], shrink_min, bnd,
-                                   mean)
+                s, it, st = _vp_lm4(xo, yc, n, syy, th, tlo, thi, max_iter, ftol, xtol, buf,
+                                    out, out_t, step_max[b], shrink_min, bnd, mean)
             n_iter[b] = it
             status[b] = st
             if not math.isfinite(s):
