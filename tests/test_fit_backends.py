@@ -319,3 +319,30 @@ def test_the_solvers_in_scalars_are_the_generic_solver(seed, events, missing, fl
     generic, scalars = _solver_pair()(X, y, th0, lo, hi, caps, bnd, max_iter, ftol)
     for a, b in zip(generic, scalars):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_trust_region_widens_to_its_bound_and_no_further(backend):
+    """The trust region (half a start-grid cell) widens while its capped steps are predicted
+    well, to RADIUS_MAX times its size: from a start DIST away in mu with a cap of CAP per
+    step, a noise-free event is reached exactly in fewer than DIST / CAP steps (the fixed
+    cap's least count) and in no fewer than DIST / (RADIUS_MAX CAP)."""
+    from tokdyn.fit.backends import run_lm
+    from tokdyn.fit.lm import LM_CONVERGED, MODEL_SIGMOID, RADIUS_MAX
+    from tokdyn.fit.sigmoid import sigmoid_curve
+
+    if backend not in available_backends():
+        pytest.skip(f"{backend} not installed")
+    dist, cap = 1.0, 0.02
+    mu = np.array([3.2, 3.5, 3.8])
+    Y = sigmoid_curve(X[None, :], 6.0, 2.0, mu[:, None], 0.5)
+    B = len(mu)
+    p0 = np.stack([np.full(B, 6.0), np.full(B, 2.0), mu - dist, np.full(B, np.log(0.5))], 1)
+    lo = np.tile([0.0, 0.0, X[0] - 2.0, np.log(0.01)], (B, 1))
+    hi = np.tile([50.0, 50.0, X[-1] + 2.0, np.log(10.0)], (B, 1))
+    res = run_lm(MODEL_SIGMOID, X, Y, p0, lo, hi, max_iter=200, ftol=1e-10, xtol=1e-10,
+                 backend=backend, step_max=np.tile([cap, 5.0], (B, 1)))
+    assert np.all(res["status"] == LM_CONVERGED)
+    np.testing.assert_allclose(res["p"][:, 2], mu, atol=1e-6)
+    assert np.all(res["n_iter"] >= dist / (RADIUS_MAX * cap)), res["n_iter"]
+    assert np.all(res["n_iter"] < dist / cap), res["n_iter"]

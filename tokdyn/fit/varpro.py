@@ -42,7 +42,7 @@ from numba import njit, prange
 from tokdyn.fit.grid import TWO_MIN_DET, TWO_MIN_VAR
 from tokdyn.fit.lanes import LANES as _LANES
 from tokdyn.fit.lanes import clip, lane_maxima, lane_sums, row_dots, rows_dots
-from tokdyn.fit.lm import LM_CONVERGED, LM_FAILED
+from tokdyn.fit.lm import LM_CONVERGED, LM_FAILED, RADIUS_MAX, RADIUS_RHO
 from tokdyn.fit.numba_kernels import (
     _JIT,
     _KERNEL,
@@ -933,6 +933,7 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
         D[j] = abs(out[ni + P * j + j])
     lam = 1e-3
     nu = 2.0
+    radius = 1.0  # the trust region in units of step_max (tokdyn.fit.lm.RADIUS_MAX)
     for it in range(max_iter):
         dmax = 0.0
         for j in range(P):
@@ -950,11 +951,14 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
         ok = _cholesky_solve(M, rhs, h, L)
         # Trust region of a grid cell: from the grid's best event the optimum is within
         # about one cell, and a longer Newton step is an extrapolation (measured: from the
-        # grid start, uncapped steps were rejected 3-4 times in a row on 15 % of rows).
+        # grid start, uncapped steps were rejected 3-4 times in a row on 15 % of rows). It
+        # widens to RADIUS_MAX half cells while the model predicts capped steps well, for an
+        # optimum further away (tokdyn.fit.lm).
         scale = 1.0
         for j in range(P):
-            if abs(h[j]) * scale > step_max[j]:
-                scale = step_max[j] / abs(h[j])
+            if abs(h[j]) * scale > radius * step_max[j]:
+                scale = radius * step_max[j] / abs(h[j])
+        capped = scale < 1.0
         for j in range(P):
             h[j] *= scale
         hn = 0.0
@@ -994,9 +998,12 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
                 out[j] = out_t[j]
             lam *= max(shrink_min, 1.0 - (2.0 * rho - 1.0) ** 3)
             nu = 2.0
+            if capped and rho > RADIUS_RHO:
+                radius = min(2.0 * radius, RADIUS_MAX)
         else:
             lam *= nu
             nu *= 2.0
+            radius = max(1.0, 0.5 * radius)
         if converged:
             return sse, it + 1, LM_CONVERGED
     return sse, max_iter, LM_FAILED
@@ -1021,6 +1028,7 @@ def _vp_lm2(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, s
     cap0, cap1 = step_max[0], step_max[1]
     lam = 1e-3
     nu = 2.0
+    radius = 1.0
     for it in range(max_iter):
         a00, a01, a10, a11 = out[7], out[8], out[9], out[10]
         g0, g1 = out[3], out[4]
@@ -1053,10 +1061,11 @@ def _vp_lm2(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, s
         h0 = (h0 - l10 * h1) / l00
         # the trust region (see _vp_lm)
         scale = 1.0
-        if abs(h0) * scale > cap0:
-            scale = cap0 / abs(h0)
-        if abs(h1) * scale > cap1:
-            scale = cap1 / abs(h1)
+        if abs(h0) * scale > radius * cap0:
+            scale = radius * cap0 / abs(h0)
+        if abs(h1) * scale > radius * cap1:
+            scale = radius * cap1 / abs(h1)
+        capped = scale < 1.0
         h0 *= scale
         h1 *= scale
         u0 = min(max(t0 + h0, lo0), hi0)
@@ -1088,10 +1097,13 @@ def _vp_lm2(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, s
                 out[j] = out_t[j]
             lam *= max(shrink_min, 1.0 - (2.0 * rho - 1.0) ** 3)
             nu = 2.0
+            if capped and rho > RADIUS_RHO:
+                radius = min(2.0 * radius, RADIUS_MAX)
         else:
             th[0], th[1] = t0, t1
             lam *= nu
             nu *= 2.0
+            radius = max(1.0, 0.5 * radius)
         if converged:
             return sse, it + 1, LM_CONVERGED
     return sse, max_iter, LM_FAILED
@@ -1117,6 +1129,7 @@ def _vp_lm4(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, s
     D0, D1, D2, D3 = abs(out[8]), abs(out[13]), abs(out[18]), abs(out[23])
     lam = 1e-3
     nu = 2.0
+    radius = 1.0
     for it in range(max_iter):
         g0, g1, g2, g3 = out[4], out[5], out[6], out[7]
         D0 = max(D0, abs(out[8]))
@@ -1181,14 +1194,15 @@ def _vp_lm4(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, s
         h0 = (((h0 - l10 * h1) - l20 * h2) - l30 * h3) / l00
         # the trust region (see _vp_lm)
         scale = 1.0
-        if abs(h0) * scale > c0:
-            scale = c0 / abs(h0)
-        if abs(h1) * scale > c1:
-            scale = c1 / abs(h1)
-        if abs(h2) * scale > c2:
-            scale = c2 / abs(h2)
-        if abs(h3) * scale > c3:
-            scale = c3 / abs(h3)
+        if abs(h0) * scale > radius * c0:
+            scale = radius * c0 / abs(h0)
+        if abs(h1) * scale > radius * c1:
+            scale = radius * c1 / abs(h1)
+        if abs(h2) * scale > radius * c2:
+            scale = radius * c2 / abs(h2)
+        if abs(h3) * scale > radius * c3:
+            scale = radius * c3 / abs(h3)
+        capped = scale < 1.0
         h0 *= scale
         h1 *= scale
         h2 *= scale
@@ -1229,10 +1243,13 @@ def _vp_lm4(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, s
                 out[j] = out_t[j]
             lam *= max(shrink_min, 1.0 - (2.0 * rho - 1.0) ** 3)
             nu = 2.0
+            if capped and rho > RADIUS_RHO:
+                radius = min(2.0 * radius, RADIUS_MAX)
         else:
             th[0], th[1], th[2], th[3] = t0, t1, t2, t3
             lam *= nu
             nu *= 2.0
+            radius = max(1.0, 0.5 * radius)
         if converged:
             return sse, it + 1, LM_CONVERGED
     return sse, max_iter, LM_FAILED
