@@ -230,20 +230,6 @@ def _grid_projections(GT, idx, v, n, full, c, s1, s2):
 
 
 @njit(inline="always", **_JIT)
-def _event_sums(Gq, idx, yc, n):
-    """sum g, sum g^2 and sum g (y - mean) of grid event Gq [K] over a row's observed points."""
-    s1 = 0.0
-    s2 = 0.0
-    c = 0.0
-    for k in range(n):
-        g = Gq[idx[k]]
-        s1 += g
-        s2 += g * g
-        c += g * yc[k]
-    return s1, s2, c
-
-
-@njit(inline="always", **_JIT)
 def _inverse_variance(s1, s2, n):
     """1 / var(g) over n points from sum g and sum g^2 (0 where g is about constant)."""
     var = s2 - s1 * s1 / n
@@ -315,6 +301,8 @@ def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
         CB = np.empty((_BATCH, Q))
         s1b = np.empty(Q)
         s2b = np.empty(Q)
+        s1_full = np.empty(Q)  # the full grid's sums of g and g^2 over every point
+        s2_full = np.empty(Q)
         first, last = c * B // n_chunks, (c + 1) * B // n_chunks
         for b0 in range(first, last, _BATCH):
             m = min(_BATCH, last - b0)
@@ -322,7 +310,7 @@ def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
             n0 = int(stats[0, 0])
             if together and n0 == K:  # one grid, every point: all the rows' projections at once
                 if _use_grid(x, mus, ss, b0, _FULL, keys, mu_q, s_q, G, GT):
-                    _grid_inverse_variances(GT[_FULL], inv_var_full, s1b, s2b)
+                    _grid_inverse_variances(GT[_FULL], inv_var_full, s1_full, s2_full)
                 rows_dots(GT[_FULL], every, YC, m, K, CB)
             elif together:  # one grid, the same points missing from each: the events' sums
                 # over those points once (the first row's, as row by row), then all at once
@@ -361,14 +349,17 @@ def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
                 slot = _FULL if full else _OTHER
                 if not together:
                     if _use_grid(x, mus, ss, b, slot, keys, mu_q, s_q, G, GT) and full:
-                        _grid_inverse_variances(GT[_FULL], inv_var_full, s1b, s2b)
+                        _grid_inverse_variances(GT[_FULL], inv_var_full, s1_full, s2_full)
                     _grid_projections(GT[slot], idx, yc, n, full, CB[j], s1b, s2b)
                 q, _ = _grid_best(CB[j], inv_var_full, s1b, s2b, n, full, lo[b, 2], hi[b, 2],
                                   lo[b, 3], hi[b, 3], mu_q[slot], s_q[slot])
                 if q < 0:
                     continue
-                # amplitudes of that event: d = cov / var, linf = mean - d mean(g)
-                s1, s2, cv = _event_sums(G[slot, q], idx, yc, n)
+                # amplitudes of that event: d = cov / var, linf = mean - d mean(g), from its
+                # projection and sums of g and g^2 over the row's points (each a chain over
+                # them in order: what summing them again gave, to the bit, at 0.1 us a row)
+                cv = CB[j, q]
+                s1, s2 = (s1_full[q], s2_full[q]) if full else (s1b[q], s2b[q])
                 var = s2 - s1 * s1 / n
                 d = cv / var if var > 0 else 0.0
                 linf = mean - d * s1 / n
