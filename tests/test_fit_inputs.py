@@ -82,6 +82,52 @@ def test_fit_block_fields_and_dtypes():
         assert out[name].dtype == dtype and out[name].shape == (5,), name
 
 
+def _garbage(B: int, value) -> dict[str, np.ndarray]:
+    """Arrays for every field of B rows, filled with a value no fit writes."""
+    return {name: np.full(B, value, dtype=dt) for name, dt in FIT_FIELDS.items()}
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), two_step=st.booleans(),
+       vocab=st.sampled_from([None, 50000]), unfit=st.integers(0, 6),
+       backend=st.sampled_from(CPU_BACKENDS))
+def test_fit_block_writes_every_field_of_out(seed, two_step, vocab, unfit, backend):
+    """fit_block(..., out=...) writes every field of every row, fitted or not (arrays that
+    held other values end up with what fresh ones get, to the bit), into views of larger
+    arrays too, and returns ``out``."""
+    rng = np.random.default_rng(seed)
+    Y = 3.0 + rng.standard_normal((9, 30))
+    bad = [np.nan, np.inf, -0.5, 1e300]
+    for i in range(unfit):  # rows that are never fitted: too few points, invalid values
+        Y[i, : 28 + i % 3] = np.nan if i % 2 else bad[i % 4]
+    opts = FitOptions(two_step=two_step, vocab_size=vocab)
+    want = fit_block(X, Y, options=opts, backend=backend)
+    for fill in (-7, 77):
+        big = _garbage(13, fill)
+        out = {name: a[2:11] for name, a in big.items()}
+        got = fit_block(X, Y, options=opts, backend=backend, out=out)
+        assert got is out
+        for name in FIT_FIELDS:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+            assert np.all(big[name][:2] == fill) and np.all(big[name][11:] == fill), name
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda o: o.pop("mu"), r"out\['mu'\].*got nothing"),
+    (lambda o: o.update(mu=np.zeros(4)), r"out\['mu'\].*shape \(5,\).*got ndarray \(4,\)"),
+    (lambda o: o.update(status=np.zeros(5, np.int64)), r"out\['status'\].*dtype int8"),
+    (lambda o: o.update(mu=[0.0] * 5), r"out\['mu'\].*got list"),
+    (lambda o: o["mu"].setflags(write=False), r"out\['mu'\]: expected a writable"),
+])
+def test_fit_block_out_of_the_wrong_kind_is_one_clear_error(change, match):
+    out = _garbage(5, 0)
+    change(out)
+    with pytest.raises(InputError, match=match):
+        fit_block(X, np.ones((5, 30)), out=out)
+    with pytest.raises(InputError, match="expected a dict"):
+        fit_block(X, np.ones((5, 30)), out=[1])
+
+
 @pytest.mark.parametrize(
     "x, Y, match",
     [

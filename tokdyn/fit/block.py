@@ -271,6 +271,7 @@ def fit_block(
     options: FitOptions | None = None,
     backend: str = "auto",
     device: Any = None,
+    out: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Fit every trajectory of one block; return :data:`FIT_FIELDS` as 1-D arrays of length B.
 
@@ -282,36 +283,76 @@ def fit_block(
         Token losses in nats; NaN marks a missing point.
     options : FitOptions, optional
     backend, device : see :func:`fit_sigmoids`.
+    out : optional dict of every :data:`FIT_FIELDS` name to a writable 1-D array of length B
+        and that field's dtype (a view into a larger array is fine): the fields are written
+        there, and ``out`` is returned. By default fresh arrays.
 
     Bad trajectories never raise: each gets a status (and class ``unfit``) instead.
     """
     options = FitOptions() if options is None else FitOptions.from_kwargs(options)
     x, Y = validate_inputs(x, Y)
     backend, device = resolve_backend(backend, device)
+    out = _output_fields(Y.shape[0], out)
     # Degenerate rows (denormal or flat data) may overflow or divide by zero on the way;
     # their status says so, so numpy's warnings would only be noise.
     with np.errstate(all="ignore"):
-        return _fit_checked_block(x, Y, options, backend, device)
+        return _fit_checked_block(x, Y, options, backend, device, out)
 
 
-def _fit_checked_block(x, Y, options, backend, device) -> dict[str, np.ndarray]:
-    """fit_block after its arguments are checked."""
+def _output_fields(B: int, out: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """``out`` checked against :data:`FIT_FIELDS` (InputError where it does not fit), or
+    fresh arrays of length B."""
+    if out is None:
+        return {name: np.empty(B, dtype=dt) for name, dt in FIT_FIELDS.items()}
+    if not isinstance(out, dict):
+        raise InputError(f"out: expected a dict of FIT_FIELDS arrays, got {type(out).__name__}")
+    for name, dt in FIT_FIELDS.items():
+        a = out.get(name)
+        if not (isinstance(a, np.ndarray) and a.shape == (B,) and a.dtype == dt
+                and a.flags.writeable):
+            found = "nothing" if a is None else (
+                f"{type(a).__name__} {getattr(a, 'shape', '')} {getattr(a, 'dtype', '')}")
+            raise InputError(f"out[{name!r}]: expected a writable array of shape ({B},) and "
+                             f"dtype {dt}, got {found}")
+    return out
+
+
+def _fit_checked_block(x, Y, options, backend, device, out) -> dict[str, np.ndarray]:
+    """fit_block after its arguments are checked: every field of ``out`` written."""
     B = Y.shape[0]
-    out = {name: np.full(B, np.nan if dt.kind == "f" else 0, dtype=dt)
-           for name, dt in FIT_FIELDS.items()}
     prep = prepare_rows(x, Y, options, backend)
     n = prep["n"]
     invalid = prep["invalid"]
     out["n_points"][:] = n
     out["x_first"][:], out["x_last"][:] = prep["x_first"], prep["x_last"]
-    unfit_status = np.where(invalid, STATUS_CODES["invalid_input"], STATUS_CODES["too_few_points"])
-    out["status"][:] = out["status2"][:] = unfit_status
-    out["model"][:] = -1
-    out["class_code"][:] = CLASS_CODES["unfit"]
-
     rows = np.flatnonzero(~invalid & (n >= options.min_points))
-    if rows.size == 0:
-        return out
+    written = {"n_points", "x_first", "x_last"}
+    if rows.size:
+        _fit_rows(x, Y, rows, prep, options, backend, device, out, written)
+    # what no fit wrote: each field's value for a row that was not fitted
+    unfit = np.ones(B, dtype=bool)
+    unfit[rows] = False
+    for name, dt in FIT_FIELDS.items():
+        if name in written and rows.size == B:
+            continue
+        at = unfit if name in written else slice(None)
+        if name in ("status", "status2"):
+            out[name][at] = np.where(invalid, STATUS_CODES["invalid_input"],
+                                     STATUS_CODES["too_few_points"])[at]
+        else:
+            out[name][at] = _UNFIT.get(name, np.nan if dt.kind == "f" else 0)
+    return out
+
+
+# A field's value for a row that was not fitted, where it is not NaN or 0 (the statuses say
+# why per row: invalid_input or too_few_points)
+_UNFIT = {"model": -1, "class_code": CLASS_CODES["unfit"]}
+
+
+def _fit_rows(x, Y, rows, prep, options, backend, device, out, written) -> None:
+    """Fit the block's ``rows`` (each valid, with enough points) into ``out``, adding the
+    names of the fields it wrote to ``written``."""
+    B = Y.shape[0]
     if rows.size < B:
         Y = Y[rows]
         prep = {k: v[rows] for k, v in prep.items()}
@@ -335,6 +376,7 @@ def _fit_checked_block(x, Y, options, backend, device) -> dict[str, np.ndarray]:
 
     def put(name: str, values) -> None:
         out[name][at] = values
+        written.add(name)
 
     put("status", status1)
     put("n_iter", res1["n_iter"])
@@ -382,7 +424,6 @@ def _fit_checked_block(x, Y, options, backend, device) -> dict[str, np.ndarray]:
     put("drop", first - last)
     if options.vocab_size is not None:
         put("aoa", age_of_acquisition(*p1.T, xl, options.vocab_size))
-    return out
 
 
 class SigmoidFit:
@@ -495,11 +536,10 @@ def fit_sigmoids(
     if block_rows is None:
         cuda = backend == "torch" and device.type == "cuda"
         block_rows = 1 << 18 if cuda else 1 << 16
-    parts = [
-        fit_block(x, Y[start : start + block_rows], options=opts, backend=backend, device=device)
-        for start in range(0, max(Y.shape[0], 1), block_rows)
-    ]
-    if len(parts) == 1:  # the block's own arrays (fit_block returns fresh ones)
-        return SigmoidFit(parts[0], opts)
-    fields = {name: np.concatenate([part[name] for part in parts]) for name in FIT_FIELDS}
+    B = Y.shape[0]
+    fields = _output_fields(B, None)
+    for start in range(0, max(B, 1), block_rows):  # each block written into its rows
+        part = slice(start, start + block_rows)
+        fit_block(x, Y[part], options=opts, backend=backend, device=device,
+                  out={name: a[part] for name, a in fields.items()})
     return SigmoidFit(fields, opts)

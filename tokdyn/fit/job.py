@@ -251,9 +251,8 @@ def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backe
     for s in range(0, e - a, batch_rows):
         # tokens by rows, float64: one copy that converts as it transposes (astype, then a
         # contiguous copy of its transposed result, took twice as long)
-        part = fit_block(x, np.ascontiguousarray(Y[:, s : s + batch_rows].T, dtype=np.float64), options=options, backend=backend, device=device)
-        for name in FIT_FIELDS:
-            out[name][s : s + batch_rows] = part[name]
+        fit_block(x, np.ascontiguousarray(Y[:, s : s + batch_rows].T, dtype=np.float64), options=options, backend=backend,
+                  device=device, out={name: a[s : s + batch_rows] for name, a in out.items()})  # fmt: skip
     r.fit.write_block(b, a, out)
     return e - a
 
