@@ -280,6 +280,10 @@ def load_numba():
     return numba_kernels
 
 
+# The width columns of each model's parameters: s, and s1 and s2 (the solvers work in ln s).
+WIDTH_COLUMNS = {4: (3,), 7: (3, 6)}
+
+
 def run_lm(
     model: int,
     x: np.ndarray,
@@ -297,47 +301,83 @@ def run_lm(
 ) -> dict[str, np.ndarray]:
     """Fit ``model`` (MODEL_SIGMOID or MODEL_TWO_SIGMOIDS) to every row on a concrete backend.
 
-    numba solves by variable projection (:mod:`tokdyn.fit.varpro`: only mu and ln s are
-    searched, the amplitudes of p0 are not used); numpy and torch run the full-parameter
-    solver of :mod:`tokdyn.fit.lm` from p0. Both reach the same optimum from the same start.
-    ``step_max`` [B, 2] = (mu, ln s): each row's longest step of variable projection in an
-    event's parameters (a trust region of half a cell of the row's start grid).
+    Parameters are natural: (l0, linf, mu, s) for the sigmoid, (linf, d1, mu1, s1, d2, mu2,
+    s2) for two; every solver works in ln s. numba solves by variable projection
+    (:mod:`tokdyn.fit.varpro`: only mu and ln s are searched, the amplitudes of p0 are not
+    used); numpy and torch run the full-parameter solver of :mod:`tokdyn.fit.lm` from p0.
+    Both reach the same optimum from the same start. ``step_max`` [B, 2] = (mu, ln s): each
+    row's longest step of variable projection in an event's parameters (a trust region of
+    half a cell of the row's start grid).
 
     Inputs are numpy (NaN in Y marks a missing point); the result is numpy: p [B, P],
-    sse [B], A [B, P, P], n_iter [B], status [B] (lm.LM_CONVERGED or lm.LM_FAILED).
+    sse [B], se [B, P] (the standard errors as ``curve_fit`` reports them, NaN where J^T J is
+    singular), cov_ok [B] (False there), n_iter [B], status [B] (lm.LM_CONVERGED or
+    lm.LM_FAILED).
     """
     B, P = p0.shape
     if B == 0:
-        return dict(p=p0.copy(), sse=np.zeros(0), A=np.zeros((0, P, P)),
-                    n_iter=np.zeros(0, np.int64), status=np.zeros(0, np.int64))
+        return dict(p=p0.copy(), sse=np.zeros(0), se=np.zeros((0, P)),
+                    cov_ok=np.zeros(0, dtype=bool), n_iter=np.zeros(0, np.int64),
+                    status=np.zeros(0, np.int64))
     if backend == "numba":
         from tokdyn.fit import varpro
 
         with _NUMBA_LOCK:
-            p, sse, A, n_iter, status = varpro.varpro_block(
+            p, sse, se, cov_ok, n_iter, status = varpro.varpro_block(
                 P, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, varpro.SHRINK_MIN
             )
-        return dict(p=p, sse=sse, A=A, n_iter=n_iter, status=status)
-
+        return dict(p=p, sse=sse, se=se, cov_ok=cov_ok, n_iter=n_iter, status=status)
+    cols = list(WIDTH_COLUMNS[P])
+    given = p0
+    p0, lo, hi = (_log_columns(a, cols) for a in (p0, lo, hi))
     if model == MODEL_SIGMOID:
-        return _run_projected_sigmoid(x, Y, p0, lo, hi, max_iter=max_iter, ftol=ftol,
-                                      xtol=xtol, backend=backend, device=device,
-                                      step_max=step_max)
-    model_eval = two_sigmoid_evaluate
-    if backend == "numpy":
-        ops, rows, check_every = NumpyOps, _NUMPY_ROWS, 1
+        res = _run_projected_sigmoid(x, Y, p0, lo, hi, max_iter=max_iter, ftol=ftol,
+                                     xtol=xtol, backend=backend, device=device,
+                                     step_max=step_max)
     else:
-        ops = TorchOps(device)
-        cuda = ops.device.type == "cuda"
-        rows = _TORCH_CUDA_ROWS if cuda else _TORCH_CPU_ROWS
-        check_every = 4 if cuda else 1  # each check is a device -> host sync
+        res = _run_two_sigmoids(x, Y, p0, lo, hi, max_iter=max_iter, ftol=ftol, xtol=xtol,
+                                backend=backend, device=device)
+    # back to s; one the solver left where it started stays as given (exp(log(s)) may differ
+    # from s in its last bit)
+    th = res["p"][:, cols]
+    res["p"][:, cols] = np.where(th == p0[:, cols], given[:, cols], np.exp(th))
+    n = np.sum(~np.isnan(Y), axis=1)
+    res["se"], res["cov_ok"] = _standard_errors(res.pop("A"), res["sse"], n, res["p"], cols,
+                                                backend)
+    return res
+
+
+def _log_columns(a: np.ndarray, cols: list[int]) -> np.ndarray:
+    """Copy of a with ln taken of the width columns (the solvers' parameterization)."""
+    out = np.array(a, dtype=np.float64)
+    out[:, cols] = np.log(out[:, cols])
+    return out
+
+
+def _standard_errors(A, sse, n, p, cols, backend) -> tuple[np.ndarray, np.ndarray]:
+    """SEs [B, P] of the natural parameters (se of s = s * se of ln s) and ok [B], from the
+    full J^T J [B, P, P] in the solver's parameters: cov = s^2 (J^T J)^-1 with s^2 = SSE /
+    (n - P), as scipy's curve_fit reports it."""
+    P = A.shape[1]
+    inv_diag, ok = inverse_diagonal(A, backend)
+    var = inv_diag * (sse / np.maximum(n - P, 1))[:, None]
+    ok = ok & np.all(np.isfinite(var) & (var >= 0), axis=1)
+    se = np.where(ok[:, None], np.sqrt(np.abs(var)), np.nan)
+    se[:, cols] *= p[:, cols]
+    return se, ok
+
+
+def _run_two_sigmoids(x, Y, p0, lo, hi, *, max_iter, ftol, xtol, backend, device):
+    """Two sigmoids by the full-parameter solver on numpy or torch (in ln s); p, sse, A [B, P,
+    P], n_iter, status."""
+    ops, rows, check_every = _batched_ops(backend, device)
 
     def evaluate(x_, Y_, W_, p_):
-        return model_eval(ops, x_, Y_, W_, p_)
+        return two_sigmoid_evaluate(ops, x_, Y_, W_, p_)
 
     parts = []
     x_b = ops.asarray(x)
-    for start in range(0, B, rows):
+    for start in range(0, Y.shape[0], rows):
         sl = slice(start, start + rows)
         observed = ~np.isnan(Y[sl])
         res = levenberg_marquardt(

@@ -15,7 +15,6 @@ import numpy as np
 from tokdyn.errors import InputError
 from tokdyn.fit.backends import (
     grid_starts,
-    inverse_diagonal,
     prepare_rows,
     resolve_backend,
     run_lm,
@@ -153,46 +152,23 @@ def _final_status(lm_status, p, lo, hi, cov_ok, bounded_cols) -> np.ndarray:
     return np.where(converged & at_bound, STATUS_CODES["hit_bound"], status)
 
 
-def _log_cols(a: np.ndarray, cols: list[int]) -> np.ndarray:
-    """Copy of a with ln taken of the width columns (the solver's parameterization)."""
-    out = a.copy()
-    out[:, cols] = np.log(a[:, cols])
-    return out
-
-
 class _Solver:
-    """run_lm with the options and backend of one call, in the solver's parameters."""
+    """run_lm with the options and backend of one call."""
 
     def __init__(self, x: np.ndarray, options: FitOptions, backend: str, device: Any) -> None:
         self.x, self.options, self.backend, self.device = x, options, backend, device
 
-    def __call__(self, model, Y, p0, lo, hi, width_cols, step_max):
-        """Fit from p0 within [lo, hi]; returns run_lm's dict with natural parameters.
+    def __call__(self, model, Y, p0, lo, hi, step_max):
+        """Fit from p0 within [lo, hi] (natural parameters); returns run_lm's dict (p, sse,
+        se, cov_ok, n_iter, status).
 
         step_max [B, 2]: variable projection's trust region per row, half a cell of the row's
         start grid in mu and in ln s."""
         o = self.options
         ftol = o.ftol if model == MODEL_SIGMOID else o.ftol_two
-        res = run_lm(
-            model, self.x, Y, _log_cols(p0, width_cols), _log_cols(lo, width_cols),
-            _log_cols(hi, width_cols), max_iter=o.max_iter, ftol=ftol, xtol=o.xtol,
-            backend=self.backend, device=self.device, step_max=step_max,
-        )
-        res["p"][:, width_cols] = np.exp(res["p"][:, width_cols])
-        return res
-
-    def standard_errors(self, res, n, width_cols):
-        """SEs [B, P] of the natural parameters (se of s = s * se of ln s) and ok [B].
-
-        cov = s^2 (J^T J)^-1 with s^2 = SSE / (n - P), as scipy's curve_fit reports it.
-        """
-        P = res["p"].shape[1]
-        inv_diag, ok = inverse_diagonal(res["A"], self.backend)
-        var = inv_diag * (res["sse"] / np.maximum(n - P, 1))[:, None]
-        ok = ok & np.all(np.isfinite(var) & (var >= 0), axis=1)
-        se = np.where(ok[:, None], np.sqrt(np.abs(var)), np.nan)
-        se[:, width_cols] *= res["p"][:, width_cols]
-        return se, ok
+        return run_lm(model, self.x, Y, p0, lo, hi, max_iter=o.max_iter, ftol=ftol,
+                      xtol=o.xtol, backend=self.backend, device=self.device,
+                      step_max=step_max)
 
 
 # A second sigmoid fit, from the best step, where that step's sum of squares is within this
@@ -210,7 +186,7 @@ def _fit_sigmoid(solve: _Solver, Y, prep):
     no_grid = ~np.all(np.isfinite(p0), axis=1)
     p0[no_grid] = prep["p0"][no_grid]  # the data-driven start where no grid event fits
     p0 = np.minimum(np.maximum(p0, lo), hi)
-    res = solve(MODEL_SIGMOID, Y, p0, lo, hi, [3], caps)
+    res = solve(MODEL_SIGMOID, Y, p0, lo, hi, caps)
     # A jump between two checkpoints is a basin of its own that a smooth start may not reach:
     # where the best step alone fits about as well (within STEP_RETRY) or better, fit again
     # from that step and keep the better.
@@ -229,14 +205,13 @@ def _fit_sigmoid(solve: _Solver, Y, prep):
         p_alt[:, 2] = 0.5 * (first + last)
         p_alt[:, 3] = np.clip(0.2 * (last - first), lo[again, 3], hi[again, 3])
         _try_again(solve, Y, res, again, p_alt, lo, hi, caps)
-    se, cov_ok = solve.standard_errors(res, prep["n"], [3])
-    status = _final_status(res["status"], res["p"], lo, hi, cov_ok, [2, 3])
-    return res, se, status
+    status = _final_status(res["status"], res["p"], lo, hi, res["cov_ok"], [2, 3])
+    return res, res["se"], status
 
 
 def _try_again(solve: _Solver, Y, res, rows, p_start, lo, hi, caps) -> None:
     """Fit ``rows`` again from p_start; keep the better fit in ``res`` (iterations add up)."""
-    alt = solve(MODEL_SIGMOID, Y[rows], p_start, lo[rows], hi[rows], [3], caps[rows])
+    alt = solve(MODEL_SIGMOID, Y[rows], p_start, lo[rows], hi[rows], caps[rows])
     total_iter = res["n_iter"][rows] + alt["n_iter"]
     better = alt["sse"] < res["sse"][rows]
     better |= ~np.isfinite(res["sse"][rows]) & np.isfinite(alt["sse"])
@@ -257,10 +232,9 @@ def _fit_two_sigmoids(solve: _Solver, Y, p1, prep):
     if solve.backend != "numba":  # the full-parameter solver also needs amplitudes
         p0[use] = two_sigmoid_amplitudes(solve.x, Y[use], p0[use])
     p0 = np.minimum(np.maximum(np.where(np.isfinite(p0), p0, 0.0), lo), hi)
-    res = solve(MODEL_TWO_SIGMOIDS, Y, p0, lo, hi, [3, 6], prep["step_max"])
-    _, cov_ok = solve.standard_errors(res, prep["n"], [3, 6])
+    res = solve(MODEL_TWO_SIGMOIDS, Y, p0, lo, hi, prep["step_max"])
     # a drop on its bound (MAX_DROP_RANGE) is a fit on a bound too: the data ask for more
-    status = _final_status(res["status"], res["p"], lo, hi, cov_ok, [1, 2, 3, 4, 5, 6])
+    status = _final_status(res["status"], res["p"], lo, hi, res["cov_ok"], [1, 2, 3, 4, 5, 6])
     return res, order_events(res["p"]), status
 
 

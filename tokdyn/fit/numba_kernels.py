@@ -325,35 +325,44 @@ def inverse_diagonal(A):
 
 @njit(cache=True, parallel=True, nogil=True)
 def _inverse_diagonal_chunks(A, n_chunks):
-    """diag(A^-1) = the squared column norms of W = L^-1 (A = L L^T), one column of the
-    triangular inverse at a time: P^3 / 6 multiply-adds and P divisions, instead of P solves
-    (P^3 and P^2 divisions)."""
     B, P = A.shape[0], A.shape[1]
     out = np.full((B, P), np.nan)
     ok = np.zeros(B, dtype=np.bool_)
     for c in prange(n_chunks):
         L = np.zeros((P, P))  # scratch per chunk (an allocation per row serialises threads)
-        w = np.zeros(P)  # the column of W being built
+        w = np.zeros(P)
         inv_d = np.zeros(P)
         for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
-            good = True
-            for j in range(P):
-                for i in range(P):
-                    good = good and math.isfinite(A[b, i, j])
-            good = _cholesky_factor(A[b], L) and good
-            ok[b] = good
-            if not good:  # no inverse: NaN, as the numpy path answers
-                continue
-            for i in range(P):
-                inv_d[i] = 1.0 / L[i, i]
-            for j in range(P):  # column j of W, from its diagonal down
-                w[j] = inv_d[j]
-                acc = inv_d[j] * inv_d[j]
-                for i in range(j + 1, P):
-                    v = 0.0
-                    for k in range(j, i):
-                        v += L[i, k] * w[k]
-                    w[i] = -v * inv_d[i]
-                    acc += w[i] * w[i]
-                out[b, j] = acc
+            ok[b] = _inverse_diagonal_row(A[b], L, w, inv_d, out[b])
     return out, ok
+
+
+@njit(inline="always", **_JIT)
+def _inverse_diagonal_row(A, L, w, inv_d, out):
+    """diag(A^-1) [P] of one SPD matrix A [P, P] into ``out``; False (and ``out`` untouched)
+    where A is not finite or not positive definite. L [P, P], w and inv_d [P]: scratch.
+
+    The squared column norms of W = L^-1 (A = L L^T), one column of the triangular inverse at
+    a time: P^3 / 6 multiply-adds and P divisions, instead of P solves (P^3 and P^2
+    divisions)."""
+    P = A.shape[0]
+    good = True
+    for j in range(P):
+        for i in range(P):
+            good = good and math.isfinite(A[i, j])
+    good = _cholesky_factor(A, L) and good
+    if not good:  # no inverse: NaN, as the numpy path answers
+        return False
+    for i in range(P):
+        inv_d[i] = 1.0 / L[i, i]
+    for j in range(P):  # column j of W, from its diagonal down
+        w[j] = inv_d[j]
+        acc = inv_d[j] * inv_d[j]
+        for i in range(j + 1, P):
+            v = 0.0
+            for k in range(j, i):
+                v += L[i, k] * w[k]
+            w[i] = -v * inv_d[i]
+            acc += w[i] * w[i]
+        out[j] = acc
+    return True

@@ -49,6 +49,7 @@ from tokdyn.fit.numba_kernels import (
     _cholesky_solve,
     _n_chunks,
     _exp,
+    _inverse_diagonal_row,
     _observed_points,
     _sigmoid_columns,
 )
@@ -1248,13 +1249,16 @@ def _vp_lm4(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, s
 
 def varpro_block(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max=None,
                  shrink_min=SHRINK_MIN):
-    """Fit every row of Y [B, K] by variable projection, with the interface of the
-    full-parameter solver (:func:`tokdyn.fit.backends.run_lm`).
+    """Fit every row of Y [B, K] by variable projection, with the interface of
+    :func:`tokdyn.fit.backends.run_lm`: natural parameters in and out, standard errors at
+    the end.
 
-    ``model_p``: 4 (sigmoid, p = (l0, linf, mu, ln s)) or 7 (two sigmoids, p = (linf, d1, mu1,
-    ln s1, d2, mu2, ln s2)). Only p0's nonlinear columns are used as the start; lo, hi bound
-    them. ``step_max``: None or [B, 2], each row's longest step in (mu, ln s) of an event.
-    Returns p [B, P], sse [B], A [B, P, P] (full J^T J at the end), n_iter, status.
+    ``model_p``: 4 (sigmoid, p = (l0, linf, mu, s)) or 7 (two sigmoids, p = (linf, d1, mu1,
+    s1, d2, mu2, s2)). Only p0's nonlinear columns are used as the start; lo, hi bound them
+    (the solver works in ln s). ``step_max``: None or [B, 2], each row's longest step in (mu,
+    ln s) of an event. Returns p [B, P], sse [B], se [B, P] (as ``curve_fit`` reports them:
+    SSE / (n - P) times the diagonal of (J^T J)^-1, the width's scaled by it), cov_ok [B]
+    (False where J^T J is singular: se NaN), n_iter, status.
     """
     Pn = 2 if model_p == 4 else 4
     B = Y.shape[0]
@@ -1274,7 +1278,8 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
     nl = np.array([2, 3, 0, 0]) if P == 4 else np.array([2, 3, 5, 6])  # nonlinear columns
     p_out = p0.copy()
     sse = np.full(B, np.nan)
-    A = np.zeros((B, P, P))
+    se = np.full((B, P), np.nan)
+    cov_ok = np.zeros(B, dtype=np.bool_)
     n_iter = np.zeros(B, dtype=np.int64)
     status = np.full(B, LM_FAILED, dtype=np.int64)
     for c in prange(n_chunks):
@@ -1288,12 +1293,18 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
         bnd = np.full(5, -np.inf)
         tlo = np.empty(Pn)
         thi = np.empty(Pn)
+        A = np.zeros((P, P))  # the full model's J^T J at the optimum, and its inverse's diagonal
+        L = np.zeros((P, P))
+        w = np.zeros(P)
+        inv_d = np.zeros(P)
+        var = np.zeros(P)
         for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
             n, mean, syy = _gather(x, Y, b, xo, yc, idx)
-            for j in range(Pn):
-                th[j] = p0[b, nl[j]]
-                tlo[j] = lo[b, nl[j]]
-                thi[j] = hi[b, nl[j]]
+            for j in range(Pn):  # mu as it is, s as ln s
+                wide = j % 2 == 1
+                th[j] = math.log(p0[b, nl[j]]) if wide else p0[b, nl[j]]
+                tlo[j] = math.log(lo[b, nl[j]]) if wide else lo[b, nl[j]]
+                thi[j] = math.log(hi[b, nl[j]]) if wide else hi[b, nl[j]]
             # the least level: linf's lower bound (the sigmoid's l0 shares it); the drops' box
             bnd[0] = lo[b, 1] if P == 4 else lo[b, 0]
             if P == 7:
@@ -1327,10 +1338,26 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
             # the full model's J^T J at the optimum (two sigmoids: one direct evaluation)
             if P == 4:
                 sse[b] = s
-                _sigmoid_normal_matrix(out, n, A[b])
+                _sigmoid_normal_matrix(out, n, A)
             else:
-                sse[b] = _two_normal_matrix(xo, yc, n, mean, pb, A[b])
-    return p_out, sse, A, n_iter, status
+                sse[b] = _two_normal_matrix(xo, yc, n, mean, pb, A)
+            for j in range(1, Pn, 2):  # back to s (one the solver left where it started
+                k = nl[j]  # stays as given: exp(log(s)) may differ from s in its last bit)
+                pb[k] = p0[b, k] if pb[k] == math.log(p0[b, k]) else math.exp(pb[k])
+            # standard errors: var = SSE / (n - P) diag((J^T J)^-1) in (.., mu, ln s), and
+            # se(s) = s se(ln s); NaN for all where any variance is not a finite one
+            ok = _inverse_diagonal_row(A, L, w, inv_d, var)
+            scale = sse[b] / max(n - P, 1)
+            for j in range(P):
+                var[j] = var[j] * scale
+                ok = ok and math.isfinite(var[j]) and var[j] >= 0
+            cov_ok[b] = ok
+            if ok:
+                for j in range(P):
+                    se[b, j] = math.sqrt(abs(var[j]))
+                for j in range(1, Pn, 2):
+                    se[b, nl[j]] *= pb[nl[j]]
+    return p_out, sse, se, cov_ok, n_iter, status
 
 
 # ---------------------------------------------------------------------------------------------
