@@ -137,9 +137,12 @@ def validate_inputs(x: Any, Y: Any) -> tuple[np.ndarray, np.ndarray]:
 def _on_bound(p, lo, hi, cols) -> np.ndarray:
     """[B] True where a parameter of ``cols`` sits on its bound (to rounding: the solver
     works in ln s, so s comes back through exp(log(bound)))."""
-    pb, lob, hib = p[:, cols], lo[:, cols], hi[:, cols]
-    tol = 1e-12 * (1.0 + np.abs(pb))
-    return np.any((pb <= lob + tol) | (pb >= hib - tol), axis=1)
+    at = np.zeros(p.shape[0], dtype=bool)
+    for c in cols:  # column views: p[:, cols] would copy [B, len(cols)] three times
+        pc = p[:, c]
+        tol = 1e-12 * (1.0 + np.abs(pc))
+        at |= (pc <= lo[:, c] + tol) | (pc >= hi[:, c] - tol)
+    return at
 
 
 def _final_status(lm_status, p, lo, hi, cov_ok, bounded_cols) -> np.ndarray:
