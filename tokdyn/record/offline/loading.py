@@ -76,10 +76,18 @@ def _torch_load_safely(p: Path) -> Any:
     """
     zipped = _check_torch_header(p)
     try:
-        # mmap: tensor data stays on disk until copied into the model (zip-format files only).
-        return torch.load(p, map_location="cpu", weights_only=True, mmap=zipped)
+        with warnings.catch_warnings():
+            # a PROTO opcode past the header (a damaged legacy file: its pickles follow one
+            # another) makes the weights-only unpickler warn, then read on: an error here
+            warnings.filterwarnings("error", message=_LATE_PROTOCOL.pattern, category=UserWarning)
+            # mmap: tensor data stays on disk until copied into the model (zip-format files only).
+            return torch.load(p, map_location="cpu", weights_only=True, mmap=zipped)
     except MemoryError:
         raise
+    except UserWarning as exc:
+        found = _LATE_PROTOCOL.search(str(exc))
+        raise _not_a_checkpoint(p, f"pickle protocol {found.group(1)} declared past its header"
+                                if found else exc) from None
     except pickle.UnpicklingError as exc:
         found = _UNSAFE_GLOBAL.search(str(exc))
         if found is None:  # a damaged pickle (an unknown opcode, a short string, ...), not code
@@ -94,6 +102,8 @@ def _torch_load_safely(p: Path) -> Any:
         raise _not_a_checkpoint(p, exc) from None
 
 
+# What torch's weights-only unpickler warns when a pickle declares another protocol than 2.
+_LATE_PROTOCOL = re.compile(r"Detected pickle protocol (\d+)")
 # A Python global the weights-only unpickler refused ("GLOBAL os.system whose module os is blocked",
 # "GLOBAL eval was not an allowed global"): a well-formed pickle of code. A damaged file fails on
 # an opcode or a truncated string instead.
