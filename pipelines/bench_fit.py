@@ -18,6 +18,9 @@ write it (data-driven start values, default Levenberg-Marquardt), and prints one
                        (tokdyn bounds its levels at 0: for them the reference is scipy solving
                        again with that bound, bounded_reference)
     mu_mae_*           median |mu - planted mu| (decades), tokdyn on all and on scipy's subset
+    steps_*            mean solver steps per trajectory (trial steps, restarts included) of the
+                       sigmoid and of the full record's two sigmoids: what the speed is made of,
+                       whatever the machine's speed (real_steps_*: the same on --real)
     real_*             on real recorded trajectories (--real, default the tiny GPT's probe
                        tokens in tests/data): the share of sigmoid fits with status converged
                        whose SSE is within 0.1 % of the best of many starts (the file's
@@ -124,7 +127,7 @@ def real_figures(path: str | None, n_ref: int, backend: str, device) -> dict:
         prep = prepare(x, Y, FitOptions())
         ref = multistart_sigmoid(x, Y, prep["lo"], prep["hi"], researcher_starts=(7, 3))
         source = "computed"
-    fit = fit_sigmoids(x, Y, backend=backend, device=device, two_step=False)
+    fit = fit_sigmoids(x, Y, backend=backend, device=device)
     best = np.minimum(ref, fit.sse)
     conv = fit.status == 0
     at_opt = fit.sse <= best * (1 + 1e-3)
@@ -135,6 +138,8 @@ def real_figures(path: str | None, n_ref: int, backend: str, device) -> dict:
         "real_at_optimum_frac": round(float(at_opt[conv].mean()), 5),
         "real_at_optimum_all_frac": round(float(at_opt.mean()), 5),
         "real_reference": source,
+        "real_steps_sigmoid": round(float(fit.n_iter.mean()), 3),
+        "real_steps_two_sigmoids": round(float(fit.n_iter2.mean()), 3),
     }
 
 
@@ -389,6 +394,8 @@ def main() -> None:
         "warmup_s": round(warmup_s, 3),
         "repeat": args.repeat,
         "status_converged_frac": round(float(np.mean(fit.status == 0)), 5),
+        "steps_sigmoid": round(float(fit.n_iter.mean()), 3),
+        "steps_two_sigmoids": round(float(full.n_iter2.mean()), 3),
         "full_multi_step_frac": round(float(np.mean(full.class_name == "multi_step")), 5),
         "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         **real_figures(args.real, args.real_n, backend, device),

@@ -90,6 +90,18 @@ def _git_checkout() -> bool:
     return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode == 0
 
 
+def test_bench_fit_reports_the_solvers_steps():
+    """bench_fit's JSON line carries the mean solver steps of the sigmoid and of the two
+    sigmoids (what a rate is made of, whatever the machine's speed), each at least one step
+    and at most max_iter (plus its restarts) per trajectory."""
+    cmd = [sys.executable, str(ROOT / "pipelines" / "bench_fit.py"), "--n", "200", "--n-scipy",
+           "10", "--repeat", "1", "--backend", "numpy", "--real", ""]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert 1.0 <= out["steps_sigmoid"] <= 300 and 1.0 <= out["steps_two_sigmoids"] <= 100, out
+
+
 def test_bench_fit_against_a_revision_times_both_in_their_own_processes(tmp_path):
     """bench_fit --against HEAD: both sides are this code, so they fit identically (the digest
     covers every field), each pair holds two positive rates, and the temporary worktree is
