@@ -18,6 +18,9 @@ write it (data-driven start values, default Levenberg-Marquardt), and prints one
                        (tokdyn bounds its levels at 0: for them the reference is scipy solving
                        again with that bound, bounded_reference)
     mu_mae_*           median |mu - planted mu| (decades), tokdyn on all and on scipy's subset
+    outside_kernels_frac  numba: the share of a fit's wall time spent outside its compiled
+                       kernels (numpy, Python), for the sigmoid and the full record; on 2 threads
+                       the second core waits through it
     steps_*            mean solver steps per trajectory (trial steps, restarts included) of the
                        sigmoid and of the full record's two sigmoids: what the speed is made of,
                        whatever the machine's speed (real_steps_*: the same on --real)
@@ -201,6 +204,44 @@ def store_mode(tokens: int, rows: int, seed: int, only_full: bool = False) -> No
     out["load_avg_after"] = round(os.getloadavg()[0], 2)
     out["note"] = "peak_rss_MB is the largest child so far (RUSAGE_CHILDREN keeps the maximum)"
     print(json.dumps(out))
+
+
+# The compiled kernels a numba fit calls, by module (tokdyn.fit.varpro, numba_kernels): the
+# time outside them is the fit's serial numpy and Python.
+KERNELS = {"varpro": ("grid_start_block", "varpro_block", "two_start_block"),
+           "numba_kernels": ("prepare_block", "inverse_diagonal")}
+
+
+def outside_kernels(x, Y, two_step: bool) -> float:
+    """The share of one numba fit's wall time spent outside its compiled kernels (each kernel
+    call timed from Python, the module functions wrapped for the one fit)."""
+    import importlib
+
+    spent = [0.0]
+    saved = []
+
+    def timed(fn):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - t0
+        return call
+
+    for module, names in KERNELS.items():
+        mod = importlib.import_module(f"tokdyn.fit.{module}")
+        for name in names:
+            saved.append((mod, name, getattr(mod, name)))
+            setattr(mod, name, timed(getattr(mod, name)))
+    try:
+        t0 = time.perf_counter()
+        fit_sigmoids(x, Y, backend="numba", two_step=two_step)
+        wall = time.perf_counter() - t0
+    finally:
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)
+    return round(1.0 - spent[0] / wall, 3)
 
 
 def timed_fits(rows: str, repeat: int, backend: str) -> dict:
@@ -394,6 +435,9 @@ def main() -> None:
         "warmup_s": round(warmup_s, 3),
         "repeat": args.repeat,
         "status_converged_frac": round(float(np.mean(fit.status == 0)), 5),
+        "outside_kernels_frac": ({"sigmoid": outside_kernels(x, Y, False),
+                                  "full": outside_kernels(x, Y, True)}
+                                 if backend == "numba" else None),
         "steps_sigmoid": round(float(fit.n_iter.mean()), 3),
         "steps_two_sigmoids": round(float(full.n_iter2.mean()), 3),
         "full_multi_step_frac": round(float(np.mean(full.class_name == "multi_step")), 5),

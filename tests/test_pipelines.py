@@ -90,16 +90,24 @@ def _git_checkout() -> bool:
     return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode == 0
 
 
-def test_bench_fit_reports_the_solvers_steps():
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_bench_fit_reports_the_solvers_steps_and_the_time_outside_kernels(backend):
     """bench_fit's JSON line carries the mean solver steps of the sigmoid and of the two
     sigmoids (what a rate is made of, whatever the machine's speed), each at least one step
-    and at most max_iter (plus its restarts) per trajectory."""
+    and at most max_iter (plus its restarts) per trajectory; and on numba the share of each
+    fit's time outside its compiled kernels (none on numpy, which has no kernels)."""
+    pytest.importorskip(backend)
     cmd = [sys.executable, str(ROOT / "pipelines" / "bench_fit.py"), "--n", "200", "--n-scipy",
-           "10", "--repeat", "1", "--backend", "numpy", "--real", ""]
+           "10", "--repeat", "1", "--backend", backend, "--real", ""]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert 1.0 <= out["steps_sigmoid"] <= 300 and 1.0 <= out["steps_two_sigmoids"] <= 100, out
+    if backend == "numpy":
+        assert out["outside_kernels_frac"] is None
+    else:
+        assert set(out["outside_kernels_frac"]) == {"sigmoid", "full"}
+        assert all(0.0 < f < 1.0 for f in out["outside_kernels_frac"].values()), out
 
 
 def test_bench_fit_against_a_revision_times_both_in_their_own_processes(tmp_path):
