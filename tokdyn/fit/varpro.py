@@ -898,6 +898,42 @@ def _vp_value(P, xo, yc, n, syy, th, buf, out, bnd, mean):
 # The solver over the nonlinear parameters
 
 
+@njit(inline="always", **_JIT)
+def _pivot(d, m):
+    """A Cholesky pivot d of the damped matrix's diagonal entry m: its root and whether it is
+    positive (else the root of 1 and False, as numba_kernels._cholesky_factor takes it)."""
+    if not (d > 1e-14 * abs(m)):
+        return 1.0, False
+    return math.sqrt(d), True
+
+
+@njit(inline="always", **_JIT)
+def _converged(ok, better, sse, sse_t, syy, pred, rho, hn, pn, ftol, xtol):
+    """MINPACK's tests after a trial step (see :func:`_vp_lm`): an accepted step that gained
+    at most ftol and was predicted to, an exact fit, or a step shorter than xtol."""
+    actred = sse - sse_t
+    return ((better and actred <= ftol * sse and pred <= ftol * sse and rho <= 2.0)
+            or (better and sse_t <= 1e-30 * syy)
+            or (ok and math.sqrt(hn) <= xtol * (math.sqrt(pn) + xtol)))
+
+
+@njit(inline="always", **_JIT)
+def _damped(better, capped, rho, lam, nu, radius, shrink_min):
+    """The damping lam, its growth factor nu and the trust region's radius after a trial step
+    (Nielsen's rule; the region widens after a well-predicted step it cut short, up to
+    RADIUS_MAX, and narrows back after a rejected one)."""
+    if better:
+        lam *= max(shrink_min, 1.0 - (2.0 * rho - 1.0) ** 3)
+        nu = 2.0
+        if capped and rho > RADIUS_RHO:
+            radius = min(2.0 * radius, RADIUS_MAX)
+    else:
+        lam *= nu
+        nu *= 2.0
+        radius = max(1.0, 0.5 * radius)
+    return lam, nu, radius
+
+
 @njit(**_KERNEL)
 def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, work, L3,
            step_max, shrink_min, bnd, mean):
@@ -973,13 +1009,8 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
             return sse, it, LM_CONVERGED
         sse_t = _vp_value(P, xo, yc, n, syy, th_t, buf, out_t, bnd, mean)
         better = ok and math.isfinite(sse_t) and sse_t < sse
-        actred = sse - sse_t
-        rho = actred / pred if pred > 0 else 0.0
-        converged = (
-            (better and actred <= ftol * sse and pred <= ftol * sse and rho <= 2.0)
-            or (better and sse_t <= 1e-30 * syy)
-            or (ok and math.sqrt(hn) <= xtol * (math.sqrt(pn) + xtol))
-        )
+        rho = (sse - sse_t) / pred if pred > 0 else 0.0
+        converged = _converged(ok, better, sse, sse_t, syy, pred, rho, hn, pn, ftol, xtol)
         if better:
             if P == 4 and not converged:  # the gradient and matrix for the next step
                 _two_steps(yc, n, buf, out_t)
@@ -988,14 +1019,7 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
                 th[j] = th_t[j]
             for j in range(_OUT_KEPT):  # the rest is the evaluation's scratch
                 out[j] = out_t[j]
-            lam *= max(shrink_min, 1.0 - (2.0 * rho - 1.0) ** 3)
-            nu = 2.0
-            if capped and rho > RADIUS_RHO:
-                radius = min(2.0 * radius, RADIUS_MAX)
-        else:
-            lam *= nu
-            nu *= 2.0
-            radius = max(1.0, 0.5 * radius)
+        lam, nu, radius = _damped(better, capped, rho, lam, nu, radius, shrink_min)
         if converged:
             return sse, it + 1, LM_CONVERGED
     return sse, max_iter, LM_FAILED
@@ -1035,18 +1059,10 @@ def _vp_lm2(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, s
         r0 = 0.0 if f0 else -g0
         r1 = 0.0 if f1 else -g1
         # numba_kernels._cholesky_solve written out for P = 2
-        ok = True
-        d = m00
-        if not (d > 1e-14 * abs(m00)):
-            ok = False
-            d = 1.0
-        l00 = math.sqrt(d)
+        l00, ok0 = _pivot(m00, m00)
         l10 = m10 / l00
-        d = m11 - l10 * l10
-        if not (d > 1e-14 * abs(m11)):
-            ok = False
-            d = 1.0
-        l11 = math.sqrt(d)
+        l11, ok1 = _pivot(m11 - l10 * l10, m11)
+        ok = ok0 and ok1
         h0 = r0 / l00
         h1 = (r1 - l10 * h0) / l11
         h1 = h1 / l11
@@ -1075,27 +1091,16 @@ def _vp_lm2(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, s
         th[0], th[1] = u0, u1
         sse_t = _vp_sigmoid(xo, yc, n, syy, th, buf, out_t, floor, mean)
         better = ok and math.isfinite(sse_t) and sse_t < sse
-        actred = sse - sse_t
-        rho = actred / pred if pred > 0 else 0.0
-        converged = (
-            (better and actred <= ftol * sse and pred <= ftol * sse and rho <= 2.0)
-            or (better and sse_t <= 1e-30 * syy)
-            or (ok and math.sqrt(hn) <= xtol * (math.sqrt(pn) + xtol))
-        )
+        rho = (sse - sse_t) / pred if pred > 0 else 0.0
+        converged = _converged(ok, better, sse, sse_t, syy, pred, rho, hn, pn, ftol, xtol)
         if better:
             sse = sse_t
             t0, t1 = u0, u1
             for j in range(_OUT_KEPT):
                 out[j] = out_t[j]
-            lam *= max(shrink_min, 1.0 - (2.0 * rho - 1.0) ** 3)
-            nu = 2.0
-            if capped and rho > RADIUS_RHO:
-                radius = min(2.0 * radius, RADIUS_MAX)
         else:
             th[0], th[1] = t0, t1
-            lam *= nu
-            nu *= 2.0
-            radius = max(1.0, 0.5 * radius)
+        lam, nu, radius = _damped(better, capped, rho, lam, nu, radius, shrink_min)
         if converged:
             return sse, it + 1, LM_CONVERGED
     return sse, max_iter, LM_FAILED
@@ -1149,33 +1154,17 @@ def _vp_lm4(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, s
         r2 = 0.0 if f2 else -g2
         r3 = 0.0 if f3 else -g3
         # numba_kernels._cholesky_solve written out for P = 4
-        ok = True
-        d = m00
-        if not (d > 1e-14 * abs(m00)):
-            ok = False
-            d = 1.0
-        l00 = math.sqrt(d)
+        l00, ok0 = _pivot(m00, m00)
         l10 = m10 / l00
         l20 = m20 / l00
         l30 = m30 / l00
-        d = m11 - l10 * l10
-        if not (d > 1e-14 * abs(m11)):
-            ok = False
-            d = 1.0
-        l11 = math.sqrt(d)
+        l11, ok1 = _pivot(m11 - l10 * l10, m11)
         l21 = (m21 - l20 * l10) / l11
         l31 = (m31 - l30 * l10) / l11
-        d = (m22 - l20 * l20) - l21 * l21
-        if not (d > 1e-14 * abs(m22)):
-            ok = False
-            d = 1.0
-        l22 = math.sqrt(d)
+        l22, ok2 = _pivot((m22 - l20 * l20) - l21 * l21, m22)
         l32 = ((m32 - l30 * l20) - l31 * l21) / l22
-        d = ((m33 - l30 * l30) - l31 * l31) - l32 * l32
-        if not (d > 1e-14 * abs(m33)):
-            ok = False
-            d = 1.0
-        l33 = math.sqrt(d)
+        l33, ok3 = _pivot(((m33 - l30 * l30) - l31 * l31) - l32 * l32, m33)
+        ok = ok0 and ok1 and ok2 and ok3
         h0 = r0 / l00
         h1 = (r1 - l10 * h0) / l11
         h2 = ((r2 - l20 * h0) - l21 * h1) / l22
@@ -1219,13 +1208,8 @@ def _vp_lm4(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, s
         th[0], th[1], th[2], th[3] = u0, u1, u2, u3
         sse_t = _two_value(xo, yc, n, syy, th, buf, out_t, bnd, mean)
         better = ok and math.isfinite(sse_t) and sse_t < sse
-        actred = sse - sse_t
-        rho = actred / pred if pred > 0 else 0.0
-        converged = (
-            (better and actred <= ftol * sse and pred <= ftol * sse and rho <= 2.0)
-            or (better and sse_t <= 1e-30 * syy)
-            or (ok and math.sqrt(hn) <= xtol * (math.sqrt(pn) + xtol))
-        )
+        rho = (sse - sse_t) / pred if pred > 0 else 0.0
+        converged = _converged(ok, better, sse, sse_t, syy, pred, rho, hn, pn, ftol, xtol)
         if better:
             if not converged:  # the gradient and matrix for the next step
                 _two_steps(yc, n, buf, out_t)
@@ -1233,15 +1217,9 @@ def _vp_lm4(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, s
             t0, t1, t2, t3 = u0, u1, u2, u3
             for j in range(_OUT_KEPT):
                 out[j] = out_t[j]
-            lam *= max(shrink_min, 1.0 - (2.0 * rho - 1.0) ** 3)
-            nu = 2.0
-            if capped and rho > RADIUS_RHO:
-                radius = min(2.0 * radius, RADIUS_MAX)
         else:
             th[0], th[1], th[2], th[3] = t0, t1, t2, t3
-            lam *= nu
-            nu *= 2.0
-            radius = max(1.0, 0.5 * radius)
+        lam, nu, radius = _damped(better, capped, rho, lam, nu, radius, shrink_min)
         if converged:
             return sse, it + 1, LM_CONVERGED
     return sse, max_iter, LM_FAILED
