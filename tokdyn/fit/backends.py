@@ -265,9 +265,9 @@ _TORCH_CPU_ROWS = 4096
 _TORCH_CUDA_ROWS = 1 << 18
 
 
-# One compiled parallel kernel at a time: each already uses every core, and numba's fallback
-# threading layer ("workqueue") aborts the process when two threads launch kernels at once
-# (as a dask threads scheduler would).
+# One compiled kernel call at a time: each already spreads its chunks over every core
+# (numba_kernels.run_chunks), so two at once (a dask threads scheduler's workers) would only
+# oversubscribe them.
 _NUMBA_LOCK = threading.Lock()
 
 

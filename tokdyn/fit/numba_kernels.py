@@ -6,8 +6,19 @@ the full-parameter Levenberg-Marquardt of the numpy and torch backends (:mod:`to
 is their reference. Why numba for the CPU: a batched numpy solver streams ~30 temporaries of
 [B, K] through memory per iteration; compiled, each trajectory's observed points sit in L1,
 the model is evaluated in short loops (with an arithmetic ``exp``: libm's is scalar), and
-``prange`` spreads chunks of trajectories over the cores. Compiled functions are cached on
-disk (``cache=True``) so only the first import on a machine pays the compile.
+chunks of trajectories run on all cores. Compiled functions are cached on disk
+(``cache=True``) so only the first fit on a machine pays the compile.
+
+Each kernel is a plain compiled function over one chunk of rows (``_*_chunk``, ``nogil``),
+which allocates the chunk's scratch and writes its rows of the caller's arrays;
+:func:`run_chunks` hands the chunks to a pool of ``numba.get_num_threads()`` threads. numba's
+own ``prange`` was used before and cost compile time for nothing: numba links every compiled
+callee into each caller and LLVM optimises it again there, and a ``prange`` body becomes a
+function of its own inside its kernel, so the grid start, the solvers and the two-sigmoid
+start were each optimised twice more (and numba's ``omp`` layer left its threads spinning
+through the numpy between kernels). With the chunks on threads the first fit compiles in
+20-25 s instead of 63-68 s on 2 cores, and fits are as fast and bit for bit the same
+(docs/benchmarks.md).
 
 Import this module only through :func:`tokdyn.fit.backends.load_numba`, which returns None
 when numba is missing.
@@ -16,10 +27,13 @@ when numba is missing.
 from __future__ import annotations
 
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from tokdyn.fit.lanes import lane_maxima, lane_sums
 from tokdyn.fit.sigmoid import Z_CLIP
@@ -148,11 +162,60 @@ def _cholesky_substitute(L, rhs, h):
         h[j] = v / L[j, j]
 
 
-def _n_chunks(rows) -> int:
-    """Chunks of a block's rows for a parallel kernel (``rows``: an array whose first
-    dimension is the block's rows): several per thread even out rows of unequal cost, and
-    each chunk keeps its scratch."""
-    return max(1, min(rows.shape[0], 8 * numba.get_num_threads()))
+# Several chunks per thread even out rows of unequal cost (a two-sigmoid fit takes 3 to 100
+# steps); each chunk allocates its scratch once.
+CHUNKS_PER_THREAD = 8
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _forget_pools() -> None:
+    _POOLS.clear()  # a forked child has the pools but not their threads
+
+
+os.register_at_fork(after_in_child=_forget_pools)
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    with _POOLS_LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            pool = _POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="tokdyn-fit")
+        return pool
+
+
+def run_chunks(work, n_rows: int, *args) -> None:
+    """``work(*args, first, last)`` for consecutive chunks of ``n_rows`` rows, on
+    ``numba.get_num_threads()`` threads (``numba.set_num_threads`` and ``NUMBA_NUM_THREADS``
+    set it, as for numba's own parallel loops): the calling thread and a pool's.
+
+    ``work`` is a compiled chunk function (``nogil``) that writes its rows of the caller's
+    arrays: the threads run it in parallel, and a row's result does not depend on its chunk.
+    Each thread takes the next chunk as it frees up. Why threads instead of numba's
+    ``prange``: see the module doc."""
+    threads = max(1, numba.get_num_threads())
+    # (one thread: one chunk, one call)
+    n_chunks = 1 if threads == 1 else max(1, min(n_rows, CHUNKS_PER_THREAD * threads))
+    chunks = iter([(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks)
+                   for c in range(n_chunks)])
+
+    def take() -> None:
+        try:
+            for first, last in chunks:  # next() on a list iterator is atomic under the GIL
+                work(*args, first, last)
+        except BaseException:  # an error (or an interrupt): no more chunks for anyone
+            for _ in chunks:
+                pass
+            raise
+
+    helpers = [] if threads == 1 or n_chunks == 1 else [
+        _pool(threads - 1).submit(take) for _ in range(min(threads, n_chunks) - 1)]
+    try:
+        take()
+    finally:
+        for helper in helpers:
+            helper.result()
 
 
 def prepare_block(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_margin,
@@ -162,8 +225,16 @@ def prepare_block(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_ma
     Returns (n, x_first, x_last, invalid, mean, sse_const, intercept, slope, sse_line,
     p0 [B, 4], lo [B, 4], hi [B, 4], span); see that function for the definitions.
     """
-    return _prepare_chunks(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_margin,
-                           level_floor, _n_chunks(Y))
+    B, K = Y.shape
+    nan = np.nan
+    out = (np.zeros(B, dtype=np.int64), np.full(B, nan), np.full(B, nan),
+           np.zeros(B, dtype=np.bool_), np.full(B, nan), np.full(B, nan), np.full(B, nan),
+           np.full(B, nan), np.full(B, nan), np.empty((B, 4)), np.full((B, 4), level_floor),
+           np.full((B, 4), np.inf), np.full(B, nan))
+    grid_span = max(x[K - 1] - x[0], 1.0) if K else 1.0
+    run_chunks(_prepare_chunk, B, x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac,
+               mu_margin, grid_span, *out)
+    return out
 
 
 @njit(inline="always", **_JIT)
@@ -221,120 +292,104 @@ _moments = lane_sums(_moment_terms, 2, 2)
 _line_sse = lane_sums(_line_terms, 2, 2)
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def _prepare_chunks(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_margin,
-                    level_floor, n_chunks):
-    B, K = Y.shape
-    nan = np.nan
-    n_out = np.zeros(B, dtype=np.int64)
-    x_first = np.full(B, nan)
-    x_last = np.full(B, nan)
-    invalid = np.zeros(B, dtype=np.bool_)
-    mean = np.full(B, nan)
-    sse_c = np.full(B, nan)
-    intercept = np.full(B, nan)
-    slope = np.full(B, nan)
-    sse_l = np.full(B, nan)
-    p0 = np.empty((B, 4))
-    lo = np.full((B, 4), level_floor)
-    hi = np.full((B, 4), np.inf)
-    y_span = np.full(B, nan)
-    grid_span = max(x[K - 1] - x[0], 1.0)
-    for chunk in prange(n_chunks):
-        xo = np.empty(K)
-        yo = np.empty(K)
-        idx = np.empty(K, dtype=np.int64)
-        for b in range(chunk * B // n_chunks, (chunk + 1) * B // n_chunks):
-            n_bad = 0
-            for k in range(K):  # an integer sum: vectorised
-                y = Y[b, k]
-                n_bad += (y == math.inf) | (y == -math.inf) | (y < -neg_tol) | (y > max_loss)
-            bad = n_bad > 0
-            n = _observed_points(x, Y, b, xo, yo, idx)
-            y_max, neg_min = _extrema(yo, n, 0)
-            y_min = -neg_min
-            if bad:
-                n = 0
-            invalid[b] = bad
-            n_out[b] = n
-            if n > 0:
-                y_span[b] = y_max - y_min
-            # observed range and bounds
-            if n > 0:
-                first, last = xo[0], xo[n - 1]
-                x_first[b], x_last[b] = first, last
-            else:
-                first, last = x[0], x[K - 1]
-            span = last - first if last > first else grid_span
-            lo[b, 2] = first - mu_margin * span
-            hi[b, 2] = last + mu_margin * span
-            lo[b, 3] = s_min
-            hi[b, 3] = max(s_max_frac * span, s_min)
-            # constant and line
-            if n > 0:
-                sy, sx = _totals(yo, xo, n)
-                ym = sy / n
-                xm = sx / n
-                sc, sxx, sxy = _moments(yo, xo, ym, xm, n)
-                sl = sxy / sxx if sxx > 0 else 0.0
-                ic = ym - sl * xm
-                (sl_sse,) = _line_sse(yo, xo, ic, sl, n)
-                mean[b], sse_c[b] = ym, sc
-                intercept[b], slope[b], sse_l[b] = ic, sl, sl_sse
-            # sigmoid start values
-            m = max(min(edge_points, n // 4), 1)
-            l0 = 0.0
-            linf = 0.0
-            for k in range(min(m, n)):
-                l0 += yo[k]
-                linf += yo[n - 1 - k]
-            l0 /= m
-            linf /= m
-            mid = 0.5 * (l0 + linf)
-            d = l0 - linf
-            sign = 1.0 if d >= 0 else -1.0
-            c = 0
-            band = 0
-            for k in range(n):
-                if sign * (yo[k] - mid) > 0:
-                    c += 1
-                if abs(yo[k] - mid) < 0.25 * abs(d):
-                    band += 1
-            nn = max(n, 1)
-            if n > 0:
-                x_lo = xo[min(max(c, 1), nn) - 1]
-                x_hi = xo[min(max(c + 1, 1), nn) - 1]
-            else:
-                x_lo = x_hi = x[0]
-            s_span = last - first if (n > 0 and last > first) else 1.0
-            s = band / nn * s_span / 2.2
-            s = min(max(s, s_span / 50.0), s_span / 4.0)
-            p0[b, 0] = l0
-            p0[b, 1] = linf
-            p0[b, 2] = min(max(0.5 * (x_lo + x_hi), lo[b, 2]), hi[b, 2])
-            p0[b, 3] = min(max(s, lo[b, 3]), hi[b, 3])
-    return (n_out, x_first, x_last, invalid, mean, sse_c, intercept, slope, sse_l, p0, lo, hi,
-            y_span)
+@njit(**_JIT)
+def _prepare_chunk(x, Y, max_loss, neg_tol, edge_points, s_min, s_max_frac, mu_margin,
+                   grid_span, n_out, x_first, x_last, invalid, mean, sse_c, intercept, slope,
+                   sse_l, p0, lo, hi, y_span, row0, row1):
+    """Rows row0 .. row1 - 1 of :func:`prepare_block`, into its outputs."""
+    K = Y.shape[1]
+    xo = np.empty(K)
+    yo = np.empty(K)
+    idx = np.empty(K, dtype=np.int64)
+    for b in range(row0, row1):
+        n_bad = 0
+        for k in range(K):  # an integer sum: vectorised
+            y = Y[b, k]
+            n_bad += (y == math.inf) | (y == -math.inf) | (y < -neg_tol) | (y > max_loss)
+        bad = n_bad > 0
+        n = _observed_points(x, Y, b, xo, yo, idx)
+        y_max, neg_min = _extrema(yo, n, 0)
+        y_min = -neg_min
+        if bad:
+            n = 0
+        invalid[b] = bad
+        n_out[b] = n
+        if n > 0:
+            y_span[b] = y_max - y_min
+        # observed range and bounds
+        if n > 0:
+            first, last = xo[0], xo[n - 1]
+            x_first[b], x_last[b] = first, last
+        else:
+            first, last = x[0], x[K - 1]
+        span = last - first if last > first else grid_span
+        lo[b, 2] = first - mu_margin * span
+        hi[b, 2] = last + mu_margin * span
+        lo[b, 3] = s_min
+        hi[b, 3] = max(s_max_frac * span, s_min)
+        # constant and line
+        if n > 0:
+            sy, sx = _totals(yo, xo, n)
+            ym = sy / n
+            xm = sx / n
+            sc, sxx, sxy = _moments(yo, xo, ym, xm, n)
+            sl = sxy / sxx if sxx > 0 else 0.0
+            ic = ym - sl * xm
+            (sl_sse,) = _line_sse(yo, xo, ic, sl, n)
+            mean[b], sse_c[b] = ym, sc
+            intercept[b], slope[b], sse_l[b] = ic, sl, sl_sse
+        # sigmoid start values
+        m = max(min(edge_points, n // 4), 1)
+        l0 = 0.0
+        linf = 0.0
+        for k in range(min(m, n)):
+            l0 += yo[k]
+            linf += yo[n - 1 - k]
+        l0 /= m
+        linf /= m
+        mid = 0.5 * (l0 + linf)
+        d = l0 - linf
+        sign = 1.0 if d >= 0 else -1.0
+        c = 0
+        band = 0
+        for k in range(n):
+            if sign * (yo[k] - mid) > 0:
+                c += 1
+            if abs(yo[k] - mid) < 0.25 * abs(d):
+                band += 1
+        nn = max(n, 1)
+        if n > 0:
+            x_lo = xo[min(max(c, 1), nn) - 1]
+            x_hi = xo[min(max(c + 1, 1), nn) - 1]
+        else:
+            x_lo = x_hi = x[0]
+        s_span = last - first if (n > 0 and last > first) else 1.0
+        s = band / nn * s_span / 2.2
+        s = min(max(s, s_span / 50.0), s_span / 4.0)
+        p0[b, 0] = l0
+        p0[b, 1] = linf
+        p0[b, 2] = min(max(0.5 * (x_lo + x_hi), lo[b, 2]), hi[b, 2])
+        p0[b, 3] = min(max(s, lo[b, 3]), hi[b, 3])
 
 
 def inverse_diagonal(A):
     """diag(A^-1) [B, P] of SPD matrices A [B, P, P] by Cholesky, and ok [B] (as lm.py; NaN
     where not ok)."""
-    return _inverse_diagonal_chunks(A, _n_chunks(A))
-
-
-@njit(cache=True, parallel=True, nogil=True)
-def _inverse_diagonal_chunks(A, n_chunks):
     B, P = A.shape[0], A.shape[1]
     out = np.full((B, P), np.nan)
     ok = np.zeros(B, dtype=np.bool_)
-    for c in prange(n_chunks):
-        L = np.zeros((P, P))  # scratch per chunk (an allocation per row serialises threads)
-        w = np.zeros(P)
-        inv_d = np.zeros(P)
-        for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
-            ok[b] = _inverse_diagonal_row(A[b], L, w, inv_d, out[b])
+    run_chunks(_inverse_diagonal_chunk, B, A, out, ok)
     return out, ok
+
+
+@njit(**_JIT)
+def _inverse_diagonal_chunk(A, out, ok, first, last):
+    P = A.shape[1]
+    L = np.zeros((P, P))  # scratch per chunk (an allocation per row serialises threads)
+    w = np.zeros(P)
+    inv_d = np.zeros(P)
+    for b in range(first, last):
+        ok[b] = _inverse_diagonal_row(A[b], L, w, inv_d, out[b])
 
 
 @njit(inline="always", **_JIT)

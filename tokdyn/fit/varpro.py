@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from tokdyn.fit.grid import TWO_MIN_DET, TWO_MIN_VAR
 from tokdyn.fit.lanes import LANES as _LANES
@@ -47,11 +47,11 @@ from tokdyn.fit.numba_kernels import (
     _JIT,
     _KERNEL,
     _cholesky_solve,
-    _n_chunks,
     _exp,
     _inverse_diagonal_row,
     _observed_points,
     _sigmoid_columns,
+    run_chunks,
 )
 from tokdyn.fit.sigmoid import Z_CLIP
 
@@ -276,99 +276,99 @@ def grid_start_block(x, Y, lo, hi, mus, ss):
 
     Returns (p0 [B, 4], p_step [B, 4], sse_step [B]); see there.
     """
-    return _grid_start_chunks(x, Y, lo, hi, np.ascontiguousarray(mus),
-                              np.ascontiguousarray(ss), _n_chunks(Y))
-
-
-@njit(cache=True, parallel=True, nogil=True)
-def _grid_start_chunks(x, Y, lo, hi, mus, ss, n_chunks):
-    B, K = Y.shape
-    Q = mus.shape[1] * ss.shape[1]
+    B = Y.shape[0]
     p0 = np.full((B, 4), np.nan)
     p_step = np.full((B, 4), np.nan)
     sse_step = np.full(B, np.nan)
-    every = np.arange(K)
-    for c in prange(n_chunks):
-        XO = np.empty((_BATCH, K))
-        YC = np.empty((_BATCH, K))
-        IDX = np.empty((_BATCH, K), dtype=np.int64)
-        stats = np.empty((_BATCH, 3))
-        keys = np.full((2, mus.shape[1] + ss.shape[1]), np.nan)
-        mu_q = np.empty((2, Q))
-        s_q = np.empty((2, Q))
-        G = np.empty((2, Q, K))
-        GT = np.empty((2, K, Q))
-        inv_var_full = np.empty(Q)
-        CB = np.empty((_BATCH, Q))
-        s1b = np.empty(Q)
-        s2b = np.empty(Q)
-        s1_full = np.empty(Q)  # the full grid's sums of g and g^2 over every point
-        s2_full = np.empty(Q)
-        first, last = c * B // n_chunks, (c + 1) * B // n_chunks
-        for b0 in range(first, last, _BATCH):
-            m = min(_BATCH, last - b0)
-            together = _gather_batch(x, Y, b0, m, mus, ss, XO, YC, IDX, stats)
-            n0 = int(stats[0, 0])
-            if together and n0 == K:  # one grid, every point: all the rows' projections at once
-                if _use_grid(x, mus, ss, b0, _FULL, keys, mu_q, s_q, G, GT):
-                    _grid_inverse_variances(GT[_FULL], inv_var_full, s1_full, s2_full)
-                rows_dots(GT[_FULL], every, YC, m, K, CB)
-            elif together:  # one grid, the same points missing from each: the events' sums
-                # over those points once (the first row's, as row by row), then all at once
-                _use_grid(x, mus, ss, b0, _OTHER, keys, mu_q, s_q, G, GT)
-                row_dots(GT[_OTHER], IDX[0], YC[0], n0, CB[0], s1b, s2b)
-                rows_dots(GT[_OTHER], IDX[0], YC, m, n0, CB)
-            for j in range(m):
-                b = b0 + j
-                n = int(stats[j, 0])
-                if n < 2:
-                    continue
-                mean, syy = stats[j, 1], stats[j, 2]
-                xo, yc, idx = XO[j], YC[j], IDX[j]
-                # the best step between two neighbouring points (the limit s -> 0), by prefix
-                # sums
-                s1 = 0.0
-                best_e = -1.0
-                jb = 0
-                for i in range(n - 1):
-                    s1 += yc[i]
-                    n1 = i + 1.0
-                    e = s1 * s1 * n / (n1 * (n - n1))
-                    if e > best_e:
-                        best_e = e
-                        jb = i
-                head = 0.0
-                for i in range(jb + 1):
-                    head += yc[i]
-                gap = xo[jb + 1] - xo[jb]
-                p_step[b, 0] = mean + head / (jb + 1.0)
-                p_step[b, 1] = mean - head / (n - jb - 1.0)
-                p_step[b, 2] = 0.5 * (xo[jb] + xo[jb + 1])
-                p_step[b, 3] = min(max(0.1 * gap, lo[b, 3]), hi[b, 3])
-                sse_step[b] = syy - best_e
-                full = n == K
-                slot = _FULL if full else _OTHER
-                if not together:
-                    if _use_grid(x, mus, ss, b, slot, keys, mu_q, s_q, G, GT) and full:
-                        _grid_inverse_variances(GT[_FULL], inv_var_full, s1_full, s2_full)
-                    _grid_projections(GT[slot], idx, yc, n, full, CB[j], s1b, s2b)
-                q, _ = _grid_best(CB[j], inv_var_full, s1b, s2b, n, full, lo[b, 2], hi[b, 2],
-                                  lo[b, 3], hi[b, 3], mu_q[slot], s_q[slot])
-                if q < 0:
-                    continue
-                # amplitudes of that event: d = cov / var, linf = mean - d mean(g), from its
-                # projection and sums of g and g^2 over the row's points (each a chain over
-                # them in order: what summing them again gave, to the bit, at 0.1 us a row)
-                cv = CB[j, q]
-                s1, s2 = (s1_full[q], s2_full[q]) if full else (s1b[q], s2b[q])
-                var = s2 - s1 * s1 / n
-                d = cv / var if var > 0 else 0.0
-                linf = mean - d * s1 / n
-                p0[b, 0] = linf + d
-                p0[b, 1] = linf
-                p0[b, 2] = mu_q[slot, q]
-                p0[b, 3] = s_q[slot, q]
+    run_chunks(_grid_start_chunk, B, x, Y, lo, hi, np.ascontiguousarray(mus),
+               np.ascontiguousarray(ss), p0, p_step, sse_step)
     return p0, p_step, sse_step
+
+
+@njit(**_JIT)
+def _grid_start_chunk(x, Y, lo, hi, mus, ss, p0, p_step, sse_step, first, last):
+    """Rows first .. last - 1 of :func:`grid_start_block`, into p0, p_step, sse_step."""
+    K = Y.shape[1]
+    Q = mus.shape[1] * ss.shape[1]
+    every = np.arange(K)
+    XO = np.empty((_BATCH, K))
+    YC = np.empty((_BATCH, K))
+    IDX = np.empty((_BATCH, K), dtype=np.int64)
+    stats = np.empty((_BATCH, 3))
+    keys = np.full((2, mus.shape[1] + ss.shape[1]), np.nan)
+    mu_q = np.empty((2, Q))
+    s_q = np.empty((2, Q))
+    G = np.empty((2, Q, K))
+    GT = np.empty((2, K, Q))
+    inv_var_full = np.empty(Q)
+    CB = np.empty((_BATCH, Q))
+    s1b = np.empty(Q)
+    s2b = np.empty(Q)
+    s1_full = np.empty(Q)  # the full grid's sums of g and g^2 over every point
+    s2_full = np.empty(Q)
+    for b0 in range(first, last, _BATCH):
+        m = min(_BATCH, last - b0)
+        together = _gather_batch(x, Y, b0, m, mus, ss, XO, YC, IDX, stats)
+        n0 = int(stats[0, 0])
+        if together and n0 == K:  # one grid, every point: all the rows' projections at once
+            if _use_grid(x, mus, ss, b0, _FULL, keys, mu_q, s_q, G, GT):
+                _grid_inverse_variances(GT[_FULL], inv_var_full, s1_full, s2_full)
+            rows_dots(GT[_FULL], every, YC, m, K, CB)
+        elif together:  # one grid, the same points missing from each: the events' sums
+            # over those points once (the first row's, as row by row), then all at once
+            _use_grid(x, mus, ss, b0, _OTHER, keys, mu_q, s_q, G, GT)
+            row_dots(GT[_OTHER], IDX[0], YC[0], n0, CB[0], s1b, s2b)
+            rows_dots(GT[_OTHER], IDX[0], YC, m, n0, CB)
+        for j in range(m):
+            b = b0 + j
+            n = int(stats[j, 0])
+            if n < 2:
+                continue
+            mean, syy = stats[j, 1], stats[j, 2]
+            xo, yc, idx = XO[j], YC[j], IDX[j]
+            # the best step between two neighbouring points (the limit s -> 0), by prefix
+            # sums
+            s1 = 0.0
+            best_e = -1.0
+            jb = 0
+            for i in range(n - 1):
+                s1 += yc[i]
+                n1 = i + 1.0
+                e = s1 * s1 * n / (n1 * (n - n1))
+                if e > best_e:
+                    best_e = e
+                    jb = i
+            head = 0.0
+            for i in range(jb + 1):
+                head += yc[i]
+            gap = xo[jb + 1] - xo[jb]
+            p_step[b, 0] = mean + head / (jb + 1.0)
+            p_step[b, 1] = mean - head / (n - jb - 1.0)
+            p_step[b, 2] = 0.5 * (xo[jb] + xo[jb + 1])
+            p_step[b, 3] = min(max(0.1 * gap, lo[b, 3]), hi[b, 3])
+            sse_step[b] = syy - best_e
+            full = n == K
+            slot = _FULL if full else _OTHER
+            if not together:
+                if _use_grid(x, mus, ss, b, slot, keys, mu_q, s_q, G, GT) and full:
+                    _grid_inverse_variances(GT[_FULL], inv_var_full, s1_full, s2_full)
+                _grid_projections(GT[slot], idx, yc, n, full, CB[j], s1b, s2b)
+            q, _ = _grid_best(CB[j], inv_var_full, s1b, s2b, n, full, lo[b, 2], hi[b, 2],
+                              lo[b, 3], hi[b, 3], mu_q[slot], s_q[slot])
+            if q < 0:
+                continue
+            # amplitudes of that event: d = cov / var, linf = mean - d mean(g), from its
+            # projection and sums of g and g^2 over the row's points (each a chain over
+            # them in order: what summing them again gave, to the bit, at 0.1 us a row)
+            cv = CB[j, q]
+            s1, s2 = (s1_full[q], s2_full[q]) if full else (s1b[q], s2b[q])
+            var = s2 - s1 * s1 / n
+            d = cv / var if var > 0 else 0.0
+            linf = mean - d * s1 / n
+            p0[b, 0] = linf + d
+            p0[b, 1] = linf
+            p0[b, 2] = mu_q[slot, q]
+            p0[b, 3] = s_q[slot, q]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1243,99 +1243,95 @@ def varpro_block(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max=None,
     caps = np.full((B, Pn), np.inf)
     if step_max is not None:
         caps[:] = np.tile(np.asarray(step_max, dtype=np.float64).reshape(B, 2), (1, Pn // 2))
-    return _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, caps,
-                          float(shrink_min), _n_chunks(Y))
-
-
-@njit(cache=True, parallel=True, nogil=True)
-def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, shrink_min,
-                   n_chunks):
-    B, K = Y.shape
     P = model_p
+    out = (p0.copy(), np.full(B, np.nan), np.full((B, P), np.nan), np.zeros(B, dtype=np.bool_),
+           np.zeros(B, dtype=np.int64), np.full(B, LM_FAILED, dtype=np.int64))
+    run_chunks(_varpro_chunk, B, P, x, Y, p0, lo, hi, max_iter, ftol, xtol, caps,
+               float(shrink_min), *out)
+    return out  # p, sse, se, cov_ok, n_iter, status
+
+
+@njit(**_JIT)
+def _varpro_chunk(P, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, shrink_min, p_out, sse,
+                  se, cov_ok, n_iter, status, first, last):
+    """Rows first .. last - 1 of :func:`varpro_block`, into its outputs."""
+    K = Y.shape[1]
     Pn = 2 if P == 4 else 4
     nl = np.array([2, 3, 0, 0]) if P == 4 else np.array([2, 3, 5, 6])  # nonlinear columns
-    p_out = p0.copy()
-    sse = np.full(B, np.nan)
-    se = np.full((B, P), np.nan)
-    cov_ok = np.zeros(B, dtype=np.bool_)
-    n_iter = np.zeros(B, dtype=np.int64)
-    status = np.full(B, LM_FAILED, dtype=np.int64)
-    for c in prange(n_chunks):
-        xo = np.empty(K)
-        yc = np.empty(K)
-        idx = np.empty(K, dtype=np.int64)
-        buf = np.zeros((_N_BUF, K))
-        out = np.zeros(_OUT_SIZE)
-        out_t = np.zeros(_OUT_SIZE)
-        th = np.empty(Pn)
-        bnd = np.full(5, -np.inf)
-        tlo = np.empty(Pn)
-        thi = np.empty(Pn)
-        A = np.zeros((P, P))  # the full model's J^T J at the optimum, and its inverse's diagonal
-        L = np.zeros((P, P))
-        w = np.zeros(P)
-        inv_d = np.zeros(P)
-        var = np.zeros(P)
-        for b in range(c * B // n_chunks, (c + 1) * B // n_chunks):
-            n, mean, syy = _gather(x, Y, b, xo, yc, idx)
-            for j in range(Pn):  # mu as it is, s as ln s
-                wide = j % 2 == 1
-                th[j] = math.log(p0[b, nl[j]]) if wide else p0[b, nl[j]]
-                tlo[j] = math.log(lo[b, nl[j]]) if wide else lo[b, nl[j]]
-                thi[j] = math.log(hi[b, nl[j]]) if wide else hi[b, nl[j]]
-            # the least level: linf's lower bound (the sigmoid's l0 shares it); the drops' box
-            bnd[0] = lo[b, 1] if P == 4 else lo[b, 0]
-            if P == 7:
-                bnd[1], bnd[2], bnd[3], bnd[4] = lo[b, 1], hi[b, 1], lo[b, 4], hi[b, 4]
-            if P == 4:
-                s, it, st = _vp_lm2(xo, yc, n, syy, th, tlo, thi, max_iter, ftol, xtol, buf,
-                                    out, out_t, step_max[b], shrink_min, bnd[0], mean)
-            else:
-                s, it, st = _vp_lm4(xo, yc, n, syy, th, tlo, thi, max_iter, ftol, xtol, buf,
-                                    out, out_t, step_max[b], shrink_min, bnd, mean)
-            n_iter[b] = it
-            status[b] = st
-            if not math.isfinite(s):
-                sse[b] = s
-                continue
-            pb = p_out[b]
-            linf = mean + out[1]
-            if P == 4:
-                pb[0] = linf + out[2]
-                pb[1] = linf
-                pb[2] = th[0]
-                pb[3] = th[1]
-            else:
-                pb[0] = linf
-                pb[1] = out[2]
-                pb[2] = th[0]
-                pb[3] = th[1]
-                pb[4] = out[3]
-                pb[5] = th[2]
-                pb[6] = th[3]
-            # the full model's J^T J at the optimum (two sigmoids: one direct evaluation)
-            if P == 4:
-                sse[b] = s
-                _sigmoid_normal_matrix(out, n, A)
-            else:
-                sse[b] = _two_normal_matrix(xo, yc, n, mean, pb, A)
-            for j in range(1, Pn, 2):  # back to s (one the solver left where it started
-                k = nl[j]  # stays as given: exp(log(s)) may differ from s in its last bit)
-                pb[k] = p0[b, k] if pb[k] == math.log(p0[b, k]) else math.exp(pb[k])
-            # standard errors: var = SSE / (n - P) diag((J^T J)^-1) in (.., mu, ln s), and
-            # se(s) = s se(ln s); NaN for all where any variance is not a finite one
-            ok = _inverse_diagonal_row(A, L, w, inv_d, var)
-            scale = sse[b] / max(n - P, 1)
+    _varpro_rows(P, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, shrink_min, first, last,
+                 p_out, sse, se, cov_ok, n_iter, status, nl, np.empty(K), np.empty(K),
+                 np.empty(K, dtype=np.int64), np.zeros((_N_BUF, K)), np.zeros(_OUT_SIZE),
+                 np.zeros(_OUT_SIZE), np.empty(Pn), np.full(5, -np.inf), np.empty(Pn),
+                 np.empty(Pn), np.zeros((P, P)), np.zeros((P, P)), np.zeros(P), np.zeros(P),
+                 np.zeros(P))
+
+
+@njit(**_KERNEL)
+def _varpro_rows(P, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, shrink_min, first, last,
+                 p_out, sse, se, cov_ok, n_iter, status, nl, xo, yc, idx, buf, out, out_t, th,
+                 bnd, tlo, thi, A, L, w, inv_d, var):
+    """:func:`_varpro_chunk`'s rows in its scratch (compiled without numba's runtime, so no
+    reference counts on the arrays it indexes)."""
+    Pn = 2 if P == 4 else 4
+    for b in range(first, last):
+        n, mean, syy = _gather(x, Y, b, xo, yc, idx)
+        for j in range(Pn):  # mu as it is, s as ln s
+            wide = j % 2 == 1
+            th[j] = math.log(p0[b, nl[j]]) if wide else p0[b, nl[j]]
+            tlo[j] = math.log(lo[b, nl[j]]) if wide else lo[b, nl[j]]
+            thi[j] = math.log(hi[b, nl[j]]) if wide else hi[b, nl[j]]
+        # the least level: linf's lower bound (the sigmoid's l0 shares it); the drops' box
+        bnd[0] = lo[b, 1] if P == 4 else lo[b, 0]
+        if P == 7:
+            bnd[1], bnd[2], bnd[3], bnd[4] = lo[b, 1], hi[b, 1], lo[b, 4], hi[b, 4]
+        if P == 4:
+            s, it, st = _vp_lm2(xo, yc, n, syy, th, tlo, thi, max_iter, ftol, xtol, buf,
+                                out, out_t, step_max[b], shrink_min, bnd[0], mean)
+        else:
+            s, it, st = _vp_lm4(xo, yc, n, syy, th, tlo, thi, max_iter, ftol, xtol, buf,
+                                out, out_t, step_max[b], shrink_min, bnd, mean)
+        n_iter[b] = it
+        status[b] = st
+        if not math.isfinite(s):
+            sse[b] = s
+            continue
+        pb = p_out[b]
+        linf = mean + out[1]
+        if P == 4:
+            pb[0] = linf + out[2]
+            pb[1] = linf
+            pb[2] = th[0]
+            pb[3] = th[1]
+        else:
+            pb[0] = linf
+            pb[1] = out[2]
+            pb[2] = th[0]
+            pb[3] = th[1]
+            pb[4] = out[3]
+            pb[5] = th[2]
+            pb[6] = th[3]
+        # the full model's J^T J at the optimum (two sigmoids: one direct evaluation)
+        if P == 4:
+            sse[b] = s
+            _sigmoid_normal_matrix(out, n, A)
+        else:
+            sse[b] = _two_normal_matrix(xo, yc, n, mean, pb, A)
+        for j in range(1, Pn, 2):  # back to s (one the solver left where it started
+            k = nl[j]  # stays as given: exp(log(s)) may differ from s in its last bit)
+            pb[k] = p0[b, k] if pb[k] == math.log(p0[b, k]) else math.exp(pb[k])
+        # standard errors: var = SSE / (n - P) diag((J^T J)^-1) in (.., mu, ln s), and
+        # se(s) = s se(ln s); NaN for all where any variance is not a finite one
+        ok = _inverse_diagonal_row(A, L, w, inv_d, var)
+        scale = sse[b] / max(n - P, 1)
+        for j in range(P):
+            var[j] = var[j] * scale
+            ok = ok and math.isfinite(var[j]) and var[j] >= 0
+        cov_ok[b] = ok
+        if ok:
             for j in range(P):
-                var[j] = var[j] * scale
-                ok = ok and math.isfinite(var[j]) and var[j] >= 0
-            cov_ok[b] = ok
-            if ok:
-                for j in range(P):
-                    se[b, j] = math.sqrt(abs(var[j]))
-                for j in range(1, Pn, 2):
-                    se[b, nl[j]] *= pb[nl[j]]
-    return p_out, sse, se, cov_ok, n_iter, status
+                se[b, j] = math.sqrt(abs(var[j]))
+            for j in range(1, Pn, 2):
+                se[b, nl[j]] *= pb[nl[j]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1346,9 +1342,11 @@ def _varpro_chunks(model_p, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, sh
 def two_start_block(x, Y, p1, lo, hi, mus, ss):
     """Two-sigmoid start values [B, 7] from each row's grid (mus [B, n_mu], ss [B, n_s]), as
     :func:`tokdyn.fit.grid.two_start`."""
-    return _two_start_chunks(x, Y, np.ascontiguousarray(p1), lo, hi, np.ascontiguousarray(mus),
-                             np.ascontiguousarray(ss), float(TWO_MIN_DET), float(TWO_MIN_VAR),
-                             _n_chunks(Y))
+    p0 = np.full((Y.shape[0], 7), np.nan)
+    run_chunks(_two_start_chunk, Y.shape[0], x, Y, np.ascontiguousarray(p1), lo, hi,
+               np.ascontiguousarray(mus), np.ascontiguousarray(ss), float(TWO_MIN_DET),
+               float(TWO_MIN_VAR), p0)
+    return p0
 
 
 @njit(**_JIT)
@@ -1445,7 +1443,7 @@ def _row_in_box(mu_q, s_q, lo, hi, b, inb):
                       or s_q[q] > hi[b, 6])
 
 
-@njit(inline="always", **_JIT)
+@njit(**_KERNEL)
 def _first_pair(fa, fb, fe, fp, rowpen, cq, q, c1, c1s, top):
     """The first r < q whose pair with q scores ``top`` (-1 where none does)."""
     for r in range(q):
@@ -1454,9 +1452,9 @@ def _first_pair(fa, fb, fe, fp, rowpen, cq, q, c1, c1s, top):
     return -1
 
 
-@njit(inline="always", **_JIT)
+@njit(**_KERNEL)
 def _best_pair(fa, fb, fe, fp, rowpen, cq, inb):
-    """(a) of :func:`_two_start_chunks` for one row: the best pair (q, r), r < q, of the grid
+    """(a) of :func:`_two_start_chunk` for one row: the best pair (q, r), r < q, of the grid
     events inside its box (inb [Q]), by the pair forms fa, fb, fe, fp [Q, Q] and the row's
     projections cq [Q]: (score, q, r), (-1, -1, -1) where no pair qualifies. Fills rowpen."""
     Q = cq.shape[0]
@@ -1483,7 +1481,7 @@ def _best_pair(fa, fb, fe, fp, rowpen, cq, inb):
     return (best, bq, br) if br >= 0 else (-1.0, -1, -1)
 
 
-@njit(inline="always", **_JIT)
+@njit(**_KERNEL)
 def _best_pairs4(fa, fb, fe, fp, ROWPEN, CQ, INB, j0, best, bq, br):
     """:func:`_best_pair` of rows j0 .. j0 + 3 of ROWPEN, CQ, INB [_BATCH, Q] (filled, the
     same pair forms for all four), into best, bq, br [_BATCH] (which start at -1)."""
@@ -1510,175 +1508,172 @@ def _best_pairs4(fa, fb, fe, fp, ROWPEN, CQ, INB, j0, best, bq, br):
                 best[j], bq[j] = -1.0, -1
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def _two_start_chunks(x, Y, p1, lo, hi, mus, ss, min_det, min_var, n_chunks):
+@njit(**_JIT)
+def _two_start_chunk(x, Y, p1, lo, hi, mus, ss, min_det, min_var, p0, first, last):
+    """Rows first .. last - 1 of :func:`two_start_block`, into p0."""
     B, K = Y.shape
     Q = mus.shape[1] * ss.shape[1]
-    p0 = np.full((B, 7), np.nan)
     every = np.arange(K)
-    for c in prange(n_chunks):
-        XO = np.empty((_BATCH, K))
-        YC = np.empty((_BATCH, K))
-        IDX = np.empty((_BATCH, K), dtype=np.int64)
-        stats = np.empty((_BATCH, 3))
-        G1 = np.empty((_BATCH, K))  # each row's sigmoid fit over its points
-        zb = np.empty(K)
-        hb = np.empty(K)
-        CQ = np.empty((_BATCH, Q))  # each row's projections onto its grid
-        S12 = np.empty((_BATCH, Q))  # and its sigmoid fit's
-        sq = np.empty(Q)
-        vq = np.empty((Q, Q))
-        inb = np.empty(Q, dtype=np.bool_)
-        rowpen = np.empty(Q)
-        INB = np.empty((_BATCH, Q), dtype=np.bool_)  # the same per row of a batch
-        ROWPEN = np.empty((_BATCH, Q))
-        BEST = np.empty(_BATCH)
-        BQ = np.empty(_BATCH, dtype=np.int64)
-        BR = np.empty(_BATCH, dtype=np.int64)
-        keys = np.full((2, mus.shape[1] + ss.shape[1]), np.nan)
-        mu_g = np.empty((2, Q))
-        s_g = np.empty((2, Q))
-        G2 = np.empty((2, Q, K))
-        GT2 = np.empty((2, K, Q))
-        sq_full = np.empty(Q)
-        s2q = np.empty(Q)
-        gram = np.empty((Q, Q))
-        qa = np.empty((Q, Q))
-        qb = np.empty((Q, Q))
-        qe = np.empty((Q, Q))
-        pen = np.empty((Q, Q))
-        # the same for the last set of observed points of a gathered row (rows that all miss
-        # the same points, a checkpoint lost for every token, reuse them)
-        qa_g = np.empty((Q, Q))
-        qb_g = np.empty((Q, Q))
-        qe_g = np.empty((Q, Q))
-        pen_g = np.empty((Q, Q))
-        seen_idx = np.empty(K, dtype=np.int64)
-        seen_n = -1
-        first, last = c * B // n_chunks, (c + 1) * B // n_chunks
-        for b0 in range(first, last, _BATCH):
-            m = min(_BATCH, last - b0)
-            # one grid, every point (rows that miss the same points go row by row, sharing
-            # their pair forms)
-            together = (_gather_batch(x, Y, b0, m, mus, ss, XO, YC, IDX, stats)
-                        and int(stats[0, 0]) == K)
-            if together:  # all the rows' projections at once
-                if _use_grid(x, mus, ss, b0, _FULL, keys, mu_g, s_g, G2, GT2):
+    XO = np.empty((_BATCH, K))
+    YC = np.empty((_BATCH, K))
+    IDX = np.empty((_BATCH, K), dtype=np.int64)
+    stats = np.empty((_BATCH, 3))
+    G1 = np.empty((_BATCH, K))  # each row's sigmoid fit over its points
+    zb = np.empty(K)
+    hb = np.empty(K)
+    CQ = np.empty((_BATCH, Q))  # each row's projections onto its grid
+    S12 = np.empty((_BATCH, Q))  # and its sigmoid fit's
+    sq = np.empty(Q)
+    vq = np.empty((Q, Q))
+    inb = np.empty(Q, dtype=np.bool_)
+    rowpen = np.empty(Q)
+    INB = np.empty((_BATCH, Q), dtype=np.bool_)  # the same per row of a batch
+    ROWPEN = np.empty((_BATCH, Q))
+    BEST = np.empty(_BATCH)
+    BQ = np.empty(_BATCH, dtype=np.int64)
+    BR = np.empty(_BATCH, dtype=np.int64)
+    keys = np.full((2, mus.shape[1] + ss.shape[1]), np.nan)
+    mu_g = np.empty((2, Q))
+    s_g = np.empty((2, Q))
+    G2 = np.empty((2, Q, K))
+    GT2 = np.empty((2, K, Q))
+    sq_full = np.empty(Q)
+    s2q = np.empty(Q)
+    gram = np.empty((Q, Q))
+    qa = np.empty((Q, Q))
+    qb = np.empty((Q, Q))
+    qe = np.empty((Q, Q))
+    pen = np.empty((Q, Q))
+    # the same for the last set of observed points of a gathered row (rows that all miss
+    # the same points, a checkpoint lost for every token, reuse them)
+    qa_g = np.empty((Q, Q))
+    qb_g = np.empty((Q, Q))
+    qe_g = np.empty((Q, Q))
+    pen_g = np.empty((Q, Q))
+    seen_idx = np.empty(K, dtype=np.int64)
+    seen_n = -1
+    for b0 in range(first, last, _BATCH):
+        m = min(_BATCH, last - b0)
+        # one grid, every point (rows that miss the same points go row by row, sharing
+        # their pair forms)
+        together = (_gather_batch(x, Y, b0, m, mus, ss, XO, YC, IDX, stats)
+                    and int(stats[0, 0]) == K)
+        if together:  # all the rows' projections at once
+            if _use_grid(x, mus, ss, b0, _FULL, keys, mu_g, s_g, G2, GT2):
+                _full_pair_forms(G2[_FULL], gram, qa, qb, qe, pen, min_det, min_var)
+                _grid_moments(GT2[_FULL], K, sq_full, s2q)
+            rows_dots(GT2[_FULL], every, YC, m, K, CQ)
+            for j in range(m):  # (b) below: each row's sigmoid fit as a column
+                m1, w1 = p1[b0 + j, 2], p1[b0 + j, 3]
+                if math.isfinite(m1) and w1 > 0:
+                    _sigmoid_columns(XO[j], K, m1, 1.0 / w1, zb, G1[j], hb)
+                else:
+                    G1[j, :] = 0.0  # (b) skips the row
+            rows_dots(GT2[_FULL], every, G1, m, K, S12)
+            # (a) below for all of them, four rows at a time
+            mu_q, s_q = mu_g[_FULL], s_g[_FULL]
+            for j in range(m):
+                _row_in_box(mu_q, s_q, lo, hi, b0 + j, INB[j])
+                for q in range(Q):
+                    ROWPEN[j, q] = 0.0 if INB[j, q] else -np.inf
+                BEST[j] = -1.0
+                BQ[j] = -1
+                BR[j] = -1
+            for j0 in range(0, m - 3, 4):
+                _best_pairs4(qa, qb, qe, pen, ROWPEN, CQ, INB, j0, BEST, BQ, BR)
+            for j in range(m - m % 4, m):
+                BEST[j], BQ[j], BR[j] = _best_pair(qa, qb, qe, pen, ROWPEN[j], CQ[j], INB[j])
+        for j in range(m):
+            b = b0 + j
+            n = int(stats[j, 0])
+            if n < 3:
+                continue
+            xo, yc, idx, cq, s12q = XO[j], YC[j], IDX[j], CQ[j], S12[j]
+            nf = float(n)
+            full = n == K
+            v_min = min_var * nf
+            slot = _FULL if full else _OTHER
+            if not together and _use_grid(x, mus, ss, b, slot, keys, mu_g, s_g, G2, GT2):
+                if full:
                     _full_pair_forms(G2[_FULL], gram, qa, qb, qe, pen, min_det, min_var)
                     _grid_moments(GT2[_FULL], K, sq_full, s2q)
-                rows_dots(GT2[_FULL], every, YC, m, K, CQ)
-                for j in range(m):  # (b) below: each row's sigmoid fit as a column
-                    m1, w1 = p1[b0 + j, 2], p1[b0 + j, 3]
-                    if math.isfinite(m1) and w1 > 0:
-                        _sigmoid_columns(XO[j], K, m1, 1.0 / w1, zb, G1[j], hb)
-                    else:
-                        G1[j, :] = 0.0  # (b) skips the row
-                rows_dots(GT2[_FULL], every, G1, m, K, S12)
-                # (a) below for all of them, four rows at a time
-                mu_q, s_q = mu_g[_FULL], s_g[_FULL]
-                for j in range(m):
-                    _row_in_box(mu_q, s_q, lo, hi, b0 + j, INB[j])
-                    for q in range(Q):
-                        ROWPEN[j, q] = 0.0 if INB[j, q] else -np.inf
-                    BEST[j] = -1.0
-                    BQ[j] = -1
-                    BR[j] = -1
-                for j0 in range(0, m - 3, 4):
-                    _best_pairs4(qa, qb, qe, pen, ROWPEN, CQ, INB, j0, BEST, BQ, BR)
-                for j in range(m - m % 4, m):
-                    BEST[j], BQ[j], BR[j] = _best_pair(qa, qb, qe, pen, ROWPEN[j], CQ[j], INB[j])
-            for j in range(m):
-                b = b0 + j
-                n = int(stats[j, 0])
-                if n < 3:
-                    continue
-                xo, yc, idx, cq, s12q = XO[j], YC[j], IDX[j], CQ[j], S12[j]
-                nf = float(n)
-                full = n == K
-                v_min = min_var * nf
-                slot = _FULL if full else _OTHER
-                if not together and _use_grid(x, mus, ss, b, slot, keys, mu_g, s_g, G2, GT2):
-                    if full:
-                        _full_pair_forms(G2[_FULL], gram, qa, qb, qe, pen, min_det, min_var)
-                        _grid_moments(GT2[_FULL], K, sq_full, s2q)
-                    else:
-                        seen_n = -1  # another grid: the gathered forms are stale
-                GT, mu_q, s_q = GT2[slot], mu_g[slot], s_g[slot]
-                if together:
-                    row_inb = INB[j]
                 else:
-                    row_inb = inb
-                    _row_in_box(mu_q, s_q, lo, hi, b, inb)
-                    _grid_projections(GT, idx, yc, n, full, cq, sq, s2q)
-                if full:
+                    seen_n = -1  # another grid: the gathered forms are stale
+            GT, mu_q, s_q = GT2[slot], mu_g[slot], s_g[slot]
+            if together:
+                row_inb = INB[j]
+            else:
+                row_inb = inb
+                _row_in_box(mu_q, s_q, lo, hi, b, inb)
+                _grid_projections(GT, idx, yc, n, full, cq, sq, s2q)
+            if full:
+                for q in range(Q):
+                    sq[q] = sq_full[q]
+            same = n == seen_n
+            for k in range(n if same else 0):
+                same = same and idx[k] == seen_idx[k]
+            if not full and not same:  # the centred Gram matrix over this row's points
+                # point-major, each entry summed over the points in order (as a plain loop
+                # would), the pass over r contiguous so that it vectorises
+                for q in range(Q):
+                    for r in range(q + 1):
+                        vq[q, r] = 0.0
+                for k in range(n):
+                    kk = idx[k]
                     for q in range(Q):
-                        sq[q] = sq_full[q]
-                same = n == seen_n
-                for k in range(n if same else 0):
-                    same = same and idx[k] == seen_idx[k]
-                if not full and not same:  # the centred Gram matrix over this row's points
-                    # point-major, each entry summed over the points in order (as a plain loop
-                    # would), the pass over r contiguous so that it vectorises
-                    for q in range(Q):
+                        gq = GT[kk, q]
                         for r in range(q + 1):
-                            vq[q, r] = 0.0
-                    for k in range(n):
-                        kk = idx[k]
-                        for q in range(Q):
-                            gq = GT[kk, q]
-                            for r in range(q + 1):
-                                vq[q, r] += gq * GT[kk, r]
-                    for q in range(Q):
-                        for r in range(q + 1):
-                            v = vq[q, r] - sq[q] * sq[r] / nf
-                            vq[q, r] = v
-                            vq[r, q] = v
-                    _pair_forms(vq, qa_g, qb_g, qe_g, pen_g, min_det, v_min)
-                    seen_n = n
-                    for k in range(n):
-                        seen_idx[k] = idx[k]
-                fa, fb, fe, fp = (qa, qb, qe, pen) if full else (qa_g, qb_g, qe_g, pen_g)
-                # (a) every pair of grid events
-                if together:
-                    best, bq, br = BEST[j], BQ[j], BR[j]
-                else:
-                    best, bq, br = _best_pair(fa, fb, fe, fp, rowpen, cq, inb)
-                mu1 = 0.0
-                s1 = 0.0
-                mu2 = 0.0
-                s2 = 0.0
-                if bq >= 0:
-                    mu1, s1, mu2, s2 = mu_q[bq], s_q[bq], mu_q[br], s_q[br]
-                # (b) the sigmoid fit with the grid event that best explains what it leaves
-                m1, w1 = p1[b, 2], p1[b, 3]
-                if math.isfinite(m1) and w1 > 0:
-                    g1 = G1[j]
-                    if not together:
-                        _sigmoid_columns(xo, n, m1, 1.0 / w1, zb, g1, hb)
-                    sg1 = 0.0
-                    s11 = 0.0
-                    c1 = 0.0
-                    for k in range(n):
-                        sg1 += g1[k]
-                        s11 += g1[k] * g1[k]
-                        c1 += g1[k] * yc[k]
-                    v11 = s11 - sg1 * sg1 / nf
-                    if not together:
-                        _grid_dots(GT, idx, g1, n, s12q)
-                    for q in range(Q):
-                        if not row_inb[q]:
-                            continue
-                        s12 = s12q[q]
-                        v22 = gram[q, q] if full else vq[q, q]
-                        sc = _pair_score(v11, s12 - sg1 * sq[q] / nf, v22, c1, cq[q], min_det,
-                                         v_min)
-                        if sc > best:
-                            best = sc
-                            mu1, s1, mu2, s2 = m1, w1, mu_q[q], s_q[q]
-                if best < 0:
-                    continue
-                p0[b, 2] = mu1
-                p0[b, 3] = s1
-                p0[b, 5] = mu2
-                p0[b, 6] = s2
-    return p0
+                            vq[q, r] += gq * GT[kk, r]
+                for q in range(Q):
+                    for r in range(q + 1):
+                        v = vq[q, r] - sq[q] * sq[r] / nf
+                        vq[q, r] = v
+                        vq[r, q] = v
+                _pair_forms(vq, qa_g, qb_g, qe_g, pen_g, min_det, v_min)
+                seen_n = n
+                for k in range(n):
+                    seen_idx[k] = idx[k]
+            fa, fb, fe, fp = (qa, qb, qe, pen) if full else (qa_g, qb_g, qe_g, pen_g)
+            # (a) every pair of grid events
+            if together:
+                best, bq, br = BEST[j], BQ[j], BR[j]
+            else:
+                best, bq, br = _best_pair(fa, fb, fe, fp, rowpen, cq, inb)
+            mu1 = 0.0
+            s1 = 0.0
+            mu2 = 0.0
+            s2 = 0.0
+            if bq >= 0:
+                mu1, s1, mu2, s2 = mu_q[bq], s_q[bq], mu_q[br], s_q[br]
+            # (b) the sigmoid fit with the grid event that best explains what it leaves
+            m1, w1 = p1[b, 2], p1[b, 3]
+            if math.isfinite(m1) and w1 > 0:
+                g1 = G1[j]
+                if not together:
+                    _sigmoid_columns(xo, n, m1, 1.0 / w1, zb, g1, hb)
+                sg1 = 0.0
+                s11 = 0.0
+                c1 = 0.0
+                for k in range(n):
+                    sg1 += g1[k]
+                    s11 += g1[k] * g1[k]
+                    c1 += g1[k] * yc[k]
+                v11 = s11 - sg1 * sg1 / nf
+                if not together:
+                    _grid_dots(GT, idx, g1, n, s12q)
+                for q in range(Q):
+                    if not row_inb[q]:
+                        continue
+                    s12 = s12q[q]
+                    v22 = gram[q, q] if full else vq[q, q]
+                    sc = _pair_score(v11, s12 - sg1 * sq[q] / nf, v22, c1, cq[q], min_det,
+                                     v_min)
+                    if sc > best:
+                        best = sc
+                        mu1, s1, mu2, s2 = m1, w1, mu_q[q], s_q[q]
+            if best < 0:
+                continue
+            p0[b, 2] = mu1
+            p0[b, 3] = s1
+            p0[b, 5] = mu2
+            p0[b, 6] = s2
