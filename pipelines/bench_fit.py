@@ -44,6 +44,14 @@ cent, time the kernels themselves in one process: ``pipelines/bench_kernels.py -
 REV`` loads REV's under other module names.
 
     python pipelines/bench_fit.py --against c692b37 --pairs 6 --n 100000
+
+The first fit's compile (``--compile``): numba compiles the kernels on the first fit after
+tokdyn is installed or upgraded and caches them on disk. A child process fits 256 planted rows
+(the sigmoid alone, then the full record) with an empty cache (``NUMBA_CACHE_DIR`` a fresh
+folder), and a second child the same rows from the cache the first left; one JSON line with
+both times. With ``--against REV`` the same for REV's tree, alternated ``--pairs`` times.
+
+    python pipelines/bench_fit.py --compile [--against ed14cea --pairs 2]
 """
 
 from __future__ import annotations
@@ -338,6 +346,72 @@ def against_mode(rev: str, pairs: int, n: int, points: int, noise: float, seed: 
     print(json.dumps(out))
 
 
+def first_fit_times(rows: str, backend: str) -> dict:
+    """Seconds of the first sigmoid-only fit and then the first full record of the rows of
+    ``rows`` (an .npz of x, Y) in this process: with an empty numba cache, the compile."""
+    with np.load(rows) as f:
+        x, Y = f["x"], f["Y"]
+    t0 = time.perf_counter()
+    fit_sigmoids(x, Y, backend=backend, two_step=False)
+    t1 = time.perf_counter()
+    fit_sigmoids(x, Y, backend=backend)
+    t2 = time.perf_counter()
+    return {"sigmoid_s": t1 - t0, "full_s": t2 - t1}
+
+
+def compile_mode(rev: str | None, pairs: int, backend: str) -> None:
+    """The first fit with an empty numba cache and again from the cache it left (module doc),
+    for this checkout and, with ``rev``, for REV's tree alternately."""
+    import subprocess
+    import sys
+    import tempfile
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child = [sys.executable, os.path.abspath(__file__), "--backend", backend, "--compile-child"]
+    sides = {"head": here}
+    with tempfile.TemporaryDirectory() as tmp:
+        x = log_axis(np.geomspace(10.0, 1e5, 100))
+        data = os.path.join(tmp, "rows.npz")
+        np.savez(data, x=x, Y=plant_sigmoids(256, x, rng=np.random.default_rng(0), noise=0.2).Y)
+        if rev is not None:
+            sides["base"] = os.path.join(tmp, "base")
+            proc = subprocess.run(["git", "-C", here, "worktree", "add", "--detach",
+                                   sides["base"], rev], capture_output=True, text=True)
+            if proc.returncode:
+                raise SystemExit(f"bench_fit: git worktree add {rev}: {proc.stderr.strip()}")
+        try:
+            runs = {who: [] for who in sides}
+            for i in range(pairs if rev is not None else 1):
+                for who in (sorted(sides) if i % 2 == 0 else sorted(sides, reverse=True)):
+                    cache = tempfile.mkdtemp(dir=tmp)
+                    env = {**os.environ, "PYTHONPATH": sides[who], "NUMBA_CACHE_DIR": cache}
+
+                    def run() -> dict:
+                        proc = subprocess.run([*child, data], cwd=sides[who], env=env,
+                                              capture_output=True, text=True)
+                        if proc.returncode:
+                            raise SystemExit(f"bench_fit: the {who} child failed: "
+                                             f"{proc.stderr[-2000:]}")
+                        return json.loads(proc.stdout)
+
+                    cold, warm = run(), run()  # the second loads what the first compiled
+                    runs[who].append({"first_sigmoid_s": round(cold["sigmoid_s"], 2),
+                                      "first_full_s": round(cold["full_s"], 2),
+                                      "first_s": round(cold["sigmoid_s"] + cold["full_s"], 2),
+                                      "cached_s": round(warm["sigmoid_s"] + warm["full_s"], 2),
+                                      "cache_files": sum(len(f) for _, _, f in os.walk(cache))})
+        finally:
+            if rev is not None:
+                subprocess.run(["git", "-C", here, "worktree", "remove", "--force",
+                                sides["base"]], capture_output=True)
+    out = {"bench": "fit_compile", "rows": 256, "backend": backend, "runs": runs,
+           "first_s_median": {who: float(np.median([r["first_s"] for r in rs]))
+                              for who, rs in runs.items()}}
+    if rev is not None:
+        out["base"] = rev
+    print(json.dumps(out))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=200_000, help="trajectories fitted by tokdyn")
@@ -362,7 +436,18 @@ def main() -> None:
                     "(alternated child processes; see the module doc)")
     ap.add_argument("--pairs", type=int, default=6, help="--against: alternated pairs of runs")
     ap.add_argument("--child", metavar="ROWS", help=argparse.SUPPRESS)  # time the fits of an .npz
+    ap.add_argument("--compile", action="store_true",
+                    help="time the first fit with an empty numba cache (module doc)")
+    ap.add_argument("--compile-child", metavar="ROWS", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.compile_child:
+        print(json.dumps(first_fit_times(args.compile_child, args.backend)))
+        return
+    if args.compile:
+        if args.pairs < 1:
+            raise SystemExit("bench_fit: --pairs must be >= 1")
+        compile_mode(args.against, args.pairs, args.backend)
+        return
     if args.child:
         print(json.dumps(timed_fits(args.child, args.repeat, args.backend)))
         return

@@ -147,6 +147,34 @@ def test_bench_fit_against_a_revision_times_both_in_their_own_processes(tmp_path
     assert digests[0] == digests[1] != digests[2]
 
 
+def _bench_fit_compile(*args: str) -> dict:
+    cmd = [sys.executable, str(ROOT / "pipelines" / "bench_fit.py"), "--compile", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_bench_fit_compile_times_a_first_fit_and_one_from_the_cache():
+    """bench_fit --compile: one run per side, each a first fit (with an empty numba cache)
+    and a second one; numpy compiles nothing, so its cache folder stays empty."""
+    out = _bench_fit_compile("--backend", "numpy")
+    assert out["bench"] == "fit_compile" and list(out["runs"]) == ["head"]
+    (run,) = out["runs"]["head"]
+    assert run["cache_files"] == 0
+    assert run["first_s"] == pytest.approx(run["first_sigmoid_s"] + run["first_full_s"], abs=0.02)
+    assert run["first_s"] > 0 and run["cached_s"] > 0
+
+
+@pytest.mark.slow
+def test_bench_fit_compile_fills_an_empty_cache_that_the_next_fit_loads():
+    """With numba the first fit compiles into the empty cache folder (files appear there) and
+    the second process loads them: much faster than compiling."""
+    pytest.importorskip("numba")
+    (run,) = _bench_fit_compile("--backend", "numba")["runs"]["head"]
+    assert run["cache_files"] > 0
+    assert run["cached_s"] < 0.5 * run["first_s"], run
+
+
 def _bench_kernels():
     import importlib.util
 

@@ -17,7 +17,7 @@ callee into each caller and LLVM optimises it again there, and a ``prange`` body
 function of its own inside its kernel, so the grid start, the solvers and the two-sigmoid
 start were each optimised twice more (and numba's ``omp`` layer left its threads spinning
 through the numpy between kernels). With the chunks on threads the first fit compiles in
-20-25 s instead of 63-68 s on 2 cores, and fits are as fast and bit for bit the same
+20-25 s instead of 63-72 s on 2 cores, and fits are as fast and bit for bit the same
 (docs/benchmarks.md).
 
 Import this module only through :func:`tokdyn.fit.backends.load_numba`, which returns None
