@@ -174,7 +174,8 @@ def _forget_pools() -> None:
     _POOLS.clear()  # a forked child has the pools but not their threads
 
 
-os.register_at_fork(after_in_child=_forget_pools)
+if hasattr(os, "register_at_fork"):  # POSIX; elsewhere nothing forks
+    os.register_at_fork(after_in_child=_forget_pools)
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:
