@@ -116,3 +116,23 @@ def test_a_forked_child_runs_chunks_without_its_parents_threads():
         child.kill()
     assert not alive, "the forked child hung waiting for its parent's threads"
     assert queue.get(timeout=5) == 100
+
+
+def test_a_fit_is_the_same_to_the_bit_on_one_thread_and_on_two():
+    """The rows of a chunk do not depend on which thread runs it, nor on how many chunks the
+    block is cut into: every field of the full record equal to the bit (planted rows, a
+    third of them missing points)."""
+    from tokdyn.fit import fit_sigmoids, log_axis
+    from tokdyn.fit.synthetic import plant_sigmoids
+
+    x = log_axis(np.geomspace(10.0, 1e5, 40))
+    Y = plant_sigmoids(600, x, rng=np.random.default_rng(3), noise=0.2).Y
+    Y[::3, 5] = np.nan
+    Y[1::7, 20:23] = np.nan
+    fits = []
+    for threads in (1, 2, 3):
+        with _Threads(threads):
+            fits.append(fit_sigmoids(x, Y, backend="numba").to_dict())
+    for other in fits[1:]:
+        for name, values in fits[0].items():
+            assert np.array_equal(values, other[name], equal_nan=values.dtype.kind == "f"), name
