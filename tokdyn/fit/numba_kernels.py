@@ -11,13 +11,13 @@ chunks of trajectories run on all cores. Compiled functions are cached on disk
 
 Each kernel is a plain compiled function over one chunk of rows (``_*_chunk``, ``nogil``),
 which allocates the chunk's scratch and writes its rows of the caller's arrays;
-:func:`run_chunks` hands the chunks to a pool of ``numba.get_num_threads()`` threads. numba's
-own ``prange`` was used before and cost compile time for nothing: numba links every compiled
-callee into each caller and LLVM optimises it again there, and a ``prange`` body becomes a
-function of its own inside its kernel, so the grid start, the solvers and the two-sigmoid
-start were each optimised twice more (and numba's ``omp`` layer left its threads spinning
-through the numpy between kernels). With the chunks on threads the first fit compiles in
-20-25 s instead of 63-72 s on 2 cores, and fits are as fast and bit for bit the same
+:func:`run_chunks` hands the chunks to ``numba.get_num_threads()`` threads, the caller's and a
+pool's. numba's own ``prange`` was used before and cost compile time for nothing: numba links
+every compiled callee into each caller and LLVM optimises it again there, and a ``prange`` body
+becomes a function of its own inside its kernel, so the grid start, the solvers and the
+two-sigmoid start were each optimised twice more (and numba's ``omp`` layer left its threads
+spinning through the numpy between kernels). With the chunks on threads the first fit compiles
+in 20-25 s instead of 63-72 s on 2 cores, and fits are as fast and bit for bit the same
 (docs/benchmarks.md).
 
 Import this module only through :func:`tokdyn.fit.backends.load_numba`, which returns None
