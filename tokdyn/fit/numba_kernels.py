@@ -124,6 +124,17 @@ def _cholesky_solve(M, rhs, h, L):
 
 
 @njit(inline="always", **_JIT)
+def _pivot(d, m):
+    """A Cholesky pivot d of a matrix's diagonal entry m: its root and whether it is positive
+    (by a margin: d > 1e-14 |m|); else the root of 1 and False. The solvers' Cholesky
+    factors, generic (:func:`_cholesky_factor`) and written out for 2 and 4 parameters
+    (:mod:`tokdyn.fit.varpro`), all take their pivots here."""
+    if not (d > 1e-14 * abs(m)):
+        return 1.0, False
+    return math.sqrt(d), True
+
+
+@njit(inline="always", **_JIT)
 def _cholesky_factor(M, L):
     """L L^T = M (lower triangle of L); False if a pivot is not positive (it is then taken
     as 1)."""
@@ -133,10 +144,8 @@ def _cholesky_factor(M, L):
         d = M[j, j]
         for k in range(j):
             d -= L[j, k] * L[j, k]
-        if not (d > 1e-14 * abs(M[j, j])):
-            ok = False
-            d = 1.0
-        d = math.sqrt(d)
+        d, positive = _pivot(d, M[j, j])
+        ok = ok and positive
         L[j, j] = d
         for i in range(j + 1, P):
             v = M[i, j]
@@ -210,7 +219,7 @@ def run_chunks(work, n_rows: int, *args) -> None:
                 pass
             raise
 
-    helpers = [] if threads == 1 or n_chunks == 1 else [
+    helpers = [] if n_chunks == 1 else [
         _pool(threads - 1).submit(take) for _ in range(min(threads, n_chunks) - 1)]
     try:
         take()

@@ -50,6 +50,7 @@ from tokdyn.fit.numba_kernels import (
     _exp,
     _inverse_diagonal_row,
     _observed_points,
+    _pivot,
     _sigmoid_columns,
     run_chunks,
 )
@@ -134,6 +135,15 @@ def _use_grid(x, mus, ss, b, slot, keys, mu_q, s_q, G, GT):
     return True
 
 
+@njit(inline="always", **_JIT)
+def _grid_slots(K, mus, ss):
+    """Empty slots for :func:`_use_grid` over K points (mus [B, n_mu], ss [B, n_s]): keys
+    [2, n_mu + n_s] (NaN: no grid yet), mu_q and s_q [2, Q], G [2, Q, K], GT [2, K, Q]."""
+    Q = mus.shape[1] * ss.shape[1]
+    return (np.full((2, mus.shape[1] + ss.shape[1]), np.nan), np.empty((2, Q)),
+            np.empty((2, Q)), np.empty((2, Q, K)), np.empty((2, K, Q)))
+
+
 # Rows per batch of the start grids: a batch of fully observed rows on one grid is projected
 # onto it at once (lanes.rows_dots reads the grid's events once per four rows; row by row,
 # reading them bounded the projections). Other rows are projected one by one.
@@ -165,6 +175,13 @@ def _gather_batch(x, Y, b0, m, mus, ss, XO, YC, IDX, stats):
         for i in range(ss.shape[1]):
             together = together and ss[b0 + j, i] == ss[b0, i]
     return together
+
+
+@njit(inline="always", **_JIT)
+def _batch_scratch(K):
+    """Empty XO, YC, IDX [_BATCH, K] and stats [_BATCH, 3] for :func:`_gather_batch`."""
+    return (np.empty((_BATCH, K)), np.empty((_BATCH, K)), np.empty((_BATCH, K), dtype=np.int64),
+            np.empty((_BATCH, 3)))
 
 
 @njit(**_KERNEL)
@@ -291,15 +308,8 @@ def _grid_start_chunk(x, Y, lo, hi, mus, ss, p0, p_step, sse_step, first, last):
     K = Y.shape[1]
     Q = mus.shape[1] * ss.shape[1]
     every = np.arange(K)
-    XO = np.empty((_BATCH, K))
-    YC = np.empty((_BATCH, K))
-    IDX = np.empty((_BATCH, K), dtype=np.int64)
-    stats = np.empty((_BATCH, 3))
-    keys = np.full((2, mus.shape[1] + ss.shape[1]), np.nan)
-    mu_q = np.empty((2, Q))
-    s_q = np.empty((2, Q))
-    G = np.empty((2, Q, K))
-    GT = np.empty((2, K, Q))
+    XO, YC, IDX, stats = _batch_scratch(K)
+    keys, mu_q, s_q, G, GT = _grid_slots(K, mus, ss)
     inv_var_full = np.empty(Q)
     CB = np.empty((_BATCH, Q))
     s1b = np.empty(Q)
@@ -896,15 +906,6 @@ def _vp_value(P, xo, yc, n, syy, th, buf, out, bnd, mean):
 
 # ---------------------------------------------------------------------------------------------
 # The solver over the nonlinear parameters
-
-
-@njit(inline="always", **_JIT)
-def _pivot(d, m):
-    """A Cholesky pivot d of the damped matrix's diagonal entry m: its root and whether it is
-    positive (else the root of 1 and False, as numba_kernels._cholesky_factor takes it)."""
-    if not (d > 1e-14 * abs(m)):
-        return 1.0, False
-    return math.sqrt(d), True
 
 
 @njit(inline="always", **_JIT)
@@ -1511,13 +1512,10 @@ def _best_pairs4(fa, fb, fe, fp, ROWPEN, CQ, INB, j0, best, bq, br):
 @njit(**_JIT)
 def _two_start_chunk(x, Y, p1, lo, hi, mus, ss, min_det, min_var, p0, first, last):
     """Rows first .. last - 1 of :func:`two_start_block`, into p0."""
-    B, K = Y.shape
+    K = Y.shape[1]
     Q = mus.shape[1] * ss.shape[1]
     every = np.arange(K)
-    XO = np.empty((_BATCH, K))
-    YC = np.empty((_BATCH, K))
-    IDX = np.empty((_BATCH, K), dtype=np.int64)
-    stats = np.empty((_BATCH, 3))
+    XO, YC, IDX, stats = _batch_scratch(K)
     G1 = np.empty((_BATCH, K))  # each row's sigmoid fit over its points
     zb = np.empty(K)
     hb = np.empty(K)
@@ -1532,11 +1530,7 @@ def _two_start_chunk(x, Y, p1, lo, hi, mus, ss, min_det, min_var, p0, first, las
     BEST = np.empty(_BATCH)
     BQ = np.empty(_BATCH, dtype=np.int64)
     BR = np.empty(_BATCH, dtype=np.int64)
-    keys = np.full((2, mus.shape[1] + ss.shape[1]), np.nan)
-    mu_g = np.empty((2, Q))
-    s_g = np.empty((2, Q))
-    G2 = np.empty((2, Q, K))
-    GT2 = np.empty((2, K, Q))
+    keys, mu_g, s_g, G2, GT2 = _grid_slots(K, mus, ss)
     sq_full = np.empty(Q)
     s2q = np.empty(Q)
     gram = np.empty((Q, Q))
