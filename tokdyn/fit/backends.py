@@ -24,7 +24,7 @@ import numpy as np
 
 from tokdyn.errors import InputError
 from tokdyn.fit.grid import grid_start, two_start
-from tokdyn.fit.lm import MODEL_SIGMOID, cholesky_solve, levenberg_marquardt
+from tokdyn.fit.lm import MODEL_SIGMOID, LMResult, cholesky_solve, levenberg_marquardt
 from tokdyn.fit.models import two_sigmoid_evaluate
 from tokdyn.fit.prepare import NEGATIVE_TOLERANCE, SUMMARY_FIELDS, prepare
 from tokdyn.fit.projection import sigmoid_amplitudes, sigmoid_projected
@@ -280,6 +280,47 @@ def load_numba():
     return numba_kernels
 
 
+def load_triton():
+    """The fused GPU solver's module (:mod:`tokdyn.fit.triton_kernels`), or None when triton
+    is not installed or does not import. Under ``TRITON_INTERPRET=1`` (set before triton is
+    first imported) its kernels run in Triton's interpreter on the CPU: how the tests check
+    them without a GPU."""
+    if not _has("triton"):
+        return None
+    try:
+        from tokdyn.fit import triton_kernels
+    except (ImportError, RuntimeError):
+        return None
+    return triton_kernels
+
+
+# Why the one-launch solver failed in this process (it is then not tried again), or None.
+_FUSED_ERROR: list[str] = []
+
+
+def _fused_sigmoid_solver(ops):
+    """The one-launch sigmoid solver for the torch backend's device, or None: on CUDA with
+    triton installed (set TOKDYN_FUSED=0 to use the batched solver there instead), unless it
+    already failed in this process."""
+    import os
+
+    if (ops.device.type != "cuda" or os.environ.get("TOKDYN_FUSED", "1") == "0"
+            or _FUSED_ERROR):
+        return None
+    return load_triton()
+
+
+def _fused_failed(err: BaseException) -> None:
+    """The one-launch solver raised (a Triton or driver that cannot build or run it): say so
+    once, and let the batched solver fit this and every later block (same results)."""
+    import warnings
+
+    _FUSED_ERROR.append(f"{type(err).__name__}: {err}".splitlines()[0][:300])
+    warnings.warn("tokdyn: the fused GPU sigmoid solver failed (" + _FUSED_ERROR[0] + "); "
+                  "fitting with the batched torch solver instead (same results, slower)",
+                  RuntimeWarning, stacklevel=3)
+
+
 # The width columns of each model's parameters: s, and s1 and s2 (the solvers work in ln s).
 WIDTH_COLUMNS = {4: (3,), 7: (3, 6)}
 
@@ -401,10 +442,16 @@ def _batched_ops(backend: str, device: Any):
 
 
 def _run_projected_sigmoid(x, Y, p0, lo, hi, *, max_iter, ftol, xtol, backend, device,
-                           step_max) -> dict[str, np.ndarray]:
+                           step_max, fused=None) -> dict[str, np.ndarray]:
     """The sigmoid by variable projection on numpy or torch (as varpro does on numba):
-    LM over (mu, ln s) only, then the amplitudes, J^T J and SSE of the full model."""
+    LM over (mu, ln s) only, then the amplitudes, J^T J and SSE of the full model.
+
+    On CUDA with triton the LM loop runs in one kernel launch per block of rows
+    (:mod:`tokdyn.fit.triton_kernels`); ``fused`` (its module, :func:`load_triton`) forces
+    that path on any torch device (tests: Triton's interpreter on the CPU)."""
     ops, rows, check_every = _batched_ops(backend, device)
+    if fused is None and backend == "torch":
+        fused = _fused_sigmoid_solver(ops)
     x_b = ops.asarray(x)
     parts = []
     for start in range(0, Y.shape[0], rows):
@@ -416,17 +463,32 @@ def _run_projected_sigmoid(x, Y, p0, lo, hi, *, max_iter, ftol, xtol, backend, d
         W = ops.asarray(observed)
         mean_b = ops.asarray(mean)
         floor = ops.asarray(lo[sl, 1])  # the least level (linf's bound; l0 shares it)
-        res = levenberg_marquardt(
-            ops, lambda x_, Y_, W_, th_, m_, f_: sigmoid_projected(ops, x_, Y_, W_, th_, m_, f_),
-            x_b, Yc, W,
-            ops.asarray(p0[sl, 2:4]), ops.asarray(lo[sl, 2:4]), ops.asarray(hi[sl, 2:4]),
-            max_iter=max_iter, ftol=ftol, xtol=xtol, check_every=check_every,
-            step_max=None if step_max is None else ops.asarray(step_max[sl]),
-            shrink_min=SHRINK_MIN, flat_converged=True, row_data=(mean_b, floor),
-        )
-        d, c0 = sigmoid_amplitudes(ops, x_b, Yc, W, res.p, mean_b, floor)
+        th0, lo_b, hi_b = (ops.asarray(a[sl, 2:4]) for a in (p0, lo, hi))
+        caps = None if step_max is None else ops.asarray(step_max[sl])
+        res = None
+        if fused is not None:
+            try:
+                res = fused.projected_sigmoid_lm(
+                    x_b, Yc, W, th0, lo_b, hi_b,
+                    ops.full_like(th0, float("inf")) if caps is None else caps, mean_b,
+                    floor, max_iter=max_iter, ftol=ftol, xtol=xtol, shrink_min=SHRINK_MIN)
+            except Exception as err:  # a Triton or driver that cannot build or run it
+                _fused_failed(err)
+                fused = None
+        if res is not None:
+            th, d, c0 = res["p"], res["d"], res["lin"]
+            res = LMResult(**{k: res[k] for k in ("p", "sse", "A", "n_iter", "status")})
+        else:
+            res = levenberg_marquardt(
+                ops,
+                lambda x_, Y_, W_, th_, m_, f_: sigmoid_projected(ops, x_, Y_, W_, th_, m_, f_),
+                x_b, Yc, W, th0, lo_b, hi_b, max_iter=max_iter, ftol=ftol, xtol=xtol,
+                check_every=check_every, step_max=caps, shrink_min=SHRINK_MIN,
+                flat_converged=True, row_data=(mean_b, floor),
+            )
+            th = res.p
+            d, c0 = sigmoid_amplitudes(ops, x_b, Yc, W, th, mean_b, floor)
         linf = c0 + mean_b
-        th = res.p
         q = ops.stack([linf + d, linf, th[:, 0], th[:, 1]], 1)
         Y0 = ops.asarray(np.where(observed, Y[sl], 0.0))
         sse, A, _ = sigmoid_evaluate(ops, x_b, Y0, W, q)
