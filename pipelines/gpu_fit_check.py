@@ -37,7 +37,7 @@ import time
 import numpy as np
 import torch
 
-from tokdyn.fit import fit_sigmoids, log_axis
+from tokdyn.fit import backends, fit_sigmoids, log_axis
 from tokdyn.fit.backends import SHRINK_MIN, TorchOps, load_triton
 from tokdyn.fit.grid import sigmoid_grid
 from tokdyn.fit.options import FitOptions
@@ -230,22 +230,23 @@ def main() -> None:
         out[name] = {"fits_per_s": round(fitted / seconds, 1), "seconds": round(seconds, 4),
                      **extra, **agreement(mu, sse, cpu, m)}
 
-    if "fused" in solvers:
-        for config in parse_configs(args.configs):
-            solve = make_fused_solver(x, start, block, options, config)
-            t0 = time.perf_counter()
-            solve(Y[:block])  # compile
-            _sync(device)
-            compile_s = time.perf_counter() - t0
-            seconds, parts = time_solver(solve, Y, block, args.repeat, device)
-            record("fused_" + "x".join(map(str, config)), seconds, parts,
-                   first_call_s=round(compile_s, 2))
-    if "graph" in solvers:
-        graph = not args.no_graph and device.type == "cuda"
-        solve = make_graph_solver(x, start, block, args.steps, graph=graph)
+    def fused(config):
+        solve = make_fused_solver(x, start, block, options, config)
+        t0 = time.perf_counter()
+        solve(Y[:block])  # compile
+        _sync(device)
+        compile_s = time.perf_counter() - t0
         seconds, parts = time_solver(solve, Y, block, args.repeat, device)
-        record("graph", seconds, parts, graph=graph, steps=args.steps)
-    if "product" in solvers:
+        record("fused_" + "x".join(map(str, config)), seconds, parts,
+               first_call_s=round(compile_s, 2))
+
+    def graph():
+        captured = not args.no_graph and device.type == "cuda"
+        solve = make_graph_solver(x, start, block, args.steps, graph=captured)
+        seconds, parts = time_solver(solve, Y, block, args.repeat, device)
+        record("graph", seconds, parts, graph=captured, steps=args.steps)
+
+    def product():
         n_p = min(args.n_product, args.n)
         Y_np = planted.Y[:n_p]
         kw = dict(backend="torch", device=device)
@@ -269,12 +270,24 @@ def main() -> None:
         out["product"] = {"fits_per_s": round(n_p / sig_s, 1), "n": n_p,
                           "full_fits_per_s": round(n_full / full_s, 1), "full_n": n_full,
                           "batched_fits_per_s": round(n_full / batched_s, 1),
-                          "fused": load_triton() is not None and device.type == "cuda",
+                          "fused": (load_triton() is not None and device.type == "cuda"
+                                    and not backends._FUSED_ERROR),
+                          "fused_error": backends._FUSED_ERROR[:1],
                           "status_equal_frac": float(np.mean(fit.status[:m] == cpu.status)),
                           "status_equal_batched_frac": float(np.mean(
                               fit.status[:k] == batched.status[:k])),
                           **agreement(fit.mu, fit.sse, cpu, min(m, n_p))}
-    print(json.dumps(out))
+
+    sections = [("fused_" + "x".join(map(str, c)), lambda c=c: fused(c))
+                for c in parse_configs(args.configs) if "fused" in solvers]
+    sections += [(name, fn) for name, fn in (("graph", graph), ("product", product))
+                 if name in solvers]
+    for name, run in sections:  # one failing section does not cost the others' figures
+        try:
+            run()
+        except Exception as err:  # noqa: BLE001 - reported in the JSON line
+            out[name] = {"error": f"{type(err).__name__}: {err}"[:500]}
+        print(json.dumps(out), flush=True)  # a line after each section: a timeout keeps them
 
 
 if __name__ == "__main__":
