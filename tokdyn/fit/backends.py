@@ -294,8 +294,13 @@ def load_triton():
     return triton_kernels
 
 
-# Why the one-launch solver failed in this process (it is then not tried again), or None.
+# Why the one-launch solver failed in this process (it is then not tried again): empty, or
+# one line.
 _FUSED_ERROR: list[str] = []
+# One launch of it at a time: Triton compiles a kernel on its first call, and two threads
+# compiling the same kernel at once can fail (triton-lang/triton#5933); the launches share
+# the device's stream anyway.
+_FUSED_LOCK = threading.Lock()
 
 
 def _fused_sigmoid_solver(ops):
@@ -468,10 +473,12 @@ def _run_projected_sigmoid(x, Y, p0, lo, hi, *, max_iter, ftol, xtol, backend, d
         res = None
         if fused is not None:
             try:
-                res = fused.projected_sigmoid_lm(
-                    x_b, Yc, W, th0, lo_b, hi_b,
-                    ops.full_like(th0, float("inf")) if caps is None else caps, mean_b,
-                    floor, max_iter=max_iter, ftol=ftol, xtol=xtol, shrink_min=SHRINK_MIN)
+                with _FUSED_LOCK:
+                    res = fused.projected_sigmoid_lm(
+                        x_b, Yc, W, th0, lo_b, hi_b,
+                        ops.full_like(th0, float("inf")) if caps is None else caps, mean_b,
+                        floor, max_iter=max_iter, ftol=ftol, xtol=xtol,
+                        shrink_min=SHRINK_MIN)
             except Exception as err:  # a Triton or driver that cannot build or run it
                 _fused_failed(err)
                 fused = None
