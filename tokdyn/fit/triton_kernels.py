@@ -43,11 +43,15 @@ __all__ = ["BLOCK_K", "BLOCK_R", "NUM_WARPS", "projected_sigmoid_lm"]
 # Rows per program, points per chunk of an evaluation, warps per program: one element of the
 # [BLOCK_R, BLOCK_K] tile per thread, so each thread holds one row's state and 21 partial sums
 # and the sums cross threads once per evaluation. Compiled for sm_90 (an H100/H200) without a
-# GPU: 212 registers a thread and nothing spilled; 32 x 32 x 4 (eight elements a thread)
-# spilled 11.8 kB a thread to local memory. pipelines/gpu_fit_check.py times other shapes.
+# GPU: 212 registers a thread and nothing on the stack with Triton 3.8, 255 and 24 bytes with
+# 3.9; 32 x 32 x 4 (eight elements a thread) spilled 11.8 kB a thread to local memory.
+# pipelines/gpu_fit_check.py times other shapes.
 BLOCK_R = 16
 BLOCK_K = 8
 NUM_WARPS = 4
+# Multiplies and adds contracted into fused multiply-adds (Triton's default until 3.9, which
+# warns unless it is asked for explicitly).
+FP_FUSION = True
 
 
 @triton.jit
@@ -403,5 +407,6 @@ def projected_sigmoid_lm(x, Yc, W, th0, lo, hi, step_max, mean, floor, *, max_it
         args[0], Yc, W, *args[1:], out["p"], out["sse"], out["A"], out["d"], out["lin"],
         out["n_iter"], out["status"],
         torch.tensor([ftol, xtol, shrink_min, lam0], **f64), B, K, Yc.stride(0),
-        int(max_iter), BLOCK_R=block_r, BLOCK_K=block_k, num_warps=num_warps)
+        int(max_iter), BLOCK_R=block_r, BLOCK_K=block_k, num_warps=num_warps,
+        enable_fp_fusion=FP_FUSION)
     return out
