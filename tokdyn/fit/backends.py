@@ -387,9 +387,8 @@ def run_lm(
     # from s in its last bit)
     th = res["p"][:, cols]
     res["p"][:, cols] = np.where(th == p0[:, cols], given[:, cols], np.exp(th))
-    n = np.sum(~np.isnan(Y), axis=1)
-    res["se"], res["cov_ok"] = _standard_errors(res.pop("A"), res["sse"], n, res["p"], cols,
-                                                backend)
+    res["se"], res["cov_ok"] = _standard_errors(res.pop("A"), res["sse"], res.pop("n"),
+                                                res["p"], cols, backend)
     return res
 
 
@@ -425,16 +424,27 @@ def _run_two_sigmoids(x, Y, p0, lo, hi, *, max_iter, ftol, xtol, backend, device
     x_b = ops.asarray(x)
     for start in range(0, Y.shape[0], rows):
         sl = slice(start, start + rows)
-        observed = ~np.isnan(Y[sl])
+        Y0, W, n = _observed_rows(ops, Y[sl])
         res = levenberg_marquardt(
-            ops, evaluate, x_b, ops.asarray(np.where(observed, Y[sl], 0.0)),
-            ops.asarray(observed), ops.asarray(p0[sl]),
+            ops, evaluate, x_b, Y0, W, ops.asarray(p0[sl]),
             ops.asarray(lo[sl]), ops.asarray(hi[sl]),
             max_iter=max_iter, ftol=ftol, xtol=xtol, check_every=check_every,
         )
         fields = ("p", "sse", "A", "n_iter", "status")
         parts.append({k: ops.to_numpy(getattr(res, k)) for k in fields})
+        parts[-1]["n"] = ops.to_numpy(n)
     return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+
+
+def _observed_rows(ops, Y: np.ndarray):
+    """A block of host rows (NaN: missing) on the backend's device in one transfer: (Y0 [B, K]
+    with 0 at missing points, W [B, K] 1.0 observed / 0.0 not, n [B] observed points). The
+    masks are made where the solver runs, not by numpy passes on the host and three
+    transfers."""
+    Yd = ops.asarray(Y)
+    observed = Yd == Yd  # not NaN
+    W = ops.cast(observed, Yd)
+    return ops.where(observed, Yd, ops.zeros_like(Yd)), W, ops.rowsum(W)
 
 
 def _batched_ops(backend: str, device: Any):
@@ -461,12 +471,9 @@ def _run_projected_sigmoid(x, Y, p0, lo, hi, *, max_iter, ftol, xtol, backend, d
     parts = []
     for start in range(0, Y.shape[0], rows):
         sl = slice(start, start + rows)
-        observed = ~np.isnan(Y[sl])
-        n = np.maximum(observed.sum(1), 1)
-        mean = NumpyOps.rowsum(np.where(observed, Y[sl], 0.0)) / n
-        Yc = ops.asarray(np.where(observed, Y[sl] - mean[:, None], 0.0))
-        W = ops.asarray(observed)
-        mean_b = ops.asarray(mean)
+        Y0, W, n = _observed_rows(ops, Y[sl])
+        mean_b = ops.rowsum(Y0) / ops.maximum(n, ops.ones_like(n))
+        Yc = ops.where(W > 0, Y0 - mean_b[:, None], Y0)  # (Y0 is 0 where W is)
         floor = ops.asarray(lo[sl, 1])  # the least level (linf's bound; l0 shares it)
         th0, lo_b, hi_b = (ops.asarray(a[sl, 2:4]) for a in (p0, lo, hi))
         caps = None if step_max is None else ops.asarray(step_max[sl])
@@ -497,7 +504,6 @@ def _run_projected_sigmoid(x, Y, p0, lo, hi, *, max_iter, ftol, xtol, backend, d
             d, c0 = sigmoid_amplitudes(ops, x_b, Yc, W, th, mean_b, floor)
         linf = c0 + mean_b
         q = ops.stack([linf + d, linf, th[:, 0], th[:, 1]], 1)
-        Y0 = ops.asarray(np.where(observed, Y[sl], 0.0))
         sse, A, _ = sigmoid_evaluate(ops, x_b, Y0, W, q)
         fin = ops.isfinite(res.sse)
         nan = ops.full_like(sse, float("nan"))
@@ -505,6 +511,7 @@ def _run_projected_sigmoid(x, Y, p0, lo, hi, *, max_iter, ftol, xtol, backend, d
             p=ops.to_numpy(ops.where(fin[:, None], q, ops.asarray(p0[sl]))),
             sse=ops.to_numpy(ops.where(fin, sse, nan)), A=ops.to_numpy(A),
             n_iter=ops.to_numpy(res.n_iter), status=ops.to_numpy(res.status),
+            n=ops.to_numpy(n),
         ))
     return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
 
