@@ -185,7 +185,7 @@ def test_kernel_compiles_for_an_h200_without_large_spills(tmp_path):
     """The interpreter runs the kernel as numpy and misses what only the compiler checks
     (types carried through the loop, constexpr globals); compiling it for sm_90 needs Triton's
     bundled ptxas, not a GPU. With the default shape at most a few words go to the stack (0
-    bytes with Triton 3.8, 24 with 3.9: its registers differ by version), not the kilobytes
+    bytes with Triton 3.8, 48 with 3.9: its registers differ by version), not the kilobytes
     of a tile too large for the registers (32 x 32 x 4: 11.8 kB a thread, a slow kernel)."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget

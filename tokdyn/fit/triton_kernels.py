@@ -43,8 +43,8 @@ __all__ = ["BLOCK_K", "BLOCK_R", "NUM_WARPS", "projected_sigmoid_lm"]
 # Rows per program, points per chunk of an evaluation, warps per program: one element of the
 # [BLOCK_R, BLOCK_K] tile per thread, so each thread holds one row's state and 21 partial sums
 # and the sums cross threads once per evaluation. Compiled for sm_90 (an H100/H200) without a
-# GPU: 212 registers a thread and nothing on the stack with Triton 3.8, 255 and 24 bytes with
-# 3.9; 32 x 32 x 4 (eight elements a thread) spilled 11.8 kB a thread to local memory.
+# GPU: 215 registers a thread and nothing on the stack with Triton 3.8 (3.6: 235 and nothing;
+# 3.9: 255 and 48 bytes); 32 x 32 x 4 (eight elements a thread) spilled 11.8 kB a thread.
 # pipelines/gpu_fit_check.py times other shapes.
 BLOCK_R = 16
 BLOCK_K = 8
@@ -57,6 +57,18 @@ FP_FUSION = True
 @triton.jit
 def _finite(v):
     return (v == v) & (tl.abs(v) < float("inf"))
+
+
+# Minimum and maximum that return NaN when either operand is, as torch's do (the GPU's own
+# min and max return the other operand): a NaN step must stay NaN, as in the batched solver.
+@triton.jit
+def _min(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -125,7 +137,7 @@ def _sums(X, YC, W, rows, rmask, stride, K, mu, lns, BLOCK_R: tl.constexpr,
         w = tl.load(W + at, mask=m2, other=0.0)
         x = tl.load(X + cols, mask=cmask, other=0.0)
         z = (x[None, :] - mu2) * inv_s
-        z = tl.minimum(tl.maximum(z, -Z_CLIP), Z_CLIP)
+        z = _min(_max(z, -Z_CLIP), Z_CLIP)
         e = tl.exp(z)
         g0 = 1.0 / (1.0 + e)
         h = e * g0 * w
@@ -257,8 +269,8 @@ def _sigmoid_lm_kernel(X, YC, W, TH, LO, HI, SM, MEAN, FLOOR,
     sm1 = tl.load(SM + two + 1, mask=rmask, other=1.0)
     mean = tl.load(MEAN + rows, mask=rmask, other=0.0)
     floor = tl.load(FLOOR + rows, mask=rmask, other=0.0)
-    mu = tl.minimum(tl.maximum(mu, lo0), hi0)
-    lns = tl.minimum(tl.maximum(lns, lo1), hi1)
+    mu = _min(_max(mu, lo0), hi0)
+    lns = _min(_max(lns, lo1), hi1)
     # the rows' observed points and sum of squares (the data are centred)
     n = tl.zeros([BLOCK_R, BLOCK_K], dtype=tl.float64)
     syy = tl.zeros([BLOCK_R, BLOCK_K], dtype=tl.float64)
@@ -283,11 +295,11 @@ def _sigmoid_lm_kernel(X, YC, W, TH, LO, HI, SM, MEAN, FLOOR,
     active = _finite(F) & rmask
     it = 0
     while (it < max_iter) & (tl.max(active.to(tl.int32), axis=0) > 0):
-        D0 = tl.maximum(D0, a00)
-        D1 = tl.maximum(D1, a11)
-        dfloor = 1e-12 * tl.maximum(D0, D1) + 1e-300
-        dl0 = tl.maximum(D0, dfloor) * lam
-        dl1 = tl.maximum(D1, dfloor) * lam
+        D0 = _max(D0, a00)
+        D1 = _max(D1, a11)
+        dfloor = 1e-12 * _max(D0, D1) + 1e-300
+        dl0 = _max(D0, dfloor) * lam
+        dl1 = _max(D1, dfloor) * lam
         # active set: a parameter on a bound whose descent direction points outwards
         fixed0 = ((mu <= lo0) & (g0 > 0)) | ((mu >= hi0) & (g0 < 0))
         fixed1 = ((lns <= lo1) & (g1 > 0)) | ((lns >= hi1) & (g1 < 0))
@@ -309,13 +321,13 @@ def _sigmoid_lm_kernel(X, YC, W, TH, LO, HI, SM, MEAN, FLOOR,
         h1 = y1 / L11
         h0 = (y0 - L10 * h1) / L00
         # the trust region
-        over = tl.maximum(tl.abs(h0) / (sm0 * radius), tl.abs(h1) / (sm1 * radius))
+        over = _max(tl.abs(h0) / (sm0 * radius), tl.abs(h1) / (sm1 * radius))
         capped = over > 1.0
-        scale = tl.maximum(over, 1.0)
+        scale = _max(over, 1.0)
         h0 = h0 / scale
         h1 = h1 / scale
-        mu_t = tl.minimum(tl.maximum(mu + h0, lo0), hi0)
-        lns_t = tl.minimum(tl.maximum(lns + h1, lo1), hi1)
+        mu_t = _min(_max(mu + h0, lo0), hi0)
+        lns_t = _min(_max(lns + h1, lo1), hi1)
         hc0 = mu_t - mu
         hc1 = lns_t - lns
         pred = (-2.0 * (g0 * hc0 + g1 * hc1)
@@ -353,7 +365,7 @@ def _sigmoid_lm_kernel(X, YC, W, TH, LO, HI, SM, MEAN, FLOOR,
         lam = tl.where(better, lam * shrink, tl.where(grow, lam * nu, lam))
         nu = tl.where(better, 2.0, tl.where(grow, nu * 2.0, nu))
         wide = tl.where(2.0 * radius < RADIUS_MAX, 2.0 * radius, RADIUS_MAX)
-        narrow = tl.maximum(0.5 * radius, 1.0)
+        narrow = _max(0.5 * radius, 1.0)
         radius = tl.where(better & capped & (rho > RADIUS_RHO), wide,
                           tl.where(grow, narrow, radius))
         n_iter += (active & ~flat).to(tl.int64)
