@@ -106,6 +106,18 @@ def test_importing_fit_loads_no_training_code():
     assert not loaded & {"tokdyn.record", "tokdyn.train", "tokdyn.model", "tokdyn.data", "tokdyn.demo", "tokdyn.curriculum"}
 
 
+def test_fitting_arrays_in_memory_needs_no_store_packages():
+    """fit_sigmoids runs where only numpy, torch and numba are (a GPU machine's image): the
+    store's fit (tokdyn.fit.job: zarr, dask) loads when one of its names is first used."""
+    loaded = _loaded_by("import tokdyn.fit; from tokdyn.fit import fit_sigmoids, FitOptions")
+    assert not {m.split(".")[0] for m in loaded} & {"zarr", "dask", "numcodecs", "xarray"}
+    assert "tokdyn.fit.job" not in loaded and "tokdyn.store" not in loaded
+    assert "zarr" in _loaded_by("import tokdyn.fit as f; f.fit_run")  # the lazy names resolve
+    import tokdyn.fit
+
+    assert all(getattr(tokdyn.fit, n, None) is not None for n in tokdyn.fit.__all__)
+
+
 def test_the_package_exports_resolve():
     import tokdyn
 

@@ -7,10 +7,10 @@ memory), :class:`SigmoidFitter` (scikit-learn style) or :func:`fit_block` (one b
 fixed record of fields, for stores). docs/fitting.md describes the algorithm and choices.
 """
 
+from tokdyn._lazy import lazy_names
 from tokdyn.fit.backends import available_backends
 from tokdyn.fit.block import FIT_FIELDS, SigmoidFit, fit_block, fit_sigmoids
 from tokdyn.fit.estimator import SigmoidFitter
-from tokdyn.fit.job import FitSummary, fit_inputs, fit_run, fitted_inputs, read_fit, stored_options
 from tokdyn.fit.models import class_loss_share, classify
 from tokdyn.fit.options import (
     CLASS_CODES,
@@ -47,3 +47,8 @@ __all__ = [
     "log_axis",
     "available_backends",
 ]
+
+# Fitting a store (tokdyn.fit.job: zarr, dask) loads on first use: fitting arrays in memory
+# needs neither (a GPU machine with torch alone runs fit_sigmoids).
+__getattr__ = lazy_names(__name__, dict.fromkeys(
+    ["FitSummary", "fit_inputs", "fit_run", "fitted_inputs", "read_fit", "stored_options"], "job"))
