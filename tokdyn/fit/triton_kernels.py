@@ -14,7 +14,16 @@ steps); nothing goes back to the host until the end.
 The arithmetic is that of :mod:`tokdyn.fit.projection` and :mod:`tokdyn.fit.lm` (variable
 projection in (mu, ln s) with the levels at or above a floor; the bounded, damped step with
 Marquardt scaling, active set, trust region and MINPACK's convergence tests), so the solver
-reaches what the batched one reaches; only the order of each sum over the points differs.
+reaches what the batched one reaches. Its roundings differ: each sum over the points is
+added in another order, and compiled for a GPU, products and sums contract into fused
+multiply-adds (``FP_FUSION``) and ``exp`` is CUDA's; near a threshold (a flat objective) that
+can change a row's path, rarely its optimum (the interpreter, which the tests run, does
+neither contraction).
+
+A kernel that fails to compile or launch makes the torch backend fall back to its batched
+solver with one warning (:func:`tokdyn.fit.backends._fused_failed`); a fault inside a running
+kernel is reported by CUDA later, asynchronously, and leaves the device unusable: no fallback
+can cover that.
 
 Only :func:`tokdyn.fit.backends.load_triton` imports this module: it needs the ``triton``
 package (shipped with CUDA builds of torch). Under ``TRITON_INTERPRET=1`` (set before triton is
@@ -43,7 +52,7 @@ __all__ = ["BLOCK_K", "BLOCK_R", "NUM_WARPS", "projected_sigmoid_lm"]
 # Rows per program, points per chunk of an evaluation, warps per program: one element of the
 # [BLOCK_R, BLOCK_K] tile per thread, so each thread holds one row's state and 21 partial sums
 # and the sums cross threads once per evaluation. Compiled for sm_90 (an H100/H200) without a
-# GPU: 215 registers a thread and nothing on the stack with Triton 3.8 (3.6: 235 and nothing;
+# GPU: 215 registers a thread and nothing on the stack with Triton 3.8 (3.6: 234 and nothing;
 # 3.9: 255 and 48 bytes); 32 x 32 x 4 (eight elements a thread) spilled 11.8 kB a thread.
 # pipelines/gpu_fit_check.py times other shapes.
 BLOCK_R = 16
@@ -104,7 +113,6 @@ def _sums(X, YC, W, rows, rmask, stride, K, mu, lns, BLOCK_R: tl.constexpr,
     Each sum is accumulated per lane of a [BLOCK_R, BLOCK_K] tile over the chunks of points
     and reduced across the lanes once, at the end."""
     inv_s = tl.exp(-lns)[:, None]
-    inv_s2 = inv_s * inv_s
     mu2 = mu[:, None]
     zero = tl.zeros([BLOCK_R, BLOCK_K], dtype=tl.float64)
     sg = zero
@@ -138,6 +146,7 @@ def _sums(X, YC, W, rows, rmask, stride, K, mu, lns, BLOCK_R: tl.constexpr,
         x = tl.load(X + cols, mask=cmask, other=0.0)
         z = (x[None, :] - mu2) * inv_s
         z = _min(_max(z, -Z_CLIP), Z_CLIP)
+        z = tl.where(cmask[None, :], z, 0.0)  # past the last point: finite whatever mu, s
         e = tl.exp(z)
         g0 = 1.0 / (1.0 + e)
         h = e * g0 * w
@@ -147,7 +156,7 @@ def _sums(X, YC, W, rows, rmask, stride, K, mu, lns, BLOCK_R: tl.constexpr,
         b = u * z
         hg = h - g
         zw1 = z * hg - 1.0
-        mm = u * hg * inv_s2
+        mm = u * hg * inv_s * inv_s
         mt = a * zw1
         tt = b * zw1
         sg += g
@@ -309,7 +318,7 @@ def _sigmoid_lm_kernel(X, YC, W, TH, LO, HI, SM, MEAN, FLOOR,
         M11 = tl.where(fixed1, 1.0, a11 * f1 * f1 + dl1)
         M01 = a01 * f0 * f1
         # Cholesky of the 2x2 (tokdyn.fit.lm.cholesky_solve)
-        ok = _finite(M00 + M01 + M01 + M11)
+        ok = _finite((M00 + M01) + (M01 + M11))
         ok = ok & (M00 > 1e-14 * tl.abs(M00))
         L00 = tl.sqrt(tl.where(M00 > 0, M00, 1.0))
         L10 = M01 / L00
@@ -321,7 +330,9 @@ def _sigmoid_lm_kernel(X, YC, W, TH, LO, HI, SM, MEAN, FLOOR,
         h1 = y1 / L11
         h0 = (y0 - L10 * h1) / L00
         # the trust region
-        over = _max(tl.abs(h0) / (sm0 * radius), tl.abs(h1) / (sm1 * radius))
+        # (an axis without a region, sm = inf, never scales the step, even an infinite one)
+        over = _max(tl.where(sm0 == float("inf"), 0.0, tl.abs(h0) / (sm0 * radius)),
+                    tl.where(sm1 == float("inf"), 0.0, tl.abs(h1) / (sm1 * radius)))
         capped = over > 1.0
         scale = _max(over, 1.0)
         h0 = h0 / scale
@@ -405,7 +416,7 @@ def projected_sigmoid_lm(x, Yc, W, th0, lo, hi, step_max, mean, floor, *, max_it
 
     B, K = Yc.shape
     f64 = dict(dtype=torch.float64, device=Yc.device)
-    Yc, W = Yc.contiguous(), W.to(torch.float64).contiguous()
+    Yc, W = (a.to(torch.float64).contiguous() for a in (Yc, W))
     args = [a.to(torch.float64).contiguous() for a in (x, th0, lo, hi, step_max, mean, floor)]
     out = dict(p=torch.empty(B, 2, **f64), sse=torch.empty(B, **f64),
                A=torch.empty(B, 2, 2, **f64), d=torch.empty(B, **f64),
