@@ -147,7 +147,8 @@ def test_fused_fit_matches_batched_torch(report):
     """Every path (free levels, a level on the floor, degenerate and failed rows, missing
     points): the same status on every row, the same optimum to rounding. Iterations may
     differ where the sums' order tips a decision on a flat objective (measured: one flat-noise
-    row of 93, 109 against 29 iterations summed over its restarts, the same optimum)."""
+    row of 93, 109 iterations summed over its restarts against 29 or 51 as the roundings went,
+    the same optimum)."""
     fit = report["fit"]
     assert len(report["fit_statuses"]) >= 2  # more than one outcome is exercised
     assert fit["status"]["equal_frac"] == 1.0
