@@ -65,12 +65,36 @@ def _compare(ref: dict, got: dict) -> dict:
     return out
 
 
+def _solve_both(fused, x, Yc, W, th0, lo, hi, caps, mean, floor, *, max_iter, block):
+    """The batched solver (levenberg_marquardt over sigmoid_projected, on the CPU) and the
+    kernel (tile ``block`` = (rows, points)) on the same numpy problem; caps None: no trust
+    region (the kernel takes +inf). Returns both results as numpy dicts."""
+    import torch
+
+    from tokdyn.fit import backends
+    from tokdyn.fit.lm import levenberg_marquardt
+    from tokdyn.fit.projection import sigmoid_projected
+
+    ops = backends.TorchOps(torch.device("cpu"))
+    t = [torch.as_tensor(a) for a in (x, Yc, W, th0, lo, hi)]
+    mean_t, floor_t = torch.as_tensor(mean), torch.as_tensor(floor)
+    lm = levenberg_marquardt(
+        ops, lambda x_, Y_, W_, th_, m_, f_: sigmoid_projected(ops, x_, Y_, W_, th_, m_, f_),
+        *t, max_iter=max_iter, ftol=1e-8, xtol=1e-8,
+        step_max=None if caps is None else torch.as_tensor(caps),
+        shrink_min=backends.SHRINK_MIN, flat_converged=True, row_data=(mean_t, floor_t))
+    out = fused.projected_sigmoid_lm(
+        *t, torch.as_tensor(np.full(th0.shape, np.inf) if caps is None else caps), mean_t,
+        floor_t, max_iter=max_iter, ftol=1e-8, xtol=1e-8, shrink_min=backends.SHRINK_MIN,
+        block_r=block[0], block_k=block[1])
+    fields = ("p", "sse", "A", "n_iter", "status")
+    return ({k: getattr(lm, k).numpy() for k in fields}, {k: v.numpy() for k, v in out.items()})
+
+
 def _worker() -> dict:
     import torch
 
     from tokdyn.fit import backends, fit_sigmoids
-    from tokdyn.fit.lm import levenberg_marquardt
-    from tokdyn.fit.projection import sigmoid_projected
 
     fused = backends.load_triton()
     report = {"interpreted": os.environ.get("TRITON_INTERPRET") == "1"}
@@ -99,37 +123,24 @@ def _worker() -> dict:
     lo = np.tile([0.0, np.log(0.01)], (len(Yp), 1))
     hi = np.tile([6.0, np.log(4.0)], (len(Yp), 1))
     floor = np.zeros(len(Yp))
-    t = {k: torch.as_tensor(v) for k, v in dict(x=X, Yc=Yc, W=W, th0=th0, lo=lo, hi=hi,
-                                                mean=mean, floor=floor).items()}
-    ops = backends.TorchOps(torch.device("cpu"))
     for name, caps, max_iter, shape in [
         ("caps_blocks_8x16", np.full((len(Yp), 2), 0.1), 50, (8, 16)),
         ("no_caps_blocks_64x64", None, 50, (64, 64)),
         ("max_iter_3", np.full((len(Yp), 2), 0.1), 3, (32, 32)),
     ]:
-        lm = levenberg_marquardt(
-            ops, lambda x_, Y_, W_, th_, m_, f_: sigmoid_projected(ops, x_, Y_, W_, th_, m_, f_),
-            t["x"], t["Yc"], t["W"], t["th0"], t["lo"], t["hi"], max_iter=max_iter,
-            ftol=1e-8, xtol=1e-8, step_max=None if caps is None else torch.as_tensor(caps),
-            shrink_min=backends.SHRINK_MIN, flat_converged=True, row_data=(t["mean"], t["floor"]))
-        out = fused.projected_sigmoid_lm(
-            t["x"], t["Yc"], t["W"], t["th0"], t["lo"], t["hi"],
-            torch.full((len(Yp), 2), float("inf"), dtype=torch.float64) if caps is None
-            else torch.as_tensor(caps), t["mean"], t["floor"], max_iter=max_iter, ftol=1e-8,
-            xtol=1e-8, shrink_min=backends.SHRINK_MIN, block_r=shape[0], block_k=shape[1])
-        ref_k = {k: getattr(lm, k).numpy() for k in ("p", "sse", "A", "n_iter", "status")}
-        report[name] = _compare(ref_k, {k: out[k].numpy() for k in ref_k})
+        ref_k, out = _solve_both(fused, X, Yc, W, th0, lo, hi, caps, mean, floor,
+                                 max_iter=max_iter, block=shape)
+        report[name] = _compare(ref_k, {k: out[k] for k in ref_k})
         report[name + "_converged"] = float(np.mean(ref_k["status"] == 0))
-    report["random"] = _random_cases(fused, ops, levenberg_marquardt, sigmoid_projected)
-    empty = fused.projected_sigmoid_lm(
-        t["x"], t["Yc"][:0], t["W"][:0], t["th0"][:0], t["lo"][:0], t["hi"][:0],
-        t["th0"][:0], t["mean"][:0], t["floor"][:0], max_iter=5, ftol=1e-8, xtol=1e-8,
-        shrink_min=0.1)
+    report["random"] = _random_cases(fused)
+    t = [torch.as_tensor(a) for a in (X, Yc[:0], W[:0], th0[:0], lo[:0], hi[:0], th0[:0],
+                                      mean[:0], floor[:0])]
+    empty = fused.projected_sigmoid_lm(*t, max_iter=5, ftol=1e-8, xtol=1e-8, shrink_min=0.1)
     report["empty_shapes"] = {k: list(v.shape) for k, v in empty.items()}
     return report
 
 
-def _random_cases(fused, ops, levenberg_marquardt, sigmoid_projected, cases: int = 12) -> dict:
+def _random_cases(fused, cases: int = 12) -> dict:
     """The kernel against levenberg_marquardt on random problems: 1-40 rows, 3-40 points
     (irregular x), 0-60 % of points missing, start values anywhere in random boxes (on a
     bound too), floors below, at and above the data, trust regions random or none, tiles of
@@ -140,10 +151,6 @@ def _random_cases(fused, ops, levenberg_marquardt, sigmoid_projected, cases: int
     exact fit): their objective is flat, so a difference in the last bits can end the two
     paths at different points of a valley, or one at the iteration limit; the parameters are
     not compared for that reason."""
-    import torch
-
-    from tokdyn.fit import backends
-
     rng = np.random.default_rng(20261203)
     totals = {"rows": 0, "status_equal": 0, "n_iter_equal": 0, "sse_max_rel": 0.0,
               "well_posed": 0, "well_posed_status_equal": 0, "sse_max_rel_well_posed": 0.0,
@@ -170,27 +177,21 @@ def _random_cases(fused, ops, levenberg_marquardt, sigmoid_projected, cases: int
         floor = rng.choice([-np.inf, 0.0, 0.5], B)
         caps = (np.full((B, 2), np.inf) if rng.random() < 0.3
                 else rng.uniform(0.05, 1.0, (B, 2)))
-        t = [torch.as_tensor(a) for a in (x, Yc, W, th0, lo, hi, caps, mean, floor)]
         max_iter = int(rng.choice([5, 30, 60]))
-        lm = levenberg_marquardt(
-            ops, lambda x_, Y_, W_, th_, m_, f_: sigmoid_projected(ops, x_, Y_, W_, th_, m_, f_),
-            t[0], t[1], t[2], t[3], t[4], t[5], max_iter=max_iter, ftol=1e-8, xtol=1e-8,
-            step_max=t[6], shrink_min=backends.SHRINK_MIN, flat_converged=True,
-            row_data=(t[7], t[8]))
-        out = fused.projected_sigmoid_lm(
-            *t, max_iter=max_iter, ftol=1e-8, xtol=1e-8, shrink_min=backends.SHRINK_MIN,
-            block_r=int(rng.choice([8, 16, 32])), block_k=int(rng.choice([4, 8, 16, 64])))
-        same_status = lm.status.numpy() == out["status"].numpy()
-        same_iter = lm.n_iter.numpy() == out["n_iter"].numpy()
+        block = (int(rng.choice([8, 16, 32])), int(rng.choice([4, 8, 16, 64])))
+        lm, out = _solve_both(fused, x, Yc, W, th0, lo, hi, caps, mean, floor,
+                              max_iter=max_iter, block=block)
+        same_status = lm["status"] == out["status"]
+        same_iter = lm["n_iter"] == out["n_iter"]
         totals["rows"] += B
         totals["status_equal"] += int(same_status.sum())
         totals["n_iter_equal"] += int(same_iter.sum())
         totals["floor_rows"] += int(np.sum(np.isfinite(floor)))
-        totals["converged"] += int(np.sum(lm.status.numpy() == 0))
-        both = (lm.status.numpy() == 0) & (out["status"].numpy() == 0)
+        totals["converged"] += int(np.sum(lm["status"] == 0))
+        both = (lm["status"] == 0) & (out["status"] == 0)
         syy = (Yc * Yc).sum(1) + 1e-300
-        rel = np.abs(lm.sse.numpy() - out["sse"].numpy()) / syy
-        well = (n >= 10) & (lm.sse.numpy() <= 0.5 * syy)
+        rel = np.abs(lm["sse"] - out["sse"]) / syy
+        well = (n >= 10) & (lm["sse"] <= 0.5 * syy)
         totals["sse_max_rel"] = max(totals["sse_max_rel"], float(rel[both].max(initial=0.0)))
         totals["well_posed"] += int(well.sum())
         totals["well_posed_status_equal"] += int((well & same_status).sum())

@@ -17,7 +17,9 @@ numpy and torch, so the batched solver is written once.
 from __future__ import annotations
 
 import importlib.util
+import os
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -307,23 +309,27 @@ def _fused_sigmoid_solver(ops):
     """The one-launch sigmoid solver for the torch backend's device, or None: on CUDA with
     triton installed (set TOKDYN_FUSED=0 to use the batched solver there instead), unless it
     already failed in this process."""
-    import os
-
     if (ops.device.type != "cuda" or os.environ.get("TOKDYN_FUSED", "1") == "0"
             or _FUSED_ERROR):
         return None
     return load_triton()
 
 
-def _fused_failed(err: BaseException) -> None:
-    """The one-launch solver raised (a Triton or driver that cannot build or run it): say so
-    once, and let the batched solver fit this and every later block (same results)."""
-    import warnings
-
-    _FUSED_ERROR.append(f"{type(err).__name__}: {err}".splitlines()[0][:300])
-    warnings.warn("tokdyn: the fused GPU sigmoid solver failed (" + _FUSED_ERROR[0] + "); "
-                  "fitting with the batched torch solver instead (same results, slower)",
-                  RuntimeWarning, stacklevel=3)
+def _fused_solve(fused, *args, **kwargs) -> dict | None:
+    """``fused.projected_sigmoid_lm(*args, **kwargs)``, or None where it already failed in
+    this process or fails now (a Triton or driver that cannot build or run it): then it says
+    so once, and the batched solver fits this and every later block (same results)."""
+    if _FUSED_ERROR:
+        return None
+    try:
+        with _FUSED_LOCK:
+            return fused.projected_sigmoid_lm(*args, **kwargs)
+    except Exception as err:
+        _FUSED_ERROR.append(f"{type(err).__name__}: {err}".splitlines()[0][:300])
+        warnings.warn("tokdyn: the fused GPU sigmoid solver failed (" + _FUSED_ERROR[0] + "); "
+                      "fitting with the batched torch solver instead (same results, slower)",
+                      RuntimeWarning, stacklevel=3)
+        return None
 
 
 # The width columns of each model's parameters: s, and s1 and s2 (the solvers work in ln s).
@@ -457,16 +463,14 @@ def _batched_ops(backend: str, device: Any):
 
 
 def _run_projected_sigmoid(x, Y, p0, lo, hi, *, max_iter, ftol, xtol, backend, device,
-                           step_max, fused=None) -> dict[str, np.ndarray]:
+                           step_max) -> dict[str, np.ndarray]:
     """The sigmoid by variable projection on numpy or torch (as varpro does on numba):
     LM over (mu, ln s) only, then the amplitudes, J^T J and SSE of the full model.
 
     On CUDA with triton the LM loop runs in one kernel launch per block of rows
-    (:mod:`tokdyn.fit.triton_kernels`); ``fused`` (its module, :func:`load_triton`) forces
-    that path on any torch device (tests: Triton's interpreter on the CPU)."""
+    (:mod:`tokdyn.fit.triton_kernels`, chosen by :func:`_fused_sigmoid_solver`)."""
     ops, rows, check_every = _batched_ops(backend, device)
-    if fused is None and backend == "torch":
-        fused = _fused_sigmoid_solver(ops)
+    fused = _fused_sigmoid_solver(ops) if backend == "torch" else None
     x_b = ops.asarray(x)
     parts = []
     for start in range(0, Y.shape[0], rows):
@@ -477,21 +481,13 @@ def _run_projected_sigmoid(x, Y, p0, lo, hi, *, max_iter, ftol, xtol, backend, d
         floor = ops.asarray(lo[sl, 1])  # the least level (linf's bound; l0 shares it)
         th0, lo_b, hi_b = (ops.asarray(a[sl, 2:4]) for a in (p0, lo, hi))
         caps = None if step_max is None else ops.asarray(step_max[sl])
-        res = None
-        if fused is not None:
-            try:
-                with _FUSED_LOCK:
-                    res = fused.projected_sigmoid_lm(
-                        x_b, Yc, W, th0, lo_b, hi_b,
-                        ops.full_like(th0, float("inf")) if caps is None else caps, mean_b,
-                        floor, max_iter=max_iter, ftol=ftol, xtol=xtol,
-                        shrink_min=SHRINK_MIN)
-            except Exception as err:  # a Triton or driver that cannot build or run it
-                _fused_failed(err)
-                fused = None
-        if res is not None:
-            th, d, c0 = res["p"], res["d"], res["lin"]
-            res = LMResult(**{k: res[k] for k in ("p", "sse", "A", "n_iter", "status")})
+        out = None if fused is None else _fused_solve(
+            fused, x_b, Yc, W, th0, lo_b, hi_b,
+            ops.full_like(th0, float("inf")) if caps is None else caps, mean_b, floor,
+            max_iter=max_iter, ftol=ftol, xtol=xtol, shrink_min=SHRINK_MIN)
+        if out is not None:
+            th, d, c0 = out["p"], out["d"], out["lin"]
+            res = LMResult(**{k: out[k] for k in ("p", "sse", "A", "n_iter", "status")})
         else:
             res = levenberg_marquardt(
                 ops,

@@ -21,7 +21,7 @@ can change a row's path, rarely its optimum (the interpreter, which the tests ru
 neither contraction).
 
 A kernel that fails to compile or launch makes the torch backend fall back to its batched
-solver with one warning (:func:`tokdyn.fit.backends._fused_failed`); a fault inside a running
+solver with one warning (:func:`tokdyn.fit.backends._fused_solve`); a fault inside a running
 kernel is reported by CUDA later, asynchronously, and leaves the device unusable: no fallback
 can cover that.
 
