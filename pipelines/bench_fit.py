@@ -57,9 +57,13 @@ both times. With ``--against REV`` the same for REV's tree, alternated ``--pairs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import subprocess
+import sys
+import tempfile
 import time
 import warnings
 
@@ -157,9 +161,6 @@ def real_figures(path: str | None, n_ref: int, backend: str, device) -> dict:
 def store_mode(tokens: int, rows: int, seed: int, only_full: bool = False) -> None:
     """Write a float16 store of planted events, then time `tokdyn fit` on it in a child process."""
     import resource
-    import subprocess
-    import sys
-    import tempfile
 
     import tokdyn
 
@@ -276,25 +277,50 @@ def timed_fits(rows: str, repeat: int, backend: str) -> dict:
             "digest": digest.hexdigest()}
 
 
+# This checkout's root: the "head" side of --against and --compile.
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _git(*args: str) -> str:
+    proc = subprocess.run(["git", "-C", HERE, *args], capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"bench_fit: git {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+@contextlib.contextmanager
+def _revision_tree(rev: str, tmp: str):
+    """A temporary git worktree of ``rev`` in ``tmp`` (the "base" side), removed after."""
+    tree = os.path.join(tmp, "base")
+    _git("worktree", "add", "--detach", tree, rev)
+    try:
+        yield tree
+    finally:
+        _git("worktree", "remove", "--force", tree)
+
+
+def _child(args: list[str], where: str, **env: str) -> dict:
+    """This script run with ``args`` in the tree ``where`` (its own package first on the path,
+    whatever is installed; ``env`` added); its JSON line."""
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *args], cwd=where,
+                          env={**os.environ, "PYTHONPATH": where, **env},
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"bench_fit: the child in {where} failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def _alternated(i: int) -> tuple[str, str]:
+    """The order of the two sides in the i-th pair: base first, then head first, ..."""
+    return ("base", "head") if i % 2 == 0 else ("head", "base")
+
+
 def against_mode(rev: str, pairs: int, n: int, points: int, noise: float, seed: int,
                  repeat: int, backend: str) -> None:
     """Time this checkout against revision ``rev`` in alternated child processes (module doc)."""
-    import subprocess
-    import sys
-    import tempfile
-
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    child = [sys.executable, os.path.abspath(__file__), "--repeat", str(repeat), "--backend",
-             backend, "--child"]
-
-    def git(*args):
-        proc = subprocess.run(["git", "-C", here, *args], capture_output=True, text=True)
-        if proc.returncode:
-            raise SystemExit(f"bench_fit: git {' '.join(args)}: {proc.stderr.strip()}")
-        return proc.stdout.strip()
-
-    head, base = git("rev-parse", "--short", "HEAD"), git("rev-parse", "--short", rev)
-    dirty = bool(git("status", "--porcelain", "--", "tokdyn"))  # head is the working tree
+    child = ["--repeat", str(repeat), "--backend", backend, "--child"]
+    head, base = _git("rev-parse", "--short", "HEAD"), _git("rev-parse", "--short", rev)
+    dirty = bool(_git("status", "--porcelain", "--", "tokdyn"))  # head is the working tree
     with tempfile.TemporaryDirectory() as tmp:
         # the same rows for both sides, planted here (not by each revision's own code)
         x = log_axis(np.geomspace(10.0, 1e5, points))
@@ -302,27 +328,14 @@ def against_mode(rev: str, pairs: int, n: int, points: int, noise: float, seed: 
         data, warm = os.path.join(tmp, "rows.npz"), os.path.join(tmp, "warm.npz")
         np.savez(data, x=x, Y=Y)
         np.savez(warm, x=x, Y=Y[:300])
-        tree = os.path.join(tmp, "base")
-        git("worktree", "add", "--detach", tree, base)
-        try:
-            def run(where: str, rows_file: str) -> dict:
-                # the tree's own package first on the path, whatever is installed
-                env = {**os.environ, "PYTHONPATH": where}
-                proc = subprocess.run([*child, rows_file], cwd=where, env=env,
-                                      capture_output=True, text=True)
-                if proc.returncode:
-                    raise SystemExit(f"bench_fit: the child in {where} failed: {proc.stderr[-2000:]}")
-                return json.loads(proc.stdout)
-
-            for where in (tree, here):  # compile each tree's kernels once, untimed
-                run(where, warm)
+        with _revision_tree(base, tmp) as tree:
+            for where in (tree, HERE):  # compile each tree's kernels once, untimed
+                _child([*child, warm], where)
             load = [round(os.getloadavg()[0], 2)]
             rows = []
             for i in range(pairs):
-                order = ("base", "head") if i % 2 == 0 else ("head", "base")
-                rows.append({who: run(tree if who == "base" else here, data) for who in order})
-        finally:
-            git("worktree", "remove", "--force", tree)
+                rows.append({who: _child([*child, data], tree if who == "base" else HERE)
+                             for who in _alternated(i)})
     load.append(round(os.getloadavg()[0], 2))
 
     def ratios(key):
@@ -362,48 +375,25 @@ def first_fit_times(rows: str, backend: str) -> dict:
 def compile_mode(rev: str | None, pairs: int, backend: str) -> None:
     """The first fit with an empty numba cache and again from the cache it left (module doc),
     for this checkout and, with ``rev``, for REV's tree alternately."""
-    import subprocess
-    import sys
-    import tempfile
-
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    child = [sys.executable, os.path.abspath(__file__), "--backend", backend, "--compile-child"]
-    sides = {"head": here}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         x = log_axis(np.geomspace(10.0, 1e5, 100))
         data = os.path.join(tmp, "rows.npz")
         np.savez(data, x=x, Y=plant_sigmoids(256, x, rng=np.random.default_rng(0), noise=0.2).Y)
+        sides = {"head": HERE}
         if rev is not None:
-            sides["base"] = os.path.join(tmp, "base")
-            proc = subprocess.run(["git", "-C", here, "worktree", "add", "--detach",
-                                   sides["base"], rev], capture_output=True, text=True)
-            if proc.returncode:
-                raise SystemExit(f"bench_fit: git worktree add {rev}: {proc.stderr.strip()}")
-        try:
-            runs = {who: [] for who in sides}
-            for i in range(pairs if rev is not None else 1):
-                for who in (sorted(sides) if i % 2 == 0 else sorted(sides, reverse=True)):
-                    cache = tempfile.mkdtemp(dir=tmp)
-                    env = {**os.environ, "PYTHONPATH": sides[who], "NUMBA_CACHE_DIR": cache}
-
-                    def run() -> dict:
-                        proc = subprocess.run([*child, data], cwd=sides[who], env=env,
-                                              capture_output=True, text=True)
-                        if proc.returncode:
-                            raise SystemExit(f"bench_fit: the {who} child failed: "
-                                             f"{proc.stderr[-2000:]}")
-                        return json.loads(proc.stdout)
-
-                    cold, warm = run(), run()  # the second loads what the first compiled
-                    runs[who].append({"first_sigmoid_s": round(cold["sigmoid_s"], 2),
-                                      "first_full_s": round(cold["full_s"], 2),
-                                      "first_s": round(cold["sigmoid_s"] + cold["full_s"], 2),
-                                      "cached_s": round(warm["sigmoid_s"] + warm["full_s"], 2),
-                                      "cache_files": sum(len(f) for _, _, f in os.walk(cache))})
-        finally:
-            if rev is not None:
-                subprocess.run(["git", "-C", here, "worktree", "remove", "--force",
-                                sides["base"]], capture_output=True)
+            sides["base"] = stack.enter_context(_revision_tree(rev, tmp))
+        runs = {who: [] for who in sides}
+        for i in range(pairs if rev is not None else 1):
+            for who in (w for w in _alternated(i) if w in sides):
+                cache = tempfile.mkdtemp(dir=tmp)
+                args = ["--backend", backend, "--compile-child", data]
+                cold = _child(args, sides[who], NUMBA_CACHE_DIR=cache)
+                warm = _child(args, sides[who], NUMBA_CACHE_DIR=cache)  # loads what cold compiled
+                runs[who].append({"first_sigmoid_s": round(cold["sigmoid_s"], 2),
+                                  "first_full_s": round(cold["full_s"], 2),
+                                  "first_s": round(cold["sigmoid_s"] + cold["full_s"], 2),
+                                  "cached_s": round(warm["sigmoid_s"] + warm["full_s"], 2),
+                                  "cache_files": sum(len(f) for _, _, f in os.walk(cache))})
     out = {"bench": "fit_compile", "rows": 256, "backend": backend, "runs": runs,
            "first_s_median": {who: float(np.median([r["first_s"] for r in rs]))
                               for who, rs in runs.items()}}
