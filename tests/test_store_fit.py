@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -202,3 +204,122 @@ def test_read_fit_refuses_a_stale_fit(tmp_path, data):
     st.run("r").writer(resume=True).append(Y[:, -1], step=50_000)
     with pytest.raises(StoreError, match="--refit"):
         read_fit(st, "r")
+
+
+def _failing_fit_block(monkeypatch, *, fail_at: int, pause: float = 0.02, hold: int | None = None, release=None):
+    """fit_block made slow (``pause`` s a call, so that other blocks are in flight) and failing
+    at its ``fail_at``-th call; its ``hold``-th call waits (up to 2 s) for the event ``release``
+    first. Returns the log of write_block entries and exits (monotonic s)."""
+    from tokdyn.store.fit import FitResults
+
+    real_fit, real_write = fitjob.fit_block, FitResults.write_block
+    calls, log, lock = {"n": 0}, [], threading.Lock()
+
+    def slow(*args, **kwargs):
+        with lock:
+            calls["n"] += 1
+            n = calls["n"]
+        time.sleep(pause)
+        if n == hold:
+            release.wait(2.0)
+        if n == fail_at:
+            raise ValueError("planted failure")
+        return real_fit(*args, **kwargs)
+
+    def logged(self, *args, **kwargs):
+        log.append(("enter", time.monotonic()))
+        try:
+            return real_write(self, *args, **kwargs)
+        finally:
+            log.append(("exit", time.monotonic()))
+
+    monkeypatch.setattr(fitjob, "fit_block", slow)
+    monkeypatch.setattr(FitResults, "write_block", logged)
+    return log
+
+
+def test_a_failed_fit_returns_only_once_no_block_is_being_written(tmp_path, data, monkeypatch):
+    """dask re-raises a task's error at once and leaves the other threads running: they wrote
+    blocks and done flags after the fit had failed and let go of its lock. Now the fit stops
+    them and waits: nothing is written after it returns."""
+    st = make_store(tmp_path / "t.zarr", data[0][:800], token_chunk=50)  # 16 blocks of 5 batches
+    log = _failing_fit_block(monkeypatch, fail_at=12)
+    with pytest.raises(ValueError, match="planted"):
+        fit_run(st.run("r"), scheduler="threads", workers=2, batch_rows=10, progress=False)
+    returned = time.monotonic()
+    time.sleep(0.5)  # what the other thread had left of its block, and more
+    assert log and all(t <= returned for _, t in log), "a block was written after the failed fit returned"
+    assert not st.run("r").fit.meta["complete"]
+
+
+@pytest.mark.parametrize("guard", ["both", "store only"])
+def test_a_refit_right_after_a_failed_fit_holds_only_its_own_blocks(tmp_path, data, monkeypatch, guard):
+    """A fit fails in one block while another block is still being fitted; a refit on other
+    inputs (a fit window) starts at once and finishes before that block would be written. Every
+    block of the refit is its own, equal to the same fit on a fresh store. Two guards each
+    suffice: the job waits for its threads; the store refuses a block of a replaced fit (what
+    protects cluster workers), checked here with the job's wait switched off."""
+    import dask
+
+    Y = data[0][:800]
+    ref = make_store(tmp_path / "ref.zarr", Y, token_chunk=50)
+    fit_run(ref.run("r"), scheduler="sync", axis_min=STEPS[5], progress=False)
+    expected = read_fit(ref, "r")
+    st = make_store(tmp_path / "u.zarr", Y, token_chunk=50)
+    release = threading.Event()
+    if guard == "store only":  # dask's own thread pool, which nothing waits for
+        monkeypatch.setattr(fitjob, "_run_tasks", lambda todo, task_args, **kw: fitjob._compute_local(
+            [dask.delayed(fitjob._fit_one_block, pure=False)(b, **task_args) for b in todo], False, scheduler="threads", num_workers=2))
+    with monkeypatch.context() as m:
+        _failing_fit_block(m, fail_at=2, hold=1, release=release)  # block 1 fails while block 0 is held
+        with pytest.raises(ValueError, match="planted"):
+            fit_run(st.run("r"), scheduler="threads", workers=2, batch_rows=50, progress=False)
+    res = fit_run(st.run("r"), scheduler="threads", workers=2, refit=True, axis_min=STEPS[5], progress=False)
+    release.set()
+    time.sleep(0.3)  # the held block, if anything still runs it, is written now
+    assert res.n_points == len(STEPS) - 5 and res.blocks_fitted == 16
+    got = read_fit(st, "r")
+    for name in FIT_FIELDS:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def test_a_block_of_a_replaced_fit_is_refused(tmp_path, data):
+    """A worker of an earlier fit (a failed job's, a lost cluster worker's) hands over its block
+    after a refit began: the store refuses it and the refit's arrays and done flags stay as they
+    were; the same block with the current fit_id is written."""
+    st = make_store(tmp_path / "v.zarr", data[0][:100], token_chunk=50)
+    run = st.run("r")
+    fields = {name: np.dtype(dt).str for name, dt in FIT_FIELDS.items()}
+    block = {name: np.ones(50, dtype=dt) for name, dt in FIT_FIELDS.items()}
+    with run.fit.writer({"n_committed": run.n_committed, "block_tokens": 50}, fields, n_blocks=2) as old:
+        stale = old.fit_id
+    with run.fit.writer({"n_committed": run.n_committed, "block_tokens": 50}, fields, n_blocks=2, refit=True) as new:
+        assert new.fit_id != stale
+        with pytest.raises(StoreError, match="was replaced while block 1"):
+            run.fit.write_block(1, 50, block, fit_id=stale)
+        assert not new.done().any()
+        g = run._group["fit"]
+        assert np.isnan(g["mu"][...]).all() and not g["crc"][...].any()
+        run.fit.write_block(1, 50, block, fit_id=new.fit_id)
+        assert new.done().tolist() == [False, True]
+
+
+def test_a_failed_fit_on_a_cluster_cancels_its_other_blocks_and_a_refit_is_clean(tmp_path, data, monkeypatch):
+    """On a dask.distributed cluster (in-process workers, so the failure can be planted) the
+    task's own error is raised, the blocks not started are cancelled, and a refit at once on other
+    inputs holds only its own blocks."""
+    distributed = pytest.importorskip("distributed")
+    Y = data[0][:800]
+    ref = make_store(tmp_path / "ref.zarr", Y, token_chunk=50)
+    fit_run(ref.run("r"), scheduler="sync", axis_min=STEPS[5], progress=False)
+    st = make_store(tmp_path / "w.zarr", Y, token_chunk=50)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster:
+        with monkeypatch.context() as m:
+            log = _failing_fit_block(m, fail_at=3)
+            with pytest.raises(ValueError, match="planted"):
+                fit_run(st.run("r"), scheduler=cluster.scheduler_address, batch_rows=50, progress=False)
+        assert sum(what == "enter" for what, _ in log) < 16  # the rest were cancelled
+        fit_run(st.run("r"), scheduler=cluster.scheduler_address, refit=True, axis_min=STEPS[5], progress=False)
+    got, expected = read_fit(st, "r"), read_fit(ref, "r")
+    for name in FIT_FIELDS:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)

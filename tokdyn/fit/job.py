@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,7 +210,7 @@ def fit_run(
         if todo:
             task_args = dict(url=st.url, storage_options=st.storage_options, run=run.name, rows=rows, x=x,
                              options=opts, backend=backend, device=str(device) if device is not None else None,
-                             block=block, n=n, batch_rows=int(batch_rows))  # fmt: skip
+                             block=block, n=n, batch_rows=int(batch_rows), fit_id=fw.fit_id)  # fmt: skip
             if scheduler in ("threads", "sync"):
                 task_args["store"] = st  # share the open store (and a memory:// one) with the threads
             _run_tasks(todo, task_args, scheduler=scheduler, distributed=distributed, workers=workers, progress=progress)
@@ -240,8 +242,12 @@ def stored_options(run: Run) -> FitOptions:
 # -- internals -----------------------------------------------------------------------------
 
 
-def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backend, device, block, n, batch_rows, store=None) -> int:
-    """Fit token block ``b``: read, fit in batches, hand the fields to the store, which marks it done."""
+def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backend, device, block, n, batch_rows, fit_id,
+                   store=None, stop=None) -> int | None:  # fmt: skip
+    """Fit token block ``b``: read, fit in batches, hand the fields to the store, which marks it
+    done. ``stop`` (a :class:`threading.Event`, threads only) set by the job when another block
+    failed: the block is dropped between batches, unwritten (the job waits for it before it
+    returns and lets go of the fit lock)."""
     st = store if store is not None else as_store(url, mode="r+", storage_options=storage_options or None)
     r = st.run(run)
     a, e = b * block, min(n, (b + 1) * block)
@@ -249,11 +255,15 @@ def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backe
     Y = r.losses(tokens=slice(a, e), rows=slice(first, int(rows.max()) + 1))[rows - first]  # [K, B] in the stored dtype; damage is a StoreError
     out = {name: np.empty(e - a, dtype=dt) for name, dt in FIT_FIELDS.items()}
     for s in range(0, e - a, batch_rows):
+        if stop is not None and stop.is_set():
+            return None
         # tokens by rows, float64: one copy that converts as it transposes (astype, then a
         # contiguous copy of its transposed result, took twice as long)
         fit_block(x, np.ascontiguousarray(Y[:, s : s + batch_rows].T, dtype=np.float64), options=options, backend=backend,
                   device=device, out={name: a[s : s + batch_rows] for name, a in out.items()})  # fmt: skip
-    r.fit.write_block(b, a, out)
+    if stop is not None and stop.is_set():
+        return None
+    r.fit.write_block(b, a, out, fit_id=fit_id)
     return e - a
 
 
@@ -307,35 +317,61 @@ def check_scheduler(address: str, timeout: float | None = None) -> None:
 
 
 def _run_tasks(todo, task_args, *, scheduler: str, distributed: bool, workers: int | None, progress: bool) -> None:
-    """Run one task per block on the chosen scheduler; a task's error is raised here."""
+    """Run one task per block on the chosen scheduler; a task's error is raised here, once no
+    task of this job is still writing (the caller holds the fit lock until then)."""
     import dask
 
-    tasks = [dask.delayed(_fit_one_block, pure=False)(b, **task_args) for b in todo]
+    def tasks(**extra):
+        return [dask.delayed(_fit_one_block, pure=False)(b, **task_args, **extra) for b in todo]
+
     if distributed:
-        try:
-            from distributed import Client, as_completed
-        except ImportError:
-            raise InputError("a scheduler address needs dask.distributed: pip install 'tokdyn[distributed]'") from None
-        check_scheduler(scheduler)
-        try:
-            client = Client(scheduler, timeout="10s")
-        except OSError as exc:
-            raise InputError(f"cannot reach the dask scheduler at {scheduler}: {exc}") from None
-        with client:
-            futures = client.compute(tasks)
-            bar = _bar(len(tasks), progress)
-            for fut in as_completed(futures):
-                fut.result()  # re-raises a task's error here
-                bar.update(1)
-            bar.close()
-        return
-    if scheduler == "processes":
+        _run_distributed(tasks(), scheduler, progress)
+    elif scheduler == "processes":
+        # The pool's exit waits for the blocks in flight (dask hands one to each worker at a time).
         with _process_pool(workers or os.cpu_count() or 1) as pool:
             # One block per hand-over: dask's default batches 6 tasks to a worker, which left
             # one of 2 workers idle for most of an 8-block fit (2M tokens: 34.2 s, now 29-31 s).
-            _compute_local(tasks, progress, scheduler="processes", pool=pool, chunksize=1)
-        return
-    _compute_local(tasks, progress, scheduler=scheduler, num_workers=workers)
+            _compute_local(tasks(), progress, scheduler="processes", pool=pool, chunksize=1)
+    elif scheduler == "threads":
+        # dask raises a task's error at once and leaves the other threads running: on their own
+        # they went on writing blocks (and done flags) after the fit had failed and its lock was
+        # released, into a refit started meanwhile. Our own pool, a stop flag, and a wait.
+        stop = threading.Event()
+        pool = ThreadPoolExecutor(workers or os.cpu_count() or 1, thread_name_prefix="tokdyn-fit")
+        try:
+            _compute_local(tasks(stop=stop), progress, scheduler="threads", pool=pool)
+        finally:
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+    else:
+        _compute_local(tasks(), progress, scheduler=scheduler)
+
+
+def _run_distributed(tasks, scheduler: str, progress: bool) -> None:
+    """The tasks on the dask.distributed scheduler at ``scheduler``; on a task's error the blocks
+    not started are cancelled (one already running that finishes after a refit began is refused
+    by the store: its fit_id is no longer the fit's)."""
+    try:
+        from distributed import Client, as_completed
+    except ImportError:
+        raise InputError("a scheduler address needs dask.distributed: pip install 'tokdyn[distributed]'") from None
+    check_scheduler(scheduler)
+    try:
+        client = Client(scheduler, timeout="10s")
+    except OSError as exc:
+        raise InputError(f"cannot reach the dask scheduler at {scheduler}: {exc}") from None
+    with client:
+        futures = client.compute(tasks)
+        bar = _bar(len(tasks), progress)
+        try:
+            for fut in as_completed(futures):
+                fut.result()  # re-raises a task's error here
+                bar.update(1)
+        except BaseException:
+            client.cancel(futures)
+            raise
+        finally:
+            bar.close()
 
 
 def _process_pool(workers: int):
@@ -373,9 +409,11 @@ def _compute_local(tasks, progress: bool, **kwargs) -> None:
             if isinstance(result, (int, np.integer)):
                 bar.update(1)
 
-    with _Progress():
-        dask.compute(*tasks, **kwargs)
-    bar.close()
+    try:
+        with _Progress():
+            dask.compute(*tasks, **kwargs)
+    finally:
+        bar.close()
 
 
 def _bar(total: int, enabled: bool):

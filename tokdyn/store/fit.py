@@ -137,13 +137,21 @@ class FitResults:
         fit_id = meta.get("fit_id")
         return None if fit_id is None or self._run._salt is None else f"{self._run._salt}/{fit_id}"
 
-    def write_block(self, block: int, start: int, values: Mapping[str, np.ndarray]) -> None:
+    def write_block(self, block: int, start: int, values: Mapping[str, np.ndarray], *, fit_id: str | None = None) -> None:
         """Write the results of tokens ``[start, start + len)``, then mark ``block`` done (its
-        commit). Called by the workers of a :class:`FitWriter`'s job, in any process."""
+        commit). Called by the workers of a :class:`FitWriter`'s job, in any process.
+
+        ``fit_id`` is the job's (:attr:`FitWriter.fit_id`): a block of a fit that has since been
+        replaced (a worker of a failed or killed job still running when a refit started) is
+        refused with a :class:`StoreError` instead of being written into the new fit, and is not
+        marked done if the fit is replaced while it is written.
+        """
         g = self._group()
         if g is None:
             raise StoreError(f"run {self._run.name!r} has no fit group to write into; it was removed while fitting")
         meta = self.meta
+        if fit_id is not None:
+            self._require_fit(meta, fit_id, block)
         fields = _fields(meta, g)
         if set(values) != set(fields):
             raise InputError(f"a fit block must hold the fields {sorted(fields)}, got {sorted(values)}")
@@ -154,7 +162,14 @@ class FitResults:
             dtypes = meta.get("fields") or {}
             g["crc"][block, :] = [position_crc(salt, f"fit/{name}", (block,), np.asarray(values[name], dtype=dtypes.get(name)))
                                   for name in fields]  # fmt: skip
+        if fit_id is not None:  # replaced while writing: the new fit fits (and overwrites) this block itself
+            self._require_fit(self.meta, fit_id, block)
         g["done"][block] = 1
+
+    def _require_fit(self, meta: Mapping, fit_id: str, block: int) -> None:
+        if meta.get("fit_id") != fit_id:
+            raise StoreError(f"the fit of run {self._run.name!r} was replaced while block {block} was being fitted; "
+                             "that block's results belong to the old fit and were not written")  # fmt: skip
 
     def writer(
         self,
@@ -243,6 +258,12 @@ class FitWriter:
             if not isinstance(arr, zarr.Array) or arr.shape != shape or np.dtype(arr.dtype) != dt:
                 raise StoreError(f"the fit of run {run.name!r} is damaged: fit/{name} is missing or is not a {dt} array of "
                                  f"shape {shape}; refit it (`tokdyn fit --refit`)")  # fmt: skip
+
+    @property
+    def fit_id(self) -> str | None:
+        """The id of the fit being written (None: one made before fits had ids); workers pass it
+        to :meth:`FitResults.write_block`."""
+        return self.results.meta.get("fit_id")
 
     def done(self) -> np.ndarray:
         """[block] bool: which blocks are already written."""
