@@ -45,6 +45,13 @@ REV`` loads REV's under other module names.
 
     python pipelines/bench_fit.py --against c692b37 --pairs 6 --n 100000
 
+With ``--store-tokens`` as well, the store is written once and `tokdyn fit --refit` (the full
+record, the CLI as a user runs it) of each tree is timed in alternated child processes, after
+one untimed fit each that compiles its kernels: what a change to the store job costs (reading,
+the scheduler, writing), which the in-memory fits above do not see.
+
+    python pipelines/bench_fit.py --store-tokens 300000 --store-rows 200 --against 0a03ccd~1 --pairs 3
+
 The first fit's compile (``--compile``): numba compiles the kernels on the first fit after
 tokdyn is installed or upgraded and caches them on disk. A child process fits 256 planted rows
 (the sigmoid alone, then the full record) with an empty cache (``NUMBA_CACHE_DIR`` a fresh
@@ -70,6 +77,7 @@ import warnings
 import numpy as np
 from scipy.optimize import curve_fit
 
+import tokdyn
 from tokdyn.fit import available_backends, fit_sigmoids, log_axis
 from tokdyn.fit.backends import resolve_backend
 from tokdyn.fit.synthetic import plant_sigmoids
@@ -158,12 +166,10 @@ def real_figures(path: str | None, n_ref: int, backend: str, device) -> dict:
     }
 
 
-def store_mode(tokens: int, rows: int, seed: int, only_full: bool = False) -> None:
-    """Write a float16 store of planted events, then time `tokdyn fit` on it in a child process."""
-    import resource
-
-    import tokdyn
-
+def store_mode(tokens: int, rows: int, seed: int, only_full: bool = False, against: str | None = None,
+               pairs: int = 3, backend: str = "auto") -> None:
+    """Write a float16 store of planted events, then time `tokdyn fit` on it in a child process
+    (with ``against``: the full record by this checkout and by revision ``against``, alternated)."""
     rng = np.random.default_rng(seed)
     steps = np.unique(np.round(np.geomspace(100, 1_000_000, rows)).astype(np.int64))  # distinct integers
     x = np.log10(steps)
@@ -172,7 +178,8 @@ def store_mode(tokens: int, rows: int, seed: int, only_full: bool = False) -> No
     linf = rng.uniform(1.0, 3.0, tokens)
     delta = rng.uniform(1.0, 6.0, tokens)
     probe = tokdyn.ProbeSet(None, {"sample_id": np.arange(tokens, dtype=np.int32), "token_pos": np.ones(tokens, np.int32)})
-    out = {"bench": "fit_store", "tokens": tokens, "rows": int(len(steps)), "dtype": "float16"}
+    out = {"bench": "fit_store" if against is None else "fit_store_against", "tokens": tokens, "rows": int(len(steps)),
+           "dtype": "float16"}  # fmt: skip
     with tempfile.TemporaryDirectory() as d:
         url = f"{d}/bench.zarr"
         st = tokdyn.open_store(url, probe, mode="w")
@@ -182,37 +189,85 @@ def store_mode(tokens: int, rows: int, seed: int, only_full: bool = False) -> No
             row = linf + delta / (1 + np.exp((x[j] - mu) / s)) + 0.2 * rng.standard_normal(tokens)
             w.append(row.astype(np.float32), step=int(step), warn_nonfinite=False)
         out["write_s"] = round(time.perf_counter() - t0, 1)
-        runs = [("full", []), ("sigmoid_only", ["--no-two-step"])]
-        runs += [(f"sigmoid_only_{sch}", ["--no-two-step", "--scheduler", sch]) for sch in ("sync", "processes")]
-        if only_full:
-            runs = runs[:1]
         out["load_avg_before"] = round(os.getloadavg()[0], 2)
-        for label, extra in runs:
-            cmd = [sys.executable, "-m", "tokdyn.cli", "fit", url, "--run", "r", "--refit", "--no-progress", "--json", *extra]
-            t0 = time.perf_counter()
-            ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            wall = time.perf_counter() - t0
-            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-            if proc.returncode:
-                raise SystemExit(proc.stderr)
-            res = json.loads(proc.stdout)
-            fit = tokdyn.fit.read_fit(url, "r", fields=("mu",))
-            out[label] = {
-                "wall_s": round(wall, 1),
-                # CPU seconds of the child (all threads): what the run costs whatever the load;
-                # on 2 idle cores the wall time would be about cpu_s / 2 at best
-                "cpu_s": round(cpu_s, 1),
-                "fits_per_s": round(tokens / wall),
-                "peak_rss_MB": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
-                "scheduler": res["scheduler"],
-                "backend": res["backend"],
-                "mu_mae": round(float(np.nanmedian(np.abs(fit["mu"] - mu))), 5),
-            }
+        chosen = [] if backend == "auto" else ["--backend", backend]
+        if against is not None:
+            out.update(_store_against(url, against, pairs, d, chosen))
+        else:
+            runs = [("full", []), ("sigmoid_only", ["--no-two-step"])]
+            runs += [(f"sigmoid_only_{sch}", ["--no-two-step", "--scheduler", sch]) for sch in ("sync", "processes")]
+            for label, extra in runs[:1] if only_full else runs:
+                out[label] = _fit_child(url, [*extra, *chosen], HERE)
+                fit = tokdyn.fit.read_fit(url, "r", fields=("mu",))
+                out[label]["mu_mae"] = round(float(np.nanmedian(np.abs(fit["mu"] - mu))), 5)
+            out["note"] = "peak_rss_MB is the largest child so far (RUSAGE_CHILDREN keeps the maximum)"
     out["load_avg_after"] = round(os.getloadavg()[0], 2)
-    out["note"] = "peak_rss_MB is the largest child so far (RUSAGE_CHILDREN keeps the maximum)"
     print(json.dumps(out))
+
+
+def _fit_child(url: str, extra: list[str], where: str) -> dict:
+    """`tokdyn fit --refit` of the store at ``url`` by the package in ``where``, as a child
+    process: its wall and CPU seconds, fits/s, peak memory so far, scheduler and backend."""
+    import resource
+
+    code = "import sys; from tokdyn.cli import main; sys.exit(main(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", code, "fit", url, "--run", "r", "--refit", "--no-progress", "--json", *extra]
+    t0 = time.perf_counter()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, cwd=where, env={**os.environ, "PYTHONPATH": where}, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        raise SystemExit(f"bench_fit: `tokdyn fit` in {where} failed: {proc.stderr[-2000:]}")
+    res = json.loads(proc.stdout)
+    return {
+        "wall_s": round(wall, 2),
+        # CPU seconds of the child (all threads): what the run costs whatever the load; on 2
+        # idle cores the wall time would be about cpu_s / 2 at best
+        "cpu_s": round((ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime), 1),
+        "fits_per_s": round(res["n_tokens"] / wall),
+        "peak_rss_MB": round(ru1.ru_maxrss / 1024),
+        "scheduler": res["scheduler"],
+        "backend": res["backend"],
+    }
+
+
+def _store_against(url: str, rev: str, pairs: int, tmp: str, extra: list[str]) -> dict:
+    """The full record of the store at ``url`` by this checkout and by ``rev`` (a worktree),
+    each fitted once untimed (its kernels compiled into its own cache), then ``pairs``
+    alternated pairs; whether both stored the same fit (a digest of every field)."""
+    head, base = _git("rev-parse", "--short", "HEAD"), _git("rev-parse", "--short", rev)
+    walls = {"base": [], "head": []}
+    digests = {}
+    with _revision_tree(base, tmp) as tree:
+        trees = {"base": tree, "head": HERE}
+        for who, where in trees.items():  # untimed: compile each tree's kernels once
+            _fit_child(url, extra, where)
+            digests[who] = _fit_digest(url)
+        for i in range(pairs):
+            for who in _alternated(i):
+                walls[who].append(_fit_child(url, extra, trees[who])["wall_s"])
+    ratios = [b / h for b, h in zip(walls["base"], walls["head"])]
+    return {"base": base, "head": head, "head_uncommitted_changes": bool(_git("status", "--porcelain", "--", "tokdyn")),
+            "pairs": pairs, "wall_s": walls, "speedup_median": round(float(np.median(ratios)), 3),
+            "speedup_range": [round(min(ratios), 3), round(max(ratios), 3)],
+            "identical_fits": digests["base"] == digests["head"]}  # fmt: skip
+
+
+def _fit_digest(url: str) -> str:
+    """A digest of every field of the stored fit of run ``r``."""
+    return _digest(tokdyn.fit.read_fit(url, "r"))
+
+
+def _digest(fields: dict) -> str:
+    """A digest of every field of a fit (identical fits, identical digest)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, values in sorted(fields.items()):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(values).tobytes())
+    return h.hexdigest()
 
 
 # The compiled kernels a numba fit calls, by module (tokdyn.fit.varpro, numba_kernels): the
@@ -257,8 +312,6 @@ def timed_fits(rows: str, repeat: int, backend: str) -> dict:
     """fits/s of the sigmoid alone and of the full record on the rows of ``rows`` (an .npz of
     x [K] and Y [B, K]; best of ``repeat``), and a digest of every field of the full record's
     fit (identical fits, identical digest)."""
-    import hashlib
-
     with np.load(rows) as f:
         x, Y = f["x"], f["Y"]
     fit_sigmoids(x, Y[:256], backend=backend)  # compile / load kernels
@@ -268,13 +321,8 @@ def timed_fits(rows: str, repeat: int, backend: str) -> dict:
             t0 = time.perf_counter()
             fit = fit_sigmoids(x, Y, backend=backend, two_step=two)
             best[label] = min(best[label], time.perf_counter() - t0)
-    digest = hashlib.sha256()
-    for name, values in sorted(fit.to_dict().items()):
-        digest.update(name.encode())
-        digest.update(np.ascontiguousarray(values).tobytes())
     n = len(Y)
-    return {"fits_per_s": n / best["sigmoid"], "full_fits_per_s": n / best["full"],
-            "digest": digest.hexdigest()}
+    return {"fits_per_s": n / best["sigmoid"], "full_fits_per_s": n / best["full"], "digest": _digest(fit.to_dict())}
 
 
 # This checkout's root: the "head" side of --against and --compile.
@@ -441,14 +489,17 @@ def main() -> None:
     if args.child:
         print(json.dumps(timed_fits(args.child, args.repeat, args.backend)))
         return
+    if args.store_tokens:
+        if args.against and args.pairs < 1:
+            raise SystemExit("bench_fit: --pairs must be >= 1")
+        store_mode(args.store_tokens, args.store_rows, args.seed, args.store_full_only, args.against,
+                   args.pairs if args.against else 0, args.backend)
+        return
     if args.against:
         if args.pairs < 1 or args.n < 1 or args.repeat < 1:
             raise SystemExit("bench_fit: --pairs, --n and --repeat must be >= 1")
         against_mode(args.against, args.pairs, args.n, args.points, args.noise, args.seed,
                      args.repeat, args.backend)
-        return
-    if args.store_tokens:
-        store_mode(args.store_tokens, args.store_rows, args.seed, args.store_full_only)
         return
 
     x = log_axis(np.geomspace(10.0, 1e5, args.points))  # 4 decades, log-spaced checkpoints

@@ -147,6 +147,27 @@ def test_bench_fit_against_a_revision_times_both_in_their_own_processes(tmp_path
     assert digests[0] == digests[1] != digests[2]
 
 
+
+def test_bench_fit_times_a_store_fit_against_a_revision(tmp_path):
+    """bench_fit --store-tokens --against HEAD: one store, `tokdyn fit` by both trees in
+    alternated children; the same code stores the same fit, and the worktree is gone after."""
+    if not _git_checkout():
+        pytest.skip("not a git checkout")
+    before = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
+    cmd = [sys.executable, str(ROOT / "pipelines" / "bench_fit.py"), "--store-tokens", "300", "--store-rows", "20",
+           "--against", "HEAD", "--pairs", "2", "--backend", "numpy"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["bench"] == "fit_store_against" and out["base"] == out["head"] and out["pairs"] == 2
+    assert out["identical_fits"] is True
+    assert [len(out["wall_s"][who]) for who in ("base", "head")] == [2, 2]
+    assert all(w > 0 for who in ("base", "head") for w in out["wall_s"][who])
+    lo, hi = out["speedup_range"]
+    assert lo <= out["speedup_median"] <= hi
+    after = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
+    assert after == before
+
 def _bench_fit_compile(*args: str) -> dict:
     cmd = [sys.executable, str(ROOT / "pipelines" / "bench_fit.py"), "--compile", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
