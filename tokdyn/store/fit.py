@@ -169,7 +169,7 @@ class FitResults:
     def _require_fit(self, meta: Mapping, fit_id: str, block: int) -> None:
         if meta.get("fit_id") != fit_id:
             raise StoreError(f"the fit of run {self._run.name!r} was replaced while block {block} was being fitted; "
-                             "that block's results belong to the old fit and were not written")  # fmt: skip
+                             "its results, the old fit's, are not taken into the new one")  # fmt: skip
 
     def writer(
         self,
