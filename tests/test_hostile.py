@@ -87,12 +87,17 @@ MARKUP = ["<script>alert(1)</script>", "<img src=x onerror=alert(1)>", "$\\frac{
 def test_user_strings_reach_the_report_escaped_and_literal(text, tmp_path_factory):
     """Domain names and run attributes are the user's strings: the report shows them, escaped in
     HTML and literal in matplotlib (a "$" is not mathtext)."""
+    import html
+
     d = tmp_path_factory.mktemp("h")
-    st = fitted_store(d / "s.zarr", domains=(text, "plain"), attrs={"model_config": {"name": text}, "note": text})
+    # Between markers, so that a string such as "<" is not taken for the page's own markup.
+    tagged = f"zq{text}qz"
+    st = fitted_store(d / "s.zarr", domains=(tagged, "plain"), attrs={"model_config": {"name": tagged}, "note": tagged})
     out = tokdyn.write_report(st, d / "report.html")
     page = out.read_text()
     assert "<script" not in page.lower()
-    assert "<" not in text or text not in page  # never raw: only its escaped form can appear
+    assert html.escape(tagged) in page  # shown, escaped
+    assert not any(c in text for c in "<&") or tagged not in page  # never raw
 
 
 def test_a_damaged_axis_attribute_is_refused_when_read(tmp_path, capsys):
