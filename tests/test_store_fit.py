@@ -315,7 +315,7 @@ def test_a_failed_fit_on_a_cluster_cancels_its_other_blocks_and_a_refit_is_clean
     st = make_store(tmp_path / "w.zarr", Y, token_chunk=50)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster:
         with monkeypatch.context() as m:
-            log = _failing_fit_block(m, fail_at=3)
+            log = _failing_fit_block(m, fail_at=3, pause=0.2)  # 13 more blocks would take >= 1.3 s
             with pytest.raises(ValueError, match="planted"):
                 fit_run(st.run("r"), scheduler=cluster.scheduler_address, batch_rows=50, progress=False)
         assert sum(what == "enter" for what, _ in log) < 16  # the rest were cancelled
