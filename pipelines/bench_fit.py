@@ -167,7 +167,7 @@ def real_figures(path: str | None, n_ref: int, backend: str, device) -> dict:
 
 
 def store_mode(tokens: int, rows: int, seed: int, only_full: bool = False, against: str | None = None,
-               pairs: int = 3, backend: str = "auto") -> None:
+               pairs: int = 6, backend: str = "auto") -> None:
     """Write a float16 store of planted events, then time `tokdyn fit` on it in a child process
     (with ``against``: the full record by this checkout and by revision ``against``, alternated)."""
     rng = np.random.default_rng(seed)
@@ -236,27 +236,20 @@ def _store_against(url: str, rev: str, pairs: int, tmp: str, extra: list[str]) -
     """The full record of the store at ``url`` by this checkout and by ``rev`` (a worktree),
     each fitted once untimed (its kernels compiled into its own cache), then ``pairs``
     alternated pairs; whether both stored the same fit (a digest of every field)."""
-    head, base = _git("rev-parse", "--short", "HEAD"), _git("rev-parse", "--short", rev)
+    sides = _sides(rev)
     walls = {"base": [], "head": []}
     digests = {}
-    with _revision_tree(base, tmp) as tree:
+    with _revision_tree(sides["base"], tmp) as tree:
         trees = {"base": tree, "head": HERE}
         for who, where in trees.items():  # untimed: compile each tree's kernels once
             _fit_child(url, extra, where)
-            digests[who] = _fit_digest(url)
+            digests[who] = _digest(tokdyn.fit.read_fit(url, "r"))
         for i in range(pairs):
             for who in _alternated(i):
                 walls[who].append(_fit_child(url, extra, trees[who])["wall_s"])
-    ratios = [b / h for b, h in zip(walls["base"], walls["head"])]
-    return {"base": base, "head": head, "head_uncommitted_changes": bool(_git("status", "--porcelain", "--", "tokdyn")),
-            "pairs": pairs, "wall_s": walls, "speedup_median": round(float(np.median(ratios)), 3),
-            "speedup_range": [round(min(ratios), 3), round(max(ratios), 3)],
+    return {**sides, "pairs": pairs, "wall_s": walls,
+            **_spread("speedup", [b / h for b, h in zip(walls["base"], walls["head"])]),
             "identical_fits": digests["base"] == digests["head"]}  # fmt: skip
-
-
-def _fit_digest(url: str) -> str:
-    """A digest of every field of the stored fit of run ``r``."""
-    return _digest(tokdyn.fit.read_fit(url, "r"))
 
 
 def _digest(fields: dict) -> str:
@@ -358,6 +351,19 @@ def _child(args: list[str], where: str, **env: str) -> dict:
     return json.loads(proc.stdout)
 
 
+def _sides(rev: str) -> dict:
+    """The two sides of an A/B against ``rev``: the short hashes of ``rev`` (base) and of HEAD,
+    and whether the working tree's tokdyn/ differs from HEAD (the head side is the working tree)."""
+    return {"base": _git("rev-parse", "--short", rev), "head": _git("rev-parse", "--short", "HEAD"),
+            "head_uncommitted_changes": bool(_git("status", "--porcelain", "--", "tokdyn"))}
+
+
+def _spread(name: str, ratios: list[float]) -> dict:
+    """``<name>_median`` and ``<name>_range`` of the per-pair speed-ups ``ratios``."""
+    return {f"{name}_median": round(float(np.median(ratios)), 3),
+            f"{name}_range": [round(min(ratios), 3), round(max(ratios), 3)]}
+
+
 def _alternated(i: int) -> tuple[str, str]:
     """The order of the two sides in the i-th pair: base first, then head first, ..."""
     return ("base", "head") if i % 2 == 0 else ("head", "base")
@@ -367,8 +373,7 @@ def against_mode(rev: str, pairs: int, n: int, points: int, noise: float, seed: 
                  repeat: int, backend: str) -> None:
     """Time this checkout against revision ``rev`` in alternated child processes (module doc)."""
     child = ["--repeat", str(repeat), "--backend", backend, "--child"]
-    head, base = _git("rev-parse", "--short", "HEAD"), _git("rev-parse", "--short", rev)
-    dirty = bool(_git("status", "--porcelain", "--", "tokdyn"))  # head is the working tree
+    sides = _sides(rev)
     with tempfile.TemporaryDirectory() as tmp:
         # the same rows for both sides, planted here (not by each revision's own code)
         x = log_axis(np.geomspace(10.0, 1e5, points))
@@ -376,7 +381,7 @@ def against_mode(rev: str, pairs: int, n: int, points: int, noise: float, seed: 
         data, warm = os.path.join(tmp, "rows.npz"), os.path.join(tmp, "warm.npz")
         np.savez(data, x=x, Y=Y)
         np.savez(warm, x=x, Y=Y[:300])
-        with _revision_tree(base, tmp) as tree:
+        with _revision_tree(sides["base"], tmp) as tree:
             for where in (tree, HERE):  # compile each tree's kernels once, untimed
                 _child([*child, warm], where)
             load = [round(os.getloadavg()[0], 2)]
@@ -390,16 +395,13 @@ def against_mode(rev: str, pairs: int, n: int, points: int, noise: float, seed: 
         return [r["head"][key] / r["base"][key] for r in rows]
 
     out = {
-        "bench": "fit_against", "base": base, "head": head, "head_uncommitted_changes": dirty,
+        "bench": "fit_against", **sides,
         "pairs": pairs, "n": n, "points": points, "backend": backend,
         "fits_per_s": [[round(r["base"]["fits_per_s"]), round(r["head"]["fits_per_s"])] for r in rows],
         "full_fits_per_s": [[round(r["base"]["full_fits_per_s"]), round(r["head"]["full_fits_per_s"])]
                             for r in rows],
-        "speedup_median": round(float(np.median(ratios("fits_per_s"))), 3),
-        "speedup_range": [round(min(ratios("fits_per_s")), 3), round(max(ratios("fits_per_s")), 3)],
-        "full_speedup_median": round(float(np.median(ratios("full_fits_per_s"))), 3),
-        "full_speedup_range": [round(min(ratios("full_fits_per_s")), 3),
-                               round(max(ratios("full_fits_per_s")), 3)],
+        **_spread("speedup", ratios("fits_per_s")),
+        **_spread("full_speedup", ratios("full_fits_per_s")),
         "identical_fits": all(r["head"]["digest"] == r["base"]["digest"] for r in rows),
         "load_avg": load,
         "cpus": os.cpu_count(),
@@ -493,7 +495,7 @@ def main() -> None:
         if args.against and args.pairs < 1:
             raise SystemExit("bench_fit: --pairs must be >= 1")
         store_mode(args.store_tokens, args.store_rows, args.seed, args.store_full_only, args.against,
-                   args.pairs if args.against else 0, args.backend)
+                   args.pairs, args.backend)
         return
     if args.against:
         if args.pairs < 1 or args.n < 1 or args.repeat < 1:

@@ -147,7 +147,6 @@ def test_bench_fit_against_a_revision_times_both_in_their_own_processes(tmp_path
     assert digests[0] == digests[1] != digests[2]
 
 
-
 def test_bench_fit_times_a_store_fit_against_a_revision(tmp_path):
     """bench_fit --store-tokens --against HEAD: one store, `tokdyn fit` by both trees in
     alternated children; the same code stores the same fit, and the worktree is gone after."""
@@ -167,6 +166,7 @@ def test_bench_fit_times_a_store_fit_against_a_revision(tmp_path):
     assert lo <= out["speedup_median"] <= hi
     after = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
     assert after == before
+
 
 def _bench_fit_compile(*args: str) -> dict:
     cmd = [sys.executable, str(ROOT / "pipelines" / "bench_fit.py"), "--compile", *args]
