@@ -241,6 +241,25 @@ def _fit_two_sigmoids(solve: _Solver, Y, p1, prep):
     return res, order_events(res["p"]), status
 
 
+def _fit_two_where_enough(solve: _Solver, Y, p1, prep, options: FitOptions):
+    """Two sigmoids on the rows with at least ``options.min_points_two`` observed points:
+    (p2 [B, 7], status2, n_iter2, sse2), NaN and ``too_few_points`` on the others."""
+    enough = prep["n"] >= options.min_points_two
+    if enough.all():
+        res, p2, status = _fit_two_sigmoids(solve, Y, p1, prep)
+        return p2, status, res["n_iter"], res["sse"]
+    B = Y.shape[0]
+    p2, sse = np.full((B, 7), np.nan), np.full(B, np.nan)
+    status = np.full(B, STATUS_CODES["too_few_points"], dtype=np.int8)
+    n_iter = np.zeros(B, dtype=np.int64)
+    sub = np.flatnonzero(enough)
+    if sub.size:
+        res, p2[sub], status[sub] = _fit_two_sigmoids(solve, Y[sub], p1[sub],
+                                                      {k: v[sub] for k, v in prep.items()})
+        n_iter[sub], sse[sub] = res["n_iter"], res["sse"]
+    return p2, status, n_iter, sse
+
+
 def fit_block(
     x: Any,
     Y: Any,
@@ -343,7 +362,9 @@ def _fit_rows(x, Y, rows, prep, options, backend, device, out, written) -> None:
 
     res1, se1, status1 = _fit_sigmoid(solve, Y, prep)
     p1, sse1 = res1["p"], res1["sse"]
-    has_spread = sse_c > 0
+    # flat: every observed loss the same (its span 0). Its sum of squares about the mean is then
+    # the mean's rounding (1e-30 for most float64 levels), not 0, and gave R^2 = 1 or -5e4.
+    has_spread = (sse_c > 0) & (prep["span"] > 0)
     r2 = np.where(has_spread, 1.0 - sse1 / np.where(has_spread, sse_c, 1.0), np.nan)
     # A flat trajectory: R^2 undefined and the event not identified, whatever the solver says.
     status1 = np.where((status1 == STATUS_CODES["converged"]) & ~has_spread,
@@ -374,13 +395,13 @@ def _fit_rows(x, Y, rows, prep, options, backend, device, out, written) -> None:
         bics[:, m] = bic(sse, nr, N_PARAMS[m])
     p2 = np.full((rows.size, 7), np.nan)
     if options.two_step:
-        res2, p2, status2 = _fit_two_sigmoids(solve, Y, p1, prep)
-        bics[:, 3] = bic(res2["sse"], nr, N_PARAMS[3])
+        p2, status2, n_iter2, sse2 = _fit_two_where_enough(solve, Y, p1, prep, options)
+        bics[:, 3] = bic(sse2, nr, N_PARAMS[3])  # +inf where not fitted: never chosen
         put("status2", status2)
-        put("n_iter2", res2["n_iter"])
+        put("n_iter2", n_iter2)
         for j, name in enumerate(("linf2", "delta1", "mu1", "s1", "delta2", "mu2", "s2")):
             put(name, p2[:, j])
-        put("sse2", res2["sse"])
+        put("sse2", sse2)
     else:
         put("status2", STATUS_CODES["not_fitted"])
     for j, name in enumerate(("bic_constant", "bic_line", "bic_sigmoid", "bic_two_sigmoids")):
