@@ -135,6 +135,84 @@ def test_resume_after_interruption_fits_only_missing_blocks(tmp_path, data, monk
         np.testing.assert_array_equal(f[name], ref[name], err_msg=name)
 
 
+def test_an_interrupted_fit_resumes_only_on_its_own_backend(tmp_path, data, monkeypatch):
+    """Backends agree to solver tolerance, not to the bit: a fit stopped on one and resumed on
+    another mixed the two (and recorded only the second). It is refused with both names; the
+    same backend resumes, and --refit replaces it."""
+    Y = data[0][:600]
+    st = make_store(tmp_path / "b.zarr", Y, token_chunk=200)
+    real = fitjob.fit_block
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fitjob, "fit_block", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        fit_run(st.run("r"), scheduler="sync", backend="numba", progress=False)
+    monkeypatch.setattr(fitjob, "fit_block", real)
+    with pytest.raises(StoreError, match=r"another backend \(numba then, numpy now\).*--refit"):
+        fit_run(st.run("r"), scheduler="sync", backend="numpy", progress=False)
+    res = fit_run(st.run("r"), scheduler="sync", backend="numba", progress=False)
+    assert res.blocks_resumed == 1 and res.blocks_fitted == 2 and res.backend == "numba"
+    with pytest.raises(StoreError, match="another backend"):  # a complete fit too
+        fit_run(st.run("r"), scheduler="sync", backend="numpy", progress=False)
+    res = fit_run(st.run("r"), scheduler="sync", backend="numpy", refit=True, progress=False)
+    assert res.blocks_fitted == 3 and st.run("r").fit.meta["backend"] == "numpy"
+
+
+def test_a_fit_while_the_recorder_appends_is_a_fit_of_the_rows_it_read(tmp_path, data, monkeypatch):
+    """A row committed during the fit: the fit succeeds on the rows it counted (it did all its
+    work; it used to fail at its summary), and readers are then told to refit."""
+    Y = data[0][:400]
+    st = make_store(tmp_path / "c.zarr", Y, token_chunk=200)
+    real = fitjob.fit_block
+    appended = []
+
+    def appending(*args, **kwargs):
+        if not appended:
+            w = st.run("r").writer(resume=True)
+            w.append(Y[:, -1], step=20_000)
+            w.release()
+            appended.append(True)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fitjob, "fit_block", appending)
+    res = fit_run(st.run("r"), scheduler="sync", progress=False)
+    fitted = int((np.asarray(STEPS) > 0).sum())  # step 0 is not fitted
+    assert appended and res.n_points == fitted and res.blocks_fitted == 2
+    assert sum(res.status_counts.values()) == 400
+    run = st.run("r")
+    assert run.n_committed == len(STEPS) + 1
+    assert run.fit.meta["n_committed"] == len(STEPS) and len(run.fit.meta["rows"]) == fitted
+    with pytest.raises(StoreError, match="refit"):
+        read_fit(st, "r")
+
+
+def test_fewer_rows_than_min_points_is_an_error_not_a_fit_of_unfit_tokens(tmp_path, data):
+    """Every token would get too_few_points and the command exit 0 ("nan% of the loss drop")."""
+    Y = data[0][:50]
+    st = make_store(tmp_path / "f.zarr", Y)
+    with pytest.raises(InputError, match=r"4 rows to fit at axis values >= .*min_points=6 \(--min-points, 5 at least\); or lower axis_min"):
+        fit_run(st.run("r"), axis_min=float(STEPS[-4]), progress=False)  # the last 4 rows
+    assert not st.run("r").fit.meta  # nothing created
+    res = fit_run(st.run("r"), axis_min=float(STEPS[-6]), progress=False)  # 6 rows: fitted
+    assert res.n_points == 6
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.arange(50, dtype=np.int32), "token_pos": np.ones(50, np.int32)})
+    short = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="w")
+    w = short.create_run("r", capacity=8).writer()
+    for j, step in enumerate(STEPS[:6]):  # step 0 and 5 positive steps
+        w.append(Y[:, j], step=int(step))
+    with pytest.raises(InputError, match=r"5 rows to fit; a fit needs at least min_points=6 \(--min-points, 5 at least\)$"):
+        fit_run(short.run("r"), progress=False)
+    assert fit_run(short.run("r"), options=tokdyn.fit.FitOptions(min_points=5), progress=False).n_points == 5
+    assert main(["fit", str(tmp_path / "s.zarr"), "--run", "r", "--min-points", "5", "--refit", "--no-progress"]) == 0
+    assert main(["fit", str(tmp_path / "s.zarr"), "--run", "r", "--min-points", "4", "--refit", "--no-progress"]) == 1
+
+
 def test_stale_fit_needs_refit(tmp_path, data):
     Y = data[0][:300]
     st = make_store(tmp_path / "c.zarr", Y)

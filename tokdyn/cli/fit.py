@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from ..fit import FitOptions, fit_run
 from ._common import add_run_argument, add_store_argument, open_cli_run, print_json
@@ -19,6 +20,8 @@ def register(sub) -> None:
     p.add_argument("--batch-rows", type=int, default=16384, help="tokens fitted at once inside a block")
     p.add_argument("--refit", action="store_true", help="discard a stored fit and fit again")
     p.add_argument("--no-two-step", action="store_true", help="skip the two-sigmoid fit (about 8x faster; no multi-step class)")
+    p.add_argument("--min-points", type=int, metavar="N",
+                   help="fewest observed points a token needs to be fitted (default 6, at least 5)")
     p.add_argument("--axis-min", type=float, metavar="VALUE",
                    help="fit only the rows at axis values >= VALUE (a step, tokens or parameters), e.g. the end of the warm-up")
     p.add_argument("--vocab-size", type=int, help="vocabulary size for the age of acquisition (default: the probe's tokenizer)")
@@ -28,7 +31,8 @@ def register(sub) -> None:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    options = FitOptions(two_step=not args.no_two_step, **({"vocab_size": args.vocab_size} if args.vocab_size is not None else {}))
+    given = {name: v for name, v in (("vocab_size", args.vocab_size), ("min_points", args.min_points)) if v is not None}
+    options = FitOptions(two_step=not args.no_two_step, **given)
     run = open_cli_run(args.store, args.run, mode="r+")
     res = fit_run(run, options=options, backend=args.backend, device=args.device, scheduler=args.scheduler,
                   workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, progress=not args.no_progress, axis_min=args.axis_min)  # fmt: skip
@@ -42,5 +46,6 @@ def _fit(args: argparse.Namespace) -> int:
     total = sum(res.class_counts.values())
     for name, count in sorted(res.class_counts.items(), key=lambda kv: -kv[1]):
         share = res.class_loss_share.get(name, float("nan"))
-        print(f"  {name:<16} {count:>9,} tokens ({count / total:6.1%})  {share:7.1%} of the loss drop")
+        drop = f"{share:7.1%} of the loss drop" if math.isfinite(share) else "    (no loss drop fitted)"
+        print(f"  {name:<16} {count:>9,} tokens ({count / total:6.1%})  {drop}")
     return 0

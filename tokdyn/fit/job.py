@@ -36,17 +36,18 @@ __all__ = ["FitSummary", "fit_run", "read_fit", "stored_options", "stored_axis_m
 LOCAL_SCHEDULERS = ("threads", "processes", "sync")
 
 
-def fit_inputs(run: Run, *, axis_min: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+def fit_inputs(run: Run, *, axis_min: float | None = None, n_committed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The rows a fit uses and their ``x = log10(axis value)``.
 
     Rows with a non-positive axis value (step 0) are kept in the store and left out of fits, and
     so are rows below ``axis_min`` (an axis value: a step, tokens, parameters) when it is given,
-    such as the steps of a learning-rate warm-up.
+    such as the steps of a learning-rate warm-up. ``n_committed``: only the first that many rows
+    (default: every committed row; a recorder may commit more while this reads).
     """
-    k = run.n_committed
+    k = run.n_committed if n_committed is None else int(n_committed)
     if k == 0:
         raise StoreError(f"run {run.name!r} has no committed rows to fit")
-    av = run.axis_values
+    av = run.axis_values[:k]
     if not np.all(np.isfinite(av)):  # never a silently dropped row: a writer stores finite values only
         raise StoreError(f"run {run.name!r} has non-finite axis values at rows {np.flatnonzero(~np.isfinite(av))[:8].tolist()}; the store is damaged")
     keep = av > 0
@@ -182,10 +183,19 @@ def fit_run(
     st = run.store
     st.require_writable()
     axis_min = None if axis_min is None else _axis_min(axis_min)
-    rows, x = fit_inputs(run, axis_min=axis_min)
+    # the rows counted once: a recorder appending meanwhile makes a fit of these rows, stale once
+    # it is done (never one that claims rows it did not fit)
+    n_committed = run.n_committed
+    rows, x = fit_inputs(run, axis_min=axis_min, n_committed=n_committed)
     opts = options if options is not None else FitOptions()
     if not isinstance(opts, FitOptions):
         raise InputError(f"options must be a FitOptions, got {type(opts).__name__}")
+    if rows.size < opts.min_points:  # every token would be unfit (too_few_points), reported as a success
+        window = "" if axis_min is None else f" at axis values >= {axis_min:g}"
+        raise InputError(
+            f"run {run.name!r} has {rows.size} rows to fit{window}; a fit needs at least min_points={opts.min_points}"
+            f" (--min-points, 5 at least){'' if axis_min is None else '; or lower axis_min (--axis-min)'}"
+        )
     vocab = st.probe.tokenizer.get("vocab_size")
     if vocab and opts.vocab_size is None:  # the age of acquisition needs the vocabulary size
         opts = dataclasses.replace(opts, vocab_size=int(vocab))
@@ -199,8 +209,10 @@ def fit_run(
 
     block, n = run.token_chunk, run.n_tokens
     n_blocks = -(-n // block)
-    inputs = {"rows": rows.tolist(), "n_committed": run.n_committed, "x": x.tolist(),
-              "options": dataclasses.asdict(opts), "block_tokens": block, "axis_min": axis_min}  # fmt: skip
+    inputs = {"rows": rows.tolist(), "n_committed": n_committed, "x": x.tolist(),
+              "options": dataclasses.asdict(opts), "block_tokens": block, "axis_min": axis_min,
+              # backends agree to solver tolerance, not to the bit: a resumed fit stays on its own
+              "backend": backend, "device": None if device is None else str(getattr(device, "type", device))}  # fmt: skip
     labels = {f"{what}_names": {str(k): v for k, v in names.items()}
               for what, names in (("status", STATUS_NAMES), ("class", CLASS_NAMES), ("model", MODEL_NAMES))}  # fmt: skip
     fields = {name: np.dtype(dt).str for name, dt in FIT_FIELDS.items()}
@@ -217,7 +229,8 @@ def fit_run(
         seconds = time.perf_counter() - t0
         fw.finish(backend=backend, seconds=seconds)
     fitted = sum(min(block, n - b * block) for b in todo)  # tokens fitted by this call
-    res = run.fit.read(fields=("status", "class_code", "drop"))
+    # the fit's own rows, also where a recorder appended more meanwhile (the next reader is told to refit)
+    res = run.fit.read(fields=("status", "class_code", "drop"), current=False)
     status_counts = {STATUS_NAMES[c]: int(v) for c, v in zip(*np.unique(res["status"], return_counts=True))}
     class_counts = {CLASS_NAMES[c]: int(v) for c, v in zip(*np.unique(res["class_code"], return_counts=True))}
     return FitSummary(

@@ -78,15 +78,16 @@ class FitResults:
         meta = self.meta
         return bool(meta.get("complete")) and meta.get("n_committed") == self._run.n_committed
 
-    def check(self) -> dict:
+    def check(self, *, current: bool = True) -> dict:
         """The fit's metadata; :class:`StoreError` saying what to run when there is no complete,
-        current fit."""
+        current fit (with ``current=False``, a complete fit of rows the run has since added to
+        will do)."""
         r, meta = self._run, self.meta
         if not meta:
             raise StoreError(f"run {r.name!r} has not been fitted; run `tokdyn fit {r.store.url} --run {r.name}` first")
         if not meta.get("complete"):
             raise StoreError(f"the fit of run {r.name!r} is incomplete (interrupted?); run `tokdyn fit` again to finish it")
-        if meta.get("n_committed") != r.n_committed:
+        if current and meta.get("n_committed") != r.n_committed:
             raise StoreError(
                 f"the fit of run {r.name!r} was made on {meta.get('n_committed')} rows; the run now has {r.n_committed}. "
                 f"Refit it: `tokdyn fit {r.store.url} --run {r.name} --refit`"
@@ -102,12 +103,14 @@ class FitResults:
         """The options the fit was made with, as stored (a dict of JSON values)."""
         return dict(self.check().get("options", {}))
 
-    def read(self, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def read(self, fields: Sequence[str] | None = None, *, current: bool = True) -> dict[str, np.ndarray]:
         """The stored fit as a dict of ``[token]`` arrays (every field by default).
 
-        Raises :class:`StoreError` when the run has not been fitted completely, or has grown since.
+        Raises :class:`StoreError` when the run has not been fitted completely, or (unless
+        ``current=False``: the fitting job's own summary, while a recorder goes on appending) has
+        grown since.
         """
-        meta = self.check()
+        meta = self.check(current=current)
         g = self._group()
         stored = _fields(meta, g)
         names = stored if fields is None else list(fields)
@@ -221,6 +224,13 @@ class FitWriter:
                 raise StoreError(
                     f"run {run.name!r} already has a fit made with another axis_min ({then} then, {now} now); "
                     f"pass {resume} to resume it, or refit=True (--refit) to replace it"
+                )
+            elif (meta.get("backend"), meta.get("device")) != (inputs.get("backend"), inputs.get("device")):
+                then, now = (" on ".join(str(v) for v in (d.get("backend"), d.get("device")) if v is not None)
+                             or "not recorded" for d in (meta, inputs))  # fmt: skip
+                raise StoreError(
+                    f"run {run.name!r} already has a fit made on another backend ({then} then, {now} now); "
+                    f"pass that backend (--backend, --device) to resume it, or refit=True (--refit) to replace it"
                 )
             else:
                 what = "other options"
