@@ -264,3 +264,76 @@ def test_imported_npz_axis_is_found_fitted_and_reconstructed(budgets, tmp_path, 
     fit_run(st.run("axis-D"), progress=False)
     want = reconstruct_run(st.run("axis-D"), n_boot=0)
     assert got["r2_events"] == pytest.approx(want.r2_events, abs=1e-3)  # same losses, same answer
+
+
+def test_an_axis_run_out_of_date_is_assembled_again_never_used_short(tmp_path, capsys, monkeypatch):
+    """A failed assembly leaves nothing behind; an axis run holding fewer points than its sources
+    (an assembly killed before it could clean up), made from other runs than --runs names, or
+    whose source has committed rows since, is assembled again (the command says why) instead of
+    being used as the axis."""
+    from tokdyn.axes import axis_run_problem
+
+    _, Y = budget_store(tmp_path / "a.zarr", budgets=BUDGETS[[0, 2, 4, 5, 6, 8, 9]], tag="D")
+    url = str(tmp_path / "a.zarr")
+    real = tokdyn.store.Run.losses
+    calls = {"n": 0}
+
+    def failing(self, *args, **kwargs):  # the sixth source cannot be read
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise StoreError("run 'd5': cannot decode loss (planted damage)")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(tokdyn.store.Run, "losses", failing)
+    assert main(["reconstruct", url, "--axis", "D", "--boot", "0"]) == 1
+    assert "planted damage" in capsys.readouterr().err
+    assert "axis-D" not in as_store(url).runs  # nothing half-made
+    # killed before it could clean up: 5 of 7 rows written, the run left behind
+    calls["n"] = 0
+    monkeypatch.setattr(tokdyn.store.TrajectoryStore, "delete_run", lambda self, name: None)
+    assert main(["reconstruct", url, "--axis", "D", "--boot", "0"]) == 1
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert as_store(url).run("axis-D").n_committed == 5
+    assert "holds 5 of its 7 points" in axis_run_problem(as_store(url).run("axis-D"), "D")
+    assert main(["reconstruct", url, "--axis", "D", "--json", "--boot", "0"]) == 0
+    captured = capsys.readouterr()
+    assert "again (it holds 5 of its 7 points" in captured.err and json.loads(captured.out)["n_points"] == 7
+    assert main(["reconstruct", url, "--axis", "D", "--json", "--boot", "0"]) == 0  # now reused
+    assert "assembled" not in capsys.readouterr().err
+    # other --runs than it was made from
+    six = "d0,d1,d2,d3,d4,d5"
+    assert main(["reconstruct", url, "--axis", "D", "--json", "--boot", "0", "--runs", six]) == 0
+    captured = capsys.readouterr()
+    assert "again (it was assembled from" in captured.err and json.loads(captured.out)["n_points"] == 6
+    # a source with a new final row
+    w = as_store(url, mode="r+").run("d0").writer(resume=True)
+    w.append(Y[:, 0] - 0.5, step=1000)
+    w.release()
+    assert main(["reconstruct", url, "--axis", "D", "--json", "--boot", "0", "--runs", six]) == 0
+    assert "again (run 'd0' has 4 rows now, 3 when" in capsys.readouterr().err
+    np.testing.assert_allclose(as_store(url).run("axis-D").losses()[0], Y[:, 0] - 0.5, rtol=1e-6)
+    # axis flags without --axis; a run of the axis's name that holds another axis
+    assert main(["reconstruct", url, "--runs", "d0,d1,d2", "--run", "d0"]) == 1
+    assert "--runs apply to an axis" in capsys.readouterr().err
+    with pytest.raises(InputError, match="holds axis D, not M"):
+        axis_run_problem(as_store(url).run("axis-D"), "M")
+
+
+def test_report_leaves_out_a_run_that_cannot_be_analysed_and_says_why(fitted_T, tmp_path, capsys):
+    """One run with no learning event at all does not take the default report down; asked for by
+    name, it is an error that names it."""
+    st = as_store(fitted_T, mode="r+")
+    fit_run(st.run("main"), progress=False)
+    n = st.probe.n_tokens
+    w = st.create_run("flat", capacity=8).writer()
+    for step in (0, 1, 2, 4, 8, 16, 32, 64):
+        w.append(np.full(n, np.nan, np.float32), step=step, warn_nonfinite=False)  # never scored
+    fit_run(st.run("flat"), progress=False)
+    out = tmp_path / "r.html"
+    assert main(["report", str(fitted_T), "--out", str(out)]) == 0
+    html = out.read_text()
+    assert "Left out, flat:" in html and "run main" in html
+    assert main(["report", str(fitted_T), "--out", str(out), "--run", "flat"]) == 1
+    err = capsys.readouterr().err
+    assert "run 'flat'" in err and len(err.strip().splitlines()) == 1

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .axes import assemble_axis, find_axis_run
+from .axes import assemble_axis, axis_run_problem, find_axis_run
 from .errors import InputError, StoreError
 from .fit.job import fit_run, stored_axis_min
 from .fit.models import class_loss_share
@@ -53,9 +53,11 @@ class StoreAnalysis:
     url: str
     runs: list[RunAnalysis]
     not_fitted: list[str]
+    failed: dict[str, str] = field(default_factory=dict)  # run -> why it was left out
 
     def summary(self) -> dict:
-        return {"store": self.url, "analyses": [a.summary() for a in self.runs], "not_fitted": self.not_fitted}
+        return {"store": self.url, "analyses": [a.summary() for a in self.runs], "not_fitted": self.not_fitted,
+                "left_out": dict(self.failed)}  # fmt: skip
 
 
 def fitted_runs(store: TrajectoryStore) -> tuple[list[str], list[str]]:
@@ -125,14 +127,27 @@ def analyze_store(
 ) -> StoreAnalysis:
     """Analyse the named runs (default: every fitted run of axis T) and the D and M axes when the
     store holds a fitted run of that axis. Full per-group detail for T runs; the cheap part for
-    D and M (a handful of points)."""
+    D and M (a handful of points).
+
+    By default a run that cannot be analysed (no learning event at all, an axis run out of date
+    with its sources) is left out with its reason (``failed``), so that one run does not take
+    the whole report down; a run asked for by name that cannot be analysed is an error that
+    names it."""
     st = as_store(store)
     done, todo = fitted_runs(st)
+    failed: dict[str, str] = {}
     if runs is None:
         names = [n for n in done if st.run(n).axis == "T"]  # fitted runs open cleanly
         for axis in ("D", "M"):
-            found = find_axis_run(st, axis)
-            if found is not None and found in done:
+            try:
+                found = find_axis_run(st, axis)
+                why = axis_run_problem(st.run(found), axis) if found is not None and found in done else None
+            except (InputError, StoreError) as exc:
+                failed[f"axis {axis}"] = str(exc)
+                continue
+            if why is not None:
+                failed[found] = f"out of date ({why}); `tokdyn reconstruct {st.url} --axis {axis}` assembles it again"
+            elif found is not None and found in done:
                 names.append(found)
     else:
         unknown = [n for n in runs if n not in st.runs]
@@ -150,8 +165,15 @@ def analyze_store(
     out = []
     for n in names:
         r = st.run(n)
-        out.append(analyze_run(r, which=which, bandwidth=bandwidth, n_boot=n_boot, groups=r.axis == "T"))
-    return StoreAnalysis(st.url, out, [n for n in todo if n not in names])
+        try:
+            out.append(analyze_run(r, which=which, bandwidth=bandwidth, n_boot=n_boot, groups=r.axis == "T"))
+        except (InputError, StoreError) as exc:
+            if runs is not None:
+                raise type(exc)(f"run {n!r}: {exc}") from None
+            failed[n] = str(exc)
+    if not out:
+        raise StoreError(f"no run of {st.url} could be analysed: " + "; ".join(f"{n}: {why}" for n, why in failed.items()))
+    return StoreAnalysis(st.url, out, [n for n in todo if n not in names and n not in failed], failed)
 
 
 
@@ -210,6 +232,7 @@ class AxisRun:
     run: Run
     assembled: bool
     fitted: bool
+    why: str | None = None  # why a run found for the axis was assembled again
 
 
 def axis_run(store: TrajectoryStore | str, axis: str, *, runs: list[str] | None = None, rebuild: bool = False,
@@ -222,11 +245,14 @@ def axis_run(store: TrajectoryStore | str, axis: str, *, runs: list[str] | None 
     st = as_store(store)
     name = None if rebuild else find_axis_run(st, axis)
     found = st.run(name) if name is not None else None
-    if found is not None and found.fit.complete:
+    why = axis_run_problem(found, axis, runs) if found is not None else None
+    if found is not None and why is None and found.fit.complete:
         return AxisRun(found, assembled=False, fitted=False)
     if not st.writable:
         st = as_store(st.url, mode="r+", storage_options=st.storage_options)
+    if why is not None:  # assembled again, never used short or from other runs than asked
+        name, rebuild = None, True
     run = assemble_axis(st, axis, runs=runs, overwrite=rebuild, repeats=repeats) if name is None else st.run(name)
     window = stored_axis_min(run) if name is not None else None  # an unfinished fit's window is kept
     fit_run(run, progress=False, refit=True, axis_min=window)
-    return AxisRun(run, assembled=name is None, fitted=True)
+    return AxisRun(run, assembled=name is None, fitted=True, why=why)

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import math
+
 import numpy as np
 
 from .errors import InputError, ProbeMismatchError, RunExistsError, StoreError
 from .store import Run, TrajectoryStore, as_store
 
-__all__ = ["AXIS_ATTRS", "axis_sources", "assemble_axis", "axis_run_name", "find_axis_run", "effective_steps", "EFFECTIVE_TIMES", "source_runs"]
+__all__ = ["AXIS_ATTRS", "axis_sources", "assemble_axis", "axis_run_name", "axis_run_problem", "find_axis_run", "effective_steps", "EFFECTIVE_TIMES", "source_runs"]
 
 # The run attribute that gives each source run's position on the axis.
 AXIS_ATTRS = {"D": "data_budget", "M": "n_params_non_embedding"}
@@ -127,8 +129,8 @@ def assemble_axis(
         if r.n_committed == 0:
             raise StoreError(f"run {r.name!r} has no committed rows")
         v = r.attrs.get(attr)
-        if not isinstance(v, (int, float)) or not v > 0:
-            raise InputError(f"run {r.name!r} has no positive {attr!r} attribute (found {v!r}); it cannot sit on axis {axis}")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not (math.isfinite(v) and v > 0):
+            raise InputError(f"run {r.name!r} has no positive, finite {attr!r} attribute (found {v!r}); it cannot sit on axis {axis}")
         values.append(float(v))
     distinct = sorted(set(values))
     if len(distinct) < len(values) and repeats == "refuse":
@@ -146,21 +148,60 @@ def assemble_axis(
     first = sources[0]
     out = st.create_run(
         name, axis=axis, capacity=len(distinct), dtype=str(first.dtype),
-        attrs={"sources": [{"store": r.store.url, "run": r.name, attr: values[i]} for i, r in enumerate(sources)],
+        attrs={"sources": [{"store": r.store.url, "run": r.name, attr: values[i], "n_committed": r.n_committed}
+                           for i, r in enumerate(sources)],
                "axis_attr": attr, "derived": "final committed row of each source run"
                + (", averaged over the runs that share an axis value" if len(distinct) < len(values) else "")},
     )  # fmt: skip
-    w = out.writer()
-    for k, v in enumerate(distinct):
-        group = [r for r, rv in zip(sources, values) if rv == v]
-        rows = []
-        for r in group:
-            last = r.n_committed - 1
-            rows.append(r.losses(rows=slice(last, last + 1))[0])
-        row = rows[0] if len(rows) == 1 else np.nanmean(np.stack(rows).astype(np.float64), axis=0)
-        seen = int(group[0].coord("tokens_seen")[group[0].n_committed - 1])
-        w.append(row, step=k, axis_value=v, tokens_seen=seen if seen >= 0 else None, warn_nonfinite=False)
+    try:  # a source that cannot be read (a damaged chunk, an interrupt) leaves no partial axis behind
+        w = out.writer()
+        for k, v in enumerate(distinct):
+            group = [r for r, rv in zip(sources, values) if rv == v]
+            rows = []
+            for r in group:
+                last = r.n_committed - 1
+                rows.append(r.losses(rows=slice(last, last + 1))[0])
+            row = rows[0] if len(rows) == 1 else np.nanmean(np.stack(rows).astype(np.float64), axis=0)
+            seen = int(group[0].coord("tokens_seen")[group[0].n_committed - 1])
+            w.append(row, step=k, axis_value=v, tokens_seen=seen if seen >= 0 else None, warn_nonfinite=False)
+        w.release()
+    except BaseException:
+        try:
+            st.delete_run(name)
+        except Exception:  # noqa: BLE001 - the first error is the one to report; a partial run is caught on use
+            pass
+        raise
     return st.run(name)
+
+
+def axis_run_problem(run: Run, axis: str, runs: list[str] | None = None) -> str | None:
+    """Why ``run``, found as the run of axis ``axis``, cannot be used as it is (None: it can).
+
+    An assembled axis run (one with ``sources``) is redone when it holds fewer rows than its
+    sources have axis values (an assembly that was killed), when ``runs`` names other sources,
+    or when a source has committed rows since (its final row is another one). An imported axis
+    (a losses.npz, no sources) is used as it is; ``runs`` does not apply to it (an error).
+    """
+    sources = run.attrs.get("sources")
+    if run.axis != axis:
+        raise InputError(f"run {run.name!r} holds axis {run.axis}, not {axis}; rename or delete it to use axis {axis}")
+    if not isinstance(sources, list):
+        if runs is not None:
+            raise InputError(f"axis {axis} is run {run.name!r}, imported, not assembled from runs; "
+                             f"--runs applies when assembling one (--rebuild)")  # fmt: skip
+        return None
+    names = [s.get("run") if isinstance(s, dict) else None for s in sources]
+    values = {s.get(AXIS_ATTRS[axis]) for s in sources if isinstance(s, dict)}
+    if run.n_committed != len(values):
+        return f"it holds {run.n_committed} of its {len(values)} points (an assembly that did not finish)"
+    if runs is not None and sorted(runs) != sorted(n for n in names if n is not None):
+        return f"it was assembled from {names}, not {list(runs)}"
+    st = run.store
+    for s, n in zip(sources, names):
+        then = s.get("n_committed") if isinstance(s, dict) else None
+        if then is not None and n in st.runs and s.get("store") == st.url and st.run(n).n_committed != then:
+            return f"run {n!r} has {st.run(n).n_committed} rows now, {then} when the axis was assembled"
+    return None
 
 
 def find_axis_run(store: TrajectoryStore, axis: str) -> str | None:

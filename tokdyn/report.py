@@ -329,6 +329,7 @@ def _scores_table(an: StoreAnalysis) -> str:
     rows = [[label, *(c[i] for c in cols), help_] for i, (label, help_) in enumerate(SCORES)]
     header = ["", *(f"run {a.run} (axis {a.axis})" for a in an.runs), "what it measures"]
     note = f"<p class=meta>Not fitted (left out): {_e(', '.join(an.not_fitted))}</p>" if an.not_fitted else ""
+    note += "".join(f"<p class=meta>Left out, {_e(n)}: {_e(why)}</p>" for n, why in an.failed.items())
     return _table(header, rows, caption="How well the per-token events rebuild the fall of the mean loss") + note
 
 

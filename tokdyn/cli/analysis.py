@@ -8,6 +8,7 @@ import sys
 import numpy as np
 
 from ..analysis import axis_run, run_spectrum
+from ..errors import InputError
 from ..reconstruct import reconstruct_run
 from ..report import check_writable, write_report
 from ._common import add_run_argument, add_store_argument, open_cli_run, print_json, store_path
@@ -94,10 +95,14 @@ def _reconstruct(args: argparse.Namespace) -> int:
                          repeats=args.repeats)
         run = found.run
         if found.assembled:
-            print(f"assembled run {run.name!r}: final rows of {[s['run'] for s in run.attrs['sources']]}", file=sys.stderr)
+            again = "" if found.why is None else f" again ({found.why})"
+            print(f"assembled run {run.name!r}{again}: final rows of {[s['run'] for s in run.attrs['sources']]}", file=sys.stderr)
         if found.fitted:
             print(f"fitted run {run.name!r}", file=sys.stderr)
     else:
+        given = [flag for flag, on in (("--runs", args.runs), ("--rebuild", args.rebuild), ("--repeats", args.repeats != "refuse")) if on]
+        if given:
+            raise InputError(f"{', '.join(given)} apply to an axis: pass --axis D or --axis M")
         run = open_cli_run(args.store, args.run)
     rec = reconstruct_run(run, which=args.events, bandwidth=args.bandwidth, n_boot=args.boot, placement=args.placement,
                           kernel=args.kernel)
