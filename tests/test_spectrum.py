@@ -232,3 +232,23 @@ def test_reconstruction_is_invariant_to_token_order():
     b = reconstruct(X, Y[perm].mean(axis=0), shuffled, n_boot=0)
     assert a.r2_events == pytest.approx(b.r2_events, abs=1e-12)
     assert a.r2_spectrum == pytest.approx(b.r2_spectrum, abs=1e-12)
+
+
+def test_never_scored_tokens_change_nothing():
+    """Tokens never observed (padding in an imported losses.npz) are not in the measured mean
+    (a mean that skips NaN), so they are not in the N the events are divided by either: with
+    as many padded tokens as real ones, the reconstruction and the spectrum are the same (they
+    were halved: R^2 0.42 instead of 1, half the drop carried)."""
+    ev = planted_events(2000, s=(0.05, 0.15), lo=0.2, hi=2.8)
+    Y = planted_curves(ev, noise=0.1)
+    padded = np.vstack([Y, np.full_like(Y, np.nan)])
+    clean = events_from_fit(fit_sigmoids(X, Y).to_dict())
+    got = events_from_fit(fit_sigmoids(X, padded).to_dict())
+    assert got.n_tokens == 4000 and got.n_scored == 2000 == clean.n_scored
+    a = reconstruct(X, np.nanmean(Y, axis=0), clean, n_boot=0)
+    b = reconstruct(X, np.nanmean(padded, axis=0), got, n_boot=0)
+    assert a.r2_events > 0.95
+    for name in ("r2_events", "r2_spectrum", "drop_share_events", "drop_share_well_fitted"):
+        assert getattr(b, name) == pytest.approx(getattr(a, name), rel=1e-9), name
+    assert b.spectrum.total_drop == pytest.approx(a.spectrum.total_drop, rel=1e-9)
+    np.testing.assert_allclose(b.spectrum.density, a.spectrum.density, rtol=1e-9, atol=1e-12)

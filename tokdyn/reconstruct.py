@@ -165,8 +165,8 @@ def reconstruct(
 ) -> Reconstruction:
     """Rebuild ``-dL/dx`` of ``mean_loss`` [K] at x [K] from ``events``; see the module docstring.
 
-    ``events`` must come from a fit of the same tokens (their ``n_tokens`` is the N the mean is
-    taken over), on the same x, or on another axis: then ``at`` [K] (increasing) gives each
+    ``events`` must come from a fit of the same tokens (their ``n_scored``, the tokens observed at
+    least once, is the N the mean is taken over), on the same x, or on another axis: then ``at`` [K] (increasing) gives each
     point's position on the events' axis, the events' curve is read there and differentiated
     along x, and the spectrum is carried over by the chain rule (``rho(at) * d at / dx``). ``bandwidth``, ``placement`` and ``kernel`` make the spectrum
     (:func:`tokdyn.spectrum.learning_time_spectrum`). ``loss_offset`` [K] (nats) is a known
@@ -223,7 +223,7 @@ def reconstruct(
         r2_events=s_ev["r2"], rel_l2_events=s_ev["rel_l2"], r2_events_analytic=s_an["r2"],
         r2_spectrum=s_sp["r2"], rel_l2_spectrum=s_sp["rel_l2"],
         drop_share_events=share(ev_drop), drop_share_well_fitted=share(well_drop), smoothing=h_s,
-        spectrum=spec, spectrum_power_law=spl, loss_power_law=lpl, n_tokens=events.n_tokens, n_events=len(events),
+        spectrum=spec, spectrum_power_law=spl, loss_power_law=lpl, n_tokens=events.n_scored, n_events=len(events),
     )  # fmt: skip
 
 

@@ -60,8 +60,11 @@ class Events:
     mu, s, delta : float arrays [E]
         Learning time (log10 axis units), width (decades) and loss drop (nats) of each event.
     n_tokens : int
-        N, the number of probe tokens the density is normalised by (tokens without an event
-        count as zero drop).
+        The number of probe tokens (token indices lie in [0, n_tokens)).
+    n_scored : int or None
+        N, the number of tokens the density is normalised by: those observed at least once
+        (tokens without an event count as zero drop; a token never scored, such as padding in an
+        imported losses.npz, is not in the measured mean loss either). Default ``n_tokens``.
     x_range : (float, float)
         First and last observed x of the trajectories the events were fitted on.
     well_fitted : bool array [E]
@@ -79,6 +82,7 @@ class Events:
     x_range: tuple[float, float]
     well_fitted: np.ndarray = field(default=None)  # type: ignore[assignment]
     resolution: float = 0.0
+    n_scored: int | None = None
 
     def __post_init__(self) -> None:
         arrays = {name: np.asarray(getattr(self, name)) for name in ("token", "mu", "s", "delta")}
@@ -106,6 +110,10 @@ class Events:
         object.__setattr__(self, "well_fitted", wf)
         object.__setattr__(self, "x_range", (lo, hi))
         object.__setattr__(self, "n_tokens", int(self.n_tokens))
+        scored = self.n_tokens if self.n_scored is None else int(self.n_scored)
+        if not 1 <= scored <= self.n_tokens:
+            raise InputError(f"Events.n_scored must lie in [1, n_tokens={self.n_tokens}], got {self.n_scored}")
+        object.__setattr__(self, "n_scored", scored)
         if not (math.isfinite(self.resolution) and self.resolution >= 0):
             raise InputError(f"Events.resolution must be a finite number >= 0, got {self.resolution}")
         object.__setattr__(self, "resolution", float(self.resolution))
@@ -119,7 +127,7 @@ class Events:
         if m.shape != self.mu.shape:
             raise InputError(f"Events.subset: mask must have shape {self.mu.shape}, got {m.shape}")
         return Events(self.token[m], self.mu[m], self.s[m], self.delta[m], self.n_tokens, self.x_range, self.well_fitted[m],
-                      self.resolution)  # fmt: skip
+                      self.resolution, self.n_scored)  # fmt: skip
 
     def for_tokens(self, token_mask: np.ndarray) -> "Events":
         """The events of the tokens where ``token_mask [N]`` is true."""
@@ -140,7 +148,7 @@ class Events:
             sl = slice(a, a + (1 << 16))
             z = (x[None, :] - self.mu[sl, None]) / self.s[sl, None]
             out += (self.delta[sl, None] * _sigmoid(-z)).sum(axis=0)
-        return out / self.n_tokens
+        return out / self.n_scored
 
     def derivative(self, x: np.ndarray) -> np.ndarray:
         """``-dL/dx`` of the events at x [G]: ``(1/N) sum_i delta_i sigma'((x-mu_i)/s_i) / s_i``."""
@@ -151,7 +159,7 @@ class Events:
             z = (x[None, :] - self.mu[sl, None]) / self.s[sl, None]
             g = _sigmoid(z)
             out += (self.delta[sl, None] * g * (1 - g) / self.s[sl, None]).sum(axis=0)
-        return out / self.n_tokens
+        return out / self.n_scored
 
     def realized_drop(self) -> np.ndarray:
         """[E] the part of each event's drop that happens inside the observed x range (nats).
@@ -189,7 +197,7 @@ class Events:
     @property
     def total_drop(self) -> float:
         """``(1/N) sum_i delta_i``: the mean loss drop the events carry, in nats."""
-        return float(self.delta.sum() / self.n_tokens)
+        return float(self.delta.sum() / self.n_scored)
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -264,6 +272,8 @@ def events_from_fit(
         n_tokens=n,
         x_range=(float(x_first), float(x_last)),
         well_fitted=np.concatenate([good1, good2, good2]),
+        # never-scored tokens (no observed point) are in neither the measured mean nor N
+        n_scored=int(np.count_nonzero(np.asarray(fit["n_points"]) > 0)) if "n_points" in fit else None,
     )
 
 
@@ -332,7 +342,7 @@ def select_bandwidth(events: Events, rule: str | float = "auto", *, placement: s
     realized, centre = ev.realized_drop(), ev.positions(placement)
     best, best_err = None, np.inf
     for h in np.geomspace(_H_MIN, 1.0, 41):
-        err = float(((_kde(centre, realized, xs, h, ev.x_range) / ev.n_tokens - target) ** 2).sum())
+        err = float(((_kde(centre, realized, xs, h, ev.x_range) / ev.n_scored - target) ** 2).sum())
         if err < best_err:
             best, best_err = float(h), err
     return max(best, events.resolution)
@@ -453,20 +463,20 @@ def learning_time_spectrum(
         realized = events.realized_drop()
         wd = realized if w is None else realized * w
         centre = events.positions(placement)
-        density = _kde(centre, wd, x, h, events.x_range) / events.n_tokens
+        density = _kde(centre, wd, x, h, events.x_range) / events.n_scored
         hist, _ = np.histogram(centre, bins=edges, weights=wd)
-        total = float(wd.sum() / events.n_tokens)
+        total = float(wd.sum() / events.n_scored)
     else:
         fine, dx = _fine_grid(h, events.x_range)
         cells = np.zeros(fine.size)  # [F] the events' seen drops, linearly binned
         for sl, m in _node_blocks(events, fine, dx):
             cells += m.sum(axis=0) if w is None else w[sl] @ m
-        density = _smooth(cells, dx, h, x, lo_obs) / events.n_tokens
+        density = _smooth(cells, dx, h, x, lo_obs) / events.n_scored
         hist = _drops_between(events, edges, w)
-        total = float(cells.sum() / events.n_tokens)
-    hist = hist / np.diff(edges) / events.n_tokens
+        total = float(cells.sum() / events.n_scored)
+    hist = hist / np.diff(edges) / events.n_scored
     return Spectrum(x=x, density=density, edges=edges, hist=hist, bandwidth=h, x_range=(lo_obs, hi_obs),
-                    n_events=len(events), n_tokens=events.n_tokens, total_drop=total, kernel=kernel)  # fmt: skip
+                    n_events=len(events), n_tokens=events.n_scored, total_drop=total, kernel=kernel)  # fmt: skip
 
 
 def _check_weights(weights, n: int) -> np.ndarray:
@@ -665,9 +675,9 @@ def _event_bootstrap(events: Events, spec: Spectrum, token_mults: list[np.ndarra
         cells += mult[:, events.token[sl]].astype(np.float64) @ m
     out = []
     for c in cells:
-        density = _smooth(c, dx, spec.bandwidth, spec.x, spec.x_range[0]) / events.n_tokens
+        density = _smooth(c, dx, spec.bandwidth, spec.x, spec.x_range[0]) / events.n_scored
         out.append(Spectrum(spec.x, density, spec.edges, np.full(spec.hist.shape, np.nan), spec.bandwidth, spec.x_range,
-                            spec.n_events, spec.n_tokens, float(c.sum() / events.n_tokens), spec.kernel))  # fmt: skip
+                            spec.n_events, spec.n_tokens, float(c.sum() / events.n_scored), spec.kernel))  # fmt: skip
     return out
 
 
