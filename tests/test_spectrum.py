@@ -252,3 +252,18 @@ def test_never_scored_tokens_change_nothing():
         assert getattr(b, name) == pytest.approx(getattr(a, name), rel=1e-9), name
     assert b.spectrum.total_drop == pytest.approx(a.spectrum.total_drop, rel=1e-9)
     np.testing.assert_allclose(b.spectrum.density, a.spectrum.density, rtol=1e-9, atol=1e-12)
+
+
+def test_a_bandwidth_below_the_floor_is_refused_and_no_rule_goes_below_it():
+    """The spectrum's grid and bins grow as 1/h: an explicit 1e-5 ran for minutes and 1e-300
+    ended in an internal error. Explicit values below MIN_BANDWIDTH are one InputError; the
+    rules never return less (events of s = 1e-4: a step between two checkpoints)."""
+    from tokdyn.spectrum import MIN_BANDWIDTH
+
+    ev = planted_events(500, s=(1e-4, 2e-4))
+    for bad in (1e-300, 1e-5, MIN_BANDWIDTH / 2):
+        with pytest.raises(InputError, match="at least 0.001 decades"):
+            select_bandwidth(ev, bad)
+    assert select_bandwidth(ev, MIN_BANDWIDTH) == MIN_BANDWIDTH
+    for rule in ("auto", "events", "widths", "silverman"):
+        assert select_bandwidth(ev, rule) >= MIN_BANDWIDTH, rule

@@ -288,6 +288,11 @@ def run_events(run, *, which: str = "two_step", fit: Mapping[str, np.ndarray] | 
 # -- the density ---------------------------------------------------------------------------
 
 
+# The narrowest kernel a spectrum is computed with, in decades (an explicit bandwidth below it is
+# refused; Silverman's rule is floored there too).
+MIN_BANDWIDTH = 1e-3
+
+
 def select_bandwidth(events: Events, rule: str | float = "auto", *, placement: str = "mu", kernel: str = "event") -> float:
     """The kernel bandwidth of the spectrum, in decades, chosen from the events.
 
@@ -311,6 +316,9 @@ def select_bandwidth(events: Events, rule: str | float = "auto", *, placement: s
     if isinstance(rule, (int, float)) and not isinstance(rule, bool):
         if not (math.isfinite(rule) and rule > 0):
             raise InputError(f"bandwidth must be a positive number of decades, got {rule}")
+        if rule < MIN_BANDWIDTH:  # the spectrum's grid and bins grow as 1/h: 1e-5 ran for minutes
+            raise InputError(f"bandwidth must be at least {MIN_BANDWIDTH:g} decades (a factor {10 ** MIN_BANDWIDTH:.4f} on the axis, "
+                             f"finer than any checkpoint spacing), got {rule:g}")  # fmt: skip
         return float(rule)
     if rule not in BANDWIDTH_RULES:
         raise InputError(f"bandwidth must be a positive float or one of {BANDWIDTH_RULES}, got {rule!r}")
@@ -319,15 +327,15 @@ def select_bandwidth(events: Events, rule: str | float = "auto", *, placement: s
     w = np.abs(events.realized_drop())
     if not w.sum() > 0:
         raise InputError("no event's loss drop falls inside the observed range: the spectrum is empty")
-    if rule == "widths":
-        return float(_LOGISTIC_SD * _weighted_quantile(events.s, w, 0.5))
+    if rule == "widths":  # widths may be as sharp as s_min (a step between two checkpoints)
+        return float(max(_LOGISTIC_SD * _weighted_quantile(events.s, w, 0.5), MIN_BANDWIDTH))
     if rule == "silverman":
         mean = np.average(events.mu, weights=w)
         sd = math.sqrt(np.average((events.mu - mean) ** 2, weights=w))
         iqr = _weighted_quantile(events.mu, w, 0.75) - _weighted_quantile(events.mu, w, 0.25)
         spread = min(sd, iqr / 1.34) if iqr > 0 else sd
         n_eff = w.sum() ** 2 / (w**2).sum()
-        return float(max(0.9 * spread * n_eff ** (-0.2), 1e-3))
+        return float(max(0.9 * spread * n_eff ** (-0.2), MIN_BANDWIDTH))
     if kernel == "event":
         # Smoothing an exact event shape only moves it away from the events' derivative, so
         # the least-squares h is the smallest searched, floored at the resolution as below.
