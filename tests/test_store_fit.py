@@ -213,6 +213,37 @@ def test_fewer_rows_than_min_points_is_an_error_not_a_fit_of_unfit_tokens(tmp_pa
     assert main(["fit", str(tmp_path / "s.zarr"), "--run", "r", "--min-points", "4", "--refit", "--no-progress"]) == 1
 
 
+def test_process_workers_do_not_outlive_a_killed_job(tmp_path, data):
+    """`tokdyn fit --scheduler processes` killed on its own (SIGKILL: the OOM killer; no pool
+    shutdown can run): its worker processes end too, instead of running on for good."""
+    import signal
+    import subprocess
+    import sys
+
+    psutil = pytest.importorskip("psutil")
+    st = make_store(tmp_path / "k.zarr", np.tile(data[0], (8, 1)), token_chunk=2000)  # 12 blocks, ~2 s each
+    job = subprocess.Popen([sys.executable, "-m", "tokdyn", "fit", str(tmp_path / "k.zarr"), "--run", "r", "--no-progress",
+                            "--scheduler", "processes", "--workers", "2"])  # fmt: skip
+    try:
+        workers: list = []
+        deadline = time.monotonic() + 60
+        while len(workers) < 2 and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.2)
+            workers = [p for p in psutil.Process(job.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+        assert len(workers) == 2, "the workers did not start"
+        os.kill(job.pid, signal.SIGKILL)
+        job.wait()
+        gone, alive = psutil.wait_procs(workers, timeout=15)
+        assert not alive, f"{len(alive)} workers outlived the job"
+    finally:
+        if job.poll() is None:
+            job.kill()
+        for p in workers:
+            if p.is_running():
+                p.kill()
+    assert not st.run("r").fit.complete
+
+
 def test_stale_fit_needs_refit(tmp_path, data):
     Y = data[0][:300]
     st = make_store(tmp_path / "c.zarr", Y)

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .._process import exit_with_parent
 from ..data import DomainCorpus, MixtureDataset, prepare_domains
 from ..errors import InputError
 from ..model import GPTConfig, TinyGPT
@@ -258,7 +259,9 @@ def _logistic_cdf(z):
 _WORKER: dict = {}
 
 
-def _init_worker(state: dict, threads: int) -> None:
+def _init_worker(state: dict, threads: int, parent: int | None = None) -> None:
+    if parent is not None:  # a worker pool's process: gone with the experiment's
+        exit_with_parent(parent)
     torch.set_num_threads(threads)
     _WORKER.clear()
     _WORKER.update(state)
@@ -356,7 +359,7 @@ def _map(jobs, state: dict, cfg: MixtureABConfig, log) -> list[dict]:
 
     ctx = mp.get_context("fork" if cfg.device == "cpu" else "spawn")
     out = []
-    with ctx.Pool(cfg.workers, initializer=_init_worker, initargs=(state, cfg.threads)) as pool:
+    with ctx.Pool(cfg.workers, initializer=_init_worker, initargs=(state, cfg.threads, os.getpid())) as pool:
         for r in pool.imap_unordered(_run_job, jobs):
             out.append(r)
             _log_job(r, log)

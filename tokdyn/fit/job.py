@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tokdyn._process import exit_with_parent
 from tokdyn.errors import InputError, StoreError
 from tokdyn.fit.backends import resolve_backend
 from tokdyn.fit.block import FIT_FIELDS, fit_block
@@ -396,12 +397,14 @@ def _process_pool(workers: int):
 
     threads = max(1, (os.cpu_count() or 1) // workers)
     return ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                               initializer=_worker_threads, initargs=(threads,))
+                               initializer=_worker_threads, initargs=(threads, os.getpid()))
 
 
-def _worker_threads(threads: int) -> None:
+def _worker_threads(threads: int, parent: int | None = None) -> None:
     """In a new worker process: its kernels' threads (numba's, and torch's, OpenMP's where
-    they start later in it)."""
+    they start later in it), and an exit of its own when the job's process is gone."""
+    if parent is not None:
+        exit_with_parent(parent)
     for name in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):  # a value the user set stays
         os.environ.setdefault(name, str(threads))
     try:
