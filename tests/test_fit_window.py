@@ -194,3 +194,21 @@ def test_a_damaged_stored_window_is_one_clear_error(tmp_path, damaged):
         fit_run(r, progress=False, axis_min=WARMUP, options=tokdyn.FitOptions(two_step=False))
     with pytest.raises(StoreError, match="not a number"):
         stored_axis_min(r)
+
+
+def test_a_stale_window_fit_says_how_to_refit_it_with_its_window(tmp_path, capsys):
+    """Rows appended after a window fit: every reader (the report asked for that run too) says
+    the fit is stale, and the command it gives keeps the fit's window (following the old advice
+    silently dropped it)."""
+    Y, _ = planted(np.random.default_rng(6), n=100)
+    path = make_store(tmp_path / "w.zarr", Y.clip(0.01))
+    r = as_store(path, mode="r+").run("main")
+    fit_run(r, progress=False, axis_min=WARMUP, options=tokdyn.FitOptions(two_step=False))
+    w = r.writer(resume=True)
+    w.append(Y[:, -1], step=int(STEPS[-1]) * 2)
+    w.release()
+    for argv in (["spectrum", str(path), "--run", "main"], ["report", str(path), "--run", "main", "--out", str(tmp_path / "r.html")]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "was made on" in err, err
+        assert f"--run main --axis-min {WARMUP:g} --refit" in err, err

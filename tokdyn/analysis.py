@@ -153,9 +153,12 @@ def analyze_store(
         unknown = [n for n in runs if n not in st.runs]
         if unknown:
             raise InputError(f"no run(s) {unknown} in {st.url}; runs: {', '.join(st.runs) or 'none'}")
+        for n in runs:
+            if n not in done:
+                st.run(n).fit.check()  # what is missing and what to run: not fitted, unfinished, or stale
         missing = [n for n in runs if n not in done]
-        if missing:
-            raise StoreError(f"run(s) {missing} have not been fitted; run `tokdyn fit {st.url} --run NAME` first")
+        if missing:  # (check found nothing wrong: the run changed meanwhile)
+            raise StoreError(f"run(s) {missing} have no complete, current fit; run `tokdyn fit {st.url} --run NAME`")
         names = list(runs)
     if not names:
         raise StoreError(

@@ -88,9 +88,11 @@ class FitResults:
         if not meta.get("complete"):
             raise StoreError(f"the fit of run {r.name!r} is incomplete (interrupted?); run `tokdyn fit` again to finish it")
         if current and meta.get("n_committed") != r.n_committed:
+            window = meta.get("axis_min")  # the refit keeps the fit's window
+            window = f" --axis-min {window:g}" if isinstance(window, (int, float)) and not isinstance(window, bool) else ""
             raise StoreError(
                 f"the fit of run {r.name!r} was made on {meta.get('n_committed')} rows; the run now has {r.n_committed}. "
-                f"Refit it: `tokdyn fit {r.store.url} --run {r.name} --refit`"
+                f"Refit it: `tokdyn fit {r.store.url} --run {r.name}{window} --refit`"
             )
         return meta
 
