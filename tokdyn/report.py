@@ -311,7 +311,7 @@ SCORES = (
     ("rel. L2 sigmoids", "relative L2 error of the sum of events (0 is perfect)"),
     ("rel. L2 spectrum", "relative L2 error of the spectrum"),
     ("drop carried by events", "share of the measured fall of the mean loss that the fitted events carry"),
-    ("by well-fitted events", "the same, counting only events whose fit converged with R² >= 0.5"),
+    ("by well-fitted events", "the same, counting only events whose fit converged (with R² >= 0.5 for one sigmoid; two sigmoids whose second event is not identified count when the token's sigmoid is well fitted)"),
     ("loss exponent α [95%]", "mean loss L ~ a^(-α) fitted directly, if that is a power law (fit R² >= 0.8)"),
     ("spectrum exponent α [95%]", "ρ ~ 10^(-α x) inside the uncensored range, if that is a power law (fit R² >= 0.8)"),
 )  # fmt: skip

@@ -257,7 +257,11 @@ def events_from_fit(
         one = ~two & (f["model"] >= 2) & sig_ok
     t1, t2 = np.flatnonzero(one), np.flatnonzero(two)
     good1 = np.isin(f["status"][t1], good_status) & (f["r2"][t1] >= opts.r2_min)
-    good2 = np.isin(f["status2"][t2], good_status)
+    # A two-sigmoid fit whose second event is not identified (singular: a one-step token's
+    # redundant event) is as well fitted as that token's sigmoid: counting such tokens as badly
+    # fitted put 1,000 clean one-step tokens (sigmoid R^2 >= 0.997) at 76 % of the drop.
+    sigmoid_good = np.isin(f["status"], good_status) & (f["r2"] >= opts.r2_min)
+    good2 = np.isin(f["status2"][t2], good_status) | ((f["status2"][t2] == STATUS_CODES["singular"]) & sigmoid_good[t2])
     x_first, x_last = np.nanmin(f["x_first"]), np.nanmax(f["x_last"])
     if not (np.isfinite(x_first) and np.isfinite(x_last)):
         raise InputError("the fit has no observed x range (every token unfit)")
