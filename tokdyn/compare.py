@@ -1,8 +1,11 @@
 """Learning-time shift between two runs on the same probe (``tokdyn compare``).
 
 Did a curriculum move learning events? For two fitted runs of one store (same probe: a
-curriculum arm and its baseline), every probe token's learning time is the drop-weighted mean
-``mu`` of its events (``two_step`` event set of :mod:`tokdyn.spectrum`) and its drop their sum.
+curriculum arm and its baseline), every probe token's learning time is where its loss fell in
+the observed range: the mean of its falling events' seen centres (``two_step`` event set of
+:mod:`tokdyn.spectrum`; ``Events.seen_centre``), weighted by the drop each made inside the range
+(``Events.realized_drop``), and its drop the net seen drop. An event fitted outside the range, or
+one of a pair of opposite sign that cancel, does not make a learning time.
 Over tokens with a positive drop in both runs, ``shift = mu_B - mu_A`` (decades; < 0: learned
 earlier in B); reported overall, by the token's class in run A and by domain (when the probe
 labels its tokens by domain; else ``by_domain`` is empty): the median and quartiles of the
@@ -47,10 +50,15 @@ def token_times(store, run: str) -> TokenTimes:
     ev = run_events(r, fit=fit)
     probe = st.probe
     n = ev.n_tokens
-    w = np.clip(ev.delta, 0, None)
-    drop = np.bincount(ev.token, weights=w, minlength=n)
-    wmu = np.bincount(ev.token, weights=w * ev.mu, minlength=n)
-    mu = np.divide(wmu, drop, out=np.full(n, np.nan), where=drop > 0)
+    # What each event did inside the observed range: an event fitted outside it (a drop never
+    # seen) carries none, and a pair of opposite sign that cancels carries only what is left.
+    seen = ev.realized_drop()
+    drop = np.bincount(ev.token, weights=seen, minlength=n)  # the token's net seen drop
+    w = np.clip(seen, 0, None)  # where it fell: the falling events' seen centres
+    wsum = np.bincount(ev.token, weights=w, minlength=n)
+    wmu = np.bincount(ev.token, weights=w * ev.seen_centre(), minlength=n)
+    mu = np.divide(wmu, wsum, out=np.full(n, np.nan), where=(drop > 0) & (wsum > 0))
+    drop = np.where(drop > 0, drop, 0.0)
     names = np.array([CLASS_NAMES.get(int(c), "?") for c in range(max(CLASS_NAMES) + 1)])
     klass = names[np.clip(np.asarray(fit["class_code"]).astype(int), 0, names.size - 1)]
     return TokenTimes(mu, drop, klass, _token_domains(probe), r.axis)
