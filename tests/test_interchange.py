@@ -322,7 +322,8 @@ def test_npz_tokens_must_match_the_store_and_the_per_token_arrays(tmp_path):
         ({"probe_tokenizer": np.array(["{not json"])}, "JSON object"),
         ({"probe_tokenizer": np.array(["[1, 2]"])}, "JSON object"),
         ({"probe_domains": np.arange(2)}, "strings"),
-        ({"token_id": np.zeros(12, np.int32) - 5}, "does not match probe_tokens"),
+        ({"token_id": np.zeros(12, np.int32) + 5}, "does not match probe_tokens"),
+        ({"token_id": np.zeros(12, np.int32) - 5}, "'token_id' must hold one integer per token, >= 0"),
     ],
 )
 def test_malformed_probe_members(tmp_path, change, message):

@@ -99,7 +99,7 @@ def test_a_tokenizer_given_must_be_the_probes():
     from tokdyn.tokenizer import ByteTokenizer
 
     tokens = np.frombuffer(b"abcdefghij" * 4, dtype=np.uint8).astype(np.int32).reshape(4, 10)
-    hf = tokdyn.ProbeSet.from_tokens(tokens, tokenizer={"kind": "hf", "vocab_size": 50, "sha256": "0" * 64})
+    hf = tokdyn.ProbeSet.from_tokens(tokens, tokenizer={"kind": "hf", "vocab_size": 50_000, "sha256": "0" * 64})
     assert _decoder(hf, None) is None  # the store keeps a description, not the tokenizer
     with pytest.raises(InputError, match="not the probe's"):
         _decoder(hf, ByteTokenizer())

@@ -419,3 +419,30 @@ def test_append_rows_refuses_a_bad_block_before_writing_anything(store, probe):
     assert run.n_committed == 1 and run.steps.tolist() == [5]
     assert w.append_rows(M, [{"step": 6}, {"step": 7}]) == range(1, 3)
     assert run.steps.tolist() == [5, 6, 7]
+
+
+def test_a_discarded_store_leaves_a_folder_that_was_there_before(tmp_path, monkeypatch):
+    """A command that fails half-way discards the store it made, but not the (empty) folder it
+    was given: the user made it, or mounted something there. A new path goes entirely."""
+    import os
+
+    from tokdyn.store import store as store_mod
+
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.arange(4, dtype=np.int32), "token_pos": np.ones(4, np.int32)})
+    given = tmp_path / "given"
+    given.mkdir(mode=0o750)
+    st = tokdyn.open_store(given, probe, mode="w")
+    assert st.discard_if_new()
+    assert given.is_dir() and not any(given.iterdir()) and (given.stat().st_mode & 0o777) == 0o750
+    new = tmp_path / "new"
+    st = tokdyn.open_store(new, probe, mode="w")
+    assert st.discard_if_new() and not new.exists()
+
+    def broken(group, probe):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store_mod, "write_probe", broken)
+    with pytest.raises(OSError, match="disk full"):
+        tokdyn.TrajectoryStore.create(given, probe)
+    assert given.is_dir() and not any(given.iterdir())
+    assert os.access(given, os.W_OK)

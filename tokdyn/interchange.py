@@ -3,7 +3,9 @@
 The file holds ``axis_values [K]``, ``loss_matrix [N, K]`` (nats), ``axis_name [1]`` (``"T"``,
 ``"D"`` or ``"M"``) and optional per-token arrays ``[N]`` (``sample_id``, ``token_pos`` and other
 metadata). tokdyn reads and writes that schema unchanged, always with ``allow_pickle=False``.
-A float32 matrix survives import then export bit for bit (NaN included).
+A float32 matrix survives import then export bit for bit (NaN included). The reserved per-token
+arrays ``sample_id``, ``token_pos`` and ``token_id`` must hold whole numbers >= 0
+(:func:`tokdyn.probe.check_token_arrays`), checked before anything is written.
 
 A store's probe holds more than per-token arrays; export adds what else it has, under names
 that readers of the plain format can ignore, and import restores it, so the probe fingerprint
@@ -18,15 +20,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
 import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError, NotAStoreError, ProbeMismatchError, UnsafeFileError
-from .probe import ProbeSet
+from .errors import InputError, NotAStoreError, ProbeMismatchError, StoreError, UnsafeFileError
+from .probe import ProbeSet, check_token_arrays, vocab_size_of
 from .store import AXES, LOSS_DTYPES, Run, TrajectoryStore, open_store
+from .store.schema import check_run_name
 
 __all__ = ["read_npz", "import_npz", "export_npz"]
 
@@ -38,7 +43,9 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Load and validate a ``losses.npz``; returns its arrays.
 
     Raises :class:`UnsafeFileError` for object (pickled) arrays and :class:`InputError` for a
-    missing key, wrong shapes, non-float losses or unsorted axis values.
+    missing key, wrong shapes, non-float losses, unsorted axis values, or reserved per-token
+    arrays (``sample_id``, ``token_pos``, ``token_id``) that are not whole numbers >= 0 (and
+    token ids below the vocabulary size of ``probe_tokenizer`` when it gives one).
     """
     p = Path(path)
     if not p.is_file():
@@ -82,7 +89,14 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
             raise InputError(f"per-token array {key!r} has unsupported dtype {v.dtype}")
         if not key.isidentifier() or key == "tokens":
             raise InputError(f"per-token array name {key!r} is not allowed (use a Python identifier other than 'tokens')")
+    # the probe's own numbers: the analyses read them as integers (the same check as ProbeSet's)
+    check_token_arrays(arrays, n, vocab_size=vocab_size_of(_tokenizer_spec(arrays)), what=f"{p}: per-token array")
     return arrays
+
+
+def _tokenizer_spec(arrays: dict[str, np.ndarray]) -> dict:
+    """The tokenizer spec of a validated npz (``{}`` without ``probe_tokenizer``)."""
+    return json.loads(str(arrays["probe_tokenizer"].reshape(-1)[0])) if "probe_tokenizer" in arrays else {}
 
 
 def _check_probe_member(p: Path, key: str, v: np.ndarray, n: int) -> None:
@@ -177,6 +191,8 @@ def import_npz(
     if run is not None and not run.strip():
         raise InputError("run: expected a name, got an empty one (leave --run out to name the run after the file)")
     arrays = read_npz(path)
+    name = run or Path(path).stem
+    check_run_name(name)  # before a store is made for it
     lm = arrays["loss_matrix"]
     n, k = lm.shape
     # the file's own dtype by default, in native byte order (a big-endian '>f4' is float32)
@@ -188,12 +204,17 @@ def import_npz(
     if axis == "T" and top >= 2.0**63:  # a step is an int64: the cast would wrap negative
         raise InputError(f"axis_values reach {top:g}; a step on T must be below 2^63 (are these tokens? name the axis D)")
     carried = [key for key in arrays if key not in _REQUIRED and key not in _PROBE]  # per-token arrays in the file
-    st = _open_or_create(store, _probe_from(arrays, Path(path)), carried)
-    name = run or Path(path).stem
+    probe = _probe_from(arrays, Path(path))
+    keep = _empty_folder(store)  # an empty folder given as the store: a failed import leaves it (empty) in place
+    try:
+        st = _open_or_create(store, probe, carried)
+    except BaseException:
+        _restore(keep)
+        raise
     try:
         r = st.create_run(name, axis=axis, capacity=k, dtype=dtype, attrs={"source": "npz", "source_file": Path(path).name})
     except BaseException:
-        st.discard_if_new()  # a failed command leaves no new store behind
+        _discard_if_new(st, keep)  # a failed command leaves no new store behind
         raise
     w = r.writer()
     axis_values = arrays["axis_values"]
@@ -204,11 +225,67 @@ def import_npz(
             w.append(lm[:, j], step=int(steps[j]), axis_value=float(axis_values[j]), wall_time=np.nan, warn_nonfinite=False)
     except BaseException:
         st.delete_run(name)  # never leave a partial run that blocks a retry
-        st.discard_if_new()
+        _discard_if_new(st, keep)
         raise
     finally:
         w.release()
     return r
+
+
+def _empty_folder(store) -> tuple[Path, int] | None:
+    """``(folder, mode)`` when ``store`` is a local folder that exists and is empty."""
+    if isinstance(store, TrajectoryStore) or (isinstance(store, str) and "://" in store):
+        return None
+    try:
+        folder = Path(store)
+        if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+            return folder, folder.stat().st_mode
+    except (OSError, TypeError, ValueError):
+        pass
+    return None
+
+
+def _discard_if_new(st: TrajectoryStore, keep: tuple[Path, int] | None) -> None:
+    """:meth:`TrajectoryStore.discard_if_new`, except that a folder which existed (empty) before
+    the import is emptied of what the import made, not removed."""
+    if keep is None:
+        st.discard_if_new()
+        return
+    if not (st.created and st.writable):
+        return
+    for name in st.runs:
+        try:
+            if st.run(name).n_committed:
+                return
+        except StoreError:  # an aborted run creation: no rows
+            continue
+    folder = keep[0]
+    try:
+        children = list(folder.iterdir())
+    except OSError:
+        children = []
+    for child in children:  # the folder was empty: everything in it is the import's
+        try:
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+        except OSError:  # cleaning up after another error
+            pass
+    _restore(keep)
+
+
+def _restore(keep: tuple[Path, int] | None) -> None:
+    """Put back the empty folder ``keep`` if a failed store creation removed it."""
+    if keep is None:
+        return
+    folder, mode = keep
+    try:
+        if not folder.exists():
+            folder.mkdir()
+            os.chmod(folder, stat.S_IMODE(mode))
+    except OSError:
+        pass
 
 
 def _probe_from(arrays: dict[str, np.ndarray], p: Path) -> ProbeSet:
@@ -227,14 +304,16 @@ def _probe_from(arrays: dict[str, np.ndarray], p: Path) -> ProbeSet:
             if key in token_arrays and not np.array_equal(token_arrays[key], want):
                 raise InputError(f"{p}: per-token array {key!r} does not match probe_tokens (token i is position i % C + 1 of sequence i // C)")
             token_arrays.setdefault(key, want.astype(np.int32))
-    tokenizer = json.loads(str(arrays["probe_tokenizer"].reshape(-1)[0])) if "probe_tokenizer" in arrays else {}
-    return ProbeSet(
-        tokens,
-        token_arrays,
-        domains=[str(d) for d in arrays.get("probe_domains", ())],
-        documents=[str(d) for d in arrays.get("probe_documents", ())],
-        tokenizer=tokenizer,
-    )
+    try:
+        return ProbeSet(
+            tokens,
+            token_arrays,
+            domains=[str(d) for d in arrays.get("probe_domains", ())],
+            documents=[str(d) for d in arrays.get("probe_documents", ())],
+            tokenizer=_tokenizer_spec(arrays),
+        )
+    except InputError as exc:
+        raise InputError(f"{p}: {exc}") from None
 
 
 def _open_or_create(store, probe: ProbeSet, carried: list[str]) -> TrajectoryStore:

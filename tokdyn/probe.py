@@ -9,6 +9,14 @@ has no context and is excluded). Contextualized tokens are numbered row-major: t
 A probe imported from a ``losses.npz`` has no token ids (``tokens is None``): it is defined by
 its per-token arrays alone. Either kind has a :attr:`ProbeSet.fingerprint`, a hash of its
 content, stored in every store that uses it.
+
+The reserved arrays ``sample_id``, ``token_pos`` and ``token_id`` are numbers every analysis
+relies on, so every probe is checked when it is made (:func:`check_token_arrays`: from token
+ids, from a ``losses.npz``, or read back from a store): integers of any width (floats only when
+every value is a whole number; booleans and strings never), at least 0, one per token, and a
+``token_id`` below the tokenizer's vocabulary size when the probe's tokenizer spec gives one.
+Whole-number floats are kept as they are (not converted), so a probe's fingerprint is that of
+its data.
 """
 
 from __future__ import annotations
@@ -25,9 +33,67 @@ from .corpus import Document
 from .errors import InputError
 from .tokenizer import Tokenizer
 
-__all__ = ["ProbeSet", "build_probe"]
+__all__ = ["ProbeSet", "build_probe", "check_token_arrays", "vocab_size_of", "RESERVED_TOKEN_ARRAYS"]
 
 _TOKEN_FIELDS = ("sample_id", "token_pos", "token_id", "doc_id", "doc_pos", "domain")
+
+#: Per-token arrays whose values tokdyn reads as numbers (sequence, position, token id).
+RESERVED_TOKEN_ARRAYS = ("sample_id", "token_pos", "token_id")
+_ID_LIMIT = 2**31  # token ids are int32 (probe tokens are stored that way)
+_INDEX_LIMIT = 2**63  # sample_id and token_pos are read as int64
+
+
+def vocab_size_of(tokenizer: Mapping | None) -> int | None:
+    """The vocabulary size a tokenizer spec gives (an integer >= 2), else None (unknown).
+
+    :class:`ProbeSet` refuses a spec whose ``vocab_size`` is anything else (the fit reads it)."""
+    v = tokenizer.get("vocab_size") if isinstance(tokenizer, Mapping) else None
+    return int(v) if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v >= 2 else None
+
+
+def check_token_arrays(arrays: Mapping[str, np.ndarray], n: int, *, vocab_size: int | None = None,
+                       what: str = "probe array") -> None:  # fmt: skip
+    """Check the reserved per-token arrays (:data:`RESERVED_TOKEN_ARRAYS`) present in ``arrays``.
+
+    Each must be 1-d of length ``n``, of an integer dtype (any width, signed or not; a float
+    dtype only if every value is finite and a whole number; booleans and strings are refused),
+    with values ``>= 0`` and below 2**63 (``sample_id``, ``token_pos``) or below ``vocab_size``
+    when known, else 2**31 (``token_id``). Raises one :class:`InputError` naming the array
+    (prefixed by ``what``), what was expected and what was found.
+    """
+    for name in RESERVED_TOKEN_ARRAYS:
+        if name not in arrays:
+            continue
+        v = np.asarray(arrays[name])
+        is_id = name == "token_id"
+        limit = (vocab_size if vocab_size is not None else _ID_LIMIT) if is_id else _INDEX_LIMIT
+        bound = f"below the vocabulary size {vocab_size}" if is_id and vocab_size is not None else f"below 2**{limit.bit_length() - 1}"
+        expected = f"{what} {name!r} must hold one integer per token, >= 0 and {bound}"
+        if v.shape != (n,):
+            raise InputError(f"{expected}; got shape {v.shape}, expected ({n},)")
+        if v.dtype.kind not in "iuf":
+            kind = {"b": "booleans", "U": "strings", "S": "byte strings", "O": "objects"}.get(v.dtype.kind, "values")
+            raise InputError(f"{expected}; got {kind} (dtype {v.dtype})")
+        if v.size == 0:
+            continue
+        if v.dtype.kind == "f":
+            bad = ~np.isfinite(v)
+            if bad.any():
+                raise InputError(f"{expected}; got non-finite {v.dtype} values ({_num(float(v[bad][0]))})")
+            frac = v != np.floor(v)
+            if frac.any():
+                raise InputError(f"{expected}; got {v.dtype} values that are not whole numbers (e.g. {_num(float(v[frac][0]))})")
+            lo, hi = float(v.min()), float(v.max())
+        else:
+            lo, hi = int(v.min()), int(v.max())
+        if lo < 0:
+            raise InputError(f"{expected}; got negative values (down to {_num(lo)})")
+        if hi >= limit:
+            raise InputError(f"{expected}; got values up to {_num(hi)}")
+
+
+def _num(x: int | float) -> str:
+    return repr(x) if isinstance(x, float) else str(x)
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +137,13 @@ class ProbeSet:
                 raise InputError(f"probe array {k!r} has dtype {v.dtype}; expected numbers, booleans or strings")
         if n[0] == 0:
             raise InputError("probe has no tokens")
+        tokenizer = {} if self.tokenizer is None else self.tokenizer
+        if not isinstance(tokenizer, Mapping):
+            raise InputError(f"probe tokenizer must be a tokenizer spec (a dict), got {type(tokenizer).__name__}")
+        vocab = vocab_size_of(tokenizer)
+        if tokenizer.get("vocab_size") is not None and vocab is None:  # the fit's age of acquisition reads it
+            raise InputError(f"probe tokenizer spec: vocab_size must be an integer >= 2, got {tokenizer['vocab_size']!r}")
+        check_token_arrays(arrays, n[0], vocab_size=vocab)
         # domain indexes the domain names: out of range, its tokens would fall into no group, or
         # into another's (silently). (doc_id may index documents a probe does not name: unchecked.)
         v, names = arrays.get("domain"), self.domains
@@ -87,11 +160,15 @@ class ProbeSet:
                 raise InputError(f"probe tokens must be integers [S, C+1] with C >= 1, got {t.dtype} {t.shape}")
             if t.shape[0] * (t.shape[1] - 1) != n[0]:
                 raise InputError(f"probe tokens {t.shape} give {t.shape[0] * (t.shape[1] - 1)} targets, arrays have {n[0]}")
+            lo, hi, top = int(t.min()), int(t.max()), min(vocab or _ID_LIMIT, _ID_LIMIT)  # int32 below: a larger id would wrap
+            if lo < 0 or hi >= top:
+                raise InputError(f"probe tokens must be ids in [0, {top}){' (the tokenizer vocabulary)' if top == vocab else ''}, "
+                                 f"got ids {lo}..{hi}")  # fmt: skip
             object.__setattr__(self, "tokens", t.astype(np.int32, copy=False))
         object.__setattr__(self, "token_arrays", arrays)
         object.__setattr__(self, "domains", tuple(self.domains))
         object.__setattr__(self, "documents", tuple(self.documents))
-        object.__setattr__(self, "tokenizer", dict(self.tokenizer))
+        object.__setattr__(self, "tokenizer", dict(tokenizer))
 
     # -- construction ---------------------------------------------------------------------
 

@@ -60,4 +60,7 @@ def read_probe(g: zarr.Group) -> ProbeSet:
         raise
     except Exception as exc:  # noqa: BLE001 - a missing array, bad metadata, a chunk codecs cannot decode
         raise StoreError(f"probe group is incomplete or damaged: {type(exc).__name__}: {exc}") from None
-    return ProbeSet(tokens, arrays, domains=a.get("domains", ()), documents=a.get("documents", ()), tokenizer=a.get("tokenizer", {}))
+    try:
+        return ProbeSet(tokens, arrays, domains=a.get("domains", ()), documents=a.get("documents", ()), tokenizer=a.get("tokenizer", {}))
+    except InputError as exc:  # a stored probe that no longer passes the checks a new one must
+        raise StoreError(f"the store's probe group is damaged: {exc}") from None

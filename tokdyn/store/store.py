@@ -80,6 +80,29 @@ def _delete_group(group: zarr.Group) -> None:
         pass
 
 
+def _existing_folder(url: str | os.PathLike) -> tuple[str, int] | None:
+    """``(path, mode)`` when ``url`` is a local folder that exists (a store made in it must not
+    take the folder away when it is discarded: the user made it, or mounted something there)."""
+    path = os.fspath(url) if isinstance(url, os.PathLike) else url
+    if not isinstance(path, str) or "://" in path:
+        return None
+    try:
+        return (path, os.stat(path).st_mode) if os.path.isdir(path) and not os.path.islink(path) else None
+    except OSError:
+        return None
+
+
+def _put_back(folder: tuple[str, int] | None) -> None:
+    """Recreate ``folder`` (from :func:`_existing_folder`) with its mode if a clean-up removed it."""
+    if folder is None or os.path.isdir(folder[0]):
+        return
+    try:
+        os.mkdir(folder[0])
+        os.chmod(folder[0], folder[1] & 0o7777)
+    except OSError:
+        pass
+
+
 def _open_group(url: str | os.PathLike, mode: str, storage_options: Mapping | None = None, **kwargs) -> zarr.Group:
     if storage_options:
         kwargs["storage_options"] = dict(storage_options)
@@ -113,6 +136,7 @@ class TrajectoryStore:
         self.probe_fingerprint: str = meta["probe_fingerprint"]
         self._probe: ProbeSet | None = None
         self.created = False  # made by this object (create, or open_store mode "a"/"w" on nothing)
+        self._folder_before: tuple[str, int] | None = None  # a local folder that was there before create()
 
     # -- opening --------------------------------------------------------------------------
 
@@ -125,6 +149,7 @@ class TrajectoryStore:
             raise InputError(f"probe must be a ProbeSet, got {type(probe).__name__}")
         check_url(url)
         url = os.fspath(url) if isinstance(url, os.PathLike) else url
+        existed = _existing_folder(url)
         try:  # the group is born with a marker naming its creator, so a killed creation is recognised
             group = _open_group(url, "w" if overwrite else "w-", storage_options, attributes={CREATING: owner()})
         except (FileExistsError, zarr.errors.ContainsGroupError, zarr.errors.ContainsArrayError):
@@ -134,6 +159,7 @@ class TrajectoryStore:
             group.create_group("runs")
         except BaseException:
             _delete_group(group)  # never leave a half-made store that blocks the next attempt
+            _put_back(existed)
             raise
         # The root attribute is written last (replacing the marker, one write): a store is
         # recognised only once its probe is whole.
@@ -148,6 +174,7 @@ class TrajectoryStore:
         store = cls(group, url, writable=True, storage_options=storage_options)
         store._probe = probe
         store.created = True
+        store._folder_before = existed
         return store
 
     @classmethod
@@ -335,11 +362,13 @@ class TrajectoryStore:
             except StoreError:  # an aborted run creation: no rows
                 continue
         _delete_group(self._group)
-        root = getattr(self._group.store, "root", None)  # a local folder: remove it too
-        if root is not None and not self._group.path:
+        root = getattr(self._group.store, "root", None)  # a local folder: remove it too, unless it was there before
+        before = getattr(self, "_folder_before", None)
+        if root is not None and not self._group.path and before is None:
             import shutil
 
             shutil.rmtree(root, ignore_errors=True)
+        _put_back(before)
         return True
 
     def delete_run(self, name: str) -> None:
