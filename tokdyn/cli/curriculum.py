@@ -202,9 +202,22 @@ def _schedule(args: argparse.Namespace) -> int:
         return 0
     print(f"wrote {path}")
     print(f"  {enrichment_verdict(e)}")
+    if not e["baseline_rate"] > 0:
+        print(f"  {_no_drop_detail(sched, pe.events.x_range)}")
     for s in sorted(s for s in {0, 9, args.steps // 10, args.steps // 3, args.steps - 1} if 0 <= s < args.steps):
         print(f"  step {s + 1:>6}: " + ", ".join(f"{d} {w:.2f}" for d, w in zip(sched.domains, sched.weights(s))))
     return 0
+
+
+def _no_drop_detail(sched, x_range) -> str:
+    """Where the pilot's drops lie and where the schedule's steps do, when they do not meet."""
+    r = sched.rates
+    falling = r.x[(r.rates > 0).any(axis=1)]
+    xs = sched.config.xs()
+    seen = (f"the pilot's domains fall at x {falling[0]:.2f}..{falling[-1]:.2f}" if falling.size
+            else f"the pilot saw no domain's loss fall (x {x_range[0]:.2f}..{x_range[1]:.2f})")  # fmt: skip
+    return (f"{seen} (x = log10 pilot step); the schedule's steps 1..{sched.config.total_steps}, with --time-scale "
+            f"{sched.config.time_scale:g} and --lead {sched.config.lead:g}, are x {xs[0]:.2f}..{xs[-1]:.2f}")
 
 
 # -- tokdyn compare ---------------------------------------------------------------------------

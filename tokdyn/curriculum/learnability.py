@@ -6,8 +6,10 @@ them into a predictor for any token of the training pool, keyed by the token wit
 one or two tokens (docs/method.md, "Reshaping training"):
 
 - **targets** per pilot token (:func:`token_targets`): ``delta`` = the sum of its events' loss
-  drops (0 for a token with no event), ``mu`` = the drop-weighted mean learning time of its
-  events with a positive drop (NaN when it has none);
+  drops seen inside the pilot's observed range (:func:`seen_drops`: 0 for a token with no event;
+  an event fitted outside the range, or a pair that cancels, adds nothing), ``mu`` = the
+  drop-weighted mean learning time of its events with a positive drop (NaN when the token's
+  drops sum to <= 0);
 - **keys** (:func:`context_keys`): order 1 is the target id, order 2 adds the previous token,
   order 3 the one before; a target whose window has no such token uses the id ``V`` (no token);
 - **estimates** per key: mean ``delta`` per occurrence, drop-weighted mean ``mu``, each shrunk
@@ -37,12 +39,14 @@ import torch
 from .._version import __version__
 from ..errors import InputError, StoreError, UnsafeFileError
 from ..store.schema import jsonable, utc_now  # numpy scalars and arrays as JSON, one InputError otherwise
+from ._common import require_step_axis, write_atomically
 
 __all__ = [
     "LearnabilityOptions",
     "LearnabilityTable",
     "context_keys",
     "token_targets",
+    "seen_drops",
     "build_table",
     "load_table",
     "TABLE_KIND",
@@ -127,10 +131,12 @@ def context_keys(tokens: torch.Tensor, *, order: int, vocab_size: int) -> list[t
 
 
 def token_targets(events: Mapping[str, np.ndarray], n_tokens: int) -> dict[str, np.ndarray]:
-    """Per-token targets ``[n_tokens]`` from learning events (``SigmoidFit.events()``).
+    """Per-token targets ``[n_tokens]`` from learning events (``token``, ``mu``, ``delta``:
+    ``SigmoidFit.events()``, or better :func:`seen_drops` of them, as :func:`build_table` does).
 
-    ``delta``: sum of the token's event drops (0 without events); ``weight``: sum of its
-    positive drops; ``mu``: the positive-drop-weighted mean learning time (NaN without one).
+    ``delta``: sum of the token's event drops (0 without events); ``weight``: that sum clipped at
+    0 (a drop undone by a rise of the same token carries no weight); ``mu``: the
+    positive-drop-weighted mean learning time of its events (NaN when its weight is 0).
     """
     tok = np.asarray(events["token"], dtype=np.int64)
     mu = np.asarray(events["mu"], dtype=np.float64)
@@ -143,11 +149,30 @@ def token_targets(events: Mapping[str, np.ndarray], n_tokens: int) -> dict[str, 
     tok, mu, delta = tok[ok], mu[ok], delta[ok]
     pos = np.clip(delta, 0.0, None)
     d = np.bincount(tok, weights=delta, minlength=n_tokens)
-    w = np.bincount(tok, weights=pos, minlength=n_tokens)
+    p = np.bincount(tok, weights=pos, minlength=n_tokens)
     wmu = np.bincount(tok, weights=pos * mu, minlength=n_tokens)
+    w = np.clip(d, 0.0, None)
     with np.errstate(invalid="ignore", divide="ignore"):
-        m = np.where(w > 0, wmu / w, np.nan)
-    return {"delta": d, "mu": m, "weight": w}
+        m = np.where((w > 0) & (p > 0), wmu / p, np.nan)
+    return {"delta": d, "mu": m, "weight": np.where(np.isfinite(m), w, 0.0)}
+
+
+def seen_drops(events: Mapping[str, np.ndarray], n_tokens: int, x_range: tuple[float, float]) -> dict[str, np.ndarray]:
+    """``events`` (``token``, ``mu``, ``s``, ``delta``) with each ``delta`` replaced by the part
+    of it that happens inside the observed range ``x_range`` of the pilot
+    (:meth:`tokdyn.spectrum.Events.realized_drop`), and events without a finite shape left out.
+
+    A fit can place an event of tens of nats outside the points it was fitted on (its drop was
+    never seen), or a pair of large events of opposite sign that cancel; counted at face value
+    they would make a token look learned early or by far more than its loss fell.
+    """
+    from ..spectrum import Events
+
+    tok = np.asarray(events["token"], dtype=np.int64)
+    mu, s, delta = (np.asarray(events[k], dtype=np.float64) for k in ("mu", "s", "delta"))
+    ok = np.isfinite(mu) & np.isfinite(s) & np.isfinite(delta) & (s > 0)
+    ev = Events(tok[ok], mu[ok], s[ok], delta[ok], n_tokens=n_tokens, x_range=x_range)
+    return {"token": ev.token, "mu": ev.mu, "s": ev.s, "delta": ev.realized_drop()}
 
 
 # -- the table -----------------------------------------------------------------------------
@@ -317,7 +342,8 @@ class LearnabilityTable:
     # -- files ----------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the table as one ``.npz`` (temporary file, then rename: never half-written)."""
+        """Write the table as one ``.npz``: into a new temporary file created exclusively beside
+        ``path``, then renamed over it (never half-written, never through a planted file or link)."""
         path = Path(path)
         if path.suffix != ".npz":
             raise InputError(f"a learnability table is saved as .npz, got {path}")
@@ -327,15 +353,11 @@ class LearnabilityTable:
         for k, lev in enumerate(self.levels, 1):
             for f in _FIELDS:
                 arrays[f"{f}_{k}"] = lev[f].cpu().numpy()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
         try:
-            with open(tmp, "wb") as fh:
-                np.savez(fh, **arrays)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return path
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"cannot write the learnability table to {path}: {exc.strerror or exc}") from None
+        return write_atomically(path, lambda fh: np.savez(fh, **arrays), binary=True, what="learnability table")
 
 
 _NPZ_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip archive's first bytes (the second: an empty one)
@@ -436,6 +458,7 @@ def build_table(store, run: str, *, options: LearnabilityOptions | None = None) 
         raise InputError(f"options must be a LearnabilityOptions, got {type(opts).__name__}")
     st = as_store(store)
     r = st.run(run)
+    require_step_axis(r, "a learnability table")
     probe = st.probe
     if not probe.has_tokens:
         raise InputError(f"{st.url}: the probe is index-only (imported); a learnability table needs its token ids")
@@ -443,14 +466,14 @@ def build_table(store, run: str, *, options: LearnabilityOptions | None = None) 
     if not vocab:
         raise InputError(f"{st.url}: the probe's tokenizer spec has no vocab_size; record the pilot with a known tokenizer")
     fit = SigmoidFit(r.fit.read(), FitOptions())  # StoreError when not (completely) fitted
-    events = fit.events()
+    _, x = fitted_inputs(r)
+    events = seen_drops(fit.events(), probe.n_tokens, (float(x[0]), float(x[-1])))
     if events["token"].size == 0 or not np.any(events["delta"] > 0):
         raise StoreError(
             f"run {run!r} is fitted but has no learning event with a positive loss drop; a pilot needs tokens that "
             "were learned (train it longer, or on more steps of the schedule)"
         )
     targets = token_targets(events, probe.n_tokens)
-    _, x = fitted_inputs(r)
     meta = {
         "tokenizer": dict(probe.tokenizer),
         "pilot": {

@@ -1,14 +1,22 @@
 """Curriculum v2: reshape the *domain mixture* by when each domain's loss becomes learnable.
 
-From a pilot run (the uniform mixture, another seed) with a probe of training windows labelled
-by domain, every token's learning events give, per domain ``k``, the loss-drop-weighted
-learning-time density
+From a pilot run (the uniform mixture, another seed, recorded on training steps: axis T) with a
+probe of training windows labelled by domain, every token's learning events give, per domain
+``k``, the loss-drop-weighted learning-time density
 
-    r_k(x) = (1 / N_k) sum_{events e of domain k} max(delta_e, 0) K((x - mu_e) / s'_e) / s'_e
+    rho_k(x) = (1 / N_k) sum_{events e of domain k} delta_e (g_e * G_h)(x)
+    g_e(u) = K((u - mu_e) / s_e) / s_e  for u in [x_first, x_last] (the pilot's observed range), else 0
+    r_k(x) = max(0, rho_k(x) shrunk toward the domains' mean by its noise)
 
 i.e. the rate ``-dL_k/dx`` (nats per decade of steps, per token) at which the domain's loss
-falls at ``x = log10 step`` (``K`` the logistic density, ``s'_e = sqrt(s_e^2 + width^2)``:
-each event smoothed by ``width`` decades). At update ``t`` the domain weights are
+falls at ``x = log10 step``: ``rho_k`` is the domain's learning-time spectrum (:mod:`tokdyn.spectrum`,
+``kernel="event"``): each event's own sigmoid derivative (``K`` the logistic density) over the
+observed range, with its sign, smoothed by a Gaussian ``G_h`` of ``h = (pi/sqrt 3) width``
+decades (reflected at the range's ends; ``r_k`` is 0 outside it). An event counts only by the
+drop it makes inside the observed range: one fitted outside it, or a pair of opposite sign that
+cancels, adds nothing. Each domain's difference from the domains' mean rate is then shrunk by
+two of its bootstrap standard errors (:meth:`DomainRates.from_events`), so that domains which
+differ only by sampling noise get equal rates. At update ``t`` the domain weights are
 
     w_k(t) = floor * b_k + (1 - floor) * b_k r_k(x_t)^(1/T) / sum_j b_j r_j(x_t)^(1/T)
 
@@ -24,7 +32,8 @@ the model, over the uniform mixture's,
 
 and the most any schedule with the same floor could reach (all non-floor weight on the
 fastest-falling domain at each step). When that best value is near 1, the domains fall in
-proportion and no mixture schedule can help: :func:`enrichment_verdict` says so.
+proportion and no mixture schedule can help: :func:`enrichment_verdict` says so; when no
+domain's drop falls in the steps covered at all, it says that there is nothing to judge.
 
 Everything here is our design (docs/method.md, "Reshaping training"); each choice is a field of
 :class:`MixtureConfig`.
@@ -43,6 +52,8 @@ __all__ = ["MixtureConfig", "DomainRates", "MixtureSchedule", "enrichment_verdic
            "pilot_events", "load_mixture_schedule", "mixture_sampler", "MAX_MIXTURE_STEPS"]
 
 _NO_HELP = 1.05  # best achievable enrichment below this: no schedule can help
+_LOGISTIC_SD = math.pi / math.sqrt(3.0)  # standard deviation of the logistic density of scale 1
+_MIN_SMOOTHING = 0.01  # decades: the narrowest Gaussian the rates are smoothed with (the spectrum's finest)
 # The most updates a mixture schedule covers: well above the step count of a training run, and
 # below counts that would run for hours. The schedule and its file hold one row of weights per
 # update (a JSON [steps, D] table, about 20 bytes a number): at this bound, with 5 domains, it
@@ -63,13 +74,18 @@ class PilotEvents:
 def pilot_events(store, run: str) -> PilotEvents:
     """The fitted learning events of pilot run ``run`` with its probe's domain labels.
 
-    The one place this package reads fit results (and the probe) from a store.
+    The one place this package reads fit results (and the probe) from a store. The run must lie
+    on the training-step axis T (:class:`InputError` for a D or M run: its learning times are
+    log10 tokens or parameters, which a schedule would read as log10 steps).
     """
     from ..spectrum import run_events
     from ..store import open_store
+    from ._common import require_step_axis
 
     st = open_store(store, mode="r")
-    events = run_events(st.run(run))
+    r = st.run(run)
+    require_step_axis(r, "a curriculum schedule")
+    events = run_events(r)
     probe = st.probe
     ta = probe.token_arrays
     domain = ta.get("domain")
@@ -144,30 +160,72 @@ class DomainRates:
 
     @classmethod
     def from_events(cls, events, token_domain: np.ndarray, domains, *, width: float = 0.2,
-                    grid: np.ndarray | None = None) -> "DomainRates":  # fmt: skip
+                    grid: np.ndarray | None = None, significance: float = 2.0, n_boot: int = 64,
+                    seed: int = 0) -> "DomainRates":  # fmt: skip
         """From :class:`tokdyn.spectrum.Events` of ``N`` probe tokens and ``token_domain [N]``
-        (indices into ``domains``); each event smoothed by ``width`` decades."""
+        (indices into ``domains``).
+
+        Domain ``k``'s rate is its learning-time spectrum (:func:`tokdyn.spectrum.learning_time_spectrum`,
+        ``kernel="event"``) per token of the domain: every event contributes its own sigmoid's
+        derivative over the pilot's observed x range, with its sign, smoothed by a Gaussian of
+        standard deviation ``(pi/sqrt 3) width`` (a logistic of scale ``width``; at least 0.01
+        decades). So each event carries the drop it makes inside the observed range: one fitted
+        outside it (whose drop the pilot never saw) carries almost none, and events of opposite
+        sign that cancel carry none. The rates are 0 outside the observed range (nothing was
+        seen there) and where a domain's loss rises.
+
+        What is left is sampling noise (the fits of a finite probe): where the domains' rates
+        differ by less than it, their ratio, which sets the weights, would be noise. So each
+        domain's difference from the domains' mean rate is shrunk toward 0 by ``significance``
+        standard errors (soft thresholding; the errors from ``n_boot`` Poisson resamples of the
+        probe tokens, drawn from ``seed``): domains whose rates differ only by noise get equal
+        rates, hence their baseline weights. ``significance=0`` keeps the raw rates.
+        """
+        from ..spectrum import _event_bootstrap, learning_time_spectrum
+
         dom = np.asarray(token_domain)
         if dom.shape != (events.n_tokens,):
             raise InputError(f"token_domain must have one entry per probe token ({events.n_tokens}), got shape {dom.shape}")
+        if not (math.isfinite(width) and width >= 0):
+            raise InputError(f"width must be >= 0 decades, got {width!r}")
+        if not (math.isfinite(significance) and significance >= 0):
+            raise InputError(f"significance must be a finite number of standard errors >= 0, got {significance!r}")
+        if not (isinstance(n_boot, (int, np.integer)) and not isinstance(n_boot, bool) and 2 <= n_boot <= 10_000):
+            raise InputError(f"n_boot must be an int from 2 to 10000, got {n_boot!r}")
+        h = max(_LOGISTIC_SD * width, _MIN_SMOOTHING)
         lo, hi = events.x_range
-        x = np.linspace(lo - 0.5, hi + 0.5, 241) if grid is None else np.asarray(grid, np.float64)
-        rates = np.zeros((x.size, len(domains)))
-        s = np.sqrt(events.s**2 + width**2)
+        n_grid = max(241, int(math.ceil((hi - lo) / (h / 4))) + 1)  # 4 points per h at least
+        x = np.linspace(lo, hi, n_grid)
+        rates = np.zeros((n_grid, len(domains)))
+        shrink = significance > 0 and len(domains) > 1
+        rng = np.random.default_rng(seed)
+        mult = [rng.poisson(1.0, events.n_tokens) for _ in range(n_boot)] if shrink else []
+        boots = np.zeros((len(mult), n_grid, len(domains)))
         for k in range(len(domains)):
             n_k = int((dom == k).sum())
-            sel = dom[events.token] == k
-            if n_k == 0 or not sel.any():
+            sub = events.for_tokens(dom == k)
+            if n_k == 0 or len(sub) == 0:
                 continue
-            z = (x[:, None] - events.mu[sel]) / s[sel]  # (G, E_k)
-            e = np.exp(-np.abs(z))
-            rates[:, k] = (np.clip(events.delta[sel], 0, None) * e / (1 + e) ** 2 / s[sel]).sum(1) / n_k
-        return cls(domains, x, rates)
+            spec = learning_time_spectrum(sub, bandwidth=h, kernel="event", grid=n_grid)  # per scored token
+            per_token = events.n_scored / n_k
+            rates[:, k] = spec.density * per_token
+            for b, sb in enumerate(_event_bootstrap(sub, spec, mult)):
+                boots[b, :, k] = sb.density * per_token
+        if shrink:
+            mean = rates.mean(axis=1, keepdims=True)  # each domain toward the domains' mean, by its own error
+            dev, se = rates - mean, boots.std(axis=0)
+            rates = mean + np.sign(dev) * np.clip(np.abs(dev) - significance * se, 0.0, None)
+        if grid is not None:
+            g = np.asarray(grid, np.float64)
+            rates = np.stack([np.interp(g, x, rates[:, k], left=0.0, right=0.0) for k in range(len(domains))], axis=-1)
+            x = g
+        return cls(domains, x, rates)  # clipped at 0 there: a domain whose loss rises is not falling
 
     @classmethod
     def from_curves(cls, steps, losses, domains, *, width: float = 0.2, grid: np.ndarray | None = None) -> "DomainRates":
         """From per-domain loss curves ``losses [S, D]`` at ``steps [S]`` (>= 1): the fall
-        ``-dL_k/dlog10 step`` between points, smoothed by a Gaussian of ``width`` decades."""
+        ``-dL_k/dlog10 step`` between points, with its sign, smoothed by a Gaussian of ``width``
+        decades, then clipped at 0 (noise that goes up and down cancels)."""
         s, loss = np.asarray(steps, np.float64), np.asarray(losses, np.float64)
         if s.ndim != 1 or loss.shape != (s.size, len(domains)) or s.size < 2 or np.any(s < 1) or np.any(np.diff(s) <= 0):
             raise InputError("steps must be increasing, >= 1, and losses of shape [steps, domains]")
@@ -175,7 +233,9 @@ class DomainRates:
         mid, r = (lx[1:] + lx[:-1]) / 2, -np.diff(loss, axis=0) / np.diff(lx)[:, None]
         x = np.linspace(lx[0], lx[-1], 241) if grid is None else np.asarray(grid, np.float64)
         k = np.exp(-0.5 * ((x[:, None] - mid[None, :]) / max(width, 1e-6)) ** 2) * np.diff(lx)[None, :]
-        return cls(domains, x, (k @ np.clip(r, 0, None)) / k.sum(1, keepdims=True))
+        # signed falls, smoothed, then clipped (by the constructor): a rise and a fall of the
+        # same size (noise about a flat curve) cancel instead of leaving a phantom rate
+        return cls(domains, x, (k @ r) / k.sum(1, keepdims=True))
 
     def at(self, x) -> np.ndarray:
         """``r_k(x)`` for every domain (0 outside the grid): ``[D]`` for one ``x``, ``[len(x), D]``
@@ -228,7 +288,10 @@ class MixtureSchedule:
 
     def enrichment(self) -> dict:
         """``schedule``: the enrichment E of these weights; ``best``: the most any schedule with
-        this floor reaches; ``unbounded``: with floor 0; ``per_step``: E at each step."""
+        this floor reaches; ``unbounded``: with floor 0; ``baseline_rate``: the mean over the
+        steps of the baseline mixture's rate ``sum_k b_k r_k(x_t)`` (nats per decade per token;
+        0 when no domain's drop falls in the steps covered, and then E is 1 with nothing to
+        judge); ``per_step``: E at each step."""
         e = self._enrichment_
         return {**e, "per_step": e["per_step"].tolist()}
 
@@ -236,13 +299,13 @@ class MixtureSchedule:
         """:meth:`enrichment` at the step rates ``r [steps, D]``, with ``per_step`` an array."""
         base = r @ self.base
         den = base.sum()
-        if not den > 0:
-            return {"schedule": 1.0, "best": 1.0, "unbounded": 1.0, "per_step": np.ones(len(r))}
+        if not den > 0:  # no drop in range: nothing to judge (enrichment_verdict says so)
+            return {"schedule": 1.0, "best": 1.0, "unbounded": 1.0, "baseline_rate": 0.0, "per_step": np.ones(len(r))}
         f = self.config.floor
         best = f * base + (1 - f) * r.max(1)
         per = np.divide((self.table_ * r).sum(1), base, out=np.ones(len(r)), where=base > 0)
         return {"schedule": float((self.table_ * r).sum() / den), "best": float(best.sum() / den),
-                "unbounded": float(r.max(1).sum() / den), "per_step": per}  # fmt: skip
+                "unbounded": float(r.max(1).sum() / den), "baseline_rate": float(den / len(r)), "per_step": per}  # fmt: skip
 
     def _head(self) -> dict:
         """The schedule's description before its per-step arrays (:meth:`to_dict`, :meth:`save`)."""
@@ -254,27 +317,28 @@ class MixtureSchedule:
                 "rates": self.rates.to_dict()}
 
     def save(self, path) -> str:
-        """Write the schedule as JSON (temporary file, then rename): the text of :meth:`to_dict`,
-        its per-step arrays written a block of rows at a time (memory independent of the steps)."""
+        """Write the schedule as JSON: the text of :meth:`to_dict`, its per-step arrays written a
+        block of rows at a time (memory independent of the steps), into a new temporary file
+        created exclusively beside ``path``, then renamed over it (never written through a file
+        or link planted at a predictable name, never half-written)."""
         import json
         import os
 
+        from ._common import write_atomically
+
         path = os.fspath(path)
-        tmp = path + ".tmp"
         e = dict(self._enrichment_)
         per_step = e.pop("per_step")
         head = self._head()
-        try:
-            with open(tmp, "w") as fh:
-                fh.write(json.dumps(head)[:-1] + ', "weights": ')
-                _write_rows(fh, self.table_)
-                fh.write(', "enrichment": ' + json.dumps(e)[:-1] + ', "per_step": ')
-                _write_rows(fh, per_step)
-                fh.write('}, "rates": ' + json.dumps(self.rates.to_dict()) + "}")
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+
+        def write(fh) -> None:
+            fh.write(json.dumps(head)[:-1] + ', "weights": ')
+            _write_rows(fh, self.table_)
+            fh.write(', "enrichment": ' + json.dumps(e)[:-1] + ', "per_step": ')
+            _write_rows(fh, per_step)
+            fh.write('}, "rates": ' + json.dumps(self.rates.to_dict()) + "}")
+
+        write_atomically(path, write, what="mixture schedule")
         return path
 
 
@@ -331,7 +395,11 @@ def mixture_sampler(domain_ids, schedule: MixtureSchedule, *, samples_per_step: 
 
 
 def enrichment_verdict(e: dict) -> str:
-    """One line on what the enrichment means."""
+    """One line on what the enrichment means (:meth:`MixtureSchedule.enrichment`)."""
+    if not e.get("baseline_rate", 1.0) > 0:
+        return ("no domain's loss falls over the steps this schedule covers, by the pilot's rates: there is no drop in "
+                "range to judge, and the schedule keeps the baseline mixture (do the pilot's steps, times time_scale, "
+                "overlap the run's?)")  # fmt: skip
     if e["best"] < _NO_HELP:
         return (f"enrichment {e['schedule']:.3f} (best possible {e['best']:.3f}): the domains' loss falls in proportion, "
                 "so no mixture schedule can help here; keep the uniform mixture")  # fmt: skip
@@ -362,18 +430,24 @@ class ContextSchedule:
     @classmethod
     def from_events(cls, events, token_pos: np.ndarray, *, contexts, total_steps: int, start: float = 0.25,
                     time_scale: float = 1.0) -> "ContextSchedule":  # fmt: skip
-        """Switch steps from the events of probe tokens at positions ``token_pos [N]`` (1-based)."""
+        """Switch steps from the events of probe tokens at positions ``token_pos [N]`` (1-based).
+
+        A band's quantile is that of the drop its events make inside the pilot's observed range
+        (:meth:`tokdyn.spectrum.Events.curve`, signed): the first ``x`` by which ``start`` of the
+        band's seen drop is done. An event fitted outside the range, or a pair that cancels,
+        does not move it; a band with no net drop switches at once.
+        """
         pos = np.asarray(token_pos)[events.token]
-        w = np.clip(events.delta, 0, None)
+        lo_x, hi_x = events.x_range
+        xs = np.linspace(lo_x, hi_x, 2049)
         switches = []
         for lo, hi in zip(contexts[:-1], contexts[1:]):
-            sel = (pos > lo) & (pos <= hi) & (w > 0)
-            if not sel.any():
+            band = events.subset((pos > lo) & (pos <= hi))
+            done = band.curve(xs[:1]) - band.curve(xs) if len(band) else np.zeros(xs.size)  # drop done by each x
+            if not done[-1] > 1e-9 * np.abs(band.realized_drop()).sum() / events.n_scored:  # none, or only rounding
                 switches.append(0)
                 continue
-            order = np.argsort(events.mu[sel])
-            cum = np.cumsum(w[sel][order]) / w[sel].sum()
-            x = float(events.mu[sel][order][np.searchsorted(cum, start)])
+            x = float(xs[np.argmax(done >= start * done[-1])])
             switches.append(int(np.clip(round(10**x / time_scale) - 1, 0, total_steps)))
         return cls(contexts, np.maximum.accumulate(switches), total_steps=total_steps)
 
