@@ -106,6 +106,22 @@ def test_processes_scheduler_hands_each_worker_one_block_at_a_time(tmp_path, dat
     assert os.environ["NUMBA_NUM_THREADS"] == "7" and os.environ["OMP_NUM_THREADS"] == "1"
 
 
+def _interrupt_at(monkeypatch, call: int):
+    """Make the job's fit_block raise KeyboardInterrupt at its ``call``-th call (the job is
+    stopped there); returns the real fit_block."""
+    real = fitjob.fit_block
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == call:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fitjob, "fit_block", flaky)
+    return real
+
+
 def test_resume_after_interruption_fits_only_missing_blocks(tmp_path, data, monkeypatch):
     Y = data[0][:1000]
     ref_store = make_store(tmp_path / "ref.zarr", Y, token_chunk=200)
@@ -113,16 +129,7 @@ def test_resume_after_interruption_fits_only_missing_blocks(tmp_path, data, monk
     ref = read_fit(ref_store, "r")
 
     st = make_store(tmp_path / "b.zarr", Y, token_chunk=200)
-    real = fitjob.fit_block
-    calls = {"n": 0}
-
-    def flaky(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt  # the job is stopped while fitting the third block
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(fitjob, "fit_block", flaky)
+    real = _interrupt_at(monkeypatch, 3)  # the job is stopped while fitting the third block
     with pytest.raises(KeyboardInterrupt):
         fit_run(st.run("r"), scheduler="sync", progress=False)
     with pytest.raises(StoreError, match="incomplete"):
@@ -141,16 +148,7 @@ def test_an_interrupted_fit_resumes_only_on_its_own_backend(tmp_path, data, monk
     same backend resumes, and --refit replaces it."""
     Y = data[0][:600]
     st = make_store(tmp_path / "b.zarr", Y, token_chunk=200)
-    real = fitjob.fit_block
-    calls = {"n": 0}
-
-    def flaky(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(fitjob, "fit_block", flaky)
+    real = _interrupt_at(monkeypatch, 2)
     with pytest.raises(KeyboardInterrupt):
         fit_run(st.run("r"), scheduler="sync", backend="numba", progress=False)
     monkeypatch.setattr(fitjob, "fit_block", real)
