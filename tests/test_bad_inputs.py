@@ -120,8 +120,8 @@ CLI_CASES: dict[str, tuple[Callable[[Path, Path], list[str]], str]] = {
     "fit of a run that does not exist": (lambda t, s: ["fit", str(s), "--run", "nope"], r"no run 'nope'.*runs: empty, r"),
     "fit of a run without rows": (lambda t, s: ["fit", str(s), "--run", "empty"], r"no committed rows"),
     "fit of an empty store": (lambda t, s: ["fit", str(_empty_store(t)), "--run", "r"], r"runs: none"),
-    "fit with zero workers": (lambda t, s: ["fit", str(s), "--run", "r", "--workers", "0"], r"workers must be >= 1"),
-    "fit with zero batch rows": (lambda t, s: ["fit", str(s), "--run", "r", "--batch-rows", "0"], r"batch_rows must be >= 1"),
+    "fit with zero workers": (lambda t, s: ["fit", str(s), "--run", "r", "--workers", "0"], r"workers must be None or an int >= 1"),
+    "fit with zero batch rows": (lambda t, s: ["fit", str(s), "--run", "r", "--batch-rows", "0"], r"batch_rows must be an int >= 1"),
     "export of a run without rows": (lambda t, s: ["export-npz", str(s), str(t / "o.npz"), "--run", "empty"], r"no committed rows to export"),
     "export into a folder that does not exist": (lambda t, s: ["export-npz", str(s), str(t / "no" / "o.npz"), "--run", "r"], r"output folder does not exist"),
     "export into a path that cannot be written": (lambda t, s: ["export-npz", str(s), str(_write(t / "f", b"x") / "o.npz"), "--run", "r"], r"Not a directory|does not exist"),
@@ -271,7 +271,7 @@ API_CASES: dict[str, tuple[Callable[[Path], object], type[Exception], str]] = {
     "fitter with Y of strings": (lambda t: _fitter().fit(X, Y.astype(str)), InputError, r"Y"),
     "fitter with a NaN threshold": (lambda t: _fitter(min_points=float("nan")).fit(X, Y), InputError, r"min_points"),
     "fit options with a negative width bound": (lambda t: tokdyn.fit.FitOptions(s_min=-1.0), InputError, r"s_min"),
-    "fit_run with zero workers": (lambda t: tokdyn.fit.fit_run(_writer(t).run, workers=0), InputError, r"workers must be >= 1"),
+    "fit_run with zero workers": (lambda t: tokdyn.fit.fit_run(_writer(t).run, workers=0), InputError, r"workers must be None or an int >= 1"),
 }
 
 

@@ -242,6 +242,25 @@ def test_process_workers_do_not_outlive_a_killed_job(tmp_path, data):
     assert not st.run("r").fit.complete
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    ({"batch_rows": "abc"}, "batch_rows must be an int"), ({"batch_rows": True}, "batch_rows must be an int"),
+    ({"batch_rows": 0}, "batch_rows must be an int >= 1"), ({"workers": "2"}, "workers must be None or an int"),
+    ({"workers": 1.5}, "workers must be None or an int"), ({"workers": False}, "workers must be None or an int"),
+    ({"scheduler": 123}, "scheduler must be a string"), ({"axis_min": True}, "axis_min must be a number"),
+])  # fmt: skip
+def test_fit_run_arguments_of_the_wrong_type_are_one_error(tmp_path, data, kwargs, match):
+    st = make_store(tmp_path / "a.zarr", data[0][:100])
+    with pytest.raises(InputError, match=match):
+        fit_run(st.run("r"), progress=False, **kwargs)
+    assert not st.run("r").fit.meta  # nothing created
+
+
+def test_fit_run_takes_numpy_integers(tmp_path, data):
+    st = make_store(tmp_path / "a.zarr", data[0][:100])
+    res = fit_run(st.run("r"), progress=False, batch_rows=np.int64(40), workers=np.int32(2), scheduler="threads")
+    assert res.blocks_fitted == res.blocks
+
+
 def test_stale_fit_needs_refit(tmp_path, data):
     Y = data[0][:300]
     st = make_store(tmp_path / "c.zarr", Y)

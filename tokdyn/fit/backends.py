@@ -28,6 +28,7 @@ from tokdyn.errors import InputError
 from tokdyn.fit.grid import grid_start, two_start
 from tokdyn.fit.lm import MODEL_SIGMOID, LMResult, cholesky_solve, levenberg_marquardt
 from tokdyn.fit.models import two_sigmoid_evaluate
+from tokdyn.fit.options import _shown
 from tokdyn.fit.prepare import NEGATIVE_TOLERANCE, SUMMARY_FIELDS, prepare
 from tokdyn.fit.projection import sigmoid_amplitudes, sigmoid_projected
 from tokdyn.fit.sigmoid import LEVEL_FLOOR, s_min_of, sigmoid_evaluate
@@ -74,10 +75,11 @@ def _cuda_available() -> bool:
 
 def resolve_backend(backend: str, device: Any = None) -> tuple[str, Any]:
     """Turn ``backend``/``device`` into a concrete (backend, device) pair, or raise InputError."""
-    if backend not in BACKENDS:
-        raise InputError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise InputError(f"backend: expected one of {BACKENDS}, got {_shown(backend)}")
     if device is not None and backend not in ("auto", "torch"):
-        raise InputError(f"device={device!r} only applies to backend='torch', got {backend!r}")
+        raise InputError(f"device={_shown(device)} only applies to backend='torch', got "
+                         f"{backend!r}")
     if backend == "auto":
         if device is not None:
             backend = "torch"
@@ -97,11 +99,37 @@ def resolve_backend(backend: str, device: Any = None) -> tuple[str, Any]:
         try:
             device = torch.device(device if device is not None else
                                   ("cuda" if torch.cuda.is_available() else "cpu"))
-        except (RuntimeError, TypeError) as err:
-            raise InputError(f"device: expected a torch device, got {device!r}") from err
+        except Exception as err:  # RuntimeError, TypeError, ValueError, by torch version
+            raise InputError(f"device: expected a torch device, got {_shown(device)}") from err
         if device.type == "cuda" and not torch.cuda.is_available():
             raise InputError(f"device {device} requested but CUDA is not available")
+        _check_device(torch, device)
     return backend, device
+
+
+# Devices a float64 tensor was made on and read back from (in this process).
+_DEVICES_OK: set[str] = set()
+
+
+def _check_device(torch, device) -> None:
+    """InputError unless the fit can run on ``device``: a float64 tensor made there, computed
+    with and read back. A device torch names but cannot compute on (``meta``, which holds no
+    data; a CUDA index beyond the GPUs there; one without float64, such as ``mps``) fails
+    here with one clear error, not in the middle of a fit."""
+    key = str(device)
+    if key in _DEVICES_OK:
+        return
+    try:
+        t = torch.ones(2, dtype=torch.float64, device=device)
+        value = float((t * 2.0).sum().cpu().item())
+    except Exception as err:
+        first = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+        raise InputError(
+            f"device {key!r}: the fit cannot run there ({first}); use 'cpu' or a CUDA device"
+        ) from err
+    if value != 4.0:
+        raise InputError(f"device {key!r}: 2 * (1 + 1) computed there gave {value}, not 4")
+    _DEVICES_OK.add(key)
 
 
 class NumpyOps:

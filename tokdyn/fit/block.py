@@ -8,6 +8,8 @@ chunks. :func:`fit_sigmoids` is the same for arrays in memory of any size, retur
 
 from __future__ import annotations
 
+import numbers
+import operator
 from typing import Any
 
 import numpy as np
@@ -40,9 +42,11 @@ from tokdyn.fit.options import (
     MODEL_NAMES,
     STATUS_CODES,
     STATUS_NAMES,
+    INT64_MAX,
     FitOptions,
+    _shown,
 )
-from tokdyn.fit.sigmoid import age_of_acquisition, s_min_of
+from tokdyn.fit.sigmoid import age_of_acquisition, check_axis, s_min_of
 
 __all__ = ["FIT_FIELDS", "SigmoidFit", "fit_block", "fit_sigmoids", "validate_inputs"]
 
@@ -103,8 +107,8 @@ def validate_inputs(x: Any, Y: Any) -> tuple[np.ndarray, np.ndarray]:
     0 first); Y must be 2-D [B, K] real numbers with K = len(x). NaN in Y marks a missing point;
     other bad values (inf, negative, huge) are judged per trajectory, not here.
     """
-    x_arr = np.asarray(x)
-    Y_arr = np.asarray(Y)
+    x_arr = _as_array("x", x)
+    Y_arr = _as_array("Y", Y)
     if x_arr.ndim != 1:
         raise InputError(f"x: expected a 1-D array of axis positions, got shape {x_arr.shape}")
     if not (np.issubdtype(x_arr.dtype, np.number) and not np.iscomplexobj(x_arr)):
@@ -119,19 +123,28 @@ def validate_inputs(x: Any, Y: Any) -> tuple[np.ndarray, np.ndarray]:
         raise InputError(
             f"Y: expected {x_arr.shape[0]} columns (one per x), got shape {Y_arr.shape}"
         )
-    x_arr = x_arr.astype(np.float64)
-    if not np.all(np.isfinite(x_arr)):
-        raise InputError(
-            "x: expected finite values (x = log10(axis value); leave step 0 out), "
-            f"got {x_arr[~np.isfinite(x_arr)][:5].tolist()}"
-        )
-    if x_arr.size > 1 and not np.all(np.diff(x_arr) > 0):
-        bad = int(np.argmin(np.diff(x_arr) > 0))
-        raise InputError(
-            f"x: expected strictly increasing values, got x[{bad}]={x_arr[bad]!r} then "
-            f"x[{bad + 1}]={x_arr[bad + 1]!r}"
-        )
-    return x_arr, np.ascontiguousarray(Y_arr, dtype=np.float64)
+    with np.errstate(over="ignore"):  # a value beyond float64 becomes inf: judged below
+        x_arr = _converted("x", x_arr, lambda a: a.astype(np.float64))  # a copy, always
+        Y_arr = _converted("Y", Y_arr, np.ascontiguousarray, dtype=np.float64)
+    check_axis(x_arr, "x")
+    return x_arr, Y_arr
+
+
+def _as_array(name: str, value: Any) -> np.ndarray:
+    """``np.asarray(value)``, or one InputError saying why it is no array (a ragged list, an
+    object whose conversion fails, a tensor on a GPU)."""
+    return _converted(name, value, np.asarray)
+
+
+def _converted(name: str, value: Any, convert, **kwargs) -> np.ndarray:
+    try:
+        return convert(value, **kwargs)
+    except Exception as err:  # ValueError (ragged), TypeError, OverflowError, a tensor's own
+        first = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+        expected = ("a 1-D array of axis positions" if name == "x"
+                    else "a 2-D array [trajectories, points] of real numbers")
+        raise InputError(f"{name}: expected {expected}, got a {type(value).__name__} "
+                         f"that numpy cannot convert ({first})") from None
 
 
 def _on_bound(p, lo, hi, cols) -> np.ndarray:
@@ -528,8 +541,12 @@ def fit_sigmoids(
     """
     opts = FitOptions.from_kwargs(options, **overrides)
     x, Y = validate_inputs(x, Y)
-    if block_rows is not None and not (isinstance(block_rows, int) and block_rows >= 1):
-        raise InputError(f"block_rows: expected None or an int >= 1, got {block_rows!r}")
+    if block_rows is not None:
+        if (isinstance(block_rows, (bool, np.bool_)) or not isinstance(block_rows, numbers.Integral)
+                or not 1 <= operator.index(block_rows) <= INT64_MAX):
+            raise InputError(f"block_rows: expected None or an int in [1, {INT64_MAX}], got "
+                             f"{_shown(block_rows)}")
+        block_rows = int(block_rows)
     backend, device = resolve_backend(backend, device)
     if block_rows is None:
         cuda = backend == "torch" and device.type == "cuda"

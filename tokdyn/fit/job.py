@@ -100,8 +100,15 @@ def stored_axis_min(run: Run) -> float | None:
     return float(v)
 
 
+def _count(value) -> bool:
+    """Whether ``value`` is an integer >= 1 (a numpy one too; never a bool)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and 1 <= value < 2**63
+
+
 def _axis_min(value) -> float:
     """``axis_min`` as a finite float, else one clear :class:`InputError`."""
+    if isinstance(value, (bool, np.bool_)):
+        raise InputError(f"axis_min must be a number (an axis value such as a step), got {value!r}")
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -177,10 +184,13 @@ def fit_run(
     """
     if not isinstance(run, Run):
         raise InputError(f"run must be a tokdyn Run (open_store(url, mode='r+').run(name)), got {type(run).__name__}")
-    if int(batch_rows) < 1:
-        raise InputError(f"batch_rows must be >= 1, got {batch_rows}")
-    if workers is not None and int(workers) < 1:
-        raise InputError(f"workers must be >= 1, got {workers}")
+    if not _count(batch_rows):
+        raise InputError(f"batch_rows must be an int >= 1, got {batch_rows!r}")
+    if workers is not None and not _count(workers):
+        raise InputError(f"workers must be None or an int >= 1, got {workers!r}")
+    if scheduler is not None and not isinstance(scheduler, str):
+        raise InputError(f"scheduler must be a string (threads, processes, sync or tcp://HOST:PORT), got {scheduler!r}")
+    batch_rows, workers = int(batch_rows), None if workers is None else int(workers)
     st = run.store
     st.require_writable()
     axis_min = None if axis_min is None else _axis_min(axis_min)

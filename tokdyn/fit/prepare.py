@@ -50,8 +50,8 @@ def prepare(x: np.ndarray, Y: np.ndarray, options: FitOptions) -> dict[str, np.n
     for a in (mean, sse_const, intercept, slope, sse_line):
         a[empty] = np.nan
     lo, hi = sigmoid_bounds(x, W, options)
-    span = np.max(np.where(W > 0, Y0, -np.inf), axis=1) - np.min(np.where(W > 0, Y0, np.inf),
-                                                                 axis=1)
+    span = (np.max(np.where(W > 0, Y0, -np.inf), axis=1, initial=-np.inf)  # initial: no points at all (K = 0)
+            - np.min(np.where(W > 0, Y0, np.inf), axis=1, initial=np.inf))
     span[empty] = np.nan
     return dict(
         n=n, x_first=x_first, x_last=x_last, invalid=invalid,

@@ -19,11 +19,13 @@ __all__ = [
     "PARAMS",
     "LEVEL_FLOOR",
     "Z_CLIP",
+    "X_SPACING_MIN",
     "sigmoid_curve",
     "sigmoid_evaluate",
     "observed_edges",
     "default_s_min",
     "s_min_of",
+    "check_axis",
     "sigmoid_bounds",
     "sigmoid_start",
     "age_of_acquisition",
@@ -37,6 +39,12 @@ PARAMS = ("l0", "linf", "mu", "s")
 LEVEL_FLOOR = 0.0
 # |z| = |x - mu| / s beyond this changes sigma by < 2e-22: clip it so exp never overflows.
 Z_CLIP = 50.0
+# The least spacing of consecutive x a fit takes. Its derivatives go as 1/s, with s down to
+# the default s_min (1 % of the median spacing), and J^T J squares them: below ~1e-152 they
+# overflow float64 (measured on planted events at spacing c: every fit failed at c = 1e-155,
+# the default s_min underflowed to 0 at 5e-324 and broke the start grid). Log10 of
+# float64 axis values are never closer than ~5e-17 (two neighbouring floats near 1).
+X_SPACING_MIN = 1e-150
 
 
 def sigmoid_curve(x, l0, linf, mu, s):
@@ -77,6 +85,8 @@ def _rank_positions(W: np.ndarray) -> np.ndarray:
 
 def _x_at_rank(x: np.ndarray, ranks: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """x of the ``rank``-th observed point of each row (rank [B], 1-based, clipped to [1, n])."""
+    if len(x) == 0:  # no points: no rank to find
+        return np.full(len(rank), np.nan)
     hit = ranks == rank[:, None]
     return x[np.argmax(hit, axis=1)]
 
@@ -87,10 +97,41 @@ def observed_edges(x: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray
     Rows with no observed point get x_first = x_last = NaN.
     """
     n = W.sum(axis=1)
+    if W.shape[1] == 0:  # no points at all (argmax has nothing to look at)
+        return n.astype(np.int64), np.full(W.shape[0], np.nan), np.full(W.shape[0], np.nan)
     any_obs = n > 0
     first = np.where(any_obs, x[np.argmax(W > 0, axis=1)], np.nan)
     last = np.where(any_obs, x[len(x) - 1 - np.argmax(W[:, ::-1] > 0, axis=1)], np.nan)
     return n.astype(np.int64), first, last
+
+
+def check_axis(x: np.ndarray, name: str = "x") -> None:
+    """Raise one InputError unless x [K] (float64) is a fit's axis: finite, strictly increasing
+    (x = log10 of the axis values: leave step 0 out), consecutive values at least
+    :data:`X_SPACING_MIN` apart."""
+    if not np.all(np.isfinite(x)):
+        raise InputError(
+            f"{name}: expected finite values (x = log10(axis value); leave step 0 out), "
+            f"got {x[~np.isfinite(x)][:5].tolist()}"
+        )
+    if x.size < 2:
+        return
+    gaps = np.diff(x)
+    if not np.all(gaps > 0):
+        bad = int(np.argmin(gaps > 0))
+        raise InputError(
+            f"{name}: expected strictly increasing values, got {name}[{bad}]={float(x[bad])!r} "
+            f"then {name}[{bad + 1}]={float(x[bad + 1])!r}"
+        )
+    if not np.all(gaps >= X_SPACING_MIN):
+        bad = int(np.argmin(gaps >= X_SPACING_MIN))
+        raise InputError(
+            f"{name}: consecutive values closer than {X_SPACING_MIN:g} "
+            f"({name}[{bad}]={float(x[bad])!r}, {name}[{bad + 1}]={float(x[bad + 1])!r}) are "
+            "below what the fit can resolve in float64 (its derivatives, 1/s with s down to 1 % "
+            "of a spacing, overflow when squared); x is log10 of the axis values, whose "
+            "spacing is never below ~5e-17"
+        )
 
 
 def default_s_min(x: np.ndarray) -> float:
@@ -118,10 +159,11 @@ def sigmoid_bounds(
     built from the whole grid (they are not fitted anyway).
     """
     _, first, last = observed_edges(x, W)
-    first = np.where(np.isfinite(first), first, x[0])
-    last = np.where(np.isfinite(last), last, x[-1])
+    x0, x1 = (float(x[0]), float(x[-1])) if len(x) else (0.0, 0.0)  # no points: any bounds
+    first = np.where(np.isfinite(first), first, x0)
+    last = np.where(np.isfinite(last), last, x1)
     span = last - first
-    span = np.where(span > 0, span, max(float(x[-1] - x[0]), 1.0))
+    span = np.where(span > 0, span, max(x1 - x0, 1.0))
     s_min = s_min_of(x, options)
     B = W.shape[0]
     lo = np.full((B, 4), LEVEL_FLOOR)
@@ -198,7 +240,11 @@ def age_of_acquisition(
 def log_axis(axis_values) -> np.ndarray:
     """x = log10(axis values) [K] for a fit; raise InputError unless all are positive and
     strictly increasing (drop step 0, which has no logarithm, first)."""
-    a = np.asarray(axis_values, dtype=np.float64)
+    try:
+        a = np.asarray(axis_values, dtype=np.float64)
+    except Exception as err:  # ragged, not numbers, an int beyond float64
+        first = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+        raise InputError(f"axis values: expected a 1-D array of numbers ({first})") from None
     if a.ndim != 1:
         raise InputError(f"axis values: expected a 1-D array, got shape {a.shape}")
     bad = ~(np.isfinite(a) & (a > 0))
@@ -210,6 +256,15 @@ def log_axis(axis_values) -> np.ndarray:
     if a.size > 1 and not np.all(np.diff(a) > 0):
         i = int(np.argmin(np.diff(a) > 0))
         raise InputError(
-            f"axis values: expected strictly increasing values, got {a[i]!r} then {a[i + 1]!r}"
+            f"axis values: expected strictly increasing values, got {float(a[i])!r} then "
+            f"{float(a[i + 1])!r}"
         )
-    return np.log10(a)
+    x = np.log10(a)
+    if x.size > 1 and not np.all(np.diff(x) > 0):  # neighbours within float64's rounding
+        i = int(np.argmin(np.diff(x) > 0))
+        raise InputError(
+            f"axis values {float(a[i])!r} and {float(a[i + 1])!r} are too close to tell apart "
+            f"on a log scale: both give log10 = {float(x[i])!r} in float64"
+        )
+    check_axis(x, "log10(axis values)")
+    return x
