@@ -22,12 +22,12 @@ import json
 import os
 import shutil
 import stat
-import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from ._files import write_atomically
 from .errors import InputError, NotAStoreError, ProbeMismatchError, StoreError, UnsafeFileError
 from .probe import ProbeSet, check_token_arrays, vocab_size_of
 from .store import AXES, LOSS_DTYPES, Run, TrajectoryStore, open_store
@@ -354,15 +354,8 @@ def export_npz(run: Run, out: str | os.PathLike) -> Path:
         raise InputError(f"output must end in .npz, got {out}")
     if not out.parent.exists():
         raise InputError(f"output folder does not exist: {out.parent}")
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(tmp, out)  # never leave a half-written file under the final name
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out
+    # never a half-written file under the final name, never written through a planted link
+    return write_atomically(out, lambda fh: np.savez(fh, **arrays), binary=True, what="losses.npz")
 
 
 def _probe_members(probe: ProbeSet) -> dict[str, np.ndarray]:

@@ -23,7 +23,6 @@ import html
 import io
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
+from ._files import write_atomically
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store
 from .errors import InputError, TokdynError
 from .fit.models import two_sigmoid_curve
@@ -89,20 +89,8 @@ def write_report(
     runs = None if runs is None else list(dict.fromkeys(runs))  # each run once, in the order given
     an = analysis if analysis is not None else analyze_store(st, runs=runs)
     text = render_report(st, an, title=title, extra=extra, tokenizer=tokenizer)
-    tmp = None
-    try:
-        # A new file of a random name beside the target, created exclusively (O_EXCL: never
-        # through a link planted there), then renamed over it: never a half-written report.
-        fd, tmp = tempfile.mkstemp(dir=p.parent if str(p.parent) else ".", prefix=f".{p.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except OSError as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        raise InputError(f"cannot write the report to {p}: {exc.strerror or exc}") from None
-    return p
+    # never a half-written report, never written through a link planted beside it
+    return write_atomically(p, lambda fh: fh.write(text), what="report")
 
 
 # -- the page: sections and numbered figures -------------------------------------------------

@@ -39,7 +39,8 @@ import torch
 from .._version import __version__
 from ..errors import InputError, StoreError, UnsafeFileError
 from ..store.schema import jsonable, utc_now  # numpy scalars and arrays as JSON, one InputError otherwise
-from ._common import require_step_axis, write_atomically
+from .._files import write_atomically
+from ._common import require_step_axis
 
 __all__ = [
     "LearnabilityOptions",

@@ -324,7 +324,7 @@ class MixtureSchedule:
         import json
         import os
 
-        from ._common import write_atomically
+        from .._files import write_atomically
 
         path = os.fspath(path)
         e = dict(self._enrichment_)
