@@ -337,3 +337,21 @@ def test_report_leaves_out_a_run_that_cannot_be_analysed_and_says_why(fitted_T, 
     assert main(["report", str(fitted_T), "--out", str(out), "--run", "flat"]) == 1
     err = capsys.readouterr().err
     assert "run 'flat'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_spectrum_says_when_the_power_law_is_not_one(tmp_path, capsys):
+    """Every token learned around one time: the spectrum is one bump, and its power-law fit
+    (R^2 well below 0.8) is printed with the report's verdict, not as a plain exponent."""
+    rng = np.random.default_rng(2)
+    n = 400
+    steps = np.unique(np.round(np.geomspace(10, 100_000, 30)).astype(np.int64))
+    x, mu = np.log10(steps.astype(float)), rng.normal(3.0, 0.05, n)
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.arange(n, dtype=np.int32), "token_pos": np.ones(n, np.int32)})
+    st = tokdyn.open_store(tmp_path / "b.zarr", probe, mode="w")
+    with st.create_run("r", capacity=len(steps)).writer() as w:
+        for j, step in enumerate(steps):
+            w.append((1 + 3 / (1 + np.exp((x[j] - mu) / 0.1)) + 0.05 * rng.standard_normal(n)).astype(np.float32), step=int(step))
+    fit_run(st.run("r"), progress=False)
+    assert main(["spectrum", str(tmp_path / "b.zarr"), "--run", "r", "--boot", "0"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("power law of the spectrum"))
+    assert "not a power law: R^2 below 0.8" in line, line

@@ -37,6 +37,7 @@ from .fit.models import two_sigmoid_curve
 from .fit.options import CLASS_CODES, CLASS_NAMES
 from .fit.sigmoid import sigmoid_curve
 from .fit.job import fitted_inputs
+from .spectrum import POWER_LAW_R2
 from .store import TrajectoryStore, as_store
 from .tokenstats import RHO1_CLASSES
 
@@ -794,7 +795,6 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
                   "the per-token events account for how the mean loss falls; R² in the legend.")  # fmt: skip
 
 
-POWER_LAW_R2 = 0.8  # a power-law fit below this R^2 (of log rho, or of L) is reported as "not a power law"
 
 
 def _power_law_text(pl: dict | None) -> str:

@@ -292,6 +292,10 @@ def run_events(run, *, which: str = "two_step", fit: Mapping[str, np.ndarray] | 
 # -- the density ---------------------------------------------------------------------------
 
 
+# A power-law fit below this R^2 (of log rho, or of L) is reported as "not a power law" (the
+# report, the spectrum command).
+POWER_LAW_R2 = 0.8
+
 # The most bootstrap resamples a spectrum's exponent interval takes (each is a pass over the
 # events; 200, the default, gives the 2.5-97.5 percentiles to about 1 %).
 MAX_BOOT = 10_000

@@ -10,6 +10,7 @@ import numpy as np
 from ..analysis import axis_run, run_spectrum
 from ..errors import InputError
 from ..reconstruct import reconstruct_run
+from ..spectrum import POWER_LAW_R2
 from ..report import check_writable, write_report
 from ._common import add_run_argument, add_store_argument, open_cli_run, print_json, store_path
 
@@ -85,7 +86,8 @@ def _spectrum(args: argparse.Namespace) -> int:
             print(f"  {label:<28} {g.total_drop:8.3f}   x {g.x[np.argmax(g.density)]:6.2f}   {g.n_events:,}")
     for pl in (rec.spectrum_power_law, rec.loss_power_law):
         if pl is not None:
-            print(f"power law of the {pl.what:<8} alpha = {pl.alpha:.3f} [{pl.alpha_lo:.3f}, {pl.alpha_hi:.3f}]  R^2 {pl.r2:.3f}")
+            verdict = "" if pl.r2 >= POWER_LAW_R2 else f"  (not a power law: R^2 below {POWER_LAW_R2:g})"
+            print(f"power law of the {pl.what:<8} alpha = {pl.alpha:.3f} [{pl.alpha_lo:.3f}, {pl.alpha_hi:.3f}]  R^2 {pl.r2:.3f}{verdict}")
     return 0
 
 
