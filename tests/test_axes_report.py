@@ -355,3 +355,27 @@ def test_cli_spectrum_says_when_the_power_law_is_not_one(tmp_path, capsys):
     assert main(["spectrum", str(tmp_path / "b.zarr"), "--run", "r", "--boot", "0"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("power law of the spectrum"))
     assert "not a power law: R^2 below 0.8" in line, line
+
+
+def test_an_axis_source_with_new_rows_is_seen_however_the_store_is_spelled(tmp_path, monkeypatch):
+    """The staleness check compared the recorded store URL as text: opened as `a.zarr/`, through
+    `..` or by a relative path, a source's new rows went unseen and the stale axis was reused.
+    A source in another store is checked too."""
+    from tokdyn.axes import axis_run_problem
+
+    _, Y = budget_store(tmp_path / "a.zarr", budgets=BUDGETS[:4])
+    assemble_axis(as_store(tmp_path / "a.zarr", mode="r+"), "D")
+    w = as_store(tmp_path / "a.zarr", mode="r+").run("d0").writer(resume=True)
+    w.append(Y[:, 0], step=1000)
+    w.release()
+    monkeypatch.chdir(tmp_path)
+    for spelled in (str(tmp_path / "a.zarr"), str(tmp_path / "a.zarr") + "/", str(tmp_path / ".." / tmp_path.name / "a.zarr"), "a.zarr"):
+        assert "run 'd0' has 4 rows now, 3 when" in axis_run_problem(as_store(spelled).run("axis-D"), "D"), spelled
+    other, _ = budget_store(tmp_path / "b.zarr", budgets=BUDGETS[4:6])
+    st = as_store(tmp_path / "a.zarr", mode="r+")
+    assemble_axis(st, "D", runs=["d1", "d2", other.run("d0")], overwrite=True)
+    assert axis_run_problem(st.run("axis-D"), "D") is None
+    w = as_store(tmp_path / "b.zarr", mode="r+").run("d0").writer(resume=True)
+    w.append(Y[:, 4], step=1000)
+    w.release()
+    assert "run 'd0' has 4 rows now, 3 when" in axis_run_problem(as_store(tmp_path / "a.zarr").run("axis-D"), "D")

@@ -295,3 +295,19 @@ def test_the_bootstrap_in_groups_gives_the_same_interval(monkeypatch):
     assert np.isfinite(whole.alpha_lo) and whole.alpha_lo < whole.alpha < whole.alpha_hi
     with pytest.raises(InputError, match="n_boot must be an int from 0 to 10000"):
         sp.spectrum_power_law(ev, bandwidth=0.1, n_boot=sp.MAX_BOOT + 1)
+
+
+def test_tokens_observed_too_few_times_are_scored_tokens():
+    """A token seen at 5 points is not fitted (too_few_points) but is in the measured mean: its
+    observed points stay in the fit's fields and it counts in N (it was left out of N when the
+    unfitted rows' n_points were overwritten with 0)."""
+    ev = planted_events(200, s=(0.05, 0.15), lo=0.2, hi=2.8)
+    Y = planted_curves(ev, noise=0.05)
+    Y[100:, 5:] = np.nan  # tokens 100-199 seen at their first 5 points only
+    for backend in ("numba", "numpy"):
+        fit = fit_sigmoids(X, Y, backend=backend).to_dict()
+        assert (fit["n_points"][100:] == 5).all() and np.allclose(fit["x_last"][100:], X[4])
+        assert (fit["status"][100:] == 4).all()  # too_few_points
+        assert events_from_fit(fit).n_scored == 200
+    Y[:10] = np.nan  # never observed at all: not scored
+    assert events_from_fit(fit_sigmoids(X, Y).to_dict()).n_scored == 190

@@ -449,3 +449,40 @@ def test_a_failed_fit_on_a_cluster_cancels_its_other_blocks_and_a_refit_is_clean
     got, expected = read_fit(st, "r"), read_fit(ref, "r")
     for name in FIT_FIELDS:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def _as_an_earlier_tokdyn_left_it(run, *, complete: bool, **options):
+    """The fit's metadata as the previous tokdyn wrote it: no backend or device among its inputs
+    (recorded only when a fit finished, then under `backend`), no min_points_two among its
+    options; unfinished with its first block not done, or complete."""
+    g = run.fit._group()
+    meta = dict(g.attrs["tokdyn_fit"])
+    for key in ("backend", "device"):
+        meta.pop(key, None)
+    if complete:
+        meta["backend"] = "numba"
+    meta["options"] = {k: v for k, v in meta["options"].items() if k != "min_points_two"} | options
+    meta["complete"] = complete
+    g.update_attributes({"tokdyn_fit": meta})
+    if not complete:
+        g["done"][0] = 0
+
+
+def test_fits_made_by_the_previous_tokdyn_are_redone_or_read(tmp_path, data):
+    """An unfinished fit of the previous version is redone whole (no --backend could resume it);
+    a complete one is read (spectrum, options) and refit only on --refit, with an error that says
+    why; a stored option this version refuses (max_iter above its limit) is read as its default."""
+    from tokdyn.fit.job import stored_options
+
+    st = make_store(tmp_path / "o.zarr", data[0][:600], token_chunk=200)
+    fit_run(st.run("r"), progress=False)
+    _as_an_earlier_tokdyn_left_it(st.run("r"), complete=False)
+    res = fit_run(st.run("r"), progress=False)
+    assert res.blocks_fitted == 3 and res.blocks_resumed == 0
+    _as_an_earlier_tokdyn_left_it(st.run("r"), complete=True, max_iter=20_000)
+    opts = stored_options(st.run("r"))
+    assert opts.max_iter == tokdyn.FitOptions().max_iter and opts.min_points_two == 14
+    assert main(["spectrum", str(tmp_path / "o.zarr"), "--run", "r", "--boot", "0"]) == 0
+    with pytest.raises(StoreError, match=r"made by an earlier tokdyn \(it records no device, options.min_points_two\).*--refit"):
+        fit_run(st.run("r"), progress=False)
+    assert fit_run(st.run("r"), progress=False, refit=True).blocks_fitted == 3

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import math
+import os
 
 import numpy as np
 
@@ -191,17 +192,38 @@ def axis_run_problem(run: Run, axis: str, runs: list[str] | None = None) -> str 
                              f"--runs applies when assembling one (--rebuild)")  # fmt: skip
         return None
     names = [s.get("run") if isinstance(s, dict) else None for s in sources]
-    values = {s.get(AXIS_ATTRS[axis]) for s in sources if isinstance(s, dict)}
+    values = {v for v in (s.get(AXIS_ATTRS[axis]) for s in sources if isinstance(s, dict)) if isinstance(v, (int, float))}
     if run.n_committed != len(values):
         return f"it holds {run.n_committed} of its {len(values)} points (an assembly that did not finish)"
     if runs is not None and sorted(runs) != sorted(n for n in names if n is not None):
         return f"it was assembled from {names}, not {list(runs)}"
-    st = run.store
     for s, n in zip(sources, names):
         then = s.get("n_committed") if isinstance(s, dict) else None
-        if then is not None and n in st.runs and s.get("store") == st.url and st.run(n).n_committed != then:
-            return f"run {n!r} has {st.run(n).n_committed} rows now, {then} when the axis was assembled"
+        now = _rows_now(run.store, s.get("store"), n) if then is not None else None
+        if now is not None and now != then:
+            return f"run {n!r} has {now} rows now, {then} when the axis was assembled"
     return None
+
+
+def _rows_now(st: TrajectoryStore, url, name) -> int | None:
+    """Committed rows of source run ``name`` of the store at ``url`` (``st`` itself when ``url``
+    names it, however spelled); None where it cannot be read (a store moved or gone: the axis run
+    holds its own copy of the rows)."""
+    if not isinstance(url, str) or not isinstance(name, str):
+        return None
+    try:
+        src = st if _same_place(url, st.url) else as_store(url, mode="r")
+        return src.run(name).n_committed if name in src.runs else None
+    except (StoreError, InputError, OSError, ValueError):
+        return None
+
+
+def _same_place(a: str, b: str) -> bool:
+    """Whether two store URLs name one store: local paths compared resolved (a trailing slash,
+    ``..`` or a relative spelling is the same folder), other URLs as written."""
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def find_axis_run(store: TrajectoryStore, axis: str) -> str | None:

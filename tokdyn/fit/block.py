@@ -54,7 +54,7 @@ F8, I4, I1 = np.dtype(np.float64), np.dtype(np.int32), np.dtype(np.int8)
 
 FIT_FIELDS: dict[str, np.dtype] = {
     # data
-    "n_points": I4,  # observed (non-NaN) points used
+    "n_points": I4,  # observed (non-NaN) points (of every row, fitted or not)
     "x_first": F8,  # first and last observed x
     "x_last": F8,
     # one sigmoid (docs/method.md, "The learning event of one token")
@@ -338,11 +338,13 @@ def _fit_checked_block(x, Y, options, backend, device, out) -> dict[str, np.ndar
     written = {"n_points", "x_first", "x_last"}
     if rows.size:
         _fit_rows(x, Y, rows, prep, options, backend, device, out, written)
-    # what no fit wrote: each field's value for a row that was not fitted
+    # what no fit wrote: each field's value for a row that was not fitted. The row's data
+    # (its observed points and their range) are kept for every row: a token observed too few
+    # times is still a scored token (the spectrum divides by them, docs/method.md).
     unfit = np.ones(B, dtype=bool)
     unfit[rows] = False
     for name, dt in FIT_FIELDS.items():
-        if name in written and rows.size == B:
+        if name in _DATA_FIELDS or (name in written and rows.size == B):
             continue
         at = unfit if name in written else slice(None)
         if name in ("status", "status2"):
@@ -352,6 +354,9 @@ def _fit_checked_block(x, Y, options, backend, device, out) -> dict[str, np.ndar
             out[name][at] = _UNFIT.get(name, np.nan if dt.kind == "f" else 0)
     return out
 
+
+# What a row's data are, whether or not it was fitted.
+_DATA_FIELDS = ("n_points", "x_first", "x_last")
 
 # A field's value for a row that was not fitted, where it is not NaN or 0 (the statuses say
 # why per row: invalid_input or too_few_points)

@@ -260,7 +260,22 @@ def read_fit(store: TrajectoryStore | str | os.PathLike, run: str, *, fields=Non
 def stored_options(run: Run) -> FitOptions:
     """The :class:`FitOptions` the stored fit of ``run`` was made with."""
     known = {f.name for f in dataclasses.fields(FitOptions)}
-    return FitOptions(**{k: v for k, v in run.fit.options().items() if k in known})
+    stored = {k: v for k, v in run.fit.options().items() if k in known}
+    try:
+        return FitOptions(**stored)
+    except InputError:
+        # A fit of an earlier tokdyn may record a value this one refuses (max_iter above today's
+        # limit): its readers need the classifier's thresholds, not the solver's limits, so each
+        # value refused on its own is read as its default.
+        return FitOptions(**{k: v for k, v in stored.items() if _accepted(k, v)})
+
+
+def _accepted(name: str, value) -> bool:
+    try:
+        FitOptions(**{name: value})
+    except InputError:
+        return False
+    return True
 
 
 # -- internals -----------------------------------------------------------------------------

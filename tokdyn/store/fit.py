@@ -192,6 +192,16 @@ class FitResults:
         return FitWriter(self, dict(inputs), dict(fields), n_blocks=int(n_blocks), refit=refit, labels=dict(labels or {}))
 
 
+def _unrecorded(meta: Mapping, inputs: Mapping) -> list[str]:
+    """The inputs of a fit (and options) that ``meta``, a stored fit's, does not record at all:
+    it was made by an earlier tokdyn, before they existed."""
+    out = [k for k in inputs if k not in meta]
+    options, stored = inputs.get("options"), meta.get("options")
+    if isinstance(options, Mapping) and isinstance(stored, Mapping):
+        out += [f"options.{k}" for k in options if k not in stored]
+    return out
+
+
 class FitWriter:
     """The job side of a fit: holds the fit lock from preparation to :meth:`finish` (use it as a
     context manager). Blocks are written with :meth:`FitResults.write_block`."""
@@ -212,12 +222,18 @@ class FitWriter:
     def _prepare(self, inputs: dict, fields: dict, n_blocks: int, refit: bool, labels: dict) -> None:
         run = self.results._run
         meta = self.results.meta
-        if meta and not meta.get("complete") and "fit_id" not in meta:
-            refit = True  # an unfinished fit of an earlier tokdyn, without checksums: redone whole
+        unrecorded = _unrecorded(meta, inputs) if meta else []
+        if meta and not meta.get("complete") and ("fit_id" not in meta or unrecorded):
+            refit = True  # an unfinished fit of an earlier tokdyn (no checksums, or inputs it did not record): redone whole
         if meta and not refit:
             if all(meta.get(k) == v for k, v in inputs.items()) and meta.get("fields") == fields:
                 self._check_arrays(fields, n_blocks)
                 return  # resume
+            if unrecorded:
+                raise StoreError(
+                    f"run {run.name!r} has a fit made by an earlier tokdyn (it records no {', '.join(unrecorded)}); "
+                    "pass refit=True (--refit) to fit it again with this one"
+                )
             if meta.get("n_committed") != inputs.get("n_committed"):
                 what = f"other rows ({meta.get('n_committed')} rows then, {inputs.get('n_committed')} now)"
             elif meta.get("axis_min") != inputs.get("axis_min"):
