@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import stat
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from ._files import write_atomically
-from .errors import InputError, NotAStoreError, ProbeMismatchError, StoreError, UnsafeFileError
+from .errors import InputError, NotAStoreError, ProbeMismatchError, UnsafeFileError
 from .probe import ProbeSet, check_token_arrays, vocab_size_of
 from .store import AXES, LOSS_DTYPES, Run, TrajectoryStore, open_store
 from .store.schema import check_run_name
@@ -204,17 +202,12 @@ def import_npz(
     if axis == "T" and top >= 2.0**63:  # a step is an int64: the cast would wrap negative
         raise InputError(f"axis_values reach {top:g}; a step on T must be below 2^63 (are these tokens? name the axis D)")
     carried = [key for key in arrays if key not in _REQUIRED and key not in _PROBE]  # per-token arrays in the file
-    probe = _probe_from(arrays, Path(path))
-    keep = _empty_folder(store)  # an empty folder given as the store: a failed import leaves it (empty) in place
-    try:
-        st = _open_or_create(store, probe, carried)
-    except BaseException:
-        _restore(keep)
-        raise
+    # a failed command leaves no new store behind (and a folder that was there before, empty)
+    st = _open_or_create(store, _probe_from(arrays, Path(path)), carried)
     try:
         r = st.create_run(name, axis=axis, capacity=k, dtype=dtype, attrs={"source": "npz", "source_file": Path(path).name})
     except BaseException:
-        _discard_if_new(st, keep)  # a failed command leaves no new store behind
+        st.discard_if_new()
         raise
     w = r.writer()
     axis_values = arrays["axis_values"]
@@ -225,67 +218,11 @@ def import_npz(
             w.append(lm[:, j], step=int(steps[j]), axis_value=float(axis_values[j]), wall_time=np.nan, warn_nonfinite=False)
     except BaseException:
         st.delete_run(name)  # never leave a partial run that blocks a retry
-        _discard_if_new(st, keep)
+        st.discard_if_new()
         raise
     finally:
         w.release()
     return r
-
-
-def _empty_folder(store) -> tuple[Path, int] | None:
-    """``(folder, mode)`` when ``store`` is a local folder that exists and is empty."""
-    if isinstance(store, TrajectoryStore) or (isinstance(store, str) and "://" in store):
-        return None
-    try:
-        folder = Path(store)
-        if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
-            return folder, folder.stat().st_mode
-    except (OSError, TypeError, ValueError):
-        pass
-    return None
-
-
-def _discard_if_new(st: TrajectoryStore, keep: tuple[Path, int] | None) -> None:
-    """:meth:`TrajectoryStore.discard_if_new`, except that a folder which existed (empty) before
-    the import is emptied of what the import made, not removed."""
-    if keep is None:
-        st.discard_if_new()
-        return
-    if not (st.created and st.writable):
-        return
-    for name in st.runs:
-        try:
-            if st.run(name).n_committed:
-                return
-        except StoreError:  # an aborted run creation: no rows
-            continue
-    folder = keep[0]
-    try:
-        children = list(folder.iterdir())
-    except OSError:
-        children = []
-    for child in children:  # the folder was empty: everything in it is the import's
-        try:
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
-        except OSError:  # cleaning up after another error
-            pass
-    _restore(keep)
-
-
-def _restore(keep: tuple[Path, int] | None) -> None:
-    """Put back the empty folder ``keep`` if a failed store creation removed it."""
-    if keep is None:
-        return
-    folder, mode = keep
-    try:
-        if not folder.exists():
-            folder.mkdir()
-            os.chmod(folder, stat.S_IMODE(mode))
-    except OSError:
-        pass
 
 
 def _probe_from(arrays: dict[str, np.ndarray], p: Path) -> ProbeSet:
