@@ -18,10 +18,13 @@ Sources:
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import os
 import sysconfig
+import unicodedata
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,24 +185,54 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
     """Documents from a text file (one document) or a folder (one document per file).
 
     Files that are not valid text in ``encoding`` are decoded with replacement characters;
-    empty files are skipped. Domain: the first sub-folder under ``path``, or the file's stem for
-    files directly in it.
+    empty files are skipped. A file with a NUL byte in its first 8 KiB is binary, not text
+    (an image, an archive, a compiled file; a UTF-16 text needs ``encoding=``): named alone it
+    is an :class:`InputError`, in a folder it is skipped with a warning naming it. In a folder,
+    hidden entries (a name starting with ``.``: ``.git/``, ``.DS_Store``) are not documents.
+    Domain: the first sub-folder under ``path``, or the file's stem for files directly in it.
+    Keys (relative paths) are valid Unicode in NFC, so the split is the same whichever way a
+    file system spells a name; bytes of a name that are not UTF-8 are written as ``\\xNN``.
     """
     p = Path(path)
+    check_binary = not codecs.lookup(encoding).name.startswith(("utf-16", "utf-32"))
     if p.is_file():
-        return [Document(key=p.name, domain=p.stem, text=_read_text(p, encoding))]
+        data = p.read_bytes()
+        if check_binary and b"\0" in data[:_BINARY_SNIFF]:
+            raise InputError(f"{p} holds NUL bytes: it is binary, not text (a token file is read as one when named *.bin)")
+        return [Document(key=_name_text(p.name), domain=_name_text(p.stem), text=data.decode(encoding, errors="replace"))]
     if not p.is_dir():
         raise InputError(f"text source not found: {p}")
-    docs = []
+    docs, binary = [], []
     for f in sorted(x for x in p.rglob(pattern) if x.is_file()):
         rel = f.relative_to(p)
-        text = _read_text(f, encoding)
+        if any(part.startswith(".") for part in rel.parts):  # .git/, .DS_Store, editors' swap files
+            continue
+        data = f.read_bytes()
+        if check_binary and b"\0" in data[:_BINARY_SNIFF]:
+            binary.append(rel.as_posix())
+            continue
+        text = data.decode(encoding, errors="replace")
         if text:
             domain = rel.parts[0] if len(rel.parts) > 1 else f.stem
-            docs.append(Document(key=rel.as_posix(), domain=domain, text=text))
+            docs.append(Document(key=_name_text(rel.as_posix()), domain=_name_text(domain), text=text))
+    if binary:
+        shown = ", ".join(_name_text(b) for b in binary[:5]) + (f" and {len(binary) - 5} more" if len(binary) > 5 else "")
+        warnings.warn(f"{p}: skipped {len(binary)} binary file(s) (NUL bytes, not text): {shown}", stacklevel=2)
     if not docs:
-        raise InputError(f"no non-empty files matching {pattern!r} under {p}")
+        raise InputError(f"no non-empty text files matching {pattern!r} under {p}")
     return docs
+
+
+_BINARY_SNIFF = 8192  # as git: a NUL byte in the first 8 KiB makes a file binary
+
+
+def _name_text(name: str) -> str:
+    """A file name as a document key or domain: valid Unicode (a name's bytes that are not UTF-8,
+    which Python keeps as lone surrogates, become ``\\xNN``), in NFC (macOS writes names
+    decomposed, Linux as they are given), so keys encode, print and hash the same everywhere."""
+    if _LONE_SURROGATE.search(name):
+        name = os.fsencode(name).decode("utf-8", errors="backslashreplace")
+    return unicodedata.normalize("NFC", name)
 
 
 def jsonl_documents(
@@ -214,7 +247,7 @@ def jsonl_documents(
     if not p.is_file():
         raise InputError(f"JSON lines file not found: {p}")
     docs = []
-    with open(p, encoding="utf-8", errors="replace") as fh:
+    with open(p, encoding="utf-8-sig", errors="replace") as fh:  # -sig: a byte-order mark (Windows tools) is not JSON
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -226,7 +259,7 @@ def jsonl_documents(
                 raise InputError(f"{p}:{lineno}: expected an object with a string field {text_field!r}")
             domain = _valid_text(str(rec.get(domain_field, "default"))) if domain_field else "default"
             if rec[text_field]:
-                docs.append(Document(key=f"{p.name}:{lineno}", domain=domain, text=_valid_text(rec[text_field])))
+                docs.append(Document(key=f"{_name_text(p.name)}:{lineno}", domain=domain, text=_valid_text(rec[text_field])))
     if not docs:
         raise InputError(f"{p}: no documents with a non-empty {text_field!r} field")
     return docs
@@ -249,7 +282,8 @@ def bin_documents(
 
     With ``eot_id`` the stream is cut at each end-of-text token (a document = the tokens between
     two of them); otherwise into consecutive pieces of ``doc_tokens`` tokens, so that the split
-    by document still keeps probe text out of training.
+    by document still keeps probe text out of training. Each document's ``tokens`` is a read-only
+    view of the mapped file (in ``dtype``), so nothing is read until it is used.
     """
     p = Path(path)
     if not p.is_file():
@@ -280,7 +314,9 @@ def bin_documents(
     docs = []
     for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
         if b - a >= 2:
-            docs.append(Document(key=f"{p.name}@{int(a)}", domain="default", tokens=np.asarray(arr[a:b], dtype=np.int64)))
+            # a view of the mapped file, not a copy: only the documents tokenized later (the probe
+            # side, or a training stream) are read, so a token file larger than memory is cut as well
+            docs.append(Document(key=f"{_name_text(p.name)}@{int(a)}", domain="default", tokens=arr[a:b]))
     return docs
 
 
@@ -300,13 +336,19 @@ def split_documents(
         raise InputError("document keys must be unique to split deterministically")
     train, probe = [], []
     for d in docs:
-        h = int.from_bytes(hashlib.sha256(f"{salt}\0{d.key}".encode()).digest()[:8], "big")
+        h = int.from_bytes(split_digest(salt, d.key)[:8], "big")
         (probe if h / 2**64 < probe_fraction else train).append(d)
     if not train or not probe:
         raise InputError(
             f"split of {len(docs)} documents with probe_fraction={probe_fraction} left one side empty"
         )
     return train, probe
+
+
+def split_digest(salt: str, key: str) -> bytes:
+    """The sha256 a split orders a document by: of ``salt`` and its key in NFC (one spelling of a
+    name, whatever the file system wrote), never failing on a key that is not valid Unicode."""
+    return hashlib.sha256(unicodedata.normalize("NFC", f"{salt}\0{key}").encode("utf-8", "surrogatepass")).digest()
 
 
 def _read_text(path: Path, encoding: str = "utf-8") -> str:

@@ -7,7 +7,6 @@ token stream with the probe built from the held-out side.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .corpus import (Document, bin_documents, iter_texts, jsonl_documents, relabel_documents, split_documents, stdlib_documents,
+from .corpus import (Document, bin_documents, iter_texts, jsonl_documents, relabel_documents, split_digest, split_documents, stdlib_documents,
                      stdlib_mixture_documents, text_documents)  # fmt: skip
 from .errors import InputError
 from .probe import ProbeSet, build_probe
@@ -253,7 +252,7 @@ def split_by_domain(docs: Sequence[Document], *, val_fraction: float = 0.1, salt
     for dom, group in by.items():
         size = lambda d: len(d.text) if d.text is not None else d.tokens.size  # noqa: E731
         total, held = sum(size(d) for d in group), 0
-        order = sorted(group, key=lambda d: hashlib.sha256(f"{salt}\0{d.key}".encode()).digest())
+        order = sorted(group, key=lambda d: split_digest(salt, d.key))
         for i, d in enumerate(order):
             if i < len(order) - 1 and (i == 0 or held < val_fraction * total):
                 val.append(d)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -41,6 +42,7 @@ _TOKEN_FIELDS = ("sample_id", "token_pos", "token_id", "doc_id", "doc_pos", "dom
 RESERVED_TOKEN_ARRAYS = ("sample_id", "token_pos", "token_id")
 _ID_LIMIT = 2**31  # token ids are int32 (probe tokens are stored that way)
 _INDEX_LIMIT = 2**63  # sample_id and token_pos are read as int64
+_UNK_WARN = 0.1  # a probe with more unknown tokens than this is warned about
 
 
 def vocab_size_of(tokenizer: Mapping | None) -> int | None:
@@ -297,19 +299,40 @@ def build_probe(
         raise InputError("no probe documents")
     w = context + 1
     encoded = [d.tokens if d.tokens is not None else tokenizer.encode(d.text) for d in docs]
-    candidates = [(j, off) for j, ids in enumerate(encoded) for off in range(0, len(ids) - w + 1, w)]
-    if len(candidates) < n_sequences:
+    # The candidate windows, numbered document by document (offsets 0, w, 2w, ... in each), without
+    # listing them: a held-out side of a large token file holds millions.
+    per_doc = np.array([len(ids) // w for ids in encoded], np.int64)
+    ends = np.cumsum(per_doc)
+    n_candidates = int(ends[-1])
+    if n_candidates < n_sequences and not any(len(ids) for ids in encoded):
+        raise InputError(f"the tokenizer gives no tokens for any of the {len(docs)} probe documents; is it the tokenizer of this text?")
+    if n_candidates < n_sequences:
         raise InputError(
-            f"probe documents hold {len(candidates)} windows of {w} tokens; asked for {n_sequences}"
+            f"probe documents hold {n_candidates} windows of {w} tokens; asked for {n_sequences}"
             " (use fewer sequences, a shorter context, or a larger probe fraction)"
         )
     rng = np.random.default_rng(seed)
-    pick = np.sort(rng.choice(len(candidates), size=n_sequences, replace=False))
-    chosen = [candidates[i] for i in pick]
-    tokens = np.stack([encoded[j][off : off + w] for j, off in chosen]).astype(np.int32)
+    pick = np.sort(rng.choice(n_candidates, size=n_sequences, replace=False))
+    doc_of = np.searchsorted(ends, pick, side="right")
+    chosen = [(int(j), int(i - (ends[j] - per_doc[j])) * w) for j, i in zip(doc_of, pick)]
+    windows = np.stack([np.asarray(encoded[j][off : off + w], dtype=np.int64) for j, off in chosen])  # before int32: no wrap
     vocab = getattr(tokenizer, "vocab_size", None)
-    if vocab is not None and (tokens.min() < 0 or tokens.max() >= vocab):
-        raise InputError(f"token ids outside [0, {vocab}) in probe documents")
+    top = min(vocab or _ID_LIMIT, _ID_LIMIT)
+    lo, hi = int(windows.min()), int(windows.max())
+    if lo < 0 or hi >= top:
+        raise InputError(
+            f"probe documents hold token ids {lo}..{hi}, outside [0, {top}) of the tokenizer's vocabulary"
+            + (f" ({vocab})" if vocab is not None else "")
+            + "; pre-tokenized documents (a .bin) need the tokenizer that made them (--tokenizer)"
+        )
+    tokens = windows.astype(np.int32)
+    unk = getattr(tokenizer, "unk_id", None)
+    if unk is not None and (share := float(np.mean(tokens == unk))) > _UNK_WARN:
+        warnings.warn(
+            f"the tokenizer maps {share:.0%} of the probe's tokens to its unknown token (id {unk}): "
+            "the losses of a probe of unknown tokens say little; is it the tokenizer of this text?",
+            stacklevel=2,
+        )
     used_docs = sorted({j for j, _ in chosen})
     doc_index = {j: k for k, j in enumerate(used_docs)}
     domain_names = sorted({docs[j].domain for j in used_docs})

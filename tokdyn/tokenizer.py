@@ -74,8 +74,13 @@ class HFTokenizer:
             raise InputError(f"the tokenizer has no token {eot!r} to use as end-of-text; name one it has, or none")
         self.eot = eot
         self.eot_id = None if eot is None else int(tokenizer.token_to_id(eot))
-        self.vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=True))
+        # One past the largest id, not the number of tokens: a vocabulary may skip ids (a pruned or
+        # merged one), and a model sized by the count would lack the ids past it.
+        ids = tokenizer.get_vocab(with_added_tokens=True).values()
+        self.vocab_size = max(int(tokenizer.get_vocab_size(with_added_tokens=True)), max(ids, default=-1) + 1)
         self._json = tokenizer.to_str()
+        unk = getattr(getattr(tokenizer, "model", None), "unk_token", None)  # WordLevel, WordPiece, BPE(unk_token=)
+        self.unk_id = None if not isinstance(unk, str) else tokenizer.token_to_id(unk)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, *, eot: str | None = "auto") -> "HFTokenizer":

@@ -23,9 +23,9 @@ def register(sub) -> None:
     p.add_argument("--sequences", type=int, default=128, help="probe sequences drawn (default: 128)")
     p.add_argument("--probe-fraction", type=float, default=0.05, help="share of documents held out for the probe (default: 0.05)")
     p.add_argument("--seed", type=int, default=0, help="draws the probe windows (default: 0); the split by document does not depend on it")
-    p.add_argument("--text-field", default="text", help="with a .jsonl source: the field holding the text (default: text)")
+    p.add_argument("--text-field", help="with a .jsonl source: the field holding the text (default: text)")
     p.add_argument("--domain-field", help="with a .jsonl source: the field holding each document's domain label")
-    p.add_argument("--bin-dtype", default="uint16", choices=("uint16", "uint32", "int32"), help="with a .bin source: its token dtype")
+    p.add_argument("--bin-dtype", choices=("uint16", "uint32", "int32"), help="with a .bin source: its token dtype (default: uint16)")
     p.add_argument("--bin-eot-id", type=int, help="with a .bin source: the end-of-text id that separates its documents")
     p.add_argument("--held-out", metavar="FILE", help="write the held-out documents' keys here, one a line (never train on them)")
     p.set_defaults(func=_probe)
@@ -41,12 +41,13 @@ def _probe(args: argparse.Namespace) -> int:
 
         tokenizer = HFTokenizer.from_file(tokenizer, eot=args.eot)
     elif args.eot is not None:
-        raise InputError("--eot names a token of a tokenizers file; the byte tokenizer's end-of-text is fixed (256)")
+        raise InputError(f"--eot names a token of a tokenizers file; the {args.tokenizer} tokenizer's end-of-text is its own"
+                         + (" (256)" if args.tokenizer == "byte" else " (<|endoftext|>)"))
     held_tmp = _held_out_tmp(args.held_out) if args.held_out else None  # can we write there? find out now
     try:
         split = prepare_probe(args.source, tokenizer=tokenizer, context=args.context, n_sequences=args.sequences,
-                              probe_fraction=args.probe_fraction, seed=args.seed, text_field=args.text_field,
-                              domain_field=args.domain_field, bin_dtype=args.bin_dtype, eot_id=args.bin_eot_id)  # fmt: skip
+                              probe_fraction=args.probe_fraction, seed=args.seed, text_field=args.text_field or "text",
+                              domain_field=args.domain_field, bin_dtype=args.bin_dtype or "uint16", eot_id=args.bin_eot_id)  # fmt: skip
         if held_tmp is not None:
             with open(held_tmp, "w", encoding="utf-8") as fh:
                 fh.writelines(f"{d.key}\n" for d in split.probe_documents)
@@ -82,6 +83,15 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise InputError(f"--sequences must be an integer >= 1, got {args.sequences}")
     if not 0.0 < args.probe_fraction < 1.0:
         raise InputError(f"--probe-fraction must be in (0, 1), got {args.probe_fraction}")
+    # Options of one kind of source, given with another, would be ignored: the source would be read
+    # as something else than meant (a token file not named .bin, as text).
+    kind = "jsonl" if args.source.endswith(".jsonl") else "bin" if args.source.endswith(".bin") else None
+    for option, value, wants in (("--text-field", args.text_field, "jsonl"), ("--domain-field", args.domain_field, "jsonl"),
+                                 ("--bin-dtype", args.bin_dtype, "bin"), ("--bin-eot-id", args.bin_eot_id, "bin")):  # fmt: skip
+        if value is not None and kind != wants:
+            raise InputError(f"{option} applies to a .{wants} source; {args.source} is read as "
+                             + {"jsonl": "JSON lines", "bin": "a token file", None: "text"}[kind]
+                             + (" (a token file must be named *.bin)" if wants == "bin" and kind is None else ""))
     out = args.out
     if "://" not in out and os.path.lexists(out):
         if not os.path.isdir(out):

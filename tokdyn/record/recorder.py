@@ -47,11 +47,14 @@ ForwardFn = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
 
 
 def default_forward(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
-    """``model(input_ids)`` as logits ``[B, T, V]``: a tensor, ``.logits`` (HF) or the first item."""
+    """``model(input_ids)`` as logits ``[B, T, V]``: a tensor, ``.logits`` (HF), a dict's
+    ``"logits"``, or a tuple's first item."""
     out = model(input_ids)
     if isinstance(out, torch.Tensor):
         return out
     logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, Mapping):
+        logits = out.get("logits")
     if logits is None and isinstance(out, (tuple, list)) and out:
         logits = out[0]
     if not isinstance(logits, torch.Tensor):
@@ -69,14 +72,20 @@ def token_losses(
     batch_size: int = 32,
     forward: ForwardFn = default_forward,
     out: torch.Tensor | None = None,
+    max_target: int | None = None,
 ) -> torch.Tensor:
     """Per-token cross-entropy in nats of ``tokens [S, C+1]``: a tensor ``[S * C]`` on their device.
 
     The model is put in eval mode for the forwards and its previous mode restored, even on error.
+    Logits that do not cover a target id are an :class:`InputError` (never a cross-entropy index
+    error, which on a GPU is a device-side assert that ends the process): ``max_target``, the
+    largest id in ``tokens[:, 1:]``, is computed here when not given (one device sync).
     """
     if tokens.ndim != 2 or tokens.shape[1] < 2:
         raise InputError(f"tokens must have shape [S, C+1], got {tuple(tokens.shape)}")
     s, c = tokens.shape[0], tokens.shape[1] - 1
+    if max_target is None:
+        max_target = int(tokens[:, 1:].max())
     if out is None:
         out = torch.empty(s * c, dtype=torch.float32, device=tokens.device)
     modes = [(m, m.training) for m in model.modules()]  # each submodule's own mode (a frozen part stays eval)
@@ -92,8 +101,13 @@ def token_losses(
                     f"the model cannot take the probe's tokens ({exc}): its ids reach {int(tokens.max())} and a sequence has "
                     f"{c} positions; the model's vocabulary must cover the probe's tokenizer and its context the probe's"
                 ) from exc
-            if logits.shape[:2] != x.shape:
+            if logits.ndim != 3 or logits.shape[:2] != x.shape:
                 raise InputError(f"forward returned logits {tuple(logits.shape)}; expected [B, T, V] with B, T = {tuple(x.shape)}")
+            if logits.shape[-1] <= max_target:
+                raise InputError(
+                    f"the model gives {logits.shape[-1]} logits per position but the probe's target ids reach {max_target}; "
+                    "the model's vocabulary must cover the probe's tokenizer"
+                )
             nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
             out[a * c : (a + chunk.shape[0]) * c] = nll
     finally:
@@ -221,6 +235,7 @@ class TokenLossRecorder:
         # The local shard on the device, once; a reusable output buffer on the device.
         s0, s1 = probe.sequence_range(self._writer.token_start, self._writer.token_stop)
         self._tokens = torch.as_tensor(probe.tokens[s0:s1], dtype=torch.long).to(self.device)
+        self._max_target = int(probe.tokens[s0:s1, 1:].max())  # on the host: no device sync per record
         self._buf = torch.empty(self._writer.n_tokens, dtype=torch.float32, device=self.device)
         self._cuda = self.device.type == "cuda"
         # Pinned host buffers cycle between the training thread and the writer.
@@ -308,7 +323,8 @@ class TokenLossRecorder:
             )
         t0 = time.perf_counter()
         wall = time.time()
-        token_losses(self.model, self._tokens, batch_size=self.batch_size, forward=self.forward, out=self._buf)
+        token_losses(self.model, self._tokens, batch_size=self.batch_size, forward=self.forward, out=self._buf,
+                     max_target=self._max_target)  # fmt: skip
         self.forward_seconds += time.perf_counter() - t0
         host = self._take_host_buffer()
         if self._cuda:
@@ -338,6 +354,11 @@ class TokenLossRecorder:
         """
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InputError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if isinstance(start_step, bool) or not isinstance(start_step, (int, np.integer)) or start_step < 0:
+            raise InputError(f"start_step counts the optimizer updates already done: an integer >= 0, got {start_step!r}")
+        if tokens_per_step is not None and (isinstance(tokens_per_step, bool) or not isinstance(
+                tokens_per_step, (int, np.integer)) or tokens_per_step < 1):
+            raise InputError(f"tokens_per_step must be an integer >= 1, got {tokens_per_step!r}")
         state = {"step": int(start_step)}
         self._warn_skipped(int(start_step))
 

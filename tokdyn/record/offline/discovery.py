@@ -31,6 +31,7 @@ SAFETENSORS_SUFFIXES = (".safetensors",)
 KINDS = ("torch", "safetensors", "hf")
 _ENTRY_KEYS = {"path", "step", "tokens_seen", "axis_value", "lr", "kind", "model"}
 _INT = re.compile(r"\d+")
+_STEP_INT = re.compile(r"step[_\-=]?(\d+)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,9 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
 
     A ``manifest.json`` in the folder (or ``path`` naming a manifest file) wins. Otherwise every
     ``.pt``/``.pth``/``.bin``/``.ckpt``/``.safetensors`` file and every sub-folder holding a
-    ``config.json`` is a checkpoint whose step is the last integer in its name
-    (``step_000100.pt``, ``ckpt-100.safetensors``, ``checkpoint-100/`` -> 100). A name without an
+    ``config.json`` is a checkpoint whose step is the integer after ``step`` in its name, else its
+    last integer (``step_000100.pt``, ``step100_bf16.pt``, ``ckpt-100.safetensors``,
+    ``checkpoint-100/`` -> 100). A name without an
     integer, or two checkpoints with one step, is an :class:`~tokdyn.errors.InputError` naming
     the files: a guessed step would silently misplace a row.
 
@@ -143,7 +145,13 @@ def _kind_of(p: Path) -> str | None:
 
 
 def _last_int(p: Path) -> int | None:
+    """The step a name gives: the integer after the last ``step`` in it (``step100``, ``step_100``,
+    ``global_step-100``, ``step=100``: whatever follows, such as ``_bf16`` or Lightning's ``-v1``),
+    else its last integer (``checkpoint-100``, ``model_100``); None when it holds none."""
     name = p.name if p.is_dir() else p.name[: -len(p.suffix)] if p.suffix else p.name
+    after_step = _STEP_INT.findall(name)
+    if after_step:
+        return int(after_step[-1])
     ints = _INT.findall(name)
     return int(ints[-1]) if ints else None
 

@@ -236,6 +236,7 @@ def _bare_model(ref: CheckpointRef, model_factory: ModelFactory | None) -> torch
 
 def _load_into(model: torch.nn.Module, sd: Mapping[str, torch.Tensor], p: Path) -> None:
     """``load_state_dict`` that allows a missing key only when its tensor is tied to a loaded one."""
+    sd = _strip_owner_prefix(sd, set(model.state_dict()))
     try:
         result = model.load_state_dict(sd, strict=False)
     except RuntimeError as exc:  # shape mismatch
@@ -250,6 +251,24 @@ def _load_into(model: torch.nn.Module, sd: Mapping[str, torch.Tensor], p: Path) 
         untied = sorted(k for names in groups.values() if all(n in missing for n in names) for k in names)
         if untied:
             raise InputError(f"{p} lacks weights the model needs: {untied[:8]}. Check the model config")
+
+
+def _strip_owner_prefix(sd: Mapping[str, torch.Tensor], model_keys: set[str]) -> Mapping[str, torch.Tensor]:
+    """``sd`` without a dotted prefix that every key shares (``net.``, ``model.``: a Lightning module
+    saves its network under the attribute that holds it), when that prefix is all that keeps the
+    keys from being the model's; otherwise ``sd`` as it is."""
+    if not sd or set(sd) <= model_keys:
+        return sd
+    keys = list(sd)
+    parts = keys[0].split(".")
+    for n in range(1, len(parts)):
+        prefix = ".".join(parts[:n]) + "."
+        if not all(k.startswith(prefix) for k in keys):
+            break
+        stripped = {k[len(prefix) :]: v for k, v in sd.items()}
+        if set(stripped) <= model_keys:
+            return stripped
+    return sd
 
 
 def needs_transformers(refs: Iterable[CheckpointRef], model_factory: ModelFactory | None = None) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -111,6 +112,7 @@ def record_offline(
         ts.discard_if_new()  # a failed command leaves no new store behind
         raise
     restore_threads = torch.get_num_threads()
+    stop = threading.Event()
     try:
         todo = rows.skip_committed(refs)
         if needs_transformers(todo, model_factory):
@@ -118,11 +120,12 @@ def record_offline(
         evaluate = functools.partial(
             _evaluate, tokens=tokens, max_id=int(tokens.max().item()), model_factory=model_factory, device=device,
             model_dtype=model_dtype, batch_size=int(batch_size), threads=_threads_per_worker(workers, device),
-            restore_threads=restore_threads,
+            restore_threads=restore_threads, stop=stop,
         )  # fmt: skip
         with hf_progress_bars(progress):
             _record_in_order(todo, evaluate, rows, workers=workers, progress=progress)
     except BaseException:
+        stop.set()  # Ctrl-C or a failure: the checkpoints still in the workers stop at their next forward
         rows.close()
         ts.discard_if_new()  # nothing was committed into a store this call made: remove it
         raise
@@ -281,16 +284,20 @@ def _evaluate(
     batch_size: int,
     threads: int,
     restore_threads: int,
+    stop: threading.Event | None = None,
 ) -> _Evaluated | BaseException:
     """Load, fingerprint and evaluate one checkpoint. Runs in a dask worker thread; a failure
-    is returned (not raised) so that the rows before it can still be committed in order."""
+    is returned (not raised) so that the rows before it can still be committed in order. Once
+    ``stop`` is set (the recording was interrupted) it gives up before its next forward: the
+    interpreter waits for worker threads at exit, and a large model's probe takes minutes."""
     torch.set_num_threads(threads)  # per calling thread with OpenMP: keep workers x threads <= cores
     try:
+        _check_stop(stop)
         model = load_checkpoint(ref, model_factory=model_factory, device=device, model_dtype=model_dtype)
         fp = weights_fingerprint(model)
         where = f"checkpoint {ref.path} (step {ref.step})"
         _check_input_vocabulary(model, max_id, where)
-        forward = functools.partial(_forward_covering, max_id=max_id, where=where)
+        forward = functools.partial(_forward_covering, max_id=max_id, where=where, stop=stop)
         try:
             losses = token_losses(model, tokens, batch_size=batch_size, forward=forward).cpu().numpy()
         except InputError as exc:  # say which checkpoint the probe's tokens do not fit
@@ -321,9 +328,20 @@ def _check_input_vocabulary(model: torch.nn.Module, max_id: int, where: str) -> 
         )
 
 
-def _forward_covering(model: torch.nn.Module, input_ids: torch.Tensor, *, max_id: int, where: str) -> torch.Tensor:
+class _Stopped(Exception):
+    """The recording was interrupted: a worker gives up its checkpoint (never reported)."""
+
+
+def _check_stop(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise _Stopped("recording interrupted")
+
+
+def _forward_covering(model: torch.nn.Module, input_ids: torch.Tensor, *, max_id: int, where: str,
+                      stop: threading.Event | None = None) -> torch.Tensor:  # fmt: skip
     """:func:`default_forward`, refusing logits that do not cover the probe's token ids: a target
     (the last position of a sequence) beyond them would fail in cross-entropy."""
+    _check_stop(stop)
     logits = default_forward(model, input_ids)
     if logits.ndim == 3 and logits.shape[-1] <= max_id:
         raise InputError(
