@@ -45,13 +45,17 @@ def main() -> int:
     ap.add_argument("--no-compare", action="store_true", help="do not rerun a seed for tokdyn compare (on in --quick)")
     ap.add_argument("--reuse", help="a previous results.json whose baseline (ladder) runs match: they are not retrained")
     ap.add_argument("--contexts", type=int, nargs="+", help="short-to-long contexts (default 16 32 64)")
+    ap.add_argument("--wide-width", type=float, help="with --v1: the width of the sample_wide and token_wide arms (default 0.6)")
     args = ap.parse_args()
     if args.v1:
         return _v1(args)
+    if args.wide_width is not None:
+        print("curriculum_ab: error: --wide-width is an option of the first design (--v1)", file=sys.stderr)
+        return 1
 
     from tokdyn.curriculum.ab import MixtureABConfig, run_mixture_ab
 
-    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("out", "quick", "v1", "no_compare")}
+    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("out", "quick", "v1", "no_compare", "wide_width")}
     if args.no_compare:
         given["compare_seed"] = None
     for k in ("seeds", "arms", "ladder", "contexts"):

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 from pathlib import Path
+from typing import Any
 
+from ..errors import InputError
 from ..record.offline.discovery import MANIFEST, MODEL_DTYPE_NAMES
 from ..store import AXES, LOSS_DTYPES
 
@@ -24,7 +27,10 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--out", required=True, metavar="STORE", help="store to write (created when --probe is given)")
     parser.add_argument("--run", required=True, metavar="NAME", help="run name")
     parser.add_argument("--probe", metavar="STORE", help="a tokdyn store whose probe to use (default: the --out store's own)")
-    parser.add_argument("--model", metavar="JSON", help='model spec for bare state dicts: {"type": "tinygpt", "config": {...}}')
+    parser.add_argument(
+        "--model", metavar="JSON",
+        help='model spec for bare state dicts: a JSON file, or the JSON itself, {"type": "tinygpt", "config": {...}}',
+    )  # fmt: skip
     parser.add_argument("--axis", choices=AXES, help="T (steps, default), or D/M for a sweep listed in a manifest")
     parser.add_argument("--workers", type=int, metavar="N", help="checkpoints evaluated at once (default: min(4, cores); 2 on a GPU)")
     parser.add_argument("--device", default="cpu", help="torch device for the probe forwards (default: cpu)")
@@ -41,15 +47,14 @@ def run_cli(args: argparse.Namespace) -> int:
 
     Errors are raised as :class:`~tokdyn.errors.TokdynError` for the CLI to report.
     """
-    from ..record.offline.files import read_json  # torch and the recorder: only for this command
-    from ..record.offline.models import build_model
+    from ..record.offline.models import build_model  # torch and the recorder: only for this command
     from ..record.offline.recording import record_offline
 
     factory = None
     if args.model:
-        spec = read_json(Path(args.model), "model spec")  # a regular file of bounded size: a FIFO would block
-        build_model(spec, where=args.model)  # fail now on a bad spec, not in a worker
-        factory = functools.partial(build_model, spec, where=args.model)
+        spec, where = model_spec_argument(args.model)
+        build_model(spec, where=where)  # fail now on a bad spec, not in a worker
+        factory = functools.partial(build_model, spec, where=where)
     summary = record_offline(
         args.checkpoints, args.out, args.run, probe=args.probe, model_factory=factory, device=args.device,
         batch_size=args.batch_size, workers=args.workers, dtype=args.dtype, model_dtype=args.model_dtype,
@@ -65,3 +70,17 @@ def run_cli(args: argparse.Namespace) -> int:
     for a, b in summary["duplicates"]:
         print(f"warning: steps {a} and {b} have identical weights")
     return 0
+
+
+def model_spec_argument(value: str) -> tuple[Any, str]:
+    """The model spec ``--model`` gives, and the name its errors start with: the JSON itself when
+    the value starts with ``{``, else the JSON file it names."""
+    from ..record.offline.files import read_json
+
+    if value.lstrip().startswith("{"):
+        try:
+            return json.loads(value), "--model"
+        except json.JSONDecodeError as exc:
+            raise InputError(f"--model: not valid JSON ({exc}); give the spec inline, "
+                             f'{{"type": "tinygpt", "config": {{...}}}}, or the path of a JSON file') from None
+    return read_json(Path(value), "model spec"), value  # a regular file of bounded size: a FIFO would block
