@@ -11,7 +11,10 @@ earlier in B); reported overall, by the token's class in run A and by domain (wh
 labels its tokens by domain; else ``by_domain`` is empty): the median and quartiles of the
 shift, the share of tokens that moved earlier, and the share of run A's loss drop carried by
 tokens that moved earlier by more than ``tolerance`` decades (and later). Both runs must lie
-on one axis (T, D or M): a shift between a step and a token count means nothing.
+on one axis (T, D or M): a shift between a step and a token count means nothing. Two runs
+observed over different ranges (one recorded to step 300, the other to 100,000) are compared
+over the range both observed (``x_range`` of the result): a token learned after the end of one
+run's range shows there only the start of its drop, and seemed learned earlier in it.
 """
 
 from __future__ import annotations
@@ -38,16 +41,33 @@ class TokenTimes:
     axis: str = "T"
 
 
-def token_times(store, run: str) -> TokenTimes:
-    """Per-token learning times of a fitted run. The one place this module reads fit results."""
-    from .fit.options import CLASS_NAMES
+def _read(st, run: str):
+    """(events, fit) of a fitted run. The one place this module reads fit results."""
     from .spectrum import run_events
+
+    r = st.run(run)
+    fit = r.fit.read()
+    return run_events(r, fit=fit), fit
+
+
+def token_times(store, run: str, *, x_range: tuple[float, float] | None = None) -> TokenTimes:
+    """Per-token learning times of a fitted run, from what its events did inside its observed
+    range, or inside ``x_range`` (log10 axis values) when given: two runs observed over
+    different ranges are compared over the range both observed (:func:`compare_runs`)."""
     from .store import as_store
 
     st = as_store(store, mode="r")
-    r = st.run(run)
-    fit = r.fit.read()
-    ev = run_events(r, fit=fit)
+    ev, fit = _read(st, run)
+    return _times(st, ev, fit, st.run(run).axis, x_range)
+
+
+def _times(st, ev, fit, axis: str, x_range) -> TokenTimes:
+    import dataclasses
+
+    from .fit.options import CLASS_NAMES
+
+    if x_range is not None:
+        ev = dataclasses.replace(ev, x_range=tuple(float(v) for v in x_range))
     probe = st.probe
     n = ev.n_tokens
     # What each event did inside the observed range: an event fitted outside it (a drop never
@@ -61,7 +81,7 @@ def token_times(store, run: str) -> TokenTimes:
     drop = np.where(drop > 0, drop, 0.0)
     names = np.array([CLASS_NAMES.get(int(c), "?") for c in range(max(CLASS_NAMES) + 1)])
     klass = names[np.clip(np.asarray(fit["class_code"]).astype(int), 0, names.size - 1)]
-    return TokenTimes(mu, drop, klass, _token_domains(probe), r.axis)
+    return TokenTimes(mu, drop, klass, _token_domains(probe), axis)
 
 
 def _token_domains(probe) -> np.ndarray | None:
@@ -103,7 +123,15 @@ def compare_runs(store, run_a: str, run_b: str, *, tolerance: float = 0.05) -> d
     if ra.axis != rb.axis:
         raise InputError(f"run {run_a!r} lies on the {ra.axis} axis and run {run_b!r} on the {rb.axis} axis; "
                          "compare needs two runs of one axis (a shift between them would mean nothing)")  # fmt: skip
-    a, b = token_times(st, run_a), token_times(st, run_b)
+    (ea, fa), (eb, fb) = _read(st, run_a), _read(st, run_b)
+    # Over the range both runs observed: a token learned past the end of one run's range shows
+    # there only the start of its drop, whose seen centre lies early, and seemed learned earlier.
+    common = (max(ea.x_range[0], eb.x_range[0]), min(ea.x_range[1], eb.x_range[1]))
+    if not common[1] > common[0]:
+        raise InputError(f"runs {run_a!r} and {run_b!r} observed no common range of the {ra.axis} axis (log10 "
+                         f"{ea.x_range[0]:.3g}..{ea.x_range[1]:.3g} and {eb.x_range[0]:.3g}..{eb.x_range[1]:.3g}); "
+                         "their learning times cannot be compared")  # fmt: skip
+    a, b = _times(st, ea, fa, ra.axis, common), _times(st, eb, fb, rb.axis, common)
     if a.mu.shape != b.mu.shape:
         raise InputError(f"runs {run_a!r} and {run_b!r} have {a.mu.size} and {b.mu.size} probe tokens; they must share the probe")
     both = np.isfinite(a.mu) & np.isfinite(b.mu)
@@ -111,6 +139,7 @@ def compare_runs(store, run_a: str, run_b: str, *, tolerance: float = 0.05) -> d
         raise InputError(f"no probe token has a positive learning event in both {run_a!r} and {run_b!r}")
     shift, drop = (b.mu - a.mu)[both], a.drop[both]
     out = {"run_a": run_a, "run_b": run_b, "axis": a.axis, "tolerance": float(tolerance), "n_probe_tokens": int(a.mu.size),
+           "x_range": list(common), "x_ranges": {run_a: list(ea.x_range), run_b: list(eb.x_range)},
            "has_domains": a.domain is not None,
            "overall": _summary(shift, drop, tolerance), "by_class": {}, "by_domain": {},
            "histogram": dict(zip(("counts", "edges"), (lambda h: (h[0].tolist(), h[1].tolist()))(np.histogram(shift, bins=40))))}  # fmt: skip

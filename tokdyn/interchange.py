@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -66,13 +67,17 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     ax, lm, name = arrays["axis_values"], arrays["loss_matrix"], arrays["axis_name"]
     if lm.ndim != 2 or lm.dtype.kind != "f":
         raise InputError(f"loss_matrix must be a float array [N, K], got {lm.dtype} {lm.shape}")
+    if lm.dtype.itemsize > 8:
+        raise InputError(f"loss_matrix is {lm.dtype}; a store keeps float16, float32 or float64 losses "
+                         "(convert it, e.g. to float64, before importing)")
     n, k = lm.shape
     if n == 0 or k == 0:
         raise InputError(f"loss_matrix is empty ({lm.shape})")
     if ax.shape != (k,) or ax.dtype.kind not in "fiu":
         raise InputError(f"axis_values must be numbers of shape ({k},) to match loss_matrix {lm.shape}, got {ax.dtype} {ax.shape}")
-    if not np.all(np.isfinite(ax)) or np.any(np.diff(ax.astype(np.float64)) <= 0):  # no unsigned wrap-around
+    if not np.all(np.isfinite(ax)) or np.any(ax[1:] <= ax[:-1]):  # compared in their own dtype: no wrap-around
         raise InputError("axis_values must be finite and strictly increasing")
+    _check_axis_exact(ax, _axis_name(name) if name.size == 1 and name.dtype.kind in "US" else "")
     if name.size != 1 or name.dtype.kind not in "US" or _axis_name(name) not in AXES:
         raise InputError(f"axis_name must be one string among {AXES}, got {name!r}")
     for key, v in arrays.items():
@@ -83,13 +88,38 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
             continue
         if v.shape != (n,):
             raise InputError(f"per-token array {key!r} has shape {v.shape}; expected ({n},) like loss_matrix rows")
-        if v.dtype.kind not in "iufbU":
-            raise InputError(f"per-token array {key!r} has unsupported dtype {v.dtype}")
+        if v.dtype.kind not in "iufbU" or (v.dtype.kind == "f" and v.dtype.itemsize > 8):
+            raise InputError(f"per-token array {key!r} has unsupported dtype {v.dtype} (numbers of at most 64 bits, "
+                             "booleans or strings)")
         if not key.isidentifier() or key == "tokens":
             raise InputError(f"per-token array name {key!r} is not allowed (use a Python identifier other than 'tokens')")
     # the probe's own numbers: the analyses read them as integers (the same check as ProbeSet's)
     check_token_arrays(arrays, n, vocab_size=vocab_size_of(_tokenizer_spec(arrays)), what=f"{p}: per-token array")
     return arrays
+
+
+def _steps_hold(ax: np.ndarray, axis: str) -> bool:
+    """Whether the rows of a file of axis values ``ax`` on ``axis`` get those values as steps
+    (int64, exact): a T axis of whole numbers >= 0 below 2**63."""
+    if axis != "T" or not np.all(ax >= 0):
+        return False
+    if ax.dtype.kind in "iu":
+        return bool(np.all(ax.astype(np.uint64) < np.uint64(2**63)))
+    return bool(np.all(ax == np.round(ax)) and np.all(ax < 2.0**63))
+
+
+def _check_axis_exact(ax: np.ndarray, axis: str) -> None:
+    """Refuse axis values that the store's float64 ``axis_value`` cannot hold exactly (integers
+    beyond 2**53, wider floats), unless they are steps of a T axis (kept exactly as int64)."""
+    as_float = ax.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        exact = np.array_equal(as_float.astype(ax.dtype), ax) and (ax.dtype.kind != "f" or np.all(np.isfinite(as_float)))
+    if exact or (ax.dtype.kind in "iu" and _steps_hold(ax, axis)):
+        return
+    with np.errstate(invalid="ignore", over="ignore"):
+        bad = next(i for i in range(ax.size) if as_float[i].astype(ax.dtype) != ax[i] or not np.isfinite(as_float[i]))
+    raise InputError(f"axis_values[{bad}] = {ax[bad]!r} ({ax.dtype}) cannot be stored exactly: a store keeps axis values "
+                     f"as float64, which reads it as {as_float[bad]!r}")
 
 
 def _tokenizer_spec(arrays: dict[str, np.ndarray]) -> dict:
@@ -129,6 +159,8 @@ def _member_headers(p: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
             for info in zf.infolist():
                 if not info.filename.endswith(".npy"):
                     raise InputError(f"{p}: member {info.filename!r} is not an array; an npz holds .npy members only")
+                if info.filename[:-4] in out:  # np.load would take the last, after the first was checked
+                    raise InputError(f"{p}: member {info.filename!r} appears twice; which one is meant is ambiguous")
                 with zf.open(info) as fh:
                     version = np.lib.format.read_magic(fh)
                     if version not in ((1, 0), (2, 0), (3, 0)):
@@ -202,17 +234,26 @@ def import_npz(
     if axis == "T" and top >= 2.0**63:  # a step is an int64: the cast would wrap negative
         raise InputError(f"axis_values reach {top:g}; a step on T must be below 2^63 (are these tokens? name the axis D)")
     carried = [key for key in arrays if key not in _REQUIRED and key not in _PROBE]  # per-token arrays in the file
+    axis_values = arrays["axis_values"]
+    integral = _steps_hold(axis_values, axis)
+    steps = axis_values.astype(np.int64) if integral else np.arange(k)  # D/M rows are numbered
+    infinite = int(np.isinf(lm).sum())
+    if infinite:  # the store keeps every non-finite loss as NaN (docs/store.md)
+        warnings.warn(f"loss_matrix holds {infinite:,} infinite losses; the store keeps every non-finite loss as NaN, "
+                      "so they export as NaN", UserWarning, stacklevel=2)  # fmt: skip
+    # how the file held what the store keeps in its own dtypes: export writes them back so
+    layout = {"axis_values": axis_values.dtype.str, "loss_matrix": lm.dtype.str,
+              "axis_name": [arrays["axis_name"].dtype.str, list(arrays["axis_name"].shape)],
+              "token_arrays": {key: arrays[key].dtype.str for key in carried}}  # fmt: skip
     # a failed command leaves no new store behind (and a folder that was there before, empty)
     st = _open_or_create(store, _probe_from(arrays, Path(path)), carried)
     try:
-        r = st.create_run(name, axis=axis, capacity=k, dtype=dtype, attrs={"source": "npz", "source_file": Path(path).name})
+        r = st.create_run(name, axis=axis, capacity=k, dtype=dtype,
+                          attrs={"source": "npz", "source_file": Path(path).name, "npz_layout": layout})  # fmt: skip
     except BaseException:
         st.discard_if_new()
         raise
     w = r.writer()
-    axis_values = arrays["axis_values"]
-    integral = axis == "T" and bool(np.all(axis_values >= 0) and np.all(axis_values == np.round(axis_values)))
-    steps = axis_values.astype(np.int64) if integral else np.arange(k)  # D/M rows are numbered
     try:
         for j in range(k):
             w.append(lm[:, j], step=int(steps[j]), axis_value=float(axis_values[j]), wall_time=np.nan, warn_nonfinite=False)
@@ -276,14 +317,21 @@ def export_npz(run: Run, out: str | os.PathLike) -> Path:
     r, st = run, run.store
     if r.n_committed == 0:
         raise InputError(f"run {r.name!r} has no committed rows to export")
+    clash = sorted(set(st.probe.token_arrays) & {*_REQUIRED, *_PROBE})
+    if clash:  # they would overwrite the file's own members: axis values replaced by a probe field
+        raise InputError(f"the store's probe has per-token array(s) {clash}, names a losses.npz keeps for its own members; "
+                         "the run cannot be exported without losing one of them (rename the probe's arrays)")  # fmt: skip
     losses = r.losses()
-    if losses.dtype == np.float16:
+    layout = _layout(r)
+    if layout.get("loss_matrix") is not None and layout["loss_matrix"].newbyteorder("=") != losses.dtype:
+        del layout["loss_matrix"]  # imported with another --dtype: exported as stored
+    if losses.dtype == np.float16 and "loss_matrix" not in layout:  # widened, unless the file was float16
         losses = losses.astype(np.float32)
     arrays = {
-        "axis_values": r.axis_values,
-        "loss_matrix": np.ascontiguousarray(losses.T),
-        "axis_name": np.array([r.axis]),
-        **st.probe.token_arrays,
+        "axis_values": _axis_values_as_imported(r, layout.get("axis_values")),
+        "loss_matrix": np.ascontiguousarray(_exactly(losses, layout.get("loss_matrix")).T),
+        "axis_name": _axis_name_as_imported(r.axis, layout.get("axis_name")),
+        **{key: _exactly(np.asarray(v), layout.get("token_arrays", {}).get(key)) for key, v in st.probe.token_arrays.items()},
         **_probe_members(st.probe),
     }
     out = Path(out)
@@ -293,6 +341,76 @@ def export_npz(run: Run, out: str | os.PathLike) -> Path:
         raise InputError(f"output folder does not exist: {out.parent}")
     # never a half-written file under the final name, never written through a planted link
     return write_atomically(out, lambda fh: np.savez(fh, **arrays), binary=True, what="losses.npz")
+
+
+def _layout(r: Run) -> dict:
+    """The dtypes (and the axis name's shape) of the file a run was imported from, as far as
+    they are valid (``attrs["npz_layout"]``, written by :func:`import_npz`): ``{}`` for a run
+    recorded here, or one imported by an older tokdyn."""
+    raw = r.attrs.get("npz_layout") if r.attrs.get("source") == "npz" else None
+    out = {}
+    if not isinstance(raw, dict):
+        return out
+    for key, kinds in (("axis_values", "iuf"), ("loss_matrix", "f")):
+        try:
+            dt = np.dtype(str(raw.get(key)))
+        except TypeError:
+            continue
+        if dt.kind in kinds and dt.itemsize <= 8 and not dt.fields:
+            out[key] = dt
+    tokens = raw.get("token_arrays")
+    out["token_arrays"] = {}
+    for key, text in (tokens.items() if isinstance(tokens, dict) else ()):
+        try:
+            dt = np.dtype(str(text))
+        except TypeError:
+            continue
+        if dt.kind in "iufbU" and dt.itemsize <= 8 * (dt.kind != "U") + 4096 * (dt.kind == "U") and not dt.fields:
+            out["token_arrays"][key] = dt
+    name = raw.get("axis_name")
+    if isinstance(name, list) and len(name) == 2 and isinstance(name[1], list) and all(isinstance(d, int) and d == 1 for d in name[1]):
+        try:
+            dt = np.dtype(str(name[0]))
+        except TypeError:
+            dt = None
+        if dt is not None and dt.kind in "US" and dt.itemsize and not dt.fields:
+            out["axis_name"] = (dt, tuple(name[1]))
+    return out
+
+
+def _exactly(values: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
+    """``values`` in ``dtype`` when that holds every value exactly (NaN as NaN), else unchanged."""
+    if dtype is None or dtype == values.dtype or dtype.kind not in {"f": "fiu", "i": "iu", "u": "iu"}.get(values.dtype.kind, values.dtype.kind):
+        return values
+    with np.errstate(invalid="ignore", over="ignore"):
+        cast = values.astype(dtype)
+        same = np.array_equal(cast.astype(values.dtype), values, equal_nan=values.dtype.kind == "f" and dtype.kind == "f")
+    return cast if same else values
+
+
+def _axis_values_as_imported(r: Run, dtype: np.dtype | None) -> np.ndarray:
+    """The run's axis values, in the dtype of the file it was imported from (exactly: integer
+    steps of a T axis from the int64 steps, which hold any of them), else float64."""
+    values = r.axis_values
+    if dtype is not None and dtype.kind in "iu" and r.axis == "T":
+        steps = r.steps
+        if np.all(steps >= 0) and np.array_equal(steps.astype(np.float64), values):  # the steps are the values
+            with np.errstate(invalid="ignore", over="ignore"):
+                cast = steps.astype(dtype)
+            if np.array_equal(cast.astype(np.int64), steps) and np.all(cast >= 0):
+                return cast
+    return _exactly(values, dtype)
+
+
+def _axis_name_as_imported(axis: str, layout) -> np.ndarray:
+    """The axis name as the imported file held it (str or bytes, its shape), else ``[axis]``."""
+    if layout is not None:
+        dtype, shape = layout
+        try:
+            return np.array(axis.encode("ascii") if dtype.kind == "S" else axis, dtype=dtype).reshape(shape)
+        except (ValueError, UnicodeError):
+            pass
+    return np.array([axis])
 
 
 def _probe_members(probe: ProbeSet) -> dict[str, np.ndarray]:

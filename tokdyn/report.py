@@ -119,10 +119,19 @@ def _decoder(probe, tokenizer):
     return None
 
 
-def _literal(text) -> str:
+LABEL_CHARS = 40  # a user's name in a figure's legend is cut to this many characters
+
+
+def _literal(text, limit: int = LABEL_CHARS) -> str:
     """A user's string (a domain or run name) as matplotlib should draw it: as it is, "$" not
-    starting mathtext. (Mathtext stays on for tokdyn's own labels: log-axis ticks use it.)"""
-    return str(text).replace("$", r"\$")
+    starting mathtext (mathtext stays on for tokdyn's own labels: log-axis ticks use it), and
+    cut in the middle to ``limit`` characters (a legend of names hundreds of characters long
+    squeezed its panels to nothing)."""
+    text = str(text)
+    if len(text) > limit:
+        keep = limit - 1
+        text = text[: keep - keep // 3] + "…" + text[len(text) - keep // 3 :]
+    return text.replace("$", r"\$")
 
 
 @dataclass
@@ -282,13 +291,41 @@ def _headline(a: RunAnalysis) -> str:
     if not ok.any():
         return ""
     first, last = np.flatnonzero(ok)[[0, -1]]
-    shares = sorted(((v, c) for c, v in a.class_loss_share.items() if np.isfinite(v) and v > 0.005), reverse=True)
-    carried = ", ".join(f"{c} {v:.0%}" for v, c in shares[:3])
+    drops, meaningful = _class_drops(a)
+    if meaningful:
+        shares = sorted(((v, c) for c, v in a.class_loss_share.items() if np.isfinite(v) and v > 0.005), reverse=True)
+        carried = "Largest shares of the loss drop by token class: " + (", ".join(f"{c} {v:.0%}" for v, c in shares[:3]) or "none")
+    else:  # shares of a net drop near 0 (or of a rise) would read thousands of percent, or the wrong way round
+        moved = sorted(((abs(v), c, v) for c, v in drops.items() if abs(v) >= 0.0005), reverse=True)[:3]
+        carried = ("Loss change by token class, in nats per probe token: "
+                   + (", ".join(f"{c} {'fell' if v > 0 else 'rose'} {abs(v):.3f}" for _, c, v in moved) or "none")
+                   + f"; the classes' falls and rises {'nearly cancel' if sum(drops.values()) > 0 else 'end in a rise'} "
+                   f"(net fall {sum(drops.values()):+.3f} nats per token), so shares of the loss drop would mean nothing "
+                   "and are not shown")  # fmt: skip
     verb = "fell" if rec.mean_loss[last] <= rec.mean_loss[first] else "rose"
-    return (f"<p><b>Run {_e(a.run)}:</b> the mean loss of the {rec.spectrum.n_tokens:,} probe tokens {verb} from "
+    n = rec.spectrum.n_tokens
+    return (f"<p><b>Run {_e(a.run)}:</b> the mean loss of the {n:,} probe token{'s' * (n != 1)} {verb} from "
             f"{rec.mean_loss[first]:.2f} to {rec.mean_loss[last]:.2f} nats between {name} {_value_text(10.0 ** rec.x[first])} "
             f"and {_value_text(10.0 ** rec.x[last])}; the fitted per-token events rebuild its rate of change with R² "
-            f"{rec.r2_events:.3f}. Largest shares of the loss drop by token class: {_e(carried or 'none')}.</p>")  # fmt: skip
+            f"{rec.r2_events:.3f}. {_e(carried)}.</p>")  # fmt: skip
+
+
+# Shares of the loss drop are shown only where the net fall is at least this part of the classes'
+# gross movement (the sum of each class's |fall|): below it, falls and rises nearly cancel and a
+# share (a class's fall over the net) reads hundreds or thousands of percent.
+SHARE_MIN_NET = 0.5
+
+
+def _class_drops(a: RunAnalysis) -> tuple[dict[str, float], bool]:
+    """Each class's fitted loss drop in nats per probe token (the fit's ``drop``, NaN as 0, summed
+    over the class's tokens, over all tokens: they add up to the fall of the fitted mean loss),
+    and whether shares of the net drop mean something (:data:`SHARE_MIN_NET`)."""
+    code, drop = np.asarray(a.fit["class_code"]), np.asarray(a.fit["drop"], np.float64)
+    drop = np.where(np.isfinite(drop), drop, 0.0)
+    n = max(drop.size, 1)
+    drops = {name: float(drop[code == c].sum() / n) for c, name in CLASS_NAMES.items() if (code == c).any()}
+    net, gross = sum(drops.values()), sum(abs(v) for v in drops.values())
+    return drops, bool(net > 0 and net >= SHARE_MIN_NET * gross)
 
 
 # (row label, what it means) of the reconstruction table, one row a score, one column a run.
@@ -979,6 +1016,42 @@ def _chosen_curve(f: dict, t: int, xf: np.ndarray) -> np.ndarray:
 
 
 def _fig_classes(st: TrajectoryStore, a: RunAnalysis) -> Figure:
+    drops, meaningful = _class_drops(a)
+    return _fig_class_shares(a) if meaningful else _fig_class_changes(a, drops)
+
+
+def _fig_class_changes(a: RunAnalysis, drops: dict[str, float]) -> Figure:
+    """The classes' loss changes in nats per probe token, where shares of the net drop would mean
+    nothing (the classes' falls and rises nearly cancel, or the loss rose)."""
+    import matplotlib.pyplot as plt
+
+    names = [c for c in CLASS_NAMES.values() if a.class_counts.get(c, 0)]
+    total = sum(a.class_counts.values())
+    vals = [drops.get(c, 0.0) for c in names]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.6), layout="constrained")
+    y = np.arange(len(names))
+    ax.barh(y, vals, 0.6, color=[CLASS_COLORS[c] for c in names])
+    for yi, v in zip(y, vals):
+        ax.text(v, yi, f" {v:.3f} " if v >= 0 else f"{v:.3f} ", va="center", ha="left" if v >= 0 else "right", fontsize=8)
+    ax.set_yticks(y, [f"{c} ({a.class_counts.get(c, 0) / total:.0%} of tokens)" for c in names])
+    ax.invert_yaxis()
+    ax.axvline(0, color="k", lw=0.5)
+    span = max(abs(v) for v in vals) if vals and max(abs(v) for v in vals) > 0 else 1.0
+    ax.set_xlim(min(0.0, *vals) - 0.25 * span, max(0.0, *vals) + 0.25 * span)  # room for the labels
+    net, gross = sum(drops.values()), sum(abs(v) for v in drops.values())
+    ax.set_xlabel("fall of the loss, nats per probe token (< 0: it rose)")
+    why = ("the loss rose over the recorded range" if net <= 0 else
+           f"the net fall ({net:.3f} nats per token) is less than {SHARE_MIN_NET:.0%} of the classes' falls and rises "
+           f"together ({gross:.3f}), so they nearly cancel")  # fmt: skip
+    return Figure(fig, "How much each class's loss fell or rose",
+                  f"For each class of tokens: how far its tokens' fitted loss fell between the first and the last recorded "
+                  f"point, summed over the class and divided by the number of probe tokens (nats per probe token; "
+                  f"negative: it rose), so the bars add up to the fall of the mean loss ({net:+.3f} nats). Shares of the "
+                  f"loss drop are not shown for this run: {why}, and a class's share of the net drop would read hundreds "
+                  f"or thousands of percent. The share of the tokens each class holds is beside its name.")  # fmt: skip
+
+
+def _fig_class_shares(a: RunAnalysis) -> Figure:
     import matplotlib.pyplot as plt
 
     names = [c for c in CLASS_NAMES.values() if a.class_counts.get(c, 0)]
@@ -1012,6 +1085,8 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     keys = [k for k in ("class", "domain", "frequency", "position") if a.by_group.get(k)]
     if not keys:
         return None
+    # groups the probe has, none of them with enough events for a curve: said, not silently dropped
+    absent = [k for k in ("class", "domain", "frequency", "position") if k in a.by_group and not a.by_group[k]]
     fig, axes = plt.subplots(1, len(keys), figsize=(2.9 * len(keys) + 1, 4.4), squeeze=False, sharey=True, layout="constrained")
     shown = {}
     for ax, k in zip(axes[0], keys):
@@ -1037,13 +1112,24 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
         n, total = shown["domain"]
         dom = (f" The domain panel shows the {n} of {total} domains that carry the largest loss drop." if n < total
                else " The domain panel shows every domain.")  # fmt: skip
-    return Figure(fig, "The spectrum split by class, domain, token frequency and position",
-                  "Each panel splits the learning-time spectrum of the figure above by one property of the tokens: "
-                  "their class, their domain, how often their token id occurs in the probe (bands between quantiles "
-                  "of that count), and their position in the sequence. Each curve is that group's contribution to ρ (same "
+    if any(len(str(label)) > LABEL_CHARS for k in keys for label in a.by_group[k]):
+        dom += f" Names longer than {LABEL_CHARS} characters are cut in the middle (…) in the legends."
+    nouns = {"class": "class", "domain": "domain", "frequency": "token frequency", "position": "position"}
+    what = {"class": "their class", "domain": "their domain",
+            "frequency": "how often their token id occurs in the probe (bands between quantiles of that count)",
+            "position": "their position in the sequence"}  # fmt: skip
+    missing = "".join(f" No {k} panel: no {k} group has 10 events or more." for k in absent)
+    return Figure(fig, f"The spectrum split by {_listed([nouns[k] for k in keys])}",
+                  f"Each panel splits the learning-time spectrum of the figure above by one property of the tokens: "
+                  f"{_listed([what[k] for k in keys])}. Each curve is that group's contribution to ρ (same "
                   "bandwidth, same normalisation), so the curves of a panel add up to the whole spectrum, less groups "
-                  f"with fewer than 10 events, which are left out.{dom} A peak that moves from band to band means "
-                  "those tokens are learned at different times.")  # fmt: skip
+                  f"with fewer than 10 events, which are left out.{dom}{missing} A peak that moves from band to band "
+                  "means those tokens are learned at different times.")  # fmt: skip
+
+
+def _listed(words: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:

@@ -582,7 +582,9 @@ def _smooth(binned: np.ndarray, dx: float, h: float, x: np.ndarray, lo: float) -
     kernel mass that would leak past an edge of the grid inside it.
     """
     n_fine = binned.size
-    half = int(math.ceil(5 * h / dx))
+    # 5 h each side, but never past twice the grid's span: a value there reaches no point of the
+    # grid or of its one reflection (a bandwidth of 10^4 decades made a kernel of 10^9 points)
+    half = min(int(math.ceil(5 * h / dx)), 2 * max(n_fine - 1, 1))
     k = np.exp(-0.5 * (np.arange(-half, half + 1) * dx / h) ** 2) * dx / (h * math.sqrt(2 * math.pi))
     ext = np.convolve(np.pad(binned, half), k, mode="same") / dx  # on [lo - half dx, hi + half dx]
     fine = ext[half : half + n_fine].copy()
@@ -771,9 +773,14 @@ def spectra_by(
         raise InputError(f"group must have one code per token, shape ({events.n_tokens},), got {g.shape}")
     names = dict(enumerate(labels)) if not isinstance(labels, dict) else dict(labels)
     h = select_bandwidth(events, bandwidth, placement=placement, kernel=kernel)
+    seen = {}
+    for name in names.values():
+        seen[str(name)] = seen.get(str(name), 0) + 1
     out = {}
     for code, name in names.items():
         sub = events.for_tokens(g == code)
         if len(sub) >= min_events:
-            out[str(name)] = learning_time_spectrum(sub, bandwidth=h, placement=placement, kernel=kernel)
+            # two groups of one name (a probe may name two domains alike) are kept apart by their code
+            label = str(name) if seen[str(name)] == 1 else f"{name} [{code}]"
+            out[label] = learning_time_spectrum(sub, bandwidth=h, placement=placement, kernel=kernel)
     return out

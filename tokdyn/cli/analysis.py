@@ -77,7 +77,7 @@ def _spectrum(args: argparse.Namespace) -> int:
     rec, spec = res.reconstruction, res.reconstruction.spectrum
     print(f"run {run.name!r} (axis {rec.axis}): {spec.n_events:,} events of {spec.n_tokens:,} tokens ({args.events}), "
           f"drop seen {spec.total_drop:.3f} nats/token, bandwidth {spec.bandwidth:.3f} decades")  # fmt: skip
-    peak = np.abs(spec.density).max() or 1.0
+    peak = np.abs(spec.hist).max() or 1.0  # the bars are the histogram's (a wide bandwidth flattens the density below it)
     for lo, hi, v in zip(spec.edges[:-1], spec.edges[1:], spec.hist):
         print(f"  x {lo:6.2f}..{hi:6.2f}  {v:8.3f} nats/decade  " + "#" * int(round(40 * max(v, 0) / peak)))
     if res.groups:

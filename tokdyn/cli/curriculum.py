@@ -214,10 +214,15 @@ def _no_drop_detail(sched, x_range) -> str:
     r = sched.rates
     falling = r.x[(r.rates > 0).any(axis=1)]
     xs = sched.config.xs()
-    seen = (f"the pilot's domains fall at x {falling[0]:.2f}..{falling[-1]:.2f}" if falling.size
-            else f"the pilot saw no domain's loss fall (x {x_range[0]:.2f}..{x_range[1]:.2f})")  # fmt: skip
+    seen = (f"the pilot's domains fall at x {_x(falling[0])}..{_x(falling[-1])}" if falling.size
+            else f"the pilot saw no domain's loss fall (x {_x(x_range[0])}..{_x(x_range[1])})")  # fmt: skip
     return (f"{seen} (x = log10 pilot step); the schedule's steps 1..{sched.config.total_steps}, with --time-scale "
-            f"{sched.config.time_scale:g} and --lead {sched.config.lead:g}, are x {xs[0]:.2f}..{xs[-1]:.2f}")
+            f"{sched.config.time_scale:g} and --lead {sched.config.lead:g}, are x {_x(xs[0])}..{_x(xs[-1])}")
+
+
+def _x(v: float) -> str:
+    """An x (log10 step) for a message: 2 decimals, or 3 digits when huge (--lead 1e300)."""
+    return f"{v:.2f}" if abs(v) < 1e6 else f"{v:.3g}"
 
 
 # -- tokdyn compare ---------------------------------------------------------------------------
@@ -243,6 +248,11 @@ def run_compare(args: argparse.Namespace) -> int:
         return 0
     print(f"learning-time shift of {res['run_b']!r} against {res['run_a']!r} (decades; < 0: learned earlier), "
           f"{res['overall']['n_tokens']} of {res['n_probe_tokens']} tokens with an event in both")  # fmt: skip
+    ranges = res["x_ranges"]
+    if len({tuple(v) for v in ranges.values()}) > 1:
+        lo, hi = res["x_range"]
+        print(f"  over the {res['axis']} range both runs observed, log10 {lo:.3g}..{hi:.3g} "
+              f"({', '.join(f'{k!r} observed {v[0]:.3g}..{v[1]:.3g}' for k, v in ranges.items())})")  # fmt: skip
     print(f"  {'group':<24} {'tokens':>7} {'median':>8} {'q25':>8} {'q75':>8} {'earlier':>8} {'drop moved earlier':>19} {'later':>7}")
     rows = [("all", res["overall"])] + [(f"class {k}", v) for k, v in res["by_class"].items()] + \
            [(f"domain {k}", v) for k, v in res["by_domain"].items()]  # fmt: skip

@@ -357,7 +357,9 @@ class LearnabilityTable:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise InputError(f"cannot write the learnability table to {path}: {exc.strerror or exc}") from None
+            blocker = next((a for a in (path.parent, *path.parent.parents) if a.exists() and not a.is_dir()), None)
+            why = f"{blocker} is a file, not a folder" if blocker is not None else (exc.strerror or str(exc))
+            raise InputError(f"cannot write the learnability table to {path}: {why}") from None
         return write_atomically(path, lambda fh: np.savez(fh, **arrays), binary=True, what="learnability table")
 
 

@@ -150,6 +150,8 @@ class DomainRates:
     def __init__(self, domains, x: np.ndarray, rates: np.ndarray) -> None:
         x, rates = np.asarray(x, np.float64), np.asarray(rates, np.float64)
         self.domains = tuple(str(d) for d in domains)
+        if len(set(self.domains)) != len(self.domains):  # a schedule's columns are looked up by name
+            raise InputError(f"domain names must be distinct, got {list(self.domains)}")
         if x.ndim != 1 or x.size < 2 or np.any(np.diff(x) <= 0):
             raise InputError("x must be an increasing grid of at least 2 points")
         if rates.shape != (x.size, len(self.domains)):
@@ -192,6 +194,16 @@ class DomainRates:
             raise InputError(f"significance must be a finite number of standard errors >= 0, got {significance!r}")
         if not (isinstance(n_boot, (int, np.integer)) and not isinstance(n_boot, bool) and 2 <= n_boot <= 10_000):
             raise InputError(f"n_boot must be an int from 2 to 10000, got {n_boot!r}")
+        if dom.size and (dom.dtype.kind not in "iu" or dom.min() < 0 or dom.max() >= len(domains)):
+            raise InputError(f"token_domain must hold indices into the {len(domains)} domains, got values "
+                             f"{dom.min()}..{dom.max()} ({dom.dtype})")  # fmt: skip
+        counts = np.bincount(dom.astype(np.int64), minlength=len(domains)) if dom.size else np.zeros(len(domains), int)
+        empty = [str(domains[k]) for k in range(len(domains)) if counts[k] == 0]
+        if empty:  # its rate would read 0: a domain nobody measured would be deferred to the floor
+            raise InputError(f"domain(s) {empty} have no probe tokens: the pilot says nothing about when they are learned, "
+                             "and a schedule would hold them at the floor as if they had nothing to learn; record a pilot "
+                             "whose probe has tokens of every domain (tokdyn.curriculum.mixture_probe), or leave those "
+                             "domains out of the mixture")  # fmt: skip
         h = max(_LOGISTIC_SD * width, _MIN_SMOOTHING)
         lo, hi = events.x_range
         n_grid = max(241, int(math.ceil((hi - lo) / (h / 4))) + 1)  # 4 points per h at least
@@ -276,8 +288,17 @@ class MixtureSchedule:
     def _weights(self, r: np.ndarray) -> np.ndarray:
         """The weights ``[steps, D]`` at rates ``r [steps, D]`` (module docstring)."""
         c = self.config
-        q = self.base * (r if c.temperature == 1 else r ** (1.0 / c.temperature))
+        with np.errstate(over="ignore", under="ignore"):
+            q = self.base * (r if c.temperature == 1 else r ** (1.0 / c.temperature))
         total = q.sum(axis=1, keepdims=True)
+        # r^(1/T) overflows (inf / inf: NaN weights) or underflows (all 0: the baseline, though
+        # some domain falls) for a small T: those rows in logs, shifted by their largest term
+        bad = ~np.isfinite(total[:, 0]) | ((total[:, 0] == 0) & ((r > 0) & (self.base > 0)).any(axis=1))
+        if bad.any():
+            with np.errstate(divide="ignore"):
+                logq = np.log(self.base) + np.log(r[bad]) / c.temperature
+            e = np.exp(logq - logq.max(axis=1, keepdims=True))
+            q[bad], total[bad] = e, e.sum(axis=1, keepdims=True)
         q = np.where(total > 0, q / np.where(total > 0, total, 1.0), self.base)
         return c.floor * self.base + (1.0 - c.floor) * q
 
@@ -368,8 +389,30 @@ def load_mixture_schedule(path) -> MixtureSchedule:
         raise InputError(f"{path}: not a tokdyn mixture schedule (kind {d.get('kind') if isinstance(d, dict) else None!r})")
     if d.get("schema_version") != 1:
         raise InputError(f"{path}: mixture schedule schema version {d.get('schema_version')!r}; this tokdyn reads 1")
-    r = d["rates"]
-    return MixtureSchedule(DomainRates(r["domains"], r["x"], r["rates"]), MixtureConfig(**d["config"]), base=d["base"])
+    try:
+        r, config, base = d["rates"], d["config"], d["base"]
+        if not (isinstance(r, dict) and isinstance(config, dict) and isinstance(base, list)
+                and isinstance(r["domains"], list) and isinstance(d["domains"], list)):  # fmt: skip
+            raise TypeError("rates, config, base or domains of the wrong type")
+        if set(config) - set(MixtureConfig.__dataclass_fields__):
+            raise TypeError(f"unknown config fields {sorted(set(config) - set(MixtureConfig.__dataclass_fields__))}")
+        for key, v in config.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise TypeError(f"config {key} is not a number: {v!r}")
+        sched = MixtureSchedule(DomainRates(r["domains"], r["x"], r["rates"]), MixtureConfig(**config), base=base)
+        if list(d["domains"]) != list(sched.domains):
+            raise ValueError(f"its domains {d['domains']} are not its rates' {list(sched.domains)}")
+        weights = np.asarray(d["weights"], np.float64)
+    except InputError as exc:
+        raise InputError(f"{path}: not a valid mixture schedule: {exc}") from None
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        what = f"it lacks {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise InputError(f"{path}: not a valid mixture schedule: {what}") from None
+    # the weights are computed again from the rates and the config: they must be the file's
+    if weights.shape != sched.table_.shape or not np.allclose(weights, sched.table_, rtol=0, atol=1e-9):
+        raise InputError(f"{path}: its weights are not the ones its rates and config give (edited, or written by "
+                         "another version of tokdyn); write it again with `tokdyn curriculum schedule`")  # fmt: skip
+    return sched
 
 
 def mixture_sampler(domain_ids, schedule: MixtureSchedule, *, samples_per_step: int, seed: int = 0,
