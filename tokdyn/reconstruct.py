@@ -209,7 +209,7 @@ def reconstruct(
     well_drop = float(well.curve(at[:1])[0] - well.curve(at[-1:])[0]) if len(well) else 0.0
     try:
         spl = spectrum_power_law(events, bandwidth=spec.bandwidth, n_boot=n_boot, seed=seed, placement=placement,
-                                 kernel=kernel)
+                                 kernel=kernel, spectrum=spec)
     except InputError:
         spl = None
     try:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._event_grid import BETWEEN, CURVE, DERIVATIVE, GRID_MULTIPLE, event_cells, event_sums, resample_cells
 from .errors import InputError
 from .fit.options import CLASS_CODES, STATUS_CODES, FitOptions
 
@@ -140,26 +141,13 @@ class Events:
         """The events' share of the mean loss at x [G]: ``(1/N) sum_i delta_i sigma(-(x-mu_i)/s_i)``.
 
         The sum of fitted sigmoids, up to a constant: its derivative is the events' prediction
-        of ``dL/dx``. Evaluated in blocks of events to bound memory.
+        of ``dL/dx``. Compiled, one pass over the events (:func:`tokdyn._event_grid.event_sums`).
         """
-        x = np.asarray(x, np.float64)
-        out = np.zeros(x.shape)
-        for a in range(0, len(self), 1 << 16):
-            sl = slice(a, a + (1 << 16))
-            z = (x[None, :] - self.mu[sl, None]) / self.s[sl, None]
-            out += (self.delta[sl, None] * _sigmoid(-z)).sum(axis=0)
-        return out / self.n_scored
+        return _at_points(CURVE, self, x) / self.n_scored
 
     def derivative(self, x: np.ndarray) -> np.ndarray:
         """``-dL/dx`` of the events at x [G]: ``(1/N) sum_i delta_i sigma'((x-mu_i)/s_i) / s_i``."""
-        x = np.asarray(x, np.float64)
-        out = np.zeros(x.shape)
-        for a in range(0, len(self), 1 << 16):
-            sl = slice(a, a + (1 << 16))
-            z = (x[None, :] - self.mu[sl, None]) / self.s[sl, None]
-            g = _sigmoid(z)
-            out += (self.delta[sl, None] * g * (1 - g) / self.s[sl, None]).sum(axis=0)
-        return out / self.n_scored
+        return _at_points(DERIVATIVE, self, x) / self.n_scored
 
     def realized_drop(self) -> np.ndarray:
         """[E] the part of each event's drop that happens inside the observed x range (nats).
@@ -198,6 +186,12 @@ class Events:
     def total_drop(self) -> float:
         """``(1/N) sum_i delta_i``: the mean loss drop the events carry, in nats."""
         return float(self.delta.sum() / self.n_scored)
+
+
+def _at_points(kind: int, events: Events, x) -> np.ndarray:
+    """:func:`tokdyn._event_grid.event_sums` of the events at x (any shape)."""
+    x = np.asarray(x, np.float64)
+    return event_sums(kind, events.mu, events.s, events.delta, x.ravel()).reshape(x.shape)
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -459,8 +453,9 @@ def learning_time_spectrum(
 
     The density is computed by linear binning on a fine grid (the delta kernel: of the
     positions; the event kernel: of each sigmoid's whole drop, in closed form) and one
-    convolution, so it costs O(E + G_fine * kernel) for the delta kernel, O(E * G_fine) for the
-    event kernel.
+    convolution, so it costs O(E + G_fine * kernel) for the delta kernel; for the event kernel
+    at most about 1,300 nodes an event (those within 20 s of mu; a wide event on a coarser
+    grid, spread back by tents: :mod:`tokdyn._event_grid`).
     """
     if len(events) == 0:
         raise InputError("no learning events: the spectrum is empty (no token's fit gave a sigmoid)")
@@ -487,10 +482,10 @@ def learning_time_spectrum(
         hist, _ = np.histogram(centre, bins=edges, weights=wd)
         total = float(wd.sum() / events.n_scored)
     else:
-        fine, dx = _fine_grid(h, events.x_range)
-        cells = np.zeros(fine.size)  # [F] the events' seen drops, linearly binned
-        for sl, m in _node_blocks(events, fine, dx):
-            cells += m.sum(axis=0) if w is None else w[sl] @ m
+        fine, dx = _fine_grid(h, events.x_range, multiple=GRID_MULTIPLE)
+        # [F] the events' seen drops, linearly binned (tokdyn._event_grid; _node_blocks is the reference)
+        cells = event_cells(events.mu, events.s, events.delta, np.zeros(len(events), np.int64), np.ones((1, 1), np.uint8),
+                            lo_obs, dx, fine.size, event_weight=w)[0]  # fmt: skip
         density = _smooth(cells, dx, h, x, lo_obs) / events.n_scored
         hist = _drops_between(events, edges, w)
         total = float(cells.sum() / events.n_scored)
@@ -506,11 +501,12 @@ def _check_weights(weights, n: int) -> np.ndarray:
     return w
 
 
-def _fine_grid(h: float, bounds: tuple[float, float]) -> tuple[np.ndarray, float]:
-    """The fine grid [F] on [lo, hi] that a kernel of width h is computed on, and its spacing."""
+def _fine_grid(h: float, bounds: tuple[float, float], multiple: int = 1) -> tuple[np.ndarray, float]:
+    """The fine grid [F] on [lo, hi] that a kernel of width h is computed on, and its spacing
+    (at most h / 8; its cells a multiple of ``multiple`` in number)."""
     lo, hi = bounds
     dx = min(h / 8.0, (hi - lo) / 256)
-    n_fine = int(math.ceil((hi - lo) / dx)) + 1
+    n_fine = -(-int(math.ceil((hi - lo) / dx)) // multiple) * multiple + 1
     dx = (hi - lo) / (n_fine - 1)
     return lo + dx * np.arange(n_fine), dx
 
@@ -552,11 +548,9 @@ def _node_blocks(events: Events, fine: np.ndarray, dx: float):
 
 
 def _drops_between(events: Events, edges: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-    """[C] the (weighted) sum over events of :func:`_drop_blocks`."""
-    out = np.zeros(edges.size - 1)
-    for sl, d in _drop_blocks(events, edges):
-        out += d.sum(axis=0) if weights is None else weights[sl] @ d
-    return out
+    """[C] the (weighted) sum over events of :func:`_drop_blocks` (compiled:
+    :func:`tokdyn._event_grid.event_sums`; :func:`_drop_blocks` is the numpy reference)."""
+    return event_sums(BETWEEN, events.mu, events.s, events.delta, edges, weights)
 
 
 def _kde(mu: np.ndarray, w: np.ndarray, x: np.ndarray, h: float, bounds: tuple[float, float]) -> np.ndarray:
@@ -642,6 +636,7 @@ def spectrum_power_law(
     trim: float | None = None,
     placement: str = "mu",
     kernel: str = "event",
+    spectrum: Spectrum | None = None,
 ) -> PowerLaw:
     """Power-law exponent of the spectrum inside the uncensored range, with a bootstrap interval.
 
@@ -649,11 +644,17 @@ def spectrum_power_law(
     (default: one bandwidth) inside the observed range, where events are not piled up on the
     bounds of ``mu``. The interval is the 2.5-97.5 percentile range over ``n_boot`` Poisson
     bootstrap resamples of the tokens (all events of a token share its multiplicity), each with
-    the same bandwidth and kernel.
+    the same bandwidth and kernel. ``spectrum``: the events' spectrum with these settings,
+    where the caller has already computed it (:func:`tokdyn.reconstruct.reconstruct`).
     """
     if not (isinstance(n_boot, int) and not isinstance(n_boot, bool) and 0 <= n_boot <= MAX_BOOT):
         raise InputError(f"n_boot must be an int from 0 to {MAX_BOOT}, got {n_boot!r}")
-    spec = learning_time_spectrum(events, bandwidth=bandwidth, placement=placement, kernel=kernel)
+    if spectrum is None:
+        spec = learning_time_spectrum(events, bandwidth=bandwidth, placement=placement, kernel=kernel)
+    elif spectrum.kernel != kernel or spectrum.n_events != len(events) or spectrum.n_tokens != events.n_scored:
+        raise InputError("spectrum_power_law: the spectrum given was not made from these events with this kernel")
+    else:
+        spec = spectrum
     h = spec.bandwidth
     trim = h if trim is None else float(trim)
     lo, hi = spec.x_range[0] + trim, spec.x_range[1] - trim
@@ -690,24 +691,25 @@ def _event_bootstrap(events: Events, spec: Spectrum, token_mults, n: int | None 
     list or an iterator of ``n``).
 
     The density is linear in the weights, so every event's drops on the fine grid are computed
-    once per block of events and summed under all resamples in one product: O(E * F * n_boot)
-    multiply-adds, instead of n_boot passes of sigmoids. The resamples go through in groups of
-    at most :data:`_BOOT_BYTES` of multiplicities (the default 200 on 2M tokens held 3.2 GB of
-    them at once); the results do not depend on the grouping.
+    once per group of resamples and summed under all of them in one product per block
+    (:func:`tokdyn._event_grid.resample_cells`), instead of n_boot passes of sigmoids. The
+    resamples go through in groups of at most :data:`_BOOT_BYTES` of multiplicities (the
+    default 200 on 2M tokens held 3.2 GB of them at once); the results do not depend on the
+    grouping.
     """
     n = len(token_mults) if n is None else int(n)
     if n == 0:
         return []
-    fine, dx = _fine_grid(spec.bandwidth, spec.x_range)
+    fine, dx = _fine_grid(spec.bandwidth, spec.x_range, multiple=GRID_MULTIPLE)
     cells = np.zeros((n, fine.size))  # [n_boot, F]
-    group = max(1, min(n, _BOOT_BYTES // max(1, events.n_tokens)))
+    group = max(1, min(n, _BOOT_BYTES // max(1, events.n_tokens)))  # resamples at once: their multiplicities
     mults = iter(token_mults)
     for a in range(0, n, group):
         mult = np.empty((min(group, n - a), events.n_tokens), np.uint8)  # Poisson(1) counts stay far below 256
         for i in range(mult.shape[0]):
             mult[i] = next(mults)
-        for sl, m in _node_blocks(events, fine, dx):
-            cells[a : a + mult.shape[0]] += mult[:, events.token[sl]].astype(np.float64) @ m
+        cells[a : a + mult.shape[0]] = resample_cells(events.mu, events.s, events.delta, events.token, mult,
+                                                      spec.x_range[0], dx, fine.size)  # fmt: skip
     out = []
     for c in cells:
         density = _smooth(c, dx, spec.bandwidth, spec.x, spec.x_range[0]) / events.n_scored
