@@ -17,6 +17,11 @@ every value is a whole number; booleans and strings never), at least 0, one per 
 ``token_id`` below the tokenizer's vocabulary size when the probe's tokenizer spec gives one.
 Whole-number floats are kept as they are (not converted), so a probe's fingerprint is that of
 its data.
+
+A new probe's names are checked too (:func:`check_probe_names`): its domain names must be
+distinct, and no per-token array may take a name a ``losses.npz`` keeps for its own members
+(:data:`NPZ_MEMBERS`). A probe read back from a store is not held to these (``stored=True``): a
+store written before they were checked still opens.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import hashlib
 import json
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -34,12 +39,16 @@ from .corpus import Document
 from .errors import InputError
 from .tokenizer import Tokenizer
 
-__all__ = ["ProbeSet", "build_probe", "check_token_arrays", "vocab_size_of", "RESERVED_TOKEN_ARRAYS"]
+__all__ = ["ProbeSet", "build_probe", "check_token_arrays", "check_probe_names", "vocab_size_of", "RESERVED_TOKEN_ARRAYS",
+           "NPZ_MEMBERS"]
 
 _TOKEN_FIELDS = ("sample_id", "token_pos", "token_id", "doc_id", "doc_pos", "domain")
 
 #: Per-token arrays whose values tokdyn reads as numbers (sequence, position, token id).
 RESERVED_TOKEN_ARRAYS = ("sample_id", "token_pos", "token_id")
+#: Names a ``losses.npz`` keeps for its own members (:mod:`tokdyn.interchange`): a per-token array
+#: of one of these names would overwrite the member on export, so a new probe may not have one.
+NPZ_MEMBERS = ("axis_values", "loss_matrix", "axis_name", "probe_tokens", "probe_domains", "probe_documents", "probe_tokenizer")
 _ID_LIMIT = 2**31  # token ids are int32 (probe tokens are stored that way)
 _INDEX_LIMIT = 2**63  # sample_id and token_pos are read as int64
 _UNK_WARN = 0.1  # a probe with more unknown tokens than this is warned about
@@ -94,6 +103,24 @@ def check_token_arrays(arrays: Mapping[str, np.ndarray], n: int, *, vocab_size: 
             raise InputError(f"{expected}; got values up to {_num(hi)}")
 
 
+def check_probe_names(arrays: Mapping[str, np.ndarray], domains: Sequence[str]) -> None:
+    """Check the names of a new probe: no per-token array named as a ``losses.npz`` member
+    (:data:`NPZ_MEMBERS`), and domain names that are distinct (each names one group of tokens).
+    Raises one :class:`InputError` naming the offending names."""
+    clash = [name for name in arrays if name in NPZ_MEMBERS]
+    if clash:
+        raise InputError(f"probe per-token array(s) {clash} take names a losses.npz keeps for its own members "
+                         f"({', '.join(NPZ_MEMBERS)}); rename them")  # fmt: skip
+    seen, repeated = set(), []
+    for d in domains:
+        if d in seen and d not in repeated:
+            repeated.append(d)
+        seen.add(d)
+    if repeated:
+        raise InputError(f"probe domain names must be distinct (each names one group of tokens); "
+                         f"{', '.join(map(repr, repeated))} given more than once")  # fmt: skip
+
+
 def _num(x: int | float) -> str:
     return repr(x) if isinstance(x, float) else str(x)
 
@@ -115,6 +142,9 @@ class ProbeSet:
         Document keys, indexed by ``token_arrays["doc_id"]``.
     tokenizer : dict
         The tokenizer's ``spec()``; ``{}`` when unknown.
+    stored : bool, keyword only
+        True for a probe read back from a store: its names are not checked again
+        (:func:`check_probe_names`), so a store written before that check still opens.
     """
 
     tokens: np.ndarray | None
@@ -122,8 +152,9 @@ class ProbeSet:
     domains: tuple[str, ...] = ()
     documents: tuple[str, ...] = ()
     tokenizer: Mapping = field(default_factory=dict)
+    stored: InitVar[bool] = field(default=False, kw_only=True)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, stored: bool) -> None:
         arrays = {}
         for k, v in self.token_arrays.items():
             v = np.asarray(v)  # native byte order: zarr hands arrays back that way, and the fingerprint hashes dtypes
@@ -139,6 +170,8 @@ class ProbeSet:
                 raise InputError(f"probe array {k!r} has dtype {v.dtype}; expected numbers, booleans or strings")
         if n[0] == 0:
             raise InputError("probe has no tokens")
+        if not stored:
+            check_probe_names(arrays, tuple(self.domains))
         tokenizer = {} if self.tokenizer is None else self.tokenizer
         if not isinstance(tokenizer, Mapping):
             raise InputError(f"probe tokenizer must be a tokenizer spec (a dict), got {type(tokenizer).__name__}")

@@ -33,7 +33,7 @@ from . import __version__
 from ._files import write_atomically
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store
 from .errors import InputError, TokdynError
-from .fit.models import two_sigmoid_curve
+from .fit.models import SHARE_MIN_NET, class_drops, two_sigmoid_curve
 from .fit.options import CLASS_CODES, CLASS_NAMES
 from .fit.sigmoid import sigmoid_curve
 from .fit.job import fitted_inputs
@@ -291,17 +291,7 @@ def _headline(a: RunAnalysis) -> str:
     if not ok.any():
         return ""
     first, last = np.flatnonzero(ok)[[0, -1]]
-    drops, meaningful = _class_drops(a)
-    if meaningful:
-        shares = sorted(((v, c) for c, v in a.class_loss_share.items() if np.isfinite(v) and v > 0.005), reverse=True)
-        carried = "Largest shares of the loss drop by token class: " + (", ".join(f"{c} {v:.0%}" for v, c in shares[:3]) or "none")
-    else:  # shares of a net drop near 0 (or of a rise) would read thousands of percent, or the wrong way round
-        moved = sorted(((abs(v), c, v) for c, v in drops.items() if abs(v) >= 0.0005), reverse=True)[:3]
-        carried = ("Loss change by token class, in nats per probe token: "
-                   + (", ".join(f"{c} {'fell' if v > 0 else 'rose'} {abs(v):.3f}" for _, c, v in moved) or "none")
-                   + f"; the classes' falls and rises {'nearly cancel' if sum(drops.values()) > 0 else 'end in a rise'} "
-                   f"(net fall {sum(drops.values()):+.3f} nats per token), so shares of the loss drop would mean nothing "
-                   "and are not shown")  # fmt: skip
+    carried = class_drops(a.fit["class_code"], a.fit["drop"]).summary()  # shares, or nats where they would mean nothing
     verb = "fell" if rec.mean_loss[last] <= rec.mean_loss[first] else "rose"
     n = rec.spectrum.n_tokens
     return (f"<p><b>Run {_e(a.run)}:</b> the mean loss of the {n:,} probe token{'s' * (n != 1)} {verb} from "
@@ -310,22 +300,11 @@ def _headline(a: RunAnalysis) -> str:
             f"{rec.r2_events:.3f}. {_e(carried)}.</p>")  # fmt: skip
 
 
-# Shares of the loss drop are shown only where the net fall is at least this part of the classes'
-# gross movement (the sum of each class's |fall|): below it, falls and rises nearly cancel and a
-# share (a class's fall over the net) reads hundreds or thousands of percent.
-SHARE_MIN_NET = 0.5
-
-
 def _class_drops(a: RunAnalysis) -> tuple[dict[str, float], bool]:
-    """Each class's fitted loss drop in nats per probe token (the fit's ``drop``, NaN as 0, summed
-    over the class's tokens, over all tokens: they add up to the fall of the fitted mean loss),
-    and whether shares of the net drop mean something (:data:`SHARE_MIN_NET`)."""
-    code, drop = np.asarray(a.fit["class_code"]), np.asarray(a.fit["drop"], np.float64)
-    drop = np.where(np.isfinite(drop), drop, 0.0)
-    n = max(drop.size, 1)
-    drops = {name: float(drop[code == c].sum() / n) for c, name in CLASS_NAMES.items() if (code == c).any()}
-    net, gross = sum(drops.values()), sum(abs(v) for v in drops.values())
-    return drops, bool(net > 0 and net >= SHARE_MIN_NET * gross)
+    """Each class's fitted loss drop in nats per probe token, and whether shares of the net drop
+    mean something (:func:`tokdyn.fit.models.class_drops`, :data:`SHARE_MIN_NET`)."""
+    d = class_drops(a.fit["class_code"], a.fit["drop"])
+    return d.nats, d.meaningful
 
 
 # (row label, what it means) of the reconstruction table, one row a score, one column a run.

@@ -43,9 +43,11 @@ def open_cli_run(path: str, name: str | None, *, mode: str = "r") -> Run:
     st = open_cli_store(path, mode=mode)
     if name is None:
         runs = st.runs
+        if not runs:  # a probe alone, as `tokdyn probe` leaves it
+            raise InputError(f"{st.url} has no runs yet; record one into it first with `tokdyn record-offline`, "
+                             "a TokenLossRecorder in training, or `tokdyn import-npz`")  # fmt: skip
         if len(runs) != 1:
-            listed = ", ".join(runs) if runs else "none"
-            raise InputError(f"{st.url} holds {len(runs)} runs ({listed}); choose one with --run NAME")
+            raise InputError(f"{st.url} holds {len(runs)} runs ({', '.join(runs)}); choose one with --run NAME")
         name = runs[0]
     return st.run(name)
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import math
 
 from ..fit import FitOptions, fit_run
+from ..fit.models import class_drops
 from ._common import add_run_argument, add_store_argument, open_cli_run, print_json
 
 
@@ -44,8 +44,10 @@ def _fit(args: argparse.Namespace) -> int:
           f"{res.blocks_fitted} blocks fitted, {res.blocks_resumed} already done, "
           f"{res.seconds:.1f} s ({res.backend}, {res.scheduler})")  # fmt: skip
     total = sum(res.class_counts.values())
+    fit = run.fit.read(fields=("class_code", "drop"), current=False)  # the fit's own rows, as fit_run counts them
+    drops = class_drops(fit["class_code"], fit["drop"])  # shares, or nats where they would mean nothing
     for name, count in sorted(res.class_counts.items(), key=lambda kv: -kv[1]):
-        share = res.class_loss_share.get(name, float("nan"))
-        drop = f"{share:7.1%} of the loss drop" if math.isfinite(share) else "    (no loss drop fitted)"
-        print(f"  {name:<16} {count:>9,} tokens ({count / total:6.1%})  {drop}")
+        print(f"  {name:<16} {count:>9,} tokens ({count / total:6.1%})  {drops.describe(name)}")
+    if not drops.meaningful:
+        print(f"  no shares of the loss drop: {drops.reason}, so they would mean nothing")
     return 0

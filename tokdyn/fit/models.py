@@ -10,6 +10,8 @@ so each of its two events has a learning time, width and loss drop of its own (d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from tokdyn.errors import InputError
@@ -31,6 +33,9 @@ __all__ = [
     "choose_model",
     "classify",
     "class_loss_share",
+    "SHARE_MIN_NET",
+    "ClassDrops",
+    "class_drops",
     "model_level",
 ]
 
@@ -306,6 +311,91 @@ def class_loss_share(class_code: np.ndarray, drop: np.ndarray) -> dict[str, floa
         part = drop[class_code == code].sum()
         out[name] = float(part / total) if total != 0 else float("nan")
     return out
+
+
+# Shares of the loss drop are shown only where the net fall is at least this part of the classes'
+# gross movement (the sum of each class's |fall|): below it, falls and rises nearly cancel and a
+# share (a class's fall over the net) reads hundreds or thousands of percent.
+SHARE_MIN_NET = 0.5
+
+
+@dataclass(frozen=True)
+class ClassDrops:
+    """Each class's fitted loss drop, and how to say it (:func:`class_drops`).
+
+    ``nats``: by class name (the classes that hold tokens), the class's fall of the loss in nats
+    per probe token (negative: it rose); they add up to the fall of the fitted mean loss.
+    ``shares``: the same over their sum (:func:`class_loss_share`), meaningful only where
+    :attr:`meaningful` (the net fall is at least :data:`SHARE_MIN_NET` of the classes' falls and
+    rises together); else each class is described by its change in nats per probe token.
+    """
+
+    nats: dict
+    shares: dict
+    meaningful: bool
+
+    @property
+    def net(self) -> float:
+        """The net fall, nats per probe token (the fall of the fitted mean loss)."""
+        return float(sum(self.nats.values()))
+
+    @property
+    def gross(self) -> float:
+        """The classes' falls and rises together, nats per probe token."""
+        return float(sum(abs(v) for v in self.nats.values()))
+
+    def describe(self, name: str) -> str:
+        """What class ``name`` carried: its share of the loss drop (``"42.0% of the loss drop"``)
+        where shares mean something, else its change (``"fell 0.123 nats per probe token"``)."""
+        if self.meaningful:
+            return f"{self.shares.get(name, 0.0):.1%} of the loss drop"
+        v = self.nats.get(name, 0.0)
+        return f"{'fell' if v >= 0 else 'rose'} {abs(v):.3f} nats per probe token"
+
+    @property
+    def reason(self) -> str:
+        """Why shares are not shown (empty where they are), e.g. "the classes' falls and rises
+        nearly cancel (net fall +0.050 nats per token)"."""
+        if self.meaningful:
+            return ""
+        net = self.net
+        how = ("no class's fitted loss changed" if self.gross == 0 else
+               "the classes' falls and rises nearly cancel" if net > 0 else
+               "the classes' falls and rises end in a rise" if net < 0 else "the classes' falls and rises cancel")  # fmt: skip
+        return f"{how} (net fall {net:+.3f} nats per token)"
+
+    def listing(self, top: int | None = None) -> str:
+        """The classes, largest first: shares (``"learned 61%, gradual 40%, forgotten -1%"``;
+        with ``top``, only the ``top`` largest positive ones) where they mean something, else
+        changes in nats per probe token (``"learned fell 1.502, forgotten rose 1.449"``);
+        ``"none"`` where no class carried any."""
+        if self.meaningful:
+            shares = [(v, c) for c, v in self.shares.items() if np.isfinite(v) and (v > 0.005 if top else abs(v) >= 0.005)]
+            return ", ".join(f"{c} {v:.0%}" for v, c in sorted(shares, key=lambda vc: -abs(vc[0]))[:top]) or "none"
+        moved = sorted(((abs(v), c, v) for c, v in self.nats.items() if abs(v) >= 0.0005), reverse=True)[:top]
+        return ", ".join(f"{c} {'fell' if v > 0 else 'rose'} {abs(v):.3f}" for _, c, v in moved) or "none"
+
+    def summary(self, top: int | None = 3) -> str:
+        """One sentence: the largest shares of the loss drop by class, or (where shares would
+        mean nothing) the largest changes in nats per probe token and why (:meth:`listing`)."""
+        if self.meaningful:
+            return f"{'Largest shares' if top else 'Shares'} of the loss drop by token class: {self.listing(top)}"
+        return (f"Loss change by token class, in nats per probe token: {self.listing(top)}; {self.reason}, "
+                "so shares of the loss drop would mean nothing and are not shown")
+
+
+def class_drops(class_code: np.ndarray, drop: np.ndarray) -> ClassDrops:
+    """Each class's fitted loss drop in nats per probe token (``drop`` summed over the class's
+    tokens, NaN as 0, over all tokens), its share of the net drop, and whether shares mean
+    something (:data:`SHARE_MIN_NET`): the one rule by which the report, ``tokdyn fit`` and the
+    demo say what each class carried."""
+    shares = class_loss_share(class_code, drop)  # checks the arrays
+    code, drop = np.asarray(class_code), np.asarray(drop, np.float64)
+    drop = np.where(np.isfinite(drop), drop, 0.0)
+    n = max(drop.size, 1)
+    nats = {name: float(drop[code == c].sum() / n) for c, name in CLASS_NAMES.items() if (code == c).any()}
+    net, gross = sum(nats.values()), sum(abs(v) for v in nats.values())
+    return ClassDrops(nats, {c: shares[c] for c in nats}, bool(net > 0 and net >= SHARE_MIN_NET * gross))
 
 
 def model_level(

@@ -61,6 +61,7 @@ def read_probe(g: zarr.Group) -> ProbeSet:
     except Exception as exc:  # noqa: BLE001 - a missing array, bad metadata, a chunk codecs cannot decode
         raise StoreError(f"probe group is incomplete or damaged: {type(exc).__name__}: {exc}") from None
     try:
-        return ProbeSet(tokens, arrays, domains=a.get("domains", ()), documents=a.get("documents", ()), tokenizer=a.get("tokenizer", {}))
+        return ProbeSet(tokens, arrays, domains=a.get("domains", ()), documents=a.get("documents", ()), tokenizer=a.get("tokenizer", {}),
+                        stored=True)  # its names were checked when it was made (a store made before that still opens)
     except InputError as exc:  # a stored probe that no longer passes the checks a new one must
         raise StoreError(f"the store's probe group is damaged: {exc}") from None

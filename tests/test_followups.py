@@ -1,0 +1,194 @@
+"""Follow-ups: a new probe refuses duplicate domain names and per-token arrays named as a
+losses.npz's own members (a store written before still opens); the report, `tokdyn fit` and the
+demo say what each class carried by one rule (shares only where they are bounded, else nats per
+probe token: 3112 % before); `tokdyn fit` on a store without runs says how to get one."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import tokdyn
+from tokdyn.cli import main
+from tokdyn.errors import InputError
+from tokdyn.fit.options import CLASS_NAMES
+from tokdyn.interchange import import_npz
+
+STEPS = np.unique(np.round(np.geomspace(10, 100_000, 30)).astype(np.int64))
+BYTE = {"kind": "byte", "vocab_size": 257, "eot_id": 256}
+NPZ_MEMBERS = ("axis_values", "loss_matrix", "axis_name", "probe_tokens", "probe_domains", "probe_documents", "probe_tokenizer")
+
+
+def _cli_error(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err  # one line
+    return lines[0]
+
+
+# -- 1. probe names ----------------------------------------------------------------------------
+
+
+def _arrays(n: int = 4, **extra) -> dict:
+    return {"sample_id": np.arange(n, dtype=np.int32), "token_pos": np.ones(n, np.int32), **extra}
+
+
+def test_npz_member_names_are_those_the_interchange_writes():
+    from tokdyn import interchange
+    from tokdyn.probe import NPZ_MEMBERS as named
+
+    assert set(named) == set(NPZ_MEMBERS) == {*interchange._REQUIRED, *interchange._PROBE}
+
+
+@pytest.mark.parametrize("name", NPZ_MEMBERS)
+def test_a_new_probe_refuses_an_array_named_as_a_losses_npz_member(name):
+    with pytest.raises(InputError, match=rf"probe per-token array\(s\) \['{name}'\] take names a losses.npz keeps"):
+        tokdyn.ProbeSet(None, _arrays(**{name: np.arange(4)}))
+    assert tokdyn.ProbeSet(None, _arrays(**{f"my_{name}": np.arange(4)})).n_tokens == 4  # other names are fine
+
+
+def test_a_new_probe_refuses_duplicate_domain_names():
+    with pytest.raises(InputError, match=r"probe domain names must be distinct .*; 'web' given more than once$"):
+        tokdyn.ProbeSet(None, _arrays(domain=np.array([0, 1, 2, 0])), domains=("web", "code", "web"))
+    with pytest.raises(InputError, match="'a', 'b' given more than once"):
+        tokdyn.ProbeSet.from_tokens(np.zeros((4, 3), np.int32), domains=("a", "b", "a", "b"))
+    assert tokdyn.ProbeSet.from_tokens(np.zeros((4, 3), np.int32), domains=("a", "b")).domains == ("a", "b")
+
+
+def test_import_npz_refuses_duplicate_probe_domains(tmp_path, capsys):
+    path = tmp_path / "in.npz"
+    np.savez(path, axis_values=np.array([1.0, 2.0, 3.0]), loss_matrix=np.ones((4, 3), np.float32), axis_name=np.array(["T"]),
+             domain=np.array([0, 1, 0, 1], np.int32), probe_domains=np.array(["x", "x"]))  # fmt: skip
+    with pytest.raises(InputError, match="'x' given more than once"):
+        import_npz(path, tmp_path / "s.zarr", run="r")
+    assert main(["import-npz", str(path), str(tmp_path / "t.zarr"), "--run", "r"]) == 1
+    assert _cli_error(capsys.readouterr().err).startswith("tokdyn import-npz: error: ")
+    assert not (tmp_path / "s.zarr").exists() and not (tmp_path / "t.zarr").exists()
+
+
+@pytest.mark.parametrize("name", NPZ_MEMBERS)
+def test_a_store_written_before_the_names_were_checked_still_opens(tmp_path, monkeypatch, capsys, name):
+    """A probe of such names made before the check (written with it switched off here) reads
+    back as it was; only export-npz, which would lose a member, refuses it."""
+    with monkeypatch.context() as m:
+        m.setattr("tokdyn.probe.check_probe_names", lambda *a, **k: None, raising=False)
+        probe = tokdyn.ProbeSet(None, _arrays(**{name: np.arange(4)}, domain=np.array([0, 1, 0, 1])), domains=("a", "a"))
+        st = tokdyn.open_store(tmp_path / "old.zarr", probe, mode="w")
+        with st.create_run("r", capacity=2).writer() as w:
+            for step in (1, 2):
+                w.append(np.ones(4, np.float32), step=step)
+    back = tokdyn.open_store(tmp_path / "old.zarr", mode="r").probe
+    assert back.domains == ("a", "a") and name in back.token_arrays and back.fingerprint == probe.fingerprint
+    assert main(["info", str(tmp_path / "old.zarr")]) == 0
+    capsys.readouterr()
+    assert main(["export-npz", str(tmp_path / "old.zarr"), str(tmp_path / "out.npz"), "--run", "r"]) == 1
+    assert f"['{name}'], names a losses.npz keeps for its own members" in _cli_error(capsys.readouterr().err)
+    assert not (tmp_path / "out.npz").exists()
+
+
+# -- 2. class shares: one rule for the report, `tokdyn fit` and the demo -------------------------
+
+
+def _sigmoids(mu, drop):
+    x = np.log10(STEPS)
+    d = np.asarray(drop, float)
+    rng = np.random.default_rng(0)
+    return 1 + np.abs(d)[:, None] * (d[:, None] < 0) + d[:, None] / (1 + np.exp((x[None, :] - mu[:, None]) / 0.1)) \
+        + 0.05 * rng.standard_normal((mu.size, x.size))  # fmt: skip
+
+
+def _cancelling(n: int = 80) -> np.ndarray:
+    """Half the tokens learned (3 nats), half forgotten (2.9): the mean loss falls 0.05."""
+    mu = np.random.default_rng(1).uniform(2, 4, n)
+    return _sigmoids(mu, np.r_[np.full(n // 2, 3.0), np.full(n - n // 2, -2.9)])
+
+
+def _probe(n: int = 80) -> tokdyn.ProbeSet:
+    return tokdyn.ProbeSet.from_tokens(np.random.default_rng(0).integers(97, 123, size=(n, 2)), tokenizer=BYTE)
+
+
+def _write(st: tokdyn.TrajectoryStore, name: str, Y: np.ndarray) -> None:
+    with st.create_run(name, capacity=len(STEPS)).writer() as w:
+        for j, step in enumerate(STEPS):
+            w.append(Y[:, j].astype(np.float32), step=int(step))
+
+
+def _percents(text: str) -> list[float]:
+    return [float(v) for v in re.findall(r"(-?[0-9.]+)%", text)]
+
+
+def test_fit_cli_gives_nats_where_class_shares_would_read_thousands_of_percent(tmp_path, capsys):
+    st = tokdyn.open_store(tmp_path / "s.zarr", _probe(), mode="w")
+    _write(st, "cancel", _cancelling())
+    assert main(["fit", str(tmp_path / "s.zarr"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "of the loss drop" not in out.replace("no shares of the loss drop", "")
+    assert all(abs(v) <= 100 for v in _percents(out)), out  # only the shares of the tokens remain
+    fit = st.run("cancel").fit.read(["class_code", "drop"])
+    for name, verb in (("learned", "fell"), ("forgotten", "rose")):
+        want = abs(np.nansum(fit["drop"][fit["class_code"] == next(c for c, n in CLASS_NAMES.items() if n == name)])) / fit["drop"].size
+        got = float(re.search(rf"{name} .* {verb} ([0-9.]+) nats per probe token", out).group(1))
+        assert got == pytest.approx(want, abs=0.0015)
+    assert re.search(r"no shares of the loss drop: the classes' falls and rises nearly cancel \(net fall \+0\.0\d\d", out), out
+
+
+def test_fit_cli_still_gives_shares_where_they_are_bounded(tmp_path, capsys):
+    st = tokdyn.open_store(tmp_path / "s.zarr", _probe(), mode="w")
+    _write(st, "r", _sigmoids(np.random.default_rng(1).uniform(2, 4, 80), np.full(80, 3.0)))
+    assert main(["fit", str(tmp_path / "s.zarr"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"learned .* 100\.0% of the loss drop", out) and "nats per probe token" not in out, out
+
+
+def test_report_fit_and_demo_share_one_rule():
+    from tokdyn.analysis import RunAnalysis
+    from tokdyn.fit.models import SHARE_MIN_NET, class_drops, class_loss_share
+    from tokdyn.report import SHARE_MIN_NET as report_min, _class_drops
+
+    code = np.array([0, 0, 1, 1, 2])
+    for drop in (np.array([3.0, 3.0, -2.9, -2.9, np.nan]), np.array([3.0, 3.0, -0.1, -0.1, 1.0])):
+        d = class_drops(code, drop)
+        a = RunAnalysis("r", "T", None, None, {"class_code": code, "drop": drop}, {}, class_loss_share(code, drop))
+        assert _class_drops(a) == (d.nats, d.meaningful) and report_min == SHARE_MIN_NET
+        assert d.meaningful == (d.net > 0 and d.net >= SHARE_MIN_NET * d.gross)
+        if not d.meaningful:
+            assert all("nats per probe token" in d.describe(c) for c in d.nats) and "%" not in d.summary()
+
+
+def test_demo_gives_nats_where_class_shares_would_read_thousands_of_percent(tmp_path, monkeypatch):
+    """The demo's closing line, on a run whose classes nearly cancel (the training swapped for
+    a run written directly; the fit, the analysis and the report are the demo's own)."""
+    import tokdyn.demo as demo
+
+    probe = _probe()
+    corpus = SimpleNamespace(probe=probe, n_train_documents=1, train_tokens=np.zeros(1), n_probe_documents=1)
+
+    def record(store, *, corpus, **_):
+        _write(tokdyn.open_store(store, corpus.probe, mode="a"), "tiny", _cancelling())
+        return {"final_train_loss": 1.0, "record_seconds": 0.0}
+
+    monkeypatch.setattr(demo, "prepare_corpus", lambda **_: corpus)
+    monkeypatch.setattr(demo, "record_tiny_run", record)
+    lines: list[str] = []
+    demo.run_demo(tmp_path / "demo", progress=False, log=lines.append)
+    last = lines[-1]
+    assert all(abs(v) <= 100 for v in _percents(last)), last
+    assert re.match(r"loss change by class, in nats per probe token: learned fell 1\.\d{3}, forgotten rose 1\.\d{3}; "
+                    r"no shares of the loss drop: the classes' falls and rises nearly cancel", last), last  # fmt: skip
+    page = (tmp_path / "demo" / "report.html").read_text()
+    assert "learned fell" in page and "would mean nothing" in page  # the report says the same
+
+
+# -- 3. a store without runs ---------------------------------------------------------------------
+
+
+def test_fit_on_a_store_without_runs_says_how_to_get_one(tmp_path, capsys):
+    tokdyn.open_store(tmp_path / "s.zarr", _probe(4), mode="w")
+    assert main(["fit", str(tmp_path / "s.zarr"), "--no-progress"]) == 1
+    line = _cli_error(capsys.readouterr().err)
+    assert line == (f"tokdyn fit: error: {tmp_path / 's.zarr'} has no runs yet; record one into it first with "
+                    "`tokdyn record-offline`, a TokenLossRecorder in training, or `tokdyn import-npz`")  # fmt: skip
+    assert "STORE has no runs yet" in (Path(__file__).parents[1] / "docs" / "own-model.md").read_text()  # its row in the error table
