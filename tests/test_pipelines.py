@@ -255,3 +255,11 @@ def test_bench_kernels_against_head_is_identical(tmp_path):
         assert k["speedup_range"][0] <= k["speedup_median"] <= k["speedup_range"][1]
         if not out["head_uncommitted_changes"]:
             assert k["identical"] is True, name
+
+
+def test_bench_spectrum_times_both_sides_and_says_how_far_apart_they_are():
+    cmd = [sys.executable, str(ROOT / "pipelines" / "bench_spectrum.py"), "--tokens", "500", "--boot", "5", "--repeat", "1"]
+    out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout.splitlines()[-1])
+    assert out["events"] == 1000 and out["boot"] == 5
+    assert out["reference_spectrum_s"] > 0 and out["compiled_spectrum_s"] > 0 and out["boot_speedup"] > 0
+    assert 0 <= out["max_diff_over_peak"] < 1e-3 and out["total_drop_rel_diff"] < 1e-12
