@@ -87,8 +87,9 @@ def test_import_then_export_keeps_every_field_exactly(arrays, tmp_path_factory):
         assert _same(again[key], got[key]), key
 
 
-def test_int64_axis_values_come_back_as_int64(tmp_path):
-    ax = np.array([1, 10, 100, 2**53 + 1], np.int64)  # the last one: not a float64
+@pytest.mark.parametrize("top", [2**53 + 1, 2**63 - 512, 2**63 - 1])  # not a float64; a float64 of 2^63
+def test_int64_axis_values_come_back_as_int64(tmp_path, top):
+    ax = np.array([1, 10, 100, top], np.int64)
     np.savez(tmp_path / "a.npz", axis_values=ax, loss_matrix=np.ones((3, 4), np.float32), axis_name=np.array(["T"]))
     import_npz(tmp_path / "a.npz", tmp_path / "s.zarr", run="r")
     got = _load(export_npz(tokdyn.open_store(tmp_path / "s.zarr").run("r"), tmp_path / "b.npz"))["axis_values"]

@@ -230,9 +230,11 @@ def import_npz(
     if dtype not in LOSS_DTYPES:
         raise InputError(f"dtype must be one of {LOSS_DTYPES}, got {dtype!r}")
     axis = _axis_name(arrays["axis_name"])
-    top = float(np.max(arrays["axis_values"]))
-    if axis == "T" and top >= 2.0**63:  # a step is an int64: the cast would wrap negative
-        raise InputError(f"axis_values reach {top:g}; a step on T must be below 2^63 (are these tokens? name the axis D)")
+    top = np.max(arrays["axis_values"])
+    # a step is an int64: the cast would wrap negative (integers compared exactly: 2^63 - 512
+    # as a float is 2^63)
+    if axis == "T" and (int(top) if arrays["axis_values"].dtype.kind in "iu" else float(top)) >= 2**63:
+        raise InputError(f"axis_values reach {float(top):g}; a step on T must be below 2^63 (are these tokens? name the axis D)")
     carried = [key for key in arrays if key not in _REQUIRED and key not in _PROBE]  # per-token arrays in the file
     axis_values = arrays["axis_values"]
     integral = _steps_hold(axis_values, axis)
