@@ -157,3 +157,14 @@ def test_a_probe_array_named_like_a_member_of_the_file_is_refused_not_written_ov
     with pytest.raises(InputError, match=name):
         export_npz(s.run("r"), tmp_path / "o.npz")
     assert not (tmp_path / "o.npz").exists()
+
+
+def test_a_float16_step_axis_imports_without_a_warning(tmp_path):
+    import warnings
+
+    ax = np.array([1, 10, 100, 2048], np.float16)
+    np.savez(tmp_path / "a.npz", axis_values=ax, loss_matrix=np.ones((3, 4), np.float32), axis_name=np.array(["T"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an overflow in a cast was printed to the user
+        import_npz(tmp_path / "a.npz", tmp_path / "s.zarr", run="r")
+    assert np.array_equal(tokdyn.open_store(tmp_path / "s.zarr").run("r").steps, [1, 10, 100, 2048])

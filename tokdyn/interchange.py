@@ -105,7 +105,8 @@ def _steps_hold(ax: np.ndarray, axis: str) -> bool:
         return False
     if ax.dtype.kind in "iu":
         return bool(np.all(ax.astype(np.uint64) < np.uint64(2**63)))
-    return bool(np.all(ax == np.round(ax)) and np.all(ax < 2.0**63))
+    # compared in float64: 2^63 cast to a float16 array's own dtype overflows (a warning)
+    return bool(np.all(ax == np.round(ax)) and np.all(ax.astype(np.float64) < 2.0**63))
 
 
 def _check_axis_exact(ax: np.ndarray, axis: str) -> None:
