@@ -148,24 +148,46 @@ def event_cells(mu, s, delta, token, mult, lo: float, dx: float, n_fine: int,
     """[W, n_fine]: each row the events' seen drops binned on the fine grid ``lo + dx *
     arange(n_fine)`` (``n_fine - 1`` a multiple of :data:`GRID_MULTIPLE`), event i weighted by
     ``mult[row, token[i]]`` (``mult [W, N]``, small integers) times ``event_weight[i]``."""
+    mu, s, delta, token, mult = _grid_events(mu, s, delta, token, mult, n_fine)
+    ew = np.ones(mu.size) if event_weight is None else np.ascontiguousarray(event_weight, np.float64)
+    offsets = level_offsets(n_fine)
+    lo, dx, n_fine = float(lo), float(dx), int(n_fine)
+    coarse = _in_fixed_chunks(mu.size, (mult.shape[0], int(offsets[-1])), lambda out, first, last: _cells_chunk(
+        mu, s, delta, ew, token, mult, lo, dx, n_fine, offsets, out, first, last))
+    return _prolong(coarse, offsets, n_fine)
+
+
+def _grid_events(mu, s, delta, token, mult, n_fine: int):
+    """The arguments of :func:`event_cells` and :func:`resample_cells` as their kernels take
+    them (ValueError where the fine grid has no whole coarse cells)."""
     if (n_fine - 1) % GRID_MULTIPLE:
         raise ValueError(f"n_fine - 1 must be a multiple of {GRID_MULTIPLE}, got {n_fine - 1}")
     mu, s, delta = (np.ascontiguousarray(a, np.float64) for a in (mu, s, delta))
-    E = mu.size
-    ew = np.ones(E) if event_weight is None else np.ascontiguousarray(event_weight, np.float64)
-    token = np.ascontiguousarray(token, np.int64)
-    mult = np.ascontiguousarray(mult)
-    W = mult.shape[0]
-    offsets = level_offsets(n_fine)
-    n_chunks = max(1, min(CHUNKS, E))
-    bounds = np.array([c * E // n_chunks for c in range(n_chunks + 1)], np.int64)
-    buffers = np.zeros((n_chunks, W, int(offsets[-1])))
-    if E:  # chunk c always sums the same events into buffer c
-        _run_fixed(mu, s, delta, ew, token, mult, float(lo), float(dx), int(n_fine), offsets, buffers, bounds)
-    coarse = buffers[0].copy()
+    return mu, s, delta, np.ascontiguousarray(token, np.int64), np.ascontiguousarray(mult)
+
+
+def _in_fixed_chunks(n_events: int, shape: tuple[int, ...], add) -> np.ndarray:
+    """The sum over events of what ``add(out, first, last)`` (a compiled, ``nogil`` kernel)
+    adds to a zero array ``out`` of ``shape`` for events ``first .. last - 1``: the events in
+    :data:`CHUNKS` fixed chunks, each into its own array, on the threads numba is given
+    (:func:`tokdyn.fit.numba_kernels.run_chunks`), the arrays added in chunk order, so the
+    bits do not depend on the number of threads."""
+    from tokdyn.fit.numba_kernels import run_chunks
+
+    n_chunks = max(1, min(CHUNKS, n_events))
+    bounds = [c * n_events // n_chunks for c in range(n_chunks + 1)]
+    buffers = np.zeros((n_chunks, *shape))
+    if n_events:
+
+        def work(first: int, last: int) -> None:
+            for c in range(first, last):  # chunk c always sums the same events into buffer c
+                add(buffers[c], bounds[c], bounds[c + 1])
+
+        run_chunks(work, n_chunks)
+    out = buffers[0].copy()
     for c in range(1, n_chunks):
-        coarse += buffers[c]
-    return _prolong(coarse, offsets, n_fine)
+        out += buffers[c]
+    return out
 
 
 # Bytes of one level's dense block of event masses in resample_cells
@@ -181,11 +203,7 @@ def resample_cells(mu, s, delta, token, mult, lo: float, dx: float, n_fine: int)
     wide as the level's grid. The same masses, so the same cells to rounding."""
     from tokdyn.fit.numba_kernels import run_chunks
 
-    if (n_fine - 1) % GRID_MULTIPLE:
-        raise ValueError(f"n_fine - 1 must be a multiple of {GRID_MULTIPLE}, got {n_fine - 1}")
-    mu, s, delta = (np.ascontiguousarray(a, np.float64) for a in (mu, s, delta))
-    token = np.ascontiguousarray(token, np.int64)
-    mult = np.ascontiguousarray(mult)
+    mu, s, delta, token, mult = _grid_events(mu, s, delta, token, mult, n_fine)
     offsets = level_offsets(n_fine)
     coarse = np.zeros((mult.shape[0], int(offsets[-1])))
     levels = np.empty(mu.size, np.int64)
@@ -204,18 +222,6 @@ def resample_cells(mu, s, delta, token, mult, lo: float, dx: float, n_fine: int)
                                                          M, first, last), r.size)  # fmt: skip
             coarse[:, offsets[level] : offsets[level + 1]] += mult[:, token[r]].astype(np.float64) @ M
     return fine0 + _prolong(coarse, offsets, n_fine)
-
-
-def _run_fixed(mu, s, delta, ew, token, mult, lo, dx, n_fine, offsets, buffers, bounds) -> None:
-    """Each fixed chunk on the threads (the next free thread takes the next chunk)."""
-    from tokdyn.fit.numba_kernels import run_chunks
-
-    def work(first, last):
-        for c in range(first, last):
-            _cells_chunk(mu, s, delta, ew, token, mult, lo, dx, n_fine, offsets, buffers[c], bounds[c],
-                         bounds[c + 1])
-
-    run_chunks(work, buffers.shape[0])
 
 
 def _prolong(coarse: np.ndarray, offsets: np.ndarray, n_fine: int) -> np.ndarray:
@@ -284,23 +290,10 @@ def _sums_chunk(kind, mu, s, delta, weight, x, out, first, last):
 def event_sums(kind: int, mu, s, delta, x, weight: np.ndarray | None = None) -> np.ndarray:
     """Over the events, at each point of ``x`` [G]: the sum of :data:`CURVE`,
     :data:`DERIVATIVE` or :data:`BETWEEN` (then [G - 1]) terms, event i weighted by
-    ``weight[i]``. Fixed chunks summed in order, as :func:`event_cells`."""
+    ``weight[i]`` (:func:`_in_fixed_chunks`)."""
     mu, s, delta = (np.ascontiguousarray(a, np.float64) for a in (mu, s, delta))
     x = np.ascontiguousarray(x, np.float64)
-    E = mu.size
-    w = np.ones(E) if weight is None else np.ascontiguousarray(weight, np.float64)
-    n_chunks = max(1, min(CHUNKS, E))
-    bounds = np.array([c * E // n_chunks for c in range(n_chunks + 1)], np.int64)
-    buffers = np.zeros((n_chunks, x.size))
-    if E:
-        from tokdyn.fit.numba_kernels import run_chunks
-
-        def work(first, last):
-            for c in range(first, last):
-                _sums_chunk(kind, mu, s, delta, w, x, buffers[c], bounds[c], bounds[c + 1])
-
-        run_chunks(work, n_chunks)
-    out = buffers[0].copy()
-    for c in range(1, n_chunks):
-        out += buffers[c]
+    w = np.ones(mu.size) if weight is None else np.ascontiguousarray(weight, np.float64)
+    out = _in_fixed_chunks(mu.size, (x.size,), lambda buf, first, last: _sums_chunk(
+        kind, mu, s, delta, w, x, buf, first, last))
     return out if kind != BETWEEN else out[:-1]
