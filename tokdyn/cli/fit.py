@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from ..fit import FitOptions, fit_run
-from ..fit.models import class_drops
 from ._common import add_run_argument, add_store_argument, open_cli_run, print_json
 
 
@@ -44,8 +43,7 @@ def _fit(args: argparse.Namespace) -> int:
           f"{res.blocks_fitted} blocks fitted, {res.blocks_resumed} already done, "
           f"{res.seconds:.1f} s ({res.backend}, {res.scheduler})")  # fmt: skip
     total = sum(res.class_counts.values())
-    fit = run.fit.read(fields=("class_code", "drop"), current=False)  # the fit's own rows, as fit_run counts them
-    drops = class_drops(fit["class_code"], fit["drop"])  # shares, or nats where they would mean nothing
+    drops = res.class_drops  # shares, or nats where they would mean nothing
     for name, count in sorted(res.class_counts.items(), key=lambda kv: -kv[1]):
         print(f"  {name:<16} {count:>9,} tokens ({count / total:6.1%})  {drops.describe(name)}")
     if not drops.meaningful:

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ from tokdyn._process import exit_with_parent
 from tokdyn.errors import InputError, StoreError
 from tokdyn.fit.backends import resolve_backend
 from tokdyn.fit.block import FIT_FIELDS, fit_block
-from tokdyn.fit.models import class_loss_share
+from tokdyn.fit.models import ClassDrops, class_drops, class_loss_share
 from tokdyn.fit.options import CLASS_NAMES, MODEL_NAMES, STATUS_NAMES, FitOptions
 from tokdyn.fit.sigmoid import log_axis
 from tokdyn.store import Run, TrajectoryStore, as_store
@@ -136,9 +136,14 @@ class FitSummary:
     class_counts: dict
     class_loss_share: dict
     axis_min: float | None = None  # rows below this axis value were left out
+    # each class's drop and whether shares of it mean something (the rule the report and the
+    # command line say it by); not in summary(), whose class_loss_share holds the shares
+    class_drops: ClassDrops | None = field(default=None, repr=False)
 
     def summary(self) -> dict:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        del out["class_drops"]
+        return out
 
 
 def fit_run(
@@ -249,6 +254,7 @@ def fit_run(
         blocks_resumed=n_blocks - len(todo), seconds=seconds, fits_per_s=fitted / seconds if fitted else 0.0,
         backend=backend, scheduler=scheduler, status_counts=status_counts, class_counts=class_counts,
         class_loss_share=class_loss_share(res["class_code"], res["drop"]), axis_min=axis_min,
+        class_drops=class_drops(res["class_code"], res["drop"]),
     )  # fmt: skip
 
 
