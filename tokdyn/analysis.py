@@ -10,13 +10,14 @@ adds the D and M axes when they are present and fitted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
 from .axes import assemble_axis, axis_run_problem, find_axis_run
 from .errors import InputError, StoreError
 from .fit.job import fit_run, stored_axis_min
-from .fit.models import class_loss_share
+from .fit.models import ClassDrops, class_drops, class_loss_share
 from .fit.options import CLASS_NAMES
 from .reconstruct import Reconstruction, reconstruct_run
 from .spectrum import Events, run_events, spectra_by
@@ -39,6 +40,12 @@ class RunAnalysis:
     by_group: dict = field(default_factory=dict)  # {"class": {label: Spectrum}, "domain": ..., ...}
     stats: TokenStats | None = None
     across: dict = field(default_factory=dict)  # {label: Reconstruction} of this axis from another axis's events
+
+    @cached_property
+    def class_drops(self) -> ClassDrops:
+        """Each class's drop and whether shares of it mean something (:func:`tokdyn.fit.models.class_drops`),
+        from the fit, once: the report says it in its summary and its class figure."""
+        return class_drops(self.fit["class_code"], self.fit["drop"])
 
     def summary(self) -> dict:
         out = {"run": self.run, "axis": self.axis, **self.reconstruction.summary(),

@@ -19,7 +19,6 @@ from .data import prepare_corpus
 from .errors import InputError
 from .analysis import analyze_store
 from .fit.job import fit_run
-from .fit.models import class_drops
 from .reconstruct import reconstruct_run
 from .report import check_writable, write_report
 from .runtime import resolve_device
@@ -134,7 +133,7 @@ def run_demo(
     log(f"done: {summary['checkpoints_recorded']} checkpoints x {summary['tokens_recorded']:,} tokens, "
         f"mean probe loss {summary['mean_probe_loss_first']:.2f} -> {summary['mean_probe_loss_last']:.2f} nats, "
         f"{summary['timings_s']['total_s']:.0f} s; wrote {out / 'report.html'} and {out / 'summary.json'}")  # fmt: skip
-    drops = class_drops(main.fit["class_code"], main.fit["drop"])  # shares, or nats where they would mean nothing
+    drops = main.class_drops  # shares, or nats where they would mean nothing
     log(f"share of the loss drop by class: {drops.listing()}" if drops.meaningful else
         f"loss change by class, in nats per probe token: {drops.listing()}; no shares of the loss drop: {drops.reason}, "
         "so they would mean nothing")  # fmt: skip

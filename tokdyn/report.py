@@ -33,7 +33,7 @@ from . import __version__
 from ._files import write_atomically
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store
 from .errors import InputError, TokdynError
-from .fit.models import SHARE_MIN_NET, class_drops, two_sigmoid_curve
+from .fit.models import SHARE_MIN_NET, two_sigmoid_curve
 from .fit.options import CLASS_CODES, CLASS_NAMES
 from .fit.sigmoid import sigmoid_curve
 from .fit.job import fitted_inputs
@@ -291,7 +291,7 @@ def _headline(a: RunAnalysis) -> str:
     if not ok.any():
         return ""
     first, last = np.flatnonzero(ok)[[0, -1]]
-    carried = class_drops(a.fit["class_code"], a.fit["drop"]).summary()  # shares, or nats where they would mean nothing
+    carried = a.class_drops.summary()  # shares, or nats where they would mean nothing
     verb = "fell" if rec.mean_loss[last] <= rec.mean_loss[first] else "rose"
     n = rec.spectrum.n_tokens
     return (f"<p><b>Run {_e(a.run)}:</b> the mean loss of the {n:,} probe token{'s' * (n != 1)} {verb} from "
@@ -303,8 +303,7 @@ def _headline(a: RunAnalysis) -> str:
 def _class_drops(a: RunAnalysis) -> tuple[dict[str, float], bool]:
     """Each class's fitted loss drop in nats per probe token, and whether shares of the net drop
     mean something (:func:`tokdyn.fit.models.class_drops`, :data:`SHARE_MIN_NET`)."""
-    d = class_drops(a.fit["class_code"], a.fit["drop"])
-    return d.nats, d.meaningful
+    return a.class_drops.nats, a.class_drops.meaningful
 
 
 # (row label, what it means) of the reconstruction table, one row a score, one column a run.
