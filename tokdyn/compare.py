@@ -41,11 +41,10 @@ class TokenTimes:
     axis: str = "T"
 
 
-def _read(st, run: str):
+def _read(r):
     """(events, fit) of a fitted run. The one place this module reads fit results."""
     from .spectrum import run_events
 
-    r = st.run(run)
     fit = r.fit.read()
     return run_events(r, fit=fit), fit
 
@@ -57,8 +56,9 @@ def token_times(store, run: str, *, x_range: tuple[float, float] | None = None) 
     from .store import as_store
 
     st = as_store(store, mode="r")
-    ev, fit = _read(st, run)
-    return _times(st, ev, fit, st.run(run).axis, x_range)
+    r = st.run(run)
+    ev, fit = _read(r)
+    return _times(st, ev, fit, r.axis, x_range)
 
 
 def _times(st, ev, fit, axis: str, x_range) -> TokenTimes:
@@ -123,7 +123,7 @@ def compare_runs(store, run_a: str, run_b: str, *, tolerance: float = 0.05) -> d
     if ra.axis != rb.axis:
         raise InputError(f"run {run_a!r} lies on the {ra.axis} axis and run {run_b!r} on the {rb.axis} axis; "
                          "compare needs two runs of one axis (a shift between them would mean nothing)")  # fmt: skip
-    (ea, fa), (eb, fb) = _read(st, run_a), _read(st, run_b)
+    (ea, fa), (eb, fb) = _read(ra), _read(rb)
     # Over the range both runs observed: a token learned past the end of one run's range shows
     # there only the start of its drop, whose seen centre lies early, and seemed learned earlier.
     common = (max(ea.x_range[0], eb.x_range[0]), min(ea.x_range[1], eb.x_range[1]))
