@@ -20,6 +20,7 @@ run's range shows there only the start of its drop, and seemed learned earlier i
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,12 +42,116 @@ class TokenTimes:
     axis: str = "T"
 
 
-def _read(r):
-    """(events, fit) of a fitted run. The one place this module reads fit results."""
-    from .spectrum import run_events
+# What compare reads of a fit: the fields events_from_fit (two_step) takes, and the class codes.
+# The rest of a fit (39 fields) it never needs.
+_FIELDS = ("mu", "s", "delta", "status", "r2", "model", "class_code", "mu1", "s1", "delta1", "mu2", "s2", "delta2",
+           "status2", "x_first", "x_last", "n_points")  # fmt: skip
+# Tokens a slice: the fit's blocks (262,144 by default) hold that many, and a slice of the 17
+# fields with its events and float64 temporaries stays under 100 MB.
+SLICE_TOKENS = 262_144
 
-    fit = r.fit.read()
-    return run_events(r, fit=fit), fit
+
+@dataclass(frozen=True)
+class _Fitted:
+    """A fitted run as compare reads it: its fields (those of ``_FIELDS`` the fit has), the
+    options it was fitted with, its fit block and its observed range (log10 axis values)."""
+
+    run: object
+    fields: tuple[str, ...]
+    options: object
+    block: int
+    x_range: tuple[float, float]
+
+
+def _open_fit(r) -> _Fitted:
+    """The fit of run ``r``, checked as :func:`tokdyn.spectrum.run_events` checks it (the same
+    errors), and its observed range, from two of its fields."""
+    from .fit.job import stored_options
+
+    meta = r.fit.check()
+    stored = r.fit.fields
+    missing = [k for k in _FIELDS if k not in stored and k != "n_points"]  # n_points: optional, as events_from_fit takes it
+    if missing:
+        raise InputError(f"a fit needs the fields {missing} to give events; pass read_fit(...) with all fields")
+    if r.n_tokens == 0:
+        raise InputError("the fit has no tokens")
+    options = stored_options(r)
+    ends = r.fit.read(["x_first", "x_last"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: the error below
+        x_first, x_last = np.nanmin(ends["x_first"]), np.nanmax(ends["x_last"])
+    if not (np.isfinite(x_first) and np.isfinite(x_last)):
+        raise InputError("the fit has no observed x range (every token unfit)")
+    block = int(meta.get("block_tokens") or SLICE_TOKENS)
+    return _Fitted(r, tuple(k for k in _FIELDS if k in stored), options, block, (float(x_first), float(x_last)))
+
+
+@dataclass(frozen=True)
+class _Times:
+    """Per probe token of one run: learning time, drop and class code (clipped to the names)."""
+
+    mu: np.ndarray
+    drop: np.ndarray
+    class_index: np.ndarray
+
+
+def _slices(f: _Fitted):
+    n = f.run.n_tokens
+    step = f.block * max(1, SLICE_TOKENS // f.block)  # whole fit blocks: each read checks them once
+    return ((a, min(n, a + step)) for a in range(0, n, step))
+
+
+def _slice_events(f: _Fitted, part: dict, x_range: tuple[float, float]):
+    """The events of the tokens of ``part`` (a slice of the fit), token indices within the slice,
+    placed in ``x_range``. A slice is given one more token, last, that carries no event (NaN
+    everywhere) but spans the run's observed range once scored: events_from_fit then finds in
+    every slice the range and the scored token it finds in the whole fit (it would refuse a
+    slice whose tokens are all unfit), and the slice's own tokens give the events they give in
+    the whole fit, in the same order."""
+    import dataclasses
+
+    from .spectrum import events_from_fit
+
+    def pad(k: str, v: np.ndarray) -> np.ndarray:
+        extra = {"x_first": f.x_range[0], "x_last": f.x_range[1], "n_points": 1}.get(k, np.nan if v.dtype.kind == "f" else 0)
+        return np.concatenate([v, np.array([extra], v.dtype)])
+
+    ev = events_from_fit({k: pad(k, v) for k, v in part.items()}, options=f.options)
+    return dataclasses.replace(ev, x_range=tuple(float(v) for v in x_range))
+
+
+def _run_times(f: _Fitted, x_range: tuple[float, float]) -> _Times:
+    """Each token's learning time and seen drop inside ``x_range``, one slice of tokens at a
+    time (module docstring; the numbers of the whole fit at once, bit for bit: each token's
+    events are summed in the same order)."""
+    from .fit.options import CLASS_NAMES
+
+    n = f.run.n_tokens
+    mu_all, drop_all = np.empty(n), np.empty(n)
+    n_names = max(CLASS_NAMES) + 1
+    klass = np.empty(n, np.int64)
+    for a, b in _slices(f):
+        part = f.run.fit.read_tokens(a, b, f.fields)
+        ev = _slice_events(f, part, x_range)
+        m = b - a
+        # What each event did inside the observed range: an event fitted outside it (a drop never
+        # seen) carries none, and a pair of opposite sign that cancels carries only what is left.
+        seen = ev.realized_drop()
+        drop = np.bincount(ev.token, weights=seen, minlength=m + 1)[:m]  # the token's net seen drop
+        w = np.clip(seen, 0, None)  # where it fell: the falling events' seen centres
+        wsum = np.bincount(ev.token, weights=w, minlength=m + 1)[:m]
+        wmu = np.bincount(ev.token, weights=w * ev.seen_centre(), minlength=m + 1)[:m]
+        np.divide(wmu, wsum, out=mu_all[a:b], where=(drop > 0) & (wsum > 0))
+        mu_all[a:b][~((drop > 0) & (wsum > 0))] = np.nan
+        drop_all[a:b] = np.where(drop > 0, drop, 0.0)
+        klass[a:b] = np.clip(np.asarray(part["class_code"]).astype(int), 0, n_names - 1)
+    return _Times(mu_all, drop_all, klass)
+
+
+def _class_names() -> np.ndarray:
+    from .fit.options import CLASS_NAMES
+
+    return np.array([CLASS_NAMES.get(int(c), "?") for c in range(max(CLASS_NAMES) + 1)])
 
 
 def token_times(store, run: str, *, x_range: tuple[float, float] | None = None) -> TokenTimes:
@@ -57,41 +162,38 @@ def token_times(store, run: str, *, x_range: tuple[float, float] | None = None) 
 
     st = as_store(store, mode="r")
     r = st.run(run)
-    ev, fit = _read(r)
-    return _times(st, ev, fit, r.axis, x_range)
-
-
-def _times(st, ev, fit, axis: str, x_range) -> TokenTimes:
-    import dataclasses
-
-    from .fit.options import CLASS_NAMES
-
-    if x_range is not None:
-        ev = dataclasses.replace(ev, x_range=tuple(float(v) for v in x_range))
-    probe = st.probe
-    n = ev.n_tokens
-    # What each event did inside the observed range: an event fitted outside it (a drop never
-    # seen) carries none, and a pair of opposite sign that cancels carries only what is left.
-    seen = ev.realized_drop()
-    drop = np.bincount(ev.token, weights=seen, minlength=n)  # the token's net seen drop
-    w = np.clip(seen, 0, None)  # where it fell: the falling events' seen centres
-    wsum = np.bincount(ev.token, weights=w, minlength=n)
-    wmu = np.bincount(ev.token, weights=w * ev.seen_centre(), minlength=n)
-    mu = np.divide(wmu, wsum, out=np.full(n, np.nan), where=(drop > 0) & (wsum > 0))
-    drop = np.where(drop > 0, drop, 0.0)
-    names = np.array([CLASS_NAMES.get(int(c), "?") for c in range(max(CLASS_NAMES) + 1)])
-    klass = names[np.clip(np.asarray(fit["class_code"]).astype(int), 0, names.size - 1)]
-    return TokenTimes(mu, drop, klass, _token_domains(probe), axis)
+    f = _open_fit(r)
+    t = _run_times(f, f.x_range if x_range is None else x_range)
+    idx = _domain_index(st.probe)
+    return TokenTimes(t.mu, t.drop, _class_names()[t.class_index], None if idx is None else idx[0][idx[1]], r.axis)
 
 
 def _token_domains(probe) -> np.ndarray | None:
     """Each probe token's domain name, or None when the probe does not label its tokens by domain
     (an imported losses.npz without ``domain``, or a probe without domain names)."""
+    idx = _domain_index(probe)
+    return None if idx is None else idx[0][idx[1]]
+
+
+def _domain_index(probe) -> tuple[np.ndarray, np.ndarray] | None:
+    """(the domain names, each probe token's index into them), or None as :func:`_token_domains`:
+    the names a token at a time are an array of strings as large as the probe."""
     idx = probe.token_arrays.get("domain")
     if idx is None or not probe.domains or np.asarray(idx).dtype.kind not in "iu":
         return None
     doms = np.array(list(probe.domains))
-    return doms[np.clip(np.asarray(idx).astype(np.int64), 0, doms.size - 1)]
+    return doms, np.clip(np.asarray(idx).astype(np.int64), 0, doms.size - 1)
+
+
+def _groups(names: np.ndarray, index: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """The labels ``names[index]`` takes, sorted, each with a mask of where it is taken: the
+    groups of ``sorted(set(names[index].tolist()))``, without making the labels token by token
+    (two codes of one name, such as two unknown classes, are one group)."""
+    present = np.unique(index)
+    by_name: dict[str, list[int]] = {}
+    for code, name in zip(present.tolist(), names[present].tolist()):
+        by_name.setdefault(name, []).append(code)
+    return [(name, np.isin(index, by_name[name])) for name in sorted(by_name)]
 
 
 def _summary(shift: np.ndarray, drop: np.ndarray, tol: float) -> dict:
@@ -123,29 +225,34 @@ def compare_runs(store, run_a: str, run_b: str, *, tolerance: float = 0.05) -> d
     if ra.axis != rb.axis:
         raise InputError(f"run {run_a!r} lies on the {ra.axis} axis and run {run_b!r} on the {rb.axis} axis; "
                          "compare needs two runs of one axis (a shift between them would mean nothing)")  # fmt: skip
-    (ea, fa), (eb, fb) = _read(ra), _read(rb)
+    fa, fb = _open_fit(ra), _open_fit(rb)  # the checks, then the range each observed
     # Over the range both runs observed: a token learned past the end of one run's range shows
     # there only the start of its drop, whose seen centre lies early, and seemed learned earlier.
-    common = (max(ea.x_range[0], eb.x_range[0]), min(ea.x_range[1], eb.x_range[1]))
+    common = (max(fa.x_range[0], fb.x_range[0]), min(fa.x_range[1], fb.x_range[1]))
     if not common[1] > common[0]:
         raise InputError(f"runs {run_a!r} and {run_b!r} observed no common range of the {ra.axis} axis (log10 "
-                         f"{ea.x_range[0]:.3g}..{ea.x_range[1]:.3g} and {eb.x_range[0]:.3g}..{eb.x_range[1]:.3g}); "
+                         f"{fa.x_range[0]:.3g}..{fa.x_range[1]:.3g} and {fb.x_range[0]:.3g}..{fb.x_range[1]:.3g}); "
                          "their learning times cannot be compared")  # fmt: skip
-    a, b = _times(st, ea, fa, ra.axis, common), _times(st, eb, fb, rb.axis, common)
-    if a.mu.shape != b.mu.shape:
-        raise InputError(f"runs {run_a!r} and {run_b!r} have {a.mu.size} and {b.mu.size} probe tokens; they must share the probe")
+    if ra.n_tokens != rb.n_tokens:
+        raise InputError(f"runs {run_a!r} and {run_b!r} have {ra.n_tokens} and {rb.n_tokens} probe tokens; they must share the probe")
+    a, b = _run_times(fa, common), _run_times(fb, common)
     both = np.isfinite(a.mu) & np.isfinite(b.mu)
     if not both.any():
         raise InputError(f"no probe token has a positive learning event in both {run_a!r} and {run_b!r}")
     shift, drop = (b.mu - a.mu)[both], a.drop[both]
-    out = {"run_a": run_a, "run_b": run_b, "axis": a.axis, "tolerance": float(tolerance), "n_probe_tokens": int(a.mu.size),
-           "x_range": list(common), "x_ranges": {run_a: list(ea.x_range), run_b: list(eb.x_range)},
-           "has_domains": a.domain is not None,
+    del b
+    domains = _domain_index(st.probe)
+    out = {"run_a": run_a, "run_b": run_b, "axis": ra.axis, "tolerance": float(tolerance), "n_probe_tokens": int(a.mu.size),
+           "x_range": list(common), "x_ranges": {run_a: list(fa.x_range), run_b: list(fb.x_range)},
+           "has_domains": domains is not None,
            "overall": _summary(shift, drop, tolerance), "by_class": {}, "by_domain": {},
            "histogram": dict(zip(("counts", "edges"), (lambda h: (h[0].tolist(), h[1].tolist()))(np.histogram(shift, bins=40))))}  # fmt: skip
-    groups = [("by_class", a.klass[both])] + ([("by_domain", a.domain[both])] if a.domain is not None else [])
-    for key, labels in groups:
-        for lab in sorted(set(labels.tolist())):
-            m = labels == lab
+    # by run A's class of each token, and by domain: groups of codes (a label a token would be
+    # an array of strings as large as the probe)
+    groups = [("by_class", _class_names(), a.class_index[both])]
+    if domains is not None:
+        groups.append(("by_domain", domains[0], domains[1][both]))
+    for key, names, index in groups:
+        for lab, m in _groups(names, index):
             out[key][lab] = _summary(shift[m], drop[m], tolerance)
     return out

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ._files import write_atomically
-from .errors import InputError, NotAStoreError, ProbeMismatchError, UnsafeFileError
+from .errors import InputError, NotAStoreError, ProbeMismatchError, StoreError, UnsafeFileError
 from .probe import ProbeSet, check_token_arrays, vocab_size_of
 from .store import AXES, LOSS_DTYPES, Run, TrajectoryStore, open_store
 from .store.schema import check_run_name
@@ -324,26 +324,61 @@ def export_npz(run: Run, out: str | os.PathLike) -> Path:
     if clash:  # they would overwrite the file's own members: axis values replaced by a probe field
         raise InputError(f"the store's probe has per-token array(s) {clash}, names a losses.npz keeps for its own members; "
                          "the run cannot be exported without losing one of them (rename the probe's arrays)")  # fmt: skip
-    losses = r.losses()
-    layout = _layout(r)
-    if layout.get("loss_matrix") is not None and layout["loss_matrix"].newbyteorder("=") != losses.dtype:
-        del layout["loss_matrix"]  # imported with another --dtype: exported as stored
-    if losses.dtype == np.float16 and "loss_matrix" not in layout:  # widened, unless the file was float16
-        losses = losses.astype(np.float32)
-    arrays = {
-        "axis_values": _axis_values_as_imported(r, layout.get("axis_values")),
-        "loss_matrix": np.ascontiguousarray(_exactly(losses, layout.get("loss_matrix")).T),
-        "axis_name": _axis_name_as_imported(r.axis, layout.get("axis_name")),
-        **{key: _exactly(np.asarray(v), layout.get("token_arrays", {}).get(key)) for key, v in st.probe.token_arrays.items()},
-        **_probe_members(st.probe),
-    }
     out = Path(out)
     if out.suffix != ".npz":
         raise InputError(f"output must end in .npz, got {out}")
     if not out.parent.exists():
         raise InputError(f"output folder does not exist: {out.parent}")
+    layout = _layout(r)
+    axis_values = _axis_values_as_imported(r, layout.get("axis_values"))
+    k, stored = axis_values.size, r.dtype  # the rows written: those committed when their axis values were read
+    matrix = layout.get("loss_matrix")
+    if matrix is not None and matrix.newbyteorder("=") != stored:
+        matrix = None  # imported with another --dtype: exported as stored
+    if matrix is None:  # float16 widened (exactly) to float32, unless the file was float16
+        matrix = np.dtype(np.float32) if stored == np.float16 else stored
+    # (the file's dtype differs from the stored one at most in byte order: every value holds)
+    members = {
+        "axis_values": axis_values,
+        "loss_matrix": None,  # streamed: never the whole [tokens, rows] matrix in memory
+        "axis_name": _axis_name_as_imported(r.axis, layout.get("axis_name")),
+        **{key: _exactly(np.asarray(v), layout.get("token_arrays", {}).get(key)) for key, v in st.probe.token_arrays.items()},
+        **_probe_members(st.probe),
+    }
+
+    def write(fh) -> None:
+        # np.savez's own layout (stored members, zip64, .npy format 1.0), member by member
+        with zipfile.ZipFile(fh, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for key, value in members.items():
+                with zf.open(key + ".npy", "w", force_zip64=True) as member:
+                    if value is None:
+                        _write_loss_matrix(member, r, k, matrix)
+                    else:
+                        np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
+
     # never a half-written file under the final name, never written through a planted link
-    return write_atomically(out, lambda fh: np.savez(fh, **arrays), binary=True, what="losses.npz")
+    return write_atomically(out, write, binary=True, what="losses.npz")
+
+
+# Tokens converted and written at once by export: 16,384 tokens x 200 rows of float32 is 13 MB.
+EXPORT_TOKENS = 16_384
+
+
+def _write_loss_matrix(fh, r: Run, k: int, dtype: np.dtype) -> None:
+    """The ``.npy`` of ``loss_matrix [N, K]`` (the run's first ``k`` rows, transposed, in
+    ``dtype``), as ``np.save`` writes it, from the store a token chunk at a time: the store
+    keeps rows contiguous ([K, N], chunks of one row by ``token_chunk`` tokens), the file
+    tokens, so a column of chunks (every row, one chunk of tokens) is read, checked, and written
+    out ``EXPORT_TOKENS`` tokens at a time."""
+    n = r.n_tokens
+    np.lib.format.write_array_header_1_0(fh, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n, k)})
+    tc = r.token_chunk
+    for a in range(0, n, tc):
+        block = r.losses(tokens=slice(a, min(n, a + tc)), rows=slice(0, k))  # [k, tokens]
+        if block.shape != (k, min(n, a + tc) - a):
+            raise StoreError(f"run {r.name!r}: loss[:{k}, {a}:{a + tc}] read as {block.shape}; the store changed while it was exported")
+        for i in range(0, block.shape[1], EXPORT_TOKENS):
+            fh.write(np.ascontiguousarray(block[:, i : i + EXPORT_TOKENS].astype(dtype).T).data)
 
 
 def _layout(r: Run) -> dict:

@@ -136,6 +136,46 @@ class FitResults:
                         )
         return out
 
+    def read_tokens(self, start: int, stop: int, fields: Sequence[str] | None = None, *, current: bool = True) -> dict[str, np.ndarray]:
+        """The stored fit of tokens ``[start, stop)`` only, as :meth:`read` gives it for all of
+        them (every field by default): a reader that goes over a large fit a slice at a time
+        holds one slice of the fields it asks for. The fit blocks the slice lies in are read
+        whole and each is checked against its committed checksum, as :meth:`read` checks them.
+        """
+        meta = self.check(current=current)
+        g = self._group()
+        stored = _fields(meta, g)
+        names = stored if fields is None else list(fields)
+        unknown = [f for f in names if f not in stored]
+        if unknown:
+            raise InputError(f"unknown fit fields {unknown}; expected some of {stored}")
+        n = self._run.n_tokens
+        start, stop = int(start), int(stop)
+        if not 0 <= start <= stop <= n:
+            raise InputError(f"tokens [{start}, {stop}) must lie in [0, {n}), the tokens of run {self._run.name!r}")
+        salt = self._salt(meta)
+        if salt is None:  # fits made before position-bound checksums have none to compare
+            return {name: self._run._read(lambda name=name: g[name][start:stop], f"fit/{name}[{start}:{stop}]") for name in names}
+        block = int(meta["block_tokens"])
+        b0, b1 = start // block, -(-stop // block)
+        a0, a1 = b0 * block, min(n, b1 * block)
+        crc = self._run._read(lambda: g["crc"], "fit/crc")
+        if crc.shape != (-(-n // block), len(stored)):
+            raise StoreError(f"the fit of run {self._run.name!r}: fit/crc has shape {crc.shape}; the fit is damaged, refit it")
+        committed = self._run._read(lambda: crc[b0:b1], "fit/crc")
+        out = {}
+        for name in names:
+            values = self._run._read(lambda name=name: g[name][a0:a1], f"fit/{name}[{a0}:{a1}]")
+            f = stored.index(name)
+            for b, a in zip(range(b0, b1), range(0, a1 - a0, block)):
+                if values.shape != (a1 - a0,) or position_crc(salt, f"fit/{name}", (b,), values[a : a + block]) != committed[b - b0, f]:
+                    raise StoreError(
+                        f"the fit of run {self._run.name!r}: chunk {b} of fit/{name} does not hold the results written "
+                        "there; it was moved, swapped, left stale or damaged. Refit: `tokdyn fit --refit`"
+                    )
+            out[name] = values if (a0, a1) == (start, stop) else values[start - a0 : stop - a0].copy()
+        return out
+
     def _salt(self, meta: Mapping) -> str | None:
         """What this fit's checksums are bound to: the run's id and this fit's (None: a fit made
         before position-bound checksums)."""
