@@ -1,8 +1,14 @@
 """Files written whole or not at all: the one way tokdyn writes a result file (a report, an
-exported losses.npz, a curriculum schedule or learnability table)."""
+exported losses.npz, a curriculum schedule or learnability table).
+
+Where an output goes: tokdyn writes the file (or store) it is given, never the folders above it.
+A missing parent folder is one line naming it (:func:`check_output_path`, before any work;
+:func:`write_atomically` names it too, at the write), as ``open()``, ``cp`` and ``np.save`` do: a typo in
+a path (``--out reslts/m.json``) is said, not turned into a new tree of folders."""
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Callable
@@ -10,7 +16,7 @@ from pathlib import Path
 
 from .errors import InputError
 
-__all__ = ["write_atomically"]
+__all__ = ["write_atomically", "check_output_path"]
 
 
 def write_atomically(path: str | os.PathLike, write: Callable, *, binary: bool = False, what: str = "file") -> Path:
@@ -35,11 +41,32 @@ def write_atomically(path: str | os.PathLike, write: Callable, *, binary: bool =
         os.replace(tmp, path)
         tmp = None
     except OSError as exc:
-        raise InputError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.ENOENT and not path.parent.is_dir():  # the folder, not the file, is missing: name it
+            why = f"folder {path.parent} does not exist"
+        raise InputError(f"cannot write the {what} to {path}: {why}") from None
     finally:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
     return path
+
+
+def check_output_path(path: str | os.PathLike, *, what: str = "file", folder_ok: bool = False) -> Path:
+    """Refuse, in one :class:`InputError` line, an output path tokdyn cannot create: its parent
+    folder is missing (named), a part of that folder is a file (named), or the path itself is a
+    folder (``folder_ok``, for a store or a results folder: a file). The parent is never created."""
+    p = Path(path)
+    if not folder_ok and p.is_dir():
+        raise InputError(f"cannot write the {what} to {p}: it is a folder; give the path of a file")
+    if folder_ok and p.exists() and not p.is_dir():
+        raise InputError(f"cannot write the {what} to {p}: it is a file, not a folder")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        blocker = next((a for a in (parent, *parent.parents) if a.exists()), None)
+        if blocker is not None and not blocker.is_dir():  # a file where a folder of the path should be
+            raise InputError(f"cannot write the {what} to {p}: {blocker} is a file, not a folder")
+        raise InputError(f"cannot write the {what} to {p}: folder {parent} does not exist")
+    return p
 
 
 def _umask() -> int:

@@ -22,6 +22,7 @@ import codecs
 import hashlib
 import json
 import os
+import re
 import sysconfig
 import unicodedata
 import warnings
@@ -44,6 +45,8 @@ __all__ = [
     "jsonl_documents",
     "bin_documents",
     "split_documents",
+    "held_out_text",
+    "read_held_out",
 ]
 
 # Folders of the standard library left out of the default corpus: the test suite is a third of
@@ -88,7 +91,7 @@ def stdlib_documents(root: str | os.PathLike | None = None, *, include_tests: bo
         if not text:
             continue
         domain = rel.parts[0][:-3] if len(rel.parts) == 1 else rel.parts[0]
-        docs.append(Document(key=rel.as_posix(), domain=domain, text=text))
+        docs.append(Document(key=_name_text(rel.as_posix()), domain=_name_text(domain), text=text))
     if not docs:
         raise InputError(f"no .py files found under {base}")
     return docs
@@ -228,17 +231,38 @@ _BINARY_SNIFF = 8192  # as git: a NUL byte in the first 8 KiB makes a file binar
 
 def _name_text(name: str) -> str:
     """A file name as a document key or domain: valid Unicode (a name's bytes that are not UTF-8,
-    which Python keeps as lone surrogates, become ``\\xNN``), in NFC (macOS writes names
-    decomposed, Linux as they are given), so keys encode, print and hash the same everywhere."""
+    which Python keeps as lone surrogates, become ``\\xNN``), on one line (a control character,
+    which Linux allows in a name, is written ``\\xNN``, or ``\\uNNNN`` from U+0080 on, as are the
+    line and paragraph separators: a newline or carriage return in a key would split it in two
+    in a file of keys, one a line), in NFC (macOS writes names decomposed, Linux as they are
+    given), so keys encode, print, hash and list one a line the same everywhere."""
     if _LONE_SURROGATE.search(name):
         name = os.fsencode(name).decode("utf-8", errors="backslashreplace")
+    name = _LINE_BREAKING.sub(_escape_char, name)
     return unicodedata.normalize("NFC", name)
+
+
+# The characters a key written one a line must not hold: the C0 and C1 controls (newline,
+# carriage return, and what str.splitlines() also splits at: \v \f \x1c-\x1e \x85), DEL, and
+# the Unicode line and paragraph separators.
+_LINE_BREAKING = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escape_char(m: re.Match) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x80 else f"\\u{c:04x}"
 
 
 def jsonl_documents(
     path: str | os.PathLike, *, text_field: str = "text", domain_field: str | None = None
 ) -> list[Document]:
     """Documents from a JSON-lines file, one per line with a string ``text_field``.
+
+    With ``domain_field`` every record's domain is that field, which must be a non-empty string:
+    a record where it is missing, null, a number, a list, an object or ``""`` is an
+    :class:`InputError` naming the line and the value (it would otherwise be labelled ``"None"``
+    or ``"3"`` and mixed into a domain of its own, silently). Without it every document's domain
+    is ``"default"``.
 
     As with text files, what is not valid text is replaced by U+FFFD: bytes that are not UTF-8,
     and lone surrogates written as JSON escapes (``"\\ud800"``, which no encoder can write).
@@ -257,12 +281,29 @@ def jsonl_documents(
                 raise InputError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
             if not isinstance(rec, dict) or not isinstance(rec.get(text_field), str):
                 raise InputError(f"{p}:{lineno}: expected an object with a string field {text_field!r}")
-            domain = _valid_text(str(rec.get(domain_field, "default"))) if domain_field else "default"
+            domain = _record_domain(rec, domain_field, f"{p}:{lineno}") if domain_field else "default"
             if rec[text_field]:
                 docs.append(Document(key=f"{_name_text(p.name)}:{lineno}", domain=domain, text=_valid_text(rec[text_field])))
     if not docs:
         raise InputError(f"{p}: no documents with a non-empty {text_field!r} field")
     return docs
+
+
+def _record_domain(rec: dict, field: str, where: str) -> str:
+    """The domain of a JSON record: its ``field``, a non-empty string (else one line naming
+    ``where`` and what is there instead)."""
+    value = rec.get(field)
+    if isinstance(value, str) and value:
+        return _valid_text(value)
+    if field not in rec:
+        found = "it has no such field"
+    else:
+        shown = json.dumps(value, ensure_ascii=False)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        found = f"it is {shown}" + {str: " (empty)", type(None): "", list: " (a list)", dict: " (an object)",
+                                     bool: " (a boolean)"}.get(type(value), " (a number)")  # fmt: skip
+    raise InputError(f"{where}: the domain field {field!r} must be a non-empty string; {found} "
+                     "(give every record a domain, or leave out the domain field)")
 
 
 def _valid_text(text: str) -> str:
@@ -333,7 +374,9 @@ def split_documents(
         raise InputError(f"probe_fraction must be in (0, 1), got {probe_fraction}")
     keys = [d.key for d in docs]
     if len(set(keys)) != len(keys):
-        raise InputError("document keys must be unique to split deterministically")
+        seen: set[str] = set()
+        twice = next(k for k in keys if k in seen or seen.add(k))
+        raise InputError(f"document keys must be unique to split deterministically; {twice!r} is the key of two documents")
     train, probe = [], []
     for d in docs:
         h = int.from_bytes(split_digest(salt, d.key)[:8], "big")
@@ -343,6 +386,48 @@ def split_documents(
             f"split of {len(docs)} documents with probe_fraction={probe_fraction} left one side empty"
         )
     return train, probe
+
+
+def held_out_text(keys: Iterable[str]) -> str:
+    """The text of a held-out file (``tokdyn probe --held-out``): each key, then a newline.
+
+    A key of tokdyn's sources is always one line (:func:`text_documents` writes a control
+    character of a file name as ``\\xNN``); a key that would break a line (a newline, a carriage
+    return, any character ``str.splitlines`` splits at) is an :class:`InputError`, never a file
+    that lists other keys than the documents'. Read it back with :func:`read_held_out`.
+    """
+    out = []
+    for k in keys:
+        if not isinstance(k, str) or not k or _LINE_BREAKING.search(k):
+            raise InputError(f"document key {k!r} cannot be written one a line (empty, or holding a line break or "
+                             "control character); name documents as tokdyn's sources do (tokdyn.corpus.text_documents)")
+        out.append(k + "\n")
+    return "".join(out)
+
+
+def read_held_out(path: str | os.PathLike) -> list[str]:
+    """The keys of a held-out file written by ``tokdyn probe --held-out``, in order.
+
+    One key a line, UTF-8; a line ends at ``\\n`` only (``\\r\\n`` too, as a Windows editor saves
+    it); blank lines are skipped. A file written by an earlier tokdyn reads the same, except where
+    a file name held a line break: its key was written across two lines then (``\\x0a`` in the
+    key now, which moves that document's side of the split); make such a file again. Never train on a document whose key is listed: ``[d for d in docs if d.key not in held]``.
+    """
+    try:
+        with open(path, encoding="utf-8", errors="strict", newline="") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise InputError(f"held-out file not found: {path}") from None
+    except IsADirectoryError:
+        raise InputError(f"held-out file {path} is a folder") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not a held-out file of document keys (not UTF-8 at byte {exc.start})") from None
+    keys = []
+    for line in text.split("\n"):
+        line = line[:-1] if line.endswith("\r") else line
+        if line:
+            keys.append(line)
+    return keys
 
 
 def split_digest(salt: str, key: str) -> bytes:

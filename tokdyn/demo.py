@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 
+from ._files import check_output_path
 from .data import prepare_corpus
 from .errors import InputError
 from .analysis import analyze_store
@@ -43,10 +44,8 @@ def run_demo(
 ) -> dict:
     """Run the demo into folder ``out``; returns the summary also written to ``summary.json``."""
     resolve_device(device)  # a clear error before any work
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output_path(out, what="demo folder", folder_ok=True)  # its parent must exist: never created
+    out.mkdir(exist_ok=True)
     store_path = out / "store.zarr"
     check_writable(out / "report.html")
     if store_path.exists():

@@ -134,10 +134,18 @@ def frequency_bands(token_id: np.ndarray, n_bands: int = 4) -> tuple[np.ndarray,
         raise InputError(f"n_bands must be an int >= 1, got {n_bands!r}")
     _, inverse, counts = np.unique(tid, return_inverse=True, return_counts=True)
     freq = counts[inverse]
-    edges = np.unique(np.quantile(freq, np.linspace(0, 1, n_bands + 1)))
+    # Integer edges (a count is an integer: rounding an edge up moves no count across it and only
+    # drops bands no count can fall in); a band holds [edges[b], edges[b+1]), the last one its top
+    # edge too, and its label says so: "17-19", "20-22", never a count in two labels.
+    edges = np.unique(np.ceil(np.quantile(freq, np.linspace(0, 1, n_bands + 1)))).astype(np.int64)
     band = np.clip(np.searchsorted(edges, freq, side="right") - 1, 0, max(len(edges) - 2, 0))
-    labels = [f"{int(edges[b])}-{int(edges[b + 1])} occurrences" for b in range(max(len(edges) - 1, 1))] if len(edges) > 1 \
-        else [f"{int(edges[0])} occurrences"]  # fmt: skip
+
+    def label(lo: int, hi: int) -> str:
+        return f"{lo} occurrences" if lo == hi else f"{lo}-{hi} occurrences"
+
+    last = len(edges) - 2
+    labels = [label(int(edges[b]), int(edges[b + 1]) - (b < last)) for b in range(len(edges) - 1)] if len(edges) > 1 \
+        else [label(int(edges[0]), int(edges[0]))]  # fmt: skip
     return band.astype(np.int64), labels
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from .._files import check_output_path
 from ..errors import InputError
 from ._common import print_json, store_path
 
@@ -119,15 +120,22 @@ def check_options(args: argparse.Namespace) -> None:
         args.base = [float(w) for w in base]
 
 
+# what each writing action's --out must end with, and what it holds (for its messages)
+OUTPUTS = {"build": (".npz", "learnability table"), "schedule": (".json", "mixture schedule")}
+
+
 def run_cli(args: argparse.Namespace) -> int:
     from ..curriculum.learnability import LearnabilityOptions, build_table, load_table
 
     check_options(args)
+    if args.curriculum_command in OUTPUTS:  # the output path, before any work (its folder is never created)
+        suffix, what = OUTPUTS[args.curriculum_command]
+        if not str(args.out).endswith(suffix):
+            raise InputError(f"--out must name a {suffix} file, got {args.out}")
+        check_output_path(args.out, what=what)
     if args.curriculum_command == "schedule":
         return _schedule(args)
     if args.curriculum_command == "build":
-        if not str(args.out).endswith(".npz"):
-            raise InputError(f"--out must name a .npz file, got {args.out}")
         opts = LearnabilityOptions(order=args.order, min_count=args.min_count, prior=args.prior,
                                    holdout=args.holdout, seed=args.seed)  # fmt: skip
         table = build_table(store_path(args.store), args.run, options=opts)
@@ -177,8 +185,6 @@ def _schedule(args: argparse.Namespace) -> int:
 
     from ..curriculum.mixture import DomainRates, MixtureConfig, MixtureSchedule, enrichment_verdict, pilot_events
 
-    if not str(args.out).endswith(".json"):
-        raise InputError(f"--out must name a .json file, got {args.out}")
     pe = pilot_events(store_path(args.store), args.run)
     present = np.unique(pe.token_domain)
     if present.size < 2:
@@ -202,7 +208,7 @@ def _schedule(args: argparse.Namespace) -> int:
         return 0
     print(f"wrote {path}")
     print(f"  {enrichment_verdict(e)}")
-    if not e["baseline_rate"] > 0:
+    if not e["baseline_rate"] > 0 and e["n_fed"] >= 2:
         print(f"  {_no_drop_detail(sched, pe.events.x_range)}")
     for s in sorted(s for s in {0, 9, args.steps // 10, args.steps // 3, args.steps - 1} if 0 <= s < args.steps):
         print(f"  step {s + 1:>6}: " + ", ".join(f"{d} {w:.2f}" for d, w in zip(sched.domains, sched.weights(s))))
@@ -212,7 +218,7 @@ def _schedule(args: argparse.Namespace) -> int:
 def _no_drop_detail(sched, x_range) -> str:
     """Where the pilot's drops lie and where the schedule's steps do, when they do not meet."""
     r = sched.rates
-    falling = r.x[(r.rates > 0).any(axis=1)]
+    falling = r.x[(r.rates[:, sched.base > 0] > 0).any(axis=1)]  # of the domains the schedule feeds
     xs = sched.config.xs()
     seen = (f"the pilot's domains fall at x {_x(falling[0])}..{_x(falling[-1])}" if falling.size
             else f"the pilot saw no domain's loss fall (x {_x(x_range[0])}..{_x(x_range[1])})")  # fmt: skip

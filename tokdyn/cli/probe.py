@@ -7,6 +7,7 @@ import contextlib
 import os
 import tempfile
 
+from .._files import check_output_path
 from ..errors import InputError
 from ..store import open_store
 
@@ -27,12 +28,14 @@ def register(sub) -> None:
     p.add_argument("--domain-field", help="with a .jsonl source: the field holding each document's domain label")
     p.add_argument("--bin-dtype", choices=("uint16", "uint32", "int32"), help="with a .bin source: its token dtype (default: uint16)")
     p.add_argument("--bin-eot-id", type=int, help="with a .bin source: the end-of-text id that separates its documents")
-    p.add_argument("--held-out", metavar="FILE", help="write the held-out documents' keys here, one a line (never train on them)")
+    p.add_argument("--held-out", metavar="FILE", help="write the held-out documents' keys here, one a line (never train on them; "
+                        "read back with tokdyn.corpus.read_held_out)")
     p.set_defaults(func=_probe)
 
 
 def _probe(args: argparse.Namespace) -> int:
     _check_arguments(args)  # before any work: reading and tokenizing a corpus can take minutes
+    from ..corpus import held_out_text
     from ..data import prepare_probe  # imports torch: only for this command, not for every command's start
 
     tokenizer = args.tokenizer
@@ -48,9 +51,9 @@ def _probe(args: argparse.Namespace) -> int:
         split = prepare_probe(args.source, tokenizer=tokenizer, context=args.context, n_sequences=args.sequences,
                               probe_fraction=args.probe_fraction, seed=args.seed, text_field=args.text_field or "text",
                               domain_field=args.domain_field, bin_dtype=args.bin_dtype or "uint16", eot_id=args.bin_eot_id)  # fmt: skip
-        if held_tmp is not None:
-            with open(held_tmp, "w", encoding="utf-8") as fh:
-                fh.writelines(f"{d.key}\n" for d in split.probe_documents)
+        if held_tmp is not None:  # one key a line: keys never hold a line break (tokdyn.corpus.held_out_text)
+            with open(held_tmp, "w", encoding="utf-8", newline="") as fh:
+                fh.write(held_out_text(d.key for d in split.probe_documents))
         store = open_store(args.out, split.probe, mode="a")
         if held_tmp is not None:
             os.replace(held_tmp, args.held_out)
@@ -98,14 +101,12 @@ def _check_arguments(args: argparse.Namespace) -> None:
             raise InputError(f"--out {out} is a file, not a store; give a new path or an existing store")
         if os.listdir(out) and not os.path.exists(os.path.join(out, "zarr.json")):
             raise InputError(f"--out {out} is a folder that holds files but no store; give a new path or an existing store")
+    elif "://" not in out:  # a new store: the folder it goes in must exist (as for every output)
+        check_output_path(out, what="store (--out)", folder_ok=True)
     held = args.held_out
     if held is None:
         return
-    parent = os.path.dirname(os.path.abspath(held))
-    if os.path.isdir(held):
-        raise InputError(f"--held-out {held} is a folder; give the path of a file to write")
-    if not os.path.isdir(parent):
-        raise InputError(f"--held-out {held}: folder {parent} does not exist")
+    check_output_path(held, what="held-out keys (--held-out)")
     if "://" not in out and os.path.abspath(held) == os.path.abspath(out):
         raise InputError(f"--held-out {held} is the --out store's path; give another file")
     source, target = os.path.realpath(args.source), os.path.realpath(held)

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .._files import check_output_path
 from .._process import exit_with_parent
 from ..data import DomainCorpus, MixtureDataset, prepare_domains
 from ..errors import InputError
@@ -384,7 +385,8 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
     cfg = config
     dev = resolve_device(cfg.device)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_output_path(out, what="results folder", folder_ok=True)  # created; the folder above it is not
+    out.mkdir(exist_ok=True)
     t_start = time.perf_counter()
     torch.set_num_threads(cfg.threads)
     corpus = corpus or prepare_domains(cfg.source, max_train_tokens=cfg.max_train_tokens,

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._files import check_output_path
 from ..data import Corpus, WindowDataset, prepare_corpus
 from ..errors import InputError
 from ..model import GPTConfig, TinyGPT
@@ -108,7 +109,8 @@ def run_ab(out: str | Path, config: ABConfig = ABConfig(), *, corpus: Corpus | N
     cfg = config
     dev = resolve_device(cfg.device)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_output_path(out, what="results folder", folder_ok=True)  # created; the folder above it is not
+    out.mkdir(exist_ok=True)
     t_start = time.perf_counter()
     corpus = corpus or prepare_corpus(context=cfg.context, n_probe_sequences=cfg.val_sequences)
     if corpus.probe.context != cfg.context:

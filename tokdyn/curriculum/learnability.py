@@ -39,7 +39,7 @@ import torch
 from .._version import __version__
 from ..errors import InputError, StoreError, UnsafeFileError
 from ..store.schema import jsonable, utc_now  # numpy scalars and arrays as JSON, one InputError otherwise
-from .._files import write_atomically
+from .._files import check_output_path, write_atomically
 from ._common import require_step_axis
 
 __all__ = [
@@ -344,7 +344,8 @@ class LearnabilityTable:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the table as one ``.npz``: into a new temporary file created exclusively beside
-        ``path``, then renamed over it (never half-written, never through a planted file or link)."""
+        ``path``, then renamed over it (never half-written, never through a planted file or link).
+        The folder must exist (:func:`tokdyn._files.check_output_path`): it is not created."""
         path = Path(path)
         if path.suffix != ".npz":
             raise InputError(f"a learnability table is saved as .npz, got {path}")
@@ -354,12 +355,7 @@ class LearnabilityTable:
         for k, lev in enumerate(self.levels, 1):
             for f in _FIELDS:
                 arrays[f"{f}_{k}"] = lev[f].cpu().numpy()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            blocker = next((a for a in (path.parent, *path.parent.parents) if a.exists() and not a.is_dir()), None)
-            why = f"{blocker} is a file, not a folder" if blocker is not None else (exc.strerror or str(exc))
-            raise InputError(f"cannot write the learnability table to {path}: {why}") from None
+        check_output_path(path, what="learnability table")  # its folder is never created
         return write_atomically(path, lambda fh: np.savez(fh, **arrays), binary=True, what="learnability table")
 
 

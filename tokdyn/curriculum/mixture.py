@@ -26,14 +26,16 @@ certificates) keeps only the floor, and none is starved. The batch size, hence t
 budget, is unchanged.
 
 **Enrichment** (:meth:`MixtureSchedule.enrichment`): the learnable-now drop the schedule feeds
-the model, over the uniform mixture's,
+the model, over the baseline mixture's (equal by default),
 
     E = sum_t sum_k w_k(t) r_k(x_t) / sum_t sum_k b_k r_k(x_t)
 
 and the most any schedule with the same floor could reach (all non-floor weight on the
 fastest-falling domain at each step). When that best value is near 1, the domains fall in
 proportion and no mixture schedule can help: :func:`enrichment_verdict` says so; when no
-domain's drop falls in the steps covered at all, it says that there is nothing to judge.
+domain's drop falls in the steps covered at all, it says that there is nothing to judge. A
+domain of base weight 0 has weight 0 at every step (no schedule can feed it): the best value is
+over the other domains, and the verdict names it first.
 
 Everything here is our design (docs/method.md, "Reshaping training"); each choice is a field of
 :class:`MixtureConfig`.
@@ -312,21 +314,26 @@ class MixtureSchedule:
         this floor reaches; ``unbounded``: with floor 0; ``baseline_rate``: the mean over the
         steps of the baseline mixture's rate ``sum_k b_k r_k(x_t)`` (nats per decade per token;
         0 when no domain's drop falls in the steps covered, and then E is 1 with nothing to
-        judge); ``per_step``: E at each step."""
+        judge); ``zero_base``: the domains of base weight 0 (never fed: a weight is the base
+        weight times the rate, so ``best`` and ``unbounded`` are over the others) and ``n_fed``
+        how many others there are; ``per_step``: E at each step."""
         e = self._enrichment_
         return {**e, "per_step": e["per_step"].tolist()}
 
     def _enrichment(self, r: np.ndarray) -> dict:
         """:meth:`enrichment` at the step rates ``r [steps, D]``, with ``per_step`` an array."""
+        fed = self.base > 0  # a domain of base weight 0 has weight 0 at every step: no schedule can feed it
+        who = {"zero_base": [str(d) for d, f in zip(self.domains, fed) if not f], "n_fed": int(fed.sum())}
         base = r @ self.base
         den = base.sum()
         if not den > 0:  # no drop in range: nothing to judge (enrichment_verdict says so)
-            return {"schedule": 1.0, "best": 1.0, "unbounded": 1.0, "baseline_rate": 0.0, "per_step": np.ones(len(r))}
+            return {"schedule": 1.0, "best": 1.0, "unbounded": 1.0, "baseline_rate": 0.0, **who, "per_step": np.ones(len(r))}
         f = self.config.floor
-        best = f * base + (1 - f) * r.max(1)
+        top = r[:, fed].max(1)  # the most a step can feed: all its non-floor weight on a fed domain
+        best = f * base + (1 - f) * top
         per = np.divide((self.table_ * r).sum(1), base, out=np.ones(len(r)), where=base > 0)
         return {"schedule": float((self.table_ * r).sum() / den), "best": float(best.sum() / den),
-                "unbounded": float(r.max(1).sum() / den), "baseline_rate": float(den / len(r)), "per_step": per}  # fmt: skip
+                "unbounded": float(top.sum() / den), "baseline_rate": float(den / len(r)), **who, "per_step": per}  # fmt: skip
 
     def _head(self) -> dict:
         """The schedule's description before its per-step arrays (:meth:`to_dict`, :meth:`save`)."""
@@ -439,15 +446,30 @@ def mixture_sampler(domain_ids, schedule: MixtureSchedule, *, samples_per_step: 
 
 def enrichment_verdict(e: dict) -> str:
     """One line on what the enrichment means (:meth:`MixtureSchedule.enrichment`)."""
+    zero = list(e.get("zero_base") or [])
+    if zero:  # the real reason comes first: a domain of base weight 0 is never fed, whatever its rate
+        names = ", ".join(repr(z) for z in zero)
+        one = len(zero) == 1
+        why = (f"domain{'' if one else 's'} {names} {'has' if one else 'have'} base weight 0, so the schedule never feeds "
+               f"{'it' if one else 'them'} (a domain's weight is its base weight times its rate)")  # fmt: skip
+        if e.get("n_fed", 2) < 2:
+            return (f"{why}; one domain is left, and the schedule keeps it at weight 1 at every step: there is no mixture "
+                    "to reshape (give every domain a base weight above 0)")  # fmt: skip
+        return f"{why}; over the other domains: {_verdict(e)}"
+    return _verdict(e)
+
+
+def _verdict(e: dict) -> str:
+    """:func:`enrichment_verdict` over the domains the schedule feeds."""
     if not e.get("baseline_rate", 1.0) > 0:
         return ("no domain's loss falls over the steps this schedule covers, by the pilot's rates: there is no drop in "
                 "range to judge, and the schedule keeps the baseline mixture (do the pilot's steps, times time_scale, "
                 "overlap the run's?)")  # fmt: skip
     if e["best"] < _NO_HELP:
         return (f"enrichment {e['schedule']:.3f} (best possible {e['best']:.3f}): the domains' loss falls in proportion, "
-                "so no mixture schedule can help here; keep the uniform mixture")  # fmt: skip
+                "so no mixture schedule can help here; keep the baseline mixture")  # fmt: skip
     return (f"enrichment {e['schedule']:.3f}: the schedule feeds {e['schedule'] - 1:+.1%} more learnable-now loss drop "
-            f"than the uniform mixture (best possible with this floor {e['best']:.3f})")  # fmt: skip
+            f"than the baseline mixture (best possible with this floor {e['best']:.3f})")  # fmt: skip
 
 
 class ContextSchedule:
