@@ -17,6 +17,7 @@ training. A writer failure is re-raised in the training process at the next reco
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import json
 import logging
@@ -38,8 +39,10 @@ from ..probe import ProbeSet
 from ..runtime import count_parameters
 from ..schedule import explicit_schedule
 from ..store import DEFAULT_TOKEN_CHUNK, LOSS_DTYPES, RunWriter, TrajectoryStore, open_store
+from ._interrupt import hold_interrupts
 
-__all__ = ["TokenLossRecorder", "default_forward", "token_losses", "shard_ranges", "model_attrs"]
+__all__ = ["TokenLossRecorder", "default_forward", "token_losses", "shard_ranges", "model_attrs", "model_positions",
+           "check_model_context"]
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +117,47 @@ def token_losses(
         for m, training in modes:
             m.training = training
     return out
+
+
+# Config fields in which a model declares the most positions it was built (and trained) for:
+# Hugging Face's names (GPT-2's n_positions and n_ctx, most others' max_position_embeddings, MPT's
+# max_seq_len) and nanoGPT's block_size. A model that declares none is not second-guessed.
+POSITION_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_sequence_length", "block_size")
+
+
+def model_positions(model: torch.nn.Module) -> tuple[int, str] | None:
+    """The most positions ``model`` declares it takes, and the field that says so
+    (``"config.max_position_embeddings"``, tokdyn's own ``"config.context"``, ...); None when its
+    config declares none. Several declared: the smallest."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return None
+    if (type(cfg).__module__, type(cfg).__name__) == ("tokdyn.model", "GPTConfig"):  # the tiny GPT (never imported here)
+        return int(cfg.context), "config.context"  # its position table has `context` rows
+    found = []
+    for name in POSITION_FIELDS:
+        try:
+            value = cfg.get(name) if isinstance(cfg, Mapping) else getattr(cfg, name, None)
+        except Exception:  # noqa: BLE001 - a config object of any kind: unreadable means undeclared
+            continue
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0:
+            found.append((int(value), f"config.{name}"))
+    return min(found) if found else None
+
+
+def check_model_context(model: torch.nn.Module, context: int, where: str = "") -> None:
+    """Refuse, with one :class:`InputError` line naming both lengths, a model that declares fewer
+    positions than the probe's ``context``: past its trained length a learned position table has
+    no row (an IndexError deep inside the model, a device-side assert on a GPU) and rotary or
+    other positions give losses of a model never trained there, silently."""
+    declared = model_positions(model)
+    if declared is not None and declared[0] < int(context):
+        n, field = declared
+        raise InputError(
+            f"{where}the model takes at most {n} positions ({field}) but the probe's sequences have a context of {context} "
+            f"tokens, so it would be evaluated at positions it was never trained for; use a probe of context <= {n} "
+            f"(tokdyn probe --context {n}) or a model built for {context}"
+        )
 
 
 def shard_ranges(n_sequences: int, context: int, world_size: int, *, token_chunk: int | None = None) -> tuple[int, list[tuple[int, int]]]:
@@ -212,6 +256,7 @@ class TokenLossRecorder:
             raise InputError(f"batch_size and queue_size must be >= 1, got {batch_size} and {queue_size}")
         if not 0 <= float(commit_every) < float("inf"):
             raise InputError(f"commit_every must be a finite number of seconds >= 0, got {commit_every}")
+        check_model_context(model, probe.context)  # before the store or run is made
         self.schedule = explicit_schedule(schedule)
         self._scheduled = set(self.schedule.tolist())
         self.model = model
@@ -250,6 +295,7 @@ class TokenLossRecorder:
         self._error: BaseException | None = None
         self._closed = False
         self._last_queued: int | None = self._writer.last_step  # the last step handed to the writer
+        self._pending: collections.deque[int] = collections.deque()  # steps handed to the writer, not yet seen committed
         self._rows_queued = self._writer.rows
         self.n_recorded = 0
         self.record_seconds = 0.0  # training-thread time spent inside record()
@@ -336,6 +382,10 @@ class TokenLossRecorder:
             ready = None
         meta = {"step": int(step), "tokens_seen": tokens_seen, "lr": lr, "wall_time": wall}
         self._put((ready, host, meta))
+        self._pending.append(step)
+        committed = self._writer.last_step
+        while self._pending and committed is not None and self._pending[0] <= committed:
+            self._pending.popleft()
         self._last_queued = step
         self._rows_queued += 1
         self.n_recorded += 1
@@ -412,30 +462,59 @@ class TokenLossRecorder:
             )
 
     def flush(self) -> None:
-        """Block until every queued row is committed; re-raise a writer failure."""
-        if self._thread.is_alive():
-            if self._queue.unfinished_tasks:
+        """Block until every queued row is committed; re-raise a writer failure.
+
+        A Ctrl-C meanwhile is held back until the rows are committed, then raised (one line says
+        so); a second one stops at once, after one line naming the steps whose rows are lost."""
+        if self._thread.is_alive() and self._queue.unfinished_tasks:
+            with hold_interrupts(self._writing_notice, self._lost_notice):
                 self._put(_FLUSH)  # write the rows waiting for commit_every now
-            while self._queue.unfinished_tasks and self._error is None and self._thread.is_alive():
-                time.sleep(0.001)
+                while self._queue.unfinished_tasks and self._error is None and self._thread.is_alive():
+                    time.sleep(0.001)
         self._check_error()
 
     def close(self, *, trim: bool = True) -> None:
         """Write what is queued, stop the writer, and (single writer) trim the arrays to the
-        committed rows. Idempotent; re-raises a writer failure."""
+        committed rows. Idempotent; re-raises a writer failure.
+
+        A Ctrl-C while closing (the second of a researcher who stopped training with one) is held
+        back until every recorded row is committed, then raised; a further one stops at once,
+        after one line naming the steps whose rows are lost."""
         if self._closed:
             self._check_error()
             return
         self._closed = True
-        if self._thread.is_alive():
-            self._put(None)
-            self._thread.join()
-        self._check_error()
-        if self.world_size > 1:
-            _barrier()
-        if trim and self.rank == 0:
-            self._writer.trim()
-        self._writer.release()
+        with hold_interrupts(self._writing_notice, self._lost_notice):
+            if self._thread.is_alive():
+                self._put(None)
+                while self._thread.is_alive():  # in slices: a Ctrl-C that lands just before a blocking
+                    self._thread.join(0.1)  # join would only be seen once the join ends
+            self._check_error()
+            if self.world_size > 1:
+                _barrier()
+            if trim and self.rank == 0:
+                self._writer.trim()
+            self._writer.release()
+
+    def _uncommitted_steps(self) -> list[int]:
+        """The steps handed to the writer whose rows are not committed yet."""
+        last = self._writer.last_step
+        return [s for s in self._pending if last is None or s > last]
+
+    def _writing_notice(self) -> str:
+        steps = self._uncommitted_steps()
+        if not steps:
+            return f"closing run {self.run_name!r} (every recorded row is committed)"
+        return f"writing the {len(steps)} recorded row(s) of run {self.run_name!r} not yet committed ({_steps_text(steps)})"
+
+    def _lost_notice(self) -> str:
+        steps, last = self._uncommitted_steps(), self._writer.last_step
+        if not steps:
+            return f"run {self.run_name!r}: stopped while closing; every recorded row is committed (last step {last})"
+        return (
+            f"run {self.run_name!r}: stopped while writing; the rows of {_steps_text(steps)} were recorded but are not "
+            f"committed and are lost (the run's last committed step is {last})"
+        )
 
     def __enter__(self) -> "TokenLossRecorder":
         return self
@@ -449,6 +528,10 @@ class TokenLossRecorder:
                 self.flush()  # no barrier: the other ranks may never reach close()
             else:
                 self.close()
+        except KeyboardInterrupt:  # Ctrl-C again while writing: held until the rows were committed, or they were named as lost
+            if not issubclass(exc_type, KeyboardInterrupt):
+                raise
+            # the first Ctrl-C propagates on its own
         except Exception as close_exc:  # noqa: BLE001
             log.error("tokdyn recorder failed while closing after an error: %s", close_exc)
 
@@ -530,6 +613,15 @@ class TokenLossRecorder:
             ) from exc
 
 
+def _steps_text(steps: Sequence[int]) -> str:
+    """``step 40`` / ``steps [40, 50, 60]`` / ``steps 40..900 (12 rows)``."""
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if len(steps) <= 6:
+        return f"steps {list(steps)}"
+    return f"steps {steps[0]}..{steps[-1]} ({len(steps)} rows)"
+
+
 _FLUSH, _DUE = object(), object()  # writer-thread signals: write what waits now (flush; commit_every elapsed)
 _OPEN: "weakref.WeakSet[TokenLossRecorder]" = weakref.WeakSet()
 _EXIT_HOOK = []
@@ -552,6 +644,8 @@ def _flush_at_exit() -> None:
             continue
         try:
             rec.flush()
+        except KeyboardInterrupt:  # Ctrl-C while exiting: flush() has said which rows, if any, are lost
+            continue
         except Exception as exc:  # noqa: BLE001 - exiting anyway: say what was lost
             log.error("tokdyn recorder for run %r could not write its last rows at exit: %s", rec.run_name, exc)
 

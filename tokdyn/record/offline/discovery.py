@@ -1,8 +1,9 @@
 """Finding checkpoints: the checkpoints in a folder, by file name or from a ``manifest.json``.
 
 A checkpoint is a :class:`CheckpointRef`: its step (or, in a D or M sweep, its ordinal and
-``axis_value``), its path and kind, and what the manifest says beside it. Only names and the
-manifest are read here; nothing is loaded.
+``axis_value``), its path and kind, and what the manifest says beside it. Names and the manifest
+are read here; a checkpoint is opened only when its name gives no step, to read the step it
+records (safely: ``torch.load(weights_only=True)``, or an HF folder's ``trainer_state.json``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ...errors import InputError
 from ...store import AXES
 from .files import check_regular, check_regular_tree, read_json
 
-__all__ = ["CheckpointRef", "discover_checkpoints", "order_refs", "manifest_axis", "MANIFEST", "KINDS", "MODEL_DTYPE_NAMES"]
+__all__ = ["CheckpointRef", "discover_checkpoints", "held_step", "order_refs", "manifest_axis", "MANIFEST", "KINDS", "MODEL_DTYPE_NAMES", "STEP_KEYS", "step_value"]
 
 MANIFEST = "manifest.json"
 MODEL_DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes models may run in (loading maps them to torch's)
@@ -31,7 +32,26 @@ SAFETENSORS_SUFFIXES = (".safetensors",)
 KINDS = ("torch", "safetensors", "hf")
 _ENTRY_KEYS = {"path", "step", "tokens_seen", "axis_value", "lr", "kind", "model"}
 _INT = re.compile(r"\d+")
-_STEP_INT = re.compile(r"step[_\-=]?(\d+)", re.IGNORECASE)
+_STEP_INT = re.compile(r"step[_\-=]?(\d+)(?![a-z0-9])", re.IGNORECASE)  # not step100k: 100 thousand, or not a step
+# The parts of a name that hold a number but never a step. Without "step" in a name, its step is
+# the last integer left once these are dropped: Lightning's `last-v1.ckpt` is not step 1, nor
+# `model_bf16.pt` step 16, `epoch=3.ckpt` step 3 or `pythia-70m.pt` step 70.
+_NOT_A_STEP = re.compile(
+    r"(?<![a-z0-9])(?:"
+    r"[a-z][a-z0-9]*(?:_[a-z][a-z0-9]*)*=[-+]?[0-9.]+(?:e[-+]?\d+)?"  # a logged value: epoch=3, val_loss=0.12
+    r"|\d{4}-\d{2}-\d{2}(?:[t_-]\d{2}[-:]\d{2}(?:[-:]\d{2})?(?![-_:.]?\d))?"  # a date: 2024-05-01, 2024-05-01T12-30
+    r"|\d+[_-]of[_-]\d+"  # a shard: 00001-of-00002
+    r"|[a-z]*\d+(?:\.\d+)*e[-+]?\d+"  # a number in e-notation: 3e-4, lr1e-3
+    r"|\d+(?:\.\d+)+[a-z]*"  # a decimal or a dotted version: 0.5, 1.4b, 1.2.3
+    r"|(?:version|v|bf|fp|float|half|int|uint|epoch|ep|seed|rank|run|shard|part|of|gpu|node|worker)[_-]?\d+(?:\.\d+)*"
+    r"|[a-z]*\d+[a-z][a-z0-9]*"  # letters after digits: a size (70m, 7b, 100k) or a hash (3f2a9c)
+    r")(?![a-z0-9])",
+    re.IGNORECASE,
+)
+# Where a training checkpoint keeps its step: Lightning's global_step, Megatron's iteration,
+# nanoGPT's iter_num, and a plain "step" (last: some loops count something else under it, so a
+# name's step is checked against the first three only).
+STEP_KEYS = ("global_step", "iteration", "iter_num", "step")
 
 
 @dataclass(frozen=True)
@@ -50,6 +70,10 @@ class CheckpointRef:
     model : dict, optional
         Model spec for a bare state dict (``{"type": "tinygpt", "config": {...}}``), from the
         manifest; otherwise one beside the file is used.
+    step_from : {"name", "file", "manifest"} or None
+        Where ``step`` was read: the file's name, the step the file records, the manifest; None
+        when given otherwise. A step from the name is checked, when the checkpoint is loaded,
+        against the one the file records.
     """
 
     step: int
@@ -59,6 +83,7 @@ class CheckpointRef:
     axis_value: float | None = None
     lr: float | None = None
     model: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    step_from: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -72,10 +97,14 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
     A ``manifest.json`` in the folder (or ``path`` naming a manifest file) wins. Otherwise every
     ``.pt``/``.pth``/``.bin``/``.ckpt``/``.safetensors`` file and every sub-folder holding a
     ``config.json`` is a checkpoint whose step is the integer after ``step`` in its name, else its
-    last integer (``step_000100.pt``, ``step100_bf16.pt``, ``ckpt-100.safetensors``,
-    ``checkpoint-100/`` -> 100). A name without an
-    integer, or two checkpoints with one step, is an :class:`~tokdyn.errors.InputError` naming
-    the files: a guessed step would silently misplace a row.
+    last integer that is not a version, dtype, epoch, size or logged value (``step_000100.pt``,
+    ``step100_bf16.pt``, ``ckpt-100.safetensors``, ``checkpoint-100/`` -> 100; ``last-v1.ckpt``,
+    ``model_bf16.pt`` -> none), else the step the file records (a torch checkpoint's
+    ``global_step``, ``iteration``, ``iter_num`` or ``step``; an HF folder's
+    ``trainer_state.json``). A checkpoint whose step is found nowhere, or two checkpoints with one
+    step, is an :class:`~tokdyn.errors.InputError` naming the files: a guessed step would
+    silently misplace a row. A checkpoint whose step comes from the file alone and equals a named
+    one's (Lightning's ``last.ckpt`` beside the checkpoint it copies) is skipped with a warning.
 
     ``axis``: ``"T"``, ``"D"`` or ``"M"``; default the manifest's ``"axis"``, else ``"T"``. A D or
     M sweep needs a manifest giving each entry's ``axis_value``; its rows get steps 0, 1, 2, ...
@@ -90,7 +119,8 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
         kind = _kind_of(root)
         if kind is None:
             raise InputError(f"{root} is not a checkpoint (expected {', '.join(TORCH_SUFFIXES + SAFETENSORS_SUFFIXES)})")
-        return order_refs([CheckpointRef(_step_from_name(root), root, kind)], axis or "T", str(root))
+        step, step_from = _step_of(root, kind)
+        return order_refs([CheckpointRef(step, root, kind, step_from=step_from)], axis or "T", str(root))
     if (root / MANIFEST).exists():  # whatever it is: read_json refuses anything but a regular file
         return _read_manifest(root / MANIFEST, axis)
     axis = axis or "T"
@@ -106,10 +136,12 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
                 skipped_dirs.append(p.name)
             continue
         step = _last_int(p)
-        if step is None:
-            unnamed.append(p.name)
+        if step is not None:
+            found.append(CheckpointRef(_name_step(step, p), p, kind, step_from="name"))
+        elif (held := held_step(p, kind)) is not None:
+            found.append(CheckpointRef(held, p, kind, step_from="file"))
         else:
-            found.append(CheckpointRef(_name_step(step, p), p, kind))
+            unnamed.append(p.name)
     if skipped_dirs:
         warnings.warn(
             f"{root}: sub-folders {skipped_dirs} hold weight files but no config.json and were skipped; "
@@ -120,13 +152,36 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
         hint = ""
         if (root / "config.json").is_file() and any(n.startswith(("model", "pytorch_model")) for n in unnamed):
             hint = " (it looks like a single Hugging Face model folder: point at the folder that holds it)"
-        raise InputError(
-            f"{root}: cannot tell the step of {unnamed}: no integer in the name{hint}. "
-            f"Rename them (e.g. step_000100.pt), move them out, or list every checkpoint in {MANIFEST}"
-        )
+        raise InputError(f"{root}: cannot tell the step of {unnamed}: {_NO_STEP}{hint}. {_NO_STEP_FIX}")
     if not found:
         raise InputError(f"no checkpoints in {root} (expected {', '.join(TORCH_SUFFIXES + SAFETENSORS_SUFFIXES)} files, HF folders or {MANIFEST})")
-    return order_refs(found, "T", str(root))
+    return order_refs(_drop_copies(found, root), "T", str(root))
+
+
+_NO_STEP = (
+    "no integer in the name that is a step (the one after 'step', else the last one that is not a version "
+    "like '-v1', a dtype like 'bf16', an epoch, seed, size or logged value) and none recorded in the file "
+    f"({', '.join(STEP_KEYS)}; an HF folder's trainer_state.json)"
+)
+_NO_STEP_FIX = f"Rename them (e.g. step_000100.pt), move them out, or list every checkpoint with its \"step\" in {MANIFEST}"
+
+
+def _drop_copies(refs: list[CheckpointRef], root: Path) -> list[CheckpointRef]:
+    """``refs`` without the checkpoints whose step comes from the file alone and equals a named
+    checkpoint's: Lightning's ``last.ckpt`` (``save_last``) is a copy of, or a link to, the
+    latest checkpoint it saved. Each one dropped is named in one warning."""
+    named = {r.step: r for r in refs if r.step_from == "name"}
+    copies = [r for r in refs if r.step_from == "file" and r.step in named]
+    if not copies:
+        return refs
+    said = "; ".join(f"{r.path.name} records step {r.step}, the step of {named[r.step].path.name}" for r in copies)
+    warnings.warn(
+        f"{root}: {said}: taken for a copy of that checkpoint (as Lightning's last.ckpt is) and not recorded "
+        f"twice; list the checkpoints in {MANIFEST} to record it under another step",
+        stacklevel=3,
+    )
+    dropped = {id(r) for r in copies}
+    return [r for r in refs if id(r) not in dropped]
 
 
 def _kind_of(p: Path) -> str | None:
@@ -147,20 +202,71 @@ def _kind_of(p: Path) -> str | None:
 def _last_int(p: Path) -> int | None:
     """The step a name gives: the integer after the last ``step`` in it (``step100``, ``step_100``,
     ``global_step-100``, ``step=100``: whatever follows, such as ``_bf16`` or Lightning's ``-v1``),
-    else its last integer (``checkpoint-100``, ``model_100``); None when it holds none."""
+    else its last integer once the parts that hold a number but never a step are dropped
+    (``checkpoint-100``, ``model_100``, ``ckpt-100-v1``, ``model_100_bf16``, ``pythia-70m-100``:
+    100); None when no integer is left (``last-v1``, ``model_bf16``, ``epoch=3``, ``final``).
+
+    The parts dropped: a version (``v1``, Lightning's suffix on a clashing name), a dtype
+    (``bf16``, ``fp32``, ``int8``), another counter (``epoch``, ``ep``, ``seed``, ``rank``,
+    ``run``, ``shard``, ``part`` and ``of`` followed by a number; ``00001-of-00002``), a logged
+    value (``val_loss=0.12``: any ``key=number``), a date, a decimal or e-notation number
+    (``0.5``, ``3e-4``) and a part with letters after its digits (``70m``, ``1.4b``, ``100k``,
+    a hash such as ``3f2a9c``).
+    """
     name = p.name if p.is_dir() else p.name[: -len(p.suffix)] if p.suffix else p.name
     after_step = _STEP_INT.findall(name)
     if after_step:
         return int(after_step[-1])
-    ints = _INT.findall(name)
+    ints = _INT.findall(_NOT_A_STEP.sub(" ", name))
     return int(ints[-1]) if ints else None
 
 
-def _step_from_name(p: Path) -> int:
+def held_step(p: Path, kind: str) -> int | None:
+    """The step checkpoint ``p`` records itself, or None: a torch file's top-level ``global_step``
+    (Lightning), ``iteration`` (Megatron), ``iter_num`` (nanoGPT) or ``step``; an HF folder's
+    ``trainer_state.json`` ``global_step``. Read safely (``weights_only``, memory-mapped); a file
+    that cannot be read so records nothing here (loading it reports why)."""
+    if kind == "hf":
+        state = p / "trainer_state.json"
+        try:
+            doc = read_json(state, "trainer state") if state.is_file() else None
+        except InputError:
+            return None
+        return step_value(doc.get("global_step")) if isinstance(doc, Mapping) else None
+    if kind != "torch":
+        return None
+    from .loading import read_torch_file  # torch: imported only when a name gives no step
+
+    try:
+        obj = read_torch_file(p)
+    except InputError:  # UnsafeFileError too: refused again, with its message, when loaded
+        return None
+    if not isinstance(obj, Mapping) or all(hasattr(v, "numel") for v in obj.values()):
+        return None  # a bare state dict: a tensor named "step" there is a model's buffer, not the checkpoint's step
+    for key in STEP_KEYS:
+        if (step := step_value(obj.get(key))) is not None:
+            return step
+    return None
+
+
+def step_value(v: Any) -> int | None:
+    """``v`` as a step: an integer in [0, 2**63 - 1] (a one-element integer tensor too), else None."""
+    if hasattr(v, "numel") and hasattr(v, "item") and v.numel() == 1 and not v.is_floating_point() and not v.is_complex():
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= MAX_STEP:
+        return None
+    return int(v)
+
+
+def _step_of(p: Path, kind: str | None) -> tuple[int, str]:
+    """The step of checkpoint ``p`` and where it was read (``"name"`` or ``"file"``); an
+    :class:`InputError` naming it when neither gives one."""
     step = _last_int(p)
-    if step is None:
-        raise InputError(f"cannot tell the step of {p}: no integer in its name; give the step in a {MANIFEST}")
-    return _name_step(step, p)
+    if step is not None:
+        return _name_step(step, p), "name"
+    if kind is not None and (held := held_step(p, kind)) is not None:
+        return held, "file"
+    raise InputError(f"cannot tell the step of {p}: {_NO_STEP}. Rename it (e.g. step_000100.pt) or give its \"step\" in a {MANIFEST}")
 
 
 def _name_step(step: int, p: Path) -> int:
@@ -196,8 +302,12 @@ def _read_manifest(path: Path, axis: str | None) -> list[CheckpointRef]:
         kind = e.get("kind") or _kind_of(p)
         if kind is None:
             raise InputError(f'{where}: cannot tell the kind of {p}; add "kind": one of {KINDS}')
+        step_from = "manifest"
         if axis == "T":
-            step = e["step"] if "step" in e else _step_from_name(p)
+            if "step" in e:
+                step = e["step"]
+            else:
+                step, step_from = _step_of(p, kind if kind in KINDS else None)
         else:
             if "axis_value" not in e:
                 raise InputError(f'{where}: an axis-{axis} manifest needs "axis_value" in every entry')
@@ -209,7 +319,7 @@ def _read_manifest(path: Path, axis: str | None) -> list[CheckpointRef]:
                     tokens_seen=None if e.get("tokens_seen") is None else _int(e["tokens_seen"], "tokens_seen"),
                     axis_value=None if e.get("axis_value") is None else _float(e["axis_value"], "axis_value"),
                     lr=None if e.get("lr") is None else _float(e["lr"], "lr"),
-                    model=e.get("model", default_model),
+                    model=e.get("model", default_model), step_from=step_from if axis == "T" else None,
                 )  # fmt: skip
             )
         except (TypeError, ValueError) as exc:

@@ -23,11 +23,12 @@ from typing import Any
 import torch
 
 from ...errors import InputError, UnsafeFileError
-from .discovery import MANIFEST, MODEL_DTYPE_NAMES, SAFETENSORS_SUFFIXES, CheckpointRef
+from .discovery import MANIFEST, MODEL_DTYPE_NAMES, SAFETENSORS_SUFFIXES, STEP_KEYS, CheckpointRef, held_step, step_value
 from .files import check_regular, read_json
 from .models import HF_LOCK, build_model, check_causal_model_type, import_transformers, json_type, model_spec_beside, short_error
 
-__all__ = ["read_state_dict", "load_checkpoint", "weights_fingerprint", "needs_transformers", "ModelFactory", "MODEL_DTYPES"]
+__all__ = ["read_state_dict", "read_torch_file", "load_checkpoint", "weights_fingerprint", "needs_transformers", "ModelFactory",
+           "MODEL_DTYPES", "StepMismatchWarning"]
 
 WRAPPER_KEYS = ("state_dict", "model_state_dict", "model", "module")  # {"model": state_dict}, ...
 STRIP_PREFIXES = ("module.", "_orig_mod.")  # DDP, torch.compile
@@ -63,6 +64,21 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     else:
         obj = _torch_load_safely(p)
     return _strip_prefixes(_unwrap(obj, p))
+
+
+class StepMismatchWarning(UserWarning):
+    """A checkpoint's name gives one step and the file records another (the name's is used)."""
+
+
+def read_torch_file(path: str | os.PathLike) -> Any:
+    """The object in torch file ``path`` (a regular file), read with ``torch.load(weights_only=True)``,
+    memory-mapped: a state dict, or a training checkpoint's dict (``global_step``, ...).
+
+    Raises :class:`UnsafeFileError` or :class:`InputError` as :func:`read_state_dict` does.
+    """
+    p = Path(path)
+    check_regular(p)
+    return _torch_load_safely(p)
 
 
 def _torch_load_safely(p: Path) -> Any:
@@ -199,15 +215,43 @@ def load_checkpoint(
     if model_dtype is not None and model_dtype not in MODEL_DTYPES:
         raise InputError(f"model_dtype must be one of {tuple(MODEL_DTYPES)} or None, got {model_dtype!r}")
     if ref.kind == "hf":
+        if ref.step_from == "name":
+            _check_recorded_step(ref, held_step(ref.path, "hf"), "trainer_state.json global_step")
         model = _load_hf(ref.path)
     else:
-        sd = read_state_dict(ref.path)
+        sd = _state_dict_of(ref)
         model = _bare_model(ref, model_factory)
         _load_into(model, sd, ref.path)
         del sd
     if model_dtype is not None:
         model = model.to(MODEL_DTYPES[model_dtype])
     return model.to(device).eval()
+
+
+def _state_dict_of(ref: CheckpointRef) -> dict[str, torch.Tensor]:
+    """:func:`read_state_dict` of ``ref``'s file, checking a step read from its name against the
+    one a torch file records (Lightning's ``global_step``, ...), from the same single read."""
+    p = ref.path
+    if p.suffix in SAFETENSORS_SUFFIXES or ref.step_from != "name":
+        return read_state_dict(p)
+    obj = read_torch_file(p)
+    if isinstance(obj, Mapping) and not _is_state_dict(obj):
+        key = next((k for k in STEP_KEYS[:3] if step_value(obj.get(k)) is not None), None)  # not "step": its meaning varies
+        if key is not None:
+            _check_recorded_step(ref, step_value(obj[key]), key)
+    return _strip_prefixes(_unwrap(obj, p))
+
+
+def _check_recorded_step(ref: CheckpointRef, recorded: int | None, what: str) -> None:
+    """Warn when the step a checkpoint records contradicts the step its name gave (which is used:
+    the run's rows are already ordered by it)."""
+    if recorded is not None and recorded != ref.step:
+        warnings.warn(
+            f"{ref.path}: its name gives step {ref.step} but the checkpoint records {what} {recorded}; it is recorded "
+            f"at step {ref.step}. If the file is right, rename it or give its \"step\" in {MANIFEST}",
+            StepMismatchWarning,
+            stacklevel=2,
+        )
 
 
 def _model_spec_for(ref: CheckpointRef) -> tuple[Mapping, str] | None:

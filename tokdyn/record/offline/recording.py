@@ -10,6 +10,7 @@ that ``resume=True`` continues.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import threading
 import time
@@ -25,7 +26,8 @@ from ...errors import InputError, NotAStoreError, RunExistsError, StoreError
 from ...probe import ProbeSet
 from ...runtime import resolve_device
 from ...store import AXES, LOSS_DTYPES, TrajectoryStore, open_store
-from ..recorder import default_forward, model_attrs, token_losses
+from .._interrupt import hold_interrupts
+from ..recorder import _steps_text, check_model_context, default_forward, model_attrs, token_losses
 from .discovery import CheckpointRef, discover_checkpoints, manifest_axis, order_refs
 from .loading import MODEL_DTYPES, ModelFactory, load_checkpoint, needs_transformers, weights_fingerprint
 from .models import hf_progress_bars, import_transformers
@@ -126,8 +128,9 @@ def record_offline(
             _record_in_order(todo, evaluate, rows, workers=workers, progress=progress)
     except BaseException:
         stop.set()  # Ctrl-C or a failure: the checkpoints still in the workers stop at their next forward
-        rows.close()
-        ts.discard_if_new()  # nothing was committed into a store this call made: remove it
+        with hold_interrupts(rows.closing_notice, rows.closing_lost_notice):  # a second Ctrl-C: finish closing first
+            rows.close()
+            ts.discard_if_new()  # nothing was committed into a store this call made: remove it
         raise
     finally:
         torch.set_num_threads(restore_threads)
@@ -238,11 +241,16 @@ def _record_in_order(todo: Sequence[CheckpointRef], evaluate: Callable, rows: _R
     try:
         for b in range(0, len(todo), workers):
             batch = todo[b : b + workers]
-            for ref, res in zip(batch, _compute(evaluate, batch, workers)):
-                if isinstance(res, BaseException):
-                    raise res
-                rows.append(ref, res)
-                bar.update(1)
+            results = _compute(evaluate, batch, workers)
+            # Evaluated rows are written even if Ctrl-C comes meanwhile (it is raised after them):
+            # evaluating them took far longer than writing them takes.
+            evaluated = [ref.step for ref, _ in itertools.takewhile(lambda rr: not isinstance(rr[1], BaseException), zip(batch, results))]
+            with hold_interrupts(functools.partial(rows.writing_notice, evaluated), functools.partial(rows.lost_notice, evaluated)):
+                for ref, res in zip(batch, results):
+                    if isinstance(res, BaseException):
+                        raise res
+                    rows.append(ref, res)
+                    bar.update(1)
     finally:
         bar.close()
 
@@ -297,6 +305,7 @@ def _evaluate(
         fp = weights_fingerprint(model)
         where = f"checkpoint {ref.path} (step {ref.step})"
         _check_input_vocabulary(model, max_id, where)
+        check_model_context(model, tokens.shape[1] - 1, f"{where}: ")
         forward = functools.partial(_forward_covering, max_id=max_id, where=where, stop=stop)
         try:
             losses = token_losses(model, tokens, batch_size=batch_size, forward=forward).cpu().numpy()
@@ -417,6 +426,28 @@ class _RunRows:
         )  # fmt: skip
         self.recorded.append(ref.step)
         self.fingerprints[ref.step] = res.fingerprint
+
+    def _uncommitted(self, steps: Sequence[int]) -> list[int]:
+        last = None if self.writer is None else self.writer.last_step
+        return [s for s in steps if last is None or s > last]
+
+    def writing_notice(self, steps: Sequence[int]) -> str:
+        todo = self._uncommitted(steps)
+        return f"writing the rows of {len(todo)} evaluated checkpoint(s) of run {self.run!r} ({_steps_text(todo)})"
+
+    def lost_notice(self, steps: Sequence[int]) -> str:
+        todo, last = self._uncommitted(steps), None if self.writer is None else self.writer.last_step
+        return (
+            f"run {self.run!r}: stopped while writing; the rows of {_steps_text(todo)} were evaluated but are not committed "
+            f"(the run's last committed step is {last}); --resume (resume=True) evaluates them again"
+        )
+
+    def closing_notice(self) -> str:
+        return f"closing run {self.run!r} (every evaluated row is committed)"
+
+    def closing_lost_notice(self) -> str:
+        last = None if self.writer is None else self.writer.last_step
+        return f"run {self.run!r}: stopped while closing; every row written is committed (last step {last})"
 
     def close(self) -> None:
         """Trim the run to its rows and release the writer. Idempotent."""
