@@ -293,11 +293,14 @@ def _writers(store: str, tmp_path: Path, texts: Path) -> dict:
         "probe --out": ["probe", str(texts), "--out", str(miss / "s.zarr"), "--context", "4", "--sequences", "2"],
         "probe --held-out": ["probe", str(texts), "--out", str(tmp_path / "s.zarr"), "--context", "4", "--sequences", "2",
                              "--held-out", str(miss / "held.txt")],
+        "record-offline --out": ["record-offline", "--checkpoints", str(texts), "--out", str(miss / "s.zarr"), "--run", "r",
+                                 "--probe", store],
+        "demo --out": ["demo", "--out", str(miss / "demo")],
     }  # fmt: skip
 
 
 @pytest.mark.parametrize("command", ["report", "export-npz", "curriculum build", "curriculum schedule", "probe --out",
-                                     "probe --held-out"])  # fmt: skip
+                                     "probe --held-out", "record-offline --out", "demo --out"])  # fmt: skip
 def test_every_output_in_a_missing_folder_is_one_line_naming_it_and_nothing_is_created(command, pilot, tmp_path, capsys):
     texts = tmp_path / "texts"
     texts.mkdir()

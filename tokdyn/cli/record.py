@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from .._files import check_output_path
 from ..errors import InputError
 from ..record.offline.discovery import MANIFEST, MODEL_DTYPE_NAMES
 from ..store import AXES, LOSS_DTYPES
@@ -50,6 +52,8 @@ def run_cli(args: argparse.Namespace) -> int:
     from ..record.offline.models import build_model  # torch and the recorder: only for this command
     from ..record.offline.recording import record_offline
 
+    if "://" not in args.out and not os.path.lexists(args.out):  # a new local store: its folder must exist, before any work
+        check_output_path(args.out, what="store (--out)", folder_ok=True)
     factory = None
     if args.model:
         spec, where = model_spec_argument(args.model)
