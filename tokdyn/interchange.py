@@ -22,6 +22,7 @@ import json
 import os
 import warnings
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ import numpy as np
 from ._files import write_atomically
 from .errors import InputError, NotAStoreError, ProbeMismatchError, StoreError, UnsafeFileError
 from .probe import ProbeSet, check_token_arrays, vocab_size_of
-from .store import AXES, LOSS_DTYPES, Run, TrajectoryStore, open_store
+from .store import AXES, LOSS_DTYPES, Run, RunWriter, TrajectoryStore, open_store
 from .store.schema import check_run_name
 
 __all__ = ["read_npz", "import_npz", "export_npz"]
@@ -46,20 +47,30 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     arrays (``sample_id``, ``token_pos``, ``token_id``) that are not whole numbers >= 0 (and
     token ids below the vocabulary size of ``probe_tokenizer`` when it gives one).
     """
+    return _read_npz(path, matrix=True)
+
+
+def _read_npz(path: str | os.PathLike, *, matrix: bool) -> dict[str, np.ndarray]:
+    """:func:`read_npz`; with ``matrix=False`` the data of ``loss_matrix`` is not read: it
+    stands in as a view of one value broadcast to the shape and dtype its header declares (no
+    memory), every check on it made from the header (import streams the data itself)."""
     p = Path(path)
     if not p.is_file():
         raise InputError(f"npz file not found: {p}")
     if not zipfile.is_zipfile(p):  # np.load would take any other file for a pickle
         raise InputError(f"{p} is not a readable npz file (not a zip archive)")
-    _check_headers(p)  # shapes, dtypes and sizes from the members' headers, before inflating any data
+    headers = _check_headers(p)  # shapes, dtypes and sizes from the members' headers, before inflating any data
     try:
         with np.load(p, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+            arrays = {k: z[k] for k in z.files if matrix or k != "loss_matrix"}
+            if not matrix and "loss_matrix" in z.files:
+                shape, dtype = headers["loss_matrix"]
+                arrays["loss_matrix"] = np.broadcast_to(np.zeros((), dtype), shape)
     except ValueError as exc:
         if "pickle" in str(exc).lower() or "object" in str(exc).lower():
             raise _pickled(p) from None
         raise InputError(f"{p} is not a readable npz file: {exc}") from None
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as exc:
         raise InputError(f"{p} is not a readable npz file: {exc}") from None
     missing = [k for k in _REQUIRED if k not in arrays]
     if missing:
@@ -169,16 +180,16 @@ def _member_headers(p: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
                     read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
                     shape, _, dtype = read(fh, max_header_size=10_000)
                 out[info.filename[:-4]] = (tuple(int(d) for d in shape), np.dtype(dtype))
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, TypeError) as exc:
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, TypeError) as exc:
         if isinstance(exc, ValueError) and "object" in str(exc).lower():
             raise _pickled(p) from None
         raise InputError(f"{p} is not a readable npz file: {type(exc).__name__}: {exc}") from None
     return out
 
 
-def _check_headers(p: Path) -> None:
+def _check_headers(p: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """Refuse, before any data is inflated, an npz whose declared arrays are not a losses.npz or
-    would not fit in this machine's memory."""
+    would not fit in this machine's memory; returns the headers (:func:`_member_headers`)."""
     headers = _member_headers(p)
     limit = _memory_bytes()
     for name, (shape, dtype) in headers.items():
@@ -197,6 +208,7 @@ def _check_headers(p: Path) -> None:
             want = (k,) if name == "axis_values" else (1,) if name == "axis_name" else None if name in ("loss_matrix", *_PROBE) else (n,)
             if want is not None and sh != want and not (name == "axis_name" and int(np.prod(sh)) == 1):
                 raise InputError(f"{'per-token ' if want == (n,) else ''}array {name!r} declares shape {sh}; expected {want} to match loss_matrix {shape}")
+    return headers
 
 
 def _memory_bytes() -> int | None:
@@ -218,10 +230,16 @@ def import_npz(
     carries them (``export_npz`` writes them), the token ids, domains, documents and tokenizer,
     so a store exported then imported keeps its probe fingerprint. ``dtype`` defaults to the
     file's, so nothing is rounded unless asked.
+
+    The loss matrix is never in memory whole: every other member is read and checked first, as
+    by :func:`read_npz` (the matrix from its header), then the matrix is read from the file
+    (stored or compressed) ``IMPORT_TOKENS`` tokens at a time and appended a group of rows
+    (``IMPORT_BYTES``) at a time (:func:`_import_matrix`): the same run as appending each
+    column of the loaded matrix made.
     """
     if run is not None and not run.strip():
         raise InputError("run: expected a name, got an empty one (leave --run out to name the run after the file)")
-    arrays = read_npz(path)
+    arrays = _read_npz(path, matrix=False)  # loss_matrix: its shape and dtype only
     name = run or Path(path).stem
     check_run_name(name)  # before a store is made for it
     lm = arrays["loss_matrix"]
@@ -240,10 +258,6 @@ def import_npz(
     axis_values = arrays["axis_values"]
     integral = _steps_hold(axis_values, axis)
     steps = axis_values.astype(np.int64) if integral else np.arange(k)  # D/M rows are numbered
-    infinite = int(np.isinf(lm).sum())
-    if infinite:  # the store keeps every non-finite loss as NaN (docs/store.md)
-        warnings.warn(f"loss_matrix holds {infinite:,} infinite losses; the store keeps every non-finite loss as NaN, "
-                      "so they export as NaN", UserWarning, stacklevel=2)  # fmt: skip
     # how the file held what the store keeps in its own dtypes: export writes them back so
     layout = {"axis_values": axis_values.dtype.str, "loss_matrix": lm.dtype.str,
               "axis_name": [arrays["axis_name"].dtype.str, list(arrays["axis_name"].shape)],
@@ -256,17 +270,142 @@ def import_npz(
     except BaseException:
         st.discard_if_new()
         raise
-    w = r.writer()
+    w = None
     try:
-        for j in range(k):
-            w.append(lm[:, j], step=int(steps[j]), axis_value=float(axis_values[j]), wall_time=np.nan, warn_nonfinite=False)
+        w = r.writer()
+        infinite = _import_matrix(Path(path), (n, k, lm.dtype), w, steps, axis_values)
     except BaseException:
         st.delete_run(name)  # never leave a partial run that blocks a retry
         st.discard_if_new()
         raise
     finally:
-        w.release()
+        if w is not None:
+            w.release()
+    if infinite:  # the store keeps every non-finite loss as NaN (docs/store.md)
+        warnings.warn(f"loss_matrix holds {infinite:,} infinite losses; the store keeps every non-finite loss as NaN, "
+                      "so they export as NaN", UserWarning, stacklevel=2)  # fmt: skip
     return r
+
+
+# Tokens read from the file at once by import: 16,384 tokens x 200 rows of float32 is 13 MB
+# (no single read of the loss matrix returns more than this many tokens).
+IMPORT_TOKENS = 16_384
+# Rows of the run import holds at once, each with all its tokens in the file's dtype: as many as
+# fit in this many bytes, at least one (2,000,000 tokens of float32: 50 rows, so a C-ordered
+# matrix of 200 rows is read in 4 passes; docs/benchmarks.md, "Analysis at scale").
+IMPORT_BYTES = 384 * 2**20
+
+
+class _MatrixMember:
+    """The data of the ``loss_matrix.npy`` member of an npz, read in order, ``count`` values at a
+    time (a stored member is read as it lies, a compressed one inflated as it goes: never whole).
+    Whatever goes wrong reading it is an :class:`InputError` naming the file."""
+
+    def __init__(self, p: Path, n: int, k: int, dtype: np.dtype) -> None:
+        self.p, self.dtype = p, dtype
+        self.left = n * k * dtype.itemsize  # bytes of data still to read
+        self.total = self.left
+        self._zf = self._fh = None
+        try:
+            self._zf = zipfile.ZipFile(p)
+            self._fh = self._zf.open("loss_matrix.npy")
+            version = np.lib.format.read_magic(self._fh)
+            if version not in ((1, 0), (2, 0), (3, 0)):
+                raise ValueError(f"unknown .npy version {version}")
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, self.fortran_order, got = read(self._fh, max_header_size=10_000)
+        except Exception as exc:  # noqa: BLE001 - as in read
+            self.close()
+            if isinstance(exc, MemoryError):
+                raise
+            raise self._error(exc) from None
+        if tuple(int(d) for d in shape) != (n, k) or np.dtype(got) != dtype:  # another file since it was checked
+            self.close()
+            raise InputError(f"{p}: loss_matrix now declares {np.dtype(got)} {tuple(shape)}, not {dtype} {(n, k)} as when "
+                             "the file was checked; it changed while it was imported")  # fmt: skip
+
+    def _error(self, exc: BaseException) -> InputError:
+        return InputError(f"{self.p} is not a readable npz file: loss_matrix: {type(exc).__name__}: {exc}")
+
+    def read(self, count: int) -> np.ndarray:
+        """The next ``count`` values (in the file's dtype, read-only)."""
+        size = count * self.dtype.itemsize
+        parts, got = [], 0
+        try:
+            while got < size:
+                data = self._fh.read(size - got)
+                if not data:
+                    break
+                parts.append(data)
+                got += len(data)
+        except Exception as exc:  # noqa: BLE001 - a damaged member: zipfile, zlib, lzma... each its own error
+            if isinstance(exc, MemoryError):
+                raise
+            raise self._error(exc) from None
+        if got < size:
+            done = self.total - self.left + got
+            raise InputError(f"{self.p} is not a readable npz file: loss_matrix is cut short: its data ends after "
+                             f"{done:,} of the {self.total:,} bytes its header declares")  # fmt: skip
+        self.left -= size
+        return np.frombuffer(parts[0] if len(parts) == 1 else b"".join(parts), dtype=self.dtype)
+
+    def finish(self) -> None:
+        """Read to the member's end (bytes after the data are ignored, as ``np.load`` ignores
+        them): zipfile checks the member's CRC-32 there, which a damaged byte fails."""
+        try:
+            while self._fh.read(1 << 20):
+                pass
+        except Exception as exc:  # noqa: BLE001 - as in read
+            if isinstance(exc, MemoryError):
+                raise
+            raise self._error(exc) from None
+
+    def close(self) -> None:
+        for f in (self._fh, self._zf):
+            if f is not None:
+                f.close()
+
+
+def _import_matrix(p: Path, header: tuple[int, int, np.dtype], w: RunWriter, steps: np.ndarray, axis_values: np.ndarray) -> int:
+    """Append ``loss_matrix [N, K]`` of ``p`` as the ``K`` rows of ``w``'s new run, one
+    :meth:`RunWriter.append` a row as before, never holding the matrix whole: a group of rows
+    (``IMPORT_BYTES``) at a time; returns how many of its values are infinite.
+
+    The file reads in order, ``IMPORT_TOKENS`` tokens at a time. A Fortran-ordered matrix holds
+    each row of the run (a column of the matrix) contiguously: one pass fills one group of rows
+    after another. A C-ordered one (what ``np.save`` writes) holds tokens contiguously: each
+    group of rows is one pass over the data, every slice of tokens transposed into the group;
+    a compressed member is inflated again for each pass (zip members read in order only)."""
+    n, k, dtype = header
+    g = max(1, min(k, IMPORT_BYTES // (n * dtype.itemsize)))
+    rows = np.empty((g, n), dtype)
+    infinite, member = 0, None
+    try:
+        for j0 in range(0, k, g):
+            part = rows[: min(k, j0 + g) - j0]
+            if member is None or not member.fortran_order:  # a C-ordered matrix: read again from its start
+                if member is not None:
+                    member.close()
+                member = _MatrixMember(p, n, k, dtype)
+            if member.fortran_order:
+                for row in part:
+                    for a in range(0, n, IMPORT_TOKENS):
+                        row[a : a + IMPORT_TOKENS] = member.read(min(IMPORT_TOKENS, n - a))
+            else:
+                for a in range(0, n, IMPORT_TOKENS):
+                    e = min(n, a + IMPORT_TOKENS)
+                    part[:, a:e] = member.read((e - a) * k).reshape(e - a, k)[:, j0 : j0 + len(part)].T
+                member.finish()  # the member's CRC-32, checked before the rows of this pass are stored
+            infinite += int(np.isinf(part).sum())
+            for i, row in enumerate(part):
+                j = j0 + i
+                w.append(row, step=int(steps[j]), axis_value=float(axis_values[j]), wall_time=np.nan, warn_nonfinite=False)
+        if member.fortran_order:
+            member.finish()
+    finally:
+        if member is not None:
+            member.close()
+    return infinite
 
 
 def _probe_from(arrays: dict[str, np.ndarray], p: Path) -> ProbeSet:
