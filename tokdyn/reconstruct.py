@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputError
+from .fit.models import SHARE_MIN_NET
 from .spectrum import Events, PowerLaw, Spectrum, learning_time_spectrum, loss_power_law, run_events, spectrum_power_law
 
 __all__ = ["Reconstruction", "measured_derivative", "reconstruct", "reconstruct_run", "reconstruct_across", "scores"]
@@ -95,7 +96,9 @@ class Reconstruction:
     x [K] : log10 axis values; ``mean_loss`` [K] the mean probe loss (nats).
     measured, from_events, from_events_analytic, from_spectrum : [K] ``-dL/dx``, nats/decade.
     r2_events, rel_l2_events, r2_spectrum, rel_l2_spectrum, r2_events_analytic : the scores.
-    drop_share_events : share of the measured loss drop over the range that the events carry.
+    drop_share_events : share of the measured loss drop over the range that the events carry
+        (NaN where the mean loss did not clearly move one way: its net change below
+        ``SHARE_MIN_NET`` of its range, so a share would be unbounded).
     drop_share_well_fitted : share carried by events whose fit converged with R^2 >= r2_min.
     spectrum : the :class:`Spectrum`; ``spectrum_power_law``/``loss_power_law`` the exponents.
     """
@@ -216,7 +219,11 @@ def reconstruct(
         lpl = loss_power_law(x, mean_loss)
     except InputError:
         lpl = None
-    share = (lambda d: d / measured_drop if measured_drop != 0 else float("nan"))
+    # A share of the measured fall is bounded only where the mean loss clearly moved one way:
+    # its net change at least SHARE_MIN_NET of its range (the class shares' rule). A flat, noisy
+    # mean (net -0.003 nats over a range of 0.1) read -2,170 % and -28,099 % before.
+    span = float(finite.max() - finite.min())
+    share = (lambda d: d / measured_drop if measured_drop != 0 and abs(measured_drop) >= SHARE_MIN_NET * span else float("nan"))
     return Reconstruction(
         axis=axis, run=run, x=x, mean_loss=mean_loss, measured=measured, from_events=from_events,
         from_events_analytic=analytic, from_spectrum=from_spectrum,
@@ -246,7 +253,11 @@ def reconstruct_run(
 
     events = run_events(run, which=which) if events is None else events  # StoreError if not fitted
     rows, x = fitted_inputs(run)  # the rows the fit was made on (after any axis_min)
-    return reconstruct(x, mean_probe_loss(run, rows), events, axis=run.axis, run=run.name, bandwidth=bandwidth,
+    # The mean over the tokens the events are normalised by (n_scored: the fit saw a point of
+    # theirs), never over a token the fit set aside: one token at 2e4 nats (above max_loss,
+    # unfit) made the "measured" mean a curve of that token alone, the events' share near 0.
+    scored = np.asarray(run.fit.read(fields=("n_points",))["n_points"]) > 0
+    return reconstruct(x, mean_probe_loss(run, rows, tokens=None if scored.all() else scored), events, axis=run.axis, run=run.name, bandwidth=bandwidth,
                        smoothing=smoothing, n_boot=n_boot, seed=seed, placement=placement, kernel=kernel)  # fmt: skip
 
 
@@ -301,9 +312,10 @@ def reconstruct_across(
     return rec
 
 
-def mean_probe_loss(r, rows: np.ndarray | None = None) -> np.ndarray:
+def mean_probe_loss(r, rows: np.ndarray | None = None, *, tokens: np.ndarray | None = None) -> np.ndarray:
     """Mean loss over tokens [K] of the given rows of run ``r`` (all committed rows by default),
     computed with dask over token chunks; NaN losses (non-finite when recorded) are skipped.
+    ``tokens`` [N] (bool): only the tokens where it is true (default: all).
 
     Each chunk (all rows x 262,144 tokens by default) is summed in slices of
     :data:`_MEAN_SLICE` tokens: a float64 copy of a whole chunk and nanmean's temporaries held
@@ -312,10 +324,24 @@ def mean_probe_loss(r, rows: np.ndarray | None = None) -> np.ndarray:
     if rows is not None:
         arr = arr[np.asarray(rows)]
     k, nb = arr.shape[0], arr.numblocks[1]
+    if tokens is not None:
+        tokens = np.asarray(tokens, bool)
+        if tokens.shape != (arr.shape[1],):
+            raise InputError(f"tokens: expected {arr.shape[1]} booleans, got shape {tokens.shape}")
+        if not tokens.any():
+            raise InputError("tokens: no token selected for the mean probe loss")
+        arr = arr.map_blocks(_only_tokens, tokens, dtype=arr.dtype)
     parts = arr.map_blocks(_nan_sums, chunks=(k, 2), dtype=np.float64).compute()  # [K, 2 nb]
     sums = parts.reshape(k, nb, 2).sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(sums[:, 1] > 0, sums[:, 0] / np.maximum(sums[:, 1], 1), np.nan)
+
+
+def _only_tokens(block: np.ndarray, tokens: np.ndarray, block_info=None) -> np.ndarray:
+    """``block`` with the tokens not selected by ``tokens`` [N] set to NaN (skipped by the mean)."""
+    a, b = block_info[0]["array-location"][1]
+    keep = tokens[a:b]
+    return block if keep.all() else np.where(keep[None, :], block, np.nan).astype(block.dtype, copy=False)
 
 
 _MEAN_SLICE = 16384  # tokens of a chunk converted to float64 at once

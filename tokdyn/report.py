@@ -33,8 +33,8 @@ from . import __version__
 from ._files import write_atomically
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store
 from .errors import InputError, TokdynError
-from .fit.models import SHARE_MIN_NET, two_sigmoid_curve
-from .fit.options import CLASS_CODES, CLASS_NAMES
+from .fit.models import SHARE_MIN_NET, two_sigmoid_curve, unfit_reasons
+from .fit.options import CLASS_CODES, CLASS_NAMES, STATUS_NAMES
 from .fit.sigmoid import sigmoid_curve
 from .fit.job import fitted_inputs
 from .spectrum import POWER_LAW_R2
@@ -193,7 +193,7 @@ def _render(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None, extra:
     page.section("Summary")
     if extra:
         page.add(_table([], [[k, _fmt(v)] for k, v in extra.items()], caption="This job"))
-    page.add("".join(_headline(a) for a in an.runs))
+    page.add("".join(_headline(a, st.run(a.run).fit.options()) for a in an.runs))
     page.add(_scores_table(an))
     page.add(_classes_help(st, an))
     if an.runs:
@@ -283,8 +283,9 @@ def _png(fig) -> str:
 
 # -- tables ----------------------------------------------------------------------------------
 
-def _headline(a: RunAnalysis) -> str:
-    """One paragraph: how far the run's mean loss fell, over what range, and who carried it."""
+def _headline(a: RunAnalysis, options: dict | None = None) -> str:
+    """One paragraph: how far the run's mean loss fell, over what range, who carried it, and
+    why tokens were left unfit (``options``: the fit's stored options, for its thresholds)."""
     rec = a.reconstruction
     name = _axis_name(a.axis)
     ok = np.isfinite(rec.mean_loss)
@@ -297,7 +298,14 @@ def _headline(a: RunAnalysis) -> str:
     return (f"<p><b>Run {_e(a.run)}:</b> the mean loss of the {n:,} probe token{'s' * (n != 1)} {verb} from "
             f"{rec.mean_loss[first]:.2f} to {rec.mean_loss[last]:.2f} nats between {name} {_value_text(10.0 ** rec.x[first])} "
             f"and {_value_text(10.0 ** rec.x[last])}; the fitted per-token events rebuild its rate of change with R² "
-            f"{rec.r2_events:.3f}. {_e(carried)}.</p>")  # fmt: skip
+            f"{rec.r2_events:.3f}. {_e(carried)}.{_unfit_text(a, options)}</p>")  # fmt: skip
+
+
+def _unfit_text(a: RunAnalysis, options: dict | None) -> str:
+    """" Not fitted (class unfit): ..." where the fit left tokens unfit, naming each cause."""
+    codes, counts = np.unique(np.asarray(a.fit["status"]), return_counts=True)
+    why = unfit_reasons({STATUS_NAMES[int(c)]: int(n) for c, n in zip(codes, counts)}, options)
+    return f" Not fitted (class unfit): {_e('; '.join(why))}." if why else ""
 
 
 def _class_drops(a: RunAnalysis) -> tuple[dict[str, float], bool]:
@@ -327,8 +335,8 @@ def _scores_table(an: StoreAnalysis) -> str:
         s = a.reconstruction.summary()
         cols.append([
             f"{s['n_points']}", f"{s['n_tokens']:,}", f"{s['r2_events']:.3f}", f"{s['r2_spectrum']:.3f}",
-            f"{s['rel_l2_events']:.3f}", f"{s['rel_l2_spectrum']:.3f}", f"{s['drop_share_events']:.1%}",
-            f"{s['drop_share_well_fitted']:.1%}", _power_law_text(s["loss_power_law"]), _power_law_text(s["spectrum_power_law"]),
+            f"{s['rel_l2_events']:.3f}", f"{s['rel_l2_spectrum']:.3f}", _share_text(s['drop_share_events']),
+            _share_text(s['drop_share_well_fitted']), _power_law_text(s["loss_power_law"]), _power_law_text(s["spectrum_power_law"]),
         ])  # fmt: skip
     rows = [[label, *(c[i] for c in cols), help_] for i, (label, help_) in enumerate(SCORES)]
     header = ["", *(f"run {a.run} (axis {a.axis})" for a in an.runs), "what it measures"]
@@ -349,7 +357,8 @@ def _class_help(o: dict) -> dict[str, str]:
         "not_yet_learned": f"above {known:.1f} nats and without a clear fall (less than {d:.1f} nats) up to the last recorded point",
         "forgotten": f"the loss rises by {d:.1f} nats or more",
         "noisy": f"the scatter hides any trend, or the fitted step explains less than {r2:.0%} of the variance",
-        "unfit": "too few valid points to fit",
+        "unfit": f"not fitted: fewer than {o.get('min_points', 6)} observed points, or a loss no token loss takes "
+                 f"(infinite, below 0, or above {o.get('max_loss', 1e4):g} nats) at one or more points",
     }  # fmt: skip
 
 
@@ -810,6 +819,12 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
                   "the per-token events account for how the mean loss falls; R² in the legend.")  # fmt: skip
 
 
+
+
+def _share_text(v: float) -> str:
+    """A share of the measured fall as a table cell ("n/a" where the mean loss did not clearly
+    fall or rise, so no share is bounded: :class:`tokdyn.reconstruct.Reconstruction`)."""
+    return f"{v:.1%}" if np.isfinite(v) else "n/a (the mean loss did not clearly fall or rise)"
 
 
 def _power_law_text(pl: dict | None) -> str:

@@ -115,11 +115,22 @@ def _reconstruct(args: argparse.Namespace) -> int:
     print(f"run {run.name!r} (axis {rec.axis}): {s['n_points']} points, {s['n_tokens']:,} tokens, {s['n_events']:,} events ({args.events})")
     print(f"  R^2 of -dL/dlog10 a  sum of sigmoids {s['r2_events']:.3f}   spectrum alone {s['r2_spectrum']:.3f}")
     print(f"  relative L2 error    sum of sigmoids {s['rel_l2_events']:.3f}   spectrum alone {s['rel_l2_spectrum']:.3f}")
-    print(f"  loss drop carried by events {s['drop_share_events']:.1%}, by well-fitted events {s['drop_share_well_fitted']:.1%}")
+    if np.isfinite(s["drop_share_events"]):
+        print(f"  loss drop carried by events {s['drop_share_events']:.1%}, by well-fitted events {s['drop_share_well_fitted']:.1%}")
+    else:
+        print(f"  no shares of the loss drop: {_no_share_reason(rec)}")
     print("       x   measured   sigmoids   spectrum")
     for row in zip(rec.x, rec.measured, rec.from_events, rec.from_spectrum):
         print("  " + "  ".join(f"{v:8.3f}" for v in row))
     return 0
+
+
+def _no_share_reason(rec) -> str:
+    """Why a reconstruction has no drop shares (:class:`tokdyn.reconstruct.Reconstruction`)."""
+    m = rec.mean_loss[np.isfinite(rec.mean_loss)]
+    net = float(m[0] - m[-1]) if m.size else float("nan")
+    return (f"the mean loss did not clearly fall or rise (net fall {net:+.3f} nats over a range of "
+            f"{float(m.max() - m.min()) if m.size else float('nan'):.3f}), so they would mean nothing")
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..fit import FitOptions, fit_run
+from ..fit.models import unfit_reasons
 from ._common import add_run_argument, add_store_argument, open_cli_run, print_json
 
 
@@ -48,4 +49,6 @@ def _fit(args: argparse.Namespace) -> int:
         print(f"  {name:<16} {count:>9,} tokens ({count / total:6.1%})  {drops.describe(name)}")
     if not drops.meaningful:
         print(f"  no shares of the loss drop: {drops.reason}, so they would mean nothing")
+    for why in unfit_reasons(res.status_counts, options):  # what "unfit" stands for here
+        print(f"  unfit: {why}")
     return 0

@@ -10,6 +10,7 @@ so each of its two events has a learning time, width and loss drop of its own (d
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,7 @@ __all__ = [
     "classify",
     "class_loss_share",
     "SHARE_MIN_NET",
+    "unfit_reasons",
     "ClassDrops",
     "class_drops",
     "model_level",
@@ -417,3 +419,27 @@ def model_level(
         np.nan,
     )
 
+
+def unfit_reasons(status_counts: dict, options: dict | FitOptions | None = None) -> list[str]:
+    """Why the ``unfit`` tokens of a fit were not fitted, one phrase per cause that occurred:
+    ``status_counts`` maps status names to token counts (``FitSummary.status_counts``), and
+    ``options`` (the fit's, as a :class:`FitOptions` or its stored dict) gives the thresholds.
+
+    ``unfit`` covers two statuses that mean different things to the researcher: too few observed
+    points (``too_few_points``), and a loss no per-token cross-entropy takes anywhere in the
+    token's trajectory (``invalid_input``: infinite, below 0, or above ``max_loss``), which sets the
+    whole token aside. The report and ``tokdyn fit`` say which, so a run of losses in other
+    units (log-probabilities, sums over a sequence, float16 values near 65,504) is not shown as
+    all ``unfit`` with "too few points" as the only explanation."""
+    o = dataclasses.asdict(options) if isinstance(options, FitOptions) else dict(options or {})
+    d = FitOptions()
+    max_loss, min_points = o.get("max_loss", d.max_loss), o.get("min_points", d.min_points)
+    out = []
+    few = int(status_counts.get("too_few_points", 0))
+    if few:
+        out.append(f"{few:,} token{'s' * (few != 1)} with fewer than {min_points} observed points (min_points)")
+    bad = int(status_counts.get("invalid_input", 0))
+    if bad:
+        out.append(f"{bad:,} token{'s' * (bad != 1)} set aside whole for a loss no token loss takes (infinite, below 0, or "
+                   f"above max_loss = {max_loss:g} nats) at one or more points")
+    return out
