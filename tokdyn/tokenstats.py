@@ -150,12 +150,13 @@ def frequency_bands(token_id: np.ndarray, n_bands: int = 4) -> tuple[np.ndarray,
 
 
 def position_bands(token_pos: np.ndarray, context: int | None) -> tuple[np.ndarray, list[str]]:
-    """Band [N] of each token by its position in the sequence, on doubling bands 1, 2-3, 4-7, ..."""
+    """Band [N] of each token by its position in the sequence, on doubling bands 1, 2-3, 4-7, ...
+    (a band of one position is labelled by it alone: "1", not "1-1")."""
     pos = np.asarray(token_pos, np.int64)
     if pos.ndim != 1 or pos.size == 0 or pos.min() < 0:
         raise InputError("token_pos: expected a non-empty 1-D array of positions >= 0")
     top = int(context or pos.max() + 1)
     n = max(1, int(math.ceil(math.log2(max(top, 2)))))
     band = np.clip(np.floor(np.log2(np.maximum(pos, 1))).astype(np.int64), 0, n - 1)
-    labels = [f"{2**b}-{min(2 ** (b + 1) - 1, top)}" for b in range(n)]
+    labels = [f"{2**b}" if 2**b >= min(2 ** (b + 1) - 1, top) else f"{2**b}-{min(2 ** (b + 1) - 1, top)}" for b in range(n)]
     return band, labels
