@@ -718,11 +718,17 @@ def _event_bootstrap(events: Events, spec: Spectrum, token_mults, n: int | None 
     return out
 
 
+LOSS_LAW_MIN_POINTS = 6  # the loss power law's three parameters, and three points more
+_ALPHA_MIN, _ALPHA_MAX = 1e-6, 10.0  # the loss exponent's bounds (its fit and its interval)
+
+
 def loss_power_law(x: np.ndarray, loss: np.ndarray) -> PowerLaw:
     """Direct fit of ``L(a) = L_inf + A a**(-alpha)`` (``a = 10**x``) to the mean loss curve.
 
     Least squares by scipy's trust-region solver with ``alpha`` in (0, 10] and
-    ``0 <= L_inf <= min L``; the interval is +-1.96 standard errors from the Jacobian.
+    ``0 <= L_inf <= min L``; the interval is +-1.96 standard errors from the Jacobian, cut to
+    the bounds of ``alpha``. At least :data:`LOSS_LAW_MIN_POINTS` points: with 4 or 5, three
+    parameters pass close to every point whatever the curve, and R^2 says nothing.
     """
     from scipy.optimize import curve_fit
 
@@ -731,8 +737,9 @@ def loss_power_law(x: np.ndarray, loss: np.ndarray) -> PowerLaw:
         raise InputError(f"x and loss: expected two 1-D arrays of one length, got {x.shape} and {loss.shape}")
     ok = np.isfinite(x) & np.isfinite(loss)
     x, loss = x[ok], loss[ok]
-    if x.size < 4:
-        raise InputError(f"a power-law fit of the loss needs at least 4 finite points, got {x.size}")
+    if x.size < LOSS_LAW_MIN_POINTS:
+        raise InputError(f"a power-law fit of the loss needs at least {LOSS_LAW_MIN_POINTS} finite points (3 parameters "
+                         f"and 3 left to judge it by), got {x.size}")  # fmt: skip
     x0 = x[0]
 
     def model(xv, linf, log_a, alpha):
@@ -743,13 +750,15 @@ def loss_power_law(x: np.ndarray, loss: np.ndarray) -> PowerLaw:
     alpha0, log_a0, _ = _safe_line(x - x0, loss - linf0)
     p0 = [linf0, log_a0, min(max(alpha0, 1e-3), 9.0)]
     try:
-        p, cov = curve_fit(model, x, loss, p0=p0, bounds=([0.0, -10.0, 1e-6], [lmin, 10.0, 10.0]), method="trf", maxfev=20000)
+        p, cov = curve_fit(model, x, loss, p0=p0, bounds=([0.0, -10.0, _ALPHA_MIN], [lmin, 10.0, _ALPHA_MAX]), method="trf",
+                           maxfev=20000)  # fmt: skip
     except (RuntimeError, ValueError) as exc:
         raise InputError(f"the power-law fit of the mean loss did not converge: {exc}") from None
     resid = loss - model(x, *p)
     ss = ((loss - loss.mean()) ** 2).sum()
     se = float(np.sqrt(cov[2, 2])) if np.all(np.isfinite(cov)) else float("nan")
-    return PowerLaw("loss", float(p[2]), float(p[2] - 1.96 * se), float(p[2] + 1.96 * se),
+    lo, hi = max(float(p[2] - 1.96 * se), _ALPHA_MIN), min(float(p[2] + 1.96 * se), _ALPHA_MAX)  # NaN stays NaN
+    return PowerLaw("loss", float(p[2]), lo if np.isfinite(se) else float("nan"), hi if np.isfinite(se) else float("nan"),
                     float(1 - (resid**2).sum() / ss) if ss > 0 else float("nan"), (float(x[0]), float(x[-1])),
                     {"L_inf": float(p[0]), "A_at_first_point": float(10 ** p[1])})  # fmt: skip
 

@@ -203,7 +203,7 @@ def _is_bool(value: object) -> bool:
 
 def _integer(lo: int, hi: int, *, optional: bool = False):
     """Check of an int option in [lo, hi] (a numpy integer too; never a bool)."""
-    expected = f"{'None or ' if optional else ''}an int in [{lo}, {hi}]"
+    expected = f"{'None or ' if optional else ''}" + (f"an int >= {lo}" if hi >= 2**62 else f"an int in [{lo}, {hi}]")
 
     def check(name: str, value: object):
         if optional and value is None:
