@@ -168,3 +168,11 @@ def test_the_loss_exponents_interval_holds_it_and_stays_in_its_bounds(alpha, noi
         return  # did not converge: said in one line, nothing to check
     if np.isfinite(pl.alpha_lo):
         assert 0 < pl.alpha_lo <= pl.alpha <= pl.alpha_hi <= 10.0
+
+
+def test_an_unbounded_integer_option_states_its_least_value_not_the_largest_int():
+    from tokdyn.errors import InputError
+    from tokdyn.fit import FitOptions
+
+    with pytest.raises(InputError, match=r"expected an int >= 5, got 3$"):
+        FitOptions(min_points=3)
