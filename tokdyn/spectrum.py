@@ -37,6 +37,7 @@ __all__ = [
     "learning_time_spectrum",
     "fit_power_law",
     "spectrum_power_law",
+    "spectrum_power_law_window",
     "loss_power_law",
     "BANDWIDTH_RULES",
     "PLACEMENTS",
@@ -293,6 +294,29 @@ POWER_LAW_R2 = 0.8
 # The most bootstrap resamples a spectrum's exponent interval takes (each is a pass over the
 # events; 200, the default, gives the 2.5-97.5 percentiles to about 1 %).
 MAX_BOOT = 10_000
+
+# The narrowest window a spectrum's power law is fitted on, in resolution lengths (the larger of
+# the bandwidth and the spacing of the points the events were fitted on). A density smoothed at
+# that length has about W / length independent values over a window W (a generous count: values
+# one bandwidth apart still correlate 0.78); a line takes 2 of them and needs 3 more to be judged
+# by, the loss law's rule (LOSS_LAW_MIN_POINTS). Narrower, the smoothing alone makes log rho
+# nearly straight whatever the events: 5 checkpoints over 4 decades left a window of 2 bandwidths
+# and "alpha = -0.049, R^2 0.961" (uniform learning times). With the default bandwidth and K checkpoints
+# evenly spaced in log, the window is K - 3 spacings: 8 checkpoints at least.
+POWER_LAW_MIN_WIDTH = 5
+
+# The fewest tokens a bootstrap interval of the spectrum's exponent is given from: Kish's effective
+# number of tokens, each weighted by the loss drop its events show over the observed range (the
+# bootstrap resamples tokens, so one token's drop among a hundred of noise is one token). With one,
+# every resample is the same spectrum scaled and the interval has zero width; with a handful the
+# resamples take few distinct values and a percentile interval under-covers badly (its variance is
+# (n-1)/n of the truth at best, and the bootstrap is not relied on below about 10 observations).
+BOOT_MIN_TOKENS = 10
+
+# The fewest fitted resamples a 95 % percentile interval is given from: the range of n draws covers
+# on average (n-1)/(n+1) of their distribution, which reaches 95 % at n = 39; from fewer, even
+# the whole range of the resamples is a narrower interval than the one printed.
+BOOT_MIN_RESAMPLES = 39
 
 # The narrowest kernel a spectrum is computed with, in decades (an explicit bandwidth below it is
 # refused; Silverman's rule is floored there too).
@@ -646,6 +670,13 @@ def spectrum_power_law(
     bootstrap resamples of the tokens (all events of a token share its multiplicity), each with
     the same bandwidth and kernel. ``spectrum``: the events' spectrum with these settings,
     where the caller has already computed it (:func:`tokdyn.reconstruct.reconstruct`).
+
+    The window is :func:`spectrum_power_law_window`'s, which refuses (:class:`InputError`, with
+    the reason) one narrower than :data:`POWER_LAW_MIN_WIDTH` resolution lengths (over fewer, the
+    smoothing alone makes any spectrum a line); ``x_fit`` is its span. The interval is
+    NaN, and ``params["alpha_ci95_why"]`` says why, where the events' drop comes from fewer than
+    :data:`BOOT_MIN_TOKENS` tokens (effective number) or fewer than :data:`BOOT_MIN_RESAMPLES`
+    resamples could be fitted (``params["n_boot"]``: how many were).
     """
     if not (isinstance(n_boot, int) and not isinstance(n_boot, bool) and 0 <= n_boot <= MAX_BOOT):
         raise InputError(f"n_boot must be an int from 0 to {MAX_BOOT}, got {n_boot!r}")
@@ -656,6 +687,48 @@ def spectrum_power_law(
     else:
         spec = spectrum
     h = spec.bandwidth
+    xs = spectrum_power_law_window(spec, resolution=events.resolution, trim=trim)
+    alpha, log_a, r2 = fit_power_law(xs, spec.at(xs))
+    n_tok, n_eff = _boot_tokens(events)
+    boots: list[float] = []
+    if n_boot == 0:
+        why = "no bootstrap resamples were asked for (n_boot 0)"
+    elif n_eff < BOOT_MIN_TOKENS:
+        why = (f"the events' drop comes from {n_tok} token(s), effectively {n_eff:.1f} (weighted by drop); a bootstrap "
+               f"over tokens needs at least {BOOT_MIN_TOKENS}: from fewer, its resamples barely differ and the interval "
+               "would read as certainty")  # fmt: skip
+    else:
+        rng = np.random.default_rng(seed)
+        if kernel == "event":
+            curves = _event_bootstrap(events, spec, (rng.poisson(1.0, events.n_tokens) for _ in range(n_boot)), n_boot)
+        else:
+            curves = (learning_time_spectrum(events, bandwidth=h, weights=rng.poisson(1.0, events.n_tokens)[events.token],
+                                             placement=placement, kernel=kernel) for _ in range(n_boot))  # fmt: skip
+        for curve in curves:
+            try:
+                boots.append(fit_power_law(xs, curve.at(xs))[0])
+            except InputError:
+                continue
+        why = None if len(boots) >= BOOT_MIN_RESAMPLES else (
+            f"{len(boots)} of {n_boot} bootstrap resamples could be fitted; a 95 % interval needs at least "
+            f"{BOOT_MIN_RESAMPLES} (the range of n resamples covers on average (n-1)/(n+1) of their distribution)")  # fmt: skip
+    a_lo, a_hi = np.percentile(boots, [2.5, 97.5]).tolist() if why is None else (float("nan"), float("nan"))
+    return PowerLaw("spectrum", alpha, float(a_lo), float(a_hi), r2, (float(xs[0]), float(xs[-1])),
+                    {"log10_amplitude": log_a, "bandwidth": h, "n_boot": len(boots), "alpha_ci95_why": why})  # fmt: skip
+
+
+def spectrum_power_law_window(spec: Spectrum, *, resolution: float = 0.0, trim: float | None = None) -> np.ndarray:
+    """The points [<= 32] of x that :func:`spectrum_power_law` fits ``log10 rho`` on, or the
+    :class:`InputError` that says why there is no power law to fit (no bootstrap: cheap).
+
+    32 points from ``trim`` decades (default: one bandwidth) inside each edge of the observed
+    range; where rho is zero or negative at some (tokens whose loss rose), the longest run of
+    consecutive points where it is positive (log rho is undefined elsewhere). Refused where that
+    window is narrower than :data:`POWER_LAW_MIN_WIDTH` resolution lengths, the larger of the
+    bandwidth and ``resolution`` (the spacing of the points the events were fitted on,
+    :attr:`Events.resolution`).
+    """
+    h = spec.bandwidth
     trim = h if trim is None else float(trim)
     lo, hi = spec.x_range[0] + trim, spec.x_range[1] - trim
     if not hi - lo > 0:
@@ -664,22 +737,42 @@ def spectrum_power_law(
             f"power law with {trim:.2f} decades trimmed at each edge"
         )
     xs = np.linspace(lo, hi, 32)
-    alpha, log_a, r2 = fit_power_law(xs, spec.at(xs))
-    rng = np.random.default_rng(seed)
-    if kernel == "event":
-        curves = _event_bootstrap(events, spec, (rng.poisson(1.0, events.n_tokens) for _ in range(n_boot)), n_boot)
-    else:
-        curves = (learning_time_spectrum(events, bandwidth=h, weights=rng.poisson(1.0, events.n_tokens)[events.token],
-                                         placement=placement, kernel=kernel) for _ in range(n_boot))  # fmt: skip
-    boots = []
-    for b in curves:
-        try:
-            boots.append(fit_power_law(xs, b.at(xs))[0])
-        except InputError:
-            continue
-    a_lo, a_hi = (np.percentile(boots, [2.5, 97.5]).tolist() if len(boots) >= 10 else (float("nan"), float("nan")))
-    return PowerLaw("spectrum", alpha, float(a_lo), float(a_hi), r2, (lo, hi),
-                    {"log10_amplitude": log_a, "bandwidth": h, "n_boot": len(boots)})  # fmt: skip
+    a, b = _longest_positive_run(spec.at(xs))
+    if b - a < 3:
+        raise InputError(f"the spectrum is positive at {b - a} consecutive points at most of its power-law window (x {lo:.2f} "
+                         f"to {hi:.2f}; a power law needs 3 at least): log rho is undefined elsewhere")  # fmt: skip
+    xs = xs[a:b]  # where rho is negative (tokens whose loss rose) or zero, log rho and a power law are undefined
+    length = max(h, float(resolution))
+    if xs[-1] - xs[0] < POWER_LAW_MIN_WIDTH * length * (1 - 1e-9):  # (a window of exactly 5 is one)
+        what = f"the bandwidth, {h:.3g}" if h >= resolution else f"the checkpoint spacing, {resolution:.3g}"
+        where = "" if b - a == 32 else f", where rho is positive, of x {lo:.2f} to {hi:.2f}"
+        raise InputError(
+            f"the spectrum's power-law window (x {xs[0]:.2f} to {xs[-1]:.2f}{where}) is {(xs[-1] - xs[0]) / length:.1f} "
+            f"resolution lengths wide ({what} decades); a power law needs at least {POWER_LAW_MIN_WIDTH}: over fewer the "
+            f"smoothing alone makes log rho a line, whatever the events (record more checkpoints, or over more decades)"
+        )  # fmt: skip
+    return xs
+
+
+def _longest_positive_run(rho: np.ndarray) -> tuple[int, int]:
+    """``(a, b)``: the longest run of consecutive points where ``rho > 0`` is ``rho[a:b]`` (the first of equals)."""
+    best, start = (0, 0), None
+    for i, ok in enumerate(np.append(rho > 0, False)):
+        if ok and start is None:
+            start = i
+        elif not ok and start is not None:
+            if i - start > best[1] - best[0]:
+                best = (start, i)
+            start = None
+    return best
+
+
+def _boot_tokens(events: Events) -> tuple[int, float]:
+    """The tokens whose events show a drop over the observed range, and their effective number
+    (Kish: ``(sum w)^2 / sum w^2``, ``w`` each token's summed |seen drop|)."""
+    w = np.bincount(events.token, np.abs(events.realized_drop()), events.n_tokens)
+    w = w[w > 0]
+    return int(w.size), float(w.sum() ** 2 / (w**2).sum()) if w.size else 0.0
 
 
 # Bytes of resample multiplicities held at once by the spectrum's bootstrap ([resamples, N] uint8).
@@ -728,7 +821,9 @@ def loss_power_law(x: np.ndarray, loss: np.ndarray) -> PowerLaw:
     Least squares by scipy's trust-region solver with ``alpha`` in (0, 10] and
     ``0 <= L_inf <= min L``; the interval is +-1.96 standard errors from the Jacobian, cut to
     the bounds of ``alpha``. At least :data:`LOSS_LAW_MIN_POINTS` points: with 4 or 5, three
-    parameters pass close to every point whatever the curve, and R^2 says nothing.
+    parameters pass close to every point whatever the curve, and R^2 says nothing. Refused
+    (:class:`InputError`) where the fitted exponent lies on one of its bounds: the number would
+    be the bound. ``params["alpha_ci95_why"]`` says why the interval is NaN, where it is.
     """
     from scipy.optimize import curve_fit
 
@@ -754,13 +849,23 @@ def loss_power_law(x: np.ndarray, loss: np.ndarray) -> PowerLaw:
                            maxfev=20000)  # fmt: skip
     except (RuntimeError, ValueError) as exc:
         raise InputError(f"the power-law fit of the mean loss did not converge: {exc}") from None
+    # An exponent on its bound is the bound, not an estimate: at 10 the loss fell to its floor
+    # faster than any power law the points can tell apart ("alpha = 10.000 [9.071, 10.000], R^2
+    # 1.000" for a loss flat after its second point); near 0 the fitted curve is a constant.
+    if p[2] >= _ALPHA_MAX * (1 - 1e-6):
+        raise InputError(f"the power-law fit of the mean loss ran into the exponent's bound, {_ALPHA_MAX:g}: the loss falls to "
+                         "its floor faster than any power law these points can tell apart, so no exponent is measured")  # fmt: skip
+    if p[2] <= 2 * _ALPHA_MIN:
+        raise InputError(f"the power-law fit of the mean loss ran into the exponent's bound, {_ALPHA_MIN:g}: the mean loss "
+                         "does not fall as a power law of the axis (flat or rising)")  # fmt: skip
     resid = loss - model(x, *p)
     ss = ((loss - loss.mean()) ** 2).sum()
     se = float(np.sqrt(cov[2, 2])) if np.all(np.isfinite(cov)) else float("nan")
     lo, hi = max(float(p[2] - 1.96 * se), _ALPHA_MIN), min(float(p[2] + 1.96 * se), _ALPHA_MAX)  # NaN stays NaN
+    why = None if np.isfinite(se) else "the fit's covariance is not finite: the exponent's standard error is not identified"
     return PowerLaw("loss", float(p[2]), lo if np.isfinite(se) else float("nan"), hi if np.isfinite(se) else float("nan"),
                     float(1 - (resid**2).sum() / ss) if ss > 0 else float("nan"), (float(x[0]), float(x[-1])),
-                    {"L_inf": float(p[0]), "A_at_first_point": float(10 ** p[1])})  # fmt: skip
+                    {"L_inf": float(p[0]), "A_at_first_point": float(10 ** p[1]), "alpha_ci95_why": why})  # fmt: skip
 
 
 def _safe_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:

@@ -10,7 +10,7 @@ import numpy as np
 from ..analysis import axis_run, run_spectrum
 from ..errors import InputError
 from ..reconstruct import reconstruct_run
-from ..spectrum import POWER_LAW_R2
+from ..spectrum import BOOT_MIN_RESAMPLES, MAX_BOOT, POWER_LAW_R2
 from ..report import check_writable, write_report
 from ._common import add_run_argument, add_store_argument, open_cli_run, print_json, store_path
 
@@ -56,8 +56,17 @@ def _analysis_options(p: argparse.ArgumentParser) -> None:
                         "learning time (the delta approximation: learning times alone)")
     p.add_argument("--placement", default="mu", choices=("mu", "seen"),
                    help="with --kernel delta: where an event's seen drop sits, at its learning time (default) or the centre of its seen part")
-    p.add_argument("--boot", type=int, default=200, help="bootstrap resamples for the exponent's interval (default: 200)")
+    p.add_argument("--boot", type=int, default=200,
+                   help=f"bootstrap resamples for the spectrum exponent's 95 %% interval, 0 to {MAX_BOOT:,} (default: 200; "
+                        f"fewer than {BOOT_MIN_RESAMPLES} give no interval)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _check_boot(n: int) -> None:
+    """--boot from 0 to MAX_BOOT, refused before any work: the library's refusal of another was
+    caught as "no power law", and the spectrum's went missing without a word."""
+    if not 0 <= n <= MAX_BOOT:
+        raise InputError(f"--boot must be an int from 0 to {MAX_BOOT:,}, got {n}")
 
 
 def _bandwidth(text: str) -> str | float:
@@ -68,6 +77,7 @@ def _bandwidth(text: str) -> str | float:
 
 
 def _spectrum(args: argparse.Namespace) -> int:
+    _check_boot(args.boot)
     run = open_cli_run(args.store, args.run)
     res = run_spectrum(run, which=args.events, bandwidth=args.bandwidth, n_boot=args.boot, placement=args.placement,
                        kernel=args.kernel, by=args.by)
@@ -77,21 +87,68 @@ def _spectrum(args: argparse.Namespace) -> int:
     rec, spec = res.reconstruction, res.reconstruction.spectrum
     print(f"run {run.name!r} (axis {rec.axis}): {spec.n_events:,} events of {spec.n_tokens:,} tokens ({args.events}), "
           f"drop seen {spec.total_drop:.3f} nats/token, bandwidth {spec.bandwidth:.3f} decades")  # fmt: skip
-    peak = np.abs(spec.hist).max() or 1.0  # the bars are the histogram's (a wide bandwidth flattens the density below it)
-    for lo, hi, v in zip(spec.edges[:-1], spec.edges[1:], spec.hist):
-        print(f"  x {lo:6.2f}..{hi:6.2f}  {v:8.3f} nats/decade  " + "#" * int(round(40 * max(v, 0) / peak)))
+    for line in _histogram_lines(spec):
+        print(line)
     if res.groups:
         print(f"by {res.by}: drop seen (nats/token), learning time of the peak (x), events")
         for label, g in sorted(res.groups.items(), key=lambda kv: -kv[1].total_drop):
             print(f"  {label:<28} {g.total_drop:8.3f}   x {g.x[np.argmax(g.density)]:6.2f}   {g.n_events:,}")
-    for pl in (rec.spectrum_power_law, rec.loss_power_law):
-        if pl is not None:
-            verdict = "" if pl.r2 >= POWER_LAW_R2 else f"  (not a power law: R^2 below {POWER_LAW_R2:g})"
-            print(f"power law of the {pl.what:<8} alpha = {pl.alpha:.3f} [{pl.alpha_lo:.3f}, {pl.alpha_hi:.3f}]  R^2 {pl.r2:.3f}{verdict}")
+    for what, pl in (("spectrum", rec.spectrum_power_law), ("loss", rec.loss_power_law)):
+        if pl is None:
+            print(f"power law of the {what:<8} none: {_no_power_law_reason(what, run, args, rec)}")
+            continue
+        verdict = "" if pl.r2 >= POWER_LAW_R2 else f"  (not a power law: R^2 below {POWER_LAW_R2:g})"
+        if np.isfinite(pl.alpha_lo) and np.isfinite(pl.alpha_hi):
+            ci = f" [{pl.alpha_lo:.3f}, {pl.alpha_hi:.3f}]"
+        else:
+            ci = f" (no 95 % interval: {pl.params.get('alpha_ci95_why') or 'not finite'})"
+        print(f"power law of the {pl.what:<8} alpha = {pl.alpha:.3f}{ci}  R^2 {pl.r2:.3f}{verdict}")
     return 0
 
 
+# The most histogram lines `tokdyn spectrum` prints: more bins are merged for printing (--json has every bin).
+HIST_LINES = 40
+
+
+def _histogram_lines(spec) -> list[str]:
+    """The spectrum's histogram as at most :data:`HIST_LINES` lines: adjacent bins merged in
+    equal groups where there are more (a bandwidth of 0.001 decades made 3,000 bins), each line
+    the merged bins' drop per decade, with a line saying so."""
+    edges, hist = np.asarray(spec.edges), np.asarray(spec.hist)
+    n = hist.size
+    group = -(-n // HIST_LINES)  # ceil
+    out = []
+    if group > 1:
+        starts = np.arange(0, n, group)
+        widths = np.diff(edges)
+        hist = np.add.reduceat(hist * widths, starts) / np.add.reduceat(widths, starts)  # drop per decade of each group
+        edges = np.append(edges[starts], edges[-1])
+        out.append(f"  histogram of {n:,} bins of {float(np.diff(spec.edges).mean()):.3g} decades, shown {group} bins a line "
+                   f"({hist.size} lines; every bin: --json)")  # fmt: skip
+    peak = np.abs(hist).max() or 1.0  # the bars are the histogram's (a wide bandwidth flattens the density below it)
+    for lo, hi, v in zip(edges[:-1], edges[1:], hist):
+        out.append(f"  x {lo:6.2f}..{hi:6.2f}  {v:8.3f} nats/decade  " + "#" * int(round(40 * max(v, 0) / peak)))
+    return out
+
+
+def _no_power_law_reason(what: str, run, args: argparse.Namespace, rec) -> str:
+    """Why the reconstruction has no power law of ``what`` ("spectrum" or "loss"): the refusal of
+    the loss law's fit, or of the spectrum's window (no bootstrap), made again (the reconstruction
+    keeps only None)."""
+    from ..spectrum import loss_power_law, run_events, spectrum_power_law_window
+
+    try:
+        if what == "loss":
+            loss_power_law(rec.x, rec.mean_loss)
+        else:  # (the events' resolution: the same for the tokens the reconstruction kept)
+            spectrum_power_law_window(rec.spectrum, resolution=run_events(run, which=args.events).resolution)
+    except InputError as exc:
+        return str(exc)
+    return "the fit was refused"
+
+
 def _reconstruct(args: argparse.Namespace) -> int:
+    _check_boot(args.boot)
     if args.axis:
         found = axis_run(store_path(args.store), args.axis, runs=args.runs.split(",") if args.runs else None, rebuild=args.rebuild,
                          repeats=args.repeats)
@@ -113,6 +170,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
         return 0
     s = rec.summary()
     print(f"run {run.name!r} (axis {rec.axis}): {s['n_points']} points, {s['n_tokens']:,} tokens, {s['n_events']:,} events ({args.events})")
+    if s.get("rows_left_out"):
+        print(f"  {s['rows_left_out']}")
     print(f"  R^2 of -dL/dlog10 a  sum of sigmoids {s['r2_events']:.3f}   spectrum alone {s['r2_spectrum']:.3f}")
     print(f"  relative L2 error    sum of sigmoids {s['rel_l2_events']:.3f}   spectrum alone {s['rel_l2_spectrum']:.3f}")
     if np.isfinite(s["drop_share_events"]):
