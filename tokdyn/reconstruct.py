@@ -19,12 +19,20 @@ the events fitted on a T run, each D point placed at its effective step on T
 Each prediction is scored by R^2 and the relative L2 error against the measurement, over all
 axis points and over the interior ones (without the two end points, where the measured
 derivative is one-sided).
+
+The measured mean is over one set of tokens at every point (:func:`measured_mean_loss`): a
+point where fewer than half of the tokens have a loss is no measurement (NaN, out of the
+scores), and a token missing a loss at some of the other points is left out of the mean, and
+out of the events, at all of them; each is said (:attr:`Reconstruction.notes`, a warning).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,7 +40,17 @@ from .errors import InputError
 from .fit.models import SHARE_MIN_NET
 from .spectrum import Events, PowerLaw, Spectrum, learning_time_spectrum, loss_power_law, run_events, spectrum_power_law
 
-__all__ = ["Reconstruction", "measured_derivative", "reconstruct", "reconstruct_run", "reconstruct_across", "scores"]
+__all__ = ["Reconstruction", "MeasuredMean", "MeasuredMeanWarning", "measured_derivative", "measured_mean_loss",
+           "mean_probe_loss", "reconstruct", "reconstruct_run", "reconstruct_across", "scores"]
+
+# The measured mean loss of a run (measured_mean_loss): a row is measured where at least this
+# share of the tokens asked for has a loss there, and the mean over the tokens with a loss at
+# every measured row must keep at least this share of them (else it is refused).
+MEASURED_MIN_SHARE = 0.5
+
+
+class MeasuredMeanWarning(UserWarning):
+    """The measured mean probe loss left rows or tokens out (:func:`measured_mean_loss`)."""
 
 
 def measured_derivative(x, loss, *, smoothing: float | None = None) -> np.ndarray:
@@ -41,7 +59,9 @@ def measured_derivative(x, loss, *, smoothing: float | None = None) -> np.ndarra
     At each point a quadratic in ``x - x_k`` is fitted by least squares with Gaussian weights
     of standard deviation ``smoothing`` decades (default: 1.5 x the median spacing of x, so a
     handful of neighbours count), widened where needed to reach the 3 nearest other points;
-    its slope is the derivative (exact for a quadratic). NaN losses are skipped.
+    its slope is the derivative (exact for a quadratic). NaN losses are skipped by the
+    regression, and the derivative at a NaN loss is NaN: nothing was measured there (the local
+    quadratic of its neighbours used to print there as a measured value).
     """
     x, loss = np.asarray(x, np.float64), np.asarray(loss, np.float64)
     if x.ndim != 1 or x.shape != loss.shape:
@@ -67,6 +87,7 @@ def measured_derivative(x, loss, *, smoothing: float | None = None) -> np.ndarra
         A = np.stack([np.ones_like(d), d, d * d], axis=1) * w[:, None]
         coef, *_ = np.linalg.lstsq(A, lo * w, rcond=None)
         out[k] = -coef[1]
+    out[~ok] = np.nan  # no measurement at a point whose loss is missing
     return out
 
 
@@ -101,6 +122,11 @@ class Reconstruction:
         ``SHARE_MIN_NET`` of its range, so a share would be unbounded).
     drop_share_well_fitted : share carried by events whose fit converged with R^2 >= r2_min.
     spectrum : the :class:`Spectrum`; ``spectrum_power_law``/``loss_power_law`` the exponents.
+    n_tokens : the tokens of the mean and of the events (the N they are normalised by).
+    n_tokens_left_out : tokens left out of both because they miss a loss at some measured point
+        (:func:`measured_mean_loss`).
+    notes : what the measurement left out and why, one line each (also warned).
+    rows_left_out : the committed rows the fit left out and why (step 0, a fit window), or None.
     """
 
     axis: str
@@ -124,13 +150,18 @@ class Reconstruction:
     loss_power_law: PowerLaw | None
     n_tokens: int
     n_events: int
+    n_tokens_left_out: int = 0
+    notes: tuple[str, ...] = ()
+    rows_left_out: str | None = None
 
     def summary(self) -> dict:
         """The scalar results, JSON-able. ``*_interior``: the scores without the two end points."""
         inner = slice(1, -1)
         ev_in, sp_in = scores(self.from_events[inner], self.measured[inner]), scores(self.from_spectrum[inner], self.measured[inner])
         return {
-            "run": self.run, "axis": self.axis, "n_points": int(self.x.size), "n_tokens": self.n_tokens,
+            "run": self.run, "axis": self.axis, "n_points": int(self.x.size),
+            "n_points_measured": int(np.count_nonzero(np.isfinite(self.measured))), "n_tokens": self.n_tokens,
+            "n_tokens_left_out": self.n_tokens_left_out, "notes": list(self.notes), "rows_left_out": self.rows_left_out,
             "n_events": self.n_events, "x_range": [float(self.x[0]), float(self.x[-1])],
             "r2_events": self.r2_events, "rel_l2_events": self.rel_l2_events,
             "r2_events_analytic": self.r2_events_analytic,
@@ -165,6 +196,7 @@ def reconstruct(
     kernel: str = "event",
     at=None,
     loss_offset=None,
+    notes: Sequence[str] | None = None,
 ) -> Reconstruction:
     """Rebuild ``-dL/dx`` of ``mean_loss`` [K] at x [K] from ``events``; see the module docstring.
 
@@ -177,11 +209,23 @@ def reconstruct(
     annealing gain of a decayed branch, :mod:`tokdyn.annealing`); its ``-d/dx`` through the
     measurement's estimator is added to every prediction. ``n_boot`` bootstrap resamples give the
     spectrum exponent's interval (0 skips the power laws' intervals; the exponents are still fitted).
+
+    A NaN in ``mean_loss`` is a point with no measurement: its measured derivative is NaN, it
+    is left out of every score and of the drop shares (measured between the first and the last
+    measured point), and a note says so (``notes``, when given, say it instead: what the caller
+    left out and why). Each note is also warned (:class:`MeasuredMeanWarning`).
     """
     x, mean_loss = np.asarray(x, np.float64), np.asarray(mean_loss, np.float64)
     if not isinstance(events, Events):
         raise InputError(f"events must be an Events, got {type(events).__name__}")
     measured = measured_derivative(x, mean_loss, smoothing=smoothing)
+    unmeasured = ~np.isfinite(mean_loss)
+    if notes is None:
+        notes = [f"no measured mean loss at {_count(int(unmeasured.sum()), 'point')} (x = {_listed(x[unmeasured])}): "
+                 f"no measured -dL/dx there, left out of the scores"] if unmeasured.any() else []
+    notes = tuple(str(n) for n in notes if n)
+    for note in notes:
+        warnings.warn(f"{f'run {run!r}' if run else 'reconstruction'}: {note}", MeasuredMeanWarning, stacklevel=2)
     if at is None:
         at, jac = x, np.ones_like(x)
     else:
@@ -190,6 +234,14 @@ def reconstruct(
             raise InputError(f"at: expected {x.size} finite, increasing positions on the events' axis, got shape {at.shape}")
         jac = np.gradient(at, x)  # d at / dx
     h_s = 1.5 * float(np.median(np.diff(x))) if smoothing is None else float(smoothing)
+
+    def same_grid(curve: np.ndarray) -> np.ndarray:
+        """``-d curve/dx`` by the measurement's estimator on the points it measured (at a point
+        it did not, where nothing is scored, from every point: the prediction is still drawn)."""
+        d = measured_derivative(x, curve, smoothing=h_s)
+        if unmeasured.any():
+            d = np.where(unmeasured, d, measured_derivative(x, np.where(unmeasured, np.nan, curve), smoothing=h_s))
+        return d
     spec = learning_time_spectrum(events, bandwidth=bandwidth, placement=placement, kernel=kernel)
     # The events' share of L (the spectrum above has refused an empty set): its -d/dx through
     # the measurement's estimator is the prediction, and its fall over the range their drop.
@@ -200,16 +252,18 @@ def reconstruct(
         if offset.shape != x.shape or not np.all(np.isfinite(offset)):
             raise InputError(f"loss_offset: expected {x.size} finite values, got shape {offset.shape}")
         curve = curve + offset
-        extra = measured_derivative(x, offset, smoothing=h_s)
-    from_events = measured_derivative(x, curve, smoothing=h_s)
+        extra = same_grid(offset)
+    from_events = same_grid(curve)
     analytic = events.derivative(at) * jac + extra
     from_spectrum = spec.at(at) * jac + extra
     s_ev, s_an, s_sp = scores(from_events, measured), scores(analytic, measured), scores(from_spectrum, measured)
-    finite = mean_loss[np.isfinite(mean_loss)]
-    measured_drop = float(finite[0] - finite[-1])
-    ev_drop = float(curve[0] - curve[-1])
+    # the drops between the first and the last measured point, on both sides
+    i0, i1 = np.flatnonzero(~unmeasured)[[0, -1]]  # measured_derivative has made sure of 3
+    finite = mean_loss[~unmeasured]
+    measured_drop = float(mean_loss[i0] - mean_loss[i1])
+    ev_drop = float(curve[i0] - curve[i1])
     well = events.subset(events.well_fitted)
-    well_drop = float(well.curve(at[:1])[0] - well.curve(at[-1:])[0]) if len(well) else 0.0
+    well_drop = float(well.curve(at[i0 : i0 + 1])[0] - well.curve(at[i1 : i1 + 1])[0]) if len(well) else 0.0
     try:
         spl = spectrum_power_law(events, bandwidth=spec.bandwidth, n_boot=n_boot, seed=seed, placement=placement,
                                  kernel=kernel, spectrum=spec)
@@ -231,6 +285,7 @@ def reconstruct(
         r2_spectrum=s_sp["r2"], rel_l2_spectrum=s_sp["rel_l2"],
         drop_share_events=share(ev_drop), drop_share_well_fitted=share(well_drop), smoothing=h_s,
         spectrum=spec, spectrum_power_law=spl, loss_power_law=lpl, n_tokens=events.n_scored, n_events=len(events),
+        notes=notes,
     )  # fmt: skip
 
 
@@ -248,8 +303,12 @@ def reconstruct_run(
 ) -> Reconstruction:
     """:func:`reconstruct` for a fitted :class:`~tokdyn.store.Run`: its mean probe loss on the
     fitted rows and the events of its stored fit (``which``: see
-    :func:`tokdyn.spectrum.events_from_fit`), or ``events`` already made from it."""
-    from .fit.job import fitted_inputs
+    :func:`tokdyn.spectrum.events_from_fit`), or ``events`` already made from it.
+
+    Both sides are over one set of tokens (:func:`measured_mean_loss`): the tokens the fit
+    scored that have a loss at every measured row; a token left out of the mean is left out of
+    the events too (N is then the tokens kept), so the two stay comparable."""
+    from .fit.job import fitted_inputs, rows_left_out, stored_axis_min
 
     events = run_events(run, which=which) if events is None else events  # StoreError if not fitted
     rows, x = fitted_inputs(run)  # the rows the fit was made on (after any axis_min)
@@ -257,8 +316,20 @@ def reconstruct_run(
     # theirs), never over a token the fit set aside: one token at 2e4 nats (above max_loss,
     # unfit) made the "measured" mean a curve of that token alone, the events' share near 0.
     scored = np.asarray(run.fit.read(fields=("n_points",))["n_points"]) > 0
-    return reconstruct(x, mean_probe_loss(run, rows, tokens=None if scored.all() else scored), events, axis=run.axis, run=run.name, bandwidth=bandwidth,
-                       smoothing=smoothing, n_boot=n_boot, seed=seed, placement=placement, kernel=kernel)  # fmt: skip
+    mm = measured_mean_loss(run, rows, tokens=None if scored.all() else scored)
+    rec = reconstruct(x, mm.loss, _events_of(events, mm.tokens, scored), axis=run.axis, run=run.name, bandwidth=bandwidth,
+                      smoothing=smoothing, n_boot=n_boot, seed=seed, placement=placement, kernel=kernel, notes=mm.notes)  # fmt: skip
+    return replace(rec, n_tokens_left_out=mm.n_left_out, rows_left_out=rows_left_out(run, rows, axis_min=stored_axis_min(run)))
+
+
+def _events_of(events: Events, kept: np.ndarray, scored: np.ndarray) -> Events:
+    """``events`` over the tokens ``kept`` [N] of the measured mean, normalised by their number
+    (unchanged where they are every token ``scored`` [N], the common case)."""
+    if kept.shape != (events.n_tokens,):
+        raise InputError(f"events of {events.n_tokens} tokens for a run of {kept.size}: not the run's fit")
+    if np.array_equal(kept, scored):
+        return events
+    return replace(events.for_tokens(kept), n_scored=int(kept.sum()))
 
 
 def reconstruct_across(
@@ -290,6 +361,7 @@ def reconstruct_across(
     from .fit.job import fit_inputs, stored_axis_min
 
     events = run_events(t_run, which=which)  # StoreError if T is not fitted
+    scored = np.asarray(t_run.fit.read(fields=("n_points",))["n_points"]) > 0  # the tokens N counts
     rows, x = fit_inputs(axis_run)
     steps = effective_steps(axis_run, t_run, by=by)[rows]
     window = stored_axis_min(t_run)
@@ -307,52 +379,210 @@ def reconstruct_across(
         srcs = source_runs(axis_run)
         offset = -np.array([annealing.gain(decay_schedule(srcs[int(k)])) for k in rows])
     label = f"{axis_run.name} from {t_run.name}" + (" with the annealing gain" if annealing is not None else "")
-    rec = reconstruct(x, mean_probe_loss(axis_run, rows), events, axis=axis_run.axis, run=label,
-                      bandwidth=bandwidth, smoothing=smoothing, n_boot=0, kernel=kernel, at=at, loss_offset=offset)  # fmt: skip
-    return rec
+    if scored.shape != (axis_run.n_tokens,):
+        raise InputError(f"{t_run.name!r} has {scored.size} tokens and {axis_run.name!r} {axis_run.n_tokens}: not one probe")
+    # one set of tokens on both sides, as in reconstruct_run: those T scored with a loss at every D point
+    mm = measured_mean_loss(axis_run, rows, tokens=None if scored.all() else scored)
+    rec = reconstruct(x, mm.loss, _events_of(events, mm.tokens, scored), axis=axis_run.axis, run=label,
+                      bandwidth=bandwidth, smoothing=smoothing, n_boot=0, kernel=kernel, at=at, loss_offset=offset,
+                      notes=mm.notes)  # fmt: skip
+    return replace(rec, n_tokens_left_out=mm.n_left_out)
+
+
+@dataclass(frozen=True)
+class MeasuredMean:
+    """The measured mean probe loss of rows of a run, over one set of tokens (:func:`measured_mean_loss`).
+
+    Attributes
+    ----------
+    loss [K] : the mean loss (nats) of each row over ``tokens``; NaN at a row left out.
+    tokens [N] : bool, the tokens averaged: those asked for with a loss at every row kept.
+    n_asked : the tokens asked for (the ``tokens`` mask given, or every token).
+    missing [K] : bool, the rows left out: fewer than :data:`MEASURED_MIN_SHARE` of the tokens
+        asked for have a loss there.
+    notes : what was left out and why, one line each (none when nothing was).
+    """
+
+    loss: np.ndarray
+    tokens: np.ndarray
+    n_asked: int
+    missing: np.ndarray
+    notes: tuple[str, ...] = ()
+
+    @property
+    def n_tokens(self) -> int:
+        return int(np.count_nonzero(self.tokens))
+
+    @property
+    def n_left_out(self) -> int:
+        """Tokens asked for but left out: each misses a loss at one or more of the rows kept."""
+        return self.n_asked - self.n_tokens
+
+
+def measured_mean_loss(r, rows: np.ndarray | None = None, *, tokens: np.ndarray | None = None) -> MeasuredMean:
+    """The mean probe loss [K] of the given rows of run ``r`` (all committed rows by default) over
+    one set of tokens at every row: what a reconstruction measures.
+
+    ``tokens`` [N] (bool): the tokens asked for (default: all). A row where fewer than
+    :data:`MEASURED_MIN_SHARE` (half) of them have a loss (NaN: not finite when recorded, or
+    lost) is left out: NaN, no measurement. Over the other rows the mean is over the tokens with
+    a loss at every one of them; a token missing one at some rows only is left out at all of
+    them, and the notes say how many and where. Averaging each row over whichever tokens it has
+    measured a different set at each row: with the highest-loss tenth of the tokens missing at
+    the first 4 rows, the early mean read too low, and the events' R^2 fell from 1.000 to 0.924
+    on a planted run whose events were exact. Where that leaves fewer than half of the tokens,
+    :class:`InputError`: the mean of a minority is not the probe's mean loss. Where every token
+    has a loss at every row (the common case), the numbers are those of :func:`mean_probe_loss`.
+    """
+    arr, sel, n_asked = _selection(r, rows, tokens)
+    k = arr.shape[0]
+    idx = np.arange(k) if rows is None else np.asarray(rows).reshape(-1)
+    p = _parts(arr, sel)
+    need = MEASURED_MIN_SHARE * n_asked
+    missing = p.observed < need
+    if missing.all():
+        raise InputError(f"run {r.name!r}: none of the {_count(k, 'row')} has a loss for at least half of the {n_asked:,} "
+                         f"probe tokens; there is no mean probe loss to measure")  # fmt: skip
+    kept = np.flatnonzero(~missing)
+    q = _parts(arr[kept], sel) if missing.any() else p  # the tokens with a loss at every row kept
+    keep = q.counts == kept.size
+    if sel is not None:
+        keep &= sel
+    n_kept = int(np.count_nonzero(keep))
+    names = _row_names(r, idx)
+    lacking = n_asked - p.observed  # tokens asked for without a loss, per row
+    worst = [int(i) for i in kept[np.argsort(-lacking[kept], kind="stable")][:3] if lacking[i] > 0]
+    where = ", ".join(f"{names[i]}: {int(lacking[i]):,} missing" for i in sorted(worst))
+    if n_kept < need:
+        raise InputError(
+            f"run {r.name!r}: only {n_kept:,} of the {n_asked:,} probe tokens have a loss at every one of the "
+            f"{_count(kept.size, 'row')} measured; the rest miss one at some (most at {where}). A mean over other tokens at "
+            f"each row would be biased, and one over that minority is not the probe's mean loss: record the missing losses "
+            f"again, or fit from later rows (--axis-min) if they are the early ones"
+        )
+    notes = []
+    if missing.any():
+        why = ", ".join(f"{names[i]} ({'no loss' if p.observed[i] == 0 else f'{p.observed[i] / n_asked:.0%} of the tokens'})"
+                        for i in np.flatnonzero(missing)[:6]) + (", ..." if missing.sum() > 6 else "")  # fmt: skip
+        notes.append(f"{_count(int(missing.sum()), 'row')} with a loss for fewer than half of the {n_asked:,} tokens left "
+                     f"out of the measured mean: {why}; no measured -dL/dx there, and out of the scores")  # fmt: skip
+    if n_kept < n_asked:
+        notes.append(f"the measured mean is over the {n_kept:,} tokens with a loss at every measured row: {n_asked - n_kept:,} "
+                     f"of {n_asked:,} ({(n_asked - n_kept) / n_asked:.1%}) miss one at some rows (most at {where or 'none'}) "
+                     f"and are left out at every row (and out of the events), since a mean over whichever tokens each "
+                     f"row has is biased where they are missing")  # fmt: skip
+    loss = np.full(k, np.nan)
+    loss[kept] = q.full / n_kept
+    return MeasuredMean(loss=loss, tokens=keep, n_asked=n_asked, missing=missing, notes=tuple(notes))
 
 
 def mean_probe_loss(r, rows: np.ndarray | None = None, *, tokens: np.ndarray | None = None) -> np.ndarray:
     """Mean loss over tokens [K] of the given rows of run ``r`` (all committed rows by default),
-    computed with dask over token chunks; NaN losses (non-finite when recorded) are skipped.
+    computed with dask over token chunks; each row over the tokens with a loss in it (NaN
+    losses, non-finite when recorded, are skipped; NaN where a row has none).
     ``tokens`` [N] (bool): only the tokens where it is true (default: all).
+
+    The plain per-row mean: where some tokens miss a loss at some rows only, each row's mean is
+    over a different set of tokens, and it warns (:class:`MeasuredMeanWarning`). A curve to
+    differentiate or compare along the axis wants :func:`measured_mean_loss`, one set of tokens
+    at every row (what the reconstruction measures); a single row's mean is this.
 
     Each chunk (all rows x 262,144 tokens by default) is summed in slices of
     :data:`_MEAN_SLICE` tokens: a float64 copy of a whole chunk and nanmean's temporaries held
     1-1.5 GB a thread for a 200-row run."""
+    arr, sel, _ = _selection(r, rows, tokens)
+    p = _parts(arr, sel)
+    rows_seen = int(np.count_nonzero(p.observed))
+    partial = int(np.count_nonzero((p.counts > 0) & (p.counts < rows_seen)))
+    if partial:
+        warnings.warn(f"run {r.name!r}: {partial:,} tokens have a loss at some of the {rows_seen} rows only, so each row's "
+                      f"mean probe loss is over other tokens (measured_mean_loss: over one set of tokens)",
+                      MeasuredMeanWarning, stacklevel=2)  # fmt: skip
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(p.observed > 0, p.raw / np.maximum(p.observed, 1), np.nan)
+
+
+def _selection(r, rows, tokens):
+    """(the dask array of ``rows`` of run ``r``, chunked over tokens only; the token mask or None; tokens asked for)."""
     arr = r.to_dask()
     if rows is not None:
         arr = arr[np.asarray(rows)]
-    k, nb = arr.shape[0], arr.numblocks[1]
-    if tokens is not None:
-        tokens = np.asarray(tokens, bool)
-        if tokens.shape != (arr.shape[1],):
-            raise InputError(f"tokens: expected {arr.shape[1]} booleans, got shape {tokens.shape}")
-        if not tokens.any():
-            raise InputError("tokens: no token selected for the mean probe loss")
-        arr = arr.map_blocks(_only_tokens, tokens, dtype=arr.dtype)
-    parts = arr.map_blocks(_nan_sums, chunks=(k, 2), dtype=np.float64).compute()  # [K, 2 nb]
-    sums = parts.reshape(k, nb, 2).sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(sums[:, 1] > 0, sums[:, 0] / np.maximum(sums[:, 1], 1), np.nan)
+    if arr.numblocks[0] != 1:
+        arr = arr.rechunk({0: -1})
+    n = arr.shape[1]
+    if tokens is None:
+        return arr, None, n
+    tokens = np.asarray(tokens, bool)
+    if tokens.shape != (n,):
+        raise InputError(f"tokens: expected {n} booleans, got shape {tokens.shape}")
+    if not tokens.any():
+        raise InputError("tokens: no token selected for the mean probe loss")
+    return arr, tokens, int(np.count_nonzero(tokens))
 
 
-def _only_tokens(block: np.ndarray, tokens: np.ndarray, block_info=None) -> np.ndarray:
-    """``block`` with the tokens not selected by ``tokens`` [N] set to NaN (skipped by the mean)."""
-    a, b = block_info[0]["array-location"][1]
-    keep = tokens[a:b]
-    return block if keep.all() else np.where(keep[None, :], block, np.nan).astype(block.dtype, copy=False)
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}{'s' * (n != 1)}"
+
+
+def _listed(values, most: int = 6) -> str:
+    v = [f"{float(a):.3g}" for a in np.asarray(values).reshape(-1)]
+    return ", ".join(v[:most]) + (", ..." if len(v) > most else "")
+
+
+_AXIS_ROW = {"T": "step", "D": "data budget", "M": "model size"}
+
+
+def _row_names(r, idx: np.ndarray) -> list[str]:
+    """Each row of ``idx`` by its axis value: 'step 0', 'data budget 1e+09'."""
+    av = np.asarray(r.axis_values[: r.n_committed], np.float64)[idx]
+    noun = _AXIS_ROW.get(getattr(r, "axis", ""), "axis value")
+    return [f"{noun} {v:g}" for v in av]
+
+
+class _Parts(NamedTuple):
+    raw: np.ndarray  # [K] each row's sum of its selected tokens' losses
+    observed: np.ndarray  # [K] how many selected tokens have a loss in each row
+    full: np.ndarray  # [K] each row's sum over the selected tokens with a loss at every row
+    counts: np.ndarray  # [N] rows at which each token has a loss (0 for a token not selected)
+
+
+def _parts(arr, tokens: np.ndarray | None) -> _Parts:
+    """The sums and counts of :class:`_Parts` over ``arr [K, N]`` (chunked over tokens only), one
+    task per chunk; the chunks added in order."""
+    import dask
+
+    bounds = np.cumsum((0,) + tuple(arr.chunks[1]))
+    tasks = [dask.delayed(_block_parts, pure=True)(block, None if tokens is None else tokens[a:e])
+             for block, a, e in zip(arr.to_delayed()[0], bounds[:-1], bounds[1:])]  # fmt: skip
+    parts = dask.compute(*tasks)
+    return _Parts(
+        raw=np.stack([p[0] for p in parts]).sum(axis=0), observed=np.stack([p[1] for p in parts]).sum(axis=0),
+        full=np.stack([p[2] for p in parts]).sum(axis=0), counts=np.concatenate([p[3] for p in parts]),
+    )  # fmt: skip
 
 
 _MEAN_SLICE = 16384  # tokens of a chunk converted to float64 at once
 
 
-def _nan_sums(block: np.ndarray) -> np.ndarray:
-    """[K, 2]: each row's sum of its finite losses and their count, over ``block [K, B]``."""
-    out = np.zeros((block.shape[0], 2))
-    for a in range(0, block.shape[1], _MEAN_SLICE):
+def _block_parts(block: np.ndarray, keep: np.ndarray | None):
+    """(raw [K], observed [K], full [K], counts [B]) of :class:`_Parts` over ``block [K, B]``."""
+    k, b = block.shape
+    raw, full, observed = np.zeros(k), np.zeros(k), np.zeros(k, np.int64)
+    counts = np.zeros(b, np.int64)
+    for a in range(0, b, _MEAN_SLICE):
         part = block[:, a : a + _MEAN_SLICE].astype(np.float64)
         seen = ~np.isnan(part)
-        out[:, 0] += np.where(seen, part, 0.0).sum(axis=1)
-        out[:, 1] += seen.sum(axis=1)
-    return out
+        if keep is not None:
+            seen &= keep[None, a : a + _MEAN_SLICE]
+        vals = np.where(seen, part, 0.0)
+        sums = vals.sum(axis=1)
+        raw += sums
+        observed += seen.sum(axis=1)
+        c = seen.sum(axis=0)
+        counts[a : a + part.shape[1]] = c
+        every = c == k
+        if every.all():
+            full += sums
+        elif every.any():
+            full += vals[:, every].sum(axis=1)
+    return raw, observed, full, counts

@@ -340,9 +340,32 @@ def _scores_table(an: StoreAnalysis) -> str:
         ])  # fmt: skip
     rows = [[label, *(c[i] for c in cols), help_] for i, (label, help_) in enumerate(SCORES)]
     header = ["", *(f"run {a.run} (axis {a.axis})" for a in an.runs), "what it measures"]
-    note = f"<p class=meta>Not fitted (left out): {_e(', '.join(an.not_fitted))}</p>" if an.not_fitted else ""
+    note = "".join(_left_out_notes(a) for a in an.runs)
+    note += f"<p class=meta>Not fitted (left out): {_e(', '.join(an.not_fitted))}</p>" if an.not_fitted else ""
     note += "".join(f"<p class=meta>Left out, {_e(n)}: {_e(why)}</p>" for n, why in an.failed.items())
     return _table(header, rows, caption="How well the per-token events rebuild the fall of the mean loss") + note
+
+
+def _left_out_notes(a: RunAnalysis) -> str:
+    """What run ``a``'s points and measured mean leave out, and why: the rows its fit left out
+    (step 0, a fit window), and the rows and tokens the measured mean left out
+    (:attr:`tokdyn.reconstruct.Reconstruction.notes`); one line each."""
+    rec = a.reconstruction
+    lines = [f"points: {rec.rows_left_out}"] if rec.rows_left_out else []
+    lines += [f"measured mean loss: {n}" for n in rec.notes]
+    lines += [f"{label}, measured mean loss: {n}" for label, other in a.across.items() for n in other.notes]
+    return "".join(f"<p class=meta>Run {_e(a.run)}, {_e(line)}</p>" for line in lines)
+
+
+def _measured_tokens_text(rec, name: str) -> str:
+    """Which tokens and points the measured mean loss is over, for a caption."""
+    unmeasured = int(np.count_nonzero(~np.isfinite(rec.mean_loss)))
+    if not (rec.n_tokens_left_out or unmeasured):
+        return f"all {rec.spectrum.n_tokens:,} probe tokens at each recorded {name}"
+    left = [f"{rec.n_tokens_left_out:,} token{'s' * (rec.n_tokens_left_out != 1)} that miss a loss at some"] if rec.n_tokens_left_out else []
+    left += [f"{unmeasured} {name}{'s' * (unmeasured != 1)} where most tokens have none, with no measured point"] if unmeasured else []
+    return (f"the same {rec.spectrum.n_tokens:,} probe tokens at each measured {name} (left out: {' and '.join(left)}; "
+            f"the lines under the table of scores say which)")
 
 
 def _class_help(o: dict) -> dict[str, str]:
@@ -809,7 +832,7 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
         _legend_below(ax1, ncol=3)
     name = _axis_name(a.axis)
     return Figure(fig, "The mean probe loss and how fast it falls, measured and rebuilt from the tokens",
-                  f"Left: the loss averaged over all {rec.spectrum.n_tokens:,} probe tokens at each recorded {name}. "
+                  f"Left: the loss averaged over {_measured_tokens_text(rec, name)}. "
                   f"Right: how fast it falls, -dL/dlog10 a in nats per tenfold increase of the {name} (a is the {name}): "
                   f"black, measured from the mean loss (a local quadratic, smoothing {rec.smoothing:.3f} decades); blue, "
                   f"the sum of every token's fitted learning event(s); red dashed, rebuilt from the learning-time spectrum "

@@ -43,6 +43,8 @@ def _fit(args: argparse.Namespace) -> int:
           f"{'' if args.axis_min is None else f' (axis values >= {args.axis_min:g})'}, "
           f"{res.blocks_fitted} blocks fitted, {res.blocks_resumed} already done, "
           f"{res.seconds:.1f} s ({res.backend}, {res.scheduler})")  # fmt: skip
+    if res.rows_left_out:  # which rows the point count leaves out, and why (step 0, --axis-min)
+        print(f"  {res.rows_left_out}")
     total = sum(res.class_counts.values())
     drops = res.class_drops  # shares, or nats where they would mean nothing
     for name, count in sorted(res.class_counts.items(), key=lambda kv: -kv[1]):

@@ -32,7 +32,8 @@ from tokdyn.fit.options import CLASS_NAMES, MODEL_NAMES, STATUS_NAMES, FitOption
 from tokdyn.fit.sigmoid import log_axis
 from tokdyn.store import Run, TrajectoryStore, as_store
 
-__all__ = ["FitSummary", "fit_run", "read_fit", "stored_options", "stored_axis_min", "fit_inputs", "fitted_inputs", "LOCAL_SCHEDULERS"]
+__all__ = ["FitSummary", "fit_run", "read_fit", "stored_options", "stored_axis_min", "fit_inputs", "fitted_inputs",
+           "rows_left_out", "LOCAL_SCHEDULERS"]
 
 LOCAL_SCHEDULERS = ("threads", "processes", "sync")
 
@@ -67,6 +68,33 @@ def fit_inputs(run: Run, *, axis_min: float | None = None, n_committed: int | No
         return rows, log_axis(av[rows])
     except InputError as exc:
         raise InputError(f"run {run.name!r}: {exc}") from None
+
+
+def rows_left_out(run: Run, rows, *, axis_min: float | None = None, n_committed: int | None = None) -> str | None:
+    """One line: the committed rows (the first ``n_committed``) that a fit on ``rows`` leaves out
+    and why, e.g. ``"left out: 1 row at step 0 (no place on a log axis)"``; None when it leaves
+    out none. A fit counts its points, not the run's rows: "on 20 points" for a run of 21 rows
+    said nothing of the row at step 0 that ``x = log10(step)`` cannot place."""
+    k = run.n_committed if n_committed is None else int(n_committed)
+    av = np.asarray(run.axis_values[:k], np.float64)
+    out = np.ones(k, bool)
+    out[np.asarray(rows, np.int64)] = False
+    if not out.any():
+        return None
+    parts = []
+    for which, why in ((out & (av <= 0), "no place on a log axis"),
+                       (out & (av > 0), "before the fit window, --axis-min " + ("?" if axis_min is None else f"{axis_min:g}"))):
+        n = int(np.count_nonzero(which))
+        if n:
+            parts.append(f"{n:,} row{'s' * (n != 1)} at {_axis_span(run.axis, av[which])} ({why})")
+    return "left out: " + "; ".join(parts)
+
+
+def _axis_span(axis: str, values: np.ndarray) -> str:
+    """'step 0', 'steps 1-8', 'data budget 1e+06', 'model sizes 1e+06-3e+06'."""
+    noun = {"T": "step", "D": "data budget", "M": "model size"}.get(axis, "axis value")
+    lo, hi = float(values.min()), float(values.max())
+    return f"{noun} {lo:g}" if lo == hi else f"{noun}s {lo:g}-{hi:g}"
 
 
 def fitted_inputs(run: Run) -> tuple[np.ndarray, np.ndarray]:
@@ -136,6 +164,8 @@ class FitSummary:
     class_counts: dict
     class_loss_share: dict
     axis_min: float | None = None  # rows below this axis value were left out
+    rows_left_out: str | None = None  # the committed rows not fitted and why (rows_left_out()), None: none
+    n_rows_left_out: int = 0
     # each class's drop and whether shares of it mean something (the rule the report and the
     # command line say it by); not in summary(), whose class_loss_share holds the shares
     class_drops: ClassDrops | None = field(default=None, repr=False)
@@ -254,7 +284,8 @@ def fit_run(
         blocks_resumed=n_blocks - len(todo), seconds=seconds, fits_per_s=fitted / seconds if fitted else 0.0,
         backend=backend, scheduler=scheduler, status_counts=status_counts, class_counts=class_counts,
         class_loss_share=class_loss_share(res["class_code"], res["drop"]), axis_min=axis_min,
-        class_drops=class_drops(res["class_code"], res["drop"]),
+        rows_left_out=rows_left_out(run, rows, axis_min=axis_min, n_committed=n_committed),
+        n_rows_left_out=n_committed - int(rows.size), class_drops=class_drops(res["class_code"], res["drop"]),
     )  # fmt: skip
 
 
