@@ -351,10 +351,10 @@ def _left_out_notes(a: RunAnalysis) -> str:
     (step 0, a fit window), and the rows and tokens the measured mean left out
     (:attr:`tokdyn.reconstruct.Reconstruction.notes`); one line each."""
     rec = a.reconstruction
-    lines = [f"points: {rec.rows_left_out}"] if rec.rows_left_out else []
+    lines = [f"points fitted, {rec.rows_left_out}"] if rec.rows_left_out else []
     lines += [f"measured mean loss: {n}" for n in rec.notes]
     lines += [f"{label}, measured mean loss: {n}" for label, other in a.across.items() for n in other.notes]
-    return "".join(f"<p class=meta>Run {_e(a.run)}, {_e(line)}</p>" for line in lines)
+    return "".join(f"<p class=meta>Run {_e(a.run)}: {_e(line)}</p>" for line in lines)
 
 
 def _measured_tokens_text(rec, name: str) -> str:
