@@ -112,29 +112,7 @@ class FitResults:
         ``current=False``: the fitting job's own summary, while a recorder goes on appending) has
         grown since.
         """
-        meta = self.check(current=current)
-        g = self._group()
-        stored = _fields(meta, g)
-        names = stored if fields is None else list(fields)
-        unknown = [f for f in names if f not in stored]
-        if unknown:
-            raise InputError(f"unknown fit fields {unknown}; expected some of {stored}")
-        out = {name: self._run._read(lambda name=name: g[name][...], f"fit/{name}") for name in names}
-        salt = self._salt(meta)
-        if salt is not None:  # fits made before position-bound checksums have none to compare
-            committed = self._run._read(lambda: g["crc"][...], "fit/crc")
-            block = int(meta["block_tokens"])
-            if committed.shape != (-(-self._run.n_tokens // block), len(stored)):
-                raise StoreError(f"the fit of run {self._run.name!r}: fit/crc has shape {committed.shape}; the fit is damaged, refit it")
-            for name in names:
-                f = stored.index(name)
-                for b, a in enumerate(range(0, len(out[name]), block)):
-                    if position_crc(salt, f"fit/{name}", (b,), out[name][a : a + block]) != committed[b, f]:
-                        raise StoreError(
-                            f"the fit of run {self._run.name!r}: chunk {b} of fit/{name} does not hold the results written "
-                            "there; it was moved, swapped, left stale or damaged. Refit: `tokdyn fit --refit`"
-                        )
-        return out
+        return self._read_range(0, self._run.n_tokens, fields, current)
 
     def read_tokens(self, start: int, stop: int, fields: Sequence[str] | None = None, *, current: bool = True) -> dict[str, np.ndarray]:
         """The stored fit of tokens ``[start, stop)`` only, as :meth:`read` gives it for all of
@@ -142,6 +120,11 @@ class FitResults:
         holds one slice of the fields it asks for. The fit blocks the slice lies in are read
         whole and each is checked against its committed checksum, as :meth:`read` checks them.
         """
+        return self._read_range(start, stop, fields, current)
+
+    def _read_range(self, start: int, stop: int, fields: Sequence[str] | None, current: bool) -> dict[str, np.ndarray]:
+        """:meth:`read` and :meth:`read_tokens`: the fields of tokens ``[start, stop)``, each fit
+        block read checked against its committed checksum."""
         meta = self.check(current=current)
         g = self._group()
         stored = _fields(meta, g)
@@ -154,8 +137,10 @@ class FitResults:
         if not 0 <= start <= stop <= n:
             raise InputError(f"tokens [{start}, {stop}) must lie in [0, {n}), the tokens of run {self._run.name!r}")
         salt = self._salt(meta)
+        whole = (start, stop) == (0, n)  # read's errors name the field alone, a slice's its tokens too
         if salt is None:  # fits made before position-bound checksums have none to compare
-            return {name: self._run._read(lambda name=name: g[name][start:stop], f"fit/{name}[{start}:{stop}]") for name in names}
+            return {name: self._run._read(lambda name=name: g[name][start:stop], f"fit/{name}" + ("" if whole else f"[{start}:{stop}]"))
+                    for name in names}  # fmt: skip
         block = int(meta["block_tokens"])
         b0, b1 = start // block, -(-stop // block)
         a0, a1 = b0 * block, min(n, b1 * block)
@@ -165,7 +150,7 @@ class FitResults:
         committed = self._run._read(lambda: crc[b0:b1], "fit/crc")
         out = {}
         for name in names:
-            values = self._run._read(lambda name=name: g[name][a0:a1], f"fit/{name}[{a0}:{a1}]")
+            values = self._run._read(lambda name=name: g[name][a0:a1], f"fit/{name}" + ("" if whole else f"[{a0}:{a1}]"))
             f = stored.index(name)
             for b, a in zip(range(b0, b1), range(0, a1 - a0, block)):
                 if values.shape != (a1 - a0,) or position_crc(salt, f"fit/{name}", (b,), values[a : a + block]) != committed[b - b0, f]:
