@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from ._files import write_atomically
+from ._files import check_output_path, write_atomically
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store
 from .errors import InputError, TokdynError
 from .fit.models import SHARE_MIN_NET, two_sigmoid_curve, unfit_reasons
@@ -55,12 +55,8 @@ def check_writable(out: str | os.PathLike) -> Path:
     p = Path(out)
     if p.is_dir():
         raise InputError(f"report path {p} is a folder; give a file name such as {p / 'report.html'}")
+    check_output_path(p, what="report")  # its folder exists (never created), no file stands in its way
     parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        blocker = next((a for a in (parent, *parent.parents) if a.exists()), None)
-        if blocker is not None and not blocker.is_dir():  # a file where a folder of the path should be
-            raise InputError(f"cannot write the report to {p}: {blocker} is a file, not a folder")
-        raise InputError(f"cannot write the report to {p}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise InputError(f"cannot write the report to {p}: permission denied")
     return p
