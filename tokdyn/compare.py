@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputError
+from .spectrum import EVENT_FIELDS
 
 __all__ = ["TokenTimes", "token_times", "compare_runs"]
 
@@ -42,10 +43,9 @@ class TokenTimes:
     axis: str = "T"
 
 
-# What compare reads of a fit: the fields events_from_fit (two_step) takes, and the class codes.
+# What compare reads of a fit: the fields events_from_fit takes (the class codes among them).
 # The rest of a fit (39 fields) it never needs.
-_FIELDS = ("mu", "s", "delta", "status", "r2", "model", "class_code", "mu1", "s1", "delta1", "mu2", "s2", "delta2",
-           "status2", "x_first", "x_last", "n_points")  # fmt: skip
+_FIELDS = (*EVENT_FIELDS, "n_points")
 # Tokens a slice: the fit's blocks (262,144 by default) hold that many, and a slice of the 17
 # fields with its events and float64 temporaries stays under 100 MB.
 SLICE_TOKENS = 262_144
@@ -70,7 +70,7 @@ def _open_fit(r) -> _Fitted:
 
     meta = r.fit.check()
     stored = r.fit.fields
-    missing = [k for k in _FIELDS if k not in stored and k != "n_points"]  # n_points: optional, as events_from_fit takes it
+    missing = [k for k in EVENT_FIELDS if k not in stored]  # n_points: optional, as events_from_fit takes it
     if missing:
         raise InputError(f"a fit needs the fields {missing} to give events; pass read_fit(...) with all fields")
     if r.n_tokens == 0:
@@ -141,8 +141,9 @@ def _run_times(f: _Fitted, x_range: tuple[float, float]) -> _Times:
         w = np.clip(seen, 0, None)  # where it fell: the falling events' seen centres
         wsum = np.bincount(ev.token, weights=w, minlength=m + 1)[:m]
         wmu = np.bincount(ev.token, weights=w * ev.seen_centre(), minlength=m + 1)[:m]
-        np.divide(wmu, wsum, out=mu_all[a:b], where=(drop > 0) & (wsum > 0))
-        mu_all[a:b][~((drop > 0) & (wsum > 0))] = np.nan
+        fell = (drop > 0) & (wsum > 0)
+        np.divide(wmu, wsum, out=mu_all[a:b], where=fell)
+        mu_all[a:b][~fell] = np.nan
         drop_all[a:b] = np.where(drop > 0, drop, 0.0)
         klass[a:b] = np.clip(np.asarray(part["class_code"]).astype(int), 0, n_names - 1)
     return _Times(mu_all, drop_all, klass)
@@ -164,8 +165,7 @@ def token_times(store, run: str, *, x_range: tuple[float, float] | None = None) 
     r = st.run(run)
     f = _open_fit(r)
     t = _run_times(f, f.x_range if x_range is None else x_range)
-    idx = _domain_index(st.probe)
-    return TokenTimes(t.mu, t.drop, _class_names()[t.class_index], None if idx is None else idx[0][idx[1]], r.axis)
+    return TokenTimes(t.mu, t.drop, _class_names()[t.class_index], _token_domains(st.probe), r.axis)
 
 
 def _token_domains(probe) -> np.ndarray | None:

@@ -202,6 +202,11 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 EVENT_SETS = ("two_step", "bic", "classified")
 
 
+# The fit fields events_from_fit needs (it also takes n_points where the fit has it).
+EVENT_FIELDS = ("mu", "s", "delta", "status", "r2", "model", "class_code", "mu1", "s1", "delta1", "mu2", "s2", "delta2",
+                "status2", "x_first", "x_last")  # fmt: skip
+
+
 def events_from_fit(
     fit: Mapping[str, np.ndarray], *, which: str = "two_step", options: FitOptions | None = None
 ) -> Events:
@@ -222,12 +227,10 @@ def events_from_fit(
     """
     if which not in EVENT_SETS:
         raise InputError(f"which must be one of {EVENT_SETS}, got {which!r}")
-    need = ("mu", "s", "delta", "status", "r2", "model", "class_code", "mu1", "s1", "delta1", "mu2", "s2", "delta2",
-            "status2", "x_first", "x_last")  # fmt: skip
-    missing = [k for k in need if k not in fit]
+    missing = [k for k in EVENT_FIELDS if k not in fit]
     if missing:
         raise InputError(f"a fit needs the fields {missing} to give events; pass read_fit(...) with all fields")
-    f = {k: np.asarray(fit[k]) for k in need}
+    f = {k: np.asarray(fit[k]) for k in EVENT_FIELDS}
     n = f["mu"].shape[0]
     if n == 0:
         raise InputError("the fit has no tokens")
