@@ -121,7 +121,8 @@ class Reconstruction:
         (NaN where the mean loss did not clearly move one way: its net change below
         ``SHARE_MIN_NET`` of its range, so a share would be unbounded).
     drop_share_well_fitted : share carried by events whose fit converged with R^2 >= r2_min.
-    spectrum : the :class:`Spectrum`; ``spectrum_power_law``/``loss_power_law`` the exponents.
+    spectrum : the :class:`Spectrum`; ``spectrum_power_law``/``loss_power_law`` the exponents, or
+        None, and then ``spectrum_power_law_why``/``loss_power_law_why`` the fit's refusal.
     n_tokens : the tokens of the mean and of the events (the N they are normalised by).
     n_tokens_left_out : tokens left out of both because they miss a loss at some measured point
         (:func:`measured_mean_loss`).
@@ -153,6 +154,8 @@ class Reconstruction:
     n_tokens_left_out: int = 0
     notes: tuple[str, ...] = ()
     rows_left_out: str | None = None
+    spectrum_power_law_why: str | None = None
+    loss_power_law_why: str | None = None
 
     def summary(self) -> dict:
         """The scalar results, JSON-able. ``*_interior``: the scores without the two end points."""
@@ -264,15 +267,16 @@ def reconstruct(
     ev_drop = float(curve[i0] - curve[i1])
     well = events.subset(events.well_fitted)
     well_drop = float(well.curve(at[i0 : i0 + 1])[0] - well.curve(at[i1 : i1 + 1])[0]) if len(well) else 0.0
+    spl = lpl = spl_why = lpl_why = None
     try:
         spl = spectrum_power_law(events, bandwidth=spec.bandwidth, n_boot=n_boot, seed=seed, placement=placement,
                                  kernel=kernel, spectrum=spec)
-    except InputError:
-        spl = None
+    except InputError as exc:
+        spl_why = str(exc)
     try:
         lpl = loss_power_law(x, mean_loss)
-    except InputError:
-        lpl = None
+    except InputError as exc:
+        lpl_why = str(exc)
     # A share of the measured fall is bounded only where the mean loss clearly moved one way:
     # its net change at least SHARE_MIN_NET of its range (the class shares' rule). A flat, noisy
     # mean (net -0.003 nats over a range of 0.1) read -2,170 % and -28,099 % before.
@@ -285,7 +289,7 @@ def reconstruct(
         r2_spectrum=s_sp["r2"], rel_l2_spectrum=s_sp["rel_l2"],
         drop_share_events=share(ev_drop), drop_share_well_fitted=share(well_drop), smoothing=h_s,
         spectrum=spec, spectrum_power_law=spl, loss_power_law=lpl, n_tokens=events.n_scored, n_events=len(events),
-        notes=notes,
+        notes=notes, spectrum_power_law_why=spl_why, loss_power_law_why=lpl_why,
     )  # fmt: skip
 
 

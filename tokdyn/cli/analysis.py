@@ -95,7 +95,7 @@ def _spectrum(args: argparse.Namespace) -> int:
             print(f"  {label:<28} {g.total_drop:8.3f}   x {g.x[np.argmax(g.density)]:6.2f}   {g.n_events:,}")
     for what, pl in (("spectrum", rec.spectrum_power_law), ("loss", rec.loss_power_law)):
         if pl is None:
-            print(f"power law of the {what:<8} none: {_no_power_law_reason(what, run, args, rec)}")
+            print(f"power law of the {what:<8} none: {getattr(rec, f'{what}_power_law_why') or 'the fit was refused'}")
             continue
         verdict = "" if pl.r2 >= POWER_LAW_R2 else f"  (not a power law: R^2 below {POWER_LAW_R2:g})"
         if np.isfinite(pl.alpha_lo) and np.isfinite(pl.alpha_hi):
@@ -129,22 +129,6 @@ def _histogram_lines(spec) -> list[str]:
     for lo, hi, v in zip(edges[:-1], edges[1:], hist):
         out.append(f"  x {lo:6.2f}..{hi:6.2f}  {v:8.3f} nats/decade  " + "#" * int(round(40 * max(v, 0) / peak)))
     return out
-
-
-def _no_power_law_reason(what: str, run, args: argparse.Namespace, rec) -> str:
-    """Why the reconstruction has no power law of ``what`` ("spectrum" or "loss"): the refusal of
-    the loss law's fit, or of the spectrum's window (no bootstrap), made again (the reconstruction
-    keeps only None)."""
-    from ..spectrum import loss_power_law, run_events, spectrum_power_law_window
-
-    try:
-        if what == "loss":
-            loss_power_law(rec.x, rec.mean_loss)
-        else:  # (the events' resolution: the same for the tokens the reconstruction kept)
-            spectrum_power_law_window(rec.spectrum, resolution=run_events(run, which=args.events).resolution)
-    except InputError as exc:
-        return str(exc)
-    return "the fit was refused"
 
 
 def _reconstruct(args: argparse.Namespace) -> int:
