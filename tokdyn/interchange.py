@@ -174,17 +174,24 @@ def _member_headers(p: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
                 if info.filename[:-4] in out:  # np.load would take the last, after the first was checked
                     raise InputError(f"{p}: member {info.filename!r} appears twice; which one is meant is ambiguous")
                 with zf.open(info) as fh:
-                    version = np.lib.format.read_magic(fh)
-                    if version not in ((1, 0), (2, 0), (3, 0)):
-                        raise InputError(f"{p}: member {info.filename!r} has an unknown .npy version {version}")
-                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                    shape, _, dtype = read(fh, max_header_size=10_000)
-                out[info.filename[:-4]] = (tuple(int(d) for d in shape), np.dtype(dtype))
+                    shape, _, dtype = _npy_header(fh, p, info.filename)
+                out[info.filename[:-4]] = (shape, dtype)
     except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, TypeError) as exc:
         if isinstance(exc, ValueError) and "object" in str(exc).lower():
             raise _pickled(p) from None
         raise InputError(f"{p} is not a readable npz file: {type(exc).__name__}: {exc}") from None
     return out
+
+
+def _npy_header(fh, p: Path, member: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran_order, dtype) of the ``.npy`` member ``member`` of ``p``, read from ``fh``
+    at its start, which is left at the member's data."""
+    version = np.lib.format.read_magic(fh)
+    if version not in ((1, 0), (2, 0), (3, 0)):
+        raise InputError(f"{p}: member {member!r} has an unknown .npy version {version}")
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran_order, dtype = read(fh, max_header_size=10_000)
+    return tuple(int(d) for d in shape), bool(fortran_order), np.dtype(dtype)
 
 
 def _check_headers(p: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -309,17 +316,13 @@ class _MatrixMember:
         try:
             self._zf = zipfile.ZipFile(p)
             self._fh = self._zf.open("loss_matrix.npy")
-            version = np.lib.format.read_magic(self._fh)
-            if version not in ((1, 0), (2, 0), (3, 0)):
-                raise ValueError(f"unknown .npy version {version}")
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, self.fortran_order, got = read(self._fh, max_header_size=10_000)
+            shape, self.fortran_order, got = _npy_header(self._fh, p, "loss_matrix.npy")
         except Exception as exc:  # noqa: BLE001 - as in read
             self.close()
-            if isinstance(exc, MemoryError):
+            if isinstance(exc, (MemoryError, InputError)):
                 raise
             raise self._error(exc) from None
-        if tuple(int(d) for d in shape) != (n, k) or np.dtype(got) != dtype:  # another file since it was checked
+        if shape != (n, k) or got != dtype:  # another file since it was checked
             self.close()
             raise InputError(f"{p}: loss_matrix now declares {np.dtype(got)} {tuple(shape)}, not {dtype} {(n, k)} as when "
                              "the file was checked; it changed while it was imported")  # fmt: skip
