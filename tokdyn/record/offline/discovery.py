@@ -23,7 +23,7 @@ from ...errors import InputError
 from ...store import AXES
 from .files import check_regular, check_regular_tree, read_json
 
-__all__ = ["CheckpointRef", "discover_checkpoints", "held_step", "order_refs", "manifest_axis", "MANIFEST", "KINDS", "MODEL_DTYPE_NAMES", "STEP_KEYS", "step_value"]
+__all__ = ["CheckpointRef", "discover_checkpoints", "held_step", "recorded_step", "order_refs", "manifest_axis", "MANIFEST", "KINDS", "MODEL_DTYPE_NAMES", "STEP_KEYS", "step_value"]
 
 MANIFEST = "manifest.json"
 MODEL_DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes models may run in (loading maps them to torch's)
@@ -241,11 +241,18 @@ def held_step(p: Path, kind: str) -> int | None:
         obj = read_torch_file(p)
     except InputError:  # UnsafeFileError too: refused again, with its message, when loaded
         return None
+    found = recorded_step(obj)
+    return None if found is None else found[1]
+
+
+def recorded_step(obj: Any, keys: Sequence[str] = STEP_KEYS) -> tuple[str, int] | None:
+    """(the key, the step) a torch checkpoint's object records under the first of ``keys`` that
+    holds a step (:func:`step_value`), or None; a bare state dict records none."""
     if not isinstance(obj, Mapping) or all(hasattr(v, "numel") for v in obj.values()):
         return None  # a bare state dict: a tensor named "step" there is a model's buffer, not the checkpoint's step
-    for key in STEP_KEYS:
+    for key in keys:
         if (step := step_value(obj.get(key))) is not None:
-            return step
+            return key, step
     return None
 
 

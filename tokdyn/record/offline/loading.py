@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ...errors import InputError, UnsafeFileError
-from .discovery import MANIFEST, MODEL_DTYPE_NAMES, SAFETENSORS_SUFFIXES, STEP_KEYS, CheckpointRef, held_step, step_value
+from .discovery import MANIFEST, MODEL_DTYPE_NAMES, SAFETENSORS_SUFFIXES, STEP_KEYS, CheckpointRef, held_step, recorded_step
 from .files import check_regular, read_json
 from .models import HF_LOCK, build_model, check_causal_model_type, import_transformers, json_type, model_spec_beside, short_error
 
@@ -235,10 +235,9 @@ def _state_dict_of(ref: CheckpointRef) -> dict[str, torch.Tensor]:
     if p.suffix in SAFETENSORS_SUFFIXES or ref.step_from != "name":
         return read_state_dict(p)
     obj = read_torch_file(p)
-    if isinstance(obj, Mapping) and not _is_state_dict(obj):
-        key = next((k for k in STEP_KEYS[:3] if step_value(obj.get(k)) is not None), None)  # not "step": its meaning varies
-        if key is not None:
-            _check_recorded_step(ref, step_value(obj[key]), key)
+    found = recorded_step(obj, STEP_KEYS[:3])  # not "step": its meaning varies
+    if found is not None:
+        _check_recorded_step(ref, found[1], found[0])
     return _strip_prefixes(_unwrap(obj, p))
 
 
