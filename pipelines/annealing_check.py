@@ -19,7 +19,7 @@ import tokdyn
 from tokdyn.annealing import _trunk_loss_at_area, branch_gains, decay_schedule, fit_annealing_gain
 from tokdyn.axes import source_runs
 from tokdyn.fit.job import fit_inputs
-from tokdyn.reconstruct import measured_derivative, mean_probe_loss, scores
+from tokdyn.reconstruct import measured_derivative, measured_mean_loss, scores
 
 
 def main(argv=None) -> int:
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
         sets.setdefault(st.run(n).attrs["decay_frac"], []).append(st.run(n))
     d_runs = source_runs(axis)
     rows, x = fit_inputs(axis)
-    meas = measured_derivative(x, mean_probe_loss(axis, rows))
+    meas = measured_derivative(x, measured_mean_loss(axis, rows).loss)
     area = np.array([d_runs[k].attrs["lr_area"] for k in rows])
     trunk_loss = _trunk_loss_at_area(trunk, area)
     print(f"D from the trunk's measured loss by lr area, no gain: R^2 {scores(measured_derivative(x, trunk_loss), meas)['r2']:.3f}")

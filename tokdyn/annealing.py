@@ -84,10 +84,13 @@ def decay_schedule(run) -> list[float]:
     return [float(v) for v in sched]
 
 
-def _trunk_loss_at_area(trunk, areas: np.ndarray) -> np.ndarray:
+def _trunk_loss_at_area(trunk, areas: np.ndarray, measured=None) -> np.ndarray:
     """The trunk's measured mean probe loss at the steps where its lr area equals ``areas``,
-    linear in log10 step between its recorded steps."""
-    from .reconstruct import mean_probe_loss
+    linear in log10 step between its recorded steps. ``measured``: the trunk's
+    :func:`~tokdyn.reconstruct.measured_mean_loss`, where the caller has it already (one set of
+    tokens at every row: a mean over whichever tokens each row has bends the curve where some
+    are missing)."""
+    from .reconstruct import measured_mean_loss
 
     table = trunk.attrs.get("lr_area")
     if not isinstance(table, dict) or "step" not in table or "area" not in table:
@@ -97,21 +100,24 @@ def _trunk_loss_at_area(trunk, areas: np.ndarray) -> np.ndarray:
         raise InputError(f"areas {areas.min():g}-{areas.max():g} fall outside T run {trunk.name!r}'s {t_area.min():g}-{t_area.max():g}")
     at = np.interp(areas, t_area, t_steps)
     steps = trunk.coord("step")[: trunk.n_committed].astype(np.float64)
-    loss = mean_probe_loss(trunk)
+    loss = (measured if measured is not None else measured_mean_loss(trunk)).loss
     ok = (steps > 0) & np.isfinite(loss)
     return np.interp(np.log10(at), np.log10(steps[ok]), loss[ok])
 
 
 def branch_gains(trunk, branches: Sequence) -> tuple[np.ndarray, np.ndarray]:
     """For each branch run: its decay's lr / peak list, and the loss it gained, in nats: the
-    trunk's mean probe loss at the branch's lr area minus the branch's final mean probe loss.
+    trunk's mean probe loss at the branch's lr area minus the branch's final mean probe loss,
+    both over the tokens the trunk has a loss for at every measured row
+    (:func:`~tokdyn.reconstruct.measured_mean_loss`).
 
     Returns ``(schedules, gains [K])``; ``schedules`` is a list of K lists.
     """
-    from .reconstruct import mean_probe_loss
+    from .reconstruct import mean_probe_loss, measured_mean_loss
 
     if trunk.axis != "T":
         raise InputError(f"the trunk must be a T run, got {trunk.name!r} of axis {trunk.axis}")
+    measured = measured_mean_loss(trunk)
     areas, final, scheds = [], [], []
     for b in branches:
         a = b.attrs.get("lr_area")
@@ -119,8 +125,8 @@ def branch_gains(trunk, branches: Sequence) -> tuple[np.ndarray, np.ndarray]:
             raise InputError(f"branch {b.name!r} has no 'lr_area' attribute")
         scheds.append(decay_schedule(b))
         areas.append(float(a))
-        final.append(float(mean_probe_loss(b, np.array([b.n_committed - 1]))[0]))
-    return scheds, _trunk_loss_at_area(trunk, np.array(areas)) - np.array(final)
+        final.append(float(mean_probe_loss(b, np.array([b.n_committed - 1]), tokens=measured.tokens)[0]))
+    return scheds, _trunk_loss_at_area(trunk, np.array(areas), measured) - np.array(final)
 
 
 def fit_annealing_gain(trunk, branches: Sequence) -> AnnealingGain:
