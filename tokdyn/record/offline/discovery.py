@@ -32,18 +32,35 @@ SAFETENSORS_SUFFIXES = (".safetensors",)
 KINDS = ("torch", "safetensors", "hf")
 _ENTRY_KEYS = {"path", "step", "tokens_seen", "axis_value", "lr", "kind", "model"}
 _INT = re.compile(r"\d+")
-_STEP_INT = re.compile(r"step[_\-=]?(\d+)(?![a-z0-9])", re.IGNORECASE)  # not step100k: 100 thousand, or not a step
+# The integer after "step": not step100k (100 thousand, or not a step), nor step_1.5k (1500, not 1).
+_STEP_INT = re.compile(r"step[_\-=]?(\d+)(?![a-z0-9]|\.\d)", re.IGNORECASE)
+# A date, with the time it may carry: 2024-05-01, 2024_05_01, 20240501, 2024-05-01T12-30,
+# 2024-05-01T1230, 20240501_1230, 20240501-123045 (a real month and day, years 1900-2099, so that
+# the step before it in ckpt-1234-2024-05-01 is not taken for one). Dropped from a name before the
+# parts below, so that none of them takes a piece of it (run_20240501_1230 is not step 1230). A
+# number after a dashed date without a T stays a step: 2024-05-01_1230 is step 1230.
+_MONTH, _DAY = r"(?:0[1-9]|1[0-2])", r"(?:0[1-9]|[12]\d|3[01])"
+_HH_MM = r"(?:[01]\d|2[0-3])[-:_][0-5]\d(?:[-:_][0-5]\d)?(?![-_:.]?\d)"  # 12-30, 12:30:45
+_HHMM = r"(?:[01]\d|2[0-3])[0-5]\d(?:[0-5]\d)?"  # 1230, 123045
+_DATE = re.compile(
+    r"(?<!\d)(?:19|20)\d{2}(?:"
+    r"(-)" + _MONTH + r"\1" + _DAY + r"(?:[t_-]" + _HH_MM + r"|t" + _HHMM + r")?"  # 2024-05-01, 2024-05-01T12-30, 2024-05-01T1230
+    r"|(_?)" + _MONTH + r"\2" + _DAY + r"(?:[t_-]" + _HH_MM + r"|[t_-]?" + _HHMM + r")?"  # 20240501_1230, 2024_05_01
+    r")(?!\d)",
+    re.IGNORECASE,
+)
 # The parts of a name that hold a number but never a step. Without "step" in a name, its step is
 # the last integer left once these are dropped: Lightning's `last-v1.ckpt` is not step 1, nor
 # `model_bf16.pt` step 16, `epoch=3.ckpt` step 3 or `pythia-70m.pt` step 70.
 _NOT_A_STEP = re.compile(
     r"(?<![a-z0-9])(?:"
     r"[a-z][a-z0-9]*(?:_[a-z][a-z0-9]*)*=[-+]?[0-9.]+(?:e[-+]?\d+)?"  # a logged value: epoch=3, val_loss=0.12
-    r"|\d{4}-\d{2}-\d{2}(?:[t_-]\d{2}[-:]\d{2}(?:[-:]\d{2})?(?![-_:.]?\d))?"  # a date: 2024-05-01, 2024-05-01T12-30
     r"|\d+[_-]of[_-]\d+"  # a shard: 00001-of-00002
     r"|[a-z]*\d+(?:\.\d+)*e[-+]?\d+"  # a number in e-notation: 3e-4, lr1e-3
-    r"|\d+(?:\.\d+)+[a-z]*"  # a decimal or a dotted version: 0.5, 1.4b, 1.2.3
-    r"|(?:version|v|bf|fp|float|half|int|uint|epoch|ep|seed|rank|run|shard|part|of|gpu|node|worker)[_-]?\d+(?:\.\d+)*"
+    r"|[a-z]*\d+(?:\.\d+)+[a-z]*"  # a decimal or a dotted version: 0.5, 1.4b, 1.2.3, step1.5k (not step 1)
+    r"|(?:version|v|bf|fp|float|half|int|uint|of"  # a version, a dtype, and another counter (plural too: epochs_3, tokens_500):
+    r"|(?:epoch|ep|seed|rank|run|shard|part|gpu|node|worker|token|tok|sample|example|seq|sequence)s?)[_-]?\d+(?:\.\d+)*"
+    r"|checkpoint\d+"  # fairseq's end-of-epoch checkpoint: checkpoint3.pt is epoch 3 (checkpoint_3_5000.pt: update 5000)
     r"|[a-z]*\d+[a-z][a-z0-9]*"  # letters after digits: a size (70m, 7b, 100k) or a hash (3f2a9c)
     r")(?![a-z0-9])",
     re.IGNORECASE,
@@ -97,14 +114,16 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
     A ``manifest.json`` in the folder (or ``path`` naming a manifest file) wins. Otherwise every
     ``.pt``/``.pth``/``.bin``/``.ckpt``/``.safetensors`` file and every sub-folder holding a
     ``config.json`` is a checkpoint whose step is the integer after ``step`` in its name, else its
-    last integer that is not a version, dtype, epoch, size or logged value (``step_000100.pt``,
+    last integer that is not a version, dtype, epoch, token count, size, date or logged value (``step_000100.pt``,
     ``step100_bf16.pt``, ``ckpt-100.safetensors``, ``checkpoint-100/`` -> 100; ``last-v1.ckpt``,
     ``model_bf16.pt`` -> none), else the step the file records (a torch checkpoint's
     ``global_step``, ``iteration``, ``iter_num`` or ``step``; an HF folder's
     ``trainer_state.json``). A checkpoint whose step is found nowhere, or two checkpoints with one
     step, is an :class:`~tokdyn.errors.InputError` naming the files: a guessed step would
     silently misplace a row. A checkpoint whose step comes from the file alone and equals a named
-    one's (Lightning's ``last.ckpt`` beside the checkpoint it copies) is skipped with a warning.
+    one's (Lightning's ``last.ckpt`` beside the checkpoint it copies) is skipped with a warning,
+    and so is a second name of one file or folder (a link: ``latest -> step1000``) that gives no
+    step or the same step.
 
     ``axis``: ``"T"``, ``"D"`` or ``"M"``; default the manifest's ``"axis"``, else ``"T"``. A D or
     M sweep needs a manifest giving each entry's ``axis_value``; its rows get steps 0, 1, 2, ...
@@ -126,15 +145,18 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
     axis = axis or "T"
     if axis != "T":
         raise InputError(f"an axis-{axis} sweep needs {root / MANIFEST} giving each checkpoint's axis_value")
-    found, unnamed, skipped_dirs = [], [], []
+    entries, skipped_dirs = [], []
     for p in sorted(root.iterdir()):
         if p.name.startswith("."):
             continue
         kind = _kind_of(p)
         if kind is None:
-            if p.is_dir() and any(_kind_of(q) in ("torch", "safetensors") for q in p.iterdir()):
+            if p.is_dir() and _holds_weights(p):
                 skipped_dirs.append(p.name)
             continue
+        entries.append((p, kind))
+    found, unnamed = [], []
+    for p, kind in _one_per_file(entries, root):
         step = _last_int(p)
         if step is not None:
             found.append(CheckpointRef(_name_step(step, p), p, kind, step_from="name"))
@@ -151,7 +173,11 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
     if unnamed:
         hint = ""
         if (root / "config.json").is_file() and any(n.startswith(("model", "pytorch_model")) for n in unnamed):
-            hint = " (it looks like a single Hugging Face model folder: point at the folder that holds it)"
+            hint = (
+                " (the folder's own model, saved beside its checkpoint folders as Trainer.save_model saves the final one)"
+                if any(r.kind == "hf" for r in found) else
+                " (it looks like a single Hugging Face model folder: point at the folder that holds it)"
+            )  # fmt: skip
         raise InputError(f"{root}: cannot tell the step of {unnamed}: {_NO_STEP}{hint}. {_NO_STEP_FIX}")
     if not found:
         raise InputError(f"no checkpoints in {root} (expected {', '.join(TORCH_SUFFIXES + SAFETENSORS_SUFFIXES)} files, HF folders or {MANIFEST})")
@@ -160,10 +186,49 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
 
 _NO_STEP = (
     "no integer in the name that is a step (the one after 'step', else the last one that is not a version "
-    "like '-v1', a dtype like 'bf16', an epoch, seed, size or logged value) and none recorded in the file "
+    "like '-v1', a dtype like 'bf16', an epoch (fairseq's checkpoint3), seed, token count, size, date or logged value) "
+    "and none recorded in the file "
     f"({', '.join(STEP_KEYS)}; an HF folder's trainer_state.json)"
 )
 _NO_STEP_FIX = f"Rename them (e.g. step_000100.pt), move them out, or list every checkpoint with its \"step\" in {MANIFEST}"
+
+
+def _holds_weights(folder: Path) -> bool:
+    """Whether ``folder`` (not an HF folder) holds torch or safetensors files, itself or one level
+    down: DeepSpeed's ``global_step500/mp_rank_00_model_states.pt``, Megatron's
+    ``iter_0005000/mp_rank_00/model_optim_rng.pt``. A folder that cannot be listed holds none."""
+    try:
+        return any(
+            _kind_of(q) in ("torch", "safetensors") or (q.is_dir() and any(_kind_of(r) in ("torch", "safetensors") for r in q.iterdir()))
+            for q in folder.iterdir()
+        )
+    except OSError:
+        return False
+
+
+def _one_per_file(entries: list[tuple[Path, str]], root: Path) -> list[tuple[Path, str]]:
+    """``entries`` with one name per checkpoint file or folder: a link (``latest -> step1000``,
+    Lightning's ``save_last="link"``) or a hard link is the checkpoint it points at, so a name of
+    it that gives no step, or the step another of its names gives, is dropped, named in one
+    warning. Names that give two different steps are all kept: identical weights at two steps are
+    recorded as the duplicate-weights rule says (both, with a warning)."""
+    by_file: dict[tuple[int, int], list[tuple[Path, str]]] = {}
+    for p, kind in entries:
+        st = os.stat(p)
+        by_file.setdefault((st.st_dev, st.st_ino), []).append((p, kind))
+    dropped: dict[Path, Path] = {}  # a name dropped: the name kept for the same file
+    for same in by_file.values():
+        same.sort(key=lambda e: (_last_int(e[0]) is None, e[0].is_symlink()))  # a name with a step, the real path, first
+        steps: set[int | None] = set()
+        for p, _ in same:
+            step = _last_int(p)
+            if step in steps or (step is None and steps):
+                dropped[p] = same[0][0]
+            steps.add(step)
+    if dropped:
+        said = "; ".join(f"{p.name} is {kept.name}" for p, kept in dropped.items())
+        warnings.warn(f"{root}: {said} (a link to it, or the same file): recorded once, not twice", stacklevel=3)
+    return [e for e in entries if e[0] not in dropped]
 
 
 def _drop_copies(refs: list[CheckpointRef], root: Path) -> list[CheckpointRef]:
@@ -208,16 +273,18 @@ def _last_int(p: Path) -> int | None:
 
     The parts dropped: a version (``v1``, Lightning's suffix on a clashing name), a dtype
     (``bf16``, ``fp32``, ``int8``), another counter (``epoch``, ``ep``, ``seed``, ``rank``,
-    ``run``, ``shard``, ``part`` and ``of`` followed by a number; ``00001-of-00002``), a logged
-    value (``val_loss=0.12``: any ``key=number``), a date, a decimal or e-notation number
-    (``0.5``, ``3e-4``) and a part with letters after its digits (``70m``, ``1.4b``, ``100k``,
-    a hash such as ``3f2a9c``).
+    ``run``, ``shard``, ``part``, ``token``, ``sample``, ``example``, ``seq``, plural too, and
+    ``of`` followed by a number; ``00001-of-00002``; fairseq's ``checkpoint3``, epoch 3), a logged
+    value (``val_loss=0.12``: any ``key=number``), a date with its time (``2024-05-01T12-30``,
+    ``20240501_1230``), a decimal or e-notation number (``0.5``, ``3e-4``) and a part with
+    letters after its digits (``70m``, ``1.4b``, ``100k``, a hash such as ``3f2a9c``). A decimal
+    after ``step`` (``step_1.5k``) is not an integer step either.
     """
     name = p.name if p.is_dir() else p.name[: -len(p.suffix)] if p.suffix else p.name
     after_step = _STEP_INT.findall(name)
     if after_step:
         return int(after_step[-1])
-    ints = _INT.findall(_NOT_A_STEP.sub(" ", name))
+    ints = _INT.findall(_NOT_A_STEP.sub(" ", _DATE.sub(" ", name)))
     return int(ints[-1]) if ints else None
 
 
