@@ -16,12 +16,13 @@ any baseline mixture (by default equal weight per domain, uniform within a domai
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import hashlib
+from collections.abc import Callable
 
 import numpy as np
-import torch
 
 from ..errors import InputError
+from .sampler import StepSampler
 
 __all__ = ["CoupledSampler", "domain_probabilities"]
 
@@ -31,18 +32,20 @@ def domain_probabilities(domain_ids: np.ndarray, weights) -> np.ndarray:
     the ``n_k`` samples of domain ``k`` (``domain_ids [N]``, ``weights [D]`` summing to 1)."""
     ids = np.asarray(domain_ids)
     w = np.asarray(weights, np.float64)
-    counts = np.bincount(ids, minlength=w.size)
-    if counts.size != w.size:
-        raise InputError(f"domain ids reach {counts.size - 1} but only {w.size} domain weights were given")
-    if np.any(w < 0) or not np.isclose(w.sum(), 1.0):
+    if w.ndim != 1 or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
         raise InputError(f"domain weights must be >= 0 and sum to 1, got {w.tolist()}")
-    if np.any((counts == 0) & (w > 0)):
-        raise InputError("a domain with positive weight has no training sample")
+    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= w.size:
+        raise InputError(f"domain ids must be one integer per sample, indices into the {w.size} domain weights, "
+                         f"got {_described(ids)}")  # fmt: skip
+    counts = np.bincount(ids, minlength=w.size)
+    empty = np.flatnonzero((counts == 0) & (w > 0))
+    if empty.size:
+        raise InputError(f"domain(s) {empty.tolist()} have weight > 0 ({w[empty].tolist()}) but no training sample")
     per = np.divide(w, counts, out=np.zeros_like(w), where=counts > 0)
     return per[ids]
 
 
-class CoupledSampler(torch.utils.data.Sampler[int]):
+class CoupledSampler(StepSampler):
     """Indices of training samples, step by step, coupled to a baseline draw.
 
     Parameters
@@ -50,48 +53,56 @@ class CoupledSampler(torch.utils.data.Sampler[int]):
     base : float array [N]
         The baseline's sampling probabilities (sum 1).
     probabilities : callable ``step -> float array [N]``, or None
-        The arm's probabilities at a step; None is the baseline itself.
+        The arm's probabilities at a step (>= 0, sum 1, checked at every step); None is the
+        baseline itself.
     samples_per_step, total_steps, seed : int
+        ``samples_per_step`` over all ranks; ``seed`` 0 to 2**32 - 1.
+    rank, world_size : int
+        For one sampler per rank (``DistributedSampler``-style): rank ``r`` takes draws
+        ``r, r + world_size, ...`` of each step. Keep the defaults under the HF Trainer /
+        accelerate, which split one sampler's batches between processes themselves.
+    fingerprint : str, optional
+        Identifies the arm's probabilities in :meth:`state_dict` (:func:`mixture_sampler`
+        gives the schedule's), so that a state saved with another schedule is refused.
 
-    ``draws(step)`` returns the step's indices; ``kept(step)`` also says which were the
-    baseline's. Iterating yields ``total_steps * samples_per_step`` indices in order (for a
-    ``DataLoader`` with ``batch_size=samples_per_step``).
+    ``draws(step)`` returns the step's indices over all ranks; ``kept(step)`` also says which
+    were the baseline's. Iterating yields this rank's ``total_steps * samples_per_step /
+    world_size`` indices in order from the current position (for a ``DataLoader`` with
+    ``batch_size=samples_per_step / world_size``); :meth:`state_dict` / :meth:`load_state_dict`
+    save and restore it.
     """
 
+    _state_keys = ("n_samples", "samples_per_step", "total_steps", "seed", "rank", "world_size", "base", "arm")
+
     def __init__(self, base: np.ndarray, probabilities: Callable[[int], np.ndarray] | None = None, *,
-                 samples_per_step: int, total_steps: int, seed: int = 0) -> None:  # fmt: skip
+                 samples_per_step: int, total_steps: int, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 fingerprint: str | None = None) -> None:  # fmt: skip
         p0 = np.asarray(base, np.float64)
         if p0.ndim != 1 or p0.size < 1 or np.any(p0 < 0) or not np.isclose(p0.sum(), 1.0):
             raise InputError(f"base must be probabilities [N] (>= 0, sum 1), got shape {p0.shape}, sum {p0.sum():.6g}")
-        for name, v in (("samples_per_step", samples_per_step), ("total_steps", total_steps)):
-            if int(v) != v or int(v) < 1:
-                raise InputError(f"{name} must be an int >= 1, got {v!r}")
-        if isinstance(seed, bool) or int(seed) != seed or int(seed) < 0:  # numpy's generators take seeds >= 0
-            raise InputError(f"seed must be an int >= 0, got {seed!r}")
         self.base, self.probabilities = p0, probabilities
-        self.samples_per_step, self.total_steps, self.seed = int(samples_per_step), int(total_steps), int(seed)
+        self._setup(n_samples=p0.size, total_steps=total_steps, samples_per_step=samples_per_step, seed=seed,
+                    rank=rank, world_size=world_size)  # fmt: skip
         self._cdf0 = _cdf(p0)
-
-    @property
-    def n_samples(self) -> int:
-        return int(self.base.size)
-
-    def __len__(self) -> int:
-        return self.total_steps * self.samples_per_step
+        self._base_fingerprint = hashlib.sha256(np.ascontiguousarray(p0).tobytes()).hexdigest()[:16]
+        self._arm = None if probabilities is None else str(fingerprint or "arm")
 
     def kept(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """``(indices [B], kept [B])``: the step's draw and which indices are the baseline's."""
-        if not 0 <= int(step) < self.total_steps:
-            raise InputError(f"the sampler covers steps 0..{self.total_steps - 1}; asked for step {step}")
-        base_rng = np.random.default_rng([self.seed, int(step)])
+        step = self._check_step(step)
+        base_rng = np.random.default_rng([self.seed, step])
         idx = np.searchsorted(self._cdf0, base_rng.random(self.samples_per_step), side="right")
         idx = np.minimum(idx, self.n_samples - 1)
         if self.probabilities is None:
             return idx, np.ones(idx.size, bool)
-        p = np.asarray(self.probabilities(int(step)), np.float64)
+        p = np.asarray(self.probabilities(step), np.float64)
         if p.shape != self.base.shape:
             raise InputError(f"the arm's probabilities have shape {p.shape}; the pool has {self.base.shape}")
-        rng = np.random.default_rng([self.seed, int(step), 1])
+        total = p.sum()
+        if not (np.isclose(total, 1.0) and p.min() >= 0):  # NaN fails both; the coupling is exact only for a distribution
+            raise InputError(f"the arm's probabilities at step {step} must be >= 0 and sum to 1, got sum {total:.6g}, "
+                             f"least {p.min():.6g}")  # fmt: skip
+        rng = np.random.default_rng([self.seed, step, 1])
         u = rng.random(idx.size)
         keep = u * self.base[idx] < p[idx]  # min(1, p/p0) without dividing: p == p0 always keeps
         if not keep.all():
@@ -105,9 +116,15 @@ class CoupledSampler(torch.utils.data.Sampler[int]):
         """The ``samples_per_step`` indices of ``step`` (int64)."""
         return self.kept(step)[0]
 
-    def __iter__(self) -> Iterator[int]:
-        for step in range(self.total_steps):
-            yield from (int(i) for i in self.draws(step))
+    def _setting(self, key: str):
+        return {"base": self._base_fingerprint, "arm": self._arm}.get(key) if key in ("base", "arm") else getattr(self, key)
+
+
+def _described(ids: np.ndarray) -> str:
+    """Domain ids for a message: their range and dtype, or their shape."""
+    if ids.ndim == 1 and ids.size and ids.dtype.kind in "iuf":
+        return f"values {ids.min()}..{ids.max()} ({ids.dtype})"
+    return f"{ids.dtype} of shape {ids.shape}"
 
 
 def _cdf(p: np.ndarray) -> np.ndarray:

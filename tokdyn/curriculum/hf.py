@@ -14,6 +14,12 @@ gradient accumulation x processes: accelerate splits one sampler's batches betwe
 Token weights replace the causal-LM loss by ``sum(w * nll) / sum(w)`` over the targets
 ``input_ids[:, 1:]`` whose label is not -100, with ``w`` looked up on the training device at
 ``state.global_step`` (the 0-based update the batch is for).
+
+The Trainer's update ``t`` must be the sampler's step ``t``: its global batch (per-device batch
+x gradient accumulation x data-parallel processes) must be the sampler's ``samples_per_step``,
+and it must train at most the sampler's ``total_steps`` updates (a second pass over the sampler
+would start its schedule again at step 0); either mismatch is an :class:`InputError` when the
+training data loader is built.
 """
 
 from __future__ import annotations
@@ -54,10 +60,12 @@ class CurriculumTrainer(Trainer):
     def _get_train_sampler(self, train_dataset=None):
         if self.curriculum_sampler is None:
             return super()._get_train_sampler(train_dataset)
+        s = self.curriculum_sampler
         n = len(train_dataset if train_dataset is not None else self.train_dataset)
-        if n != self.curriculum_sampler.n_samples:
-            raise InputError(f"the curriculum sampler covers {self.curriculum_sampler.n_samples} samples; the training dataset has {n}")
-        return self.curriculum_sampler
+        if n != s.n_samples:
+            raise InputError(f"the curriculum sampler covers {s.n_samples} samples; the training dataset has {n}")
+        _check_steps_match(self, s)
+        return s
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.token_weights is None:
@@ -72,3 +80,32 @@ class CurriculumTrainer(Trainer):
         nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), target.flatten(), ignore_index=-100, reduction="none")
         loss = (w.flatten() * nll).sum() / w.sum().clamp(min=torch.finfo(w.dtype).tiny)
         return (loss, outputs) if return_outputs else loss
+
+
+def _check_steps_match(trainer, sampler) -> None:
+    """:class:`InputError` unless the Trainer's updates are the sampler's steps: the same global
+    batch, at most ``total_steps`` of them, and one sampler for all processes."""
+    args = trainer.args
+    if sampler.world_size != 1:
+        raise InputError(f"under the Trainer, give the curriculum sampler rank=0, world_size=1 (accelerate splits one "
+                         f"sampler's batches between processes), got world_size={sampler.world_size}")  # fmt: skip
+    if getattr(getattr(args, "accelerator_config", None), "split_batches", False):  # one loader batch split between processes
+        global_batch = trainer._train_batch_size * args.gradient_accumulation_steps
+    elif hasattr(trainer, "get_total_train_batch_size"):
+        global_batch = trainer.get_total_train_batch_size(args)
+    else:  # older transformers
+        global_batch = trainer._train_batch_size * args.gradient_accumulation_steps * args.world_size
+    if global_batch != sampler.samples_per_step:
+        raise InputError(f"the curriculum sampler draws {sampler.samples_per_step} samples per step; the Trainer's global "
+                         f"batch is {global_batch} (per-device batch {trainer._train_batch_size} x gradient accumulation "
+                         f"{args.gradient_accumulation_steps} x {args.world_size} processes): its updates would not be the "
+                         "schedule's steps. Give the sampler samples_per_step equal to the global batch")  # fmt: skip
+    if args.max_steps > 0:
+        if args.max_steps > sampler.total_steps:
+            raise InputError(f"the curriculum sampler covers {sampler.total_steps} steps; the Trainer's max_steps is "
+                             f"{args.max_steps}: after step {sampler.total_steps} it would draw the schedule again from "
+                             "step 0. Build the schedule for the run's number of optimizer steps")  # fmt: skip
+    elif args.num_train_epochs > 1:
+        raise InputError(f"the curriculum sampler is one pass of {sampler.total_steps} steps; the Trainer's "
+                         f"num_train_epochs is {args.num_train_epochs:g}: each epoch after the first would draw the "
+                         "schedule again from step 0. Set max_steps (at most the schedule's steps) instead")  # fmt: skip

@@ -121,6 +121,12 @@ class MixtureConfig:
                 and 1 <= self.total_steps <= MAX_MIXTURE_STEPS):  # fmt: skip
             raise InputError(f"total_steps must be an int from 1 to {MAX_MIXTURE_STEPS:,} (a schedule holds a row of weights "
                              f"per step), got {self.total_steps!r}")  # fmt: skip
+        for name in ("floor", "temperature", "width", "lead", "time_scale"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise InputError(f"{name} must be a number, got {v!r}")
+            object.__setattr__(self, name, float(v))  # plain Python numbers: the config is written as JSON
+        object.__setattr__(self, "total_steps", int(self.total_steps))
         if not 0 <= self.floor <= 1:
             raise InputError(f"floor must be in [0, 1], got {self.floor!r}")
         for name in ("temperature", "time_scale"):
@@ -304,6 +310,15 @@ class MixtureSchedule:
         q = np.where(total > 0, q / np.where(total > 0, total, 1.0), self.base)
         return c.floor * self.base + (1.0 - c.floor) * q
 
+    def fingerprint(self) -> str:
+        """Identifies the schedule (its description and weights) in a sampler's state."""
+        import hashlib
+        import json
+
+        h = hashlib.sha256(json.dumps(self._head(), sort_keys=True).encode())
+        h.update(np.ascontiguousarray(self.table_).tobytes())
+        return h.hexdigest()[:16]
+
     def weights(self, step: int) -> np.ndarray:
         """Domain weights ``[D]`` (sum 1) for update ``step``."""
         self.config.x(step)  # range check
@@ -423,25 +438,37 @@ def load_mixture_schedule(path) -> MixtureSchedule:
 
 
 def mixture_sampler(domain_ids, schedule: MixtureSchedule, *, samples_per_step: int, seed: int = 0,
-                    domains=None, arm: bool = True):  # fmt: skip
+                    domains=None, arm: bool = True, rank: int = 0, world_size: int = 1):  # fmt: skip
     """A :class:`~tokdyn.curriculum.coupled.CoupledSampler` over a pool of training samples
-    whose domain is ``domain_ids [N]`` (indices into ``schedule.domains``, or names when
-    ``domains`` maps them), drawing the schedule's mixture step by step (``arm=False``: its
-    baseline mixture, coupled to it)."""
-    from .coupled import CoupledSampler, domain_probabilities
+    whose domain is ``domain_ids [N]`` (indices into ``schedule.domains``, or into ``domains``,
+    the names of the pool's domains, which are then matched to the schedule's by name),
+    drawing the schedule's mixture step by step (``arm=False``: its baseline mixture, coupled
+    to it). ``rank`` / ``world_size``: one sampler per rank (:class:`CoupledSampler`)."""
+    import hashlib
+
+    from .coupled import CoupledSampler, _described, domain_probabilities
 
     ids = np.asarray(domain_ids)
+    names = list(schedule.domains) if domains is None else [str(d) for d in domains]
+    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= len(names):
+        raise InputError(f"domain_ids must be one integer per sample, indices into the {len(names)} domains "
+                         f"{names}{'' if domains is None else ' given'}, got {_described(ids)}")  # fmt: skip
     if domains is not None:
         pos = {d: i for i, d in enumerate(schedule.domains)}
-        missing = sorted(set(domains) - set(pos))
+        missing = sorted(set(names) - set(pos))
         if missing:
             raise InputError(f"domains {missing} are not in the schedule's {list(schedule.domains)}")
-        ids = np.array([pos[d] for d in domains])[ids]
-    if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= len(schedule.domains):
-        raise InputError(f"domain_ids must be indices into the schedule's {len(schedule.domains)} domains")
+        ids = np.array([pos[d] for d in names])[ids]
+    counts = np.bincount(ids, minlength=len(schedule.domains))
+    empty = [d for d, n, b in zip(schedule.domains, counts, schedule.base) if n == 0 and b > 0]
+    if empty:  # a domain of base weight 0 is never drawn, so it may be absent
+        raise InputError(f"the schedule's domain(s) {empty} have base weight > 0 but no training sample in the pool "
+                         f"(samples per domain {dict(zip(schedule.domains, counts.tolist()))})")  # fmt: skip
     base = domain_probabilities(ids, schedule.base)
     probs = (lambda step: domain_probabilities(ids, schedule.weights(step))) if arm else None
-    return CoupledSampler(base, probs, samples_per_step=samples_per_step, total_steps=schedule.config.total_steps, seed=seed)
+    key = hashlib.sha256(schedule.fingerprint().encode() + np.ascontiguousarray(ids, np.int64).tobytes()).hexdigest()[:16]
+    return CoupledSampler(base, probs, samples_per_step=samples_per_step, total_steps=schedule.config.total_steps,
+                          seed=seed, rank=rank, world_size=world_size, fingerprint=key)  # fmt: skip
 
 
 def enrichment_verdict(e: dict) -> str:
