@@ -378,6 +378,15 @@ def test_train_passes_the_update_index_and_weights_the_loss():
     assert out["final_train_loss"] == pytest.approx(losses[-1], rel=1e-5)
 
 
+def test_train_on_batches_that_run_out_says_how_far_it_got():
+    # A sampler covering fewer steps than the run ended in a bare StopIteration traceback.
+    cfg = GPTConfig(vocab_size=V, context=8, n_layer=1, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    batches = [torch.randint(0, V, (2, 9)) for _ in range(3)]
+    with pytest.raises(InputError, match=r"ran out at step 4: 3 of the 5 steps"):
+        train(TinyGPT(cfg), iter(batches), TrainConfig(steps=6, batch_size=2), start_step=1)
+
+
 # -- experiment metrics --------------------------------------------------------------------
 
 

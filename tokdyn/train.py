@@ -78,7 +78,11 @@ def train(
     attach = recorder.attach(opt, start_step=start_step, tokens_per_step=None) if recorder else contextlib.nullcontext()
     with attach:
         for step in range(start_step, cfg.steps):
-            batch = next(batches)
+            batch = next(batches, None)
+            if batch is None:  # a sampler or loader shorter than the run: say so, not a bare StopIteration
+                raise InputError(f"the batches ran out at step {step}: {step - start_step} of the {cfg.steps - start_step} steps "
+                                 f"asked for were trained; give at least that many batches (a sampler covering "
+                                 f"{cfg.steps} steps)")  # fmt: skip
             x, y = batch[:, :-1], batch[:, 1:]
             logits = model(x)  # (B, C, V)
             if loss_weights is None:
