@@ -51,13 +51,31 @@ class RecorderBinding:
         """Build the recorder if needed, check where the model lives, snapshot the rate. At a
         resumed ``step`` the optimizer holds the next update's rate, not the one that made the
         weights: the row recorded there gets an unknown rate (NaN)."""
+        step = int(step)
+        if step == 0 and self._last_step is not None and self._last_step > 0:
+            # Another training from step 0 after this callback recorded later steps: the model kept its
+            # weights, so its rows would be numbered from 0 again (steps up to the last one skipped,
+            # later ones misnumbered). A resumed training starts at its checkpoint's step instead.
+            raise InputError(
+                f"training begins at step 0, but this callback already recorded run {self.recorder.run_name!r} up to step "
+                f"{self._last_step} in an earlier training; the model kept its weights, so the steps of this one would not "
+                "number them. Record it into a new run (a new callback and recorder), or resume the trainer from a checkpoint"
+            )
+        if self.recorder is not None and self.recorder._closed:
+            if self._factory is None:
+                raise InputError(
+                    f"the recorder of run {self.recorder.run_name!r} was closed when an earlier training ended; to train "
+                    "again with it pass close=False, or pass a factory (lambda: TokenLossRecorder(..., resume=True))"
+                )
+            self.recorder = None  # built again below: the factory's recorder continues the run (resume=True)
         if self.recorder is None:
             rec = self._factory()
             if not isinstance(rec, TokenLossRecorder):
                 raise InputError(f"the recorder factory returned {type(rec).__name__}, not a TokenLossRecorder")
             self.recorder = rec
         _check_placement(self.recorder, self.placement_hint)
-        self.snapshot_lr(optimizer if int(step) == 0 else None)
+        self.recorder._warn_skipped(step)  # a resumed training after rows that were never committed
+        self.snapshot_lr(optimizer if step == 0 else None)
         return self.recorder
 
     def snapshot_lr(self, optimizer) -> None:

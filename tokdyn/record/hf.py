@@ -82,12 +82,27 @@ class TokdynTrainerCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self._record(args, state)
+        self._flush_before_save(control)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._flush_before_save(control)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if getattr(args, "save_strategy", None) == "best":  # the save is decided after the evaluation
+            self._binding.flush()
 
     def on_train_end(self, args, state, control, **kwargs):
         self._binding.end()
 
     def on_save(self, args, state, control, **kwargs):
         self._binding.flush()  # a checkpoint was saved: commit the rows recorded before it
+
+    def _flush_before_save(self, control) -> None:
+        """The Trainer saves a checkpoint right after this event when ``control.should_save`` is set
+        (``on_save`` comes after the save): commit the rows recorded before it first, so that a
+        process killed once the checkpoint is on disk never leaves a restart from it skipping a row."""
+        if getattr(control, "should_save", False):
+            self._binding.flush()
 
     def _record(self, args, state) -> None:
         counted = None if self._binding.tokens_per_step is not None else _counted_tokens(args, state)

@@ -79,10 +79,12 @@ def token_losses(
 ) -> torch.Tensor:
     """Per-token cross-entropy in nats of ``tokens [S, C+1]``: a tensor ``[S * C]`` on their device.
 
-    The model is put in eval mode for the forwards and its previous mode restored, even on error.
-    Logits that do not cover a target id are an :class:`InputError` (never a cross-entropy index
-    error, which on a GPU is a device-side assert that ends the process): ``max_target``, the
-    largest id in ``tokens[:, 1:]``, is computed here when not given (one device sync).
+    The model is put in eval mode for the forwards (through each module's ``train()``) and its
+    previous modes restored the same way, even on error; the forwards run outside any autocast
+    region the caller is in, in the precision of the weights. Logits that do not cover a target
+    id are an :class:`InputError` (never a cross-entropy index error, which on a GPU is a
+    device-side assert that ends the process): ``max_target``, the largest id in
+    ``tokens[:, 1:]``, is computed here when not given (one device sync).
     """
     if tokens.ndim != 2 or tokens.shape[1] < 2:
         raise InputError(f"tokens must have shape [S, C+1], got {tuple(tokens.shape)}")
@@ -94,29 +96,50 @@ def token_losses(
     modes = [(m, m.training) for m in model.modules()]  # each submodule's own mode (a frozen part stays eval)
     model.eval()
     try:
-        for a in range(0, s, batch_size):
-            chunk = tokens[a : a + batch_size]
-            x, y = chunk[:, :-1], chunk[:, 1:]  # (B, C), (B, C)
-            try:
-                logits = forward(model, x)
-            except IndexError as exc:  # an embedding lookup past the model's vocabulary or positions
-                raise InputError(
-                    f"the model cannot take the probe's tokens ({exc}): its ids reach {int(tokens.max())} and a sequence has "
-                    f"{c} positions; the model's vocabulary must cover the probe's tokenizer and its context the probe's"
-                ) from exc
-            if logits.ndim != 3 or logits.shape[:2] != x.shape:
-                raise InputError(f"forward returned logits {tuple(logits.shape)}; expected [B, T, V] with B, T = {tuple(x.shape)}")
-            if logits.shape[-1] <= max_target:
-                raise InputError(
-                    f"the model gives {logits.shape[-1]} logits per position but the probe's target ids reach {max_target}; "
-                    "the model's vocabulary must cover the probe's tokenizer"
-                )
-            nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
-            out[a * c : (a + chunk.shape[0]) * c] = nll
+        # Weights are evaluated in their own precision: a hook fires inside opt.step(), which a loop
+        # may have wrapped in torch.autocast with the forward; rows would then differ in precision
+        # from step 0's (recorded outside it) and from those the framework callbacks record.
+        dev = tokens.device.type
+        with torch.autocast(dev, enabled=False) if _autocast_on(dev) else contextlib.nullcontext():
+            for a in range(0, s, batch_size):
+                chunk = tokens[a : a + batch_size]
+                x, y = chunk[:, :-1], chunk[:, 1:]  # (B, C), (B, C)
+                try:
+                    logits = forward(model, x)
+                except IndexError as exc:  # an embedding lookup past the model's vocabulary or positions
+                    raise InputError(
+                        f"the model cannot take the probe's tokens ({exc}): its ids reach {int(tokens.max())} and a sequence has "
+                        f"{c} positions; the model's vocabulary must cover the probe's tokenizer and its context the probe's"
+                    ) from exc
+                if logits.ndim != 3 or logits.shape[:2] != x.shape:
+                    raise InputError(f"forward returned logits {tuple(logits.shape)}; expected [B, T, V] with B, T = {tuple(x.shape)}")
+                if logits.shape[-1] <= max_target:
+                    raise InputError(
+                        f"the model gives {logits.shape[-1]} logits per position but the probe's target ids reach {max_target}; "
+                        "the model's vocabulary must cover the probe's tokenizer"
+                    )
+                nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+                out[a * c : (a + chunk.shape[0]) * c] = nll
     finally:
-        for m, training in modes:
-            m.training = training
+        _restore_modes(modes)
     return out
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # a device type autocast does not know (meta, ...): never on
+        return False
+
+
+def _restore_modes(modes: list[tuple[torch.nn.Module, bool]]) -> None:
+    """Put each module back in its mode through its own ``train()``, as ``model.eval()`` left it
+    through its own: a module that does work on a switch (loralib's LoRA layers merge their update
+    into the weight in eval mode and take it out again in train mode) undoes it. ``modes`` lists
+    parents before children, so a parent's ``train()`` never overrides a child's own mode."""
+    for m, training in modes:
+        if m.training != training:
+            m.train(training)
 
 
 # Config fields in which a model declares the most positions it was built (and trained) for:
@@ -355,7 +378,7 @@ class TokenLossRecorder:
         """Evaluate the probe now and queue the row for ``step``."""
         self._check_error()
         if self._closed:
-            raise TokdynError("recorder is closed")
+            raise TokdynError(f"the recorder of run {self.run_name!r} is closed; build a new one (resume=True continues the run)")
         step = int(step)
         if self._last_queued is not None and step <= self._last_queued:
             raise StepOrderError(
@@ -406,6 +429,16 @@ class TokenLossRecorder:
             raise InputError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(start_step, bool) or not isinstance(start_step, (int, np.integer)) or start_step < 0:
             raise InputError(f"start_step counts the optimizer updates already done: an integer >= 0, got {start_step!r}")
+        if self._closed:
+            raise TokdynError(f"the recorder of run {self.run_name!r} is closed; build a new one (resume=True continues the run)")
+        if start_step == 0 and self.n_recorded and self._last_queued > 0:
+            # A second loop that counts from 0 again while the model kept its weights: its rows would be
+            # numbered from 0 again (steps up to the last one skipped, later ones misnumbered).
+            raise InputError(
+                f"attach(start_step=0), but this recorder already recorded run {self.run_name!r} up to step {self._last_queued} "
+                "and the model kept training since; pass start_step=<optimizer updates done> to continue the count, or "
+                "record the new training into a new run"
+            )
         if tokens_per_step is not None and (isinstance(tokens_per_step, bool) or not isinstance(
                 tokens_per_step, (int, np.integer)) or tokens_per_step < 1):
             raise InputError(f"tokens_per_step must be an integer >= 1, got {tokens_per_step!r}")
