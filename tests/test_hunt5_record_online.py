@@ -369,3 +369,48 @@ def test_a_resumed_training_says_which_rows_were_never_committed(tiny_model, pro
     rec.close()
     run = read_run(store_path, "r")
     assert run.steps.tolist() == [0, 1, 5] and np.isnan(run.coord("lr")[-1])
+
+
+# -- the recorder must watch the model being trained ----------------------------------------
+
+
+def test_a_loop_training_another_model_is_refused(tiny_model, probe, store_path):
+    """An optimizer over another model's parameters: every row would evaluate weights that never
+    change (before: a run of identical rows, without a word)."""
+    torch.manual_seed(1)
+    other = copy.deepcopy(tiny_model)  # same architecture and values, other memory
+    rec = TokenLossRecorder(tiny_model, probe, store_path, "loop", schedule=[0, 1, 2])
+    with pytest.raises(InputError, match="evaluates a model that the optimizer given to attach\\(\\) does not train"):
+        with rec.attach(torch.optim.SGD(other.parameters(), lr=0.1)):
+            pass
+    # wrappers that keep the parameters are the model being trained; so is a part of it (adapters, a head)
+    rec.check_trains(list(torch.compile(tiny_model).parameters()), "a compiled model")
+    rec.check_trains([list(tiny_model.parameters())[-1]], "an optimizer of the head alone")
+    rec.check_trains([p.detach()[:1] for p in tiny_model.parameters()], "views")
+    with rec.attach(torch.optim.SGD(tiny_model.parameters(), lr=0.1)):
+        pass
+    rec.close()
+
+
+def test_hf_model_init_that_replaces_the_recorded_model_is_refused(tmp_path, probe, store_path):
+    """``Trainer(model_init=...)`` builds a new model at ``train()``: a recorder built on the
+    first one evaluated it, untrained, at every step (before: rows 0, 2 and 4 identical)."""
+    tf = _hf()
+    from tokdyn.record.hf import TokdynTrainerCallback
+
+    first = _gpt2(tf)
+    rec = TokenLossRecorder(first, probe, store_path, "hf", schedule=[0, 2, 4])
+    made = _hf_trainer(tf, tmp_path, first, [TokdynTrainerCallback(rec)], max_steps=4)
+    trainer = tf.Trainer(model_init=lambda *a: _gpt2(tf), args=made.args, train_dataset=made.train_dataset,
+                         callbacks=[TokdynTrainerCallback(rec)])  # fmt: skip
+    with pytest.raises(InputError, match="evaluates a model that the trainer does not train"):
+        trainer.train()
+
+
+def test_lightning_training_another_module_is_refused(tiny_model, probe, store_path):
+    pl = _lightning()
+    from tokdyn.record.lightning import TokdynLightningCallback
+
+    cb = TokdynLightningCallback(TokenLossRecorder(tiny_model, probe, store_path, "lit", schedule=[0, 2]))
+    with pytest.raises(InputError, match="evaluates a model that the trainer does not train"):
+        _lit_fit(_lit_trainer(pl, [cb], max_steps=2), _lit(pl, copy.deepcopy(tiny_model)))

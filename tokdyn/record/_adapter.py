@@ -47,7 +47,7 @@ class RecorderBinding:
         self.lr: float | torch.Tensor | None = None
         self._last_step: int | None = None  # the last step handed to the recorder
 
-    def start(self, optimizer=None, *, step: int = 0) -> TokenLossRecorder:
+    def start(self, optimizer=None, *, step: int = 0, model=None) -> TokenLossRecorder:
         """Build the recorder if needed, check where the model lives, snapshot the rate. At a
         resumed ``step`` the optimizer holds the next update's rate, not the one that made the
         weights: the row recorded there gets an unknown rate (NaN)."""
@@ -74,6 +74,8 @@ class RecorderBinding:
                 raise InputError(f"the recorder factory returned {type(rec).__name__}, not a TokenLossRecorder")
             self.recorder = rec
         _check_placement(self.recorder, self.placement_hint)
+        if model is not None:  # the model the framework trains: the recorder must watch it
+            self.recorder.check_trains(list(model.parameters()), "the trainer")
         self.recorder._warn_skipped(step)  # a resumed training after rows that were never committed
         self.snapshot_lr(optimizer if step == 0 else None)
         return self.recorder

@@ -74,7 +74,7 @@ class TokdynTrainerCallback(TrainerCallback):
     # -- Trainer events -------------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._binding.start(kwargs.get("optimizer"), step=state.global_step)
+        self._binding.start(kwargs.get("optimizer"), step=state.global_step, model=kwargs.get("model"))
         self._record(args, state)
 
     def on_optimizer_step(self, args, state, control, **kwargs):

@@ -85,7 +85,7 @@ class TokdynLightningCallback(pl.Callback):
     # -- Lightning hooks ------------------------------------------------------------------
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._binding.start(trainer.optimizers[0] if trainer.optimizers else None, step=trainer.global_step)
+        self._binding.start(trainer.optimizers[0] if trainer.optimizers else None, step=trainer.global_step, model=pl_module)
         self._binding.record(trainer.global_step)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:

@@ -125,6 +125,27 @@ def token_losses(
     return out
 
 
+def _tensors_of(optimizer) -> list:
+    """The tensors an optimizer updates (its parameter groups'; also accelerate's and
+    Lightning's wrappers, which expose ``param_groups``)."""
+    return [t for g in getattr(optimizer, "param_groups", None) or () for t in g.get("params", ())]
+
+
+def _storages(tensors) -> set[int]:
+    """Addresses of the memory that ``tensors`` live in (a view shares its base's); tensors
+    without memory (meta, fake, 0 bytes) are left out."""
+    out = set()
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            try:
+                ptr = t.untyped_storage().data_ptr()
+            except (RuntimeError, NotImplementedError):  # a tensor subclass without storage
+                continue
+            if ptr:
+                out.add((t.device.type, t.device.index, ptr))
+    return out
+
+
 def _autocast_on(device_type: str) -> bool:
     try:
         return torch.is_autocast_enabled(device_type)
@@ -414,6 +435,23 @@ class TokenLossRecorder:
         self.n_recorded += 1
         self.record_seconds += time.perf_counter() - t0
 
+    def check_trains(self, tensors, what: str) -> None:
+        """:class:`InputError` when ``tensors`` (what a training updates: an optimizer's
+        parameters, or the model a framework trains) share no memory with this recorder's model:
+        every row would evaluate weights that never change (a recorder built on a model that
+        ``model_init``, a hyperparameter search or a rebuilt model replaced). Wrappers that keep
+        the parameters (DDP, ``torch.compile``, PEFT, FSDP's views) share it. Nothing is checked
+        where either side has no parameter in memory."""
+        mine = _storages(self.model.parameters())
+        theirs = _storages(tensors)
+        if mine and theirs and not (mine & theirs):
+            raise InputError(
+                f"the recorder of run {self.run_name!r} evaluates a model that {what} does not train (they share no "
+                "parameter): every row would hold the losses of weights that never change. Build the recorder on the "
+                "model being trained (under a trainer that builds its model, model_init, pass a factory that builds the "
+                "recorder when training begins)"
+            )
+
     @contextlib.contextmanager
     def attach(self, optimizer: torch.optim.Optimizer, *, start_step: int = 0, tokens_per_step: int | None = None) -> Iterator["TokenLossRecorder"]:
         """Record from an optimizer hook: the step counter starts at ``start_step`` and grows by
@@ -442,6 +480,7 @@ class TokenLossRecorder:
         if tokens_per_step is not None and (isinstance(tokens_per_step, bool) or not isinstance(
                 tokens_per_step, (int, np.integer)) or tokens_per_step < 1):
             raise InputError(f"tokens_per_step must be an integer >= 1, got {tokens_per_step!r}")
+        self.check_trains(_tensors_of(optimizer), "the optimizer given to attach()")
         state = {"step": int(start_step)}
         self._warn_skipped(int(start_step))
 
