@@ -414,3 +414,21 @@ def test_lightning_training_another_module_is_refused(tiny_model, probe, store_p
     cb = TokdynLightningCallback(TokenLossRecorder(tiny_model, probe, store_path, "lit", schedule=[0, 2]))
     with pytest.raises(InputError, match="evaluates a model that the trainer does not train"):
         _lit_fit(_lit_trainer(pl, [cb], max_steps=2), _lit(pl, copy.deepcopy(tiny_model)))
+
+
+def test_a_recorder_that_records_nothing_says_so_when_it_closes(tiny_model, probe, store_path):
+    """A schedule whose steps all lie past the training left an empty run without a word."""
+    opt = torch.optim.SGD(tiny_model.parameters(), lr=0.1)
+    rec = TokenLossRecorder(tiny_model, probe, store_path, "late", schedule=[100, 1000])
+    with rec.attach(opt):
+        for k in range(3):
+            opt.zero_grad()
+            loss_of(tiny_model, batch(k)).backward()
+            opt.step()
+    with pytest.warns(RuntimeWarning, match=r"run 'late' closed without a row: no step of its schedule \(100\.\.1000, 2 steps\)"):
+        rec.close()
+    with warnings.catch_warnings():  # one that recorded says nothing
+        warnings.simplefilter("error")
+        with TokenLossRecorder(tiny_model, probe, store_path, "early", schedule=[0, 1000]) as rec2:
+            with rec2.attach(opt):
+                pass

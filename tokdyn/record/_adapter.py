@@ -77,6 +77,7 @@ class RecorderBinding:
         if model is not None:  # the model the framework trains: the recorder must watch it
             self.recorder.check_trains(list(model.parameters()), "the trainer")
         self.recorder._warn_skipped(step)  # a resumed training after rows that were never committed
+        self.recorder._followed = True
         self.snapshot_lr(optimizer if step == 0 else None)
         return self.recorder
 

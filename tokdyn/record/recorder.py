@@ -339,6 +339,7 @@ class TokenLossRecorder:
         self._error: BaseException | None = None
         self._closed = False
         self._last_queued: int | None = self._writer.last_step  # the last step handed to the writer
+        self._followed = False  # a training was followed (attach() or a framework callback began)
         self._pending: collections.deque[int] = collections.deque()  # steps handed to the writer, not yet seen committed
         self._rows_queued = self._writer.rows
         self.n_recorded = 0
@@ -483,6 +484,7 @@ class TokenLossRecorder:
         self.check_trains(_tensors_of(optimizer), "the optimizer given to attach()")
         state = {"step": int(start_step)}
         self._warn_skipped(int(start_step))
+        self._followed = True
 
         def seen(step: int) -> int | None:
             return None if tokens_per_step is None else step * int(tokens_per_step)
@@ -567,6 +569,10 @@ class TokenLossRecorder:
             if trim and self.rank == 0:
                 self._writer.trim()
             self._writer.release()
+        if self._followed and self.n_recorded == 0 and self._writer.last_step is None and self._error is None:
+            first, last = int(self.schedule[0]), int(self.schedule[-1])
+            warnings.warn(f"run {self.run_name!r} closed without a row: no step of its schedule ({first}..{last}, "
+                          f"{len(self.schedule)} steps) was reached while it recorded", RuntimeWarning, stacklevel=2)  # fmt: skip
 
     def _uncommitted_steps(self) -> list[int]:
         """The steps handed to the writer whose rows are not committed yet."""
