@@ -45,6 +45,10 @@ def _fit(args: argparse.Namespace) -> int:
           f"{res.seconds:.1f} s ({res.backend}, {res.scheduler})")  # fmt: skip
     if res.rows_left_out:  # which rows the point count leaves out, and why (step 0, --axis-min)
         print(f"  {res.rows_left_out}")
+    if res.n_rows_committed_since:  # a recorder appended while this ran: said now, not first by the next reader
+        k = res.n_rows_committed_since
+        print(f"  not covered: {k:,} row{'s' * (k != 1)} the run committed while this fit ran; the fit is already stale: "
+              f"refit to include {'them' if k != 1 else 'it'} (--refit)")  # fmt: skip
     total = sum(res.class_counts.values())
     drops = res.class_drops  # shares, or nats where they would mean nothing
     for name, count in sorted(res.class_counts.items(), key=lambda kv: -kv[1]):

@@ -13,6 +13,7 @@ hands them over, under the run's fit lock.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from tokdyn._process import exit_with_parent
-from tokdyn.errors import InputError, StoreError
+from tokdyn.errors import InputError, StoreError, TokdynError
 from tokdyn.fit.backends import resolve_backend
 from tokdyn.fit.block import FIT_FIELDS, fit_block
 from tokdyn.fit.models import ClassDrops, class_drops, class_loss_share
@@ -166,6 +167,9 @@ class FitSummary:
     axis_min: float | None = None  # rows below this axis value were left out
     rows_left_out: str | None = None  # the committed rows not fitted and why (rows_left_out()), None: none
     n_rows_left_out: int = 0
+    # rows the run committed while this fit ran (a recorder appending): the fit does not cover
+    # them and is stale when it returns (its readers ask for --refit)
+    n_rows_committed_since: int = 0
     # each class's drop and whether shares of it mean something (the rule the report and the
     # command line say it by); not in summary(), whose class_loss_share holds the shares
     class_drops: ClassDrops | None = field(default=None, repr=False)
@@ -262,21 +266,33 @@ def fit_run(
     labels = {f"{what}_names": {str(k): v for k, v in names.items()}
               for what, names in (("status", STATUS_NAMES), ("class", CLASS_NAMES), ("model", MODEL_NAMES))}  # fmt: skip
     fields = {name: np.dtype(dt).str for name, dt in FIT_FIELDS.items()}
-    with run.fit.writer(inputs, fields, n_blocks=n_blocks, refit=refit, labels=labels) as fw:
-        todo = np.flatnonzero(~fw.done()).tolist()
-        t0 = time.perf_counter()
-        if todo:
-            task_args = dict(url=st.url, storage_options=st.storage_options, run=run.name, rows=rows, x=x,
-                             options=opts, backend=backend, device=str(device) if device is not None else None,
-                             block=block, n=n, batch_rows=int(batch_rows), fit_id=fw.fit_id)  # fmt: skip
-            if scheduler in ("threads", "sync"):
-                task_args["store"] = st  # share the open store (and a memory:// one) with the threads
-            _run_tasks(todo, task_args, scheduler=scheduler, distributed=distributed, workers=workers, progress=progress)
-        seconds = time.perf_counter() - t0
-        fw.finish(backend=backend, seconds=seconds)
+    # A cluster is reached before the fit group is touched: with --refit, a scheduler address
+    # that fails (a typo, a cluster that is down) used to be found only after the stored fit had
+    # been discarded, leaving none.
+    with contextlib.ExitStack() as cluster:
+        client = None
+        if distributed:
+            cluster.enter_context(_quiet_client_log())
+            client = cluster.enter_context(_connect(scheduler))
+        # Workers resolve a relative path against their own working folder, not this process's.
+        url = os.path.abspath(st.url) if distributed and "://" not in st.url else st.url
+        with run.fit.writer(inputs, fields, n_blocks=n_blocks, refit=refit, labels=labels) as fw:
+            todo = np.flatnonzero(~fw.done()).tolist()
+            t0 = time.perf_counter()
+            if todo:
+                task_args = dict(url=url, storage_options=st.storage_options, run=run.name, rows=rows, x=x,
+                                 options=opts, backend=backend, device=str(device) if device is not None else None,
+                                 block=block, n=n, batch_rows=int(batch_rows), fit_id=fw.fit_id)  # fmt: skip
+                if scheduler in ("threads", "sync"):
+                    task_args["store"] = st  # share the open store (and a memory:// one) with the threads
+                _run_tasks(todo, task_args, scheduler=scheduler, client=client, workers=workers, progress=progress)
+            seconds = time.perf_counter() - t0
+            fw.finish(backend=backend, seconds=seconds)
+            # read under the fit lock: once it is released, a refit may replace these results
+            # (the fit's own rows, also where a recorder appended more meanwhile: the next reader is told to refit)
+            res = run.fit.read(fields=("status", "class_code", "drop"), current=False)
+            since = run.n_committed - n_committed
     fitted = sum(min(block, n - b * block) for b in todo)  # tokens fitted by this call
-    # the fit's own rows, also where a recorder appended more meanwhile (the next reader is told to refit)
-    res = run.fit.read(fields=("status", "class_code", "drop"), current=False)
     status_counts = {STATUS_NAMES[c]: int(v) for c, v in zip(*np.unique(res["status"], return_counts=True))}
     class_counts = {CLASS_NAMES[c]: int(v) for c, v in zip(*np.unique(res["class_code"], return_counts=True))}
     return FitSummary(
@@ -285,7 +301,7 @@ def fit_run(
         backend=backend, scheduler=scheduler, status_counts=status_counts, class_counts=class_counts,
         class_loss_share=class_loss_share(res["class_code"], res["drop"]), axis_min=axis_min,
         rows_left_out=rows_left_out(run, rows, axis_min=axis_min, n_committed=n_committed),
-        n_rows_left_out=n_committed - int(rows.size), class_drops=class_drops(res["class_code"], res["drop"]),
+        n_rows_left_out=n_committed - int(rows.size), n_rows_committed_since=since, class_drops=class_drops(res["class_code"], res["drop"]),
     )  # fmt: skip
 
 
@@ -354,17 +370,21 @@ def check_scheduler(address: str, timeout: float | None = None) -> None:
     ``Client(address, timeout=...)`` bounds the TCP connect only: a server that accepts the
     connection and never answers hung the fit for good, and one that answers with something
     else (an SSH banner) was read as a frame of exabytes and reported as running out of memory.
-    This asks the scheduler who it is first, in a thread of its own with a hard deadline.
+    This asks the scheduler who it is first, in a thread of its own with a hard deadline. An
+    address that is no address at all (no port, a port beyond 65535, another scheme) is said to
+    be one at once, not after the deadline or as "another service".
     """
     import asyncio
     import threading
 
     from distributed.comm import connect
+    from distributed.security import Security
 
+    _check_address(address)
     timeout = SCHEDULER_TIMEOUT if timeout is None else timeout
 
     async def identity():
-        comm = await asyncio.wait_for(connect(address, timeout=timeout), timeout)
+        comm = await asyncio.wait_for(connect(address, timeout=timeout, **Security().get_connection_args("client")), timeout)
         try:
             await asyncio.wait_for(comm.write({"op": "identity", "reply": True}), timeout)
             return await asyncio.wait_for(comm.read(), timeout)
@@ -387,21 +407,88 @@ def check_scheduler(address: str, timeout: float | None = None) -> None:
     err = answer.get("error")
     if isinstance(err, OSError):
         raise InputError(f"cannot reach the dask scheduler at {address}: {' '.join(str(err).split())}")
+    if isinstance(err, (TypeError, ValueError)):  # what dask's connect says of a scheme it cannot use here (tls without a TLS set-up)
+        raise InputError(f"cannot connect to the dask scheduler at {address}: {' '.join(str(err).split())}")
     reply = answer.get("reply")
     if err is not None or not (isinstance(reply, dict) and reply.get("type") == "Scheduler"):
         raise InputError(f"{address} did not answer as a dask scheduler (is it another service?)")
 
 
-def _run_tasks(todo, task_args, *, scheduler: str, distributed: bool, workers: int | None, progress: bool) -> None:
-    """Run one task per block on the chosen scheduler; a task's error is raised here, once no
-    task of this job is still writing (the caller holds the fit lock until then)."""
+def _check_address(address: str) -> None:
+    """InputError unless ``address`` reads as a dask address, ``tcp://HOST:PORT`` (or another of
+    dask's schemes) with a port in 1..65535: `tcp://host` or `tcp://host:99999` were tried until
+    the deadline and then reported as a scheduler that did not answer, `http://...` as "another
+    service"."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.registry import backends
+
+    expected = "a dask scheduler address is tcp://HOST:PORT (the address `dask scheduler` prints)"
+    scheme, rest = parse_address(address)
+    if scheme not in backends:
+        raise InputError(f"{expected}; got {address!r}, whose scheme {scheme!r} is none of dask's ({', '.join(sorted(backends))})")
+    if scheme == "inproc":  # a scheduler of this process
+        return
+    try:
+        host, port = parse_host_port(rest)
+    except ValueError as exc:
+        raise InputError(f"{expected}; got {address!r} ({' '.join(str(exc).split())})") from None
+    if not host or not 1 <= port <= 65535:
+        raise InputError(f"{expected}; got {address!r} ({'no host' if not host else f'port {port} is not in 1..65535'})")
+
+
+@contextlib.contextmanager
+def _quiet_client_log():
+    """dask's client logs each failure it meets (a lost scheduler) as tracebacks, before the
+    job raises it as one line; those records are left out while the fit holds its client."""
+    import logging
+
+    try:
+        import distributed  # noqa: F401 - its import sets its loggers' levels: first
+    except ImportError:
+        pass
+    log = logging.getLogger("distributed.client")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _connect(address: str):
+    """A dask.distributed client of the scheduler at ``address``, checked first (:func:`check_scheduler`)."""
+    import warnings
+
+    try:
+        from distributed import Client
+    except ImportError:
+        raise InputError("a scheduler address needs dask.distributed: pip install 'tokdyn[distributed]'") from None
+    check_scheduler(address)
+    try:
+        client = Client(address, timeout="10s")
+    except OSError as exc:
+        raise InputError(f"cannot reach the dask scheduler at {address}: {exc}") from None
+    try:
+        workers = client.scheduler_info().get("workers") or {}
+    except Exception:  # noqa: BLE001 - only for the warning below
+        workers = None
+    if workers == {}:  # dask waits for a worker for good, without a word
+        warnings.warn(f"the dask scheduler at {address} has no workers; the fit waits until one joins it "
+                      "(Ctrl-C stops it; the blocks done are kept)", RuntimeWarning, stacklevel=3)  # fmt: skip
+    return client
+
+
+def _run_tasks(todo, task_args, *, scheduler: str, client=None, workers: int | None, progress: bool) -> None:
+    """Run one task per block on the chosen scheduler (a dask.distributed one when ``client``
+    is given); a task's error is raised here, once no task of this job is still writing (the
+    caller holds the fit lock until then)."""
     import dask
 
     def tasks(**extra):
         return [dask.delayed(_fit_one_block, pure=False)(b, **task_args, **extra) for b in todo]
 
-    if distributed:
-        _run_distributed(tasks(), scheduler, progress)
+    if client is not None:
+        _run_distributed(tasks(), client, scheduler, progress)
     elif scheduler == "processes":
         # The pool's exit waits for the blocks in flight (dask hands one to each worker at a time).
         with _process_pool(workers or os.cpu_count() or 1) as pool:
@@ -423,31 +510,37 @@ def _run_tasks(todo, task_args, *, scheduler: str, distributed: bool, workers: i
         _compute_local(tasks(), progress, scheduler=scheduler)
 
 
-def _run_distributed(tasks, scheduler: str, progress: bool) -> None:
-    """The tasks on the dask.distributed scheduler at ``scheduler``; on a task's error the blocks
+def _run_distributed(tasks, client, address: str, progress: bool) -> None:
+    """The tasks on the dask.distributed cluster of ``client``; on a task's error the blocks
     not started are cancelled (one already running that finishes after a refit began is refused
-    by the store: its fit_id is no longer the fit's)."""
+    by the store: its fit_id is no longer the fit's). The cluster's own failures (the scheduler
+    lost, a block whose workers all died) are one :class:`TokdynError` line, not dask's error
+    reported as a bug in tokdyn."""
+    from concurrent.futures import CancelledError
+
+    from distributed import KilledWorker, as_completed
+
+    futures = client.compute(tasks)
+    bar = _bar(len(tasks), progress)
     try:
-        from distributed import Client, as_completed
-    except ImportError:
-        raise InputError("a scheduler address needs dask.distributed: pip install 'tokdyn[distributed]'") from None
-    check_scheduler(scheduler)
-    try:
-        client = Client(scheduler, timeout="10s")
-    except OSError as exc:
-        raise InputError(f"cannot reach the dask scheduler at {scheduler}: {exc}") from None
-    with client:
-        futures = client.compute(tasks)
-        bar = _bar(len(tasks), progress)
+        for fut in as_completed(futures):
+            fut.result()  # re-raises a task's error here
+            bar.update(1)
+    except BaseException as exc:
         try:
-            for fut in as_completed(futures):
-                fut.result()  # re-raises a task's error here
-                bar.update(1)
-        except BaseException:
             client.cancel(futures)
-            raise
-        finally:
-            bar.close()
+        except Exception:  # noqa: BLE001 - a client that lost its scheduler: nothing left to cancel
+            pass
+        resume = "the blocks done are kept: run `tokdyn fit` again to fit the rest"
+        if isinstance(exc, KilledWorker):
+            raise TokdynError(f"the dask workers at {address} died while fitting a block ({' '.join(str(exc).split())[:200]}); "
+                              f"out of memory? give the workers more, or lower --batch-rows; {resume}") from None  # fmt: skip
+        if isinstance(exc, CancelledError):
+            raise TokdynError(f"the fit's tasks on the dask scheduler at {address} were cancelled "
+                              f"({' '.join(str(exc).split())[:200]}); {resume}") from None  # fmt: skip
+        raise
+    finally:
+        bar.close()
 
 
 def _process_pool(workers: int):
