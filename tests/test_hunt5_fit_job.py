@@ -17,6 +17,7 @@ import tokdyn
 from reliability_fixtures import cli_error_line
 from test_store_fit import STEPS, make_store, planted
 from tokdyn.cli import main
+from tokdyn.errors import ClusterError
 from tokdyn.fit import FIT_FIELDS
 from tokdyn.fit import job as fitjob
 from tokdyn.fit.job import fit_run, read_fit
@@ -125,8 +126,21 @@ def test_a_block_that_kills_its_workers_is_one_line_not_a_bug_report(tmp_path, d
         assert "workers" in line and "died" in line and cluster.scheduler_address in line and "tokdyn fit` again" in line
         monkeypatch.setattr(fitjob, "_fit_one_block", real)
         done_before = int(np.asarray(st.run("r").fit._group()["done"][...]).sum())
+        monkeypatch.setattr(fitjob, "_fit_one_block", dying)
+        with pytest.raises(ClusterError, match="died while fitting a block"):  # its own type, from the library too
+            fit_run(st.run("r"), scheduler=cluster.scheduler_address, refit=True, progress=False)
+        monkeypatch.setattr(fitjob, "_fit_one_block", real)
+        done_before = int(np.asarray(st.run("r").fit._group()["done"][...]).sum())
         res = fit_run(tokdyn.open_store(path, mode="r+").run("r"), scheduler=cluster.scheduler_address, progress=False)
     assert res.blocks_resumed == done_before and res.blocks_fitted == 4 - done_before
+
+
+def test_local_workers_asked_of_a_cluster_are_said_to_be_ignored(tmp_path, data):
+    st = make_store(tmp_path / "s.zarr", data[0][:200], token_chunk=100)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        with pytest.warns(RuntimeWarning, match=r"workers=3 is ignored: it sets this machine's workers"):
+            res = fit_run(st.run("r"), scheduler=cluster.scheduler_address, workers=3, progress=False)
+    assert res.blocks_fitted == 2
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ __all__ = [
     "UnsafeFileError",
     "WriterError",
     "RunBusyError",
+    "ClusterError",
 ]
 
 
@@ -73,3 +74,8 @@ class WriterError(TokdynError, RuntimeError):
 class RunBusyError(StoreError, RuntimeError):
     """Another live process is writing the same token range of a run (or creating the store or
     run); a second writer is refused, never interleaved."""
+
+
+class ClusterError(TokdynError, RuntimeError):
+    """The dask.distributed cluster failed under a job (its scheduler lost, a task's workers all
+    died); the blocks done are kept, and running the job again resumes it."""

@@ -18,6 +18,7 @@ import dataclasses
 import os
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from tokdyn._process import exit_with_parent
-from tokdyn.errors import InputError, StoreError, TokdynError
+from tokdyn.errors import ClusterError, InputError, StoreError
 from tokdyn.fit.backends import resolve_backend
 from tokdyn.fit.block import FIT_FIELDS, fit_block
 from tokdyn.fit.models import ClassDrops, class_drops, class_loss_share
@@ -254,6 +255,9 @@ def fit_run(
     if scheduler is not None and not distributed and scheduler not in LOCAL_SCHEDULERS:
         raise InputError(f"scheduler must be one of {LOCAL_SCHEDULERS} or a tcp:// address, got {scheduler!r}")
     scheduler = scheduler or "threads"
+    if distributed and workers is not None:
+        warnings.warn(f"workers={workers} is ignored: it sets this machine's workers, and the cluster at {scheduler} "
+                      "fits with its own (start more with `dask worker`)", RuntimeWarning, stacklevel=2)  # fmt: skip
     if (scheduler == "processes" or distributed) and st.url.startswith("memory://"):
         raise InputError("a memory:// store is private to this process; use scheduler='threads' or 'sync'")
 
@@ -457,8 +461,6 @@ def _quiet_client_log():
 
 def _connect(address: str):
     """A dask.distributed client of the scheduler at ``address``, checked first (:func:`check_scheduler`)."""
-    import warnings
-
     try:
         from distributed import Client
     except ImportError:
@@ -514,7 +516,7 @@ def _run_distributed(tasks, client, address: str, progress: bool) -> None:
     """The tasks on the dask.distributed cluster of ``client``; on a task's error the blocks
     not started are cancelled (one already running that finishes after a refit began is refused
     by the store: its fit_id is no longer the fit's). The cluster's own failures (the scheduler
-    lost, a block whose workers all died) are one :class:`TokdynError` line, not dask's error
+    lost, a block whose workers all died) are one :class:`~tokdyn.errors.ClusterError` line, not dask's error
     reported as a bug in tokdyn."""
     from concurrent.futures import CancelledError
 
@@ -533,10 +535,10 @@ def _run_distributed(tasks, client, address: str, progress: bool) -> None:
             pass
         resume = "the blocks done are kept: run `tokdyn fit` again to fit the rest"
         if isinstance(exc, KilledWorker):
-            raise TokdynError(f"the dask workers at {address} died while fitting a block ({' '.join(str(exc).split())[:200]}); "
+            raise ClusterError(f"the dask workers at {address} died while fitting a block ({' '.join(str(exc).split())[:200]}); "
                               f"out of memory? give the workers more, or lower --batch-rows; {resume}") from None  # fmt: skip
         if isinstance(exc, CancelledError):
-            raise TokdynError(f"the fit's tasks on the dask scheduler at {address} were cancelled "
+            raise ClusterError(f"the fit's tasks on the dask scheduler at {address} were cancelled "
                               f"({' '.join(str(exc).split())[:200]}); {resume}") from None  # fmt: skip
         raise
     finally:
