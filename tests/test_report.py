@@ -195,3 +195,26 @@ def test_the_viewers_tokens_join_to_the_decoded_text():
     ids = tok.encode("def café(run):\n    return naïve  # ünïcode — " + TEXT[:200])
     pieces = _pieces(ids, lambda t: tok.decode([int(i) for i in t]))
     assert len(pieces) == len(ids) and "".join(pieces) == tok.decode(ids)
+
+
+def test_a_refit_that_finishes_while_the_report_is_made_is_refused(store_and_page, tmp_path, monkeypatch):
+    """The figures read each fit more than once (the analysis, then its fitted rows): a refit that
+    finished in between was mixed into the page without a word. The page before is kept."""
+    import tokdyn.report as report
+    from tokdyn.errors import StoreError
+
+    st, _ = store_and_page
+    out = tmp_path / "r.html"
+    out.write_text("the previous report")
+    real = report.render_report
+
+    def refit_first(st_, an, **kw):
+        tokdyn.fit_run(st_.run("r"), refit=True, progress=False)
+        return real(st_, an, **kw)
+
+    monkeypatch.setattr(report, "render_report", refit_first)
+    with pytest.raises(StoreError, match=r"the fit of run\(s\) \['r'\] changed while the report was made"):
+        write_report(st, out)
+    assert out.read_text() == "the previous report"
+    monkeypatch.setattr(report, "render_report", real)
+    assert "<html" in write_report(st, out).read_text()  # the fit, now settled, is reported

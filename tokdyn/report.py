@@ -32,7 +32,7 @@ import numpy as np
 from . import __version__
 from ._files import check_output_path, write_atomically
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store
-from .errors import InputError, TokdynError
+from .errors import InputError, StoreError, TokdynError
 from .fit.models import SHARE_MIN_NET, two_sigmoid_curve, unfit_reasons
 from .fit.options import CLASS_CODES, CLASS_NAMES, STATUS_NAMES
 from .fit.sigmoid import sigmoid_curve
@@ -84,8 +84,15 @@ def write_report(
     st = as_store(store)
     _decoder(st.probe, tokenizer)  # a tokenizer that is not the probe's is refused before any work
     runs = None if runs is None else list(dict.fromkeys(runs))  # each run once, in the order given
+    fits = _fit_ids(st)
     an = analysis if analysis is not None else analyze_store(st, runs=runs)
     text = render_report(st, an, title=title, extra=extra, tokenizer=tokenizer)
+    # The figures read the fits more than once (the analysis, then each run's fitted rows): a
+    # refit that finished meanwhile would be mixed into the page without a word.
+    changed = [a.run for a in an.runs if _fit_ids(st, [a.run]).get(a.run) != fits.get(a.run)]
+    if changed:
+        raise StoreError(f"the fit of run(s) {changed} changed while the report was made (a refit ran meanwhile), so its "
+                         "figures would mix two fits; make the report again once the fit is done")  # fmt: skip
     # never a half-written report, never written through a link planted beside it
     return write_atomically(p, lambda fh: fh.write(text), what="report")
 
@@ -101,6 +108,17 @@ def render_report(
 
     matplotlib.use("Agg", force=False)
     return _render(st, an, title=title, extra=extra, decode=_decoder(st.probe, tokenizer))
+
+
+def _fit_ids(st: TrajectoryStore, names=None) -> dict[str, str | None]:
+    """Each run's fit id (a new one for every fit started; None where there is none)."""
+    out = {}
+    for name in st.runs if names is None else names:
+        try:
+            out[name] = st.run(name).fit.meta.get("fit_id")
+        except TokdynError:  # a run that cannot be opened has no fit to shift under the report
+            out[name] = None
+    return out
 
 
 def _decoder(probe, tokenizer):
