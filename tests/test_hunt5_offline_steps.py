@@ -259,3 +259,27 @@ def test_framework_names_that_give_their_step(name, step):
                                   "model-00001-of-00003.safetensors", "pytorch_model-00001-of-00002.bin", "2024-05-01T12-30.pt"])  # fmt: skip
 def test_framework_names_that_give_no_step(name):
     assert _step_of(name) is None
+
+
+# == a hyperparameter in the name ================================================================
+
+_HYPER = hs.sampled_from(["ctx", "context", "seqlen", "seq_len", "len", "bs", "batch_size", "bsz", "mbs", "gbs", "dim",
+                          "d_model", "hidden", "width", "depth", "vocab", "n_embd", "n_layer", "n_head", "layers",
+                          "layer", "heads", "head", "lr", "wd", "warmup"])  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(word=_WORD, sep=_SEP, hyper=_HYPER, hsep=hs.sampled_from(["", "_", "-"]), value=hs.integers(0, 10**6),
+       step=hs.integers(0, 10**9), ext=_EXT)  # fmt: skip
+def test_a_hyperparameter_in_the_name_is_never_the_step(word, sep, hyper, hsep, value, step, ext):
+    """`ckpt_100_ctx2048.pt` was step 2048 and `model_bs32.pt` step 32: the last integer."""
+    part = f"{hyper}{hsep}{value}"
+    assert _step_of(f"{word}{sep}{part}{ext}") is None
+    assert _step_of(f"{word}{sep}{step}{sep}{part}{ext}") == step
+    assert _step_of(f"{word}{sep}{part}{sep}{step}{ext}") == step
+    assert _step_of(f"{word}{sep}step{step}{sep}{part}{ext}") == step
+
+
+def test_a_batch_count_stays_a_step():
+    """`batch_300.pt` (the batches trained: the step) is not a batch size."""
+    assert _step_of("batch_300.pt") == 300 and _step_of("ckpt_bsz8_batch_300.pt") == 300

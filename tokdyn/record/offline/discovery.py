@@ -60,6 +60,10 @@ _NOT_A_STEP = re.compile(
     r"|[a-z]*\d+(?:\.\d+)+[a-z]*"  # a decimal or a dotted version: 0.5, 1.4b, 1.2.3, step1.5k (not step 1)
     r"|(?:version|v|bf|fp|float|half|int|uint|of"  # a version, a dtype, and another counter (plural too: epochs_3, tokens_500):
     r"|(?:epoch|ep|seed|rank|run|shard|part|gpu|node|worker|token|tok|sample|example|seq|sequence)s?)[_-]?\d+(?:\.\d+)*"
+    # a hyperparameter in the name: the context, batch, width, depth (ctx2048, bs32, seqlen_512,
+    # d_model768, layers12, heads_8, lr3 of lr3e-4, warmup2000)
+    r"|(?:ctx|context|seqlen|seq_len|len|bs|batch_size|bsz|mbs|gbs|dim|d_model|dmodel|hidden|width|depth|vocab|emb|embd"
+    r"|n_embd|n_layer|n_head|nl|nh|layers?|heads?|lr|wd|warmup)[_-]?\d+(?:\.\d+)*"
     r"|checkpoint\d+"  # fairseq's end-of-epoch checkpoint: checkpoint3.pt is epoch 3 (checkpoint_3_5000.pt: update 5000)
     r"|[a-z]*\d+[a-z][a-z0-9]*"  # letters after digits: a size (70m, 7b, 100k) or a hash (3f2a9c)
     r")(?![a-z0-9])",
