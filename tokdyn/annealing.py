@@ -18,6 +18,7 @@ shared momentum would give the same mean).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -90,12 +91,10 @@ def _trunk_loss_at_area(trunk, areas: np.ndarray, measured=None) -> np.ndarray:
     :func:`~tokdyn.reconstruct.measured_mean_loss`, where the caller has it already (one set of
     tokens at every row: a mean over whichever tokens each row has bends the curve where some
     are missing)."""
+    from .axes import lr_area_table
     from .reconstruct import measured_mean_loss
 
-    table = trunk.attrs.get("lr_area")
-    if not isinstance(table, dict) or "step" not in table or "area" not in table:
-        raise InputError(f"T run {trunk.name!r} has no 'lr_area' table ({{'step': [...], 'area': [...]}})")
-    t_steps, t_area = np.asarray(table["step"], np.float64), np.asarray(table["area"], np.float64)
+    t_steps, t_area = lr_area_table(trunk)  # checked: a reversed or NaN table misreads every area
     if areas.min() < t_area.min() or areas.max() > t_area.max():
         raise InputError(f"areas {areas.min():g}-{areas.max():g} fall outside T run {trunk.name!r}'s {t_area.min():g}-{t_area.max():g}")
     at = np.interp(areas, t_area, t_steps)
@@ -109,20 +108,45 @@ def branch_gains(trunk, branches: Sequence) -> tuple[np.ndarray, np.ndarray]:
     """For each branch run: its decay's lr / peak list, and the loss it gained, in nats: the
     trunk's mean probe loss at the branch's lr area minus the branch's final mean probe loss,
     both over the tokens the trunk has a loss for at every measured row
-    (:func:`~tokdyn.reconstruct.measured_mean_loss`).
+    (:func:`~tokdyn.reconstruct.measured_mean_loss`) and every branch at its final row (a
+    warning says how many others are left out; a branch with a loss for fewer than half of them
+    is an InputError). Branches must be on the trunk's probe.
 
     Returns ``(schedules, gains [K])``; ``schedules`` is a list of K lists.
     """
-    from .reconstruct import mean_probe_loss, measured_mean_loss
+    from .axes import check_same_probe
+    from .reconstruct import MEASURED_MIN_SHARE, MeasuredMeanWarning, mean_probe_loss, measured_mean_loss
 
     if trunk.axis != "T":
         raise InputError(f"the trunk must be a T run, got {trunk.name!r} of axis {trunk.axis}")
+    for b in branches:  # a mean over the trunk's tokens is read off each branch
+        check_same_probe(trunk, b)
     measured = measured_mean_loss(trunk)
+    # One set of tokens on both sides: a branch whose final row lacks some tokens would be
+    # averaged over others than the trunk (a NaN row gave a NaN gain, and C = 0 as if calibrated).
+    have = measured.tokens.copy()
+    for b in branches:
+        last = b.n_committed - 1
+        if last < 0:
+            raise InputError(f"branch {b.name!r} has no committed row")
+        ok = np.isfinite(b.losses(rows=slice(last, last + 1))[0]) & measured.tokens
+        if np.count_nonzero(ok) < MEASURED_MIN_SHARE * measured.n_tokens:
+            raise InputError(f"branch {b.name!r}: its final row has a loss for {np.count_nonzero(ok):,} of the trunk's "
+                             f"{measured.n_tokens:,} tokens, fewer than half; leave it out of the calibration")  # fmt: skip
+        have &= ok
+    if np.count_nonzero(have) < measured.n_tokens:
+        if np.count_nonzero(have) < MEASURED_MIN_SHARE * measured.n_tokens:
+            raise InputError(f"the branches' final rows share a loss for {np.count_nonzero(have):,} of the trunk's "
+                             f"{measured.n_tokens:,} tokens, fewer than half; leave out the branches that miss the most")  # fmt: skip
+        warnings.warn(f"annealing gain: {measured.n_tokens - np.count_nonzero(have):,} of the trunk's {measured.n_tokens:,} "
+                      "tokens lack a loss at some branch's final row and are left out of every gain",
+                      MeasuredMeanWarning, stacklevel=2)  # fmt: skip
+        measured = measured_mean_loss(trunk, tokens=have)
     areas, final, scheds = [], [], []
     for b in branches:
         a = b.attrs.get("lr_area")
-        if not isinstance(a, (int, float)):
-            raise InputError(f"branch {b.name!r} has no 'lr_area' attribute")
+        if not isinstance(a, (int, float)) or isinstance(a, bool) or not (np.isfinite(a) and a > 0):
+            raise InputError(f"branch {b.name!r} has no positive, finite 'lr_area' attribute (found {a!r})")
         scheds.append(decay_schedule(b))
         areas.append(float(a))
         final.append(float(mean_probe_loss(b, np.array([b.n_committed - 1]), tokens=measured.tokens)[0]))

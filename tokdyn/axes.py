@@ -19,17 +19,22 @@ from collections.abc import Sequence
 
 import math
 import os
+import warnings
 
 import numpy as np
 
 from .errors import InputError, ProbeMismatchError, RunExistsError, StoreError
 from .store import Run, TrajectoryStore, as_store
 
-__all__ = ["AXIS_ATTRS", "axis_sources", "assemble_axis", "axis_run_name", "axis_run_problem", "find_axis_run", "effective_steps", "EFFECTIVE_TIMES", "source_runs"]
+__all__ = ["AXIS_ATTRS", "AxisWarning", "axis_sources", "assemble_axis", "axis_run_name", "axis_run_problem", "check_same_probe", "find_axis_run", "effective_steps", "lr_area_table", "EFFECTIVE_TIMES", "source_runs"]
 
 # The run attribute that gives each source run's position on the axis.
 AXIS_ATTRS = {"D": "data_budget", "M": "n_params_non_embedding"}
 MIN_AXIS_RUNS = 3
+
+
+class AxisWarning(UserWarning):
+    """An axis was assembled, but one of its rows needs a caveat (a source's final row with NaN losses)."""
 
 
 def axis_run_name(axis: str) -> str:
@@ -46,7 +51,8 @@ def axis_sources(store: TrajectoryStore, axis: str) -> list[str]:
     """The runs of ``store`` that make up axis ``axis`` when none are named.
 
     Runs tagged ``attrs["sweep"] == axis`` (as ``pipelines/scaling_sweep.py`` tags them) if there
-    are any; otherwise the T runs that carry the axis attribute (``data_budget`` or
+    are any (tagged runs of several model configurations (D) or data budgets (M): two sweeps in
+    one store, an error); otherwise the T runs that carry the axis attribute (``data_budget`` or
     ``n_params_non_embedding``) and share everything else that matters: for D the model
     configuration, for M the data budget. Ambiguity is an error that asks for explicit runs.
     """
@@ -60,15 +66,25 @@ def axis_sources(store: TrajectoryStore, axis: str) -> list[str]:
             runs.append(store.run(n))
         except StoreError:  # an interrupted creation or a damaged run: not a candidate
             continue
-    tagged = [r.name for r in runs if r.attrs.get("sweep") == axis]
+    def shared(r: Run) -> str:  # what the runs of one axis have in common
+        return repr(r.attrs.get("model_config") if axis == "D" else r.attrs.get("data_budget"))
+
+    tagged: dict[str, list[str]] = {}
+    for r in runs:
+        if r.attrs.get("sweep") == axis:
+            tagged.setdefault(shared(r), []).append(r.name)
+    known = {k: v for k, v in tagged.items() if k != repr(None)}  # a run that does not say fits any
+    if len(known) > 1:  # two sweeps in one store (another model, another budget): never merged into one axis
+        what = "model configurations" if axis == "D" else "data budgets"
+        raise InputError(f"runs tagged sweep={axis!r} have {len(known)} different {what}: {list(known.values())}; "
+                         "name the runs of one axis")  # fmt: skip
     if tagged:
-        return tagged
+        return [r.name for r in runs if r.attrs.get("sweep") == axis]
     groups: dict[str, list[str]] = {}
     for r in runs:
         if r.axis != "T" or r.attrs.get(attr) is None or r.n_committed == 0:
             continue
-        other = r.attrs.get("model_config") if axis == "D" else r.attrs.get("data_budget")
-        groups.setdefault(repr(other), []).append(r.name)
+        groups.setdefault(shared(r), []).append(r.name)
     usable = [g for g in groups.values() if len({store.run(n).attrs[attr] for n in g}) >= MIN_AXIS_RUNS]
     if len(usable) == 1:
         return usable[0]
@@ -105,8 +121,10 @@ def assemble_axis(
         final rows are averaged token by token (NaN skipped) into one row.
 
     Rows are sorted by axis value; ``step`` is the row index, ``tokens_seen`` the source's last.
-    Raises InputError for fewer than 3 distinct axis values or (by default) repeated ones,
-    ProbeMismatchError when a source was recorded on another probe.
+    Raises InputError for fewer than 3 distinct axis values, (by default) repeated ones, a run
+    named twice, or a final row that is not the run at its ``data_budget`` (where its tokens
+    seen are known: :data:`BUDGET_TOLERANCE`); ProbeMismatchError when a source was recorded on
+    another probe. Warns (:class:`AxisWarning`) where a source's final row has NaN losses.
     """
     st = as_store(store, mode="r+")
     _check_axis(axis)
@@ -119,6 +137,9 @@ def assemble_axis(
         raise InputError("runs must be run names or Run objects")
     if len(sources) < MIN_AXIS_RUNS:
         raise InputError(f"axis {axis} needs at least {MIN_AXIS_RUNS} runs, got {len(sources)}: {[r.name for r in sources]}")
+    for i, r in enumerate(sources):  # one run twice would count twice in a mean of seeds, or be "two runs"
+        if any(q.name == r.name and _same_place(q.store.url, r.store.url) for q in sources[:i]):
+            raise InputError(f"run {r.name!r} of {r.store.url} is named twice among the runs of axis {axis}; name each run once")
     fp = st.probe.fingerprint
     values = []
     for r in sources:
@@ -133,6 +154,7 @@ def assemble_axis(
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not (math.isfinite(v) and v > 0):
             raise InputError(f"run {r.name!r} has no positive, finite {attr!r} attribute (found {v!r}); it cannot sit on axis {axis}")
         values.append(float(v))
+        _check_final_row_at_budget(r)
     distinct = sorted(set(values))
     if len(distinct) < len(values) and repeats == "refuse":
         dup = next(v for v in distinct if values.count(v) > 1)
@@ -149,8 +171,8 @@ def assemble_axis(
     first = sources[0]
     out = st.create_run(
         name, axis=axis, capacity=len(distinct), dtype=str(first.dtype),
-        attrs={"sources": [{"store": r.store.url, "run": r.name, attr: values[i], "n_committed": r.n_committed}
-                           for i, r in enumerate(sources)],
+        attrs={"sources": [{"store": r.store.url, "run": r.name, attr: values[i], "n_committed": r.n_committed,
+                            "run_id": _run_id(r)} for i, r in enumerate(sources)],
                "axis_attr": attr, "derived": "final committed row of each source run"
                + (", averaged over the runs that share an axis value" if len(distinct) < len(values) else "")},
     )  # fmt: skip
@@ -162,7 +184,17 @@ def assemble_axis(
             for r in group:
                 last = r.n_committed - 1
                 rows.append(r.losses(rows=slice(last, last + 1))[0])
-            row = rows[0] if len(rows) == 1 else np.nanmean(np.stack(rows).astype(np.float64), axis=0)
+                lost = int(np.count_nonzero(np.isnan(rows[-1])))
+                if lost:  # a diverged run, a lost chunk: said here, where a mean of seeds would hide it
+                    then = "; the other seeds' losses stand in for them" if len(group) > 1 else ""
+                    warnings.warn(f"run {r.name!r}: {lost:,} of the {r.n_tokens:,} losses of its final row (step "
+                                  f"{int(r.coord('step')[last]):,}) are NaN{then}", AxisWarning, stacklevel=2)  # fmt: skip
+            if len(rows) == 1:
+                row = rows[0]
+            else:
+                with np.errstate(all="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # a token NaN in every seed stays NaN
+                    row = np.nanmean(np.stack(rows).astype(np.float64), axis=0)
             seen = int(group[0].coord("tokens_seen")[group[0].n_committed - 1])
             w.append(row, step=k, axis_value=v, tokens_seen=seen if seen >= 0 else None, warn_nonfinite=False)
         w.release()
@@ -175,12 +207,55 @@ def assemble_axis(
     return st.run(name)
 
 
+# How far the tokens a source's final row has seen may lie from its data budget (rounding of
+# a budget given in rounded tokens, a last partial batch); beyond it the row is not the run at its budget.
+BUDGET_TOLERANCE = 0.02
+
+
+def _final_tokens(r: Run) -> float | None:
+    """Tokens seen at ``r``'s final committed row: its ``tokens_seen``, else its step times
+    ``attrs["tokens_per_step"]``; None where neither is known."""
+    last = r.n_committed - 1
+    seen = int(r.coord("tokens_seen")[last])
+    if seen >= 0:
+        return float(seen)
+    tps, step = r.attrs.get("tokens_per_step"), int(r.coord("step")[last])
+    if isinstance(tps, (int, float)) and not isinstance(tps, bool) and tps > 0 and step > 0:
+        return float(step) * float(tps)
+    return None
+
+
+def _check_final_row_at_budget(r: Run) -> None:
+    """A source's final row must be the run at its ``data_budget`` (tokens) where both are known:
+    a run stopped early or still being recorded sits on the axis at a budget it has not seen, and
+    a budget in steps (or a row in steps) puts it decades away."""
+    budget, seen = r.attrs.get("data_budget"), _final_tokens(r)
+    if seen is None or not isinstance(budget, (int, float)) or isinstance(budget, bool) or not budget > 0:
+        return
+    if abs(seen - float(budget)) > BUDGET_TOLERANCE * float(budget):
+        step = int(r.coord("step")[r.n_committed - 1])
+        raise InputError(
+            f"run {r.name!r}: its final row (step {step:,}) has seen {seen:,.0f} tokens, its data_budget is {float(budget):,.0f} tokens: "
+            "not the run at its budget (stopped early, still being recorded, or a budget in other units than tokens); "
+            "finish it, correct data_budget, or leave it out"
+        )
+
+
+def _run_id(r: Run) -> str | None:
+    """The id a run got when it was created (None for runs made before ids): a run deleted and
+    recorded again under the same name has another."""
+    integrity = r.attrs.get("integrity")
+    rid = integrity.get("run_id") if isinstance(integrity, dict) else None
+    return rid if isinstance(rid, str) else None
+
+
 def axis_run_problem(run: Run, axis: str, runs: list[str] | None = None) -> str | None:
     """Why ``run``, found as the run of axis ``axis``, cannot be used as it is (None: it can).
 
     An assembled axis run (one with ``sources``) is redone when it holds fewer rows than its
     sources have axis values (an assembly that was killed), when ``runs`` names other sources,
-    or when a source has committed rows since (its final row is another one). An imported axis
+    or when a source has committed rows since (its final row is another one), was deleted and
+    recorded again (another run id, however many rows), or has another axis value. An imported axis
     (a losses.npz, no sources) is used as it is; ``runs`` does not apply to it (an error).
     """
     sources = run.attrs.get("sources")
@@ -197,23 +272,34 @@ def axis_run_problem(run: Run, axis: str, runs: list[str] | None = None) -> str 
         return f"it holds {run.n_committed} of its {len(values)} points (an assembly that did not finish)"
     if runs is not None and sorted(runs) != sorted(n for n in names if n is not None):
         return f"it was assembled from {names}, not {list(runs)}"
+    attr = AXIS_ATTRS[axis]
     for s, n in zip(sources, names):
         then = s.get("n_committed") if isinstance(s, dict) else None
-        now = _rows_now(run.store, s.get("store"), n) if then is not None else None
-        if now is not None and now != then:
+        src = _source_now(run.store, s.get("store"), n) if then is not None else None
+        if src is None:
+            continue
+        try:
+            now, rid, value = src.n_committed, _run_id(src), src.attrs.get(attr)
+        except (StoreError, OSError, ValueError):
+            continue
+        if now != then:
             return f"run {n!r} has {now} rows now, {then} when the axis was assembled"
+        if s.get("run_id") is not None and rid != s["run_id"]:  # deleted and recorded again, as many rows
+            return f"run {n!r} was recorded again since the axis was assembled (another run of that name now)"
+        if isinstance(s.get(attr), (int, float)) and value != s[attr]:
+            return f"run {n!r} has {attr} {value!r} now, {s[attr]!r} when the axis was assembled"
     return None
 
 
-def _rows_now(st: TrajectoryStore, url, name) -> int | None:
-    """Committed rows of source run ``name`` of the store at ``url`` (``st`` itself when ``url``
-    names it, however spelled); None where it cannot be read (a store moved or gone: the axis run
-    holds its own copy of the rows)."""
+def _source_now(st: TrajectoryStore, url, name) -> Run | None:
+    """Source run ``name`` of the store at ``url`` (``st`` itself when ``url`` names it, however
+    spelled); None where it cannot be read (a store moved or gone: the axis run holds its own
+    copy of the rows)."""
     if not isinstance(url, str) or not isinstance(name, str):
         return None
     try:
         src = st if _same_place(url, st.url) else as_store(url, mode="r")
-        return src.run(name).n_committed if name in src.runs else None
+        return src.run(name) if name in src.runs else None
     except (StoreError, InputError, OSError, ValueError):
         return None
 
@@ -269,20 +355,62 @@ def effective_steps(axis_run: Run, t_run: Run, *, by: str = "tokens") -> np.ndar
     runs = source_runs(axis_run)
     if by == "tokens":
         tps = t_run.attrs.get("tokens_per_step")
-        if not isinstance(tps, (int, float)) or not tps > 0:
-            raise InputError(f"T run {t_run.name!r} has no positive 'tokens_per_step' attribute (found {tps!r})")
+        if not _positive(tps):
+            raise InputError(f"T run {t_run.name!r} has no positive, finite 'tokens_per_step' attribute (found {tps!r})")
         return np.array([float(r.attrs["data_budget"]) / float(tps) for r in runs])
-    table = t_run.attrs.get("lr_area")
-    if not isinstance(table, dict) or "step" not in table or "area" not in table:
-        raise InputError(f"T run {t_run.name!r} has no 'lr_area' table ({{'step': [...], 'area': [...]}})")
-    steps, area = np.asarray(table["step"], np.float64), np.asarray(table["area"], np.float64)
-    missing = [r.name for r in runs if not isinstance(r.attrs.get("lr_area"), (int, float))]
+    steps, area = lr_area_table(t_run)
+    missing = [f"{r.name} ({r.attrs.get('lr_area')!r})" for r in runs if not _positive(r.attrs.get("lr_area"))]
     if missing:
-        raise InputError(f"source runs {missing} have no 'lr_area' attribute")
+        raise InputError(f"source runs {missing} have no positive, finite 'lr_area' attribute")
     a = np.array([float(r.attrs["lr_area"]) for r in runs])
     if a.max() > area.max() or a.min() < area.min():
         raise InputError(f"areas {a.min():g}-{a.max():g} fall outside T run {t_run.name!r}'s {area.min():g}-{area.max():g}")
     return np.interp(a, area, steps)
+
+
+def _positive(v) -> bool:
+    """A number (not a bool) that is finite and > 0."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def lr_area_table(t_run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """T run ``t_run``'s ``attrs["lr_area"]`` as ``(steps [P], areas [P])``, checked: finite, as
+    many areas as steps, steps increasing, areas not decreasing, and no area above its step
+    (areas are in steps at the peak rate: sum of lr / peak). A table the inverse reading would
+    misread (reversed: every point at the first step; a NaN: every point NaN) is an InputError."""
+    table = t_run.attrs.get("lr_area")
+    if not isinstance(table, dict) or "step" not in table or "area" not in table:
+        raise InputError(f"T run {t_run.name!r} has no 'lr_area' table ({{'step': [...], 'area': [...]}})")
+    try:
+        steps, area = np.asarray(table["step"], np.float64), np.asarray(table["area"], np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"T run {t_run.name!r}: its 'lr_area' table holds other things than numbers") from None
+    where = f"T run {t_run.name!r}: its 'lr_area' table"
+    if steps.ndim != 1 or steps.shape != area.shape or steps.size < 2:
+        raise InputError(f"{where} needs as many areas as steps, at least 2; found {steps.size} steps and {area.size} areas")
+    if not (np.all(np.isfinite(steps)) and np.all(np.isfinite(area))):
+        raise InputError(f"{where} holds non-finite values")
+    if np.any(np.diff(steps) <= 0) or np.any(np.diff(area) < 0) or area[0] < 0:
+        raise InputError(f"{where} needs increasing steps and areas that never fall, from 0 on")
+    over = np.flatnonzero(area > steps * (1 + 1e-9) + 1e-9)
+    if over.size:
+        i = int(over[0])
+        raise InputError(f"{where} has area {area[i]:g} at step {steps[i]:g}: more than the step, so not in steps at the "
+                         "peak rate (sum of lr / peak)")  # fmt: skip
+    return steps, area
+
+
+def check_same_probe(run: Run, other: Run) -> None:
+    """Raise :class:`ProbeMismatchError` unless ``run`` and ``other`` were recorded on one probe
+    (the same fingerprint: token ids, their order and the per-token arrays). Runs of one store
+    always are; runs of two stores are compared token by token only when this holds."""
+    a, b = run.store.probe, other.store.probe
+    if run.store is other.store or (a.fingerprint == b.fingerprint and run.n_tokens == other.n_tokens):
+        return
+    raise ProbeMismatchError(
+        f"run {other.name!r} of {other.store.url} was recorded on probe {b.fingerprint} ({other.n_tokens:,} tokens); "
+        f"run {run.name!r} of {run.store.url} on probe {a.fingerprint} ({run.n_tokens:,} tokens): not one probe"
+    )
 
 
 def source_runs(axis_run: Run) -> list[Run]:

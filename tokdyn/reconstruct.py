@@ -361,9 +361,14 @@ def reconstruct_across(
     points lie after it, and over every step the warm-up's drop takes one of each token's two
     events (docs/spectrum.md, "D rebuilt from the events of T"). A point whose effective step
     lies below that fit window is refused (:class:`InputError`), not extrapolated."""
-    from .axes import effective_steps, source_runs
+    from .axes import axis_run_problem, check_same_probe, effective_steps, source_runs
     from .fit.job import fit_inputs, stored_axis_min
 
+    check_same_probe(axis_run, t_run)  # the T events of token i are read against D's token i
+    stale = axis_run_problem(axis_run, "D") if axis_run.axis == "D" else None
+    if stale is not None:  # its rows are not its sources' final rows any more
+        raise InputError(f"{axis_run.name!r} is out of date ({stale}); assemble it again: "
+                         f"assemble_axis(store, 'D', runs=..., overwrite=True)")  # fmt: skip
     events = run_events(t_run, which=which)  # StoreError if T is not fitted
     scored = np.asarray(t_run.fit.read(fields=("n_points",))["n_points"]) > 0  # the tokens N counts
     rows, x = fit_inputs(axis_run)
