@@ -204,6 +204,26 @@ def test_tagged_runs_of_two_sweeps_are_not_merged_into_one_axis(tmp_path):
     assert axis_sources(st2, "D") == ["A0", "A1", "A2", "extra"]
 
 
+def test_named_runs_of_several_models_or_budgets_are_said_to_mix_two_variables(tmp_path):
+    """Runs named for an M axis at two data budgets (or a D axis of two models) were assembled
+    without a word: the axis's derivative then mixes model size and data."""
+    st = _store(tmp_path / "a.zarr")
+    n = st.probe.n_tokens
+    for j, (size, budget) in enumerate(((10, 1000), (20, 1000), (40, 3000))):
+        _one_row(st, f"M{j}", np.full(n, 4.0 - j), step=5, attrs={"n_params_non_embedding": size, "data_budget": budget})
+    with pytest.warns(tokdyn.axes.AxisWarning, match=r"axis M have 2 different data budgets, so the axis varies that too"):
+        assemble_axis(st, "M", runs=["M0", "M1", "M2"])
+    for j, cfg in enumerate(({"n_layer": 2}, {"n_layer": 2}, {"n_layer": 4})):
+        _one_row(st, f"D{j}", np.full(n, 4.0 - j), step=100 * (j + 1), attrs={"data_budget": 10_000 * (j + 1), "model_config": cfg})
+    with pytest.warns(tokdyn.axes.AxisWarning, match=r"axis D have 2 different model configurations"):
+        assemble_axis(st, "D", runs=["D0", "D1", "D2"])
+    with warnings.catch_warnings():  # one model: nothing to say
+        warnings.simplefilter("error", tokdyn.axes.AxisWarning)
+        for j in range(3):
+            _one_row(st, f"E{j}", np.full(n, 4.0 - j), step=100 * (j + 1), attrs={"data_budget": 10_000 * (j + 1), "model_config": {"n_layer": 2}})
+        assemble_axis(st, "D", runs=["E0", "E1", "E2"], overwrite=True)
+
+
 # -- runs on another probe ---------------------------------------------------------------------
 
 

@@ -66,8 +66,8 @@ def axis_sources(store: TrajectoryStore, axis: str) -> list[str]:
             runs.append(store.run(n))
         except StoreError:  # an interrupted creation or a damaged run: not a candidate
             continue
-    def shared(r: Run) -> str:  # what the runs of one axis have in common
-        return repr(r.attrs.get("model_config") if axis == "D" else r.attrs.get("data_budget"))
+    def shared(r: Run) -> str:
+        return _held_fixed(r, axis)
 
     tagged: dict[str, list[str]] = {}
     for r in runs:
@@ -155,6 +155,11 @@ def assemble_axis(
             raise InputError(f"run {r.name!r} has no positive, finite {attr!r} attribute (found {v!r}); it cannot sit on axis {axis}")
         values.append(float(v))
         _check_final_row_at_budget(r)
+    fixed = {_held_fixed(r, axis) for r in sources} - {repr(None)}
+    if len(fixed) > 1:  # named runs of several models (D) or budgets (M): a second variable moves along the axis
+        what = "model configurations" if axis == "D" else "data budgets"
+        warnings.warn(f"the runs of axis {axis} have {len(fixed)} different {what}, so the axis varies that too: "
+                      f"its derivative is not {attr}'s alone; name runs that share one", AxisWarning, stacklevel=2)  # fmt: skip
     distinct = sorted(set(values))
     if len(distinct) < len(values) and repeats == "refuse":
         dup = next(v for v in distinct if values.count(v) > 1)
@@ -223,6 +228,12 @@ def _final_tokens(r: Run) -> float | None:
     if isinstance(tps, (int, float)) and not isinstance(tps, bool) and tps > 0 and step > 0:
         return float(step) * float(tps)
     return None
+
+
+def _held_fixed(r: Run, axis: str) -> str:
+    """What the runs of one axis must share, as text: the model configuration along D, the data
+    budget along M (``'None'`` where the run does not say)."""
+    return repr(r.attrs.get("model_config") if axis == "D" else r.attrs.get("data_budget"))
 
 
 def _check_final_row_at_budget(r: Run) -> None:
