@@ -107,6 +107,22 @@ def test_reconstruct_across_refuses_an_axis_whose_source_was_recorded_since(tmp_
         reconstruct_across(st.run("axis-D"), st.run("trunk"))
 
 
+def test_reconstruct_run_of_an_out_of_date_axis_says_so(tmp_path):
+    """The axis run's own reconstruction from Python went on with rows its source has replaced."""
+    from tokdyn.reconstruct import reconstruct_run
+
+    st, axis = _trunk_and_axis(tmp_path)
+    fit_run(axis, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tokdyn.axes.AxisWarning)
+        reconstruct_run(axis, n_boot=0)  # current: nothing to say
+    w = st.run("b3").writer(resume=True)
+    w.append(np.ones(st.probe.n_tokens, np.float32), step=300)
+    w.release()
+    with pytest.warns(tokdyn.axes.AxisWarning, match=r"axis run 'axis-D' is out of date \(run 'b3' has 2 rows now"):
+        reconstruct_run(st.run("axis-D"), n_boot=0)
+
+
 # -- final rows that are not the run at its budget ---------------------------------------------
 
 

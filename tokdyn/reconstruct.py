@@ -312,8 +312,15 @@ def reconstruct_run(
     Both sides are over one set of tokens (:func:`measured_mean_loss`): the tokens the fit
     scored that have a loss at every measured row; a token left out of the mean is left out of
     the events too (N is then the tokens kept), so the two stay comparable."""
+    from .axes import AxisWarning, axis_run_problem
     from .fit.job import fitted_inputs, rows_left_out, stored_axis_min
 
+    if run.axis in ("D", "M") and run.attrs.get("sources"):  # an assembled axis: its rows are copies of its sources'
+        stale = axis_run_problem(run, run.axis)
+        if stale is not None:
+            warnings.warn(f"axis run {run.name!r} is out of date ({stale}): this is the axis as it was assembled; "
+                          "assemble it again (assemble_axis(..., overwrite=True), or tokdyn reconstruct --axis)",
+                          AxisWarning, stacklevel=2)  # fmt: skip
     events = run_events(run, which=which) if events is None else events  # StoreError if not fitted
     rows, x = fitted_inputs(run)  # the rows the fit was made on (after any axis_min)
     # The mean over the tokens the events are normalised by (n_scored: the fit saw a point of
