@@ -188,7 +188,8 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
     """Documents from a text file (one document) or a folder (one document per file).
 
     Files that are not valid text in ``encoding`` are decoded with replacement characters;
-    empty files are skipped. A file with a NUL byte in its first 8 KiB is binary, not text
+    empty files are skipped; a UTF-8 byte-order mark opening a file is not part of its text.
+    A file with a NUL byte in its first 8 KiB is binary, not text
     (an image, an archive, a compiled file; a UTF-16 text needs ``encoding=``): named alone it
     is an :class:`InputError`, in a folder it is skipped with a warning naming it. In a folder,
     hidden entries (a name starting with ``.``: ``.git/``, ``.DS_Store``) are not documents.
@@ -198,6 +199,8 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
     """
     p = Path(path)
     check_binary = not codecs.lookup(encoding).name.startswith(("utf-16", "utf-32"))
+    if codecs.lookup(encoding).name == "utf-8":
+        encoding = "utf-8-sig"  # a byte-order mark (Windows Notepad writes one) is not text, as in a .jsonl
     if p.is_file():
         data = p.read_bytes()
         if check_binary and b"\0" in data[:_BINARY_SNIFF]:
@@ -381,10 +384,13 @@ def split_documents(
     for d in docs:
         h = int.from_bytes(split_digest(salt, d.key)[:8], "big")
         (probe if h / 2**64 < probe_fraction else train).append(d)
+    if len(docs) == 1:
+        raise InputError(f"the source is one document ({docs[0].key!r}); the probe is cut from documents held out of "
+                         "training, so it needs several: a folder of text files, or a .jsonl file of one document a line")  # fmt: skip
     if not train or not probe:
-        raise InputError(
-            f"split of {len(docs)} documents with probe_fraction={probe_fraction} left one side empty"
-        )
+        side, fix = ("probe", "a larger probe fraction") if not probe else ("training", "a smaller probe fraction")
+        raise InputError(f"split of {len(docs)} documents with probe_fraction={probe_fraction} left the {side} side "
+                         f"empty; give {fix} or more documents")  # fmt: skip
     return train, probe
 
 

@@ -9,6 +9,7 @@ ids. A user's tokenizer is taken as it is: nothing is added to it.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Iterable
@@ -57,18 +58,32 @@ class HFTokenizer:
     """A HuggingFace ``tokenizers.Tokenizer``, loaded from ``tokenizer.json`` or trained here.
 
     ``eot``: the end-of-text token placed between documents: its text (it must be in the
-    vocabulary), ``"auto"`` (default: the first of :data:`EOT_CANDIDATES` the vocabulary has, or
-    none), or None (the tokenizer has none: documents are joined without a separator). The
-    tokenizer itself is never changed.
+    vocabulary), ``"auto"`` (default: the first of :data:`EOT_CANDIDATES` the vocabulary has,
+    else ``declared_eos``, the ``eos_token`` its HF folder declares, if the vocabulary has it,
+    else none), or None (the tokenizer has none: documents are joined without a separator). The
+    tokenizer itself is never changed; its truncation and padding (settings for batches of model
+    inputs) are not applied, so every text is encoded whole.
     """
 
     EOT = "<|endoftext|>"
     EOT_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>")
 
-    def __init__(self, tokenizer, *, eot: str | None = "auto") -> None:
+    def __init__(self, tokenizer, *, eot: str | None = "auto", declared_eos: str | None = None) -> None:
+        # The tokenizer as given: its JSON is what the spec hashes, and what save() writes.
+        self._json = tokenizer.to_str()
+        if tokenizer.truncation is not None or tokenizer.padding is not None:
+            # Settings for batches of model inputs, not part of the tokenization: applied to a
+            # document, truncation would cut it (a document of 10,000 tokens kept to 512) and
+            # padding would insert pad ids into the probe and the training stream. Encode with a
+            # copy without them; the caller's tokenizer is not changed.
+            tokenizer = type(tokenizer).from_str(self._json)
+            tokenizer.no_truncation()
+            tokenizer.no_padding()
         self._tok = tokenizer
         if eot == "auto":
             found = [t for t in self.EOT_CANDIDATES if tokenizer.token_to_id(t) is not None]
+            if not found and declared_eos is not None and tokenizer.token_to_id(declared_eos) is not None:
+                found = [declared_eos]  # the eos_token its HF folder declares ([EOS], <eod>, ...)
             eot = found[0] if found else None
         if eot is not None and tokenizer.token_to_id(eot) is None:
             raise InputError(f"the tokenizer has no token {eot!r} to use as end-of-text; name one it has, or none")
@@ -78,14 +93,14 @@ class HFTokenizer:
         # merged one), and a model sized by the count would lack the ids past it.
         ids = tokenizer.get_vocab(with_added_tokens=True).values()
         self.vocab_size = max(int(tokenizer.get_vocab_size(with_added_tokens=True)), max(ids, default=-1) + 1)
-        self._json = tokenizer.to_str()
-        unk = getattr(getattr(tokenizer, "model", None), "unk_token", None)  # WordLevel, WordPiece, BPE(unk_token=)
-        self.unk_id = None if not isinstance(unk, str) else tokenizer.token_to_id(unk)
+        self.unk_id = _unk_id(tokenizer, self._json)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, *, eot: str | None = "auto") -> "HFTokenizer":
         """Load a ``tokenizer.json`` (a file, or a folder holding one, such as a local HF
-        tokenizer folder), as it is."""
+        tokenizer folder), as it is. With ``eot="auto"`` and none of :data:`EOT_CANDIDATES` in
+        the vocabulary, the ``eos_token`` that the folder's ``tokenizer_config.json`` (or
+        ``special_tokens_map.json``) declares is the end-of-text."""
         tokenizers = _import_tokenizers()
         p = Path(path)
         if p.is_dir():
@@ -96,7 +111,7 @@ class HFTokenizer:
             tok = tokenizers.Tokenizer.from_file(str(p))
         except Exception as exc:  # the Rust error says what is wrong with the file
             raise InputError(f"cannot load tokenizer {p}: {exc}") from None
-        return cls(tok, eot=eot)
+        return cls(tok, eot=eot, declared_eos=_declared_eos(p.parent) if eot == "auto" else None)
 
     @classmethod
     def train(cls, texts: Iterable[str], *, vocab_size: int = 1024) -> "HFTokenizer":
@@ -133,6 +148,19 @@ class HFTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode([int(i) for i in ids])
 
+    def added_per_document(self) -> tuple[list[str], list[str]]:
+        """The special tokens the tokenizer's post-processor adds before and after the tokens of
+        every text it encodes (``(["[CLS]"], ["[SEP]"])`` for a BERT template, ``(["<s>"], [])``
+        for Llama's): they are part of every document, in the probe and in a training stream."""
+        for sample in ("a b", "a", "0", "the"):
+            bare = self._tok.encode(sample, add_special_tokens=False).ids
+            full = self._tok.encode(sample).ids
+            if bare:
+                break
+        k = next((k for k in range(len(full) - len(bare) + 1) if full[k : k + len(bare)] == bare), len(full))
+        name = self._tok.id_to_token
+        return [name(i) for i in full[:k]], [name(i) for i in full[k + len(bare) :]]
+
     def spec(self) -> dict:
         digest = hashlib.sha256(self._json.encode("utf-8")).hexdigest()
         return {"kind": "hf", "vocab_size": self.vocab_size, "eot_id": self.eot_id, "eot": self.eot, "sha256": digest}
@@ -150,6 +178,34 @@ def get_tokenizer(name: str = "byte", *, path: str | os.PathLike | None = None) 
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unk_id(tokenizer, text: str) -> int | None:
+    """The id of the tokenizer's unknown token, or None. BPE, WordPiece and WordLevel models name
+    it (``unk_token``); a Unigram model gives only its id (``unk_id`` of its JSON)."""
+    model = getattr(tokenizer, "model", None)
+    unk = getattr(model, "unk_token", None)
+    if isinstance(unk, str):
+        return tokenizer.token_to_id(unk)
+    if type(model).__name__ == "Unigram":
+        unk_id = json.loads(text).get("model", {}).get("unk_id")
+        return unk_id if isinstance(unk_id, int) and not isinstance(unk_id, bool) else None
+    return None
+
+
+def _declared_eos(folder: Path) -> str | None:
+    """The ``eos_token`` a Hugging Face tokenizer folder declares (``tokenizer_config.json``, else
+    ``special_tokens_map.json``: a string, or an added token ``{"content": ...}``), or None."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        try:
+            config = json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # absent, or not a config: nothing declared there
+            continue
+        eos = config.get("eos_token") if isinstance(config, dict) else None
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        if isinstance(eos, str) and eos:
+            return eos
+    return None
 
 
 def _not_text(text: str, at: int) -> InputError:

@@ -69,7 +69,13 @@ def _probe(args: argparse.Namespace) -> int:
     if len(p.domains) > 1 or (p.domains and p.domains[0] != ""):
         print(f"  domains    {', '.join(map(str, p.domains))}")
     tok = dict(p.tokenizer)
-    print(f"  tokenizer  {tok.get('kind')}, vocabulary {tok.get('vocab_size'):,}, end-of-text id {tok.get('eot_id')}")
+    eot = "none (tokdyn places no separator between documents)" if tok.get("eot_id") is None else tok.get("eot_id")
+    print(f"  tokenizer  {tok.get('kind')}, vocabulary {tok.get('vocab_size'):,}, end-of-text id {eot}"
+          + (f" ({tok['eot']})" if tok.get("eot") else ""))  # fmt: skip
+    added = split.tokenizer.added_per_document() if hasattr(split.tokenizer, "added_per_document") else ([], [])
+    if added[0] or added[1]:  # the post-processor's template ([CLS] ... [SEP], <s> ...): in every document, said
+        where = " and ".join(f"{' '.join(t)} {side}" for t, side in zip(added, ("before", "after")) if t)
+        print(f"  adds       {where} every document (the tokenizer's post-processor): in the probe and in a training stream")
     print(f"next: tokdyn record-offline --checkpoints DIR --out {args.out} --run NAME, or in a training loop "
           f"TokenLossRecorder(model, tokdyn.open_store({args.out!r}).probe, {args.out!r}, NAME, schedule=...)")  # fmt: skip
     return 0
