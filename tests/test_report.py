@@ -152,6 +152,14 @@ def test_report_command_shows_an_own_tokenizers_text(tmp_path, capsys):
     assert main(["report", str(tmp_path / "s.zarr"), "--out", str(out), "--tokenizer", str(tmp_path / "other.json")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not the probe's" in err[0]
+    # one without the probe's end-of-text token is also another tokenizer (it said "the tokenizer has no token ...")
+    import tokenizers
+
+    bare = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    bare.save(str(tmp_path / "bare.json"))
+    assert main(["report", str(tmp_path / "s.zarr"), "--out", str(out), "--tokenizer", str(tmp_path / "bare.json")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not the probe's" in err[0], err
 
 
 def test_the_viewer_shows_a_character_split_over_bytes_whole():

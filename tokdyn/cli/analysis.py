@@ -185,6 +185,10 @@ def _report(args: argparse.Namespace) -> int:
 
         recorded = open_store(store_path(args.store), mode="r").probe.tokenizer
         eot = recorded.get("eot", "auto") if recorded.get("kind") == "hf" else "auto"  # the end-of-text the probe was made with
+        given = HFTokenizer.from_file(args.tokenizer, eot=None).spec()
+        if given["sha256"] != recorded.get("sha256"):  # another tokenizer: said as such, not as a missing end-of-text token
+            raise InputError(f"the tokenizer given ({args.tokenizer}, sha256 {given['sha256'][:12]}) is not the probe's "
+                             f"({recorded.get('kind')}, sha256 {str(recorded.get('sha256'))[:12]})")  # fmt: skip
         tokenizer = HFTokenizer.from_file(args.tokenizer, eot=eot)
     out = write_report(store_path(args.store), args.out, runs=args.run or None, tokenizer=tokenizer)
     print(f"wrote {out}")
