@@ -283,3 +283,45 @@ def test_a_hyperparameter_in_the_name_is_never_the_step(word, sep, hyper, hsep, 
 def test_a_batch_count_stays_a_step():
     """`batch_300.pt` (the batches trained: the step) is not a batch size."""
     assert _step_of("batch_300.pt") == 300 and _step_of("ckpt_bsz8_batch_300.pt") == 300
+
+
+# == the checkpoints' own tokenizer ================================================================
+
+
+def test_checkpoints_whose_tokenizer_is_not_the_probes_are_warned_about(tmp_path):
+    """A checkpoint folder's tokenizer.json other than the probe's tokenizer recorded losses of
+    other text without a word (each probe id is another token to the model)."""
+    pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    from offline_fixtures import make_hf_model, make_probe
+
+    from tokdyn.probe import ProbeSet
+    from tokdyn.record.offline import record_offline
+    from tokdyn.tokenizer import HFTokenizer
+
+    def word_level(words):
+        tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+        return tok
+
+    ours = word_level(["[UNK]"] + [f"w{i}" for i in range(63)])
+    other = word_level(["[UNK]"] + [f"v{i}" for i in range(63)])
+    for step, tok in ((10, ours), (20, ours)):
+        folder = tmp_path / "ckpts" / f"checkpoint-{step}"
+        make_hf_model(step).save_pretrained(folder)
+        tok.save(str(folder / "tokenizer.json"))
+    spec = HFTokenizer(ours).spec()
+    probe = ProbeSet.from_tokens(make_probe().tokens, tokenizer=spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the probe's own tokenizer: nothing to say
+        record_offline(tmp_path / "ckpts", tmp_path / "a.zarr", "r", probe=probe, progress=False, workers=1)
+    for step in (10, 20):
+        other.save(str(tmp_path / "ckpts" / f"checkpoint-{step}" / "tokenizer.json"))
+    with pytest.warns(RuntimeWarning, match=r"checkpoint-10 holds a tokenizer .* other than the probe's, a hf tokenizer"):
+        record_offline(tmp_path / "ckpts", tmp_path / "b.zarr", "r", probe=probe, progress=False, workers=1)
+    byte_probe = ProbeSet.from_tokens(make_probe().tokens, tokenizer={"kind": "byte"})
+    with pytest.warns(RuntimeWarning, match=r"other than the probe's, a byte tokenizer"):
+        record_offline(tmp_path / "ckpts", tmp_path / "c.zarr", "r", probe=byte_probe, progress=False, workers=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a probe of ids that names no tokenizer: no basis to compare
+        record_offline(tmp_path / "ckpts", tmp_path / "d.zarr", "r", probe=make_probe(), progress=False, workers=1)

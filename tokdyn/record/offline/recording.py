@@ -108,6 +108,7 @@ def record_offline(
         if existing is not None and existing.axis != axis:
             raise InputError(f"run {run!r} has axis {existing.axis}; the checkpoints form an axis-{axis} sweep")
         workers = _worker_count(workers, device)
+        _check_checkpoint_tokenizer(refs, ts.probe)
         tokens = _probe_tokens(ts, device)
         rows = _RunRows(ts, run, existing, axis=axis, capacity=len(refs), dtype=dtype, source=source, run_attrs=run_attrs)
     except BaseException:
@@ -139,6 +140,31 @@ def record_offline(
 
 
 # -- the steps, in order ------------------------------------------------------------------
+
+
+def _check_checkpoint_tokenizer(refs: Sequence[CheckpointRef], probe: ProbeSet) -> None:
+    """Warn where the checkpoints' own tokenizer (the ``tokenizer.json`` of the first HF folder
+    holding one) is not the probe's: each probe id would then be another token to the model, and
+    every loss would be of other text, without an error. A warning, not a refusal: the same
+    tokenizer saved by another library version may serialise differently."""
+    folder = next((r.path for r in refs if r.kind == "hf" and (r.path / "tokenizer.json").is_file()), None)
+    if folder is None:
+        return
+    from ...tokenizer import HFTokenizer
+
+    try:
+        theirs = HFTokenizer.from_file(folder, eot=None).spec()
+    except (InputError, ImportError):  # unreadable here: nothing to compare
+        return
+    mine = dict(probe.tokenizer)
+    if not mine.get("kind") or (mine.get("kind") == "hf" and mine.get("sha256") == theirs["sha256"]):
+        return  # a probe of ids that names no tokenizer: nothing to compare with
+    made = (f"a {mine.get('kind')} tokenizer" + (f" (sha256 {str(mine.get('sha256'))[:12]}, vocabulary {mine.get('vocab_size')})"
+                                                  if mine.get("kind") == "hf" else ""))  # fmt: skip
+    warnings.warn(f"{folder} holds a tokenizer (sha256 {theirs['sha256'][:12]}, vocabulary {theirs['vocab_size']:,}) other than "
+                  f"the probe's, {made}: if it encodes text otherwise, each probe id is another token to these models and "
+                  f"the losses are of other text. Make the probe with it (tokdyn probe SOURCE --tokenizer {folder})",
+                  RuntimeWarning, stacklevel=3)  # fmt: skip
 
 
 def _check_options(*, dtype: str, model_dtype: str | None, batch_size: int, axis: str | None) -> None:
