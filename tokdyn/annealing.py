@@ -114,8 +114,8 @@ def branch_gains(trunk, branches: Sequence) -> tuple[np.ndarray, np.ndarray]:
 
     Returns ``(schedules, gains [K])``; ``schedules`` is a list of K lists.
     """
-    from .axes import check_same_probe
-    from .reconstruct import MEASURED_MIN_SHARE, MeasuredMeanWarning, mean_probe_loss, measured_mean_loss
+    from .axes import _positive, check_same_probe
+    from .reconstruct import MEASURED_MIN_SHARE, MeasuredMeanWarning, measured_mean_loss
 
     if trunk.axis != "T":
         raise InputError(f"the trunk must be a T run, got {trunk.name!r} of axis {trunk.axis}")
@@ -125,11 +125,13 @@ def branch_gains(trunk, branches: Sequence) -> tuple[np.ndarray, np.ndarray]:
     # One set of tokens on both sides: a branch whose final row lacks some tokens would be
     # averaged over others than the trunk (a NaN row gave a NaN gain, and C = 0 as if calibrated).
     have = measured.tokens.copy()
+    rows = []  # each branch's final row, read once
     for b in branches:
         last = b.n_committed - 1
         if last < 0:
             raise InputError(f"branch {b.name!r} has no committed row")
-        ok = np.isfinite(b.losses(rows=slice(last, last + 1))[0]) & measured.tokens
+        rows.append(b.losses(rows=slice(last, last + 1))[0])
+        ok = np.isfinite(rows[-1]) & measured.tokens
         if np.count_nonzero(ok) < MEASURED_MIN_SHARE * measured.n_tokens:
             raise InputError(f"branch {b.name!r}: its final row has a loss for {np.count_nonzero(ok):,} of the trunk's "
                              f"{measured.n_tokens:,} tokens, fewer than half; leave it out of the calibration")  # fmt: skip
@@ -143,13 +145,13 @@ def branch_gains(trunk, branches: Sequence) -> tuple[np.ndarray, np.ndarray]:
                       MeasuredMeanWarning, stacklevel=2)  # fmt: skip
         measured = measured_mean_loss(trunk, tokens=have)
     areas, final, scheds = [], [], []
-    for b in branches:
+    for b, row in zip(branches, rows):
         a = b.attrs.get("lr_area")
-        if not isinstance(a, (int, float)) or isinstance(a, bool) or not (np.isfinite(a) and a > 0):
+        if not _positive(a):
             raise InputError(f"branch {b.name!r} has no positive, finite 'lr_area' attribute (found {a!r})")
         scheds.append(decay_schedule(b))
         areas.append(float(a))
-        final.append(float(mean_probe_loss(b, np.array([b.n_committed - 1]), tokens=measured.tokens)[0]))
+        final.append(float(row[measured.tokens].astype(np.float64).mean()))  # every one a loss: have
     return scheds, _trunk_loss_at_area(trunk, np.array(areas), measured) - np.array(final)
 
 

@@ -151,7 +151,7 @@ def assemble_axis(
         if r.n_committed == 0:
             raise StoreError(f"run {r.name!r} has no committed rows")
         v = r.attrs.get(attr)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not (math.isfinite(v) and v > 0):
+        if not _positive(v):
             raise InputError(f"run {r.name!r} has no positive, finite {attr!r} attribute (found {v!r}); it cannot sit on axis {axis}")
         values.append(float(v))
         _check_final_row_at_budget(r)
