@@ -89,7 +89,8 @@ def write_report(
     text = render_report(st, an, title=title, extra=extra, tokenizer=tokenizer)
     # The figures read the fits more than once (the analysis, then each run's fitted rows): a
     # refit that finished meanwhile would be mixed into the page without a word.
-    changed = [a.run for a in an.runs if _fit_ids(st, [a.run]).get(a.run) != fits.get(a.run)]
+    now = _fit_ids(st, [a.run for a in an.runs])
+    changed = [name for name, fit_id in now.items() if fit_id != fits.get(name)]
     if changed:
         raise StoreError(f"the fit of run(s) {changed} changed while the report was made (a refit ran meanwhile), so its "
                          "figures would mix two fits; make the report again once the fit is done")  # fmt: skip
