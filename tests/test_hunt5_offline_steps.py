@@ -107,9 +107,14 @@ _COUNTER = hs.sampled_from(["tokens", "token", "toks", "tok", "samples", "sample
        step=hs.integers(0, 10**9), ext=_EXT)  # fmt: skip
 def test_a_count_of_tokens_samples_or_epochs_is_never_the_step(word, sep, counter, csep, count, step, ext):
     """`tokens_1000000.pt` was step 1,000,000 and `epochs_3.pt` step 3; a step beside them keeps its place."""
-    part = f"{counter}{csep}{count}"
+    _never_the_step(f"{counter}{csep}{count}", word=word, sep=sep, step=step, ext=ext)
+
+
+def _never_the_step(part: str, *, word: str, sep: str, step: int, ext: str) -> None:
+    """``part`` gives no step alone, and a step before or after it (bare, or after "step") keeps its place."""
     assert _step_of(f"{word}{sep}{part}{ext}") is None
     assert _step_of(f"{word}{sep}{step}{sep}{part}{ext}") == step
+    assert _step_of(f"{word}{sep}{part}{sep}{step}{ext}") == step
     assert _step_of(f"{word}{sep}step{step}{sep}{part}{ext}") == step
 
 
@@ -273,11 +278,7 @@ _HYPER = hs.sampled_from(["ctx", "context", "seqlen", "seq_len", "len", "bs", "b
        step=hs.integers(0, 10**9), ext=_EXT)  # fmt: skip
 def test_a_hyperparameter_in_the_name_is_never_the_step(word, sep, hyper, hsep, value, step, ext):
     """`ckpt_100_ctx2048.pt` was step 2048 and `model_bs32.pt` step 32: the last integer."""
-    part = f"{hyper}{hsep}{value}"
-    assert _step_of(f"{word}{sep}{part}{ext}") is None
-    assert _step_of(f"{word}{sep}{step}{sep}{part}{ext}") == step
-    assert _step_of(f"{word}{sep}{part}{sep}{step}{ext}") == step
-    assert _step_of(f"{word}{sep}step{step}{sep}{part}{ext}") == step
+    _never_the_step(f"{hyper}{hsep}{value}", word=word, sep=sep, step=step, ext=ext)
 
 
 def test_a_batch_count_stays_a_step():

@@ -83,6 +83,14 @@ class LoRANet(nn.Module):
         return self.head(self.drop(self.emb(x)))
 
 
+def _updates(model: nn.Module, opt: torch.optim.Optimizer, ks) -> None:
+    """One optimizer update of ``model`` on ``batch(k)`` for each ``k``."""
+    for k in ks:
+        opt.zero_grad()
+        loss_of(model, batch(k)).backward()
+        opt.step()
+
+
 def _train_lora(store: str | None, steps: int = 6) -> LoRANet:
     torch.manual_seed(0)
     model = LoRANet().train()
@@ -269,18 +277,12 @@ def test_a_second_loop_attached_from_step_0_is_refused(tiny_model, probe, store_
     opt = torch.optim.SGD(tiny_model.parameters(), lr=0.1)
     with TokenLossRecorder(tiny_model, probe, store_path, "loop", schedule=[0, 1, 2, 4, 6]) as rec:
         with rec.attach(opt):
-            for k in range(3):
-                opt.zero_grad()
-                loss_of(tiny_model, batch(k)).backward()
-                opt.step()
+            _updates(tiny_model, opt, range(3))
         with pytest.raises(InputError, match=r"attach\(start_step=0\), but this recorder already recorded run 'loop' up to step 2"):
             with rec.attach(opt):
                 pass
         with rec.attach(opt, start_step=3):  # the count continued: step 4 is the 4th update's weights
-            for k in range(3, 4):
-                opt.zero_grad()
-                loss_of(tiny_model, batch(k)).backward()
-                opt.step()
+            _updates(tiny_model, opt, range(3, 4))
     assert read_run(store_path, "loop").steps.tolist() == [0, 1, 2, 4]
 
 
@@ -421,10 +423,7 @@ def test_a_recorder_that_records_nothing_says_so_when_it_closes(tiny_model, prob
     opt = torch.optim.SGD(tiny_model.parameters(), lr=0.1)
     rec = TokenLossRecorder(tiny_model, probe, store_path, "late", schedule=[100, 1000])
     with rec.attach(opt):
-        for k in range(3):
-            opt.zero_grad()
-            loss_of(tiny_model, batch(k)).backward()
-            opt.step()
+        _updates(tiny_model, opt, range(3))
     with pytest.warns(RuntimeWarning, match=r"run 'late' closed without a row: no step of its schedule \(100\.\.1000, 2 steps\)"):
         rec.close()
     with warnings.catch_warnings():  # one that recorded says nothing
