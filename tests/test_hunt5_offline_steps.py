@@ -38,6 +38,8 @@ V = 40
 _EXT = hs.sampled_from([".pt", ".ckpt", ".safetensors", ".bin", ".pth"])
 _SEP = hs.sampled_from(["-", "_"])
 _WORD = hs.sampled_from(["model", "ckpt", "weights", "run_a", "final"])
+# Steps; not those that read as a date (20100901): a date in a name is never its step (section 4).
+_STEP = hs.integers(0, 10**9).filter(lambda n: discovery._DATE.fullmatch(str(n)) is None)
 
 
 def _step_of(name: str) -> int | None:
@@ -71,7 +73,7 @@ def test_a_decimal_after_step_is_not_its_integer_part(word, sep, whole, frac, un
 
 
 @settings(max_examples=100, deadline=None)
-@given(epoch=hs.integers(0, 10**4), updates=hs.integers(0, 10**9),
+@given(epoch=hs.integers(0, 10**4), updates=_STEP,
        suffix=hs.sampled_from(["", "-shard0", "-model_part-1", "-shard3-model_part-0"]))  # fmt: skip
 def test_fairseq_names_give_updates_never_the_epoch(epoch, updates, suffix):
     """fairseq saves `checkpoint{epoch}.pt` at the end of an epoch and `checkpoint_{epoch}_{updates}.pt`
@@ -104,7 +106,7 @@ _COUNTER = hs.sampled_from(["tokens", "token", "toks", "tok", "samples", "sample
 
 @settings(max_examples=150, deadline=None)
 @given(word=_WORD, sep=_SEP, counter=_COUNTER, csep=hs.sampled_from(["", "_", "-"]), count=hs.integers(0, 10**13),
-       step=hs.integers(0, 10**9), ext=_EXT)  # fmt: skip
+       step=_STEP, ext=_EXT)  # fmt: skip
 def test_a_count_of_tokens_samples_or_epochs_is_never_the_step(word, sep, counter, csep, count, step, ext):
     """`tokens_1000000.pt` was step 1,000,000 and `epochs_3.pt` step 3; a step beside them keeps its place."""
     _never_the_step(f"{counter}{csep}{count}", word=word, sep=sep, step=step, ext=ext)
@@ -126,7 +128,7 @@ _STAMPS = ["%Y%m%d", "%Y%m%d_%H%M", "%Y%m%d-%H%M%S", "%Y%m%dT%H%M%S", "%Y%m%d%H%
 
 @settings(max_examples=200, deadline=None)
 @given(when=hs.datetimes(min_value=dt.datetime(1990, 1, 1), max_value=dt.datetime(2099, 12, 31)), fmt=hs.sampled_from(_STAMPS),
-       prefix=hs.sampled_from(["", "run_", "ckpt-", "model_", "run"]), step=hs.integers(0, 10**9), ext=_EXT)  # fmt: skip
+       prefix=hs.sampled_from(["", "run_", "ckpt-", "model_", "run"]), step=_STEP, ext=_EXT)  # fmt: skip
 def test_a_timestamp_gives_no_step(when, fmt, prefix, step, ext):
     """`run_20240501_1230.pt` was step 1230, `2024-05-01T1230.pt` step 5, `2024_05_01.pt` step 1
     and `ckpt_20240501.pt` step 20,240,501; a step beside a timestamp keeps its place."""
@@ -275,7 +277,7 @@ _HYPER = hs.sampled_from(["ctx", "context", "seqlen", "seq_len", "len", "bs", "b
 
 @settings(max_examples=150, deadline=None)
 @given(word=_WORD, sep=_SEP, hyper=_HYPER, hsep=hs.sampled_from(["", "_", "-"]), value=hs.integers(0, 10**6),
-       step=hs.integers(0, 10**9), ext=_EXT)  # fmt: skip
+       step=_STEP, ext=_EXT)  # fmt: skip
 def test_a_hyperparameter_in_the_name_is_never_the_step(word, sep, hyper, hsep, value, step, ext):
     """`ckpt_100_ctx2048.pt` was step 2048 and `model_bs32.pt` step 32: the last integer."""
     _never_the_step(f"{hyper}{hsep}{value}", word=word, sep=sep, step=step, ext=ext)
