@@ -1,12 +1,15 @@
-"""Worker processes that do not outlive the process that started them."""
+"""Worker processes that do not outlive the process that started them, and that do not print
+tracebacks when a Ctrl-C comes while they start."""
 
 from __future__ import annotations
 
+import multiprocessing.context as _mp
 import os
+import signal
 import threading
 import time
 
-__all__ = ["exit_with_parent", "PARENT_POLL_S"]
+__all__ = ["exit_with_parent", "PARENT_POLL_S", "spawn_context", "take_interrupts"]
 
 # Seconds between a worker's looks at whether the process that started it is still there.
 PARENT_POLL_S = 0.5
@@ -26,3 +29,44 @@ def exit_with_parent(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="tokdyn-parent-watch", daemon=True).start()
+
+
+# A Ctrl-C in a terminal goes to every process of the foreground group: to a pool's workers as
+# well as to its owner. A worker started by "spawn" first imports its owner's main module (the
+# `tokdyn` script: a second or two of imports) and got the KeyboardInterrupt there, printing a
+# traceback of those imports under the owner's one-line "interrupted". Its processes start with
+# SIGINT blocked (a blocked signal stays blocked across fork and exec) until the worker's
+# initializer calls take_interrupts().
+_SIGMASK = hasattr(signal, "pthread_sigmask")
+
+
+class _SpawnProcess(_mp.SpawnProcess):
+    def start(self) -> None:
+        if not _SIGMASK:
+            return super().start()
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # this thread only
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class _SpawnContext(_mp.SpawnContext):
+    Process = _SpawnProcess
+
+
+def spawn_context() -> _mp.SpawnContext:
+    """The "spawn" multiprocessing context, whose processes start with SIGINT blocked: call
+    :func:`take_interrupts` in the pool's initializer, once the worker is set up."""
+    return _SpawnContext()
+
+
+def take_interrupts() -> None:
+    """In a worker of :func:`spawn_context`: drop a Ctrl-C that came while it started (its owner
+    got it too and stops the pool), and take later ones again as KeyboardInterrupt. Call it in
+    the worker's main thread."""
+    if not _SIGMASK:
+        return
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a pending SIGINT is discarded ...
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, handler)  # ... and the next one raises as before

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tokdyn._process import exit_with_parent
+from tokdyn._process import exit_with_parent, spawn_context, take_interrupts
 from tokdyn.errors import ClusterError, InputError, StoreError
 from tokdyn.fit.backends import resolve_backend
 from tokdyn.fit.block import FIT_FIELDS, fit_block
@@ -550,18 +550,20 @@ def _process_pool(workers: int):
     that has started numba/torch/zarr threads can deadlock), each with its share of the cores for
     its compiled kernels' threads, so that the workers together do not oversubscribe them."""
     from concurrent.futures import ProcessPoolExecutor
-    import multiprocessing as mp
 
     threads = max(1, (os.cpu_count() or 1) // workers)
-    return ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+    # spawn_context: a Ctrl-C while a worker imports is the job's, not a traceback of the worker's
+    return ProcessPoolExecutor(max_workers=workers, mp_context=spawn_context(),
                                initializer=_worker_threads, initargs=(threads, os.getpid()))
 
 
 def _worker_threads(threads: int, parent: int | None = None) -> None:
     """In a new worker process: its kernels' threads (numba's, and torch's, OpenMP's where
-    they start later in it), and an exit of its own when the job's process is gone."""
+    they start later in it), an exit of its own when the job's process is gone, and Ctrl-C taken
+    again (:func:`tokdyn._process.take_interrupts`) now that it is set up."""
     if parent is not None:
         exit_with_parent(parent)
+        take_interrupts()
     for name in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):  # a value the user set stays
         os.environ.setdefault(name, str(threads))
     try:
