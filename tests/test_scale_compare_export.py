@@ -81,9 +81,10 @@ def _reference(st, run_a: str, run_b: str, tol: float) -> dict:
         w = np.clip(seen, 0, None)
         wsum = np.bincount(ev.token, weights=w, minlength=n)
         wmu = np.bincount(ev.token, weights=w * ev.seen_centre(), minlength=n)
-        mu = np.divide(wmu, wsum, out=np.full(n, np.nan), where=(drop > 0) & (wsum > 0))
+        learned = (drop > 0) & (wsum > 0) & (fit["model"] >= 2)  # a sigmoid or two chosen: a step
+        mu = np.divide(wmu, wsum, out=np.full(n, np.nan), where=learned)
         names = np.array([CLASS_NAMES.get(c, "?") for c in range(max(CLASS_NAMES) + 1)])
-        return mu, np.where(drop > 0, drop, 0.0), names[np.clip(fit["class_code"].astype(int), 0, names.size - 1)]
+        return mu, np.where(learned, drop, 0.0), names[np.clip(fit["class_code"].astype(int), 0, names.size - 1)]
 
     (mu_a, drop_a, klass), (mu_b, _, _) = times(evs[0], fits[0]), times(evs[1], fits[1])
     probe = st.probe
@@ -101,6 +102,7 @@ def _reference(st, run_a: str, run_b: str, tol: float) -> dict:
     counts, edges = np.histogram(shift, bins=40)
     out = {"run_a": run_a, "run_b": run_b, "axis": "T", "tolerance": tol, "n_probe_tokens": int(mu_a.size),
            "x_range": list(common), "x_ranges": {run_a: list(evs[0].x_range), run_b: list(evs[1].x_range)}, "has_domains": True,
+           "n_learned": {run_a: int(np.isfinite(mu_a).sum()), run_b: int(np.isfinite(mu_b).sum())},
            "overall": summary(shift, drop), "by_class": {}, "by_domain": {},
            "histogram": {"counts": counts.tolist(), "edges": edges.tolist()}}  # fmt: skip
     for key, labels in (("by_class", klass[both]), ("by_domain", domain[both])):
@@ -138,7 +140,9 @@ def test_token_times_are_the_whole_fits(two_runs, monkeypatch):
     t = token_times(st, "A")
     seen = ev.realized_drop()
     drop = np.bincount(ev.token, weights=seen, minlength=ev.n_tokens)
-    assert np.array_equal(t.drop, np.where(drop > 0, drop, 0.0))
+    wsum = np.bincount(ev.token, weights=np.clip(seen, 0, None), minlength=ev.n_tokens)
+    learned = (drop > 0) & (wsum > 0) & (r.fit.read(["model"])["model"] >= 2)
+    assert np.array_equal(t.drop, np.where(learned, drop, 0.0))
     assert np.isnan(t.mu[NEVER]).all() and (t.drop[NEVER] == 0).all()
     assert t.domain.tolist() == np.array(["code", "prose", "math"])[st.probe.token_arrays["domain"]].tolist()
     assert t.klass.dtype.kind == "U" and t.axis == "T"

@@ -5,8 +5,10 @@ curriculum arm and its baseline), every probe token's learning time is where its
 the observed range: the mean of its falling events' seen centres (``two_step`` event set of
 :mod:`tokdyn.spectrum`; ``Events.seen_centre``), weighted by the drop each made inside the range
 (``Events.realized_drop``), and its drop the net seen drop. An event fitted outside the range, or
-one of a pair of opposite sign that cancel, does not make a learning time.
-Over tokens with a positive drop in both runs, ``shift = mu_B - mu_A`` (decades; < 0: learned
+one of a pair of opposite sign that cancel, does not make a learning time; nor does a token
+whose chosen model (BIC) in that run is a constant or a line: flat noise has no event, and the
+two sigmoids fitted to it put a "learning time" anywhere in the range. Over tokens learned (a
+step, with a positive drop) in both runs, ``shift = mu_B - mu_A`` (decades; < 0: learned
 earlier in B); reported overall, by the token's class in run A and by domain (when the probe
 labels its tokens by domain; else ``by_domain`` is empty): the median and quartiles of the
 shift, the share of tokens that moved earlier, and the share of run A's loss drop carried by
@@ -33,7 +35,8 @@ __all__ = ["TokenTimes", "token_times", "compare_runs"]
 
 @dataclass(frozen=True)
 class TokenTimes:
-    """Per probe token: learning time ``mu`` (nan without a positive drop), total ``drop``, class
+    """Per probe token: learning time ``mu`` (nan where not learned: no positive seen drop, or a
+    chosen model without a step), seen ``drop`` (0 there), class
     name and domain name (None when the probe has no domain labels); ``axis`` of the run."""
 
     mu: np.ndarray
@@ -46,6 +49,9 @@ class TokenTimes:
 # What compare reads of a fit: the fields events_from_fit takes (the class codes among them).
 # The rest of a fit (39 fields) it never needs.
 _FIELDS = (*EVENT_FIELDS, "n_points")
+# The fit's models (tokdyn.fit.options.MODEL_NAMES) that are a step in the loss: a token whose
+# chosen model is another one (a constant, a line) has no learning event in that run.
+_STEP_MODELS = ("sigmoid", "two_sigmoids")
 # Tokens a slice: the fit's blocks (262,144 by default) hold that many, and a slice of the 17
 # fields with its events and float64 temporaries stays under 100 MB.
 SLICE_TOKENS = 262_144
@@ -124,8 +130,9 @@ def _run_times(f: _Fitted, x_range: tuple[float, float]) -> _Times:
     """Each token's learning time and seen drop inside ``x_range``, one slice of tokens at a
     time (module docstring; the numbers of the whole fit at once, bit for bit: each token's
     events are summed in the same order)."""
-    from .fit.options import CLASS_NAMES
+    from .fit.options import CLASS_NAMES, MODEL_NAMES
 
+    step_codes = [code for code, name in MODEL_NAMES.items() if name in _STEP_MODELS]
     n = f.run.n_tokens
     mu_all, drop_all = np.empty(n), np.empty(n)
     n_names = max(CLASS_NAMES) + 1
@@ -141,10 +148,15 @@ def _run_times(f: _Fitted, x_range: tuple[float, float]) -> _Times:
         w = np.clip(seen, 0, None)  # where it fell: the falling events' seen centres
         wsum = np.bincount(ev.token, weights=w, minlength=m + 1)[:m]
         wmu = np.bincount(ev.token, weights=w * ev.seen_centre(), minlength=m + 1)[:m]
-        fell = (drop > 0) & (wsum > 0)
+        # learned in this run: the fit's own model choice (BIC) found a step in the loss, and it
+        # fell inside the range. A token whose best model is a constant or a line (flat noise, a
+        # steady slope) has no learning time: its two-step events are fitted to noise, with a
+        # seen drop of a few hundredths of a nat and a centre anywhere in the range.
+        stepped = np.isin(np.asarray(part["model"]), step_codes)
+        fell = (drop > 0) & (wsum > 0) & stepped
         np.divide(wmu, wsum, out=mu_all[a:b], where=fell)
         mu_all[a:b][~fell] = np.nan
-        drop_all[a:b] = np.where(drop > 0, drop, 0.0)
+        drop_all[a:b] = np.where(fell, drop, 0.0)
         klass[a:b] = np.clip(np.asarray(part["class_code"]).astype(int), 0, n_names - 1)
     return _Times(mu_all, drop_all, klass)
 
@@ -240,11 +252,14 @@ def compare_runs(store, run_a: str, run_b: str, *, tolerance: float = 0.05) -> d
     if not both.any():
         raise InputError(f"no probe token has a positive learning event in both {run_a!r} and {run_b!r}")
     shift, drop = (b.mu - a.mu)[both], a.drop[both]
+    # learned in one run only: not in the shifts (a token a curriculum pushed past the end of
+    # its run, or learned only there), so counted apart
+    learned = {run_a: int(np.isfinite(a.mu).sum()), run_b: int(np.isfinite(b.mu).sum())}
     del b
     domains = _domain_index(st.probe)
     out = {"run_a": run_a, "run_b": run_b, "axis": ra.axis, "tolerance": float(tolerance), "n_probe_tokens": int(a.mu.size),
            "x_range": list(common), "x_ranges": {run_a: list(fa.x_range), run_b: list(fb.x_range)},
-           "has_domains": domains is not None,
+           "has_domains": domains is not None, "n_learned": learned,
            "overall": _summary(shift, drop, tolerance), "by_class": {}, "by_domain": {},
            "histogram": dict(zip(("counts", "edges"), (lambda h: (h[0].tolist(), h[1].tolist()))(np.histogram(shift, bins=40))))}  # fmt: skip
     # by run A's class of each token, and by domain: groups of codes (a label a token would be

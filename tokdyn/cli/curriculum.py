@@ -254,6 +254,9 @@ def run_compare(args: argparse.Namespace) -> int:
         return 0
     print(f"learning-time shift of {res['run_b']!r} against {res['run_a']!r} (decades; < 0: learned earlier), "
           f"{res['overall']['n_tokens']} of {res['n_probe_tokens']} tokens with an event in both")  # fmt: skip
+    n_a, n_b = (res["n_learned"][r] for r in (res["run_a"], res["run_b"]))
+    print(f"  learned (a step in the loss, falling inside the range) in {res['run_a']!r}: {n_a}, in {res['run_b']!r}: "
+          f"{n_b}; a token learned in one run only has no shift")  # fmt: skip
     ranges = res["x_ranges"]
     if len({tuple(v) for v in ranges.values()}) > 1:
         lo, hi = res["x_range"]

@@ -1,4 +1,4 @@
-"""Reading a speed-up off a budget ladder, with paired bootstrap intervals (docs/method.md, "Reshaping training").
+"""Reading a speed-up off a budget ladder, with intervals over seeds (docs/method.md, "Reshaping training").
 
 Per seed, fully annealed uniform baselines are trained at fractions ``b`` of the arms' steps
 (0.8, 0.9, 1.0 by default), each with its own complete learning-rate schedule. Their final
@@ -54,8 +54,19 @@ def speedup(budgets, losses, loss: float, *, used: float = 1.0) -> tuple[float, 
 
 
 def paired_bootstrap(values, *, n_boot: int = 10000, seed: int = 0, level: float = 0.95) -> dict:
-    """Mean of per-seed values (each already a paired arm-vs-baseline figure) with a
-    percentile bootstrap interval over seeds."""
+    """Mean of per-seed values (each already a paired arm-vs-baseline figure) with an interval
+    over seeds: the Student-t interval of the mean, widened to the percentile bootstrap interval
+    on a side where that reaches further (``ci95``; each alone in ``ci95_t`` and
+    ``ci95_bootstrap``).
+
+    The percentile bootstrap alone cannot hold its level over a few seeds: its resampled means
+    never leave the range of the values, and it ignores that the spread is itself estimated.
+    Over normal values its "95 %" interval held the mean 50 % of the time from 2 seeds (it is
+    their range), 74 % from 3, 84 % from 5 and 89 % from 10; the t interval holds 95 % at any
+    count, and the bootstrap side keeps a skewed spread's longer tail.
+    """
+    from scipy.stats import t as student_t
+
     v = np.asarray(values, np.float64)
     v = v[np.isfinite(v)]
     if v.size == 0:
@@ -65,8 +76,12 @@ def paired_bootstrap(values, *, n_boot: int = 10000, seed: int = 0, level: float
     rng = np.random.default_rng(seed)
     means = v[rng.integers(0, v.size, size=(n_boot, v.size))].mean(1)
     a = (1 - level) / 2
-    return {"mean": float(v.mean()), "ci95": [float(np.quantile(means, a)), float(np.quantile(means, 1 - a))],
-            "sd": float(v.std(ddof=1)), "n": int(v.size)}  # fmt: skip
+    mean, sd = float(v.mean()), float(v.std(ddof=1))
+    boot = [float(np.quantile(means, a)), float(np.quantile(means, 1 - a))]
+    half = float(student_t.ppf(1 - a, v.size - 1)) * sd / math.sqrt(v.size)
+    t_ci = [mean - half, mean + half]
+    return {"mean": mean, "ci95": [min(boot[0], t_ci[0]), max(boot[1], t_ci[1])], "ci95_t": t_ci,
+            "ci95_bootstrap": boot, "sd": sd, "n": int(v.size)}  # fmt: skip
 
 
 def auc_ratio(steps, arm, baseline) -> float:

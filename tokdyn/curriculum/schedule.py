@@ -122,8 +122,27 @@ class CurriculumConfig:
         return clip * kernel((x - mu) / self.width, self.kernel) / self.width
 
     def sharpen(self, u):
-        """``u ** (1/T)``."""
-        return u if self.temperature == 1 else u ** (1.0 / self.temperature)
+        """``u ** (1/T)``, up to one common factor: ``(u / max u) ** (1/T)`` when ``T != 1``.
+
+        Only ratios of the result are ever used (``q / sum q``, ``q / mean q``), and they are the
+        same; but ``u ** (1/T)`` itself overflows (inf, then NaN or uniform weights) or underflows
+        (all 0: uniform weights, or "nothing scores") at a small ``T``: a score of 19 at
+        ``T = 0.01`` is 1e128, beyond float32, and at ``T = 0.002`` beyond float64. Divided by the
+        largest score first, every value lies in [0, 1] and the largest is 1. Torch tensors stay
+        on their device (no host sync).
+        """
+        if self.temperature == 1:
+            return u
+        if isinstance(u, torch.Tensor):
+            top = u.amax() if u.numel() else u.new_zeros(())
+            r = torch.where(top > 0, u / top.clamp(min=torch.finfo(u.dtype).tiny), torch.zeros_like(u))
+            return r ** (1.0 / self.temperature)
+        u = np.asarray(u)
+        top = u.max() if u.size else 0.0
+        if not top > 0:
+            return np.zeros_like(u)
+        with np.errstate(under="ignore"):
+            return (u / top) ** (1.0 / self.temperature)
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True, default=str).encode()).hexdigest()[:16]
