@@ -10,7 +10,7 @@ adds the D and M axes when they are present and fitted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 
 import numpy as np
 
@@ -101,26 +101,31 @@ def analyze_run(
     )  # fmt: skip
     if not groups:
         return analysis
-    analysis.by_group = group_spectra(run, events, fit, bandwidth=rec.spectrum.bandwidth)
+    analysis.by_group = group_spectra(run, rec.events, fit, bandwidth=rec.spectrum.bandwidth, kernel=rec.spectrum.kernel)
     if run.n_committed >= 2:
         analysis.stats = token_stats(run)
     return analysis
 
 
-def group_spectra(run: Run, events: Events, fit: dict, *, bandwidth: float) -> dict:
+def group_spectra(run: Run, events: Events, fit: dict, *, bandwidth: float, kernel: str = "event",
+                  placement: str = "mu") -> dict:
     """Spectra of the events by class, and by domain, token frequency band and position band
-    where the probe has that information: ``{"class": {label: Spectrum}, "domain": ...}``."""
+    where the probe has that information: ``{"class": {label: Spectrum}, "domain": ...}``.
+
+    ``events``, ``bandwidth``, ``kernel`` and ``placement`` must be those of the whole spectrum
+    the groups are parts of (a reconstruction's: :attr:`Reconstruction.events`, which leaves out
+    the tokens its measured mean left out and is normalised by the tokens kept), or the group
+    spectra do not add up to it."""
     probe = run.store.probe
     ta = probe.token_arrays
-    by = {"class": spectra_by(events, fit["class_code"], CLASS_NAMES, bandwidth=bandwidth)}
+    split = partial(spectra_by, events, bandwidth=bandwidth, kernel=kernel, placement=placement)
+    by = {"class": split(fit["class_code"], CLASS_NAMES)}
     if "domain" in ta and probe.domains:
-        by["domain"] = spectra_by(events, np.asarray(ta["domain"]), list(probe.domains), bandwidth=bandwidth)
+        by["domain"] = split(np.asarray(ta["domain"]), list(probe.domains))
     if "token_id" in ta:
-        band, labels = frequency_bands(np.asarray(ta["token_id"]))
-        by["frequency"] = spectra_by(events, band, labels, bandwidth=bandwidth)
+        by["frequency"] = split(*frequency_bands(np.asarray(ta["token_id"])))
     if "token_pos" in ta:
-        band, labels = position_bands(np.asarray(ta["token_pos"]), probe.context)
-        by["position"] = spectra_by(events, band, labels, bandwidth=bandwidth)
+        by["position"] = split(*position_bands(np.asarray(ta["token_pos"]), probe.context))
     return by
 
 
@@ -229,7 +234,8 @@ def run_spectrum(
     rec = reconstruct_run(run, events=events, bandwidth=bandwidth, n_boot=n_boot, placement=placement, kernel=kernel)
     if by is None:
         return RunSpectrum(rec)
-    groups = group_spectra(run, events, fit, bandwidth=rec.spectrum.bandwidth)
+    # the groups of the spectrum shown: its tokens, its N, its bandwidth, kernel and placement
+    groups = group_spectra(run, rec.events, fit, bandwidth=rec.spectrum.bandwidth, kernel=kernel, placement=placement)
     if by not in groups:
         raise InputError(f"by {by}: the probe has no {by} information (available: {', '.join(groups)})")
     return RunSpectrum(rec, by, groups[by])

@@ -128,6 +128,9 @@ class Reconstruction:
         (:func:`measured_mean_loss`).
     notes : what the measurement left out and why, one line each (also warned).
     rows_left_out : the committed rows the fit left out and why (step 0, a fit window), or None.
+    events : the :class:`Events` the predictions and the spectrum were made from (over the
+        ``n_tokens`` tokens of the measured mean): a part of the spectrum, such as the spectrum
+        of a group of tokens, is a part of it only when made from these.
     """
 
     axis: str
@@ -156,6 +159,7 @@ class Reconstruction:
     rows_left_out: str | None = None
     spectrum_power_law_why: str | None = None
     loss_power_law_why: str | None = None
+    events: Events | None = None
 
     def summary(self) -> dict:
         """The scalar results, JSON-able. ``*_interior``: the scores without the two end points."""
@@ -289,7 +293,7 @@ def reconstruct(
         r2_spectrum=s_sp["r2"], rel_l2_spectrum=s_sp["rel_l2"],
         drop_share_events=share(ev_drop), drop_share_well_fitted=share(well_drop), smoothing=h_s,
         spectrum=spec, spectrum_power_law=spl, loss_power_law=lpl, n_tokens=events.n_scored, n_events=len(events),
-        notes=notes, spectrum_power_law_why=spl_why, loss_power_law_why=lpl_why,
+        notes=notes, spectrum_power_law_why=spl_why, loss_power_law_why=lpl_why, events=events,
     )  # fmt: skip
 
 

@@ -351,7 +351,8 @@ def _scores_table(an: StoreAnalysis) -> str:
         cols.append([
             f"{s['n_points']}", f"{s['n_tokens']:,}", f"{s['r2_events']:.3f}", f"{s['r2_spectrum']:.3f}",
             f"{s['rel_l2_events']:.3f}", f"{s['rel_l2_spectrum']:.3f}", _share_text(s['drop_share_events']),
-            _share_text(s['drop_share_well_fitted']), _power_law_text(s["loss_power_law"]), _power_law_text(s["spectrum_power_law"]),
+            _share_text(s['drop_share_well_fitted']), _power_law_text(s["loss_power_law"], a.reconstruction.loss_power_law_why),
+            _power_law_text(s["spectrum_power_law"], a.reconstruction.spectrum_power_law_why),
         ])  # fmt: skip
     rows = [[label, *(c[i] for c in cols), help_] for i, (label, help_) in enumerate(SCORES)]
     header = ["", *(f"run {a.run} (axis {a.axis})" for a in an.runs), "what it measures"]
@@ -865,13 +866,23 @@ def _share_text(v: float) -> str:
     return f"{v:.1%}" if np.isfinite(v) else "n/a (the mean loss did not clearly fall or rise)"
 
 
-def _power_law_text(pl: dict | None) -> str:
-    """A power law's exponent as a table cell: headlined only when the fit is good."""
+def _power_law_text(pl: dict | None, why: str | None = None) -> str:
+    """A power law's exponent as a table cell: headlined only when the fit is good; where there
+    is none (``why``: the fit's refusal) or it has no interval, the reason, never "n/a" alone or
+    "[nan, nan]" (docs/spectrum.md, "What is not printed")."""
     if not pl:
-        return "n/a"
+        return f"n/a: {why}" if why else "n/a"
     if not pl["r2"] >= POWER_LAW_R2:
         return f"not a power law (fit R² {pl['r2']:.2f})"
-    return f"{pl['alpha']:.2f} [{pl['alpha_ci95'][0]:.2f}, {pl['alpha_ci95'][1]:.2f}] (R² {pl['r2']:.2f})"
+    lo, hi = pl["alpha_ci95"]
+    return f"{pl['alpha']:.2f}{_interval_text(lo, hi, pl.get('alpha_ci95_why'))} (R² {pl['r2']:.2f})"
+
+
+def _interval_text(lo: float, hi: float, why: str | None = None) -> str:
+    """" [lo, hi]", or where the interval is not finite " (no 95 % interval: why)"."""
+    if np.isfinite(lo) and np.isfinite(hi):
+        return f" [{lo:.2f}, {hi:.2f}]"
+    return f" (no 95 % interval: {why})" if why else " (no 95 % interval)"
 
 
 def _fig_spectrum(st: TrajectoryStore, a: RunAnalysis) -> Figure:
@@ -882,22 +893,44 @@ def _fig_spectrum(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     spec = rec.spectrum
     pl = rec.spectrum_power_law
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
+    widths = np.diff(spec.edges)
+    lo, hi = spec.x_range
+    # The spectrum lives on the recorded range only (rho is 0 outside it); the censored events sit
+    # within a bandwidth of its ends, which the power law leaves out (docs/method.md): shaded so.
+    # (The grey used to span from the range's ends to the grid's, the same points: nothing was
+    # shaded, yet the legend named it.)
+    edge = min(spec.bandwidth, 0.5 * (hi - lo))
+    rose = (spec.density < 0).any() or (spec.hist < 0).any()
     for ax, log in zip(axes, (False, True)):
-        widths = np.diff(spec.edges)
-        ax.bar(spec.edges[:-1], spec.hist, width=widths, align="edge", color="#c6dbef", edgecolor="#6baed6", label="histogram of event times")
-        ax.plot(spec.x, spec.density, color="C0", label=f"kernel density (bandwidth {spec.bandwidth:.3f} decades)")
-        lo, hi = spec.x_range
-        ax.axvspan(spec.x[0], lo, color="#e4e4e4", label="outside the recorded range (censored)")
-        ax.axvspan(hi, spec.x[-1], color="#e4e4e4")
+        ax.axvspan(lo, lo + edge, color="#e4e4e4", lw=0, label="one bandwidth from an end of the recorded range (censored events; no power law)")
+        ax.axvspan(hi - edge, hi, color="#e4e4e4", lw=0)
+        if not log:
+            ax.bar(spec.edges[:-1], spec.hist, width=widths, align="edge", color="#c6dbef", edgecolor="#6baed6",
+                   label="histogram of event times")  # fmt: skip
+            ax.plot(spec.x, spec.density, color="C0", label=f"kernel density (bandwidth {spec.bandwidth:.3f} decades)")
+            if rose:
+                ax.axhline(0, color="#999", lw=0.5)
+        else:  # log of a size: where rho < 0 (the loss rose) its size -rho, in red, rather than nothing
+            up, down = np.where(spec.hist > 0, spec.hist, 0.0), np.where(spec.hist < 0, -spec.hist, 0.0)
+            ax.bar(spec.edges[:-1], up, width=widths, align="edge", color="#c6dbef", edgecolor="#6baed6",
+                   label="histogram of event times")  # fmt: skip
+            ax.plot(spec.x, np.where(spec.density > 0, spec.density, np.nan), color="C0",
+                    label=f"kernel density (bandwidth {spec.bandwidth:.3f} decades)")  # fmt: skip
+            if rose:
+                ax.bar(spec.edges[:-1], down, width=widths, align="edge", color="#fcd5d5", edgecolor="#e07b7b",
+                       label="-ρ where ρ < 0: the loss rose (log panel)")  # fmt: skip
+                ax.plot(spec.x, np.where(spec.density < 0, -spec.density, np.nan), "--", color="#d62728",
+                        label="-ρ of the kernel density where ρ < 0")  # fmt: skip
         if pl is not None and pl.r2 >= POWER_LAW_R2:
             xs = np.linspace(*pl.x_fit, 50)
             ax.plot(xs, 10 ** (pl.params["log10_amplitude"] - pl.alpha * xs), "k--", lw=1,
-                    label=f"power law α = {pl.alpha:.2f} [{pl.alpha_lo:.2f}, {pl.alpha_hi:.2f}]")  # fmt: skip
+                    label=f"power law α = {pl.alpha:.2f}{_interval_text(pl.alpha_lo, pl.alpha_hi)}")  # fmt: skip
         if log:
             ax.set_yscale("log")
-            top = max(spec.density.max(initial=0), spec.hist.max(initial=0))
-            if top > 0:  # every positive bin stays in view; the density's far tails need not
-                floor = [v[v > 0].min() for v in (spec.hist, spec.density[spec.density > top * 1e-3]) if (v > 0).any()]
+            size, dens = np.abs(spec.hist), np.abs(spec.density)
+            top = max(dens.max(initial=0), size.max(initial=0))
+            if top > 0:  # every nonzero bin stays in view; the density's far tails need not
+                floor = [v[v > 0].min() for v in (size, dens[dens > top * 1e-3]) if (v > 0).any()]
                 ax.set_ylim(min(floor) / 1.5, top * 1.5)
                 if top * 1.5 / (min(floor) / 1.5) < 300:  # a few decades: plain 0.5, 1, 2, 5, not 5x10^-1
                     from matplotlib.ticker import FuncFormatter
@@ -917,12 +950,15 @@ def _fig_spectrum(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     loss_text = "" if lp is None else (
         f" Fitted directly, the mean loss follows L ~ a^(-α) with α = {lp.alpha:.2f} (R² {lp.r2:.3f})." if lp.r2 >= POWER_LAW_R2
         else f" The mean loss itself is not a power law of the {_axis_name(a.axis)} (fit R² {lp.r2:.2f}).")  # fmt: skip
+    negative = (" Where ρ < 0 (tokens whose loss rose, such as forgotten ones, outweigh those learned there) the "
+                "log panel shows its size, -ρ, in red." if rose else "")  # fmt: skip
     return Figure(fig, "Learning-time spectrum: when the loss drop happens",
                   f"Every fitted learning event puts its loss drop at its learning time μ (the middle of its sigmoid); "
                   f"summed over events and divided by the number of tokens this gives ρ, in nats per decade per token, "
                   f"so its area is the loss drop per token that the events carry. Bars: histogram; line: kernel density. Left "
-                  f"linear, right log scale (every bin kept in view). Grey: outside the recorded range, where event "
-                  f"times are censored; a power law is fitted only between. A straight dashed line on the log panel "
+                  f"linear, right log scale (every nonzero bin kept in view).{negative} The spectrum covers the recorded "
+                  f"range only; grey: one bandwidth from each of its ends, where the events whose time lies outside it "
+                  f"(censored) are placed, so a power law is fitted only between. A straight dashed line on the log panel "
                   f"would mean ρ ~ 10^(-α x), a power law in the {_axis_name(a.axis)}.{loss_text}")  # fmt: skip
 
 

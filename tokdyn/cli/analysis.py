@@ -90,9 +90,9 @@ def _spectrum(args: argparse.Namespace) -> int:
     for line in _histogram_lines(spec):
         print(line)
     if res.groups:
-        print(f"by {res.by}: drop seen (nats/token), learning time of the peak (x), events")
+        print(f"by {res.by}: drop seen (nats/token; < 0: the loss rose), x of the peak (largest |rho|), events")
         for label, g in sorted(res.groups.items(), key=lambda kv: -kv[1].total_drop):
-            print(f"  {label:<28} {g.total_drop:8.3f}   x {g.x[np.argmax(g.density)]:6.2f}   {g.n_events:,}")
+            print(f"  {label:<28} {g.total_drop:8.3f}   x {_peak_x(g):6.2f}   {g.n_events:,}")
     for what, pl in (("spectrum", rec.spectrum_power_law), ("loss", rec.loss_power_law)):
         if pl is None:
             print(f"power law of the {what:<8} none: {getattr(rec, f'{what}_power_law_why') or 'the fit was refused'}")
@@ -104,6 +104,13 @@ def _spectrum(args: argparse.Namespace) -> int:
             ci = f" (no 95 % interval: {pl.params.get('alpha_ci95_why') or 'not finite'})"
         print(f"power law of the {pl.what:<8} alpha = {pl.alpha:.3f}{ci}  R^2 {pl.r2:.3f}{verdict}")
     return 0
+
+
+def _peak_x(spec) -> float:
+    """Where a spectrum changes the loss fastest: the x of its largest |rho| (a group whose loss
+    rose, such as forgotten tokens, has rho < 0 throughout, and its argmax was a point where rho
+    is nearly 0, far from its rise)."""
+    return float(spec.x[np.argmax(np.abs(spec.density))])
 
 
 # The most histogram lines `tokdyn spectrum` prints: more bins are merged for printing (--json has every bin).
@@ -127,7 +134,11 @@ def _histogram_lines(spec) -> list[str]:
                    f"({hist.size} lines; every bin: --json)")  # fmt: skip
     peak = np.abs(hist).max() or 1.0  # the bars are the histogram's (a wide bandwidth flattens the density below it)
     for lo, hi, v in zip(edges[:-1], edges[1:], hist):
-        out.append(f"  x {lo:6.2f}..{hi:6.2f}  {v:8.3f} nats/decade  " + "#" * int(round(40 * max(v, 0) / peak)))
+        # a bin where the loss rose (rho < 0: forgotten tokens) gets a bar of "-" as long as its |rho|,
+        # not none: it read as a bin where nothing happened
+        out.append(f"  x {lo:6.2f}..{hi:6.2f}  {v:8.3f} nats/decade  " + ("#" if v >= 0 else "-") * int(round(40 * abs(v) / peak)))
+    if (hist < 0).any():
+        out.append("  (bars of '#': the loss fell there; of '-': it rose, rho < 0)")
     return out
 
 
