@@ -7,6 +7,8 @@ import re
 import shutil
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 import pytest
 
 import tokdyn
@@ -142,8 +144,20 @@ def test_token_stats_by_hand(tmp_path):
 def test_frequency_and_position_bands():
     band, labels = frequency_bands(np.array([1, 1, 1, 1, 2, 2, 3, 4]), n_bands=2)
     assert band.tolist() == [1, 1, 1, 1, 0, 0, 0, 0] and len(labels) == 2
-    band, labels = position_bands(np.array([1, 2, 3, 4, 7, 8, 127]), 128)
-    assert band.tolist() == [0, 1, 1, 2, 2, 3, 6] and labels[:3] == ["1", "2-3", "4-7"] and len(labels) == 7
+    band, labels = position_bands(np.array([1, 2, 3, 4, 7, 8, 127, 128]), 128)
+    assert band.tolist() == [0, 1, 1, 2, 2, 3, 6, 7] and labels[:3] == ["1", "2-3", "4-7"]
+    assert labels[6:] == ["64-127", "128"]  # a context of 128 ends with its own last position
+
+
+@settings(max_examples=200, deadline=None)
+@given(context=hst.integers(1, 5000), with_context=hst.booleans())
+def test_every_position_sits_in_the_band_its_label_names(context, with_context):
+    pos = np.arange(1, context + 1)
+    band, labels = position_bands(pos, context if with_context else None)
+    ranges = [tuple(int(v) for v in lab.split("-")) if "-" in lab else (int(lab), int(lab)) for lab in labels]
+    lo, hi = np.array([r[0] for r in ranges]), np.array([r[1] for r in ranges])
+    assert np.all((lo[band] <= pos) & (pos <= hi[band]))
+    assert lo[0] == 1 and hi[-1] == context and np.all(lo[1:] == hi[:-1] + 1)  # 1..context, no gap or overlap
 
 
 # -- CLI and report ------------------------------------------------------------------------

@@ -155,8 +155,11 @@ def position_bands(token_pos: np.ndarray, context: int | None) -> tuple[np.ndarr
     pos = np.asarray(token_pos, np.int64)
     if pos.ndim != 1 or pos.size == 0 or pos.min() < 0:
         raise InputError("token_pos: expected a non-empty 1-D array of positions >= 0")
-    top = int(context or pos.max() + 1)
-    n = max(1, int(math.ceil(math.log2(max(top, 2)))))
+    # positions run 1..context (a target's place in its window; 0 counts with 1): the last band
+    # holds the context's own last position (with ceil(log2), a context of 64 put position 64
+    # into "32-63")
+    top = max(int(context or 0), int(pos.max()), 1)
+    n = top.bit_length()  # floor(log2(top)) + 1 doubling bands: the last one starts <= top
     band = np.clip(np.floor(np.log2(np.maximum(pos, 1))).astype(np.int64), 0, n - 1)
     labels = [f"{2**b}" if 2**b >= min(2 ** (b + 1) - 1, top) else f"{2**b}-{min(2 ** (b + 1) - 1, top)}" for b in range(n)]
     return band, labels
