@@ -291,6 +291,11 @@ def import_npz(
     if infinite:  # the store keeps every non-finite loss as NaN (docs/store.md)
         warnings.warn(f"loss_matrix holds {infinite:,} infinite losses; the store keeps every non-finite loss as NaN, "
                       "so they export as NaN", UserWarning, stacklevel=2)  # fmt: skip
+    overflow = w.overflowed  # finite losses the run's dtype cannot hold (a narrower --dtype): stored as NaN
+    if overflow:  # --dtype narrower than the file: rounding was asked for, losing values was not
+        warnings.warn(f"loss_matrix holds {overflow:,} finite losses beyond the range of {dtype} (largest "
+                      f"{float(np.finfo(dtype).max):g}); they are stored as NaN (import with a wider --dtype, e.g. "
+                      f"{lm.dtype.newbyteorder('=').name}, to keep them)", UserWarning, stacklevel=2)  # fmt: skip
     return r
 
 
@@ -614,11 +619,30 @@ def _axis_name(a: np.ndarray) -> str:
 
 
 def _check_compatible(store_probe: ProbeSet, probe: ProbeSet, carried: list[str]) -> None:
+    """Refuse a file whose tokens differ from the store's probe in anything both describe; warn
+    about what the file describes that the store's probe cannot keep (its probe was made
+    before), which the run's export will not give back."""
     if store_probe.n_tokens != probe.n_tokens:
         raise ProbeMismatchError(f"npz has {probe.n_tokens} tokens; the store's probe has {store_probe.n_tokens}")
-    for key in carried:
+    if store_probe.tokens is not None and probe.tokens is not None and not np.array_equal(store_probe.tokens, probe.tokens):
+        raise ProbeMismatchError("npz probe_tokens differ from the store's probe token ids; these are different tokens")
+    # the file's own per-token arrays, and those its probe_tokens lay out (token i is position
+    # i % C + 1 of sequence i // C): facts of the file, compared like the ones it names
+    known = [*carried, *(k for k in ("sample_id", "token_pos", "token_id") if probe.tokens is not None and k not in carried)]
+    for key in known:
         mine = store_probe.token_arrays.get(key)
         if mine is not None and not np.array_equal(mine, probe.token_arrays[key]):
             raise ProbeMismatchError(f"npz per-token array {key!r} differs from the store's probe; these are different tokens")
-    if store_probe.tokens is not None and probe.tokens is not None and not np.array_equal(store_probe.tokens, probe.tokens):
-        raise ProbeMismatchError("npz probe_tokens differ from the store's probe token ids; these are different tokens")
+    dropped = [key for key in carried if key not in store_probe.token_arrays]
+    if probe.tokens is not None and store_probe.tokens is None:
+        dropped.append("probe_tokens")
+    for member, mine, theirs in (("probe_domains", list(store_probe.domains), list(probe.domains)),
+                                 ("probe_documents", list(store_probe.documents), list(probe.documents)),
+                                 ("probe_tokenizer", dict(store_probe.tokenizer), dict(probe.tokenizer))):  # fmt: skip
+        if theirs and mine and theirs != mine:
+            raise ProbeMismatchError(f"npz {member} differs from the store's probe; these are different tokens (or labels)")
+        if theirs and not mine:
+            dropped.append(member)
+    if dropped:
+        warnings.warn(f"the store's probe (made before) has no {', '.join(dropped)}; the file's are not kept, and the run's "
+                      "export will lack them (import into a new store to keep them)", UserWarning, stacklevel=3)  # fmt: skip

@@ -51,13 +51,27 @@ def _info(args: argparse.Namespace) -> int:
         steps = r["steps"]
         span = f"steps {steps[0]}..{steps[-1]}" if steps else "no rows"
         extra = f", {r['nonfinite_losses']} non-finite losses (NaN)" if r["nonfinite_losses"] else ""
-        params = r["attrs"].get("n_params_non_embedding")
-        params = f", {params:,} non-emb params" if params else ""
+        params = _count(r["attrs"].get("n_params_non_embedding"))
+        params = f", {params} non-emb params" if params else ""
         print(f"run {name:<12} axis {r['axis']}  {r['shape'][0]} x {r['shape'][1]:,} {r['dtype']}  {span}{params}{extra}")
     if damaged:
         print(f"tokdyn info: error: {len(damaged)} run(s) cannot be read: {', '.join(damaged)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _count(value) -> str:
+    """A parameter count from a run's attributes as info prints it: a whole number with thousands
+    separators; any other value (attributes are whatever the recording code gave) as written,
+    cut to 40 characters; "" for none."""
+    if value is None or value == "" or value is False:
+        return ""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}" if value else ""
+    if isinstance(value, float) and value.is_integer():
+        return f"{int(value):,}" if value else ""
+    text = " ".join(str(value).split())
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 def _import_npz(args: argparse.Namespace) -> int:

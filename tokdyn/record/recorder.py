@@ -38,7 +38,7 @@ from ..errors import InputError, RunExistsError, StepOrderError, StoreError, Tok
 from ..probe import ProbeSet
 from ..runtime import count_parameters
 from ..schedule import explicit_schedule
-from ..store import DEFAULT_TOKEN_CHUNK, LOSS_DTYPES, RunWriter, TrajectoryStore, open_store
+from ..store import DEFAULT_TOKEN_CHUNK, LOSS_DTYPES, RunWriter, TrajectoryStore, check_row, open_store
 from ._interrupt import hold_interrupts
 
 __all__ = ["TokenLossRecorder", "default_forward", "token_losses", "shard_ranges", "model_attrs", "model_positions",
@@ -401,7 +401,9 @@ class TokenLossRecorder:
         self._check_error()
         if self._closed:
             raise TokdynError(f"the recorder of run {self.run_name!r} is closed; build a new one (resume=True continues the run)")
-        step = int(step)
+        # checked here, in the caller's thread, as the writer checks it: a step of 1.7 was stored
+        # as step 1, and a value the writer refuses would stop its thread at a later call
+        step = check_row({"step": step, "tokens_seen": tokens_seen, "lr": lr})["step"]
         if self._last_queued is not None and step <= self._last_queued:
             raise StepOrderError(
                 f"step {step} is not after step {self._last_queued}, the last one recorded in run {self.run_name!r}; "
@@ -425,7 +427,7 @@ class TokenLossRecorder:
         else:
             host.copy_(self._buf)
             ready = None
-        meta = {"step": int(step), "tokens_seen": tokens_seen, "lr": lr, "wall_time": wall}
+        meta = {"step": step, "tokens_seen": tokens_seen, "lr": lr, "wall_time": wall}
         self._put((ready, host, meta))
         self._pending.append(step)
         committed = self._writer.last_step

@@ -18,9 +18,9 @@ from .fit import FIT_SCHEMA_VERSION, FitResults, FitWriter
 from .run import Run
 from .schema import AXES, CODECS, COORDS, DEFAULT_TOKEN_CHUNK, LOSS_DTYPES, SCHEMA_VERSION, jsonable
 from .store import TrajectoryStore, as_store, open_store
-from .writer import RunWriter
+from .writer import RunWriter, check_row
 
 __all__ = [
-    "TrajectoryStore", "Run", "RunWriter", "FitResults", "FitWriter", "open_store", "as_store",
+    "TrajectoryStore", "Run", "RunWriter", "check_row", "FitResults", "FitWriter", "open_store", "as_store",
     "SCHEMA_VERSION", "FIT_SCHEMA_VERSION", "LOSS_DTYPES", "AXES", "CODECS", "COORDS", "DEFAULT_TOKEN_CHUNK", "jsonable",
 ]  # fmt: skip

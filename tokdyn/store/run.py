@@ -239,8 +239,14 @@ class Run:
 
     def losses(self, tokens: slice | None = None, rows: slice | None = None) -> np.ndarray:
         """Loss matrix ``[checkpoint, token]`` in nats (committed rows only; NaN = not finite)."""
+        for name, value in (("rows", rows), ("tokens", tokens)):
+            if value is not None and not isinstance(value, slice):
+                raise InputError(f"{name} must be a slice or None, got {type(value).__name__} (losses_at takes index arrays)")
         k = self.n_committed
         self._refresh(k)
+        if rows is not None and range(k)[rows].step < 0:  # zarr reads ascending slices only: read those, reversed
+            up = range(k)[rows][::-1]
+            return self.losses(tokens=tokens, rows=slice(up.start, up.stop, up.step))[::-1].copy()
         rsl = slice(0, k) if rows is None else _clip(rows, k)
         tsl = slice(None) if tokens is None else tokens
         rows, idx = range(k)[rsl], range(self.n_tokens)[tsl]

@@ -17,7 +17,7 @@ from ..errors import InputError
 
 __all__ = [
     "SCHEMA_VERSION", "STORE_KIND", "LOSS_DTYPES", "AXES", "CODECS", "DEFAULT_TOKEN_CHUNK", "COORD_CHUNK", "INTEGRITY", "COORDS",
-    "compressor", "position_crc", "folders", "has_keys", "utc_now", "join", "check_url", "check_run_name", "check_writer_ranges", "jsonable",
+    "compressor", "position_crc", "folders", "has_keys", "utc_now", "join", "check_url", "local_url", "check_run_name", "check_writer_ranges", "jsonable",
 ]  # fmt: skip
 
 SCHEMA_VERSION = 1
@@ -103,9 +103,37 @@ def check_url(url: Any) -> None:
         raise InputError(f"store must be a path or an fsspec URL, got {url!r}")
 
 
+_LOCAL_SCHEMES = ("file://", "local://")
+
+
+def local_url(url: str | os.PathLike) -> str | os.PathLike:
+    """``url`` with a ``file://`` (or fsspec's ``local://``) scheme taken off: the local path it
+    names. zarr would open such a URL through fsspec's local filesystem, which neither makes the
+    folders a new store needs (creating one failed, "No such file or directory: .../zarr.json")
+    nor writes a commit record by temporary file and rename, the atomic write crash safety rests
+    on (docs/store.md, "Commits"); a plain path gets zarr's local store, which does both. As with
+    fsspec, the rest of the URL is the path as written (no percent-decoding)."""
+    if isinstance(url, str) and url[:8].lower().startswith(_LOCAL_SCHEMES):
+        scheme = next(s for s in _LOCAL_SCHEMES if url.lower().startswith(s))
+        path = url[len(scheme):]
+        if not path:
+            raise InputError(f"store URL {url!r} names no path")
+        return path
+    return url
+
+
 def check_run_name(name: str) -> None:
-    if not isinstance(name, str) or not name or name.startswith(".") or set(name) & _RUN_NAME_FORBIDDEN:
-        raise InputError(f"run name must be a non-empty string without / \\ : * ? \" < > | or a leading dot, got {name!r}")
+    """A run name is a folder under ``runs/``: it must be one that every reader lists. ``zarr.json``
+    is the folder's own metadata, and a name ending in ``.partial`` is what zarr calls its
+    temporary files, which :func:`folders` leaves out: such a run was written and never listed.
+    Control characters (a newline) would split the one line ``tokdyn info`` prints per run."""
+    if (
+        not isinstance(name, str) or not name or name.startswith(".") or set(name) & _RUN_NAME_FORBIDDEN
+        or name == "zarr.json" or name.endswith(".partial") or any(ord(ch) < 32 or ord(ch) == 127 for ch in name)
+        or not name.strip()
+    ):  # fmt: skip
+        raise InputError(f"run name must be a non-empty string without / \\ : * ? \" < > |, control characters or a leading dot, "
+                         f"not blank, not zarr.json and not ending in .partial; got {name!r}")  # fmt: skip
 
 
 def check_writer_ranges(ranges: list[tuple[int, int]], n: int, chunk: int) -> None:

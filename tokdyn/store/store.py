@@ -32,13 +32,17 @@ from typing import Any
 
 import numpy as np
 import zarr
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.group import GroupMetadata
 from zarr.core.sync import sync as zarr_sync
+from zarr.storage import StorePath
 
 from .._version import __version__
 from ..errors import (
     InputError,
     NotAStoreError,
     ProbeMismatchError,
+    RunBusyError,
     RunExistsError,
     RunNotFoundError,
     SchemaVersionError,
@@ -60,6 +64,7 @@ from .schema import (
     STORE_KIND,
     check_run_name,
     check_url,
+    local_url,
     check_writer_ranges,
     compressor,
     folders,
@@ -148,7 +153,7 @@ class TrajectoryStore:
         if not isinstance(probe, ProbeSet):
             raise InputError(f"probe must be a ProbeSet, got {type(probe).__name__}")
         check_url(url)
-        url = os.fspath(url) if isinstance(url, os.PathLike) else url
+        url = local_url(os.fspath(url) if isinstance(url, os.PathLike) else url)
         existed = _existing_folder(url)
         try:  # the group is born with a marker naming its creator, so a killed creation is recognised
             group = _open_group(url, "w" if overwrite else "w-", storage_options, attributes={CREATING: owner()})
@@ -185,7 +190,7 @@ class TrajectoryStore:
         if mode not in ("r", "r+"):
             raise InputError(f"mode must be 'r' or 'r+', got {mode!r}")
         check_url(url)
-        url = os.fspath(url) if isinstance(url, os.PathLike) else url
+        url = local_url(os.fspath(url) if isinstance(url, os.PathLike) else url)
         try:
             group = _open_group(url, mode, storage_options)
         except (FileNotFoundError, zarr.errors.GroupNotFoundError, zarr.errors.NodeTypeValidationError):
@@ -301,7 +306,7 @@ class TrajectoryStore:
         ranges = [(0, n)] if writers is None else [(int(a), int(b)) for a, b in writers]
         check_writer_ranges(ranges, n, chunk)
         run_attrs = jsonable(dict(attrs or {}), "run attrs")
-        g = self._group["runs"].create_group(name, attributes={CREATING: owner()})
+        g = self._claim_run_name(name)
         cap = int(capacity)
         g.create_array(
             "loss", shape=(cap, n), chunks=(1, chunk), dtype=dtype, fill_value=np.nan,
@@ -321,6 +326,26 @@ class TrajectoryStore:
         meta["integrity"] = {"run_id": run_id, "checksums": INTEGRITY, "meta_crc": run_meta_crc(run_id, meta)}
         g.attrs.put({"tokdyn_run": {**meta, "schema_version": SCHEMA_VERSION, "tokdyn_version": __version__, "created": utc_now()}})
         return Run(self, name, g)
+
+    def _claim_run_name(self, name: str) -> zarr.Group:
+        """Create the group of run ``name`` with its creation marker, exclusively: its zarr.json
+        is written only if absent (one atomic create), so of two processes creating the same run
+        at once exactly one goes on, and the other gets one clear error, not zarr's
+        ``ContainsGroupError``, nor (had both writes landed) a run whose metadata the other's
+        overwrote."""
+        marker = {**owner(), "token": uuid.uuid4().hex}
+        doc = GroupMetadata(attributes={CREATING: marker}).to_buffer_dict(default_buffer_prototype())["zarr.json"]
+        key = join(self._group.path, "runs", name, "zarr.json")
+        zarr_sync(StorePath(self._group.store, key).set_if_not_exists(doc))
+        try:
+            g = self._group[f"runs/{name}"]
+            mine = isinstance(g, zarr.Group) and (g.attrs.get(CREATING) or {}).get("token") == marker["token"]
+        except (KeyError, ValueError, TypeError, AttributeError):
+            mine = False
+        if not mine:
+            raise RunBusyError(f"run {name!r} of {self.url} was created by another process at the same time; "
+                               "this one leaves it to that one (resume it, or choose another name)")  # fmt: skip
+        return g
 
     def has_run(self, name: str) -> bool:
         """Whether run ``name`` exists and its creation finished (an aborted one is replaced by
@@ -446,6 +471,7 @@ def open_store(
     if mode not in ("r", "r+", "a", "w"):
         raise InputError(f"mode must be one of 'r', 'r+', 'a', 'w', got {mode!r}")
     check_url(url)
+    url = local_url(url)
     if probe is not None and not isinstance(probe, ProbeSet):
         raise InputError(f"probe must be a ProbeSet, got {type(probe).__name__}")
     if mode == "w":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import operator
 import time
 import zlib
 import warnings
@@ -22,7 +23,7 @@ from .schema import COORD_CHUNK, COORDS, join, position_crc
 if TYPE_CHECKING:
     from .run import Run
 
-__all__ = ["RunWriter", "coord_record", "COORD_RECORD", "run_meta_crc"]
+__all__ = ["RunWriter", "check_row", "coord_record", "COORD_RECORD", "run_meta_crc"]
 
 
 class RunWriter:
@@ -52,10 +53,15 @@ class RunWriter:
         self.last_step: int | None = c.last_step
         self._nonfinite = c.nonfinite
         self._nonfinite_rows = dict(c.nonfinite_rows)
+        self.overflowed = 0
+        """Finite losses this writer was given that the run's dtype cannot hold (beyond float16's
+        65504, say): stored as NaN and counted as non-finite like the others. A source that
+        appends with ``warn_nonfinite=False`` (NaN meaning "missing") reads this to say so."""
         self._crc, self._coord_crc = dict(c.crc), dict(c.coord_crc)  # {row: ...} of committed rows
         self._is_coord_writer = writer == 0
         self._arrays = {name: run._group[name] for name in COORDS} if self._is_coord_writer else {}
         self._coord_chunk_start: int | None = None
+        self._last_av: tuple[int, float | None] | None = None  # (rows, axis value of the last of them)
         self._coord_buffers: dict[str, np.ndarray] = {}
         what = f"run {run.name!r} token range {writer}"
         self._lock = KeyLock(run._group.store, join(run._group.path, "commits", f"w{writer}", LOCK_NAME), what=what,
@@ -149,25 +155,35 @@ class RunWriter:
             return range(self.rows, self.rows)
         if values.dtype.kind not in "fiu":
             raise InputError(f"losses must be numbers, got dtype {values.dtype}")
-        last = self.last_step
+        # Every value of every row checked and converted before anything is written: a value the
+        # store's arrays cannot hold is refused, never truncated (step 1.7 was stored as 1) or
+        # rounded (step 2**53 + 1 as axis value 2**53, the row before's).
+        last, last_av = self.last_step, self._last_axis_value()
+        checked = []
         for r in rows:
-            step = int(r["step"])
-            if step < 0:
-                raise StepOrderError(f"step must be >= 0, got {step}")
+            row = check_row(r)
+            step, av = row["step"], row["axis_value"]
             if last is not None and step <= last:
                 raise StepOrderError(
                     f"step {step} is not after the last committed step {last} of run {self.run.name!r}; "
                     "rows are never overwritten or duplicated"
                 )
-            av = r.get("axis_value")
-            if av is not None and not np.isfinite(float(av)):
-                raise InputError(f"axis_value must be finite, got {av} for step {step}")
-            last = step
+            if self._is_coord_writer and last_av is not None and not av > last_av:
+                raise StepOrderError(
+                    f"axis value {av!r} of step {step} is not after {last_av!r}, the axis value of the row before in run "
+                    f"{self.run.name!r}; a run's axis values strictly increase (the fit, import-npz and the axes read them so)"
+                )
+            last, last_av = step, av
+            checked.append(row)
+        given = values
         with np.errstate(over="ignore", invalid="ignore"):  # counted below: a loss beyond float16 is inf
             values = values.astype(self.run.dtype, copy=False)
         bad = ~np.isfinite(values)
         n_bad = bad.sum(axis=1).tolist()  # per row
+        overflowed = 0
         if any(n_bad):
+            if given.dtype != values.dtype:  # finite where given, beyond the run's dtype: lost, not missing
+                overflowed = int(np.count_nonzero(np.isfinite(given[bad])))
             values = np.where(bad, np.nan, values)
         values = np.ascontiguousarray(values, dtype=self.run.dtype)  # the stored bytes, which the checksums cover
         if warn_nonfinite:
@@ -182,16 +198,7 @@ class RunWriter:
         coords = []
         if self._is_coord_writer:
             now = time.time()
-            for r in rows:
-                g = r.get
-                coords.append({
-                    "step": int(r["step"]),
-                    "axis_value": float(r["step"]) if g("axis_value") is None else float(g("axis_value")),
-                    "tokens_seen": -1 if g("tokens_seen") is None else int(g("tokens_seen")),
-                    "lr": np.nan if g("lr") is None else float(g("lr")),
-                    "wall_time": now if g("wall_time") is None else float(g("wall_time")),
-                    "ckpt_fingerprint": 0 if g("ckpt_fingerprint") is None else int(g("ckpt_fingerprint")),
-                })  # fmt: skip
+            coords = [{**row, "wall_time": now if row["wall_time"] is None else row["wall_time"]} for row in checked]
             writes += self._coordinate_writes(k0, coords)
         _write_concurrently(writes)
         for i, n in enumerate(n_bad):
@@ -216,7 +223,19 @@ class RunWriter:
             {"rows": k0 + k, "last_step": last, "nonfinite": self._nonfinite, "nonfinite_rows": self._nonfinite_rows, **checksums}
         )
         self.rows, self.last_step = k0 + k, last
+        if self._is_coord_writer:
+            self._last_av = (self.rows, last_av)
+        self.overflowed += overflowed
         return range(k0, k0 + k)
+
+    def _last_axis_value(self) -> float | None:
+        """The axis value of the last committed row (writer 0, which writes them), else None."""
+        if not self._is_coord_writer or not self.rows:
+            return None
+        if self._last_av is None or self._last_av[0] != self.rows:
+            value = float(self._arrays["axis_value"][self.rows - 1])
+            self._last_av = (self.rows, value if np.isfinite(value) else None)
+        return self._last_av[1]
 
     def _coordinate_writes(self, k0: int, rows: list[dict]) -> list:
         """Whole-chunk writes of the per-checkpoint values of rows ``k0, k0 + 1, ...``.
@@ -269,6 +288,67 @@ class RunWriter:
             self.run._loss.resize((k, self.run.n_tokens))
             for arr in self._arrays.values():
                 arr.resize((k,))
+
+
+def _whole(value: Any, name: str, lo: int, hi: int) -> int:
+    """``value`` as an int in ``[lo, hi]``: an integer, or a float holding a whole number; else
+    InputError (never truncated: ``int(1.7)`` is 1)."""
+    if value is None or isinstance(value, (bool, np.bool_, str, bytes)):
+        number = None
+    else:
+        try:
+            number = operator.index(value)
+        except TypeError:
+            try:
+                f = float(value)
+            except (TypeError, ValueError, OverflowError):
+                f = float("nan")
+            number = int(f) if np.isfinite(f) and f.is_integer() else None
+    if number is None or not lo <= number <= hi:
+        top = {2**63 - 1: "2**63", 2**64 - 1: "2**64"}.get(hi, str(hi + 1))
+        raise InputError(f"{name} must be a whole number in [{lo}, {top}), got {value!r}")
+    return number
+
+
+def _real(value: Any, name: str) -> float:
+    if isinstance(value, (bool, np.bool_, str, bytes)):
+        raise InputError(f"{name} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"{name} must be a number, got {value!r}") from None
+
+
+def check_row(r: Mapping[str, Any]) -> dict:
+    """The per-checkpoint values of one row, checked and converted to what the arrays hold
+    (``wall_time`` None: now, filled in by the caller); InputError (StepOrderError for a
+    negative step) for a value they cannot hold. A source that hands rows to a writer on
+    another thread (the recorder) checks them with this first, in its caller's thread."""
+    if not isinstance(r, Mapping) or r.get("step") is None:
+        raise InputError(f"each row needs a step, got {r!r}")
+    raw = r["step"]
+    if isinstance(raw, (int, np.integer)) and not isinstance(raw, (bool, np.bool_)) and int(raw) < 0:
+        raise StepOrderError(f"step must be >= 0, got {int(raw)}")
+    step = _whole(raw, "step", 0, 2**63 - 1)
+    av = r.get("axis_value")
+    if av is None:
+        axis = float(step)
+        if int(axis) != step:
+            raise InputError(f"step {step} has no exact float64 axis value (it would read {axis!r}, steps beyond 2**53 "
+                             "round); pass axis_value")  # fmt: skip
+    else:
+        axis = _real(av, "axis_value")
+        if not np.isfinite(axis):
+            raise InputError(f"axis_value must be finite, got {av} for step {step}")
+    g = r.get
+    return {
+        "step": step,
+        "axis_value": axis,
+        "tokens_seen": -1 if g("tokens_seen") is None else _whole(g("tokens_seen"), "tokens_seen", -1, 2**63 - 1),
+        "lr": np.nan if g("lr") is None else _real(g("lr"), "lr"),
+        "wall_time": None if g("wall_time") is None else _real(g("wall_time"), "wall_time"),
+        "ckpt_fingerprint": 0 if g("ckpt_fingerprint") is None else _whole(g("ckpt_fingerprint"), "ckpt_fingerprint", 0, 2**64 - 1),
+    }
 
 
 META_CHECKED = ("axis", "dtype", "token_chunk", "codec", "writers")  # what readers act on
