@@ -284,3 +284,13 @@ def test_the_recorder_refuses_at_the_call_what_its_writer_cannot_hold(tiny_model
         rec.record(3, tokens_seen=3.0 * 64, lr=np.float32(1e-3))  # whole floats and numpy numbers are fine
     run = tokdyn.open_store(store_path).run("r")
     assert run.coord("step").tolist() == [0, 3] and run.coord("tokens_seen").tolist() == [-1, 192]
+
+
+def test_a_store_path_under_home_is_the_users_home(tmp_path, monkeypatch, probe):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    st = tokdyn.open_store("~/runs.zarr", probe, mode="w")
+    st.create_run("r", capacity=1).writer().append(np.zeros(probe.n_tokens, np.float32), step=0)
+    assert (tmp_path / "home" / "runs.zarr" / "zarr.json").exists() and not (tmp_path / "~").exists()
+    assert tokdyn.open_store("~/runs.zarr").run("r").n_committed == 1

@@ -112,7 +112,11 @@ def local_url(url: str | os.PathLike) -> str | os.PathLike:
     folders a new store needs (creating one failed, "No such file or directory: .../zarr.json")
     nor writes a commit record by temporary file and rename, the atomic write crash safety rests
     on (docs/store.md, "Commits"); a plain path gets zarr's local store, which does both. As with
-    fsspec, the rest of the URL is the path as written (no percent-decoding)."""
+    fsspec, the rest of the URL is the path as written (no percent-decoding). A path that
+    starts with ``~`` is the user's home, as in a shell (``open_store("~/runs.zarr")`` in a
+    notebook made a folder named ``~`` beside it)."""
+    if isinstance(url, str) and url.startswith("~"):
+        return os.path.expanduser(url)
     if isinstance(url, str) and url[:8].lower().startswith(_LOCAL_SCHEMES):
         scheme = next(s for s in _LOCAL_SCHEMES if url.lower().startswith(s))
         path = url[len(scheme):]
