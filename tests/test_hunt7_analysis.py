@@ -215,3 +215,33 @@ def test_the_table_of_scores_gives_the_reason_for_a_missing_law_or_interval(risi
     assert "no 95 % interval: too few tokens" in _power_law_text({"alpha": 0.5, "alpha_ci95": [float("nan")] * 2, "r2": 0.95,
                                                                   "alpha_ci95_why": "too few tokens"})  # fmt: skip
     assert _power_law_text({"alpha": 0.5, "alpha_ci95": [0.4, 0.6], "r2": 0.95}) == "0.50 [0.40, 0.60] (R² 0.95)"
+
+
+# -- tick labels name the values where they sit; a recorded step is given in full ------------------
+
+
+@pytest.mark.parametrize("lo, hi", [(3.0, 3.7), (0.0, 1.2), (2.2, 2.6), (0.5, 4.5), (-1.3, -0.4)])
+def test_every_log_tick_label_names_the_value_at_its_tick(lo, hi):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tokdyn.report import _log_ticks
+
+    fig, ax = plt.subplots()
+    ax.set_xlim(lo, hi)
+    _log_ticks(ax.xaxis, lo, hi)
+    fig.canvas.draw()
+    shown = [(t.get_loc(), t.label1.get_text()) for t in ax.xaxis.get_major_ticks() if lo <= t.get_loc() <= hi]
+    plt.close(fig)
+    assert len(shown) >= 2
+    for loc, text in shown:  # "3,000", "5e5", "0.2": the value at the tick, not 10^0.5 = 3.16 read as "3"
+        assert float(text.replace(",", "")) == pytest.approx(10.0**loc, rel=1e-9), (loc, text)
+
+
+def test_a_recorded_step_in_a_sentence_is_given_in_full():
+    from tokdyn.report import _row_text
+
+    assert _row_text(12345.0) == "12,345" and _row_text(10 ** np.log10(12345.0)) == "12,345"
+    assert _row_text(3.0) == "3" and _row_text(2.5e-3) == "0.0025"

@@ -311,8 +311,8 @@ def _headline(a: RunAnalysis, options: dict | None = None) -> str:
     verb = "fell" if rec.mean_loss[last] <= rec.mean_loss[first] else "rose"
     n = rec.spectrum.n_tokens
     return (f"<p><b>Run {_e(a.run)}:</b> the mean loss of the {n:,} probe token{'s' * (n != 1)} {verb} from "
-            f"{rec.mean_loss[first]:.2f} to {rec.mean_loss[last]:.2f} nats between {name} {_value_text(10.0 ** rec.x[first])} "
-            f"and {_value_text(10.0 ** rec.x[last])}; the fitted per-token events rebuild its rate of change with R² "
+            f"{rec.mean_loss[first]:.2f} to {rec.mean_loss[last]:.2f} nats between {name} {_row_text(10.0 ** rec.x[first])} "
+            f"and {_row_text(10.0 ** rec.x[last])}; the fitted per-token events rebuild its rate of change with R² "
             f"{rec.r2_events:.3f}. {_e(carried)}.{_unfit_text(a, options)}</p>")  # fmt: skip
 
 
@@ -788,12 +788,23 @@ def _log_ticks(axis_obj, lo: float, hi: float) -> None:
     from matplotlib.ticker import FixedLocator, FuncFormatter
 
     span = max(hi - lo, 1e-9)
-    step = 1.0 if span >= 1.5 else 0.5
-    major = np.arange(np.floor(lo / step) * step, hi + step, step)
-    minor = [k + np.log10(m) for k in range(int(np.floor(lo)) - 1, int(np.ceil(hi)) + 1) for m in range(2, 10)]
+    # Within a short span, ticks at 1, 3 (1, 2, 5; 1 to 9) times a power of ten, at least two in
+    # view: the values the labels name. (Ticks at half decades, 10^0.5 = 3.16, were labelled "3".)
+    mantissas = (1,) if span >= 2 else (1, 3) if span >= 1 else (1, 2, 5) if span >= 0.7 else tuple(range(1, 10))
+    decades = range(int(np.floor(lo)) - 1, int(np.ceil(hi)) + 1)
+    major = [k + np.log10(m) for k in decades for m in mantissas]
+    minor = [k + np.log10(m) for k in decades for m in range(2, 10) if m not in mantissas]
     axis_obj.set_major_locator(FixedLocator(major))
     axis_obj.set_minor_locator(FixedLocator(minor))
     axis_obj.set_major_formatter(FuncFormatter(lambda v, _: _value_text(10.0**v)))
+
+
+def _row_text(v: float) -> str:
+    """A recorded step, budget or size (a row's own axis value) in a sentence: whole numbers in
+    full (step 12,345, not 12,000), others as :func:`_value_text`."""
+    if np.isfinite(v) and v >= 1 and abs(v - round(v)) <= 1e-6 * v:
+        return f"{int(round(v)):,}"
+    return _value_text(v)
 
 
 def _value_text(v: float) -> str:
@@ -1280,7 +1291,7 @@ def _fig_cartography(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     ax2.set_ylabel("% of tokens")
     ax2.set_title("Rho-1 classes", fontsize=10)
     steps = st.run(a.run).steps
-    early, late = _value_text(float(steps[s.early_row])), _value_text(float(steps[s.late_row]))
+    early, late = _row_text(float(steps[s.early_row])), _row_text(float(steps[s.late_row]))
     shown = f"{sel.size:,} tokens drawn at random of {n:,}" if sel.size < n else f"all {n:,} tokens"
     return Figure(fig, "Per-token statistics from the literature: cartography, forgetting, Rho-1",
                   f"Left, dataset cartography ({shown}): each token's mean probability of the correct token over the "
