@@ -245,3 +245,13 @@ def test_a_recorded_step_in_a_sentence_is_given_in_full():
 
     assert _row_text(12345.0) == "12,345" and _row_text(10 ** np.log10(12345.0)) == "12,345"
     assert _row_text(3.0) == "3" and _row_text(2.5e-3) == "0.0025"
+
+
+def test_a_share_of_a_rising_mean_loss_says_it_is_of_a_rise():
+    from types import SimpleNamespace
+
+    from tokdyn.report import _mean_loss_rose, _share_text
+
+    assert _mean_loss_rose(SimpleNamespace(mean_loss=np.array([np.nan, 2.0, 2.5, 3.0])))
+    assert not _mean_loss_rose(SimpleNamespace(mean_loss=np.array([3.0, 2.0, np.nan])))
+    assert _share_text(0.999, True) == "99.9% of its rise (the mean loss rose)" and _share_text(0.5) == "50.0%"

@@ -348,10 +348,11 @@ def _scores_table(an: StoreAnalysis) -> str:
     cols = []
     for a in an.runs:
         s = a.reconstruction.summary()
+        rose = _mean_loss_rose(a.reconstruction)
         cols.append([
             f"{s['n_points']}", f"{s['n_tokens']:,}", f"{s['r2_events']:.3f}", f"{s['r2_spectrum']:.3f}",
-            f"{s['rel_l2_events']:.3f}", f"{s['rel_l2_spectrum']:.3f}", _share_text(s['drop_share_events']),
-            _share_text(s['drop_share_well_fitted']), _power_law_text(s["loss_power_law"], a.reconstruction.loss_power_law_why),
+            f"{s['rel_l2_events']:.3f}", f"{s['rel_l2_spectrum']:.3f}", _share_text(s['drop_share_events'], rose),
+            _share_text(s['drop_share_well_fitted'], rose), _power_law_text(s["loss_power_law"], a.reconstruction.loss_power_law_why),
             _power_law_text(s["spectrum_power_law"], a.reconstruction.spectrum_power_law_why),
         ])  # fmt: skip
     rows = [[label, *(c[i] for c in cols), help_] for i, (label, help_) in enumerate(SCORES)]
@@ -871,10 +872,19 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
 
 
 
-def _share_text(v: float) -> str:
+def _share_text(v: float, rose: bool = False) -> str:
     """A share of the measured fall as a table cell ("n/a" where the mean loss did not clearly
-    fall or rise, so no share is bounded: :class:`tokdyn.reconstruct.Reconstruction`)."""
-    return f"{v:.1%}" if np.isfinite(v) else "n/a (the mean loss did not clearly fall or rise)"
+    fall or rise, so no share is bounded: :class:`tokdyn.reconstruct.Reconstruction`); where the
+    mean loss rose it is a share of that rise, and says so."""
+    if not np.isfinite(v):
+        return "n/a (the mean loss did not clearly fall or rise)"
+    return f"{v:.1%} of its rise (the mean loss rose)" if rose else f"{v:.1%}"
+
+
+def _mean_loss_rose(rec) -> bool:
+    """Whether the mean loss ended above where it began (first and last finite rows)."""
+    ok = np.flatnonzero(np.isfinite(rec.mean_loss))
+    return bool(ok.size >= 2 and rec.mean_loss[ok[-1]] > rec.mean_loss[ok[0]])
 
 
 def _power_law_text(pl: dict | None, why: str | None = None) -> str:
