@@ -294,3 +294,17 @@ def test_a_store_path_under_home_is_the_users_home(tmp_path, monkeypatch, probe)
     st.create_run("r", capacity=1).writer().append(np.zeros(probe.n_tokens, np.float32), step=0)
     assert (tmp_path / "home" / "runs.zarr" / "zarr.json").exists() and not (tmp_path / "~").exists()
     assert tokdyn.open_store("~/runs.zarr").run("r").n_committed == 1
+
+
+def test_info_names_a_d_run_by_its_budgets_and_a_t_run_by_its_steps(tmp_path, probe, capsys):
+    path = str(tmp_path / "s.zarr")
+    st = tokdyn.open_store(path, probe, mode="w")
+    w = st.create_run("d", axis="D", capacity=2).writer()
+    for k, budget in enumerate((1e6, 3.2e7)):
+        w.append(np.ones(probe.n_tokens, np.float32), step=k, axis_value=budget)
+    w = st.create_run("t", capacity=2).writer()
+    for step in (0, 12345):
+        w.append(np.ones(probe.n_tokens, np.float32), step=step)
+    assert main(["info", path]) == 0
+    out = capsys.readouterr().out
+    assert "data budgets 1e+06..3.2e+07" in out and "steps 0..12,345" in out

@@ -30,6 +30,10 @@ def register(sub) -> None:
     p.set_defaults(func=_export_npz)
 
 
+# What a D or M run's axis values are, as info names them.
+AXIS_VALUES = {"D": "data budgets", "M": "model sizes"}
+
+
 def _info(args: argparse.Namespace) -> int:
     """Exits 1 when a run cannot be read (it is listed with its error)."""
     info = open_cli_store(args.store).info()
@@ -48,12 +52,14 @@ def _info(args: argparse.Namespace) -> int:
         if "error" in r:
             print(f"run {name:<12} ERROR: {r['error']}")
             continue
-        steps = r["steps"]
-        span = f"steps {steps[0]}..{steps[-1]}" if steps else "no rows"
+        steps, values = r["steps"], r["axis_values"]
+        # a T run by its steps; a D or M run by its axis values (its steps are 0, 1, 2, ...)
+        span = ("no rows" if not steps else f"steps {steps[0]:,}..{steps[-1]:,}" if r["axis"] == "T"
+                else f"{AXIS_VALUES.get(r['axis'], 'axis values')} {values[0]:.4g}..{values[-1]:.4g}")  # fmt: skip
         extra = f", {r['nonfinite_losses']} non-finite losses (NaN)" if r["nonfinite_losses"] else ""
         params = _count(r["attrs"].get("n_params_non_embedding"))
         params = f", {params} non-emb params" if params else ""
-        print(f"run {name:<12} axis {r['axis']}  {r['shape'][0]} x {r['shape'][1]:,} {r['dtype']}  {span}{params}{extra}")
+        print(f"run {name:<12} axis {r['axis']}  {r['shape'][0]:,} x {r['shape'][1]:,} {r['dtype']}  {span}{params}{extra}")
     if damaged:
         print(f"tokdyn info: error: {len(damaged)} run(s) cannot be read: {', '.join(damaged)}", file=sys.stderr)
         return 1
