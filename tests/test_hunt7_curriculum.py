@@ -170,3 +170,16 @@ def test_compare_prints_how_many_tokens_each_run_learned(half_never_learned, cap
     out = capsys.readouterr().out
     assert f"{n // 2} of {n} tokens with an event in both" in out
     assert f"in 'A': {n}, in 'B': {n // 2}" in out
+
+
+def test_a_nan_score_stays_nan_at_any_temperature_never_uniform_weights():
+    """Reviewed: dividing by the largest score made a NaN one (the largest is then NaN) into zeros,
+    and the weights uniform without a word; u ** (1/T) gave NaN, as it does again."""
+    import torch
+
+    from tokdyn.curriculum.schedule import CurriculumConfig
+
+    for t in (1.0, 0.5, 0.01):
+        c = CurriculumConfig(total_steps=10, temperature=t)
+        assert np.isnan(c.sharpen(np.array([0.5, np.nan, 0.2]))).any()
+        assert torch.isnan(c.sharpen(torch.tensor([0.5, float("nan"), 0.2]))).any()

@@ -308,3 +308,43 @@ def test_info_names_a_d_run_by_its_budgets_and_a_t_run_by_its_steps(tmp_path, pr
     assert main(["info", path]) == 0
     out = capsys.readouterr().out
     assert "data budgets 1e+06..3.2e+07" in out and "steps 0..12,345" in out
+
+
+@pytest.mark.parametrize("legacy", [" ", "tab\there", "x.partial"])
+def test_a_run_an_older_version_named_so_is_still_read_and_deleted(tmp_path, probe, monkeypatch, legacy):
+    """The stricter rule is for new runs: a store an older version wrote keeps working."""
+    import tokdyn.store.store as store_module
+
+    path = str(tmp_path / "s.zarr")
+    st = tokdyn.open_store(path, probe, mode="w")
+    with monkeypatch.context() as m:  # as the version before the rule made it
+        m.setattr(store_module, "check_run_name", lambda name, new=False: None)
+        st.create_run(legacy, capacity=1).writer().append(np.zeros(probe.n_tokens, np.float32), step=0)
+    st.create_run("good", capacity=1).writer().append(np.zeros(probe.n_tokens, np.float32), step=0)
+    st = tokdyn.open_store(path, mode="r+")
+    assert st.run(legacy).n_committed == 1  # by name (a .partial one is left out of the listing)
+    assert main(["info", path]) == 0
+    st.delete_run(legacy)
+    assert legacy not in st.runs and st.run("good").n_committed == 1
+    with pytest.raises(InputError):
+        st.create_run(legacy)  # but no new run gets such a name
+
+
+def test_a_file_url_with_fsspec_options_opens_as_its_path_with_a_warning(tmp_path, probe):
+    tokdyn.open_store(str(tmp_path / "a.zarr"), probe, mode="w")
+    with pytest.warns(UserWarning, match="takes none"):
+        st = tokdyn.open_store(f"file://{tmp_path}/a.zarr", mode="r", storage_options={"auto_mkdir": True})
+    assert st.url == f"{tmp_path}/a.zarr" and st.probe.n_tokens == probe.n_tokens and not st.storage_options
+
+
+def test_a_file_with_token_ids_imports_into_a_store_made_from_one_without(tmp_path):
+    rng = np.random.default_rng(0)
+    lm = rng.random((10, 3)).astype(np.float32)
+    common = dict(axis_values=np.array([10, 20, 30]), loss_matrix=lm, axis_name=np.array(["T"]))
+    np.savez(tmp_path / "plain.npz", **common)
+    np.savez(tmp_path / "tok.npz", **common, probe_tokens=rng.integers(0, 257, size=(2, 6)))
+    store = str(tmp_path / "s.zarr")
+    import_npz(str(tmp_path / "plain.npz"), store)
+    with pytest.warns(UserWarning, match="probe_tokens"):  # kept out, and said
+        run = import_npz(str(tmp_path / "tok.npz"), store, run="tok")
+    assert np.array_equal(run.losses(), lm.T)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -58,3 +59,43 @@ def test_the_starting_thread_keeps_its_own_signal_mask():
     with ProcessPoolExecutor(1, mp_context=spawn_context()) as pool:
         pool.submit(os.getpid).result(timeout=120)
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
+
+
+_BARE = """
+import signal, sys
+from tokdyn._process import spawn_context
+
+def blocked(conn):
+    conn.send(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+if __name__ == "__main__":
+    ctx = spawn_context()
+    here, there = ctx.Pipe(False)  # no lock: nothing has started the resource tracker yet
+    p = ctx.Process(target=blocked, args=(there,))
+    p.start()
+    print(here.recv())
+    p.join()
+"""
+
+
+def test_a_bare_process_started_before_any_pool_starts_blocked(tmp_path):
+    """The first spawn of a fresh process starts multiprocessing's resource tracker, which unblocked
+    SIGINT in the starting thread before the worker was made."""
+    import subprocess
+
+    script = tmp_path / "bare.py"
+    script.write_text(_BARE)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr
+
+
+def test_the_fit_jobs_workers_take_ctrl_c_once_set_up():
+    from tokdyn.fit import job
+
+    with job._process_pool(1) as pool:
+        assert pool.submit(_state_after_setup).result(timeout=120) == (False, True)
+
+
+def _state_after_setup() -> tuple[bool, bool]:
+    return (signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []),
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler)

@@ -44,6 +44,11 @@ class _SpawnProcess(_mp.SpawnProcess):
     def start(self) -> None:
         if not _SIGMASK:
             return super().start()
+        # The resource tracker, started on the first spawn, unblocks SIGINT in the calling thread
+        # once it runs (SIG_UNBLOCK, not a restore): started first, it cannot undo the block below.
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # this thread only
         try:
             super().start()

@@ -248,7 +248,7 @@ def import_npz(
         raise InputError("run: expected a name, got an empty one (leave --run out to name the run after the file)")
     arrays = _read_npz(path, matrix=False)  # loss_matrix: its shape and dtype only
     name = run or Path(path).stem
-    check_run_name(name)  # before a store is made for it
+    check_run_name(name, new=True)  # before a store is made for it
     lm = arrays["loss_matrix"]
     n, k = lm.shape
     # the file's own dtype by default, in native byte order (a big-endian '>f4' is float32)
@@ -627,8 +627,15 @@ def _check_compatible(store_probe: ProbeSet, probe: ProbeSet, carried: list[str]
     if store_probe.tokens is not None and probe.tokens is not None and not np.array_equal(store_probe.tokens, probe.tokens):
         raise ProbeMismatchError("npz probe_tokens differ from the store's probe token ids; these are different tokens")
     # the file's own per-token arrays, and those its probe_tokens lay out (token i is position
-    # i % C + 1 of sequence i // C): facts of the file, compared like the ones it names
-    known = [*carried, *(k for k in ("sample_id", "token_pos", "token_id") if probe.tokens is not None and k not in carried)]
+    # i % C + 1 of sequence i // C): facts of the file, compared like the ones it names; except
+    # against a store made from a file without token ids, whose sample_id and token_pos are the
+    # placeholders import gives (0..N-1 and 0), not facts of its tokens
+    n = store_probe.n_tokens
+    placeholders = store_probe.tokens is None and all(
+        np.array_equal(store_probe.token_arrays.get(k), v)
+        for k, v in (("sample_id", np.arange(n)), ("token_pos", np.zeros(n))))  # fmt: skip
+    laid_out = () if probe.tokens is None or placeholders else ("sample_id", "token_pos", "token_id")
+    known = [*carried, *(k for k in laid_out if k not in carried)]
     for key in known:
         mine = store_probe.token_arrays.get(key)
         if mine is not None and not np.array_equal(mine, probe.token_arrays[key]):

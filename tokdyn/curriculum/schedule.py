@@ -135,10 +135,13 @@ class CurriculumConfig:
             return u
         if isinstance(u, torch.Tensor):
             top = u.amax() if u.numel() else u.new_zeros(())
-            r = torch.where(top > 0, u / top.clamp(min=torch.finfo(u.dtype).tiny), torch.zeros_like(u))
+            # a NaN score stays NaN (as u ** (1/T) had it), never uniform weights without a word
+            r = torch.where((top > 0) | top.isnan(), u / top.clamp(min=torch.finfo(u.dtype).tiny), torch.zeros_like(u))
             return r ** (1.0 / self.temperature)
         u = np.asarray(u)
         top = u.max() if u.size else 0.0
+        if np.isnan(top):
+            return np.full_like(u, np.nan, dtype=np.float64)
         if not top > 0:
             return np.zeros_like(u)
         with np.errstate(under="ignore"):

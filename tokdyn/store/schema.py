@@ -126,18 +126,20 @@ def local_url(url: str | os.PathLike) -> str | os.PathLike:
     return url
 
 
-def check_run_name(name: str) -> None:
-    """A run name is a folder under ``runs/``: it must be one that every reader lists. ``zarr.json``
-    is the folder's own metadata, and a name ending in ``.partial`` is what zarr calls its
-    temporary files, which :func:`folders` leaves out: such a run was written and never listed.
-    Control characters (a newline) would split the one line ``tokdyn info`` prints per run."""
-    if (
-        not isinstance(name, str) or not name or name.startswith(".") or set(name) & _RUN_NAME_FORBIDDEN
-        or name == "zarr.json" or name.endswith(".partial") or any(ord(ch) < 32 or ord(ch) == 127 for ch in name)
-        or not name.strip()
-    ):  # fmt: skip
-        raise InputError(f"run name must be a non-empty string without / \\ : * ? \" < > |, control characters or a leading dot, "
-                         f"not blank, not zarr.json and not ending in .partial; got {name!r}")  # fmt: skip
+def check_run_name(name: str, *, new: bool = False) -> None:
+    """A run name is a folder under ``runs/``: a non-empty string without ``/ \\ : * ? " < > |``
+    or a leading dot (it must stay a folder inside ``runs/``). A ``new`` run's name must also be
+    one that every reader lists: ``zarr.json`` is the folder's own metadata, and a name ending in
+    ``.partial`` is what zarr calls its temporary files, which :func:`folders` leaves out (such a
+    run was written and never listed); control characters (a newline) would split the one line
+    ``tokdyn info`` prints per run. Runs an older version created under such names are still
+    opened, read and deleted by name."""
+    if not isinstance(name, str) or not name or name.startswith(".") or set(name) & _RUN_NAME_FORBIDDEN:
+        raise InputError(f"run name must be a non-empty string without / \\ : * ? \" < > | or a leading dot, got {name!r}")
+    if new and (name == "zarr.json" or name.endswith(".partial") or not name.strip()
+                or any(ord(ch) < 32 or ord(ch) == 127 for ch in name)):  # fmt: skip
+        raise InputError(f"a new run name must not be blank, hold control characters, be zarr.json or end in .partial "
+                         f"(readers would not list such a run); got {name!r}")  # fmt: skip
 
 
 def check_writer_ranges(ranges: list[tuple[int, int]], n: int, chunk: int) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -109,7 +110,9 @@ def _put_back(folder: tuple[str, int] | None) -> None:
 
 
 def _open_group(url: str | os.PathLike, mode: str, storage_options: Mapping | None = None, **kwargs) -> zarr.Group:
-    if storage_options:
+    # fsspec's options are for a URL; a local path (a file:// URL made one) opens zarr's own
+    # local store, which refuses them ("storage_options was provided but unused")
+    if storage_options and "://" in os.fspath(url):
         kwargs["storage_options"] = dict(storage_options)
     return zarr.open_group(store=str(url) if isinstance(url, os.PathLike) else url, mode=mode, **kwargs)
 
@@ -289,7 +292,7 @@ class TrajectoryStore:
             Compression of the loss chunks.
         """
         self.require_writable()
-        check_run_name(name)
+        check_run_name(name, new=True)
         if name in self.runs:
             if self.has_run(name):
                 raise RunExistsError(f"run {name!r} already exists in {self.url}; resume it or choose another name")
@@ -472,6 +475,10 @@ def open_store(
         raise InputError(f"mode must be one of 'r', 'r+', 'a', 'w', got {mode!r}")
     check_url(url)
     url = local_url(url)
+    if storage_options and "://" not in os.fspath(url):
+        warnings.warn(f"storage_options are for fsspec URLs; the local path {os.fspath(url)} takes none (ignored)",
+                      UserWarning, stacklevel=2)  # fmt: skip
+        storage_options = None
     if probe is not None and not isinstance(probe, ProbeSet):
         raise InputError(f"probe must be a ProbeSet, got {type(probe).__name__}")
     if mode == "w":

@@ -306,7 +306,8 @@ def _whole(value: Any, name: str, lo: int, hi: int) -> int:
             number = int(f) if np.isfinite(f) and f.is_integer() else None
     if number is None or not lo <= number <= hi:
         top = {2**63 - 1: "2**63", 2**64 - 1: "2**64"}.get(hi, str(hi + 1))
-        raise InputError(f"{name} must be a whole number in [{lo}, {top}), got {value!r}")
+        bottom = "0" if name == "step" else str(lo)  # a negative step is an order error (check_row)
+        raise InputError(f"{name} must be a whole number in [{bottom}, {top}), got {value!r}")
     return number
 
 
@@ -326,10 +327,9 @@ def check_row(r: Mapping[str, Any]) -> dict:
     another thread (the recorder) checks them with this first, in its caller's thread."""
     if not isinstance(r, Mapping) or r.get("step") is None:
         raise InputError(f"each row needs a step, got {r!r}")
-    raw = r["step"]
-    if isinstance(raw, (int, np.integer)) and not isinstance(raw, (bool, np.bool_)) and int(raw) < 0:
-        raise StepOrderError(f"step must be >= 0, got {int(raw)}")
-    step = _whole(raw, "step", 0, 2**63 - 1)
+    step = _whole(r["step"], "step", -(2**63), 2**63 - 1)
+    if step < 0:  # an order error, however it was written (-1 or -1.0)
+        raise StepOrderError(f"step must be >= 0, got {step}")
     av = r.get("axis_value")
     if av is None:
         axis = float(step)
