@@ -25,6 +25,7 @@ from tokdyn.fit.backends import (
 from tokdyn.fit.grid import start_grids, two_sigmoid_amplitudes
 from tokdyn.fit.lm import LM_CONVERGED, MODEL_SIGMOID, MODEL_TWO_SIGMOIDS
 from tokdyn.fit.models import (
+    EXACT_FIT_SHARE,
     N_PARAMS,
     bic,
     choose_model,
@@ -105,19 +106,28 @@ def validate_inputs(x: Any, Y: Any) -> tuple[np.ndarray, np.ndarray]:
 
     x must be 1-D, finite and strictly increasing (log10 of positive axis values: drop step
     0 first); Y must be 2-D [B, K] real numbers with K = len(x). NaN in Y marks a missing point;
-    other bad values (inf, negative, huge) are judged per trajectory, not here.
+    other bad values (inf, negative, huge) are judged per trajectory, not here. A numpy masked
+    array's masked points of Y are missing points too (``np.asarray`` alone would hand the fit
+    the values under the mask); x has no missing points, so a masked x is refused.
     """
+    if isinstance(x, np.ma.MaskedArray) and np.ma.getmaskarray(x).any():
+        raise InputError(
+            f"x: expected every axis position, got a masked array with "
+            f"{int(np.ma.getmaskarray(x).sum())} masked value(s): leave those columns out of x "
+            "and Y (or mask Y's points instead)"
+        )
+    Y_mask = np.ma.getmaskarray(Y) if isinstance(Y, np.ma.MaskedArray) else None
     x_arr = _as_array("x", x)
     Y_arr = _as_array("Y", Y)
     if x_arr.ndim != 1:
         raise InputError(f"x: expected a 1-D array of axis positions, got shape {x_arr.shape}")
-    if not (np.issubdtype(x_arr.dtype, np.number) and not np.iscomplexobj(x_arr)):
+    if not _real_dtype(x_arr):
         raise InputError(f"x: expected real numbers, got dtype {x_arr.dtype}")
     if Y_arr.ndim != 2:
         raise InputError(
             f"Y: expected a 2-D array [trajectories, points], got shape {Y_arr.shape}"
         )
-    if not (np.issubdtype(Y_arr.dtype, np.number) and not np.iscomplexobj(Y_arr)):
+    if not _real_dtype(Y_arr):
         raise InputError(f"Y: expected real numbers, got dtype {Y_arr.dtype}")
     if Y_arr.shape[1] != x_arr.shape[0]:
         raise InputError(
@@ -126,8 +136,17 @@ def validate_inputs(x: Any, Y: Any) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(over="ignore"):  # a value beyond float64 becomes inf: judged below
         x_arr = _converted("x", x_arr, lambda a: a.astype(np.float64))  # a copy, always
         Y_arr = _converted("Y", Y_arr, np.ascontiguousarray, dtype=np.float64)
+    if Y_mask is not None and Y_mask.any():
+        Y_arr = np.where(Y_mask, np.nan, Y_arr)  # a new array: the caller's data stay as they are
     check_axis(x_arr, "x")
     return x_arr, Y_arr
+
+
+def _real_dtype(a: np.ndarray) -> bool:
+    """Integers or floats. Not bools, complex numbers, objects, nor numpy's timedelta64 (an
+    integer kind to ``np.issubdtype``: durations in some unit, not log10 of an axis, and as
+    losses meaningless)."""
+    return a.dtype.kind in "iuf"
 
 
 def _as_array(name: str, value: Any) -> np.ndarray:
@@ -409,12 +428,13 @@ def _fit_rows(x, Y, rows, prep, options, backend, device, out, written) -> None:
     put("line_slope", prep["slope"])
 
     bics = np.full((rows.size, 4), np.inf)
+    floor = EXACT_FIT_SHARE * sse_c  # exact fits tie (their rounding is no evidence)
     for m, sse in enumerate((sse_c, sse_l, sse1)):
-        bics[:, m] = bic(sse, nr, N_PARAMS[m])
+        bics[:, m] = bic(sse, nr, N_PARAMS[m], floor)
     p2 = np.full((rows.size, 7), np.nan)
     if options.two_step:
         p2, status2, n_iter2, sse2 = _fit_two_where_enough(solve, Y, p1, prep, options)
-        bics[:, 3] = bic(sse2, nr, N_PARAMS[3])  # +inf where not fitted: never chosen
+        bics[:, 3] = bic(sse2, nr, N_PARAMS[3], floor)  # +inf where not fitted: never chosen
         put("status2", status2)
         put("n_iter2", n_iter2)
         for j, name in enumerate(("linf2", "delta1", "mu1", "s1", "delta2", "mu2", "s2")):

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from tokdyn.errors import InputError
-from tokdyn.fit.block import SigmoidFit, fit_sigmoids
+from tokdyn.fit.block import SigmoidFit, _as_array, _real_dtype, fit_sigmoids
 from tokdyn.fit.models import two_sigmoid_curve
 from tokdyn.fit.options import FitOptions
 from tokdyn.fit.sigmoid import sigmoid_curve
@@ -73,7 +73,9 @@ class SigmoidFitter:
 
         A 1-D Y is taken as one trajectory. Returns self.
         """
-        Y = np.asarray(Y)
+        # an ndarray as it is (a masked array keeps its mask: masked points are missing);
+        # anything else (lists, tensors) converted here, or one InputError (a ragged list)
+        Y = Y if isinstance(Y, np.ndarray) else _as_array("Y", Y)
         if Y.ndim == 1:
             Y = Y[None, :]
         result = fit_sigmoids(
@@ -102,9 +104,13 @@ class SigmoidFitter:
         ``two_sigmoids=True`` evaluates the two-sigmoid fit instead of the sigmoid.
         """
         r = self._check_fitted()
-        x = self.x_ if x is None else np.asarray(x, dtype=np.float64)
-        if x.ndim != 1:
-            raise InputError(f"x: expected a 1-D array, got shape {x.shape}")
+        if x is not None:
+            x = _as_array("x", x)
+            if x.ndim != 1:
+                raise InputError(f"x: expected a 1-D array, got shape {x.shape}")
+            if not _real_dtype(x):
+                raise InputError(f"x: expected real numbers, got dtype {x.dtype}")
+        x = self.x_ if x is None else x.astype(np.float64)
         if two_sigmoids:
             p = [r.linf2, r.delta1, r.mu1, r.s1, r.delta2, r.mu2, r.s2]
             return two_sigmoid_curve(x[None, :], *(a[:, None] for a in p))

@@ -119,7 +119,10 @@ class FitOptions:
     r2_min : float
         Least R^2 of the sigmoid for a ``learned`` token ("good fit").
     edge_points : int
-        Points at each end averaged for the plateau start values and the start/end levels.
+        Points at each end averaged for the fallback start's plateau levels, used only where no
+        event of a row's start grid lies inside its box (docs/fitting.md, "Fallback start
+        values"). The start and end levels the classes read are the chosen model's fitted
+        values at the first and last observed x, not averages of points.
     vocab_size : int or None
         Vocabulary size V for the age of acquisition (chance surprisal ln V); None: no AoA.
     """

@@ -239,7 +239,14 @@ def age_of_acquisition(
 
 def log_axis(axis_values) -> np.ndarray:
     """x = log10(axis values) [K] for a fit; raise InputError unless all are positive and
-    strictly increasing (drop step 0, which has no logarithm, first)."""
+    strictly increasing (drop step 0, which has no logarithm, first). A masked array with
+    masked values is refused (``np.asarray`` would take the values under its mask)."""
+    if isinstance(axis_values, np.ma.MaskedArray) and np.ma.getmaskarray(axis_values).any():
+        raise InputError(
+            f"axis values: expected every value, got a masked array with "
+            f"{int(np.ma.getmaskarray(axis_values).sum())} masked value(s): leave those "
+            "checkpoints out (and their columns of the losses)"
+        )
     try:
         a = np.asarray(axis_values, dtype=np.float64)
     except Exception as err:  # ragged, not numbers, an int beyond float64
