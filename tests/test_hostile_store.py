@@ -150,7 +150,7 @@ def test_a_big_endian_loss_matrix_imports_as_its_native_dtype(tmp_path):
 @pytest.mark.parametrize("argv, says", [
     (["import-npz", "{huge}", "{tmp}/h.zarr"], "below 2^63"),
     (["import-npz", "{ok}", "{tmp}/e.zarr", "--run="], "empty"),
-    (["fit", "{tmp}/f.zarr", "--vocab-size", "0", "--no-progress"], "vocab_size"),
+    (["fit", "{tmp}/f.zarr", "--vocab-size", "0", "--no-progress"], "--vocab-size 0"),
 ], ids=["huge step", "empty run name", "vocab size 0"])  # fmt: skip
 def test_import_and_fit_edges_are_one_line(argv, says, tmp_path, capsys):
     huge = _npz(tmp_path / "huge.npz", axis_values=np.array([1.0, 2.0, 1e30]))

@@ -10,20 +10,26 @@ interval, class shares, tokens fitted and the wall time of each stage) into the 
 from __future__ import annotations
 
 import json
+import numbers
+import os
 import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 
 from ._files import check_output_path
 from .data import prepare_corpus
 from .errors import InputError
 from .analysis import analyze_store
 from .fit.job import fit_run
+from .fit.options import FitOptions
 from .reconstruct import reconstruct_run
 from .report import check_writable, write_report
 from .runtime import resolve_device
+from .schedule import geometric_schedule
 from .store import open_store
+from .store.locks import owner, refuse_if_live
 from .train import TrainConfig, record_tiny_run
 
 __all__ = ["run_demo"]
@@ -44,13 +50,107 @@ def run_demo(
 ) -> dict:
     """Run the demo into folder ``out``; returns the summary also written to ``summary.json``."""
     resolve_device(device)  # a clear error before any work
+    if not str(out).strip():  # `--out "$DIR"` with DIR unset: never the current folder by accident
+        raise InputError("the demo folder (--out) is an empty path; give a folder such as tokdyn-demo")
     out = check_output_path(out, what="demo folder", folder_ok=True)  # its parent must exist: never created
+    _check_demo_folder(out)
+    check_settings(steps=steps, n_points=n_points, n_probe_sequences=n_probe_sequences, seed=seed)
     out.mkdir(exist_ok=True)
-    store_path = out / "store.zarr"
+    with _folder_lock(out):
+        return _run_demo(out, steps=steps, n_points=n_points, n_probe_sequences=n_probe_sequences, context=context,
+                         device=device, seed=seed, overwrite=overwrite, progress=progress, log=log)  # fmt: skip
+
+
+DEMO_STORE = "store.zarr"
+DEMO_RUN = "tiny"
+_LOCK = ".tokdyn-demo.lock"  # held in the demo folder while a demo writes there
+
+
+def check_settings(*, steps, n_points, n_probe_sequences, seed) -> None:
+    """Refuse, before any work, settings the demo cannot finish with: a count out of range, or
+    steps and points whose schedule records fewer steps after step 0 than a fit needs (found
+    before, only after the whole training, by the fit)."""
+    for name, option, value, lo in (("steps", "--steps", steps, 1), ("n_points", "--points", n_points, 2),
+                                    ("n_probe_sequences", "--probe-sequences", n_probe_sequences, 1),
+                                    ("seed", "--seed", seed, 0)):  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not lo <= value < 2**62:
+            raise InputError(f"{name} ({option}) must be an integer >= {lo}, got {value!r}")
+    need = FitOptions().min_points
+    recorded = int(np.count_nonzero(geometric_schedule(int(steps), int(n_points)) > 0))
+    if recorded < need:
+        fix = f"raise steps (--steps) to {need} at least" if steps < need else "raise n_points (--points)"
+        raise InputError(f"steps={steps} (--steps) with n_points={n_points} (--points) records {recorded} step"
+                         f"{'s' * (recorded != 1)} after step 0; a fit of each token needs {need}: {fix}")  # fmt: skip
+
+
+def _check_demo_folder(out: Path) -> None:
+    """Refuse an output folder that is a store itself, or whose ``store.zarr`` is not one a demo
+    left there: the demo replaces its own store, and no other (it deleted any, runs and all)."""
+    if not out.is_dir():
+        return
+    if (out / "zarr.json").exists():
+        raise InputError(f"the demo folder {out} is a zarr store itself; the demo writes a folder of its own "
+                         f"({DEMO_STORE}, report.html, summary.json): give a new folder")  # fmt: skip
+    sp = out / DEMO_STORE
+    if not os.path.lexists(sp):
+        return
+    if sp.is_symlink() or not sp.is_dir():
+        raise InputError(f"{sp} is not a store an earlier demo left (it is a {'link' if sp.is_symlink() else 'file'}); "
+                         "the demo would replace it: move it, or give another folder")  # fmt: skip
+    entries = set(os.listdir(sp))
+    if not entries:
+        return
+    runs = {e.name for e in os.scandir(sp / "runs") if e.is_dir(follow_symlinks=False)} if (sp / "runs").is_dir() else set()
+    if "zarr.json" not in entries or runs != {DEMO_RUN}:
+        what = f"runs {', '.join(sorted(runs))}" if runs else "no run"
+        raise InputError(f"{sp} is not a store an earlier demo left (it holds {what}; a demo's holds run {DEMO_RUN!r} "
+                         "alone); the demo would replace it: move it, or give another folder")  # fmt: skip
+
+
+class _folder_lock:
+    """The demo folder's lock: a second demo into the same folder while one runs is refused (it
+    deleted the first's store under its recorder); one left by a demo that is gone is taken over."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / _LOCK
+        self.held = False
+
+    def __enter__(self):
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                try:
+                    holder = json.loads(self.path.read_text())
+                except (OSError, ValueError):
+                    holder = None
+                refuse_if_live(holder, f"the demo folder {self.path.parent} is being written",
+                               if_gone=f"remove {self.path} and try again")  # fmt: skip
+                self.path.unlink(missing_ok=True)  # its demo is gone (killed): take over
+                continue
+            except OSError as exc:
+                raise InputError(f"cannot write in the demo folder {self.path.parent}: {exc.strerror or exc}") from None
+            with os.fdopen(fd, "w") as fh:
+                json.dump(owner(), fh)
+            self.held = True
+            return self
+        raise InputError(f"the demo folder {self.path.parent}: another demo keeps taking its lock ({self.path})")
+
+    def __exit__(self, *exc) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+
+
+def _run_demo(out: Path, *, steps, n_points, n_probe_sequences, context, device, seed, overwrite, progress, log) -> dict:
+    store_path = out / DEMO_STORE
     check_writable(out / "report.html")
     if store_path.exists():
         if not overwrite:
             raise InputError(f"{store_path} exists; remove it or pass overwrite")
+        # the results of the store being replaced go with it: a run stopped or failed after this
+        # never leaves a summary.json or report.html of a store that is no longer there
+        for stale in (out / "summary.json", out / "report.html"):
+            stale.unlink(missing_ok=True)
         shutil.rmtree(store_path)
     timings = {}
 

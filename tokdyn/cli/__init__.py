@@ -40,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # bare `tokdyn`: what it can do
         parser.print_help()
         return 0
+    restore = _printable_stdout()
     try:
         with warnings.catch_warnings():
             _one_line_warnings(args.command)
@@ -57,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"tokdyn {args.command}: error: {error_line(exc)}", file=sys.stderr)
         return 1
+    finally:
+        restore()
 
 
 # numpy's floating-point warnings (its messages; tokdyn's own RuntimeWarnings, such as non-finite
@@ -76,6 +79,27 @@ def _one_line_warnings(command: str) -> None:
         print(f"tokdyn {command}: warning: {' '.join(str(message).split())}", file=sys.stderr)
 
     warnings.showwarning = show
+
+
+def _printable_stdout():
+    """Let stdout print any name as stderr does (``\\xfc`` for what its encoding lacks): with an
+    ASCII or Latin-1 stdout (``PYTHONIOENCODING``, an old locale), a path, run or domain name
+    outside it raised UnicodeEncodeError after the work was done, reported as a bug in tokdyn."""
+    out = sys.stdout
+    if getattr(out, "errors", None) != "strict" or not hasattr(out, "reconfigure"):
+        return lambda: None
+    try:
+        out.reconfigure(errors="backslashreplace")
+    except (AttributeError, ValueError, OSError):  # not a TextIOWrapper, or closed: leave it
+        return lambda: None
+
+    def restore() -> None:  # for a caller of main() in its own process (a test, a notebook)
+        try:
+            out.reconfigure(errors="strict")
+        except (AttributeError, ValueError, OSError):
+            pass
+
+    return restore
 
 
 def _quiet_stdout() -> None:

@@ -10,7 +10,8 @@ import os
 from ..errors import InputError
 from ..store import Run, TrajectoryStore, as_store
 
-__all__ = ["store_path", "open_cli_store", "open_cli_run", "add_store_argument", "add_run_argument", "print_json"]
+__all__ = ["store_path", "open_cli_store", "open_cli_run", "add_store_argument", "add_run_argument", "print_json",
+           "at_least"]
 
 DEMO_STORE = "store.zarr"  # where `tokdyn demo --out DIR` puts its store
 
@@ -50,6 +51,14 @@ def open_cli_run(path: str, name: str | None, *, mode: str = "r") -> Run:
             raise InputError(f"{st.url} holds {len(runs)} runs ({', '.join(runs)}); choose one with --run NAME")
         name = runs[0]
     return st.run(name)
+
+
+def at_least(option: str, value, lo: int) -> None:
+    """Refuse a count option below ``lo`` in one line naming the option as typed (``--workers``),
+    before any work; ``None`` (not given) passes. The library checks again, but in its own
+    words (``workers must be None or an int >= 1``), naming a parameter the user never typed."""
+    if value is not None and value < lo:
+        raise InputError(f"{option} must be an integer >= {lo}, got {value}")
 
 
 def _strict(value):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from ..fit import FitOptions, fit_run
 from ..fit.models import unfit_reasons
-from ._common import add_run_argument, add_store_argument, open_cli_run, print_json
+from ..errors import InputError
+from ._common import add_run_argument, add_store_argument, at_least, open_cli_run, print_json
 
 
 def register(sub) -> None:
@@ -31,8 +33,7 @@ def register(sub) -> None:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    given = {name: v for name, v in (("vocab_size", args.vocab_size), ("min_points", args.min_points)) if v is not None}
-    options = FitOptions(two_step=not args.no_two_step, **given)
+    options = _options(args)  # the options checked before the store is opened, each named as typed
     run = open_cli_run(args.store, args.run, mode="r+")
     res = fit_run(run, options=options, backend=args.backend, device=args.device, scheduler=args.scheduler,
                   workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, progress=not args.no_progress, axis_min=args.axis_min)  # fmt: skip
@@ -58,3 +59,24 @@ def _fit(args: argparse.Namespace) -> int:
     for why in unfit_reasons(res.status_counts, options):  # what "unfit" stands for here
         print(f"  unfit: {why}")
     return 0
+
+
+def _options(args: argparse.Namespace) -> FitOptions:
+    """The fit's options from the command line; a value out of range is one line naming its
+    option (``--min-points 3: ...``), not the library's parameter (``FitOptions.min_points``)."""
+    at_least("--workers", args.workers, 1)
+    at_least("--batch-rows", args.batch_rows, 1)
+    if args.axis_min is not None and not math.isfinite(args.axis_min):
+        raise InputError(f"--axis-min must be a finite number (an axis value such as a step), got {args.axis_min}")
+    given = {}
+    for name, option in (("vocab_size", "--vocab-size"), ("min_points", "--min-points")):
+        value = getattr(args, name)
+        if value is None:
+            continue
+        try:
+            FitOptions(**{name: value})
+        except InputError as exc:
+            why = str(exc).split(": ", 1)[-1].replace("None or ", "")  # "expected an int >= 5, got 3"
+            raise InputError(f"{option} {value}: {why}") from None
+        given[name] = value
+    return FitOptions(two_step=not args.no_two_step, **given)
