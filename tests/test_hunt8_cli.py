@@ -226,3 +226,20 @@ def test_a_stdout_that_cannot_encode_a_name_prints_it_escaped(tmp_path, monkeypa
     text = raw.getvalue().decode(encoding)
     assert str(path).encode(encoding, "backslashreplace").decode(encoding) in text, text  # "donn\\xe9es \\u03b1.zarr"
     assert out.errors == "strict"  # the caller's stdout is given back as it was
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_a_plain_fit_after_one_on_another_backend_keeps_it(tmp_path, capsys, backend):
+    """`tokdyn fit --backend numpy`, then `tokdyn fit`: the plain call said "another backend (numpy
+    then, numba now)"; it finds the fit done on its own backend (an explicit other one still asks
+    for --refit)."""
+    path = str(tmp_path / "s.zarr")
+    fitted_store(path, fit=False)
+    assert main(["fit", path, "--run", "r", "--backend", backend, "--no-progress"]) == 0
+    before = tokdyn.fit.read_fit(path, "r")
+    capsys.readouterr()
+    assert main(["fit", path, "--run", "r", "--no-progress"]) == 0
+    after = tokdyn.fit.read_fit(path, "r")
+    assert all(np.array_equal(before[k], after[k], equal_nan=before[k].dtype.kind == "f") for k in before)
+    assert main(["fit", path, "--run", "r", "--backend", "numba", "--no-progress"]) == 1
+    assert "another backend" in capsys.readouterr().err

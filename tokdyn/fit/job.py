@@ -27,7 +27,7 @@ import numpy as np
 
 from tokdyn._process import exit_with_parent, spawn_context, take_interrupts
 from tokdyn.errors import ClusterError, InputError, StoreError
-from tokdyn.fit.backends import resolve_backend
+from tokdyn.fit.backends import available_backends, resolve_backend
 from tokdyn.fit.block import FIT_FIELDS, fit_block
 from tokdyn.fit.models import ClassDrops, class_drops, class_loss_share
 from tokdyn.fit.options import CLASS_NAMES, MODEL_NAMES, STATUS_NAMES, FitOptions
@@ -250,6 +250,8 @@ def fit_run(
     vocab = st.probe.tokenizer.get("vocab_size")
     if vocab and opts.vocab_size is None:  # the age of acquisition needs the vocabulary size
         opts = dataclasses.replace(opts, vocab_size=int(vocab))
+    if backend == "auto" and device is None and not refit:
+        backend, device = _stored_backend(run)  # a fit is resumed (or found done) on its own backend
     backend, device = resolve_backend(backend, device)
     distributed = scheduler is not None and "://" in scheduler
     if scheduler is not None and not distributed and scheduler not in LOCAL_SCHEDULERS:
@@ -307,6 +309,24 @@ def fit_run(
         rows_left_out=rows_left_out(run, rows, axis_min=axis_min, n_committed=n_committed),
         n_rows_left_out=n_committed - int(rows.size), n_rows_committed_since=since, class_drops=class_drops(res["class_code"], res["drop"]),
     )  # fmt: skip
+
+
+def _stored_backend(run: Run) -> tuple[str, Any]:
+    """The backend and device of the run's stored fit where this machine has them, else ("auto",
+    None). Backends agree to solver tolerance, not to the bit, so a fit is resumed on its own: a
+    plain `tokdyn fit` after `--backend numpy` said "another backend (numpy then, numba now)"."""
+    try:
+        meta = run.fit.meta or {}
+    except StoreError:  # a damaged fit: the writer says so
+        return "auto", None
+    backend, device = meta.get("backend"), meta.get("device")
+    if backend not in available_backends():
+        return "auto", None
+    try:
+        resolve_backend(backend, device)
+    except InputError:  # e.g. a fit made on a GPU this machine lacks
+        return "auto", None
+    return backend, device
 
 
 def read_fit(store: TrajectoryStore | str | os.PathLike, run: str, *, fields=None) -> dict[str, np.ndarray]:
