@@ -21,7 +21,8 @@ from hypothesis import strategies as hs
 import tokdyn
 from test_hostile import STEPS, fitted_store
 from tokdyn.cli import main
-from tokdyn.cli._common import _strict, print_json
+from tokdyn._files import strict_json as _strict
+from tokdyn.cli._common import print_json
 
 ROOT = Path(__file__).resolve().parents[1]
 

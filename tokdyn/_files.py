@@ -9,6 +9,7 @@ a path (``--out reslts/m.json``) is said, not turned into a new tree of folders.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -16,7 +17,21 @@ from pathlib import Path
 
 from .errors import InputError
 
-__all__ = ["write_atomically", "check_output_path"]
+__all__ = ["write_atomically", "check_output_path", "strict_json"]
+
+
+def strict_json(value):
+    """``value`` with every non-finite float as None, numpy scalars and arrays as Python ones:
+    JSON has no NaN or Infinity, and strict parsers (jq, most languages' own) reject them."""
+    if isinstance(value, dict):
+        return {str(k): strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy array or scalar
+        return strict_json(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def write_atomically(path: str | os.PathLike, write: Callable, *, binary: bool = False, what: str = "file") -> Path:

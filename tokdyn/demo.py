@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._files import check_output_path
+from ._files import check_output_path, strict_json
 from .data import prepare_corpus
 from .errors import InputError
 from .analysis import analyze_store
@@ -228,7 +228,8 @@ def _run_demo(out: Path, *, steps, n_points, n_probe_sequences, context, device,
     write_report(str(store_path), out / "report.html", analysis=analysis, title="tokdyn demo: tiny GPT on the standard library", extra=extra)
     timings["report_s"] = time.perf_counter() - t
     summary["timings_s"] = {**timings, "total_s": sum(timings.values())}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    # strict JSON (NaN, say an exponent without an interval, as null): jq and most parsers refuse NaN
+    (out / "summary.json").write_text(json.dumps(strict_json(summary), indent=2, allow_nan=False))
     log(f"done: {summary['checkpoints_recorded']} checkpoints x {summary['tokens_recorded']:,} tokens, "
         f"mean probe loss {summary['mean_probe_loss_first']:.2f} -> {summary['mean_probe_loss_last']:.2f} nats, "
         f"{summary['timings_s']['total_s']:.0f} s; wrote {out / 'report.html'} and {out / 'summary.json'}")  # fmt: skip

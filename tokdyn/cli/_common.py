@@ -4,9 +4,9 @@ demo writes), the run argument (optional where the store holds one run) and ``--
 from __future__ import annotations
 
 import json
-import math
 import os
 
+from .._files import strict_json
 from ..errors import InputError
 from ..store import Run, TrajectoryStore, as_store
 
@@ -61,20 +61,6 @@ def at_least(option: str, value, lo: int) -> None:
         raise InputError(f"{option} must be an integer >= {lo}, got {value}")
 
 
-def _strict(value):
-    """``value`` with every non-finite float as None, numpy scalars and arrays as Python ones:
-    JSON has no NaN or Infinity, and strict parsers (jq, most languages' own) reject them."""
-    if isinstance(value, dict):
-        return {str(k): _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy array or scalar
-        return _strict(value.tolist())
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def print_json(obj) -> None:
     """Print ``obj`` as strict JSON (``--json``): NaN and infinities become null."""
-    print(json.dumps(_strict(obj), indent=2, allow_nan=False))
+    print(json.dumps(strict_json(obj), indent=2, allow_nan=False))
