@@ -220,7 +220,8 @@ def test_the_table_of_scores_gives_the_reason_for_a_missing_law_or_interval(risi
 # -- tick labels name the values where they sit; a recorded step is given in full ------------------
 
 
-@pytest.mark.parametrize("lo, hi", [(3.0, 3.7), (0.0, 1.2), (2.2, 2.6), (0.5, 4.5), (-1.3, -0.4)])
+@pytest.mark.parametrize("lo, hi", [(3.0, 3.7), (0.0, 1.2), (2.2, 2.6), (0.5, 4.5), (-1.3, -0.4),
+                                    (np.log10(120), np.log10(150)), (3.0, np.log10(1900)), (np.log10(1.5), np.log10(2.5))])
 def test_every_log_tick_label_names_the_value_at_its_tick(lo, hi):
     import matplotlib
 
@@ -250,8 +251,16 @@ def test_a_recorded_step_in_a_sentence_is_given_in_full():
 def test_a_share_of_a_rising_mean_loss_says_it_is_of_a_rise():
     from types import SimpleNamespace
 
-    from tokdyn.report import _mean_loss_rose, _share_text
+    from tokdyn.reconstruct import Reconstruction
+    from tokdyn.report import _share_text
 
-    assert _mean_loss_rose(SimpleNamespace(mean_loss=np.array([np.nan, 2.0, 2.5, 3.0])))
-    assert not _mean_loss_rose(SimpleNamespace(mean_loss=np.array([3.0, 2.0, np.nan])))
+    rose = Reconstruction.mean_loss_rose.fget
+    assert rose(SimpleNamespace(mean_loss=np.array([np.nan, 2.0, 2.5, 3.0])))
+    assert not rose(SimpleNamespace(mean_loss=np.array([3.0, 2.0, np.nan])))
     assert _share_text(0.999, True) == "99.9% of its rise (the mean loss rose)" and _share_text(0.5) == "50.0%"
+
+
+def test_reconstruct_says_a_share_of_a_rising_mean_loss_is_of_a_rise(rising_store, capsys):
+    assert main(["reconstruct", rising_store.url, "--boot", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "loss rise (the mean loss rose) carried by events" in out and "loss drop carried" not in out

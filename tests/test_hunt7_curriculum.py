@@ -13,6 +13,7 @@ import torch
 
 import tokdyn
 from tokdyn.compare import compare_runs
+from tokdyn.errors import InputError
 from tokdyn.curriculum.learnability import LearnabilityOptions, LearnabilityTable
 from tokdyn.curriculum.measure import paired_bootstrap
 from tokdyn.curriculum.schedule import CurriculumConfig, SampleSchedule
@@ -183,3 +184,25 @@ def test_a_nan_score_stays_nan_at_any_temperature_never_uniform_weights():
         c = CurriculumConfig(total_steps=10, temperature=t)
         assert np.isnan(c.sharpen(np.array([0.5, np.nan, 0.2]))).any()
         assert torch.isnan(c.sharpen(torch.tensor([0.5, float("nan"), 0.2]))).any()
+
+
+def test_a_nan_score_reaches_the_weights_and_probabilities_as_nan_or_one_error(monkeypatch):
+    """Reviewed: the consumers of sharpen turned a NaN score into uniform weights (TokenWeights'
+    NaN mean failed "mean > 0") or into "no sample scores" (SampleSchedule)."""
+    import torch
+
+    from test_curriculum import HAND, V, _table
+    from tokdyn.curriculum.schedule import CurriculumConfig, SampleSchedule
+    from tokdyn.curriculum.weights import TokenWeights
+
+    tab = _table(HAND, mu_global=1.0, delta_global=0.5)
+    windows = np.random.default_rng(2).integers(0, 5, size=(40, 6))
+    sched = SampleSchedule(tab, windows, CurriculumConfig(total_steps=100), tokenizer=V, bin_width=0.5)
+    good = sched.scores(3)
+    monkeypatch.setattr(sched, "scores", lambda step: np.where(np.arange(good.size) == 2, np.nan, good))
+    with pytest.raises(InputError, match="NaN"):
+        sched.probabilities(3)
+    w = TokenWeights(tab, CurriculumConfig(total_steps=100), tokenizer=V)
+    real = w.table.lookup
+    monkeypatch.setattr(w.table, "lookup", lambda t: (lambda mu, d, e: (mu.clone().fill_(float("nan")), d, e))(*real(t)))
+    assert torch.isnan(w(torch.randint(0, 5, (2, 7)), 3)).all()

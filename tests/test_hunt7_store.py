@@ -348,3 +348,16 @@ def test_a_file_with_token_ids_imports_into_a_store_made_from_one_without(tmp_pa
     with pytest.warns(UserWarning, match="probe_tokens"):  # kept out, and said
         run = import_npz(str(tmp_path / "tok.npz"), store, run="tok")
     assert np.array_equal(run.losses(), lm.T)
+
+
+def test_info_prints_a_legacy_name_that_would_split_its_line_escaped(tmp_path, probe, monkeypatch, capsys):
+    import tokdyn.store.store as store_module
+
+    path = str(tmp_path / "s.zarr")
+    st = tokdyn.open_store(path, probe, mode="w")
+    with monkeypatch.context() as m:  # a name an older version accepted
+        m.setattr(store_module, "check_run_name", lambda name, new=False: None)
+        st.create_run("a\nrun fake axis T  9 x 9", capacity=1).writer().append(np.zeros(probe.n_tokens, np.float32), step=0)
+    assert main(["info", path]) == 0
+    runs = [line for line in capsys.readouterr().out.splitlines() if line.startswith("run ")]
+    assert len(runs) == 1 and "'a\\nrun fake" in runs[0]

@@ -243,3 +243,46 @@ def test_a_plain_fit_after_one_on_another_backend_keeps_it(tmp_path, capsys, bac
     assert all(np.array_equal(before[k], after[k], equal_nan=before[k].dtype.kind == "f") for k in before)
     assert main(["fit", path, "--run", "r", "--backend", "numba", "--no-progress"]) == 1
     assert "another backend" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("state", ["hidden folder among its runs", "stopped before its run"])
+def test_a_demo_folder_as_a_demo_or_the_filesystem_leaves_it_is_run_again(tmp_path, started, capsys, state):
+    """Reviewed: a `.snapshot` (NFS) or `.ipynb_checkpoints` folder under runs/, which the store
+    never lists, or a demo stopped between making its store and its run, was refused."""
+    out = tmp_path / "demo"
+    if state.startswith("hidden"):
+        _demo_store(out / "store.zarr")
+        (out / "store.zarr" / "runs" / ".snapshot").mkdir()
+    else:
+        probe = tokdyn.ProbeSet(None, {"sample_id": np.zeros(4, np.int32), "token_pos": np.arange(1, 5, dtype=np.int32)})
+        tokdyn.open_store(out / "store.zarr", probe, mode="w")
+    assert _demo(out) == 1
+    assert "work started" in cli_error_line(capsys.readouterr().err) and started
+
+
+def test_the_demo_lock_is_never_seen_half_written(tmp_path, monkeypatch):
+    """The lock is linked into place whole: a reader sees no lock or its whole owner record."""
+    import threading
+
+    out = tmp_path / "demo"
+    out.mkdir()
+    seen, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            try:
+                seen.append((out / demo._LOCK).read_text())
+            except FileNotFoundError:
+                pass
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        for _ in range(200):
+            with demo._folder_lock(out):
+                pass
+    finally:
+        stop.set()
+        t.join()
+    assert all(json.loads(text)["pid"] == os.getpid() for text in seen)  # never empty, never partial
+    assert sorted(p.name for p in out.iterdir()) == []  # no lock, no temporary file left

@@ -133,3 +133,13 @@ def test_bic_is_n_ln_sse_over_n_plus_k_ln_n_with_exact_fits_floored(backend):
         np.testing.assert_allclose(getattr(f, field), want, rtol=1e-9, atol=1e-6, err_msg=field)
     # noisy rows: no floor in reach, BIC is plain n ln(SSE/n) + k ln n
     assert (f.sse[-4:] > 1e-3 * sse_c[-4:]).all()
+
+
+def test_predict_refuses_a_masked_x_as_fit_does():
+    from tokdyn.fit import SigmoidFitter
+
+    x = np.linspace(0.0, 3.0, 20)
+    est = SigmoidFitter().fit(x, 1.0 + 2.0 / (1.0 + np.exp((x - 1.5) / 0.2)))
+    with pytest.raises(InputError, match="masked"):
+        est.predict(np.ma.masked_array(x, mask=x > 2.5))
+    assert est.predict(np.ma.masked_array(x)).shape == (1, 20)  # nothing masked: fine

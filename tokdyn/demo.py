@@ -9,11 +9,13 @@ interval, class shares, tokens fitted and the wall time of each stage) into the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import numbers
 import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -100,8 +102,11 @@ def _check_demo_folder(out: Path) -> None:
     entries = set(os.listdir(sp))
     if not entries:
         return
-    runs = {e.name for e in os.scandir(sp / "runs") if e.is_dir(follow_symlinks=False)} if (sp / "runs").is_dir() else set()
-    if "zarr.json" not in entries or runs != {DEMO_RUN}:
+    # the runs as the store lists them (no hidden folder: .snapshot, .ipynb_checkpoints); a demo
+    # stopped before it made its run left its store without one
+    runs = ({e.name for e in os.scandir(sp / "runs") if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")}
+            if (sp / "runs").is_dir() else set())  # fmt: skip
+    if "zarr.json" not in entries or not runs <= {DEMO_RUN}:
         what = f"runs {', '.join(sorted(runs))}" if runs else "no run"
         raise InputError(f"{sp} is not a store an earlier demo left (it holds {what}; a demo's holds run {DEMO_RUN!r} "
                          "alone); the demo would replace it: move it, or give another folder")  # fmt: skip
@@ -116,25 +121,52 @@ class _folder_lock:
         self.held = False
 
     def __enter__(self):
-        for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            except FileExistsError:
+        # The lock appears whole or not at all: written to a file of this process's own, then
+        # linked to its name (a link fails where the name exists). A lock created empty and
+        # written after could be read half-made by a second demo and taken for a dead one's.
+        mine = self.path.with_name(f"{_LOCK}.{os.getpid()}.{uuid.uuid4().hex}")
+        try:
+            mine.write_text(json.dumps(owner()))
+        except OSError as exc:
+            raise InputError(f"cannot write in the demo folder {self.path.parent}: {exc.strerror or exc}") from None
+        try:
+            for _ in range(3):
                 try:
-                    holder = json.loads(self.path.read_text())
-                except (OSError, ValueError):
-                    holder = None
-                refuse_if_live(holder, f"the demo folder {self.path.parent} is being written",
-                               if_gone=f"remove {self.path} and try again")  # fmt: skip
-                self.path.unlink(missing_ok=True)  # its demo is gone (killed): take over
-                continue
-            except OSError as exc:
-                raise InputError(f"cannot write in the demo folder {self.path.parent}: {exc.strerror or exc}") from None
-            with os.fdopen(fd, "w") as fh:
-                json.dump(owner(), fh)
-            self.held = True
-            return self
+                    os.link(mine, self.path)
+                except FileExistsError:
+                    self._take_over()
+                    continue
+                except OSError as exc:
+                    raise InputError(f"cannot write in the demo folder {self.path.parent}: {exc.strerror or exc}") from None
+                self.held = True
+                return self
+        finally:
+            mine.unlink(missing_ok=True)
         raise InputError(f"the demo folder {self.path.parent}: another demo keeps taking its lock ({self.path})")
+
+    def _take_over(self) -> None:
+        """Remove the lock of a demo that is gone (refused where it may still run). Moved aside
+        to a name of this process's own first: of two demos that find the same dead lock, only
+        one moves it, and neither can remove the one the other then makes."""
+        try:
+            holder = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            holder = None
+        refuse_if_live(holder, f"the demo folder {self.path.parent} is being written",
+                       if_gone=f"remove {self.path} and try again")  # fmt: skip
+        dead = self.path.with_name(f"{_LOCK}.dead.{os.getpid()}.{uuid.uuid4().hex}")
+        try:
+            os.rename(self.path, dead)
+        except FileNotFoundError:  # the other demo moved it first
+            return
+        try:  # what was moved must still be the dead demo's (not a lock made meanwhile)
+            moved = json.loads(dead.read_text())
+        except (OSError, ValueError):
+            moved = None
+        if moved != holder:  # a live demo's lock, made meanwhile: put back, never over another
+            with contextlib.suppress(FileExistsError):
+                os.link(dead, self.path)
+        dead.unlink(missing_ok=True)
 
     def __exit__(self, *exc) -> None:
         if self.held:

@@ -161,6 +161,13 @@ class Reconstruction:
     loss_power_law_why: str | None = None
     events: Events | None = None
 
+    @property
+    def mean_loss_rose(self) -> bool:
+        """Whether the mean loss ended above where it began (its first and last measured rows):
+        the ``drop_share_*`` are then shares of that rise."""
+        ok = np.flatnonzero(np.isfinite(self.mean_loss))
+        return bool(ok.size >= 2 and self.mean_loss[ok[-1]] > self.mean_loss[ok[0]])
+
     def summary(self) -> dict:
         """The scalar results, JSON-able. ``*_interior``: the scores without the two end points."""
         inner = slice(1, -1)

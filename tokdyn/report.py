@@ -348,7 +348,7 @@ def _scores_table(an: StoreAnalysis) -> str:
     cols = []
     for a in an.runs:
         s = a.reconstruction.summary()
-        rose = _mean_loss_rose(a.reconstruction)
+        rose = a.reconstruction.mean_loss_rose
         cols.append([
             f"{s['n_points']}", f"{s['n_tokens']:,}", f"{s['r2_events']:.3f}", f"{s['r2_spectrum']:.3f}",
             f"{s['rel_l2_events']:.3f}", f"{s['rel_l2_spectrum']:.3f}", _share_text(s['drop_share_events'], rose),
@@ -789,12 +789,14 @@ def _log_ticks(axis_obj, lo: float, hi: float) -> None:
     from matplotlib.ticker import FixedLocator, FuncFormatter
 
     span = max(hi - lo, 1e-9)
-    # Within a short span, ticks at 1, 3 (1, 2, 5; 1 to 9) times a power of ten, at least two in
-    # view: the values the labels name. (Ticks at half decades, 10^0.5 = 3.16, were labelled "3".)
-    mantissas = (1,) if span >= 2 else (1, 3) if span >= 1 else (1, 2, 5) if span >= 0.7 else tuple(range(1, 10))
+    # Within a short span, ticks at 1, 3 (1, 2, 5; 1 to 9; 1.0 to 9.9) times a power of ten, two or
+    # more in view down to a span of 0.05 decades: the values the labels name. (Ticks at half
+    # decades, 10^0.5 = 3.16, were labelled "3".)
+    mantissas = ((1,) if span >= 2 else (1, 3) if span >= 1 else (1, 2, 5) if span >= 0.7
+                 else tuple(range(1, 10)) if span >= 0.3 else tuple(m / 10 for m in range(10, 100)))  # fmt: skip
     decades = range(int(np.floor(lo)) - 1, int(np.ceil(hi)) + 1)
     major = [k + np.log10(m) for k in decades for m in mantissas]
-    minor = [k + np.log10(m) for k in decades for m in range(2, 10) if m not in mantissas]
+    minor = [k + np.log10(m) for k in decades for m in range(2, 10) if m not in mantissas] if span >= 0.3 else []
     axis_obj.set_major_locator(FixedLocator(major))
     axis_obj.set_minor_locator(FixedLocator(minor))
     axis_obj.set_major_formatter(FuncFormatter(lambda v, _: _value_text(10.0**v)))
@@ -813,7 +815,8 @@ def _value_text(v: float) -> str:
     if v >= 1e5:
         return f"{v:.0e}".replace("e+0", "e").replace("e+", "e")
     if v >= 1:
-        return f"{float(f'{v:.2g}'):,.0f}"
+        r = float(f"{v:.2g}")
+        return f"{r:,.0f}" if r.is_integer() else f"{r:g}"  # 1.5 (a tick of a short axis), not "2"
     return f"{v:.2g}"
 
 
@@ -879,12 +882,6 @@ def _share_text(v: float, rose: bool = False) -> str:
     if not np.isfinite(v):
         return "n/a (the mean loss did not clearly fall or rise)"
     return f"{v:.1%} of its rise (the mean loss rose)" if rose else f"{v:.1%}"
-
-
-def _mean_loss_rose(rec) -> bool:
-    """Whether the mean loss ended above where it began (first and last finite rows)."""
-    ok = np.flatnonzero(np.isfinite(rec.mean_loss))
-    return bool(ok.size >= 2 and rec.mean_loss[ok[-1]] > rec.mean_loss[ok[0]])
 
 
 def _power_law_text(pl: dict | None, why: str | None = None) -> str:

@@ -170,7 +170,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
     print(f"  R^2 of -dL/dlog10 a  sum of sigmoids {s['r2_events']:.3f}   spectrum alone {s['r2_spectrum']:.3f}")
     print(f"  relative L2 error    sum of sigmoids {s['rel_l2_events']:.3f}   spectrum alone {s['rel_l2_spectrum']:.3f}")
     if np.isfinite(s["drop_share_events"]):
-        print(f"  loss drop carried by events {s['drop_share_events']:.1%}, by well-fitted events {s['drop_share_well_fitted']:.1%}")
+        what = "loss rise (the mean loss rose)" if rec.mean_loss_rose else "loss drop"
+        print(f"  {what} carried by events {s['drop_share_events']:.1%}, by well-fitted events {s['drop_share_well_fitted']:.1%}")
     else:
         print(f"  no shares of the loss drop: {_no_share_reason(rec)}")
     print("       x   measured   sigmoids   spectrum")

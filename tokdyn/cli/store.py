@@ -30,6 +30,12 @@ def register(sub) -> None:
     p.set_defaults(func=_export_npz)
 
 
+def _shown(name: str) -> str:
+    """A run name as info prints it: as it is, or quoted with escapes where it holds what would
+    split or fake a line (a newline in a name an older version accepted)."""
+    return name if name.isprintable() else repr(name)
+
+
 # What a D or M run's axis values are, as info names them.
 AXIS_VALUES = {"D": "data budgets", "M": "model sizes"}
 
@@ -50,7 +56,7 @@ def _info(args: argparse.Namespace) -> int:
         print("runs       none")
     for name, r in info["runs"].items():
         if "error" in r:
-            print(f"run {name:<12} ERROR: {r['error']}")
+            print(f"run {_shown(name):<12} ERROR: {r['error']}")
             continue
         steps, values = r["steps"], r["axis_values"]
         # a T run by its steps; a D or M run by its axis values (its steps are 0, 1, 2, ...)
@@ -59,7 +65,7 @@ def _info(args: argparse.Namespace) -> int:
         extra = f", {r['nonfinite_losses']} non-finite losses (NaN)" if r["nonfinite_losses"] else ""
         params = _count(r["attrs"].get("n_params_non_embedding"))
         params = f", {params} non-emb params" if params else ""
-        print(f"run {name:<12} axis {r['axis']}  {r['shape'][0]:,} x {r['shape'][1]:,} {r['dtype']}  {span}{params}{extra}")
+        print(f"run {_shown(name):<12} axis {r['axis']}  {r['shape'][0]:,} x {r['shape'][1]:,} {r['dtype']}  {span}{params}{extra}")
     if damaged:
         print(f"tokdyn info: error: {len(damaged)} run(s) cannot be read: {', '.join(damaged)}", file=sys.stderr)
         return 1

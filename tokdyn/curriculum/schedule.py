@@ -236,6 +236,9 @@ class SampleSchedule:
         q = self.config.sharpen(self.scores(step))
         total = q.sum()
         f, n = self.config.floor, self.n_samples
+        if np.isnan(total):  # never uniform probabilities, nor "nothing scores", for a damaged table
+            raise InputError(f"at step {step} the samples' scores hold NaN ({int(np.isnan(q).sum()):,} of {q.size:,}): "
+                             "the learnability table or the samples' predicted events are damaged")
         if not (total > 0 and np.isfinite(total)):
             if f == 0:
                 raise InputError(

@@ -69,7 +69,9 @@ class TokenWeights:
         mu, delta, _ = self.table.lookup(tokens)  # (B, C) each, on the device
         q = self.config.sharpen(self.config.learnability(x, mu, delta))
         mean = q.mean()
-        share = torch.where(mean > 0, q / mean.clamp(min=torch.finfo(q.dtype).tiny), torch.ones_like(q))
+        # a NaN score (a damaged table) stays NaN, as the training loss then says, never uniform
+        # weights without a word; checked without a host sync
+        share = torch.where((mean > 0) | mean.isnan(), q / mean.clamp(min=torch.finfo(q.dtype).tiny), torch.ones_like(q))
         f = self.config.floor
         return f + (1.0 - f) * share
 

@@ -105,6 +105,8 @@ class SigmoidFitter:
         """
         r = self._check_fitted()
         if x is not None:
+            if isinstance(x, np.ma.MaskedArray) and np.ma.getmaskarray(x).any():  # as fit refuses one
+                raise InputError("x: expected every axis position, got a masked array with masked values")
             x = _as_array("x", x)
             if x.ndim != 1:
                 raise InputError(f"x: expected a 1-D array, got shape {x.shape}")

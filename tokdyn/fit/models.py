@@ -165,8 +165,9 @@ def order_events(p2: np.ndarray) -> np.ndarray:
 
 
 # A sum of squares below this share of the trajectory's own (about its mean) is an exact fit:
-# what is left is rounding (of the data, float32 losses to 6e-8 of their value, or of the
-# solver's sums, the projected SSE to ~1e-16 of it), not noise a model can explain. Without
+# what is left is rounding (of float32 or float64 data, float32 losses to 6e-8 of their value,
+# or of the solver's sums, the projected SSE to ~1e-16 of it), not noise a model can explain.
+# float16 data round to 5e-4 of their value, far above it: their rounding is fitted as noise. Without
 # this floor BIC ranked exact fits by their rounding: noise-free planted sigmoids were chosen
 # as two sigmoids on 4-8 of 12 rows, a different 4-8 on each backend.
 EXACT_FIT_SHARE = 1e-10
