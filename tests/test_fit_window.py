@@ -101,7 +101,7 @@ def test_cli_axis_min(store_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "axis values >= 1e+09" in err[0] and "Traceback" not in err[0]
     assert main(["fit", str(store_path), "--run", "main", "--axis-min", "nan", "--no-progress", "--refit"]) == 1
-    assert "axis_min must be finite" in capsys.readouterr().err
+    assert "--axis-min must be a finite number" in capsys.readouterr().err
 
 
 def test_window_after_warmup_rebuilds_the_planted_derivative(tmp_path):

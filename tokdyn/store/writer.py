@@ -331,11 +331,8 @@ def check_row(r: Mapping[str, Any]) -> dict:
     if step < 0:  # an order error, however it was written (-1 or -1.0)
         raise StepOrderError(f"step must be >= 0, got {step}")
     av = r.get("axis_value")
-    if av is None:
-        axis = float(step)
-        if int(axis) != step:
-            raise InputError(f"step {step} has no exact float64 axis value (it would read {axis!r}, steps beyond 2**53 "
-                             "round); pass axis_value")  # fmt: skip
+    if av is None:  # the step itself; beyond 2**53 rounded, and where two steps then share an axis
+        axis = float(step)  # value the writer refuses the second (axis values strictly increase)
     else:
         axis = _real(av, "axis_value")
         if not np.isfinite(axis):
