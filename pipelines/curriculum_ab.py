@@ -9,7 +9,7 @@ On the standard library's mixture of domains (code, prose, decimal test vectors,
 markup): a pilot (its compute reported apart), the mixture schedule's enrichment, then per seed
 the uniform budget ladder (0.8x, 0.9x, 1.0x, fully annealed), an A/A arm and the curriculum arms,
 all drawing coupled batches. Prints per arm the speed-up read off the ladder and the AUC ratio
-with paired bootstrap 95 % intervals, the positive control and the A/A difference; writes
+with 95 % intervals over seeds (the t interval, widened where the bootstrap reaches further), the positive control and the A/A difference; writes
 results.json and curves.png into --out (tokdyn.curriculum.ab).
 """
 

@@ -29,7 +29,7 @@ The design is docs/method.md, "Reshaping training":
 4. Per run the validation loss of every domain (held-out documents, ``val_tokens`` in all) and
    of the mixture (their mean: the baseline's mixture); per arm and seed the **speed-up** read
    off the ladder (:mod:`~tokdyn.curriculum.measure`) and the **AUC ratio** against
-   ``base@1.0``, summarised with paired bootstrap intervals over seeds; the **positive control**
+   ``base@1.0``, summarised with 95 % intervals over seeds (t, widened by the bootstrap); the **positive control**
    (the 0.9x rung read against the others) and the **A/A** difference.
 
 :func:`run_mixture_ab` does the work; ``pipelines/curriculum_ab.py`` parses and prints.

@@ -52,9 +52,9 @@ class CoupledSampler(StepSampler):
     ----------
     base : float array [N]
         The baseline's sampling probabilities (sum 1).
-    probabilities : callable ``step -> float array [N]``, or None
-        The arm's probabilities at a step (>= 0, sum 1, checked at every step); None is the
-        baseline itself.
+    probabilities : callable ``step -> float array [N]``, float array [N], or None
+        The arm's probabilities at a step (>= 0, sum 1, checked at every step); an array is
+        the same at every step (checked here); None is the baseline itself.
     samples_per_step, total_steps, seed : int
         ``samples_per_step`` over all ranks; ``seed`` 0 to 2**32 - 1.
     rank, world_size : int
@@ -74,12 +74,25 @@ class CoupledSampler(StepSampler):
 
     _state_keys = ("n_samples", "samples_per_step", "total_steps", "seed", "rank", "world_size", "base", "arm")
 
-    def __init__(self, base: np.ndarray, probabilities: Callable[[int], np.ndarray] | None = None, *,
+    def __init__(self, base: np.ndarray, probabilities: Callable[[int], np.ndarray] | np.ndarray | None = None, *,
                  samples_per_step: int, total_steps: int, seed: int = 0, rank: int = 0, world_size: int = 1,
                  fingerprint: str | None = None) -> None:  # fmt: skip
         p0 = np.asarray(base, np.float64)
         if p0.ndim != 1 or p0.size < 1 or np.any(p0 < 0) or not np.isclose(p0.sum(), 1.0):
             raise InputError(f"base must be probabilities [N] (>= 0, sum 1), got shape {p0.shape}, sum {p0.sum():.6g}")
+        if probabilities is not None and not callable(probabilities):
+            if isinstance(probabilities, (str, bytes)) or not hasattr(probabilities, "__len__"):
+                raise InputError(f"probabilities must be a callable step -> [N], an array [N] or None, "
+                                 f"got {type(probabilities).__name__}")  # fmt: skip
+            fixed = np.asarray(probabilities, np.float64)
+            if fixed.shape != p0.shape:
+                raise InputError(f"the arm's probabilities have shape {fixed.shape}; the pool has {p0.shape}")
+            if not (np.isclose(fixed.sum(), 1.0) and fixed.min() >= 0):
+                raise InputError(f"the arm's probabilities must be >= 0 and sum to 1, got sum {fixed.sum():.6g}, "
+                                 f"least {fixed.min():.6g}")  # fmt: skip
+            if fingerprint is None:  # a state saved with other fixed probabilities is refused
+                fingerprint = hashlib.sha256(np.ascontiguousarray(fixed).tobytes()).hexdigest()[:16]
+            probabilities = lambda step, _p=fixed: _p  # noqa: E731
         self.base, self.probabilities = p0, probabilities
         self._setup(n_samples=p0.size, total_steps=total_steps, samples_per_step=samples_per_step, seed=seed,
                     rank=rank, world_size=world_size)  # fmt: skip
