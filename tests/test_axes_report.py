@@ -393,3 +393,15 @@ def test_an_axis_source_with_new_rows_is_seen_however_the_store_is_spelled(tmp_p
     w.append(Y[:, 4], step=1000)
     w.release()
     assert "run 'd0' has 4 rows now, 3 when" in axis_run_problem(as_store(tmp_path / "a.zarr").run("axis-D"), "D")
+
+
+def test_an_axis_of_five_runs_says_how_to_fit_it_and_then_reconstructs(tmp_path, capsys):
+    """Five runs assemble an axis the default fit (6 points) cannot take: the error named
+    `--min-points`, an option reconstruct does not have; it now gives the command that works."""
+    path = tmp_path / "five.zarr"
+    budget_store(path, budgets=BUDGETS[:5])
+    assert main(["reconstruct", str(path), "--axis", "D", "--boot", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "5 points" in err and "tokdyn fit STORE --run axis-D --min-points 5" in err
+    assert main(["fit", str(path), "--run", "axis-D", "--min-points", "5", "--no-progress"]) == 0
+    assert main(["reconstruct", str(path), "--axis", "D", "--boot", "0"]) == 0

@@ -18,7 +18,7 @@ from .axes import assemble_axis, axis_run_problem, find_axis_run
 from .errors import InputError, StoreError
 from .fit.job import fit_run, stored_axis_min
 from .fit.models import ClassDrops, class_drops, class_loss_share
-from .fit.options import CLASS_NAMES
+from .fit.options import CLASS_NAMES, FitOptions
 from .reconstruct import Reconstruction, reconstruct_run
 from .spectrum import Events, run_events, spectra_by
 from .store import Run, TrajectoryStore, as_store
@@ -270,5 +270,10 @@ def axis_run(store: TrajectoryStore | str, axis: str, *, runs: list[str] | None 
         name, rebuild = None, True
     run = assemble_axis(st, axis, runs=runs, overwrite=rebuild, repeats=repeats) if name is None else st.run(name)
     window = stored_axis_min(run) if name is not None else None  # an unfinished fit's window is kept
+    need = FitOptions().min_points
+    if run.n_committed < need:  # the fit's own error named an option (--min-points) reconstruct does not take
+        raise InputError(f"the {axis} axis has {run.n_committed} points (run {run.name!r}, assembled); a fit of each token needs "
+                         f"{need} by default: record more runs, or fit it on 5 (`tokdyn fit STORE --run {run.name} "
+                         f"--min-points 5`) and reconstruct the axis again, which then uses that fit")  # fmt: skip
     fit_run(run, progress=False, refit=True, axis_min=window)
     return AxisRun(run, assembled=name is None, fitted=True, why=why)
