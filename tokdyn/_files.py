@@ -17,7 +17,9 @@ from pathlib import Path
 
 from .errors import InputError
 
-__all__ = ["write_atomically", "check_output_path", "strict_json"]
+__all__ = ["write_atomically", "check_output_path", "strict_json", "DEMO_STORE"]
+
+DEMO_STORE = "store.zarr"  # where `tokdyn demo --out DIR` puts its store (the CLI takes DIR for it)
 
 
 def strict_json(value):

@@ -15,12 +15,11 @@ import numbers
 import os
 import shutil
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 
-from ._files import check_output_path, strict_json
+from ._files import DEMO_STORE, check_output_path, strict_json
 from .data import prepare_corpus
 from .errors import InputError
 from .analysis import analyze_store
@@ -31,7 +30,7 @@ from .report import check_writable, write_report
 from .runtime import resolve_device
 from .schedule import geometric_schedule
 from .store import open_store
-from .store.locks import owner, refuse_if_live
+from .store.locks import KeyLock
 from .train import TrainConfig, record_tiny_run
 
 __all__ = ["run_demo"]
@@ -58,12 +57,11 @@ def run_demo(
     _check_demo_folder(out)
     check_settings(steps=steps, n_points=n_points, n_probe_sequences=n_probe_sequences, seed=seed)
     out.mkdir(exist_ok=True)
-    with _folder_lock(out):
-        return _run_demo(out, steps=steps, n_points=n_points, n_probe_sequences=n_probe_sequences, context=context,
+    with _folder_lock(out) as lock:
+        return _run_demo(out, lock, steps=steps, n_points=n_points, n_probe_sequences=n_probe_sequences, context=context,
                          device=device, seed=seed, overwrite=overwrite, progress=progress, log=log)  # fmt: skip
 
 
-DEMO_STORE = "store.zarr"
 DEMO_RUN = "tiny"
 _LOCK = ".tokdyn-demo.lock"  # held in the demo folder while a demo writes there
 
@@ -112,68 +110,26 @@ def _check_demo_folder(out: Path) -> None:
                          "alone); the demo would replace it: move it, or give another folder")  # fmt: skip
 
 
-class _folder_lock:
-    """The demo folder's lock: a second demo into the same folder while one runs is refused (it
-    deleted the first's store under its recorder); one left by a demo that is gone is taken over."""
+@contextlib.contextmanager
+def _folder_lock(out: Path):
+    """The demo folder's lock, the store's own writer lock (:class:`tokdyn.store.locks.KeyLock`,
+    one JSON file created whole and exclusively): a second demo into the same folder while one
+    runs is refused (it deleted the first's store under its recorder); one left by a demo that is
+    gone is taken over. Yields the lock: :meth:`KeyLock.check` before destroying anything."""
+    from zarr.storage import LocalStore
 
-    def __init__(self, out: Path) -> None:
-        self.path = out / _LOCK
-        self.held = False
-
-    def __enter__(self):
-        # The lock appears whole or not at all: written to a file of this process's own, then
-        # linked to its name (a link fails where the name exists). A lock created empty and
-        # written after could be read half-made by a second demo and taken for a dead one's.
-        mine = self.path.with_name(f"{_LOCK}.{os.getpid()}.{uuid.uuid4().hex}")
-        try:
-            mine.write_text(json.dumps(owner()))
-        except OSError as exc:
-            raise InputError(f"cannot write in the demo folder {self.path.parent}: {exc.strerror or exc}") from None
-        try:
-            for _ in range(3):
-                try:
-                    os.link(mine, self.path)
-                except FileExistsError:
-                    self._take_over()
-                    continue
-                except OSError as exc:
-                    raise InputError(f"cannot write in the demo folder {self.path.parent}: {exc.strerror or exc}") from None
-                self.held = True
-                return self
-        finally:
-            mine.unlink(missing_ok=True)
-        raise InputError(f"the demo folder {self.path.parent}: another demo keeps taking its lock ({self.path})")
-
-    def _take_over(self) -> None:
-        """Remove the lock of a demo that is gone (refused where it may still run). Moved aside
-        to a name of this process's own first: of two demos that find the same dead lock, only
-        one moves it, and neither can remove the one the other then makes."""
-        try:
-            holder = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            holder = None
-        refuse_if_live(holder, f"the demo folder {self.path.parent} is being written",
-                       if_gone=f"remove {self.path} and try again")  # fmt: skip
-        dead = self.path.with_name(f"{_LOCK}.dead.{os.getpid()}.{uuid.uuid4().hex}")
-        try:
-            os.rename(self.path, dead)
-        except FileNotFoundError:  # the other demo moved it first
-            return
-        try:  # what was moved must still be the dead demo's (not a lock made meanwhile)
-            moved = json.loads(dead.read_text())
-        except (OSError, ValueError):
-            moved = None
-        if moved != holder:  # a live demo's lock, made meanwhile: put back, never over another
-            with contextlib.suppress(FileExistsError):
-                os.link(dead, self.path)
-        dead.unlink(missing_ok=True)
-
-    def __exit__(self, *exc) -> None:
-        if self.held:
-            self.path.unlink(missing_ok=True)
+    lock = KeyLock(LocalStore(out), _LOCK, what=f"the demo folder {out}", if_gone=f"remove {out / _LOCK} and try again")
+    try:
+        lock.claim()
+    except OSError as exc:
+        raise InputError(f"cannot write in the demo folder {out}: {exc.strerror or exc}") from None
+    try:
+        yield lock
+    finally:
+        lock.release()
 
 
-def _run_demo(out: Path, *, steps, n_points, n_probe_sequences, context, device, seed, overwrite, progress, log) -> dict:
+def _run_demo(out: Path, lock: KeyLock, *, steps, n_points, n_probe_sequences, context, device, seed, overwrite, progress, log) -> dict:
     store_path = out / DEMO_STORE
     check_writable(out / "report.html")
     if store_path.exists():
@@ -181,6 +137,7 @@ def _run_demo(out: Path, *, steps, n_points, n_probe_sequences, context, device,
             raise InputError(f"{store_path} exists; remove it or pass overwrite")
         # the results of the store being replaced go with it: a run stopped or failed after this
         # never leaves a summary.json or report.html of a store that is no longer there
+        lock.check()  # still ours (not taken over by a demo that judged this one gone)
         for stale in (out / "summary.json", out / "report.html"):
             stale.unlink(missing_ok=True)
         shutil.rmtree(store_path)

@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import os
 
-from .._files import strict_json
+from .._files import DEMO_STORE, strict_json
 from ..errors import InputError
 from ..store import Run, TrajectoryStore, as_store
 
 __all__ = ["store_path", "open_cli_store", "open_cli_run", "add_store_argument", "add_run_argument", "print_json",
            "at_least"]
-
-DEMO_STORE = "store.zarr"  # where `tokdyn demo --out DIR` puts its store
 
 
 def add_store_argument(p) -> None:
