@@ -47,7 +47,7 @@ from tokdyn.fit.options import (
     FitOptions,
     _shown,
 )
-from tokdyn.fit.sigmoid import age_of_acquisition, check_axis, s_min_of
+from tokdyn.fit.sigmoid import age_of_acquisition, check_axis, refuse_masked, s_min_of
 
 __all__ = ["FIT_FIELDS", "SigmoidFit", "fit_block", "fit_sigmoids", "validate_inputs"]
 
@@ -110,12 +110,7 @@ def validate_inputs(x: Any, Y: Any) -> tuple[np.ndarray, np.ndarray]:
     array's masked points of Y are missing points too (``np.asarray`` alone would hand the fit
     the values under the mask); x has no missing points, so a masked x is refused.
     """
-    if isinstance(x, np.ma.MaskedArray) and np.ma.getmaskarray(x).any():
-        raise InputError(
-            f"x: expected every axis position, got a masked array with "
-            f"{int(np.ma.getmaskarray(x).sum())} masked value(s): leave those columns out of x "
-            "and Y (or mask Y's points instead)"
-        )
+    refuse_masked(x, "x", "leave those columns out of x and Y (or mask Y's points instead)")
     Y_mask = np.ma.getmaskarray(Y) if isinstance(Y, np.ma.MaskedArray) else None
     x_arr = _as_array("x", x)
     Y_arr = _as_array("Y", Y)

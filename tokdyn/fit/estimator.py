@@ -10,7 +10,7 @@ from tokdyn.errors import InputError
 from tokdyn.fit.block import SigmoidFit, _as_array, _real_dtype, fit_sigmoids
 from tokdyn.fit.models import two_sigmoid_curve
 from tokdyn.fit.options import FitOptions
-from tokdyn.fit.sigmoid import sigmoid_curve
+from tokdyn.fit.sigmoid import refuse_masked, sigmoid_curve
 
 __all__ = ["SigmoidFitter"]
 
@@ -105,8 +105,7 @@ class SigmoidFitter:
         """
         r = self._check_fitted()
         if x is not None:
-            if isinstance(x, np.ma.MaskedArray) and np.ma.getmaskarray(x).any():  # as fit refuses one
-                raise InputError("x: expected every axis position, got a masked array with masked values")
+            refuse_masked(x, "x", "predict at the positions wanted only")  # as fit refuses one
             x = _as_array("x", x)
             if x.ndim != 1:
                 raise InputError(f"x: expected a 1-D array, got shape {x.shape}")

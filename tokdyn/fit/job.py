@@ -27,7 +27,7 @@ import numpy as np
 
 from tokdyn._process import exit_with_parent, spawn_context, take_interrupts
 from tokdyn.errors import ClusterError, InputError, StoreError
-from tokdyn.fit.backends import available_backends, resolve_backend
+from tokdyn.fit.backends import resolve_backend
 from tokdyn.fit.block import FIT_FIELDS, fit_block
 from tokdyn.fit.models import ClassDrops, class_drops, class_loss_share
 from tokdyn.fit.options import CLASS_NAMES, MODEL_NAMES, STATUS_NAMES, FitOptions
@@ -320,11 +320,9 @@ def _stored_backend(run: Run) -> tuple[str, Any]:
     except StoreError:  # a damaged fit: the writer says so
         return "auto", None
     backend, device = meta.get("backend"), meta.get("device")
-    if backend not in available_backends():
-        return "auto", None
     try:
         resolve_backend(backend, device)
-    except InputError:  # e.g. a fit made on a GPU this machine lacks
+    except InputError:  # none recorded, or not here: a backend not installed, a GPU this machine lacks
         return "auto", None
     return backend, device
 

@@ -237,16 +237,19 @@ def age_of_acquisition(
     return np.where(ok, mu + s * z, np.nan)
 
 
+def refuse_masked(values, name: str, hint: str) -> None:
+    """One InputError for a numpy masked array with masked values where every value is needed
+    (an axis: ``np.asarray`` would take the values under the mask); ``hint`` says what to do."""
+    if isinstance(values, np.ma.MaskedArray) and np.ma.getmaskarray(values).any():
+        raise InputError(f"{name}: expected every value, got a masked array with "
+                         f"{int(np.ma.getmaskarray(values).sum())} masked value(s): {hint}")  # fmt: skip
+
+
 def log_axis(axis_values) -> np.ndarray:
     """x = log10(axis values) [K] for a fit; raise InputError unless all are positive and
     strictly increasing (drop step 0, which has no logarithm, first). A masked array with
     masked values is refused (``np.asarray`` would take the values under its mask)."""
-    if isinstance(axis_values, np.ma.MaskedArray) and np.ma.getmaskarray(axis_values).any():
-        raise InputError(
-            f"axis values: expected every value, got a masked array with "
-            f"{int(np.ma.getmaskarray(axis_values).sum())} masked value(s): leave those "
-            "checkpoints out (and their columns of the losses)"
-        )
+    refuse_masked(axis_values, "axis values", "leave those checkpoints out (and their columns of the losses)")
     try:
         a = np.asarray(axis_values, dtype=np.float64)
     except Exception as err:  # ragged, not numbers, an int beyond float64

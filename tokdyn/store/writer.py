@@ -156,8 +156,8 @@ class RunWriter:
         if values.dtype.kind not in "fiu":
             raise InputError(f"losses must be numbers, got dtype {values.dtype}")
         # Every value of every row checked and converted before anything is written: a value the
-        # store's arrays cannot hold is refused, never truncated (step 1.7 was stored as 1) or
-        # rounded (step 2**53 + 1 as axis value 2**53, the row before's).
+        # store's arrays cannot hold is refused, never truncated (step 1.7 was stored as 1), and an
+        # axis value not after the row before's is refused (step 2**53 + 1 rounds to 2**53's).
         last, last_av = self.last_step, self._last_axis_value()
         checked = []
         for r in rows:
