@@ -124,3 +124,18 @@ def test_a_reader_that_leaves_the_pipe_gets_no_error_line(tmp_path):
         rc = p.wait(timeout=120)
         assert "error" not in err and "Traceback" not in err, err
         assert rc in (0, 141)
+
+
+def test_a_closed_stdout_is_one_error_line_before_any_work(tmp_path):
+    # started with fd 1 closed (`tokdyn info s.zarr >&-`), Python sets sys.stdout to None and
+    # drops every print: the command exited 0 having shown nothing
+    path = str(tmp_path / "s.zarr")
+    fitted_store(path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for args in (["info", path], ["spectrum", path, "--json"]):
+        p = subprocess.run([sys.executable, "-m", "tokdyn", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           env=env, timeout=120, preexec_fn=lambda: os.close(1))  # fmt: skip
+        err = p.stderr.decode().strip().splitlines()
+        assert p.returncode == 1
+        assert err == [f"tokdyn {args[0]}: error: standard output is closed, so what the command prints "
+                       "would be lost; send it to a file or to /dev/null"]

@@ -40,6 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # bare `tokdyn`: what it can do
         parser.print_help()
         return 0
+    if sys.stdout is None:  # started with its stdout closed (`>&-`): Python drops every print
+        print(f"tokdyn {args.command}: error: standard output is closed, so what the command prints "
+              "would be lost; send it to a file or to /dev/null", file=sys.stderr or sys.__stderr__)
+        return 1
     restore = _printable_stdout()
     try:
         with warnings.catch_warnings():
