@@ -391,7 +391,9 @@ def _class_help(o: dict) -> dict[str, str]:
     return {
         "learned": f"the loss falls clearly, by {d:.1f} nats or more and by more than twice the scatter about the fit, in one step "
                    "(where the step is centred, inside the recorded range or not)",
-        "multi_step": f"two fitted drops of {d:.1f} nats or more, both centred inside the recorded range",
+        "multi_step": f"two fitted steps of {d:.1f} nats or more each, both centred inside the recorded range: two drops (learned "
+                      "in two steps), or a drop and a rise (learned then forgotten, or the reverse; a spike at one point is also "
+                      "one)",
         "gradual": "a straight fall in log steps, without a step",
         "already_known": f"low ({known:.1f} nats or less) from the first recorded point",
         "not_yet_learned": f"above {known:.1f} nats and without a clear fall (less than {d:.1f} nats) up to the last recorded point",
