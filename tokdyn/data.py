@@ -277,13 +277,25 @@ def prepare_domains(
     """Read ``source`` (as :func:`load_documents`, or a list of documents), label, split each
     domain by document into training and validation, tokenize.
 
+    A ``.jsonl`` source needs ``domain_field`` (the record field naming each document's
+    domain) or ``mapping``: without either every document would be labelled ``"default"``
+    (:class:`InputError`, naming the records' string fields); ``domain_field`` and
+    ``text_field`` apply to a ``.jsonl`` source only.
     ``mapping`` (dict key -> domain, or callable) relabels documents
     (:func:`~tokdyn.corpus.relabel_documents`). Domains with fewer than ``min_tokens`` training
     or validation tokens are left out, with the reason in ``n_documents``; an
     :class:`InputError` when none is left. ``max_train_tokens`` cuts each domain's training
     stream to that many tokens (small runs and tests).
     """
-    docs = list(source) if not isinstance(source, str) else load_documents(source, text_field=text_field, domain_field=domain_field)
+    if isinstance(source, (str, os.PathLike)):
+        source = os.fspath(source)
+        _check_domain_source(source, text_field=text_field, domain_field=domain_field, mapping=mapping)
+        docs = load_documents(source, text_field=text_field, domain_field=domain_field)
+    else:
+        if domain_field is not None:
+            raise InputError(f"domain_field={domain_field!r} names the domain field of a .jsonl source; documents given "
+                             "as a list carry their own domain (relabel them with mapping=)")  # fmt: skip
+        docs = list(source)
     if mapping is not None:
         docs = relabel_documents(docs, mapping)
     train_docs, val_docs = split_by_domain(docs, val_fraction=val_fraction)
@@ -315,15 +327,60 @@ def prepare_domains(
     return DomainCorpus(tuple(domains), tuple(train), tuple(val), tok, counts)
 
 
+def _check_domain_source(source: str, *, text_field: str, domain_field: str | None, mapping) -> None:
+    """:class:`InputError` for a source whose domains :func:`prepare_domains` would get wrong:
+    a ``.jsonl`` file without ``domain_field`` (every document would be labelled ``"default"``:
+    a mixture of one domain, whatever the records say) unless ``mapping`` labels them, and
+    ``domain_field`` / ``text_field`` given for a source that has no fields (ignored before)."""
+    if not source.endswith(".jsonl"):
+        for name, value, default in (("domain_field", domain_field, None), ("text_field", text_field, "text")):
+            if value != default:
+                raise InputError(f"{name}={value!r} applies to a .jsonl source only; {source!r} is not one (a folder's "
+                                 "domain is its first sub-folder; relabel documents with mapping=)")  # fmt: skip
+        return
+    if domain_field is not None or mapping is not None or not os.path.isfile(source):
+        return  # a missing file is said by the reader
+    fields = _string_fields(source, skip=text_field)
+    hint = (f"the records have string fields {fields}: e.g. domain_field={fields[0]!r}" if fields
+            else "the first records have no string field besides the text")  # fmt: skip
+    raise InputError(f"{source}: a .jsonl source of a domain mixture needs domain_field= (the record field naming each "
+                     f"document's domain; {hint}); without it every document would be labelled 'default', one domain. "
+                     "To label the documents otherwise, give mapping= (a dict from key to domain, or a function)")  # fmt: skip
+
+
+def _string_fields(path: str, *, skip: str, lines: int = 20) -> list[str]:
+    """The fields holding a string in the first ``lines`` JSON records of ``path`` (for a message),
+    those named like a domain first."""
+    import json
+
+    found: dict[str, None] = {}
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace") as fh:
+            for _, line in zip(range(lines), fh):
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    found.update((k, None) for k, v in rec.items() if k != skip and isinstance(v, str))
+    except OSError:
+        return []
+    likely = ("domain", "source", "src", "category", "label", "subset", "dataset")
+    return sorted(found, key=lambda k: (k.lower() not in likely, likely.index(k.lower()) if k.lower() in likely else 0))
+
+
 class MixtureDataset(torch.utils.data.Dataset):
     """The training windows of every domain as one numbered pool.
 
     Sample ``i`` is a window ``[C+1]`` of one domain's training stream (numbered as
     :class:`WindowDataset` within the domain, domains one after another); ``domain_ids[i]`` is
-    its domain's index, ``counts[k]`` the number of windows of domain ``k``.
+    its domain's index (into ``domains``, the corpus's domain names), ``counts[k]`` the number
+    of windows of domain ``k``. ``mixture_sampler(dataset, schedule, ...)`` matches the
+    dataset's domains to the schedule's by name.
     """
 
     def __init__(self, corpus: DomainCorpus, *, context: int) -> None:
+        self.domains = tuple(corpus.domains)
         self.parts = [WindowDataset(s, context=context) for s in corpus.train]
         self.context = int(context)
         self.counts = np.array([len(p) for p in self.parts], np.int64)

@@ -70,12 +70,17 @@ class CurriculumTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.token_weights is None:
             return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        if "input_ids" not in inputs:
+            raise InputError(f"token weights are looked up from the batch's input_ids; the batch has {sorted(inputs)}")
         ids = inputs["input_ids"]  # (B, T)
         labels = inputs.get("labels", ids)
+        if labels.shape != ids.shape:
+            raise InputError(f"labels {tuple(labels.shape)} must have the shape of input_ids {tuple(ids.shape)} (the "
+                             "token weights are those of the targets input_ids[:, 1:])")  # fmt: skip
         outputs = model(**{k: v for k, v in inputs.items() if k != "labels"})
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]  # (B, T, V)
-        target = labels[:, 1:]
-        w = self.token_weights(ids, self.state.global_step)  # (B, T-1), on the device
+        target = labels[:, 1:].long()  # int32 labels (a collator's) are ids too; cross_entropy takes int64 only
+        w = self.token_weights(ids, self.state.global_step).to(target.device)  # (B, T-1); a no-op on one device
         w = w * (target != -100)
         nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), target.flatten(), ignore_index=-100, reduction="none")
         loss = (w.flatten() * nll).sum() / w.sum().clamp(min=torch.finfo(w.dtype).tiny)

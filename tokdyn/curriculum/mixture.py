@@ -139,8 +139,10 @@ class MixtureConfig:
             raise InputError(f"lead must be finite, got {self.lead!r}")
 
     def x(self, step: int) -> float:
-        if not 0 <= int(step) < self.total_steps:
-            raise InputError(f"the schedule covers steps 0..{self.total_steps - 1}; asked for step {step}")
+        # an int (numpy's too, or an integral float): 2.7 or "3" is not read as step 2 or 3
+        if (isinstance(step, bool) or not isinstance(step, (int, float, np.integer, np.floating))
+                or not float(step).is_integer() or not 0 <= int(step) < self.total_steps):  # fmt: skip
+            raise InputError(f"the schedule covers steps 0..{self.total_steps - 1} (integers); asked for step {step!r}")
         return math.log10((int(step) + 1) * self.time_scale) + self.lead
 
     def xs(self) -> np.ndarray:
@@ -399,14 +401,23 @@ def _write_rows(fh, arr: np.ndarray, block: int = 65536) -> None:
 def load_mixture_schedule(path) -> MixtureSchedule:
     """A schedule written by :meth:`MixtureSchedule.save` (or ``tokdyn curriculum schedule``)."""
     import json
+    import os
 
+    if not isinstance(path, (str, os.PathLike)):  # an int would be read as an open file descriptor, and closed
+        raise InputError(f"path must be a file path (str or os.PathLike), got {type(path).__name__}")
     try:
-        with open(path) as fh:
+        with open(path, encoding="utf-8") as fh:
             d = json.load(fh)
     except FileNotFoundError:
         raise InputError(f"mixture schedule not found: {path}") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not a JSON mixture schedule ({exc.msg})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a JSON mixture schedule (not UTF-8 text)") from None
+    except RecursionError:
+        raise InputError(f"{path}: not a JSON mixture schedule (nested too deeply)") from None
+    except OSError as exc:  # a folder, a file that cannot be read
+        raise InputError(f"cannot read the mixture schedule {path}: {exc.strerror or exc}") from None
     if not isinstance(d, dict) or d.get("kind") != "tokdyn-mixture-schedule":
         raise InputError(f"{path}: not a tokdyn mixture schedule (kind {d.get('kind') if isinstance(d, dict) else None!r})")
     if d.get("schema_version") != 1:
@@ -441,15 +452,26 @@ def mixture_sampler(domain_ids, schedule: MixtureSchedule, *, samples_per_step: 
                     domains=None, arm: bool = True, rank: int = 0, world_size: int = 1):  # fmt: skip
     """A :class:`~tokdyn.curriculum.coupled.CoupledSampler` over a pool of training samples
     whose domain is ``domain_ids [N]`` (indices into ``schedule.domains``, or into ``domains``,
-    the names of the pool's domains, which are then matched to the schedule's by name),
+    the names of the pool's domains, which are then matched to the schedule's by name; a
+    :class:`~tokdyn.data.MixtureDataset` in place of ``domain_ids`` gives both, so matched by name),
     drawing the schedule's mixture step by step (``arm=False``: its baseline mixture, coupled
     to it). ``rank`` / ``world_size``: one sampler per rank (:class:`CoupledSampler`)."""
     import hashlib
 
     from .coupled import CoupledSampler, _described, domain_probabilities
 
+    if not isinstance(schedule, MixtureSchedule):
+        raise InputError(f"schedule must be a MixtureSchedule (load_mixture_schedule(path) reads a file the CLI wrote), "
+                         f"got {type(schedule).__name__}")  # fmt: skip
+    if domains is not None and (isinstance(domains, (str, bytes)) or not hasattr(domains, "__iter__")):
+        raise InputError(f"domains must be the pool's domain names, a list of str (e.g. corpus.domains), got {domains!r}")
+    if hasattr(domain_ids, "domain_ids") and hasattr(domain_ids, "domains"):  # a MixtureDataset: match by name
+        domains = domain_ids.domains if domains is None else domains
+        domain_ids = domain_ids.domain_ids
     ids = np.asarray(domain_ids)
     names = list(schedule.domains) if domains is None else [str(d) for d in domains]
+    if len(set(names)) != len(names):  # two pool domains of one name would be drawn as one
+        raise InputError(f"domains must be distinct names, got {names}")
     if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= len(names):
         raise InputError(f"domain_ids must be one integer per sample, indices into the {len(names)} domains "
                          f"{names}{'' if domains is None else ' given'}, got {_described(ids)}")  # fmt: skip

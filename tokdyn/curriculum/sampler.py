@@ -103,6 +103,9 @@ class StepSampler(torch.utils.data.Sampler[int]):
         """What resumes this sampler: its position (indices yielded by this rank), or the
         start of optimizer step ``step`` (use that when a DataLoader prefetches ahead), and
         the settings a resumed sampler must share."""
+        if step is not None and not (_is_int(step) and 0 <= int(step) <= self.total_steps):
+            raise InputError(f"state_dict(step=...) takes the optimizer step to resume at, an int from 0 to "
+                             f"{self.total_steps}, got {step!r}")  # fmt: skip
         position = self.position if step is None else int(step) * self.per_rank
         if not 0 <= position <= len(self):
             raise InputError(f"position {position} is outside this sampler's 0..{len(self)}")
@@ -110,13 +113,38 @@ class StepSampler(torch.utils.data.Sampler[int]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next ``iter()``; a state from a sampler with other
-        settings (seed, sizes, schedule) is refused."""
+        settings (seed, sizes, schedule) is refused.
+
+        Any rank may load any rank's state of the same ``world_size`` (ranks move in lockstep,
+        so their positions are equal: the usual "save on rank 0, load on every rank"). A state
+        saved under another ``world_size`` resumes at the same optimizer step when it was saved
+        at a step boundary (``state_dict(step=k)``, or a position between steps); saved in the
+        middle of a step it is refused, since that step's draws are split otherwise."""
         if not isinstance(state, dict) or "position" not in state:
             raise InputError(f"state must be a dict from {type(self).__name__}.state_dict()")
-        diff = {k: (state.get(k), self._setting(k)) for k in self._state_keys if state.get(k) != self._setting(k)}
+        free = ("rank", "world_size")  # checked below: a state moves between ranks and world sizes
+        diff = {k: (state.get(k), self._setting(k)) for k in self._state_keys
+                if k not in free and state.get(k) != self._setting(k)}  # fmt: skip
         if diff:
             raise InputError(f"sampler state does not match this sampler (saved, now): {diff}")
-        position = int(state["position"])
+        position = state["position"]
+        if not _is_int(position):
+            raise InputError(f"saved position must be an int (indices yielded by the rank), got {position!r}")
+        position = int(position)
+        saved_ws = state.get("world_size", self.world_size)
+        if not (_is_int(saved_ws) and int(saved_ws) >= 1 and self.samples_per_step % int(saved_ws) == 0):
+            raise InputError(f"saved world_size must be an int >= 1 dividing samples_per_step ({self.samples_per_step}), "
+                             f"got {saved_ws!r}")  # fmt: skip
+        saved_ws = int(saved_ws)
+        if saved_ws != self.world_size:
+            saved_per_rank = self.samples_per_step // saved_ws
+            step, offset = divmod(position, saved_per_rank)
+            if offset:
+                raise InputError(f"the state was saved with world_size={saved_ws} in the middle of step {step} "
+                                 f"({offset} of its {saved_per_rank} draws per rank taken); a sampler of world_size="
+                                 f"{self.world_size} can resume it only at a step boundary: save it with "
+                                 "state_dict(step=k), k the next optimizer step")  # fmt: skip
+            position = step * self.per_rank
         if not 0 <= position <= len(self):
             raise InputError(f"saved position {position} is outside this sampler's 0..{len(self)}")
         self._resume_at = position

@@ -85,8 +85,13 @@ class CurriculumConfig:
     time_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.total_steps, (int, np.integer)) and self.total_steps >= 1):
+        if not (isinstance(self.total_steps, (int, np.integer)) and not isinstance(self.total_steps, bool)
+                and self.total_steps >= 1):  # fmt: skip
             raise InputError(f"total_steps must be an int >= 1, got {self.total_steps!r}")
+        for name in ("width", "temperature", "floor", "lead", "time_scale"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise InputError(f"{name} must be a number, got {v!r}")
         if not (math.isfinite(self.width) and self.width > 0):
             raise InputError(f"width must be > 0 decades, got {self.width!r}")
         if self.kernel not in KERNELS:
@@ -102,7 +107,8 @@ class CurriculumConfig:
 
     def check_step(self, step: int) -> int:
         """``step`` as an int, or :class:`InputError` when it is outside ``0 .. total_steps - 1``."""
-        if isinstance(step, torch.Tensor) or int(step) != step:
+        if (isinstance(step, (bool, torch.Tensor)) or not isinstance(step, (int, float, np.integer, np.floating))
+                or not float(step).is_integer()):  # fmt: skip
             raise InputError(f"step must be an integer, got {step!r}")
         step = int(step)
         if not 0 <= step < self.total_steps:

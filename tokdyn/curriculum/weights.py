@@ -37,9 +37,11 @@ class TokenWeights:
 
     ``step`` is the 0-based optimizer update the batch is for: a Python int (checked against
     the schedule's range on the host, no device work) or a 0-d integer tensor on the device
-    (for captured graphs; not range-checked, since that would need a sync). Token ids must be
-    in the table's vocabulary (guaranteed by the tokenizer check). With ``floor == 0`` a batch
-    in which no token scores gets uniform weights (1) rather than zeros.
+    (for captured graphs; range-checked on the CPU only, since on a device that would need a
+    sync). Token ids must be integers in the table's vocabulary: an id outside it is an
+    :class:`InputError` for CPU tokens, and makes the batch's weights NaN on a device (no host
+    sync there; the loss says so). With ``floor == 0`` a batch in which no token scores gets
+    uniform weights (1) rather than zeros.
     """
 
     def __init__(self, table: LearnabilityTable, config: CurriculumConfig, *, tokenizer: Any,
@@ -58,6 +60,12 @@ class TokenWeights:
     def x(self, step: int | torch.Tensor) -> float | torch.Tensor:
         """``log10`` pilot step of update ``step`` (plus lead): a float, or a device tensor."""
         if isinstance(step, torch.Tensor):
+            if step.numel() != 1 or step.dtype == torch.bool or step.dtype.is_floating_point or step.dtype.is_complex:
+                raise InputError(f"step must be an int or a one-element integer tensor (the 0-based optimizer update), "
+                                 f"got a {step.dtype} tensor of shape {tuple(step.shape)}")  # fmt: skip
+            step = step.reshape(())
+            if step.device.type == "cpu":  # checked where it costs no device sync
+                self.config.check_step(int(step))
             c = self.config
             return torch.log10((step.to(torch.float32) + 1.0) * c.time_scale) + c.lead
         return self.config.x(step)
@@ -65,6 +73,16 @@ class TokenWeights:
     def __call__(self, tokens: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
         if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2 or tokens.shape[1] < 2:
             raise InputError(f"tokens must be a tensor [B, C+1], got {getattr(tokens, 'shape', type(tokens).__name__)}")
+        if tokens.dtype == torch.bool or tokens.dtype.is_floating_point or tokens.dtype.is_complex:
+            raise InputError(f"tokens must be integer token ids, got {tokens.dtype} (a float or bool id would be read as "
+                             "another token)")  # fmt: skip
+        v = self.table.vocab_size
+        if tokens.device.type == "cpu" and tokens.numel():  # on the host the check costs no device sync
+            lo, hi = int(tokens.min()), int(tokens.max())
+            if lo < 0 or hi >= v:
+                raise InputError(f"token ids span [{lo}, {hi}] but the learnability table was built for a vocabulary of "
+                                 f"{v}: an id outside it would be read as another token's context (a padding id, "
+                                 "-100 labels passed as tokens, another tokenizer?)")  # fmt: skip
         x = self.x(step)
         mu, delta, _ = self.table.lookup(tokens)  # (B, C) each, on the device
         q = self.config.sharpen(self.config.learnability(x, mu, delta))
@@ -73,7 +91,11 @@ class TokenWeights:
         # weights without a word; checked without a host sync
         share = torch.where((mean > 0) | mean.isnan(), q / mean.clamp(min=torch.finfo(q.dtype).tiny), torch.ones_like(q))
         f = self.config.floor
-        return f + (1.0 - f) * share
+        w = f + (1.0 - f) * share
+        if tokens.device.type != "cpu":  # an id outside the vocabulary: NaN weights (the loss says so), no host sync
+            t = tokens.to(self.device)
+            w = torch.where(((t < 0) | (t >= v)).any(), torch.full_like(w, float("nan")), w)
+        return w
 
     def __repr__(self) -> str:
         return f"TokenWeights({self.table!r}, {self.config})"
