@@ -339,3 +339,19 @@ def test_the_coupled_arm_draws_its_probabilities_and_differs_from_the_base_by_th
     differ = np.mean(np.concatenate([arm.draws(t) != base.draws(t) for t in range(5)]))
     tv = 0.5 * np.abs(p - p0).sum()
     assert abs(differ - tv) < 5 * math.sqrt(tv * (1 - tv) / draws.size) + 1e-9
+
+
+@pytest.mark.parametrize("name", ["mix.JSONL", "mix.Jsonl", "mix.jsonl"])
+def test_a_jsonl_source_is_one_in_any_case_of_its_extension(tmp_path, name):
+    # DATA.JSONL was read as one text document of JSON lines, its fields text
+    import json
+
+    from tokdyn.data import load_documents
+
+    path = tmp_path / name
+    path.write_text("\n".join(json.dumps({"text": f"document {i} " * 20, "d": "ab"[i % 2]}) for i in range(6)) + "\n")
+    docs = load_documents(str(path), domain_field="d")
+    assert len(docs) == 6 and {d.domain for d in docs} == {"a", "b"}
+    assert all(not d.text.lstrip().startswith("{") for d in docs)
+    with pytest.raises(InputError, match="domain_field"):
+        prepare_domains(str(path))

@@ -451,3 +451,10 @@ def iter_texts(docs: Iterable[Document]) -> Iterator[str]:
     for d in docs:
         if d.text is not None:
             yield d.text
+
+
+def source_kind(source: str) -> str | None:
+    """``"jsonl"`` or ``"bin"`` for a file source of that kind, by its extension in any case
+    (``DATA.JSONL`` was read as one text document of JSON lines), else None."""
+    low = os.fspath(source).lower()
+    return "jsonl" if low.endswith(".jsonl") else "bin" if low.endswith(".bin") else None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .corpus import (Document, bin_documents, iter_texts, jsonl_documents, relabel_documents, split_digest, split_documents, stdlib_documents,
+from .corpus import (Document, bin_documents, source_kind, iter_texts, jsonl_documents, relabel_documents, split_digest, split_documents, stdlib_documents,
                      stdlib_mixture_documents, text_documents)  # fmt: skip
 from .errors import InputError
 from .probe import ProbeSet, build_probe
@@ -47,9 +47,9 @@ def load_documents(source: str = "stdlib", *, text_field: str = "text", domain_f
         return stdlib_mixture_documents()
     if not os.path.exists(source):
         raise InputError(f"corpus source not found: {source!r} (use 'stdlib', 'stdlib-mix', a folder, a text, .jsonl or .bin file)")
-    if source.endswith(".jsonl"):
+    if source_kind(source) == "jsonl":
         return jsonl_documents(source, text_field=text_field, domain_field=domain_field)
-    if source.endswith(".bin"):
+    if source_kind(source) == "bin":
         return bin_documents(source, dtype=bin_dtype, eot_id=eot_id)
     return text_documents(source)
 
@@ -332,7 +332,7 @@ def _check_domain_source(source: str, *, text_field: str, domain_field: str | No
     a ``.jsonl`` file without ``domain_field`` (every document would be labelled ``"default"``:
     a mixture of one domain, whatever the records say) unless ``mapping`` labels them, and
     ``domain_field`` / ``text_field`` given for a source that has no fields (ignored before)."""
-    if not source.endswith(".jsonl"):
+    if source_kind(source) != "jsonl":
         for name, value, default in (("domain_field", domain_field, None), ("text_field", text_field, "text")):
             if value != default:
                 raise InputError(f"{name}={value!r} applies to a .jsonl source only; {source!r} is not one (a folder's "

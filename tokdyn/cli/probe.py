@@ -8,6 +8,7 @@ import os
 import tempfile
 
 from .._files import check_output_path
+from ..corpus import source_kind
 from ..errors import InputError
 from ..store import open_store
 
@@ -94,7 +95,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise InputError(f"--probe-fraction must be in (0, 1), got {args.probe_fraction}")
     # Options of one kind of source, given with another, would be ignored: the source would be read
     # as something else than meant (a token file not named .bin, as text).
-    kind = "jsonl" if args.source.endswith(".jsonl") else "bin" if args.source.endswith(".bin") else None
+    kind = source_kind(args.source)
     for option, value, wants in (("--text-field", args.text_field, "jsonl"), ("--domain-field", args.domain_field, "jsonl"),
                                  ("--bin-dtype", args.bin_dtype, "bin"), ("--bin-eot-id", args.bin_eot_id, "bin")):  # fmt: skip
         if value is not None and kind != wants:

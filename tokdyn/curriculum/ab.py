@@ -53,6 +53,7 @@ import torch.nn.functional as F
 
 from .._files import check_output_path
 from .._process import exit_with_parent
+from ..corpus import source_kind
 from ..data import DomainCorpus, MixtureDataset, prepare_domains
 from ..errors import InputError
 from ..model import GPTConfig, TinyGPT
@@ -390,7 +391,7 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
     t_start = time.perf_counter()
     torch.set_num_threads(cfg.threads)
     corpus = corpus or prepare_domains(cfg.source, max_train_tokens=cfg.max_train_tokens,
-                                       domain_field="domain" if cfg.source.endswith(".jsonl") else None)  # fmt: skip
+                                       domain_field="domain" if source_kind(cfg.source) == "jsonl" else None)  # fmt: skip
     if len(corpus.domains) < 2:
         log(f"note: only one domain ({corpus.domains[0]}) has text here: a mixture schedule cannot do anything")
     ds = MixtureDataset(corpus, context=cfg.context)
