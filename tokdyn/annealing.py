@@ -64,9 +64,12 @@ def annealing_area(decay_lr: Sequence[float], *, momentum: float) -> float:
     and the decayed rate; a longer one saturates near ``(peak - end) / (1 - momentum)``, so the
     loss gained by annealing, ``C * S2``, stops growing with the decay's length.
     """
-    if not 0 <= momentum < 1:
-        raise InputError(f"momentum must be in [0, 1), got {momentum}")
-    eta = np.asarray(decay_lr, np.float64)
+    if isinstance(momentum, (bool, np.bool_)) or not isinstance(momentum, (int, float, np.integer, np.floating)) or not 0 <= momentum < 1:
+        raise InputError(f"momentum must be a number in [0, 1), got {momentum!r}")
+    try:  # a string among the rates was a ValueError from numpy
+        eta = np.asarray(decay_lr, np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"decay_lr must be a finite 1-D sequence of lr / peak values, got {decay_lr!r}") from None
     if eta.ndim != 1 or not np.all(np.isfinite(eta)):
         raise InputError("decay_lr must be a finite 1-D sequence of lr / peak values")
     m, total, prev = 0.0, 0.0, 1.0
@@ -82,6 +85,9 @@ def decay_schedule(run) -> list[float]:
     sched = run.attrs.get("decay_lr")
     if not isinstance(sched, list) or not sched:
         raise InputError(f"run {run.name!r} has no 'decay_lr' attribute (the lr / peak of its decay's updates)")
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in sched)
+    if not ok:  # float() of a string raised ValueError, of a list TypeError, and NaN reached the fit
+        raise InputError(f"run {run.name!r}: its 'decay_lr' attribute must hold finite numbers (lr / peak), got {sched[:8]!r}")
     return [float(v) for v in sched]
 
 
@@ -101,6 +107,16 @@ def _trunk_loss_at_area(trunk, areas: np.ndarray, measured=None) -> np.ndarray:
     steps = trunk.coord("step")[: trunk.n_committed].astype(np.float64)
     loss = (measured if measured is not None else measured_mean_loss(trunk)).loss
     ok = (steps > 0) & np.isfinite(loss)
+    if np.count_nonzero(ok) < 2:
+        raise InputError(f"T run {trunk.name!r} has {np.count_nonzero(ok)} measured rows at steps > 0; reading its loss needs 2")
+    lo, hi = steps[ok].min(), steps[ok].max()
+    # The lr-area table may reach beyond the rows recorded (a trunk still being recorded, or one
+    # that stopped): np.interp held the last measured loss there, and every such gain was wrong.
+    out = (at < lo * (1 - 1e-9)) | (at > hi * (1 + 1e-9))
+    if out.any():
+        raise InputError(f"{int(out.sum())} of the {at.size} lr areas fall at steps {at[out].min():.4g}-{at[out].max():.4g} of "
+                         f"T run {trunk.name!r}, outside the steps where its mean loss was measured ({lo:g}-{hi:g}); "
+                         "record the trunk over them, or leave those branches out")  # fmt: skip
     return np.interp(np.log10(at), np.log10(steps[ok]), loss[ok])
 
 
@@ -114,13 +130,16 @@ def branch_gains(trunk, branches: Sequence) -> tuple[np.ndarray, np.ndarray]:
 
     Returns ``(schedules, gains [K])``; ``schedules`` is a list of K lists.
     """
-    from .axes import _positive, check_same_probe
+    from .axes import _positive, _same_place, check_same_probe
     from .reconstruct import MEASURED_MIN_SHARE, MeasuredMeanWarning, measured_mean_loss
 
     if trunk.axis != "T":
         raise InputError(f"the trunk must be a T run, got {trunk.name!r} of axis {trunk.axis}")
-    for b in branches:  # a mean over the trunk's tokens is read off each branch
+    branches = list(branches)
+    for i, b in enumerate(branches):  # a mean over the trunk's tokens is read off each branch
         check_same_probe(trunk, b)
+        if any(q.name == b.name and _same_place(q.store.url, b.store.url) for q in branches[:i]):  # weighed twice in the fit
+            raise InputError(f"branch {b.name!r} of {b.store.url} is named twice among the branches; name each branch once")
     measured = measured_mean_loss(trunk)
     # One set of tokens on both sides: a branch whose final row lacks some tokens would be
     # averaged over others than the trunk (a NaN row gave a NaN gain, and C = 0 as if calibrated).
@@ -163,17 +182,22 @@ def fit_annealing_gain(trunk, branches: Sequence) -> AnnealingGain:
     pair with the smallest squared error wins (ties: the smaller momentum). Deterministic.
     Pass branches that are not the points you then predict.
     """
+    branches = list(branches)  # a generator had no len()
     if len(branches) < MIN_BRANCHES:
         raise InputError(f"calibrating the annealing gain needs at least {MIN_BRANCHES} branches, got {len(branches)}")
     scheds, g = branch_gains(trunk, branches)
-    best = None
+    best, any_area = None, False
     for lf in _LOG_FORGET:
         lam = 1.0 - 10.0**lf
         s2 = np.array([annealing_area(s, momentum=lam) for s in scheds])
+        any_area |= float(s2 @ s2) > 0
         c = max(0.0, float(s2 @ g) / float(s2 @ s2)) if float(s2 @ s2) > 0 else 0.0
         sse = float(((c * s2 - g) ** 2).sum())
         if best is None or sse < best[0] - 1e-15:
             best = (sse, c, lam)
+    if not any_area:  # no rate below the peak: S2 is 0 at every momentum, and C = 0 came back as if calibrated
+        raise InputError(f"none of the {len(scheds)} branches has an annealing area (their 'decay_lr' never falls below "
+                         "the peak rate), so they say nothing of what a decay gains; calibrate on decayed branches")  # fmt: skip
     sse, c, lam = best
     return AnnealingGain(coef=c, momentum=float(lam), n_branches=len(branches), rms=float(np.sqrt(sse / len(branches))),
                          branches=tuple(b.name for b in branches))  # fmt: skip

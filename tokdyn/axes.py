@@ -85,7 +85,9 @@ def axis_sources(store: TrajectoryStore, axis: str) -> list[str]:
         if r.axis != "T" or r.attrs.get(attr) is None or r.n_committed == 0:
             continue
         groups.setdefault(shared(r), []).append(r.name)
-    usable = [g for g in groups.values() if len({store.run(n).attrs[attr] for n in g}) >= MIN_AXIS_RUNS]
+    # distinct axis values by what they say as text: an attribute that is a list or a dict (no
+    # axis value; assemble_axis names the run) made a set of them fail with "unhashable type"
+    usable = [g for g in groups.values() if len({_value_key(store.run(n).attrs[attr]) for n in g}) >= MIN_AXIS_RUNS]
     if len(usable) == 1:
         return usable[0]
     if not usable:
@@ -96,6 +98,11 @@ def axis_sources(store: TrajectoryStore, axis: str) -> list[str]:
             f"candidate run(s). Train more, or name the runs"
         )
     raise InputError(f"several groups of runs could form axis {axis}: {usable}; name the runs to use")
+
+
+def _value_key(v) -> str:
+    """An axis attribute as a hashable key: equal numbers (10 and 10.0) alike, anything else by its repr."""
+    return repr(float(v)) if _positive(v) else repr(v)
 
 
 def assemble_axis(
@@ -120,9 +127,10 @@ def assemble_axis(
         What runs that share an axis value are: an error (default), or seeds of one point whose
         final rows are averaged token by token (NaN skipped) into one row.
 
-    Rows are sorted by axis value; ``step`` is the row index, ``tokens_seen`` the source's last.
+    Rows are sorted by axis value; ``step`` is the row index, ``tokens_seen`` the source's last;
+    the losses are stored in the widest of the sources' dtypes.
     Raises InputError for fewer than 3 distinct axis values, (by default) repeated ones, a run
-    named twice, or a final row that is not the run at its ``data_budget`` (where its tokens
+    named twice, ``name`` naming one of the runs, or a final row that is not the run at its ``data_budget`` (where its tokens
     seen are known: :data:`BUDGET_TOLERANCE`); ProbeMismatchError when a source was recorded on
     another probe. Warns (:class:`AxisWarning`) where a source's final row has NaN losses.
     """
@@ -132,9 +140,15 @@ def assemble_axis(
         raise InputError(f"repeats must be 'refuse' or 'mean', got {repeats!r}")
     attr = AXIS_ATTRS[axis]
     name = name or axis_run_name(axis)
+    if isinstance(runs, (str, Run)):  # a name alone was read letter by letter ("no run 'd'")
+        raise InputError(f"runs must be a list of run names or Run objects, got {runs if isinstance(runs, str) else runs.name!r} alone")
     sources = [st.run(r) if isinstance(r, str) else r for r in (axis_sources(st, axis) if runs is None else runs)]
     if any(not isinstance(r, Run) for r in sources):
         raise InputError("runs must be run names or Run objects")
+    for r in sources:  # overwrite=True deleted that source before its final row was read: the run was lost
+        if r.name == name and _same_place(r.store.url, st.url):
+            raise InputError(f"run {name!r} is one of the runs of axis {axis}; the axis run needs another name "
+                             f"(default {axis_run_name(axis)!r})")  # fmt: skip
     if len(sources) < MIN_AXIS_RUNS:
         raise InputError(f"axis {axis} needs at least {MIN_AXIS_RUNS} runs, got {len(sources)}: {[r.name for r in sources]}")
     for i, r in enumerate(sources):  # one run twice would count twice in a mean of seeds, or be "two runs"
@@ -173,9 +187,11 @@ def assemble_axis(
         if not overwrite:
             raise RunExistsError(f"run {name!r} already exists in {st.url}; pass overwrite=True (--overwrite) to rebuild it")
         st.delete_run(name)
-    first = sources[0]
+    # the widest of the sources' dtypes: the first one's (a float16 run first) rounded every
+    # other source's losses to its precision without a word
+    dtype = str(np.result_type(*[np.dtype(r.dtype) for r in sources]))
     out = st.create_run(
-        name, axis=axis, capacity=len(distinct), dtype=str(first.dtype),
+        name, axis=axis, capacity=len(distinct), dtype=dtype,
         attrs={"sources": [{"store": r.store.url, "run": r.name, attr: values[i], "n_committed": r.n_committed,
                             "run_id": _run_id(r)} for i, r in enumerate(sources)],
                "axis_attr": attr, "derived": "final committed row of each source run"

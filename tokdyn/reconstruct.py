@@ -378,9 +378,10 @@ def reconstruct_across(
     Fit ``t_run`` from the end of its warm-up (``fit_run(t_run, axis_min=warmup_steps)``): the D
     points lie after it, and over every step the warm-up's drop takes one of each token's two
     events (docs/spectrum.md, "D rebuilt from the events of T"). A point whose effective step
-    lies below that fit window is refused (:class:`InputError`), not extrapolated."""
+    lies below that fit window, or outside the steps the T fit was made on at all (above its last
+    fitted step: a trunk stopped short), is refused (:class:`InputError`), not extrapolated."""
     from .axes import axis_run_problem, check_same_probe, effective_steps, source_runs
-    from .fit.job import fit_inputs, stored_axis_min
+    from .fit.job import fit_inputs, fitted_inputs, stored_axis_min
 
     check_same_probe(axis_run, t_run)  # the T events of token i are read against D's token i
     stale = axis_run_problem(axis_run, "D") if axis_run.axis == "D" else None
@@ -398,7 +399,18 @@ def reconstruct_across(
             f"{t_run.name!r}'s fit window (from step {window:g}; the first at {steps.min():.3g}): its events would be "
             f"extrapolated there. Refit it with a lower --axis-min"
         )
+    # Above the T fit's last step (a trunk still being recorded, or trained short of the largest
+    # budget) the events were extrapolated as silently as below its window, and read as a rebuild.
+    _, t_x = fitted_inputs(t_run)
     at = np.log10(steps)
+    outside = (at < t_x.min() - 1e-9) | (at > t_x.max() + 1e-9)
+    if outside.any():
+        raise InputError(
+            f"{int(outside.sum())} of the {steps.size} {axis_run.axis} points lie at effective steps outside the steps "
+            f"{t_run.name!r} was fitted on ({10 ** t_x.min():.4g} to {10 ** t_x.max():.4g}; the points run {steps.min():.4g} "
+            f"to {steps.max():.4g}): its events would be extrapolated there. Record and fit T over every point "
+            f"(a trunk trained to the largest budget), or leave those points out"
+        )
     offset = None
     if annealing is not None:
         from .annealing import decay_schedule

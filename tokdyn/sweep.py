@@ -51,9 +51,28 @@ __all__ = ["DecaySweepConfig", "DecaySweep", "branched_decay_sweep", "log_budget
 DECAY_SHAPES = ("linear", "sqrt")
 
 
+def _steps(value, what: str) -> int:
+    """``value`` as a whole number of steps (an int, a numpy integer, or a float such as 100.0),
+    else one clear :class:`InputError` (never a bool, never cut: 10.7 is not 10)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InputError(f"{what}: expected whole numbers of steps, got {value!r}")
+    if not (math.isfinite(value) and float(value).is_integer()):
+        raise InputError(f"{what}: expected whole numbers of steps, got {value!r}")
+    return int(value)
+
+
+def _number(value, what: str) -> float:
+    """``value`` as a finite float (not a bool), else one clear :class:`InputError`."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) or not math.isfinite(value):
+        raise InputError(f"{what} must be a finite number, got {value!r}")
+    return float(value)
+
+
 def log_budgets(first: int, last: int, n: int) -> list[int]:
     """``n`` budgets (steps) evenly spaced in log between ``first`` and ``last``, rounded and distinct."""
-    if not (1 <= first < last) or n < 2:
+    n = _steps(n, "n")
+    if not (isinstance(first, (int, float, np.integer, np.floating)) and isinstance(last, (int, float, np.integer, np.floating))) \
+            or isinstance(first, (bool, np.bool_)) or isinstance(last, (bool, np.bool_)) or not (1 <= first < last < math.inf) or n < 2:
         raise InputError(f"need 1 <= first < last and n >= 2, got first={first}, last={last}, n={n}")
     return sorted({int(round(b)) for b in np.geomspace(first, last, n)})
 
@@ -90,17 +109,43 @@ class DecaySweepConfig:
     trunk_steps: int | None = None
 
     def __post_init__(self) -> None:
-        b = tuple(int(x) for x in self.budgets)
+        # Steps are whole numbers: int() cut a budget of 10.7 to 10 and a calibration budget of
+        # 150.9 to 150 without a word, and a warm-up of 2.5 steps ran the trunk above its peak rate.
+        try:
+            b = tuple(_steps(x, "budgets") for x in self.budgets)
+        except TypeError:
+            raise InputError(f"budgets must be a sequence of steps, got {self.budgets!r}") from None
         object.__setattr__(self, "budgets", b)
         if len(b) < 1 or any(x < 1 for x in b) or any(y <= x for x, y in zip(b, b[1:])):
             raise InputError(f"budgets must be positive, strictly increasing steps, got {list(b)}")
+        object.__setattr__(self, "warmup", _steps(self.warmup, "warmup"))
+        object.__setattr__(self, "trunk_points", _steps(self.trunk_points, "trunk_points"))
+        if self.trunk_steps is not None:
+            object.__setattr__(self, "trunk_steps", _steps(self.trunk_steps, "trunk_steps"))
+        for what in ("lr", "decay_frac", "floor", "weight_decay", "grad_clip"):
+            _number(getattr(self, what), what)
+        try:
+            betas = tuple(_number(v, "betas") for v in self.betas)
+        except TypeError:
+            raise InputError(f"betas must be two numbers, got {self.betas!r}") from None
+        if len(betas) != 2 or not all(0 <= v < 1 for v in betas):
+            raise InputError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            raise InputError(f"need weight_decay >= 0 and grad_clip >= 0 (0: no clipping), got {self.weight_decay} and {self.grad_clip}")
+        if self.trunk_points < 2:
+            raise InputError(f"trunk_points must be at least 2, got {self.trunk_points}")
         if not self.lr > 0 or self.warmup < 0 or not 0 < self.decay_frac < 1 or not 0 <= self.floor < 1:
             raise InputError("need lr > 0, warmup >= 0, 0 < decay_frac < 1 and 0 <= floor < 1")
         if self.shape not in DECAY_SHAPES:
             raise InputError(f"shape must be one of {DECAY_SHAPES}, got {self.shape!r}")
         if self.trunk_steps is not None and int(self.trunk_steps) < b[-1]:
             raise InputError(f"trunk_steps ({self.trunk_steps}) must reach the largest budget ({b[-1]})")
-        cal = tuple((int(x), float(f)) for x, f in self.calibration)
+        try:
+            cal = tuple((_steps(x, "calibration budgets"), _number(f, "calibration decay_frac")) for x, f in self.calibration)
+        except InputError:
+            raise
+        except (TypeError, ValueError):
+            raise InputError(f"calibration must be (budget, decay_frac) pairs, got {self.calibration!r}") from None
         object.__setattr__(self, "calibration", cal)
         if any(not 0 < f < 1 or not 1 <= x <= b[-1] for x, f in cal):
             raise InputError(f"calibration branches need 0 < decay_frac < 1 and 1 <= budget <= {b[-1]}, got {list(cal)}")

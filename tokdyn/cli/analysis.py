@@ -145,7 +145,7 @@ def _histogram_lines(spec) -> list[str]:
 def _reconstruct(args: argparse.Namespace) -> int:
     _check_boot(args.boot)
     if args.axis:
-        found = axis_run(store_path(args.store), args.axis, runs=args.runs.split(",") if args.runs else None, rebuild=args.rebuild,
+        found = axis_run(store_path(args.store), args.axis, runs=_run_names(args.runs), rebuild=args.rebuild,
                          repeats=args.repeats)
         run = found.run
         if found.assembled:
@@ -154,7 +154,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
         if found.fitted:
             print(f"fitted run {run.name!r}", file=sys.stderr)
     else:
-        given = [flag for flag, on in (("--runs", args.runs), ("--rebuild", args.rebuild), ("--repeats", args.repeats != "refuse")) if on]
+        given = [flag for flag, on in (("--runs", args.runs is not None), ("--rebuild", args.rebuild), ("--repeats", args.repeats != "refuse")) if on]
         if given:
             raise InputError(f"{', '.join(given)} apply to an axis: pass --axis D or --axis M")
         run = open_cli_run(args.store, args.run)
@@ -178,6 +178,20 @@ def _reconstruct(args: argparse.Namespace) -> int:
     for row in zip(rec.x, rec.measured, rec.from_events, rec.from_spectrum):
         print("  " + "  ".join(f"{v:8.3f}" for v in row))
     return 0
+
+
+def _run_names(text: str | None) -> list[str] | None:
+    """``--runs a,b,c`` as names, spaces around each dropped. An empty ``--runs ""`` used to mean
+    "every run found from metadata" without a word, and ``a,,b`` or ``a, b`` asked for runs
+    '' and ' b'."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",")]
+    if not any(names):
+        raise InputError("--runs names no run; give the runs of the axis, comma-separated (or leave --runs out to find them)")
+    if not all(names):
+        raise InputError(f"--runs {text!r} has an empty name between commas; give the runs of the axis, comma-separated")
+    return names
 
 
 def _no_share_reason(rec) -> str:
