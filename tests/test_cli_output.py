@@ -139,3 +139,29 @@ def test_a_closed_stdout_is_one_error_line_before_any_work(tmp_path):
         assert p.returncode == 1
         assert err == [f"tokdyn {args[0]}: error: standard output is closed, so what the command prints "
                        "would be lost; send it to a file or to /dev/null"]
+
+
+def _commands(parser, prefix=()):
+    """Every (sub)command path of the CLI and its parser."""
+    subs = [a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction)]
+    if not subs:
+        yield prefix, parser
+        return
+    for name, p in subs[0].choices.items():
+        yield from _commands(p, (*prefix, name))
+
+
+def test_an_unknown_option_shows_the_usage_of_the_command_given(capsys):
+    # `tokdyn fit demo --bogus` printed `usage: tokdyn [-h] [--version] COMMAND ...`
+    from tokdyn.cli import build_parser
+
+    paths = [path for path, _ in _commands(build_parser())]
+    assert ("fit",) in paths and ("curriculum", "schedule") in paths
+    for path in paths:
+        with pytest.raises(SystemExit) as ex:
+            main([*path, "--no-such-option-xyz"])
+        assert ex.value.code == 2
+        err = capsys.readouterr().err
+        name = " ".join(("tokdyn", *path))
+        assert err.startswith(f"usage: {name} "), (path, err[:200])
+        assert err.rstrip().splitlines()[-1].startswith(f"{name}: error: "), (path, err)

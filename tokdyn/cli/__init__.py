@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # an option the command does not take: its own usage line, not the top level's
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:  # bare `tokdyn`: what it can do
         parser.print_help()
         return 0
@@ -64,6 +66,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         restore()
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``args`` ran: ``tokdyn curriculum schedule``'s, not ``tokdyn``'s."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = subs and subs[0].choices.get(getattr(args, subs[0].dest, None) or "")
+        if not chosen:
+            return parser
+        parser = chosen
 
 
 # numpy's floating-point warnings (its messages; tokdyn's own RuntimeWarnings, such as non-finite
