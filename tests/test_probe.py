@@ -39,7 +39,7 @@ def test_text_and_jsonl_sources(tmp_path):
     docs = tokdyn.jsonl_documents(j, domain_field="src")
     assert [(d.text, d.domain) for d in docs] == [("one", "w"), ("two", "b")]
     j.write_text('{"text": 1}\n')
-    with pytest.raises(InputError, match=":1: expected an object with a string field 'text'"):
+    with pytest.raises(InputError, match=":1: the text field 'text' must be a string; it is 1 \\(a number\\)"):
         tokdyn.jsonl_documents(j)
     j.write_text("{not json\n")
     with pytest.raises(InputError, match="not valid JSON"):
@@ -213,3 +213,16 @@ def test_explicit_schedule_and_errors():
         tokdyn.geometric_schedule(5, 10, first=8)
     with pytest.raises(InputError, match="unknown schedule"):
         tokdyn.make_schedule("cosine", 10)
+
+
+@pytest.mark.parametrize("line, found", [('{"text": null}', "it is null"), ('{"text": 5}', "it is 5 (a number)"),
+                                         ('{"text": true}', "it is true (a boolean)"), ('{"text": ["a"]}', 'it is ["a"] (a list)'),
+                                         ('{"text": {"a": 1}}', 'it is {"a": 1} (an object)'), ('{"body": "x"}', "it has no such field"),
+                                         ('[1, 2]', "the line is [1, 2] (a list)"), ('"abc"', 'the line is "abc" (a string)')])  # fmt: skip
+def test_a_jsonl_record_without_string_text_is_named_with_what_it_holds(tmp_path, line, found):
+    # the text field's errors named the line only (the domain field's named the value too)
+    j = tmp_path / "d.jsonl"
+    j.write_text(json.dumps({"text": "one"}) + "\n" + line + "\n")
+    with pytest.raises(InputError) as ex:
+        tokdyn.jsonl_documents(j)
+    assert str(ex.value).startswith(f"{j}:2: ") and str(ex.value).endswith(found), str(ex.value)

@@ -282,8 +282,12 @@ def jsonl_documents(
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get(text_field), str):
-                raise InputError(f"{p}:{lineno}: expected an object with a string field {text_field!r}")
+            if not isinstance(rec, dict):
+                raise InputError(f"{p}:{lineno}: expected an object with a string field {text_field!r}; "
+                                 f"{_found(rec).replace('it is', 'the line is', 1)}")  # fmt: skip
+            if not isinstance(rec.get(text_field), str):
+                raise InputError(f"{p}:{lineno}: the text field {text_field!r} must be a string; "
+                                 f"{_found(rec[text_field]) if text_field in rec else 'it has no such field'}")  # fmt: skip
             domain = _record_domain(rec, domain_field, f"{p}:{lineno}") if domain_field else "default"
             if rec[text_field]:
                 docs.append(Document(key=f"{_name_text(p.name)}:{lineno}", domain=domain, text=_valid_text(rec[text_field])))
@@ -298,15 +302,17 @@ def _record_domain(rec: dict, field: str, where: str) -> str:
     value = rec.get(field)
     if isinstance(value, str) and value:
         return _valid_text(value)
-    if field not in rec:
-        found = "it has no such field"
-    else:
-        shown = json.dumps(value, ensure_ascii=False)
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        found = f"it is {shown}" + {str: " (empty)", type(None): "", list: " (a list)", dict: " (an object)",
-                                     bool: " (a boolean)"}.get(type(value), " (a number)")  # fmt: skip
+    found = _found(value) if field in rec else "it has no such field"
     raise InputError(f"{where}: the domain field {field!r} must be a non-empty string; {found} "
                      "(give every record a domain, or leave out the domain field)")
+
+
+def _found(value) -> str:
+    """``it is <value> (<kind>)`` for a message about a JSON value, the value cut to 40 characters."""
+    shown = json.dumps(value, ensure_ascii=False)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"it is {shown}" + {str: " (empty)" if value == "" else " (a string)", type(None): "", list: " (a list)",
+                               dict: " (an object)", bool: " (a boolean)"}.get(type(value), " (a number)")  # fmt: skip
 
 
 def _valid_text(text: str) -> str:
