@@ -211,6 +211,23 @@ def test_identical_weights_at_two_steps_warn_and_are_both_recorded(tmp_path, pro
     assert run.steps.tolist() == [10, 20, 30] and fps[0] == fps[1] != fps[2]
 
 
+def test_the_cli_warns_of_identical_weights_once(tmp_path, probe, capsys):
+    # record-offline printed the warning, then a second "warning: steps 10 and 20 ..." on stdout
+    from tokdyn.cli import main
+
+    write_spec(tmp_path)
+    a = make_model(1)
+    save_torch(a, tmp_path / "step_10.pt")
+    save_torch(a, tmp_path / "step_20.pt")
+    save_torch(make_model(2), tmp_path / "step_30.pt")
+    open_store(tmp_path / "src.zarr", probe, mode="a")
+    assert main(["record-offline", "--checkpoints", str(tmp_path), "--out", str(tmp_path / "s.zarr"), "--run", "r",
+                 "--probe", str(tmp_path / "src.zarr"), "--no-progress"]) == 0  # fmt: skip
+    out, err = capsys.readouterr()
+    said = [line for line in (out + err).splitlines() if "identical weights" in line]
+    assert len(said) == 1 and said[0].startswith("tokdyn record-offline: warning: checkpoints at step 10 "), said
+
+
 # -- recording ----------------------------------------------------------------------------
 
 
