@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import tokdyn
-from tokdyn.errors import ProbeMismatchError, RunExistsError, StepOrderError, TokdynError, WriterError
+from tokdyn.errors import InputError, ProbeMismatchError, RunExistsError, StepOrderError, TokdynError, WriterError
 from tokdyn.record import TokenLossRecorder
 from tokdyn.store import RunWriter
 
@@ -112,7 +112,7 @@ def test_recorder_context_manager_keeps_rows_and_does_not_mask_the_training_erro
             raise KeyError("train")
     assert read_run(store_path, "cm").steps.tolist() == [0]
     rec.close()  # idempotent
-    with pytest.raises(TokdynError, match="closed"):
+    with pytest.raises(InputError, match="closed"):
         rec.record(1)
 
 

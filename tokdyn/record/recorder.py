@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import InputError, RunExistsError, StepOrderError, StoreError, TokdynError, WriterError
+from ..errors import InputError, RunExistsError, StepOrderError, StoreError, WriterError
 from ..probe import ProbeSet
 from ..runtime import count_parameters
 from ..schedule import explicit_schedule
@@ -374,7 +374,7 @@ class TokenLossRecorder:
                 _barrier()
         r = store.run(run)
         if len(r.writers) != self.world_size:
-            raise TokdynError(
+            raise InputError(
                 f"run {run!r} was recorded with {len(r.writers)} writer(s); this process group has {self.world_size}"
             )
         if dtype is not None and r.dtype != np.dtype(dtype):
@@ -400,7 +400,7 @@ class TokenLossRecorder:
         """Evaluate the probe now and queue the row for ``step``."""
         self._check_error()
         if self._closed:
-            raise TokdynError(f"the recorder of run {self.run_name!r} is closed; build a new one (resume=True continues the run)")
+            raise InputError(f"the recorder of run {self.run_name!r} is closed; build a new one (resume=True continues the run)")
         # checked here, in the caller's thread, as the writer checks it: a step of 1.7 was stored
         # as step 1, and a value the writer refuses would stop its thread at a later call
         step = check_row({"step": step, "tokens_seen": tokens_seen, "lr": lr})["step"]
@@ -471,7 +471,7 @@ class TokenLossRecorder:
         if isinstance(start_step, bool) or not isinstance(start_step, (int, np.integer)) or start_step < 0:
             raise InputError(f"start_step counts the optimizer updates already done: an integer >= 0, got {start_step!r}")
         if self._closed:
-            raise TokdynError(f"the recorder of run {self.run_name!r} is closed; build a new one (resume=True continues the run)")
+            raise InputError(f"the recorder of run {self.run_name!r} is closed; build a new one (resume=True continues the run)")
         if start_step == 0 and self.n_recorded and self._last_queued > 0:
             # A second loop that counts from 0 again while the model kept its weights: its rows would be
             # numbered from 0 again (steps up to the last one skipped, later ones misnumbered).
