@@ -44,6 +44,10 @@ def _fit(args: argparse.Namespace) -> int:
           f"{'' if args.axis_min is None else f' (axis values >= {args.axis_min:g})'}, "
           f"{res.blocks_fitted} blocks fitted, {res.blocks_resumed} already done, "
           f"{res.seconds:.1f} s ({res.backend}, {res.scheduler})")  # fmt: skip
+    if res.blocks_repaired:  # a resume that found blocks marked done but damaged
+        k = len(res.blocks_repaired)
+        print(f"  fitted again: {k} block{'s' * (k != 1)} marked done whose stored results were damaged "
+              f"(block{'s' * (k != 1)} {', '.join(map(str, res.blocks_repaired[:8]))}{', ...' if k > 8 else ''})")
     if res.rows_left_out:  # which rows the point count leaves out, and why (step 0, --axis-min)
         print(f"  {res.rows_left_out}")
     if res.n_rows_committed_since:  # a recorder appended while this ran: said now, not first by the next reader

@@ -171,6 +171,9 @@ class FitSummary:
     # rows the run committed while this fit ran (a recorder appending): the fit does not cover
     # them and is stale when it returns (its readers ask for --refit)
     n_rows_committed_since: int = 0
+    # blocks marked done by an earlier call whose stored results were damaged (a chunk cut short,
+    # deleted, overwritten): fitted again by this call (counted in blocks_fitted)
+    blocks_repaired: list = field(default_factory=list)
     # each class's drop and whether shares of it mean something (the rule the report and the
     # command line say it by); not in summary(), whose class_loss_share holds the shares
     class_drops: ClassDrops | None = field(default=None, repr=False)
@@ -283,7 +286,8 @@ def fit_run(
         # Workers resolve a relative path against their own working folder, not this process's.
         url = os.path.abspath(st.url) if distributed and "://" not in st.url else st.url
         with run.fit.writer(inputs, fields, n_blocks=n_blocks, refit=refit, labels=labels) as fw:
-            todo = np.flatnonzero(~fw.done()).tolist()
+            # blocks marked done whose stored results are damaged are fitted again, and said
+            todo, repaired = fw.todo()
             t0 = time.perf_counter()
             if todo:
                 task_args = dict(url=url, storage_options=st.storage_options, run=run.name, rows=rows, x=x,
@@ -308,6 +312,7 @@ def fit_run(
         class_loss_share=class_loss_share(res["class_code"], res["drop"]), axis_min=axis_min,
         rows_left_out=rows_left_out(run, rows, axis_min=axis_min, n_committed=n_committed),
         n_rows_left_out=n_committed - int(rows.size), n_rows_committed_since=since, class_drops=class_drops(res["class_code"], res["drop"]),
+        blocks_repaired=repaired,
     )  # fmt: skip
 
 

@@ -296,21 +296,84 @@ class FitWriter:
                                     "tokdyn_version": __version__, "created": utc_now(), "complete": False}})  # fmt: skip
 
     def _check_arrays(self, fields: dict, n_blocks: int) -> None:
-        """Before resuming: every array of the fit is there with its shape and dtype, so blocks
-        marked done are not taken as written over a field that was deleted or replaced (a resume
-        would otherwise report success over a fit nothing can read)."""
+        """Before resuming: every array of the fit is there with its shape, dtype and chunks, so
+        blocks marked done are not taken as written over a field that was deleted or replaced (a
+        resume would otherwise report success over a fit nothing can read)."""
         run, g = self.results._run, self.results._group()
-        expected = {name: ((run.n_tokens,), np.dtype(dt)) for name, dt in fields.items()}
-        expected["crc"] = ((n_blocks, len(fields)), np.dtype("uint32"))
-        expected["done"] = ((n_blocks,), np.dtype("uint8"))
-        for name, (shape, dt) in expected.items():
+        block = int(self.results.meta["block_tokens"])
+        expected = {name: ((run.n_tokens,), (block,), np.dtype(dt)) for name, dt in fields.items()}
+        expected["crc"] = ((n_blocks, len(fields)), (1, len(fields)), np.dtype("uint32"))
+        expected["done"] = ((n_blocks,), (1,), np.dtype("uint8"))
+        for name, (shape, chunks, dt) in expected.items():
             try:
                 arr = g[name] if g is not None else None
             except Exception:  # noqa: BLE001 - missing, or its metadata unreadable
                 arr = None
-            if not isinstance(arr, zarr.Array) or arr.shape != shape or np.dtype(arr.dtype) != dt:
+            # chunks too: a field whose zarr.json names other chunks cannot decode its blocks, and
+            # rewriting one through it would scatter it over chunks the others do not use
+            if not isinstance(arr, zarr.Array) or arr.shape != shape or np.dtype(arr.dtype) != dt or tuple(arr.chunks) != chunks:
                 raise StoreError(f"the fit of run {run.name!r} is damaged: fit/{name} is missing or is not a {dt} array of "
-                                 f"shape {shape}; refit it (`tokdyn fit --refit`)")  # fmt: skip
+                                 f"shape {shape} in chunks of {chunks}; refit it (`tokdyn fit --refit`)")  # fmt: skip
+
+    def todo(self) -> tuple[list[int], list[int]]:
+        """The blocks this fit must fit, and of them those it fits again: ``(todo, damaged)``.
+
+        ``todo``: the blocks not marked done when this is called, and the ``damaged`` ones: marked
+        done, but their stored results are not what was written there (a chunk cut short,
+        deleted, overwritten, swapped; their done flag or checksums undecodable). Those are
+        marked not done again (and a complete fit incomplete) before this returns.
+
+        A block counts as done by its flag alone, so a resume used to report success ("3 already
+        done") over a block no reader can read, and the readers then asked for a refit of the
+        whole run. Each field is read and checked against the block's committed checksum, as a
+        reader checks it (fits made before checksums: the done flags only).
+        """
+        results, g = self.results, self.results._group()
+        run, meta = results._run, results.meta
+        n, block = run.n_tokens, int(meta["block_tokens"])
+        n_blocks = -(-n // block)
+        def per_block(arr, index, damaged: set[int]) -> dict[int, Any]:
+            """``arr`` read whole, or block by block where that fails (the blocks it cannot
+            decode are added to ``damaged``)."""
+            try:
+                whole = arr[...]
+                return {b: whole[index(b)] for b in range(n_blocks)}
+            except (TokdynError, OSError):
+                raise
+            except Exception:  # noqa: BLE001 - a codec's error on a damaged chunk
+                pass
+            out = {}
+            for b in range(n_blocks):
+                try:
+                    out[b] = arr[index(b)]
+                except (TokdynError, OSError):
+                    raise
+                except Exception:  # noqa: BLE001 - this block's chunk is damaged
+                    damaged.add(b)
+            return out
+
+        unreadable: set[int] = set()  # blocks whose done flag cannot be decoded: fitted again
+        flags = per_block(g["done"], lambda b: b, unreadable)
+        done = [b for b in range(n_blocks) if b in flags and flags[b]]
+        bad: set[int] = set()  # of the blocks marked done, those not holding what was written
+        salt = results._salt(meta)
+        if salt is not None and done:
+            fields = _fields(meta, g)
+            dtypes = meta.get("fields") or {}
+            crc = per_block(g["crc"], lambda b: slice(b, b + 1), bad)
+            for f, name in enumerate(fields):
+                values = per_block(g[name], lambda b: slice(b * block, min(n, (b + 1) * block)), bad)
+                for b in done:
+                    if b not in bad and (b not in crc or b not in values or position_crc(
+                            salt, f"fit/{name}", (b,), np.asarray(values[b], dtype=dtypes.get(name))) != crc[b][0, f]):
+                        bad.add(b)
+        damaged = sorted(unreadable | (bad & set(done)))
+        if damaged and meta.get("complete"):  # not complete until they are fitted again (a kill meanwhile: readers are told)
+            g.update_attributes({META: {**meta, "complete": False}})
+        for b in damaged:
+            g["done"][b] = 0  # rewritten whole: an undecodable flag chunk is replaced too
+        # the flags as read first (a late block of a failed job may land meanwhile: fitted again, to the same values)
+        return sorted(set(range(n_blocks)) - set(done) | set(damaged)), damaged
 
     @property
     def fit_id(self) -> str | None:

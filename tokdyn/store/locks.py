@@ -50,8 +50,10 @@ def _proc_stat(pid: int) -> tuple[str | None, str | None]:
 
 def owner_state(who: Any) -> str:
     """``"self"`` (this process), ``"alive"``, ``"dead"`` or ``"unknown"`` (another machine)."""
-    if not isinstance(who, Mapping) or not isinstance(who.get("pid"), int):
+    if not isinstance(who, Mapping) or not isinstance(who.get("pid"), int) or isinstance(who.get("pid"), bool):
         return "dead"  # unreadable: whoever wrote it did not finish writing it
+    if who["pid"] <= 0:  # names no process: os.kill(0 or -1, 0) asks of a process group, or of every process, and finds one alive
+        return "dead"
     if who.get("host") != socket.gethostname():
         return "unknown"
     pid = who["pid"]
@@ -111,7 +113,15 @@ class KeyLock:
         raise RunBusyError(f"{self.what}: another process keeps taking the writer lock")
 
     def holder(self) -> dict | None:
-        return _read_json_key(self._path)
+        """The lock's holder (None: no lock). A lock key that holds no JSON object (cut short,
+        ``null``, a list, a number: damaged) is ``{}``, a holder that is gone, as one cut short
+        by its writer's death is: before, ``null`` read as no lock that could never be taken
+        ("another process keeps taking the writer lock") and a list as an internal error."""
+        missing = object()
+        found = _read_json_key(self._path, missing)
+        if found is missing:
+            return None
+        return dict(found) if isinstance(found, Mapping) else {}
 
     def check(self) -> None:
         """Raise :class:`RunBusyError` unless this object still holds the lock."""
@@ -164,10 +174,11 @@ def remove_stale_partials(store, prefix: str, owned: Callable[[str], bool]) -> i
     return removed
 
 
-def _read_json_key(sp: StorePath) -> Any:
+def _read_json_key(sp: StorePath, missing: Any = None) -> Any:
+    """The JSON value of key ``sp``; ``missing`` when there is no such key."""
     buf = zarr_sync(sp.get(prototype=default_buffer_prototype()))
     if buf is None:
-        return None
+        return missing
     try:
         return json.loads(buf.to_bytes())
     except (ValueError, UnicodeDecodeError):

@@ -1,0 +1,187 @@
+"""`tokdyn fit` as researchers run it (hunt 9): resuming a fit whose stored blocks were damaged by
+hand or by the disk, and fit (and writer) locks whose key names no live process. Each test failed
+before its fix (docs/fitting.md, "Fitting a store")."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+import tokdyn
+from reliability_fixtures import cli_error_line
+from test_store_fit import make_store, planted
+from tokdyn.cli import main
+from tokdyn.fit import FIT_FIELDS
+from tokdyn.fit.job import fit_run, read_fit
+from tokdyn.store.locks import owner_state
+
+HOST = socket.gethostname()
+
+
+@functools.lru_cache(maxsize=None)
+def _template() -> tuple[str, dict]:
+    """A fitted store of 300 tokens in 3 fit blocks (built once) and its fit."""
+    folder = tempfile.mkdtemp(prefix="tokdyn-hunt9-")
+    url = os.path.join(folder, "t.zarr")
+    Y, _, _ = planted(300)
+    st = make_store(url, Y, token_chunk=100)
+    fit_run(st.run("r"), progress=False)
+    return url, read_fit(st, "r")
+
+
+def _copy(to: Path) -> Path:
+    url, _ = _template()
+    shutil.copytree(url, to)
+    return to
+
+
+def _chunk_files(store: Path) -> list[tuple[str, int, Path]]:
+    """(array, block, file) of every stored chunk of the fit group (its fields, crc, done)."""
+    fit = store / "runs" / "r" / "fit"
+    out = []
+    for f in sorted(fit.glob("*/c/**/*")):
+        if f.is_file():
+            array = f.relative_to(fit).parts[0]
+            out.append((array, int(f.relative_to(fit / array / "c").parts[0]), f))
+    return out
+
+
+def _fields_equal(got: dict, expected: dict) -> None:
+    for name in FIT_FIELDS:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+# -- a resume fits again the blocks marked done whose stored results are damaged -----------------
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pick=hs.integers(0, 10**6), how=hs.sampled_from(["truncate", "delete", "garbage", "other block"]))
+def test_a_resume_fits_again_a_done_block_whose_stored_results_are_damaged(pick, how, capsys):
+    """A chunk of a fitted block (any field, its checksums or its done flag) cut short, deleted,
+    overwritten or copied from another block: `tokdyn fit` said "0 blocks fitted, 3 already done"
+    and exit 0 (or, for a done flag, "refit it": all of it), and every reader then refused the
+    fit. Now the resume fits that block again, says so, and the fit equals the undamaged one."""
+    _, expected = _template()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = _copy(Path(tmp) / "s.zarr")
+        files = _chunk_files(store)
+        array, block, f = files[pick % len(files)]
+        if how == "truncate":
+            f.write_bytes(f.read_bytes()[:3])
+        elif how == "delete":
+            f.unlink()
+        elif how == "garbage":
+            f.write_bytes(os.urandom(len(f.read_bytes())))
+        else:
+            others = [g for a, b, g in files if a == array and b != block and g.read_bytes() != f.read_bytes()]
+            if not others:  # nothing that differs to copy over it: cut it short instead
+                f.write_bytes(f.read_bytes()[:3])
+            else:
+                shutil.copyfile(others[pick % len(others)], f)
+        changed = array != "done" or how != "delete"  # a done flag deleted reads 0: not done, fitted as any other
+        capsys.readouterr()
+        assert main(["fit", str(store), "--no-progress"]) == 0
+        out = capsys.readouterr().out
+        if changed:
+            assert f"fitted again: 1 block marked done whose stored results were damaged (block {block})" in out, out
+        assert "1 blocks fitted, 2 already done" in out, out
+        _fields_equal(read_fit(tokdyn.open_store(store), "r"), expected)  # every reader reads it again
+
+
+def test_the_blocks_fitted_again_are_in_the_summary(tmp_path):
+    store = _copy(tmp_path / "s.zarr")
+    for b in (0, 2):
+        (store / "runs" / "r" / "fit" / "mu" / "c" / str(b)).unlink()
+    res = fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False)
+    assert res.blocks_repaired == [0, 2] and res.blocks_fitted == 2 and res.blocks_resumed == 1
+    assert res.summary()["blocks_repaired"] == [0, 2]
+    _fields_equal(read_fit(tokdyn.open_store(store), "r"), _template()[1])
+
+
+def test_a_damaged_complete_fit_is_incomplete_until_it_is_fitted_again(tmp_path, monkeypatch):
+    """The repair marks the fit incomplete before it fits a damaged block: a repair killed
+    meanwhile leaves a fit its readers call incomplete, not a complete one with a block undone."""
+    store = _copy(tmp_path / "s.zarr")
+    (store / "runs" / "r" / "fit" / "mu" / "c" / "1").write_bytes(b"xyz")
+    import tokdyn.fit.job as fitjob
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fitjob, "_run_tasks", killed)
+    with pytest.raises(KeyboardInterrupt):
+        fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False)
+    with pytest.raises(tokdyn.errors.StoreError, match="incomplete"):
+        read_fit(tokdyn.open_store(store), "r")
+    monkeypatch.undo()
+    res = fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False)
+    assert res.blocks_fitted == 1  # the block's done flag was cleared first
+    _fields_equal(read_fit(tokdyn.open_store(store), "r"), _template()[1])
+
+
+@pytest.mark.parametrize("array", ["mu", "status", "crc", "done"])
+def test_a_fit_array_whose_metadata_names_other_chunks_is_refused_at_resume(array, tmp_path, capsys):
+    """A field's zarr.json naming other chunks than the fit's blocks: the resume said "already
+    done" over a field no reader can decode (and rewriting a block through it would scatter it
+    over chunks the others do not use). Now one line asking for --refit, which works."""
+    store = _copy(tmp_path / "s.zarr")
+    meta = store / "runs" / "r" / "fit" / array / "zarr.json"
+    m = json.loads(meta.read_text())
+    shape = m["chunk_grid"]["configuration"]["chunk_shape"]
+    m["chunk_grid"]["configuration"]["chunk_shape"] = [7] + shape[1:] if array != "crc" else [2, shape[1]]
+    meta.write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["fit", str(store), "--no-progress"]) == 1
+    line = cli_error_line(capsys.readouterr().err)
+    assert f"fit/{array} is missing or is not" in line and "--refit" in line, line
+    assert main(["fit", str(store), "--no-progress", "--refit"]) == 0
+    _fields_equal(read_fit(tokdyn.open_store(store), "r"), _template()[1])
+
+
+# -- a lock key that names no live process is taken over ----------------------------------------
+
+JSON = hs.recursive(hs.none() | hs.booleans() | hs.integers() | hs.floats(allow_nan=False) | hs.text(max_size=5),
+                    lambda inner: hs.lists(inner, max_size=3) | hs.dictionaries(hs.text(max_size=4), inner, max_size=3),
+                    max_leaves=6)
+NO_PROCESS = hs.fixed_dictionaries({"pid": hs.integers(max_value=0) | hs.booleans() | hs.none() | hs.text(max_size=3)
+                                    | hs.floats(allow_nan=False), "host": hs.just(HOST)})  # fmt: skip
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(held=JSON.filter(lambda v: not (isinstance(v, dict) and isinstance(v.get("pid"), int))) | NO_PROCESS)
+def test_a_fit_lock_naming_no_live_process_is_taken_over(held):
+    """A fit lock key whose content names no process (a JSON list, number, string or null; a pid
+    of 0, -1 or true): a list was "internal error ... AttributeError", null "another process keeps
+    taking the writer lock" for good, pid 0 and -1 "being written by process -1" (os.kill(-1, 0)
+    asks of every process). Now it is taken over as a crashed holder's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = _copy(Path(tmp) / "s.zarr")
+        (store / "runs" / "r" / "commits" / "fit.lock").write_text(json.dumps(held))
+        res = fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False)
+        assert res.blocks_resumed == 3
+        assert not (store / "runs" / "r" / "commits" / "fit.lock").exists()  # released
+
+
+@pytest.mark.parametrize("held", [[1], "x", None, 5, {"pid": -1, "host": HOST}, {"pid": 0, "host": HOST}])
+def test_a_writer_lock_naming_no_live_process_is_taken_over(held, tmp_path):
+    """The same for a recorder's writer lock of a token range (the same lock class)."""
+    store = _copy(tmp_path / "s.zarr")
+    (store / "runs" / "r" / "commits" / "w0" / "writer.lock").write_text(json.dumps(held))
+    with tokdyn.open_store(store, mode="r+").run("r").writer(resume=True):
+        pass
+
+
+def test_a_pid_that_names_no_single_process_is_dead():
+    for pid in (0, -1, -os.getpid(), True, False):
+        assert owner_state({"pid": pid, "host": HOST}) == "dead", pid
+    assert owner_state({"pid": os.getpid(), "host": HOST, "start": None}) in ("self", "alive")
