@@ -74,37 +74,43 @@ def token_stats(
 
     Parameters
     ----------
-    early_row, late_row : rows (checkpoints) compared for Rho-1; default: the row nearest the
-        middle of the log axis (a partly trained model, as Rho-1 compares) and the last row.
-        Negative indices count from the end.
+    early_row, late_row : rows (checkpoints) compared for Rho-1; default: the row before
+        ``late_row`` nearest the middle of the log axis up to it (a partly trained model, as
+        Rho-1 compares) and the last row. Negative indices count from the end.
     threshold : loss (nats) separating high from low for Rho-1; default the median of all
-        token losses at the two rows.
+        token losses at the two rows (NaN when neither row has a finite loss: then no token
+        gets a class).
     learned_loss : loss (nats) below which a token counts as learned for forgetting events.
     """
     import dask.array as da
 
     if not isinstance(run, Run):
         raise InputError(f"run must be a store Run, got {type(run).__name__}")
+    # the numbers first, before any work (a threshold of "x" or 10**400 raised ValueError or
+    # OverflowError, and an infinite one was refused only after the whole run had been read)
+    if not (_is_number(learned_loss) and math.isfinite(learned_loss) and learned_loss > 0):
+        raise InputError(f"learned_loss must be a finite positive number of nats, got {learned_loss!r}")
+    if threshold is not None and not (_is_number(threshold) and math.isfinite(threshold)):
+        raise InputError(f"threshold must be a finite loss in nats (or None: the median), got {threshold!r}")
     k = run.n_committed
     if k < 2:
         raise StoreError(f"run {run.name!r} has {k} committed rows; token statistics need at least 2")
-    if early_row is None:  # the row nearest the middle of the log axis
-        av = run.axis_values
+    for name, r in (("early_row", early_row), ("late_row", late_row)):
+        if r is not None and (isinstance(r, (bool, np.bool_)) or not isinstance(r, (int, np.integer)) or not -k <= r < k):
+            raise InputError(f"{name} must be a row index in [-{k}, {k}), got {r!r}")
+    late = int(late_row) % k
+    if early_row is None:  # the row before late_row nearest the middle of the log axis up to late_row
+        av = run.axis_values[: late + 1]  # (a late_row of 1 used to meet a default early_row of 2: an error)
         positive = np.flatnonzero(av > 0)
         if positive.size >= 2:
             x = np.log10(av[positive])
-            early_row = int(positive[np.argmin(np.abs(x - 0.5 * (x[0] + x[-1])))])
+            before = positive < late
+            early_row = int(positive[before][np.argmin(np.abs(x[before] - 0.5 * (x[0] + x[-1])))])
         else:
             early_row = 0
-    rows = []
-    for name, r in (("early_row", early_row), ("late_row", late_row)):
-        if not isinstance(r, (int, np.integer)) or not -k <= r < k:
-            raise InputError(f"{name} must be a row index in [-{k}, {k}), got {r!r}")
-        rows.append(int(r) % k)
+    rows = [int(early_row) % k, late]
     if rows[0] >= rows[1]:
         raise InputError(f"early_row ({rows[0]}) must come before late_row ({rows[1]})")
-    if not (math.isfinite(learned_loss) and learned_loss > 0):
-        raise InputError(f"learned_loss must be a positive number of nats, got {learned_loss}")
 
     # [K, N], in float64 a slice of 16,384 tokens at a time: whole stored chunks (262,144 tokens)
     # in float64, with nanstd's temporaries, held 2-3 GB a thread for a 200-row run
@@ -114,12 +120,24 @@ def token_stats(
     forgets = (learned[:-1] & ~learned[1:] & da.isfinite(L[1:])).sum(axis=0)
     early, late = L[rows[0]], L[rows[1]]
     conf, var, fe, early, late = da.compute(da.nanmean(p, axis=0), da.nanstd(p, axis=0), forgets, early, late)
-    thr = float(np.nanmedian(np.concatenate([early, late]))) if threshold is None else float(threshold)
-    if not math.isfinite(thr):
-        raise InputError(f"threshold must be a finite loss in nats, got {threshold}")
+    both = np.concatenate([early, late])
+    # the median of the two rows' losses; NaN when no token has a finite loss at either (then no
+    # token gets a class: this used to say "threshold must be a finite loss, got None")
+    thr = (float(np.nanmedian(both)) if np.isfinite(both).any() else float("nan")) if threshold is None else float(threshold)
     code = np.where(early >= thr, 0, 2) + np.where(late >= thr, 0, 1)  # H->H 0, H->L 1, L->H 2, L->L 3
     code = np.where(np.isfinite(early) & np.isfinite(late), code, -1).astype(np.int8)
     return TokenStats(np.asarray(conf), np.asarray(var), np.asarray(fe, np.int32), code, rows[0], rows[1], thr, float(learned_loss))
+
+
+def _is_number(v) -> bool:
+    """A real number a float can hold (not a bool, a string, or an int past 1e308)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        return False
+    try:
+        float(v)
+    except OverflowError:
+        return False
+    return True
 
 
 def frequency_bands(token_id: np.ndarray, n_bands: int = 4) -> tuple[np.ndarray, list[str]]:
@@ -130,8 +148,9 @@ def frequency_bands(token_id: np.ndarray, n_bands: int = 4) -> tuple[np.ndarray,
     tid = np.asarray(token_id)
     if tid.ndim != 1 or tid.size == 0:
         raise InputError("token_id: expected a non-empty 1-D array")
-    if not (isinstance(n_bands, int) and n_bands >= 1):
+    if isinstance(n_bands, (bool, np.bool_)) or not isinstance(n_bands, (int, np.integer)) or n_bands < 1:
         raise InputError(f"n_bands must be an int >= 1, got {n_bands!r}")
+    n_bands = int(n_bands)
     _, inverse, counts = np.unique(tid, return_inverse=True, return_counts=True)
     freq = counts[inverse]
     # Integer edges (a count is an integer: rounding an edge up moves no count across it and only

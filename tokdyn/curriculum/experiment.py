@@ -82,12 +82,28 @@ class ABConfig:
         unknown = [a for a in self.arms if a not in ARMS]
         if unknown or "baseline" not in self.arms:
             raise InputError(f"arms must include 'baseline' and be some of {list(ARMS)}, got {list(self.arms)}")
+        for name in ("steps", "batch_size", "context", "n_layer", "n_head", "n_embd", "pilot_sequences", "pilot_points",
+                     "eval_points", "val_sequences") + (("pilot_steps",) if self.pilot_steps is not None else ()):  # fmt: skip
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise InputError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
+        if not all(_is_int(s) for s in self.seeds) or not _is_int(self.pilot_seed):
+            raise InputError(f"seeds and pilot_seed must be ints, got {self.seeds} and {self.pilot_seed!r}")
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds or min(self.seeds) < 0:
             raise InputError(f"seeds must be distinct, >= 0 and at least one, got {self.seeds}")
         if self.pilot_seed < 0:
             raise InputError(f"pilot_seed must be >= 0, got {self.pilot_seed}")
         if self.eval_points < 2 or self.steps < self.eval_points:
             raise InputError(f"need 2 <= eval_points <= steps, got {self.eval_points} and {self.steps}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float, np.integer, np.floating)) \
+                or not (math.isfinite(self.lr) and self.lr > 0):  # fmt: skip
+            raise InputError(f"lr must be a finite number > 0, got {self.lr!r}")
+        if not isinstance(self.learnability, LearnabilityOptions):
+            raise InputError(f"learnability must be a LearnabilityOptions, got {type(self.learnability).__name__}")
+        # Everything the pilot and the arms will need, checked now rather than after the pilot's
+        # training (a --width of -1 or a kernel "box" used to fail only when the first arm began)
+        GPTConfig(vocab_size=2, context=self.context, n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd)
+        for field in sorted({ARMS[a][1] for a in self.arms if ARMS[a][1]}):
+            self.curriculum(field)
 
     @classmethod
     def quick(cls, **overrides) -> "ABConfig":
@@ -100,6 +116,10 @@ class ABConfig:
     def curriculum(self, width_field: str) -> CurriculumConfig:
         return CurriculumConfig(total_steps=self.steps, width=getattr(self, width_field), kernel=self.kernel,
                                 temperature=self.temperature, floor=self.floor, lead=self.lead)  # fmt: skip
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 def run_ab(out: str | Path, config: ABConfig = ABConfig(), *, corpus: Corpus | None = None,
@@ -239,13 +259,18 @@ def weight_diagnostics(schedule: SampleSchedule, weights: TokenWeights, ds: Wind
 
 def steps_to_reach(steps, losses, target: float) -> tuple[float, bool]:
     """First step at which the curve ``losses`` (at ``steps``) falls to ``target``, interpolating
-    linearly between evaluations; ``(last step, False)`` when it never does."""
+    linearly between evaluations (an evaluation that is NaN or inf is skipped); ``(last step,
+    False)`` when it never does, and ``(nan, False)`` when ``target`` is not finite."""
     s, l = np.asarray(steps, float), np.asarray(losses, float)
     if s.ndim != 1 or s.shape != l.shape or s.size == 0:
         raise InputError(f"steps and losses must be 1-D of one length, got {s.shape} and {l.shape}")
+    if not math.isfinite(target):  # a baseline that diverged: there is no loss to reach
+        return float("nan"), False
+    last = float(s[-1])
+    s, l = s[np.isfinite(l)], l[np.isfinite(l)]  # an evaluation that is NaN or inf crosses nothing
     hit = np.flatnonzero(l <= target)
     if hit.size == 0:
-        return float(s[-1]), False
+        return last, False
     i = int(hit[0])
     if i == 0:
         return float(s[0]), True
@@ -264,7 +289,9 @@ def compare_curves(baseline: dict[int, dict], arm: dict[int, dict]) -> dict:
         target = b["val_loss"][-1]
         steps_b, _ = steps_to_reach(b["steps"], b["val_loss"], target)
         steps_a, reached = steps_to_reach(a["steps"], a["val_loss"], target)
-        speed.append(1.0 - steps_a / steps_b)
+        # a baseline that diverged (NaN final loss) or reached its loss at step 0 gives no
+        # speed-up to read: NaN, not 0 (it was 0.0, "no effect", or a ZeroDivisionError)
+        speed.append(1.0 - steps_a / steps_b if steps_b > 0 else float("nan"))
         auc.append(float(np.trapezoid(a["val_loss"], a["steps"]) / np.trapezoid(b["val_loss"], b["steps"])))
         if not reached:
             missed.append(s)
@@ -278,7 +305,7 @@ def summarize(values) -> dict:
 
     v = np.asarray(values, float)
     n = v.size
-    mean = float(v.mean())
+    mean = float(v.mean()) if n else float("nan")
     if n < 2:
         return {"mean": mean, "sd": float("nan"), "ci95": [float("nan"), float("nan")], "n": n}
     sd = float(v.std(ddof=1))

@@ -85,25 +85,62 @@ class LearnabilityOptions:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.order, int) and 1 <= self.order <= MAX_ORDER):
+        # each option's type first (True was taken as order 1, a string raised TypeError, and a
+        # numpy int order was refused while a numpy int seed was taken)
+        if not (_is_int(self.order) and 1 <= self.order <= MAX_ORDER):
             raise InputError(f"order must be an int from 1 to {MAX_ORDER}, got {self.order!r}")
-        if not (isinstance(self.min_count, int) and self.min_count >= 1):
+        if not (_is_int(self.min_count) and self.min_count >= 1):
             raise InputError(f"min_count must be an int >= 1, got {self.min_count!r}")
-        if not (np.isfinite(self.prior) and self.prior >= 0):
+        if not (_is_real(self.prior) and np.isfinite(float(self.prior)) and self.prior >= 0):
             raise InputError(f"prior must be a finite number >= 0, got {self.prior!r}")
-        if not 0 <= self.holdout < 1:
-            raise InputError(f"holdout must be in [0, 1), got {self.holdout!r}")
-        if not (isinstance(self.seed, (int, np.integer)) and not isinstance(self.seed, bool) and self.seed >= 0):
+        if not (_is_real(self.holdout) and 0 <= self.holdout < 1):
+            raise InputError(f"holdout must be a number in [0, 1), got {self.holdout!r}")
+        if not (_is_int(self.seed) and self.seed >= 0):
             raise InputError(f"seed must be an int >= 0, got {self.seed!r}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_real(v) -> bool:
+    """A number a float holds (not a bool, a string, or an int past 1e308)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        return False
+    try:
+        float(v)
+    except OverflowError:
+        return False
+    return True
 
 
 # -- keys and targets ----------------------------------------------------------------------
 
 
-def _check_vocab(vocab_size: int) -> int:
+def max_vocab(order: int) -> int:
+    """The largest vocabulary whose keys of ``order`` fit in int64: ``(V + 1) ** order < 2**63``."""
+    b = int(round(2 ** (63 / order)))
+    while b**order >= 2**63:
+        b -= 1
+    while (b + 1) ** order < 2**63:
+        b += 1
+    return b - 1
+
+
+def _check_vocab(vocab_size: int, order: int = MAX_ORDER) -> int:
+    """``vocab_size`` as an int whose keys of ``order`` fit in int64, or one :class:`InputError`
+    (a vocabulary of 2**31 fits keys of order 1 and 2, not 3: the message names the order that
+    holds it; a float such as 257.5 was cut to 257)."""
+    if isinstance(vocab_size, (bool, np.bool_)) or not isinstance(vocab_size, (int, np.integer)):
+        raise InputError(f"vocab_size must be an integer, got {vocab_size!r}")
     v = int(vocab_size)
-    if v < 1 or (v + 1) ** MAX_ORDER >= 2**63:
-        raise InputError(f"vocab_size must be in [1, {round(2 ** (63 / MAX_ORDER)) - 2}] for int64 keys, got {vocab_size}")
+    if v < 1:
+        raise InputError(f"vocab_size must be >= 1, got {v}")
+    if v > max_vocab(order):
+        fits = [k for k in range(1, order) if v <= max_vocab(k)]
+        raise InputError(f"a vocabulary of {v} is too large for keys of order {order} in int64 (at most {max_vocab(order):,}); "
+                         + (f"build the table with --order {fits[-1]} (order={fits[-1]})" if fits
+                            else "no key order holds it"))  # fmt: skip
     return v
 
 
@@ -115,7 +152,9 @@ def context_keys(tokens: torch.Tensor, *, order: int, vocab_size: int) -> list[t
     and the id ``V`` standing for "no token" before the window's start. The key of order
     ``k - 1`` is the key of order ``k`` modulo ``b**(k-1)``.
     """
-    v = _check_vocab(vocab_size)
+    if not (isinstance(order, (int, np.integer)) and not isinstance(order, (bool, np.bool_)) and 1 <= order <= MAX_ORDER):
+        raise InputError(f"order must be an int from 1 to {MAX_ORDER}, got {order!r}")
+    v = _check_vocab(vocab_size, order)
     if tokens.ndim < 1 or tokens.shape[-1] < 2:
         raise InputError(f"tokens must have shape [..., L] with L >= 2, got {tuple(tokens.shape)}")
     tokens = tokens.long()
@@ -199,9 +238,9 @@ class LearnabilityTable:
 
     def __init__(self, *, vocab_size: int, levels: list[dict[str, torch.Tensor]], mu_global: float,
                  delta_global: float, meta: Mapping[str, Any] | None = None) -> None:  # fmt: skip
-        self.vocab_size = _check_vocab(vocab_size)
         if not 1 <= len(levels) <= MAX_ORDER:
             raise InputError(f"a table has 1 to {MAX_ORDER} key orders, got {len(levels)}")
+        self.vocab_size = _check_vocab(vocab_size, len(levels))
         if not (np.isfinite(mu_global) and np.isfinite(delta_global)):
             raise InputError(f"global estimates must be finite, got mu={mu_global}, delta={delta_global}")
         for k, lev in enumerate(levels, 1):
@@ -503,7 +542,10 @@ def holdout_check(keys: list[np.ndarray], delta: np.ndarray, mu: np.ndarray, wei
     rng = np.random.default_rng(options.seed)
     n_out = int(round(options.holdout * n_seq))
     if n_out < 1 or n_out >= n_seq:
-        raise InputError(f"holdout {options.holdout} of {n_seq} pilot sequences leaves no sequence on one side")
+        fix = (f"give a holdout from 1/{n_seq} to 1 - 1/{n_seq} ({1 / n_seq:.4g} to {1 - 1 / n_seq:.4g}), or 0 for no check" if n_seq >= 2
+               else "give holdout 0 (no check): one sequence cannot be split")  # fmt: skip
+        raise InputError(f"holdout {options.holdout} of {n_seq} pilot sequence(s) leaves no sequence on one side; {fix} "
+                         "(--holdout)")  # fmt: skip
     held = np.zeros(n_seq, bool)
     held[rng.choice(n_seq, size=n_out, replace=False)] = True
     held = np.repeat(held, sequence_length)
@@ -537,7 +579,7 @@ def _pilot_arrays(tokens, targets, *, vocab_size: int, order: int):
     t = np.asarray(tokens)
     if t.ndim != 2 or t.shape[1] < 2 or t.dtype.kind not in "iu":
         raise InputError(f"pilot tokens must be integer windows [S, C+1], got {t.dtype} {t.shape}")
-    v = _check_vocab(vocab_size)
+    v = _check_vocab(vocab_size, order)
     if t.min() < 0 or t.max() >= v:
         raise InputError(f"pilot token ids span [{t.min()}, {t.max()}], outside the vocabulary of {v}")
     n = t.shape[0] * (t.shape[1] - 1)
@@ -578,9 +620,14 @@ def _fit_arrays(keys, delta, mu, weight, *, vocab_size: int, options: Learnabili
             pk, pmu, pd = parent
             j = np.searchsorted(pk, uniq % base ** (k - 1))
             p_d, p_mu = pd[j], pmu[j]
-        est_d = (s_d + prior * p_d) / (count + prior)
+        # (s + prior p) / (n + prior), written as p + (s - n p) / (n + prior): the same number, and
+        # finite at any finite prior (at 1e308, prior * p overflowed to inf / inf = NaN, and the
+        # build failed with "order 1: mu and delta must be finite")
+        with np.errstate(over="ignore"):
+            est_d = p_d + (s_d - count * p_d) / (count + prior)
+            pw = prior * w_bar  # inf at a huge prior: then every estimate is its parent's
         with np.errstate(invalid="ignore", divide="ignore"):
-            est_mu = np.where(s_w + prior * w_bar > 0, (s_wmu + prior * w_bar * p_mu) / (s_w + prior * w_bar), p_mu)
+            est_mu = np.where(s_w + pw > 0, p_mu + (s_wmu - s_w * p_mu) / (s_w + pw), p_mu)
         parent = (uniq, est_mu, est_d)  # all keys, kept or not: the next order shrinks toward them
         keep = count >= (1 if k == 1 else options.min_count)
         levels.append({

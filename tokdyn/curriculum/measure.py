@@ -28,10 +28,23 @@ __all__ = ["matched_budget", "speedup", "paired_bootstrap", "auc_ratio"]
 
 def matched_budget(budgets, losses, loss: float) -> tuple[float, bool]:
     """``(b*, inside)``: the budget at which the ladder ``losses [R]`` at ``budgets [R]`` reaches
-    ``loss`` (linear in log budget); ``inside`` is False when extrapolated."""
-    b, l = np.asarray(budgets, np.float64), np.asarray(losses, np.float64)
-    if b.ndim != 1 or b.shape != l.shape or b.size < 2 or np.any(np.diff(b) <= 0) or np.any(b <= 0):
+    ``loss`` (linear in log budget); ``inside`` is False when extrapolated.
+
+    ``(nan, False)`` where the ladder cannot be read: a loss that is not finite (a run that
+    diverged), a segment that does not fall, or an extrapolation whose budget a float cannot
+    hold (0 or past 1e308)."""
+    try:
+        b, l = np.asarray(budgets, np.float64), np.asarray(losses, np.float64)
+    except (TypeError, ValueError):
+        raise InputError("a ladder needs >= 2 increasing positive budgets and one loss per budget, as numbers") from None
+    if b.ndim != 1 or b.shape != l.shape or b.size < 2 or not np.all(np.isfinite(b)) or np.any(np.diff(b) <= 0) \
+            or np.any(b <= 0):  # fmt: skip
         raise InputError("a ladder needs >= 2 increasing positive budgets and one loss per budget")
+    if isinstance(loss, (bool, np.bool_)) or not isinstance(loss, (int, float, np.integer, np.floating)):
+        raise InputError(f"loss must be a number, got {loss!r}")
+    loss = float(loss)
+    if not math.isfinite(loss):  # a run that diverged (NaN, inf): there is no budget to read
+        return float("nan"), False
     lb = np.log(b)
     inside = bool(l.min() <= loss <= l.max())
     # the segment whose loss range holds `loss`; else the end segment on its side
@@ -42,9 +55,16 @@ def matched_budget(budgets, losses, loss: float) -> tuple[float, bool]:
     else:
         i = int(min(np.flatnonzero(l <= loss)[0] - 1, b.size - 2))
     dl = l[i + 1] - l[i]
-    if dl >= 0:  # a rung that did not improve: the ladder cannot be read here
+    if not dl < 0:  # a rung that did not improve (or a NaN rung): the ladder cannot be read here
         return float("nan"), False
-    return float(math.exp(lb[i] + (loss - l[i]) * (lb[i + 1] - lb[i]) / dl)), inside
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        bstar = float(np.exp(lb[i] + (loss - l[i]) * (lb[i + 1] - lb[i]) / dl))
+    if not (math.isfinite(bstar) and bstar > 0):
+        # extrapolated along a nearly flat segment past any budget a float holds (or to 0): the
+        # ladder says nothing about this loss (math.exp raised OverflowError here, and a b* of 0
+        # a ZeroDivisionError in speedup)
+        return float("nan"), False
+    return bstar, inside
 
 
 def speedup(budgets, losses, loss: float, *, used: float = 1.0) -> tuple[float, bool]:

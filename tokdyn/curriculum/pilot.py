@@ -26,6 +26,21 @@ from ..train import TrainConfig, record_tiny_run
 __all__ = ["pilot_probe", "run_pilot", "mixture_probe", "run_mixture_pilot", "PilotSplit", "split_pilot_pool"]
 
 
+def _count(name: str, v) -> int:
+    """``v`` as an int >= 1, or one :class:`InputError` naming ``name`` (a float such as 2.5 was
+    silently cut to 2 windows, and 0 or -1 failed inside numpy)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise InputError(f"{name} must be an int >= 1, got {v!r}")
+    return int(v)
+
+
+def _seed(name: str, v) -> int:
+    """``v`` as a seed numpy takes (an int >= 0), or one :class:`InputError` naming ``name``."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
+        raise InputError(f"{name} must be an int >= 0, got {v!r}")
+    return int(v)
+
+
 def pilot_probe(stream: np.ndarray, *, context: int, n_sequences: int, tokenizer: dict, seed: int = 0) -> ProbeSet:
     """A probe of ``n_sequences`` training samples (windows ``[C+1]`` of ``stream``, as numbered by
     :class:`~tokdyn.data.WindowDataset`), drawn uniformly without replacement and kept in order.
@@ -33,9 +48,8 @@ def pilot_probe(stream: np.ndarray, *, context: int, n_sequences: int, tokenizer
     Its ``doc_pos`` is the target's offset in the training stream; ``tokenizer`` is the spec
     (``tokenizer.spec()``) stored with the probe, which the learnability table keeps.
     """
+    n_sequences, seed = _count("n_sequences", n_sequences), _seed("seed", seed)
     ds = WindowDataset(stream, context=context)
-    if int(n_sequences) < 1:
-        raise InputError(f"n_sequences must be >= 1, got {n_sequences}")
     if n_sequences > len(ds):
         raise InputError(f"the training stream holds {len(ds)} windows of {context + 1} tokens; asked for {n_sequences}")
     if not isinstance(tokenizer, dict) or not tokenizer.get("vocab_size"):
@@ -90,6 +104,7 @@ def mixture_probe(dataset, *, per_domain: int, domains, tokenizer: dict, seed: i
     """A probe of ``per_domain`` training windows of each domain of a
     :class:`~tokdyn.data.MixtureDataset`, labelled by domain (``probe.token_arrays["domain"]``
     is the index into ``domains``); ``doc_offset`` is the sample index in the pool."""
+    per_domain, seed = _count("per_domain", per_domain), _seed("seed", seed)
     rng = np.random.default_rng(seed)
     picks = []
     for k, n in enumerate(dataset.counts):
@@ -130,6 +145,7 @@ class PilotSplit:
 
     def probe(self, dataset, *, per_domain: int, domains, tokenizer: dict) -> ProbeSet:
         """``per_domain`` held-out windows of each domain, spread evenly over its held-out tail."""
+        per_domain = _count("per_domain", per_domain)
         picks = []
         for k in range(len(dataset.counts)):
             idx = np.flatnonzero(self.held & (dataset.domain_ids == k))
@@ -149,8 +165,9 @@ def split_pilot_pool(dataset, *, eot_id: int | None, share: float = 0.1) -> Pilo
     (:class:`PilotSplit`). The cut moves forward to the next end-of-text token ``eot_id`` so that
     no document is on both sides; without one (``eot_id`` None, or none after the cut) it stays
     at the window cut and ``boundary`` says so."""
-    if not 0.0 < float(share) < 1.0:
-        raise InputError(f"the pilot's held-out share must be in (0, 1), got {share}")
+    if isinstance(share, (bool, np.bool_)) or not isinstance(share, (int, float, np.integer, np.floating)) \
+            or not 0.0 < float(share) < 1.0:  # fmt: skip
+        raise InputError(f"the pilot's held-out share must be a number in (0, 1), got {share!r}")
     n = len(dataset)
     excluded, held, bounds = np.zeros(n, bool), np.zeros(n, bool), []
     for k, part in enumerate(dataset.parts):
