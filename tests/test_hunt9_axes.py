@@ -175,6 +175,35 @@ def test_d_points_within_the_fitted_trunk_are_rebuilt_as_before(tmp_path):
     assert reconstruct_across(axis, st.run("trunk"), by="tokens").r2_events > 0.99
 
 
+def test_a_point_within_half_a_checkpoint_interval_of_the_trunk_is_read_off_its_edge(tmp_path):
+    """A trunk recorded at steps up to 1999 (a loop numbering its 2000 updates from 0) and a D
+    budget of 2000 steps: 0.0002 decades past the fit's last step, and the whole rebuild (R^2
+    1.0 before the refusal) and the annealing gains were refused. Half the last interval is
+    read off the edge; beyond it, still refused."""
+    st = _store(tmp_path / "s.zarr")
+    loss = _planted(st.probe.n_tokens)
+    t_steps = np.unique(np.round(np.geomspace(1, 1999, 30)).astype(int))
+    w = st.create_run("trunk", capacity=t_steps.size,
+                      attrs={"tokens_per_step": 100, "lr_area": {"step": [*t_steps.tolist(), 4000], "area": [*t_steps.tolist(), 4000]}}).writer()  # fmt: skip
+    for s in t_steps:
+        w.append(loss(s), step=int(s))
+    w.release()
+    budgets = [30, 60, 120, 250, 500, 1000, 2000, 2500]
+    for j, b in enumerate(budgets):
+        _one_row(st, f"b{j}", loss(b), step=b, attrs={"data_budget": b * 100, "lr_area": float(b), "decay_lr": [0.5, 0.2]})
+    fit_run(st.run("trunk"), progress=False)
+    axis = assemble_axis(st, "D", runs=[f"b{j}" for j in range(7)], name="D7")
+    assert reconstruct_across(axis, st.run("trunk"), by="tokens").r2_events > 0.99
+    _, g = branch_gains(st.run("trunk"), [st.run(f"b{j}") for j in range(7)])
+    np.testing.assert_allclose(g, 0.0, atol=2e-3)
+    # 2500 is 0.1 decades past 1999, the last interval 0.12 decades: more than half of it
+    far = assemble_axis(st, "D", runs=[f"b{j}" for j in range(8)], name="D8")
+    with pytest.raises(InputError, match=r"1 of the 8 D points lie at effective steps outside"):
+        reconstruct_across(far, st.run("trunk"), by="tokens")
+    with pytest.raises(InputError, match=r"1 of the 8 lr areas fall at steps 2500-2500"):
+        branch_gains(st.run("trunk"), [st.run(f"b{j}") for j in range(8)])
+
+
 def test_branch_gains_beyond_the_recorded_trunk_are_refused_not_read_at_its_last_row(tmp_path):
     """The trunk's loss at a branch's lr area was read by np.interp, which holds the last
     measured value past the end: branches at steps 250-2000 of a trunk recorded to 200 read gains
@@ -356,3 +385,13 @@ def test_an_axis_on_which_the_loss_rises_is_rebuilt_as_a_rise(tmp_path):
     big = np.abs(rec.measured) > 0.1  # (the flat ends, one-sided, read a small slope of either sign)
     assert big.sum() >= 5 and np.all(rec.measured[big] < 0) and np.all(rec.from_events[big] < 0)
     assert np.nanmax(np.asarray(run.fit.read(fields=("delta",))["delta"])) < 0  # every event a rise
+
+
+def test_decay_sweep_grad_clip_none_is_no_clipping():
+    # DecaySweepConfig(grad_clip=None) meant no clipping (the loop tests `if cfg.grad_clip`); the
+    # settings check refused it as "not a finite number"
+    from tokdyn.sweep import DecaySweepConfig
+
+    assert DecaySweepConfig(budgets=(100, 200), grad_clip=None).grad_clip == 0.0
+    with pytest.raises(InputError, match="grad_clip"):
+        DecaySweepConfig(budgets=(100, 200), grad_clip=-1.0)

@@ -98,7 +98,7 @@ def _trunk_loss_at_area(trunk, areas: np.ndarray, measured=None) -> np.ndarray:
     tokens at every row: a mean over whichever tokens each row has bends the curve where some
     are missing)."""
     from .axes import lr_area_table
-    from .reconstruct import measured_mean_loss
+    from .reconstruct import edge_tolerance, measured_mean_loss
 
     t_steps, t_area = lr_area_table(trunk)  # checked: a reversed or NaN table misreads every area
     if areas.min() < t_area.min() or areas.max() > t_area.max():
@@ -112,7 +112,10 @@ def _trunk_loss_at_area(trunk, areas: np.ndarray, measured=None) -> np.ndarray:
     lo, hi = steps[ok].min(), steps[ok].max()
     # The lr-area table may reach beyond the rows recorded (a trunk still being recorded, or one
     # that stopped): np.interp held the last measured loss there, and every such gain was wrong.
-    out = (at < lo * (1 - 1e-9)) | (at > hi * (1 + 1e-9))
+    # Within half a recorded interval of either end the edge's loss stands (steps 0..1999 and a
+    # branch at step 2000).
+    lo_tol, hi_tol = edge_tolerance(np.log10(steps[ok]))
+    out = (at < lo * 10**-lo_tol) | (at > hi * 10**hi_tol)
     if out.any():
         raise InputError(f"{int(out.sum())} of the {at.size} lr areas fall at steps {at[out].min():.4g}-{at[out].max():.4g} of "
                          f"T run {trunk.name!r}, outside the steps where its mean loss was measured ({lo:g}-{hi:g}); "

@@ -354,6 +354,16 @@ def _events_of(events: Events, kept: np.ndarray, scored: np.ndarray) -> Events:
     return replace(events.for_tokens(kept), n_scored=int(kept.sum()))
 
 
+def edge_tolerance(x: np.ndarray) -> tuple[float, float]:
+    """How far below and above the measured ``x`` (log10 steps, increasing) a point may lie and
+    still be read off the measurement's edge: half the interval between its first two and its
+    last two points (1e-9 with fewer than two)."""
+    x = np.sort(np.asarray(x, np.float64))
+    if x.size < 2:
+        return 1e-9, 1e-9
+    return max(0.5 * float(x[1] - x[0]), 1e-9), max(0.5 * float(x[-1] - x[-2]), 1e-9)
+
+
 def reconstruct_across(
     axis_run,
     t_run,
@@ -379,7 +389,8 @@ def reconstruct_across(
     points lie after it, and over every step the warm-up's drop takes one of each token's two
     events (docs/spectrum.md, "D rebuilt from the events of T"). A point whose effective step
     lies below that fit window, or outside the steps the T fit was made on at all (above its last
-    fitted step: a trunk stopped short), is refused (:class:`InputError`), not extrapolated."""
+    fitted step: a trunk stopped short) by more than half a checkpoint interval
+    (:func:`edge_tolerance`), is refused (:class:`InputError`), not extrapolated."""
     from .axes import axis_run_problem, check_same_probe, effective_steps, source_runs
     from .fit.job import fit_inputs, fitted_inputs, stored_axis_min
 
@@ -401,9 +412,12 @@ def reconstruct_across(
         )
     # Above the T fit's last step (a trunk still being recorded, or trained short of the largest
     # budget) the events were extrapolated as silently as below its window, and read as a rebuild.
+    # Half a checkpoint interval past either end is read off the fit's edge (a trunk recorded at
+    # steps 0..1999 and a D budget of 2000 steps differ by 0.0002 decades, and were refused).
     _, t_x = fitted_inputs(t_run)
     at = np.log10(steps)
-    outside = (at < t_x.min() - 1e-9) | (at > t_x.max() + 1e-9)
+    lo_tol, hi_tol = edge_tolerance(t_x)
+    outside = (at < t_x.min() - lo_tol) | (at > t_x.max() + hi_tol)
     if outside.any():
         raise InputError(
             f"{int(outside.sum())} of the {steps.size} {axis_run.axis} points lie at effective steps outside the steps "

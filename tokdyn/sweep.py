@@ -101,7 +101,7 @@ class DecaySweepConfig:
     floor: float = 0.0
     shape: str = "linear"
     weight_decay: float = 0.01
-    grad_clip: float = 1.0
+    grad_clip: float | None = 1.0  # 0 or None: no clipping
     betas: tuple[float, float] = (0.9, 0.95)
     trunk_points: int = 40
     seed: int = 0
@@ -122,6 +122,8 @@ class DecaySweepConfig:
         object.__setattr__(self, "trunk_points", _steps(self.trunk_points, "trunk_points"))
         if self.trunk_steps is not None:
             object.__setattr__(self, "trunk_steps", _steps(self.trunk_steps, "trunk_steps"))
+        if self.grad_clip is None:  # no clipping, as 0 says it (and as the training loop read None before)
+            object.__setattr__(self, "grad_clip", 0.0)
         for what in ("lr", "decay_frac", "floor", "weight_decay", "grad_clip"):
             _number(getattr(self, what), what)
         try:
