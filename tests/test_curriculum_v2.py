@@ -322,3 +322,29 @@ def test_reuse_takes_only_matching_baselines(tmp_path):
     path.write_text(json.dumps({"config": {**asdict(cfg), "steps": 41}, "runs": runs}))
     with pytest.raises(InputError, match="other settings"):
         _reusable_base_runs(MixtureABConfig.quick(reuse=str(path)), lambda m: None)
+
+
+def test_a_diverged_seed_is_named_and_left_out_of_the_arm_mean():
+    # a seed whose arm ended at a NaN loss dropped out of the mean and its interval with nothing
+    # said but n; it was also listed as "outside the ladder"
+    from tokdyn.curriculum.ab import MixtureABConfig, headline_lines, summarize_runs
+
+    cfg = MixtureABConfig(seeds=(0, 1, 2, 3), arms=("mixture",), ladder=(0.8, 0.9, 1.0), steps=40, eval_points=4)
+    domains = ("a", "b")
+    curve = [[3.0, 3.1]] * 4
+    runs = []
+    for s in cfg.seeds:
+        for b, loss in zip(cfg.ladder, (3.3, 3.2, 3.1)):
+            runs.append({"seed": s, "arm": "base", "budget": b, "final_mixture": loss + 0.001 * s, "final": [loss, loss],
+                         "curve": curve, "draws_sha256": "x"})  # fmt: skip
+        end = float("nan") if s == 2 else 3.15 + 0.001 * s + 0.002 * (s % 2)
+        runs.append({"seed": s, "arm": "mixture", "budget": 1.0, "final_mixture": end, "final": [end, end], "curve": curve,
+                     "draws_sha256": "y"})  # fmt: skip
+    res = summarize_runs(runs, cfg, domains)
+    c = res["comparison"]["mixture"]
+    assert c["diverged"] == [2] and 2 not in c["outside_ladder"]
+    assert c["speedup"]["n"] == 3 and c["speedup"]["n_left_out"] == 1
+    res.update(enrichment_verdict="-", aa_batches_identical={"identical": True})
+    line = [x for x in headline_lines(res) if x.startswith("mixture")][0]
+    assert line.endswith("n=3; loss not finite (diverged) on seeds [2], left out"), line
+    assert paired_bootstrap([0.1, float("nan"), 0.2])["n_left_out"] == 1

@@ -599,7 +599,7 @@ def summarize_runs(runs: list[dict], cfg: MixtureABConfig, domains) -> dict:
     full = cfg.ladder.index(1.0)
     arms = {}
     for arm in cfg.arms:
-        sp, auc, outside, dom_sp, finals, diffs = [], [], [], [], [], []
+        sp, auc, outside, diverged, dom_sp, finals, diffs = [], [], [], [], [], [], []
         for s in seeds:
             r = by.get((s, arm, 1.0))
             if r is None:
@@ -608,7 +608,10 @@ def summarize_runs(runs: list[dict], cfg: MixtureABConfig, domains) -> dict:
             sp.append(v)
             finals.append(r["final_mixture"])
             diffs.append(r["final_mixture"] - ladder[s][full])
-            if not inside:
+            # a seed whose arm or baseline loss is not finite has no speed-up: said by name, left out
+            if not (np.isfinite(r["final_mixture"]) and np.all(np.isfinite(ladder[s]))):
+                diverged.append(s)
+            elif not inside:
                 outside.append(s)
             b = by[(s, "base", 1.0)]
             auc.append(auc_ratio(cfg_eval_steps(cfg), np.mean(r["curve"], axis=1), np.mean(b["curve"], axis=1)))
@@ -618,7 +621,7 @@ def summarize_runs(runs: list[dict], cfg: MixtureABConfig, domains) -> dict:
         d = np.array(dom_sp)
         arms[arm] = {"speedup": paired_bootstrap(sp), "auc_ratio": paired_bootstrap(auc),
                      "per_seed": {"speedup": sp, "auc_ratio": auc, "final_mixture": finals},
-                     "outside_ladder": outside,
+                     "outside_ladder": outside, "diverged": diverged,
                      "domain_speedup": {dom: paired_bootstrap(d[:, k]) for k, dom in enumerate(domains)},
                      "final_loss_diff": paired_bootstrap(diffs)}  # fmt: skip
     control = None
@@ -666,13 +669,22 @@ def headline_lines(res: dict) -> list[str]:
                      f"(seeds {a['seeds_trained']}); batches identical on all seeds: {res['aa_batches_identical']['identical']}")  # fmt: skip
     for arm, c in res["comparison"].items():
         s, a = c["speedup"], c["auc_ratio"]
-        if s["n"] < 2:  # one seed: no interval to give
-            lines.append(f"{arm:<12} speed-up {s['mean']:+.1%}, AUC ratio {a['mean']:.4f}, n={s['n']} (no interval from one seed)")
+        if s["n"] < 2:  # one seed (or none left): no interval to give
+            lines.append(f"{arm:<12} speed-up {s['mean']:+.1%}, AUC ratio {a['mean']:.4f}, n={s['n']} (no interval from "
+                         f"{'one seed' if s['n'] else 'no seed'})" + _diverged_note(c))  # fmt: skip
             continue
         lines.append(f"{arm:<12} speed-up {s['mean']:+.1%} (95% CI {s['ci95'][0]:+.1%} .. {s['ci95'][1]:+.1%}), "
                      f"AUC ratio {a['mean']:.4f} ({a['ci95'][0]:.4f} .. {a['ci95'][1]:.4f}), n={s['n']}"
-                     + (f"; outside the ladder on seeds {c['outside_ladder']}" if c["outside_ladder"] else ""))  # fmt: skip
+                     + (f"; outside the ladder on seeds {c['outside_ladder']}" if c["outside_ladder"] else "")
+                     + _diverged_note(c))  # fmt: skip
     return lines
+
+
+def _diverged_note(c: dict) -> str:
+    """``; diverged on seeds [..] (left out)`` for an arm whose loss, or its baseline's, was not
+    finite on some seeds (they have no speed-up; the mean and its interval are of the others)."""
+    bad = c.get("diverged") or []
+    return f"; loss not finite (diverged) on seeds {bad}, left out" if bad else ""
 
 
 def plot_mixture(res: dict, path: Path) -> None:
