@@ -132,13 +132,26 @@ def test_a_closed_stdout_is_one_error_line_before_any_work(tmp_path):
     path = str(tmp_path / "s.zarr")
     fitted_store(path)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for args in (["info", path], ["spectrum", path, "--json"]):
+    for args in (["info", path], ["spectrum", path, "--json"], ["fit", path, "--json"], ["curriculum", "show", path]):
         p = subprocess.run([sys.executable, "-m", "tokdyn", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            env=env, timeout=120, preexec_fn=lambda: os.close(1))  # fmt: skip
         err = p.stderr.decode().strip().splitlines()
         assert p.returncode == 1
         assert err == [f"tokdyn {args[0]}: error: standard output is closed, so what the command prints "
                        "would be lost; send it to a file or to /dev/null"]
+
+
+def test_a_closed_stdout_does_not_stop_a_command_whose_product_is_a_file(tmp_path):
+    # the check above first refused every command: `tokdyn export-npz s.zarr out.npz >&-` (its
+    # product a file, its printed line a note) wrote nothing; found by the review
+    path = str(tmp_path / "s.zarr")
+    fitted_store(path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "out.npz"
+    p = subprocess.run([sys.executable, "-m", "tokdyn", "export-npz", path, str(out)], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, env=env, timeout=120, preexec_fn=lambda: os.close(1))  # fmt: skip
+    assert p.returncode == 0, p.stderr.decode()
+    assert p.stderr.decode().strip() == "" and out.stat().st_size > 0
 
 
 def _commands(parser, prefix=()):
@@ -165,3 +178,9 @@ def test_an_unknown_option_shows_the_usage_of_the_command_given(capsys):
         name = " ".join(("tokdyn", *path))
         assert err.startswith(f"usage: {name} "), (path, err[:200])
         assert err.rstrip().splitlines()[-1].startswith(f"{name}: error: "), (path, err)
+    # an unknown option before the command is tokdyn's own, or the action's parent's
+    for argv, name in ((["--bogus", "info", "s"], "tokdyn"), (["curriculum", "--bogus", "show", "t"], "tokdyn curriculum")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        err = capsys.readouterr().err
+        assert err.startswith(f"usage: {name} ") and err.rstrip().endswith(f"{name}: error: unrecognized arguments: --bogus"), err

@@ -36,16 +36,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(argv)
+    path = _command_path(parser, args)
     if extra:  # an option the command does not take: its own usage line, not the top level's
-        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+        _usage_parser(parser, path, argv, extra).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:  # bare `tokdyn`: what it can do
         parser.print_help()
         return 0
-    if sys.stdout is None:  # started with its stdout closed (`>&-`): Python drops every print
+    closed = sys.stdout is None  # started with its stdout closed (`>&-`): Python drops every print
+    if closed and (path in _ANSWER_ON_STDOUT or getattr(args, "json", False)):
         print(f"tokdyn {args.command}: error: standard output is closed, so what the command prints "
               "would be lost; send it to a file or to /dev/null", file=sys.stderr or sys.__stderr__)
         return 1
+    if closed:  # its product is a store or a file: what it prints about it goes nowhere, as before
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - closed in the finally below
     restore = _printable_stdout()
     try:
         with warnings.catch_warnings():
@@ -66,16 +71,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         restore()
+        if closed:
+            sys.stdout.close()
+            sys.stdout = None
 
 
-def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
-    """The parser of the (sub)command ``args`` ran: ``tokdyn curriculum schedule``'s, not ``tokdyn``'s."""
+# commands whose answer is what they print (without --json too): refused with a closed stdout
+_ANSWER_ON_STDOUT = {("info",), ("spectrum",), ("reconstruct",), ("compare",), ("curriculum", "show")}
+
+
+def _command_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, ...]:
+    """The (sub)command names ``args`` ran: ``("curriculum", "schedule")``; ``()`` for none."""
+    path: list[str] = []
     while True:
         subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        chosen = subs and subs[0].choices.get(getattr(args, subs[0].dest, None) or "")
-        if not chosen:
-            return parser
-        parser = chosen
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if not name or name not in subs[0].choices:
+            return tuple(path)
+        path.append(name)
+        parser = subs[0].choices[name]
+
+
+def _usage_parser(parser: argparse.ArgumentParser, path: tuple[str, ...], argv: list[str], extra: list[str]):
+    """The parser whose usage line goes with the unknown ``extra`` arguments: that of the
+    deepest (sub)command named before the first of them (``tokdyn fit s --bogus``: fit's;
+    ``tokdyn --bogus info s``: tokdyn's own)."""
+    first = argv.index(extra[0]) if extra[0] in argv else len(argv)
+    at = -1
+    for name in path:
+        try:
+            at = argv.index(name, at + 1)
+        except ValueError:
+            break
+        if at > first:
+            break
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+    return parser
 
 
 # numpy's floating-point warnings (its messages; tokdyn's own RuntimeWarnings, such as non-finite
