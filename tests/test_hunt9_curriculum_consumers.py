@@ -316,6 +316,33 @@ def test_the_trainers_weighted_loss_takes_int32_labels_and_is_the_hand_loss(tmp_
             trainer.compute_loss(model, {"inputs_embeds": torch.zeros(3, 9, 16), "labels": labels})
 
 
+def test_the_trainer_stops_at_ids_outside_the_table_on_any_device(tmp_path):
+    """On a device TokenWeights makes such a batch's weights NaN (no sync); under the Trainer,
+    which leaves a NaN loss out of its logs (logging_nan_inf_filter) while its gradients turn
+    every parameter NaN, that hid a ruined run (a pad id added after the pilot: the review's
+    reproduction logged losses 0.0 and grad_norm nan). The Trainer now checks on the host."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    from tokdyn.curriculum.hf import CurriculumTrainer
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=10, n_positions=9, n_embd=16, n_layer=1, n_head=2))
+    tw = TokenWeights(_table(), CurriculumConfig(total_steps=10, floor=0.2), tokenizer=8)
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), report_to=[], use_cpu=True, save_strategy="no",
+                             logging_strategy="no", disable_tqdm=True, max_steps=1)  # fmt: skip
+    trainer = CurriculumTrainer(model=model, args=args, train_dataset=[{"input_ids": torch.zeros(9, dtype=torch.long)}],
+                                token_weights=tw)  # fmt: skip
+    ids = torch.from_numpy(np.random.default_rng(3).integers(0, 8, (2, 9)))
+    ids[1, 5] = 9  # the model takes it, the table does not
+    calls = []
+    model.register_forward_pre_hook(lambda *a: calls.append(1))
+    with pytest.raises(InputError, match=r"token ids span \[\d+, 9\] but the learnability table was built for a vocabulary of 8"):
+        trainer.compute_loss(model, {"input_ids": ids, "labels": ids})
+    assert not calls  # refused before the forward
+    tw.check_ids(ids[:1])  # in range: nothing
+
+
 # -- the coupled arm's draws follow its probabilities ---------------------------------------------
 
 

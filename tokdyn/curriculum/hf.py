@@ -77,6 +77,10 @@ class CurriculumTrainer(Trainer):
         if labels.shape != ids.shape:
             raise InputError(f"labels {tuple(labels.shape)} must have the shape of input_ids {tuple(ids.shape)} (the "
                              "token weights are those of the targets input_ids[:, 1:])")  # fmt: skip
+        # ids outside the table's vocabulary: one line here, not NaN weights on a device (the
+        # Trainer leaves a NaN loss out of its logs, logging_nan_inf_filter, while its gradients
+        # turn every parameter NaN); a host sync, as the Trainer makes every step anyway
+        self.token_weights.check_ids(ids)
         outputs = model(**{k: v for k, v in inputs.items() if k != "labels"})
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]  # (B, T, V)
         target = labels[:, 1:].long()  # int32 labels (a collator's) are ids too; cross_entropy takes int64 only

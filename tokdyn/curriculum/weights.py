@@ -77,12 +77,8 @@ class TokenWeights:
             raise InputError(f"tokens must be integer token ids, got {tokens.dtype} (a float or bool id would be read as "
                              "another token)")  # fmt: skip
         v = self.table.vocab_size
-        if tokens.device.type == "cpu" and tokens.numel():  # on the host the check costs no device sync
-            lo, hi = int(tokens.min()), int(tokens.max())
-            if lo < 0 or hi >= v:
-                raise InputError(f"token ids span [{lo}, {hi}] but the learnability table was built for a vocabulary of "
-                                 f"{v}: an id outside it would be read as another token's context (a padding id, "
-                                 "-100 labels passed as tokens, another tokenizer?)")  # fmt: skip
+        if tokens.device.type == "cpu":  # on the host the check costs no device sync
+            self.check_ids(tokens)
         x = self.x(step)
         mu, delta, _ = self.table.lookup(tokens)  # (B, C) each, on the device
         q = self.config.sharpen(self.config.learnability(x, mu, delta))
@@ -96,6 +92,22 @@ class TokenWeights:
             t = tokens.to(self.device)
             w = torch.where(((t < 0) | (t >= v)).any(), torch.full_like(w, float("nan")), w)
         return w
+
+    def check_ids(self, tokens: torch.Tensor) -> None:
+        """:class:`InputError` where ``tokens`` hold an id outside the table's vocabulary (a
+        padding id added after the pilot, ``-100`` labels passed as tokens, another tokenizer).
+        On a device this reads two numbers back, one host sync: :meth:`__call__` does it only
+        for CPU tokens (on a device it makes such a batch's weights NaN instead), and
+        :class:`~tokdyn.curriculum.hf.CurriculumTrainer` calls it every step, since the Trainer
+        syncs each step anyway and leaves a NaN loss out of its logs."""
+        if not tokens.numel():
+            return
+        lo, hi = (int(t) for t in torch.aminmax(tokens))
+        v = self.table.vocab_size
+        if lo < 0 or hi >= v:
+            raise InputError(f"token ids span [{lo}, {hi}] but the learnability table was built for a vocabulary of "
+                             f"{v}: an id outside it would be read as another token's context (a padding id, "
+                             "-100 labels passed as tokens, another tokenizer?)")  # fmt: skip
 
     def __repr__(self) -> str:
         return f"TokenWeights({self.table!r}, {self.config})"
