@@ -333,3 +333,17 @@ def test_a_planted_pilot_gives_the_docs_estimates_by_hand(tmp_path):
     tgt = tok[:, 1:].reshape(-1)
     for k, m in zip(t1.levels[0]["keys"].tolist(), t1.levels[0]["mu"].tolist()):
         assert m == pytest.approx(np.nanmean(mu[tgt == k]), abs=0.01)
+
+
+@pytest.mark.parametrize("bad", [dict(lr=float("inf")), dict(lr=float("nan")), dict(steps=2.5), dict(seed=True),
+                                 dict(weight_decay=-1.0), dict(grad_clip=float("inf")), dict(batch_size="8")])  # fmt: skip
+def test_train_config_refuses_settings_no_run_can_use(bad):
+    # lr=inf was accepted and trained a model of NaN weights (noticed by the curriculum hunt)
+    import numpy as np
+
+    from tokdyn.errors import InputError
+    from tokdyn.train import TrainConfig
+
+    with pytest.raises(InputError):
+        TrainConfig(**bad)
+    assert TrainConfig(steps=np.int64(5), lr=np.float32(1e-3), grad_clip=None).steps == 5  # numpy numbers, no clipping
