@@ -45,7 +45,8 @@ class RunAnalysis:
     def class_drops(self) -> ClassDrops:
         """Each class's drop and whether shares of it mean something (:func:`tokdyn.fit.models.class_drops`),
         from the fit, once: the report says it in its summary and its class figure."""
-        return class_drops(self.fit["class_code"], self.fit["drop"])
+        f = self.fit
+        return class_drops(f["class_code"], f["drop"], **{k: f.get(k) for k in ("delta1", "mu1", "delta2", "mu2")})
 
     def summary(self) -> dict:
         out = {"run": self.run, "axis": self.axis, **self.reconstruction.summary(),

@@ -226,4 +226,6 @@ def _run_demo(out: Path, lock: KeyLock, *, steps, n_points, n_probe_sequences, c
     log(f"share of the loss drop by class: {drops.listing()}" if drops.meaningful else
         f"loss change by class, in nats per probe token: {drops.listing()}; no shares of the loss drop: {drops.reason}, "
         "so they would mean nothing")  # fmt: skip
+    if drops.multi_step_note():
+        log(drops.multi_step_note())
     return summary

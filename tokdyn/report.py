@@ -313,7 +313,13 @@ def _headline(a: RunAnalysis, options: dict | None = None) -> str:
     return (f"<p><b>Run {_e(a.run)}:</b> the mean loss of the {n:,} probe token{'s' * (n != 1)} {verb} from "
             f"{rec.mean_loss[first]:.2f} to {rec.mean_loss[last]:.2f} nats between {name} {_row_text(10.0 ** rec.x[first])} "
             f"and {_row_text(10.0 ** rec.x[last])}; the fitted per-token events rebuild its rate of change with R² "
-            f"{rec.r2_events:.3f}. {_e(carried)}.{_unfit_text(a, options)}</p>")  # fmt: skip
+            f"{rec.r2_events:.3f}. {_e(carried)}.{_multi_step_text(a)}{_unfit_text(a, options)}</p>")  # fmt: skip
+
+
+def _multi_step_text(a: RunAnalysis) -> str:
+    """`` multi_step is two drops for ... .`` (the class by its events' signs), or nothing."""
+    note = a.class_drops.multi_step_note()
+    return f" {_e(note[0].upper() + note[1:])}." if note else ""
 
 
 def _unfit_text(a: RunAnalysis, options: dict | None) -> str:
@@ -1135,7 +1141,8 @@ def _fig_class_changes(a: RunAnalysis, drops: dict[str, float]) -> Figure:
                   f"point, summed over the class and divided by the number of probe tokens (nats per probe token; "
                   f"negative: it rose), so the bars add up to the fall of the mean loss ({net:+.3f} nats). Shares of the "
                   f"loss drop are not shown for this run: {why}, and a class's share of the net drop would read hundreds "
-                  f"or thousands of percent. The share of the tokens each class holds is beside its name.")  # fmt: skip
+                  f"or thousands of percent. The share of the tokens each class holds is beside its name."
+                  + _multi_step_text(a))  # fmt: skip
 
 
 def _fig_class_shares(a: RunAnalysis) -> Figure:
@@ -1163,7 +1170,7 @@ def _fig_class_shares(a: RunAnalysis) -> Figure:
                   "For each class of tokens: its share of the total loss drop between the first and the last recorded "
                   "point (coloured bar; tokens whose loss rose, forgotten, count negatively, so the shares add up to "
                   "100%), and its share of the tokens (grey). A class whose coloured bar is longer than its grey one "
-                  "lost more loss per token than the average token.")  # fmt: skip
+                  "lost more loss per token than the average token." + _multi_step_text(a))  # fmt: skip
 
 
 def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:

@@ -300,7 +300,7 @@ def fit_run(
             fw.finish(backend=backend, seconds=seconds)
             # read under the fit lock: once it is released, a refit may replace these results
             # (the fit's own rows, also where a recorder appended more meanwhile: the next reader is told to refit)
-            res = run.fit.read(fields=("status", "class_code", "drop"), current=False)
+            res = run.fit.read(fields=("status", "class_code", "drop", "delta1", "mu1", "delta2", "mu2"), current=False)
             since = run.n_committed - n_committed
     fitted = sum(min(block, n - b * block) for b in todo)  # tokens fitted by this call
     status_counts = {STATUS_NAMES[c]: int(v) for c, v in zip(*np.unique(res["status"], return_counts=True))}
@@ -311,7 +311,7 @@ def fit_run(
         backend=backend, scheduler=scheduler, status_counts=status_counts, class_counts=class_counts,
         class_loss_share=class_loss_share(res["class_code"], res["drop"]), axis_min=axis_min,
         rows_left_out=rows_left_out(run, rows, axis_min=axis_min, n_committed=n_committed),
-        n_rows_left_out=n_committed - int(rows.size), n_rows_committed_since=since, class_drops=class_drops(res["class_code"], res["drop"]),
+        n_rows_left_out=n_committed - int(rows.size), n_rows_committed_since=since, class_drops=class_drops(res["class_code"], res["drop"], **_events_of_two(res)),
         blocks_repaired=repaired,
     )  # fmt: skip
 
@@ -330,6 +330,11 @@ def _stored_backend(run: Run) -> tuple[str, Any]:
     except InputError:  # none recorded, or not here: a backend not installed, a GPU this machine lacks
         return "auto", None
     return backend, device
+
+
+def _events_of_two(fields: dict) -> dict:
+    """The two-sigmoid events' arguments of :func:`~tokdyn.fit.models.class_drops`."""
+    return {k: fields[k] for k in ("delta1", "mu1", "delta2", "mu2")}
 
 
 def read_fit(store: TrajectoryStore | str | os.PathLike, run: str, *, fields=None) -> dict[str, np.ndarray]:

@@ -346,6 +346,9 @@ class ClassDrops:
     nats: dict
     shares: dict
     meaningful: bool
+    # the multi_step class by the signs of its two events, where they were given: name -> (tokens,
+    # nats per probe token), names "two drops", "a drop then a rise", "a rise then a drop", "two rises"
+    multi_step_kinds: dict = dataclasses.field(default_factory=dict)
 
     @property
     def net(self) -> float:
@@ -388,6 +391,23 @@ class ClassDrops:
         moved = sorted(((abs(v), c, v) for c, v in self.nats.items() if abs(v) >= 0.0005), reverse=True)[:top]
         return ", ".join(f"{c} {'fell' if v > 0 else 'rose'} {abs(v):.3f}" for _, c, v in moved) or "none"
 
+    def multi_step_note(self) -> str:
+        """What ``multi_step`` holds by the signs of its two events (``"multi_step is two drops
+        for 4,919 tokens (38.1% of the loss drop), a drop then a rise for 1,483 (5.2%)"``): the class
+        holds every token two fitted steps explain better than one, a drop and a rise too (a
+        token learned then forgotten, or a spike at one point); empty without a split."""
+        kinds = [(k, n, v) for k, (n, v) in self.multi_step_kinds.items() if n]
+        if not kinds:
+            return ""
+        def carried(v: float, first: bool) -> str:
+            if self.meaningful:
+                pct = f"{v / self.net:.1%}".replace("-0.0%", "0.0%")
+                return f"{pct} of the loss drop" if first else pct
+            return f"{'fell' if v >= 0 else 'rose'} {abs(v):.3f}{' nats per probe token' if first else ''}"
+        parts = [f"{k} for {n:,}{' token' + 's' * (n != 1) if i == 0 else ''} ({carried(v, i == 0)})"
+                 for i, (k, n, v) in enumerate(kinds)]  # fmt: skip
+        return "multi_step is " + ", ".join(parts)
+
     def summary(self, top: int | None = 3) -> str:
         """One sentence: the largest shares of the loss drop by class, or (where shares would
         mean nothing) the largest changes in nats per probe token and why (:meth:`listing`)."""
@@ -397,18 +417,28 @@ class ClassDrops:
                 "so shares of the loss drop would mean nothing and are not shown")
 
 
-def class_drops(class_code: np.ndarray, drop: np.ndarray) -> ClassDrops:
+def class_drops(class_code: np.ndarray, drop: np.ndarray, *, delta1=None, mu1=None, delta2=None, mu2=None) -> ClassDrops:
     """Each class's fitted loss drop in nats per probe token (``drop`` summed over the class's
     tokens, NaN as 0, over all tokens), its share of the net drop, and whether shares mean
     something (:data:`SHARE_MIN_NET`): the one rule by which the report, ``tokdyn fit`` and the
-    demo say what each class carried."""
+    demo say what each class carried. With the two-sigmoid events (``delta1``, ``mu1``,
+    ``delta2``, ``mu2``; ``delta > 0`` a drop) the ``multi_step`` class is also split by their
+    signs, in time order (:attr:`ClassDrops.multi_step_kinds`)."""
     shares = class_loss_share(class_code, drop)  # checks the arrays
     code, drop = np.asarray(class_code), np.asarray(drop, np.float64)
     drop = np.where(np.isfinite(drop), drop, 0.0)
     n = max(drop.size, 1)
     nats = {name: float(drop[code == c].sum() / n) for c, name in CLASS_NAMES.items() if (code == c).any()}
     net, gross = sum(nats.values()), sum(abs(v) for v in nats.values())
-    return ClassDrops(nats, {c: shares[c] for c in nats}, bool(net > 0 and net >= SHARE_MIN_NET * gross))
+    kinds = {}
+    if all(a is not None for a in (delta1, mu1, delta2, mu2)):
+        multi = code == CLASS_CODES["multi_step"]
+        d1, m1, d2, m2 = (np.asarray(a, np.float64)[multi] for a in (delta1, mu1, delta2, mu2))
+        first, second = np.where(m1 <= m2, d1, d2) > 0, np.where(m1 <= m2, d2, d1) > 0  # in time order; drop > 0
+        for name, sel in (("two drops", first & second), ("a drop then a rise", first & ~second),
+                          ("a rise then a drop", ~first & second), ("two rises", ~first & ~second)):  # fmt: skip
+            kinds[name] = (int(sel.sum()), float(drop[multi][sel].sum() / n))
+    return ClassDrops(nats, {c: shares[c] for c in nats}, bool(net > 0 and net >= SHARE_MIN_NET * gross), kinds)
 
 
 def model_level(
