@@ -184,3 +184,16 @@ def test_an_unknown_option_shows_the_usage_of_the_command_given(capsys):
             main(argv)
         err = capsys.readouterr().err
         assert err.startswith(f"usage: {name} ") and err.rstrip().endswith(f"{name}: error: unrecognized arguments: --bogus"), err
+
+
+def test_a_read_only_or_forbidden_path_is_named_by_its_folder_not_a_temporary_name():
+    # `tokdyn fit` on a read-only store said "[Errno 30] Read-only file system:
+    # '.../commits/fit.<hex>.partial'" (noticed by the fit-job hunt)
+    import errno
+
+    from tokdyn.cli import error_line
+
+    line = error_line(OSError(errno.EROFS, "Read-only file system", "/d/s.zarr/runs/r/commits/fit.3fa9.partial"))
+    assert line == "read-only file system: /d/s.zarr/runs/r/commits (the command writes there; work on a copy in a writable place)"
+    assert error_line(PermissionError(errno.EACCES, "Permission denied", "/d/out.html")).startswith("permission denied: /d/out.html (")
+    assert error_line(OSError(errno.ENOSPC, "No space left on device")) == "[Errno 28] No space left on device"  # as worded

@@ -11,6 +11,7 @@ exception tokdyn did not raise on purpose is reported as a bug, with the version
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import warnings
@@ -187,7 +188,9 @@ def settle_io(timeout: float = 10.0) -> None:
 def error_line(exc: BaseException) -> str:
     """One line for the user: tokdyn's own errors, disk and missing-package errors as they are
     worded; anything else as a bug report with the version."""
-    if isinstance(exc, (TokdynError, OSError, ImportError)):
+    if isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and exc.filename:
+        text = _unwritable(exc)
+    elif isinstance(exc, (TokdynError, OSError, ImportError)):
         text = str(exc)
     elif isinstance(exc, MemoryError):
         text = "out of memory (an input larger than this machine can hold?)"
@@ -195,6 +198,19 @@ def error_line(exc: BaseException) -> str:
         text = (f"internal error in tokdyn {__version__}: {type(exc).__name__}: {exc} "
                 "(a bug: please report it with the command; TOKDYN_DEBUG=1 shows the traceback)")  # fmt: skip
     return " ".join(text.split()) or type(exc).__name__
+
+
+def _unwritable(exc: OSError) -> str:
+    """A read-only or forbidden path as the folder it is in where the file is one of tokdyn's
+    temporary names (``.../commits/fit.3fa9.partial``, ``.../tmpab12``), which say nothing to a
+    user: ``read-only file system: /data/s.zarr/runs/r/commits (...)``."""
+    path = os.fspath(exc.filename)
+    name = os.path.basename(path)
+    temporary = name.endswith(".partial") or name.startswith(("tmp", ".tmp"))
+    where = os.path.dirname(path) if temporary else path
+    hint = {errno.EROFS: "the command writes there; work on a copy in a writable place",
+            errno.EACCES: "this user may not use it"}.get(exc.errno, "the system refused it")  # fmt: skip
+    return f"{(exc.strerror or 'cannot write').lower()}: {where} ({hint})"
 
 
 if __name__ == "__main__":  # pragma: no cover
