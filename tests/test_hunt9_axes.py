@@ -395,3 +395,11 @@ def test_decay_sweep_grad_clip_none_is_no_clipping():
     assert DecaySweepConfig(budgets=(100, 200), grad_clip=None).grad_clip == 0.0
     with pytest.raises(InputError, match="grad_clip"):
         DecaySweepConfig(budgets=(100, 200), grad_clip=-1.0)
+
+
+def test_an_axis_run_is_no_source_of_another_axis(tmp_path):
+    # assemble_axis took a D axis run among the sources of axis M: its last row (the largest
+    # budget) was read as a training run's end (noticed by the axes hunt)
+    st, axis = _trunk_and_axis(tmp_path)
+    with pytest.raises(InputError, match=r"run 'axis-D' is a D axis run; the runs of axis D are training \(T\) runs"):
+        assemble_axis(st, "D", runs=["b0", "b1", axis.name], name="D2")

@@ -145,7 +145,11 @@ def assemble_axis(
     sources = [st.run(r) if isinstance(r, str) else r for r in (axis_sources(st, axis) if runs is None else runs)]
     if any(not isinstance(r, Run) for r in sources):
         raise InputError("runs must be run names or Run objects")
-    for r in sources:  # overwrite=True deleted that source before its final row was read: the run was lost
+    for r in sources:
+        if r.axis != "T":  # an axis run's last row is its largest scale, not a training run's end
+            raise InputError(f"run {r.name!r} is a {r.axis} axis run; the runs of axis {axis} are training (T) runs, "
+                             f"each at its own {attr}")  # fmt: skip
+        # overwrite=True deleted that source before its final row was read: the run was lost
         if r.name == name and _same_place(r.store.url, st.url):
             raise InputError(f"run {name!r} is one of the runs of axis {axis}; the axis run needs another name "
                              f"(default {axis_run_name(axis)!r})")  # fmt: skip
