@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._checks import is_real as _is_number
 from .errors import InputError, StoreError
 from .store import Run
 
@@ -127,17 +128,6 @@ def token_stats(
     code = np.where(early >= thr, 0, 2) + np.where(late >= thr, 0, 1)  # H->H 0, H->L 1, L->H 2, L->L 3
     code = np.where(np.isfinite(early) & np.isfinite(late), code, -1).astype(np.int8)
     return TokenStats(np.asarray(conf), np.asarray(var), np.asarray(fe, np.int32), code, rows[0], rows[1], thr, float(learned_loss))
-
-
-def _is_number(v) -> bool:
-    """A real number a float can hold (not a bool, a string, or an int past 1e308)."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-        return False
-    try:
-        float(v)
-    except OverflowError:
-        return False
-    return True
 
 
 def frequency_bands(token_id: np.ndarray, n_bands: int = 4) -> tuple[np.ndarray, list[str]]:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._checks import is_int as _is_int
 from .._files import check_output_path
 from ..data import Corpus, WindowDataset, prepare_corpus
 from ..errors import InputError
@@ -116,10 +117,6 @@ class ABConfig:
     def curriculum(self, width_field: str) -> CurriculumConfig:
         return CurriculumConfig(total_steps=self.steps, width=getattr(self, width_field), kernel=self.kernel,
                                 temperature=self.temperature, floor=self.floor, lead=self.lead)  # fmt: skip
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 def run_ab(out: str | Path, config: ABConfig = ABConfig(), *, corpus: Corpus | None = None,

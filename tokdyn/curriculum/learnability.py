@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._checks import is_int as _is_int, is_real as _is_real
 from .._version import __version__
 from ..errors import InputError, StoreError, UnsafeFileError
 from ..store.schema import jsonable, utc_now  # numpy scalars and arrays as JSON, one InputError otherwise
@@ -97,21 +98,6 @@ class LearnabilityOptions:
             raise InputError(f"holdout must be a number in [0, 1), got {self.holdout!r}")
         if not (_is_int(self.seed) and self.seed >= 0):
             raise InputError(f"seed must be an int >= 0, got {self.seed!r}")
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
-def _is_real(v) -> bool:
-    """A number a float holds (not a bool, a string, or an int past 1e308)."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-        return False
-    try:
-        float(v)
-    except OverflowError:
-        return False
-    return True
 
 
 # -- keys and targets ----------------------------------------------------------------------
