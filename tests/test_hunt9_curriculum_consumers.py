@@ -287,7 +287,8 @@ def test_on_cuda_an_id_past_the_vocabulary_gives_nan_weights_without_a_host_sync
 # -- the Trainer's weighted loss -------------------------------------------------------------------------
 
 
-def test_the_trainers_weighted_loss_takes_int32_labels_and_is_the_hand_loss(tmp_path):
+def _trainer(tmp_path, model_vocab: int):
+    """A tiny GPT-2 of ``model_vocab`` ids under a CurriculumTrainer weighted by a table of 8."""
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
@@ -295,12 +296,17 @@ def test_the_trainers_weighted_loss_takes_int32_labels_and_is_the_hand_loss(tmp_
     from tokdyn.curriculum.hf import CurriculumTrainer
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=8, n_positions=9, n_embd=16, n_layer=1, n_head=2)).eval()
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=model_vocab, n_positions=9, n_embd=16, n_layer=1, n_head=2)).eval()
     tw = TokenWeights(_table(), CurriculumConfig(total_steps=10, floor=0.2), tokenizer=8)
     args = TrainingArguments(output_dir=str(tmp_path / "hf"), report_to=[], use_cpu=True, save_strategy="no",
                              logging_strategy="no", disable_tqdm=True, max_steps=1)  # fmt: skip
     trainer = CurriculumTrainer(model=model, args=args, train_dataset=[{"input_ids": torch.zeros(9, dtype=torch.long)}],
                                 token_weights=tw)  # fmt: skip
+    return trainer, model, tw
+
+
+def test_the_trainers_weighted_loss_takes_int32_labels_and_is_the_hand_loss(tmp_path):
+    trainer, model, tw = _trainer(tmp_path, 8)
     ids = torch.from_numpy(np.random.default_rng(2).integers(0, 8, (3, 9)))
     labels = ids.clone()
     labels[:, :4] = -100
@@ -321,18 +327,7 @@ def test_the_trainer_stops_at_ids_outside_the_table_on_any_device(tmp_path):
     which leaves a NaN loss out of its logs (logging_nan_inf_filter) while its gradients turn
     every parameter NaN, that hid a ruined run (a pad id added after the pilot: the review's
     reproduction logged losses 0.0 and grad_norm nan). The Trainer now checks on the host."""
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
-    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
-
-    from tokdyn.curriculum.hf import CurriculumTrainer
-
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=10, n_positions=9, n_embd=16, n_layer=1, n_head=2))
-    tw = TokenWeights(_table(), CurriculumConfig(total_steps=10, floor=0.2), tokenizer=8)
-    args = TrainingArguments(output_dir=str(tmp_path / "hf"), report_to=[], use_cpu=True, save_strategy="no",
-                             logging_strategy="no", disable_tqdm=True, max_steps=1)  # fmt: skip
-    trainer = CurriculumTrainer(model=model, args=args, train_dataset=[{"input_ids": torch.zeros(9, dtype=torch.long)}],
-                                token_weights=tw)  # fmt: skip
+    trainer, model, tw = _trainer(tmp_path, 10)
     ids = torch.from_numpy(np.random.default_rng(3).integers(0, 8, (2, 9)))
     ids[1, 5] = 9  # the model takes it, the table does not
     calls = []
