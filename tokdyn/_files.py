@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +48,7 @@ def write_atomically(path: str | os.PathLike, write: Callable, *, binary: bool =
     and the file when the folder cannot be written.
     """
     path = Path(path)
+    _refuse_special(path, what)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -75,6 +77,8 @@ def check_output_path(path: str | os.PathLike, *, what: str = "file", folder_ok:
     p = Path(path)
     if not folder_ok and p.is_dir():
         raise InputError(f"cannot write the {what} to {p}: it is a folder; give the path of a file")
+    if not folder_ok:
+        _refuse_special(p, what)
     if folder_ok and p.exists() and not p.is_dir():
         raise InputError(f"cannot write the {what} to {p}: it is a file, not a folder")
     parent = p.parent if str(p.parent) else Path(".")
@@ -84,6 +88,19 @@ def check_output_path(path: str | os.PathLike, *, what: str = "file", folder_ok:
             raise InputError(f"cannot write the {what} to {p}: {blocker} is a file, not a folder")
         raise InputError(f"cannot write the {what} to {p}: folder {parent} does not exist")
     return p
+
+
+def _refuse_special(p: Path, what: str) -> None:
+    """:class:`InputError` where ``p`` is a device, pipe or socket: a result file is renamed over
+    its path, so ``--out /dev/null`` replaced the machine's null device by a regular file (for
+    every program on it). A link at ``p`` is replaced, not followed, as documented."""
+    try:
+        mode = os.lstat(p).st_mode
+    except OSError:  # nothing there (or unreadable: the write says so)
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode)):
+        raise InputError(f"cannot write the {what} to {p}: it is not a regular file (a device, pipe or socket), which "
+                         "writing the file would replace; give the path of a file")  # fmt: skip
 
 
 def _umask() -> int:

@@ -23,6 +23,7 @@ import html
 import io
 import json
 import os
+import unicodedata
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -55,7 +56,9 @@ def check_writable(out: str | os.PathLike) -> Path:
     p = Path(out)
     if p.is_dir():
         raise InputError(f"report path {p} is a folder; give a file name such as {p / 'report.html'}")
-    check_output_path(p, what="report")  # its folder exists (never created), no file stands in its way
+    # its folder exists (never created), no file stands in its way, and it is no device, pipe or
+    # socket (--out /dev/null: the report renamed over it replaced the machine's null device)
+    check_output_path(p, what="report")
     parent = p.parent if str(p.parent) else Path(".")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise InputError(f"cannot write the report to {p}: permission denied")
@@ -137,12 +140,37 @@ def _decoder(probe, tokenizer):
 LABEL_CHARS = 40  # a user's name in a figure's legend is cut to this many characters
 
 
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _visible(text) -> str:
+    """A user's string (a run, domain or store name, a metadata value) with every character that
+    shows nothing written as an escape, as ``tokdyn info`` writes it: control characters, and
+    format characters such as a right-to-left override (which reversed the page's own text after
+    the name), zero-width spaces and joiners (two names that looked the same), and line or
+    paragraph separators."""
+    text = str(text)
+    if text.isprintable() and text.isascii():
+        return text
+    out = []
+    for k, ch in enumerate(text):
+        invisible = unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")
+        if ch == "\u200d" and k and unicodedata.category(text[k - 1]) in ("So", "Sk", "Mn"):
+            invisible = False  # a zero-width joiner inside an emoji sequence (👩\u200d💻) is part of it
+        if invisible:
+            o = ord(ch)
+            out.append(_NAMED.get(ch) or (f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 def _literal(text, limit: int = LABEL_CHARS) -> str:
     """A user's string (a domain or run name) as matplotlib should draw it: as it is, "$" not
     starting mathtext (mathtext stays on for tokdyn's own labels: log-axis ticks use it), and
     cut in the middle to ``limit`` characters (a legend of names hundreds of characters long
     squeezed its panels to nothing)."""
-    text = str(text)
+    text = _visible(text)
     if len(text) > limit:
         keep = limit - 1
         text = text[: keep - keep // 3] + "…" + text[len(text) - keep // 3 :]
@@ -154,7 +182,7 @@ class Figure:
     """One numbered figure: a matplotlib figure, a title saying what it shows, a caption saying
     how to read it, and optional markup after the image (made here from escaped parts)."""
 
-    fig: object
+    fig: object  # None: nothing to draw, the caption says why (a line, no numbered figure)
     title: str
     caption: str
     after: str = ""
@@ -178,6 +206,9 @@ class _Page:
 
     def figure(self, f: Figure | None) -> None:
         if f is None:
+            return
+        if f.fig is None:  # nothing to draw: said in a line, not drawn as empty axes, and not numbered
+            self.parts.append(f"<p class=meta><b>{_e(f.title)}:</b> {_e(f.caption)}</p>")
             return
         n = sum(len(figs) for _, _, figs in self.toc) + 1
         fid = f"fig-{n}"
@@ -230,6 +261,7 @@ def _render(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None, extra:
 <style>
 body{{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;line-height:1.4}}
 h1{{font-size:1.5em}} h2{{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ccc}}
+h1,h2,p,li,summary,caption,figcaption,th,.nm{{overflow-wrap:anywhere}} td{{overflow-wrap:break-word}}
 table{{border-collapse:collapse;margin:1em 0;font-size:.9em;max-width:100%}} td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}}
 td table{{margin:0;font-size:1em}} caption{{text-align:left;font-weight:600;padding:.3em 0}}
 figure{{margin:2em 0}} figcaption{{font-size:.9em;color:#333;max-width:60em}} figure table{{font-size:.85em}}
@@ -259,7 +291,9 @@ class _Html(str):
 
 
 def _e(s) -> str:
-    return html.escape(str(s))
+    """Escaped text, every character that shows nothing made visible (:func:`_visible`): the
+    page's own text has none, and a user's name cannot reverse or hide the text around it."""
+    return html.escape(_visible(s))
 
 
 def _fmt(v) -> _Html:
@@ -273,6 +307,12 @@ def _fmt(v) -> _Html:
     if isinstance(v, list):
         return _Html(f"<pre>{_e(json.dumps(v, default=str))}</pre>")
     return _Html(_e(v))
+
+
+def _name_cell(name) -> _Html:
+    """A user's name as a table cell that may break anywhere (a name of hundreds of characters
+    without a space widened its column past the page)."""
+    return _Html(f"<span class=nm>{_e(name)}</span>")
 
 
 def _cell(c) -> str:
@@ -427,11 +467,11 @@ def _metadata_tables(st: TrajectoryStore, an: StoreAnalysis) -> str:
             r = st.run(name)
             info = r.info()
         except TokdynError as exc:  # a damaged run is listed, not fatal to the report
-            rows.append([name, "", "", "", "", f"cannot be read: {exc}"])
+            rows.append([_name_cell(name), "", "", "", "", f"cannot be read: {exc}"])
             continue
         attrs = {k: v for k, v in info["attrs"].items() if k not in ("schema_version", "tokdyn_version", "token_chunk", "codec")}
         steps = info["steps"]
-        rows.append([name, r.axis, f"{info['shape'][0]} x {info['shape'][1]:,}",
+        rows.append([_name_cell(name), r.axis, f"{info['shape'][0]} x {info['shape'][1]:,}",
                      f"{steps[0]}..{steps[-1]}" if steps else "none", f"{info['nonfinite_losses']:,}", _fmt(attrs)])  # fmt: skip
     table = _table(["run", "axis", "rows x tokens", "steps", "NaN losses", "metadata"], rows)
     return f"<details><summary>Every run in the store, with its recorded metadata ({len(rows)} run{'s' * (len(rows) != 1)})</summary>{table}</details>"
@@ -1023,7 +1063,8 @@ def _fig_trajectories(st: TrajectoryStore, a: RunAnalysis, per_class: int = 3, d
         if ys.size:
             pad = 0.08 * max(ys.max() - ys.min(), 0.5)
             ax.set_ylim(max(ys.min() - pad, -pad), ys.max() + pad)
-        ax.set_title(f"{c} ({a.class_counts.get(c, 0):,} tokens)", fontsize=9, color=CLASS_COLORS.get(c, "k"))
+        held = a.class_counts.get(c, 0)
+        ax.set_title(f"{c} ({held:,} token{'s' * (held != 1)})", fontsize=9, color=CLASS_COLORS.get(c, "k"))
         ax.set_ylabel("loss (nats)", fontsize=8)
     for i, ax in enumerate(axes.flat):
         if i >= len(classes):
@@ -1056,11 +1097,23 @@ def _token_in_context(probe, t: int, decode) -> _Html:
         return _Html(_e(f"{tid}{where} (no text: {why})"))
     row = probe.tokens[s]
 
-    def text(ids) -> str:
-        return decode(ids).replace("\n", "↵").replace("\t", "→")
+    def shown(text: str) -> str:
+        return text.replace("\n", "↵").replace("\t", "→")
 
-    before = text(row[max(0, p - CONTEXT_TOKENS) : p])
-    token = text(row[p : p + 1]).replace(" ", "␣") or "⟨end of text⟩"  # a space made visible
+    # Each token as the text it adds, as the token viewer shows it (:func:`_pieces`): a character
+    # split over several tokens (UTF-8 bytes) whole at its last token, never "�" for a token
+    # decoded alone; a few tokens before the context and after the token decode with it, so that
+    # neither end cuts a character.
+    start = max(0, p - CONTEXT_TOKENS)
+    lead = max(0, start - 8)
+    pieces = _pieces(row[lead : p + 5], decode)
+    before = shown("".join(pieces[start - lead : p - lead]))
+    token = shown(pieces[p - lead]).replace(" ", "␣")  # a space made visible
+    if not token:
+        later = next((c for c in pieces[p - lead + 1 :] if c), "")
+        eot = probe.tokenizer.get("eot_id") if probe.tokenizer else None
+        token = (f"⟨the first byte(s) of “{shown(later[0])}”⟩" if later and "\ufffd" in decode(row[p : p + 1])
+                 else "⟨end of text⟩" if eot is not None and int(row[p]) == int(eot) else "⟨a token without text⟩")  # fmt: skip
     return _Html(f"<code class=ctx>…{_e(before)}<mark>{_e(token)}</mark></code> <span class=meta>({_e(where)})</span>")
 
 
@@ -1133,7 +1186,10 @@ def _fig_class_changes(a: RunAnalysis, drops: dict[str, float]) -> Figure:
     ax.set_xlim(min(0.0, *vals) - 0.25 * span, max(0.0, *vals) + 0.25 * span)  # room for the labels
     net, gross = sum(drops.values()), sum(abs(v) for v in drops.values())
     ax.set_xlabel("fall of the loss, nats per probe token (< 0: it rose)")
-    why = ("the loss rose over the recorded range" if net <= 0 else
+    # (falls and rises that all round to 0.000, the precision of the bars, are no rise: a run of
+    # flat tokens read "the loss rose")
+    why = ("no class's fitted loss changed by as much as 0.001 nats per probe token over the recorded range" if gross < 5e-4 else
+           "the loss rose over the recorded range" if net < 0 else
            f"the net fall ({net:.3f} nats per token) is less than {SHARE_MIN_NET:.0%} of the classes' falls and rises "
            f"together ({gross:.3f}), so they nearly cancel")  # fmt: skip
     return Figure(fig, "How much each class's loss fell or rose",
@@ -1244,6 +1300,10 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
         panels.append((np.log2(np.maximum(np.asarray(ta["token_pos"]), 1)), "position in the sequence (log scale)", False))
     if not panels:
         return None
+    if not inside.any():  # empty axes with ticks 0 to 1 on "log scale" axes: nothing a reader can use
+        return Figure(None, "No figure of when tokens are learned against how frequent they are and where they stand",
+                      f"no token of this run is learned or multi-step with its (first) event inside the recorded range "
+                      f"({int(learned.sum()):,} such token{'s' * (int(learned.sum()) != 1)} with an event outside it, censored)")  # fmt: skip
     fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels) + 0.8, 4.0), sharey=True, squeeze=False, layout="constrained")
     hb, medians = None, []
     for ax, (v, label, log10) in zip(axes[0], panels):
@@ -1297,6 +1357,10 @@ def _fig_cartography(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     ax0.legend(fontsize=7, markerscale=4, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, title="class", title_fontsize=7)
     fe = s.forgetting_events
     ax1.hist(fe, bins=np.arange(fe.max() + 2) - 0.5, color="#d62728")
+    from matplotlib.ticker import MaxNLocator
+
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))  # a count: no ticks at -0.25 or 0.5 events
+    ax1.set_xlim(-0.6, max(int(fe.max(initial=0)), 1) + 0.6)
     ax1.set_yscale("log")
     ax1.set_xlabel("forgetting events per token")
     ax1.set_ylabel("tokens (log scale)")
