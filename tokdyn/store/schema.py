@@ -126,6 +126,10 @@ def local_url(url: str | os.PathLike) -> str | os.PathLike:
     return url
 
 
+# a run name is one folder name: file systems hold 255 bytes (ext4, xfs, APFS; NTFS 255 UTF-16 units)
+RUN_NAME_MAX_BYTES = 255
+
+
 def check_run_name(name: str, *, new: bool = False) -> None:
     """A run name is a folder under ``runs/``: a non-empty string without ``/ \\ : * ? " < > |``
     or a leading dot (it must stay a folder inside ``runs/``). A ``new`` run's name must also be
@@ -140,6 +144,9 @@ def check_run_name(name: str, *, new: bool = False) -> None:
                 or any(ord(ch) < 32 or ord(ch) == 127 for ch in name)):  # fmt: skip
         raise InputError(f"a new run name must not be blank, hold control characters, be zarr.json or end in .partial "
                          f"(readers would not list such a run); got {name!r}")  # fmt: skip
+    if new and len(name.encode("utf-8", "surrogatepass")) > RUN_NAME_MAX_BYTES:  # "File name too long" from the disk
+        raise InputError(f"a new run name is a folder name, at most {RUN_NAME_MAX_BYTES} bytes in UTF-8; got one of "
+                         f"{len(name.encode('utf-8', 'surrogatepass'))} ({name[:40]!r}...)")  # fmt: skip
 
 
 def check_writer_ranges(ranges: list[tuple[int, int]], n: int, chunk: int) -> None:
