@@ -234,3 +234,15 @@ def test_tokdyn_fit_says_what_multi_step_holds(tmp_path, capsys):
     assert main(["fit", str(tmp_path / "s.zarr"), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"multi_step .* of the loss drop\n    two drops for [\d,]+ tokens \(100\.0% of the loss drop\)", out), out
+
+
+def test_a_flat_run_is_said_to_be_flat_not_to_rise():
+    # every class's change rounding to 0.000 nats read "the classes' falls and rises end in a rise
+    # (net fall -0.000)" (noticed by the report hunt)
+    from tokdyn.fit.models import FLAT_NATS, class_drops
+
+    code = np.array([0, 0, 1, 1])
+    d = class_drops(code, np.array([1e-5, -3e-5, 2e-5, -4e-5]))
+    assert not d.meaningful and d.gross < FLAT_NATS / 2
+    assert d.reason.startswith("no class's fitted loss changed by as much as 0.001 nats per probe token")
+    assert "rise" not in d.summary()

@@ -34,7 +34,7 @@ from . import __version__
 from ._files import check_output_path, write_atomically
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store
 from .errors import InputError, StoreError, TokdynError
-from .fit.models import SHARE_MIN_NET, two_sigmoid_curve, unfit_reasons
+from .fit.models import FLAT_NATS, SHARE_MIN_NET, two_sigmoid_curve, unfit_reasons
 from .fit.options import CLASS_CODES, CLASS_NAMES, STATUS_NAMES
 from .fit.sigmoid import sigmoid_curve
 from .fit.job import fitted_inputs
@@ -1188,7 +1188,7 @@ def _fig_class_changes(a: RunAnalysis, drops: dict[str, float]) -> Figure:
     ax.set_xlabel("fall of the loss, nats per probe token (< 0: it rose)")
     # (falls and rises that all round to 0.000, the precision of the bars, are no rise: a run of
     # flat tokens read "the loss rose")
-    why = ("no class's fitted loss changed by as much as 0.001 nats per probe token over the recorded range" if gross < 5e-4 else
+    why = (f"no class's fitted loss changed by as much as {FLAT_NATS:g} nats per probe token over the recorded range" if gross < FLAT_NATS / 2 else
            "the loss rose over the recorded range" if net < 0 else
            f"the net fall ({net:.3f} nats per token) is less than {SHARE_MIN_NET:.0%} of the classes' falls and rises "
            f"together ({gross:.3f}), so they nearly cancel")  # fmt: skip

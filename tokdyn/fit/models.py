@@ -331,6 +331,9 @@ def class_loss_share(class_code: np.ndarray, drop: np.ndarray) -> dict[str, floa
 # share (a class's fall over the net) reads hundreds or thousands of percent.
 SHARE_MIN_NET = 0.5
 
+# Class changes are given to 0.001 nats per probe token: below half of it in all, nothing changed
+FLAT_NATS = 0.001
+
 
 @dataclass(frozen=True)
 class ClassDrops:
@@ -375,7 +378,8 @@ class ClassDrops:
         if self.meaningful:
             return ""
         net = self.net
-        how = ("no class's fitted loss changed" if self.gross == 0 else
+        # changes that all round to 0.000 nats (the precision they are given in) are no rise
+        how = (f"no class's fitted loss changed by as much as {FLAT_NATS:g} nats per probe token" if self.gross < FLAT_NATS / 2 else
                "the classes' falls and rises nearly cancel" if net > 0 else
                "the classes' falls and rises end in a rise" if net < 0 else "the classes' falls and rises cancel")  # fmt: skip
         return f"{how} (net fall {net:+.3f} nats per token)"
