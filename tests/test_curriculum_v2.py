@@ -348,3 +348,12 @@ def test_a_diverged_seed_is_named_and_left_out_of_the_arm_mean():
     line = [x for x in headline_lines(res) if x.startswith("mixture")][0]
     assert line.endswith("n=3; loss not finite (diverged) on seeds [2], left out"), line
     assert paired_bootstrap([0.1, float("nan"), 0.2])["n_left_out"] == 1
+    # a diverged rung of seed 1's baseline ladder: seed 1 named and left out of every figure (its
+    # speed-up read off the finite rungs was still in the mean; a NaN last rung raised IndexError)
+    for rung in (0.8, 1.0):
+        runs2 = [dict(r, final_mixture=float("nan")) if (r["seed"], r["arm"], r["budget"]) == (1, "base", rung)
+                 else dict(r, final_mixture=3.154) if (r["seed"], r["arm"]) == (2, "mixture") else r for r in runs]  # fmt: skip
+        c = summarize_runs(runs2, cfg, domains)["comparison"]["mixture"]
+        assert c["diverged"] == [1] and c["speedup"]["n"] == 3 and c["speedup"]["n_left_out"] == 1
+        assert c["auc_ratio"]["n_left_out"] == 1 and c["final_loss_diff"]["n_left_out"] == 1
+    assert matched_budget([0.8, 0.9, 1.0], [3.3, 3.2, float("nan")], 3.15)[0] != matched_budget([0.8, 0.9, 1.0], [3.3, 3.2, 3.1], 3.15)[0]

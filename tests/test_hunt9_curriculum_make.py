@@ -347,3 +347,17 @@ def test_train_config_refuses_settings_no_run_can_use(bad):
     with pytest.raises(InputError):
         TrainConfig(**bad)
     assert TrainConfig(steps=np.int64(5), lr=np.float32(1e-3), grad_clip=None).steps == 5  # numpy numbers, no clipping
+
+
+def test_numpy_int_key_orders_do_not_hang():
+    # max_vocab(np.int64(2)) wrapped b**order in int64 and never left its loop (found by the review)
+    import numpy as np
+    import torch
+
+    from tokdyn.curriculum.learnability import LearnabilityOptions, context_keys, max_vocab
+
+    for k in np.arange(1, 4):
+        assert max_vocab(k) == max_vocab(int(k))
+        assert len(context_keys(torch.zeros(1, 5, dtype=torch.long), order=k, vocab_size=50)) == int(k)
+    o = LearnabilityOptions(order=np.int64(2), min_count=np.int32(3), seed=np.uint8(1))
+    assert (o.order, o.min_count, o.seed) == (2, 3, 1) and all(type(v) is int for v in (o.order, o.min_count, o.seed))

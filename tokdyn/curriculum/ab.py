@@ -605,17 +605,21 @@ def summarize_runs(runs: list[dict], cfg: MixtureABConfig, domains) -> dict:
             if r is None:
                 continue
             v, inside = speedup(cfg.ladder, ladder[s], r["final_mixture"])
-            sp.append(v)
-            finals.append(r["final_mixture"])
-            diffs.append(r["final_mixture"] - ladder[s][full])
-            # a seed whose arm or baseline loss is not finite has no speed-up: said by name, left out
+            b = by[(s, "base", 1.0)]
+            a = auc_ratio(cfg_eval_steps(cfg), np.mean(r["curve"], axis=1), np.mean(b["curve"], axis=1))
+            dom = [speedup(cfg.ladder, lad_dom[s][:, k], r["final"][k])[0] for k in range(len(domains))]
+            # a seed whose arm or baseline loss is not finite has no figures: said by name, each
+            # of them NaN so that every mean leaves it out and counts it (n_left_out)
             if not (np.isfinite(r["final_mixture"]) and np.all(np.isfinite(ladder[s]))):
                 diverged.append(s)
+                v, a, dom = float("nan"), float("nan"), [float("nan")] * len(domains)
             elif not inside:
                 outside.append(s)
-            b = by[(s, "base", 1.0)]
-            auc.append(auc_ratio(cfg_eval_steps(cfg), np.mean(r["curve"], axis=1), np.mean(b["curve"], axis=1)))
-            dom_sp.append([speedup(cfg.ladder, lad_dom[s][:, k], r["final"][k])[0] for k in range(len(domains))])
+            sp.append(v)
+            finals.append(r["final_mixture"])
+            diffs.append(r["final_mixture"] - ladder[s][full] if s not in diverged else float("nan"))
+            auc.append(a)
+            dom_sp.append(dom)
         if not sp:
             continue
         d = np.array(dom_sp)

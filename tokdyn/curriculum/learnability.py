@@ -98,6 +98,8 @@ class LearnabilityOptions:
             raise InputError(f"holdout must be a number in [0, 1), got {self.holdout!r}")
         if not (_is_int(self.seed) and self.seed >= 0):
             raise InputError(f"seed must be an int >= 0, got {self.seed!r}")
+        for name in ("order", "min_count", "seed"):  # numpy ints as Python ints (arithmetic, JSON)
+            object.__setattr__(self, name, int(getattr(self, name)))
 
 
 # -- keys and targets ----------------------------------------------------------------------
@@ -105,6 +107,7 @@ class LearnabilityOptions:
 
 def max_vocab(order: int) -> int:
     """The largest vocabulary whose keys of ``order`` fit in int64: ``(V + 1) ** order < 2**63``."""
+    order = int(order)  # a numpy int wrapped in b**order: the loops below never ended
     b = int(round(2 ** (63 / order)))
     while b**order >= 2**63:
         b -= 1
@@ -138,8 +141,9 @@ def context_keys(tokens: torch.Tensor, *, order: int, vocab_size: int) -> list[t
     and the id ``V`` standing for "no token" before the window's start. The key of order
     ``k - 1`` is the key of order ``k`` modulo ``b**(k-1)``.
     """
-    if not (isinstance(order, (int, np.integer)) and not isinstance(order, (bool, np.bool_)) and 1 <= order <= MAX_ORDER):
+    if not (_is_int(order) and 1 <= order <= MAX_ORDER):
         raise InputError(f"order must be an int from 1 to {MAX_ORDER}, got {order!r}")
+    order = int(order)
     v = _check_vocab(vocab_size, order)
     if tokens.ndim < 1 or tokens.shape[-1] < 2:
         raise InputError(f"tokens must have shape [..., L] with L >= 2, got {tuple(tokens.shape)}")

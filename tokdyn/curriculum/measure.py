@@ -43,7 +43,9 @@ def matched_budget(budgets, losses, loss: float) -> tuple[float, bool]:
     if isinstance(loss, (bool, np.bool_)) or not isinstance(loss, (int, float, np.integer, np.floating)):
         raise InputError(f"loss must be a number, got {loss!r}")
     loss = float(loss)
-    if not math.isfinite(loss):  # a run that diverged (NaN, inf): there is no budget to read
+    if not math.isfinite(loss) or not np.all(np.isfinite(l)):
+        # a run that diverged (NaN, inf), or a rung of the ladder that did: there is no budget to
+        # read (a NaN last rung raised IndexError below, after every run had trained)
         return float("nan"), False
     lb = np.log(b)
     inside = bool(l.min() <= loss <= l.max())

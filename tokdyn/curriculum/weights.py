@@ -102,7 +102,7 @@ class TokenWeights:
         syncs each step anyway and leaves a NaN loss out of its logs."""
         if not tokens.numel():
             return
-        lo, hi = (int(t) for t in torch.aminmax(tokens))
+        lo, hi = torch.stack(torch.aminmax(tokens)).tolist()  # one copy back, one sync
         v = self.table.vocab_size
         if lo < 0 or hi >= v:
             raise InputError(f"token ids span [{lo}, {hi}] but the learnability table was built for a vocabulary of "
