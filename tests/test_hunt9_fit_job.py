@@ -70,7 +70,8 @@ def test_a_resume_fits_again_a_done_block_whose_stored_results_are_damaged(pick,
     """A chunk of a fitted block (any field, its checksums or its done flag) cut short, deleted,
     overwritten or copied from another block: `tokdyn fit` said "0 blocks fitted, 3 already done"
     and exit 0 (or, for a done flag, "refit it": all of it), and every reader then refused the
-    fit. Now the resume fits that block again, says so, and the fit equals the undamaged one."""
+    fit asking for a refit of all of it. Now `tokdyn fit --repair` (the readers name it) fits
+    that block again, says so, and the fit equals the undamaged one."""
     _, expected = _template()
     with tempfile.TemporaryDirectory() as tmp:
         store = _copy(Path(tmp) / "s.zarr")
@@ -90,7 +91,7 @@ def test_a_resume_fits_again_a_done_block_whose_stored_results_are_damaged(pick,
                 shutil.copyfile(others[pick % len(others)], f)
         changed = array != "done" or how != "delete"  # a done flag deleted reads 0: not done, fitted as any other
         capsys.readouterr()
-        assert main(["fit", str(store), "--no-progress"]) == 0
+        assert main(["fit", str(store), "--no-progress", "--repair"]) == 0
         out = capsys.readouterr().out
         if changed:
             assert f"fitted again: 1 block marked done whose stored results were damaged (block {block})" in out, out
@@ -102,7 +103,7 @@ def test_the_blocks_fitted_again_are_in_the_summary(tmp_path):
     store = _copy(tmp_path / "s.zarr")
     for b in (0, 2):
         (store / "runs" / "r" / "fit" / "mu" / "c" / str(b)).unlink()
-    res = fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False)
+    res = fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False, repair=True)
     assert res.blocks_repaired == [0, 2] and res.blocks_fitted == 2 and res.blocks_resumed == 1
     assert res.summary()["blocks_repaired"] == [0, 2]
     _fields_equal(read_fit(tokdyn.open_store(store), "r"), _template()[1])
@@ -120,12 +121,68 @@ def test_a_damaged_complete_fit_is_incomplete_until_it_is_fitted_again(tmp_path,
 
     monkeypatch.setattr(fitjob, "_run_tasks", killed)
     with pytest.raises(KeyboardInterrupt):
-        fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False)
+        fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False, repair=True)
     with pytest.raises(tokdyn.errors.StoreError, match="incomplete"):
         read_fit(tokdyn.open_store(store), "r")
     monkeypatch.undo()
-    res = fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False)
+    res = fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False)  # the flag was cleared: a plain resume
     assert res.blocks_fitted == 1  # the block's done flag was cleared first
+    _fields_equal(read_fit(tokdyn.open_store(store), "r"), _template()[1])
+
+
+def test_a_plain_fit_reads_only_the_done_flags_and_readers_name_repair(tmp_path, monkeypatch, capsys):
+    """Without --repair a complete fit is not read again (every field of every block, on each
+    no-op `tokdyn fit`: 4x slower at 2M tokens, a download of the whole fit on S3; found by the
+    review); a reader that meets the damage names --repair."""
+    store = _copy(tmp_path / "s.zarr")
+    (store / "runs" / "r" / "fit" / "mu" / "c" / "1").write_bytes(b"xyz")
+    from tokdyn.store import fit as store_fit
+
+    real = store_fit.position_crc
+    checked = []
+
+    def counted(salt, key, *a, **k):
+        checked.append(key)
+        return real(salt, key, *a, **k)
+
+    monkeypatch.setattr(store_fit, "position_crc", counted)
+    res = fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False)
+    assert res.blocks_fitted == 0 and res.blocks_repaired == []
+    assert "fit/mu" not in checked and "fit/s_se" not in checked  # only the summary's own fields, as a reader
+    monkeypatch.undo()
+    with pytest.raises(tokdyn.errors.StoreError, match=r"fit/mu.* --repair` \(or all of it: --refit\)"):
+        read_fit(tokdyn.open_store(store), "r")
+    assert main(["fit", str(store), "--no-progress", "--refit", "--repair"]) == 1
+    assert "give one of them" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("error", [MemoryError, RuntimeError])
+def test_a_read_that_fails_for_another_reason_is_not_damage(tmp_path, monkeypatch, error):
+    """--repair took any error of a read (out of memory, a dropped connection) as damage of
+    every block, and marked a healthy complete fit incomplete (found by the review). Memory is
+    raised; another error must repeat on a block's second read to count."""
+    store = _copy(tmp_path / "s.zarr")
+    import zarr
+
+    real = zarr.Array.__getitem__
+    failed = set()
+
+    def flaky(self, key):
+        if self.path.endswith("fit/mu") and (error is MemoryError or id(key) not in failed):
+            failed.add(id(key))
+            raise error("transient")
+        return real(self, key)
+
+    monkeypatch.setattr(zarr.Array, "__getitem__", flaky)
+    run = tokdyn.open_store(store, mode="r+").run("r")
+    if error is MemoryError:
+        with pytest.raises(MemoryError):
+            fit_run(run, progress=False, repair=True)
+    else:
+        res = fit_run(run, progress=False, repair=True)
+        assert res.blocks_repaired == [] and res.blocks_fitted == 0
+    monkeypatch.undo()
+    assert tokdyn.open_store(store).run("r").fit.complete
     _fields_equal(read_fit(tokdyn.open_store(store), "r"), _template()[1])
 
 
@@ -185,3 +242,22 @@ def test_a_pid_that_names_no_single_process_is_dead():
     for pid in (0, -1, -os.getpid(), True, False):
         assert owner_state({"pid": pid, "host": HOST}) == "dead", pid
     assert owner_state({"pid": os.getpid(), "host": HOST, "start": None}) in ("self", "alive")
+
+
+def test_a_complete_fit_made_before_checksums_is_found_done_not_damaged(tmp_path):
+    """A fit of a tokdyn that wrote no checksums (no fit_id, no fit/crc) is read by every reader;
+    a plain `tokdyn fit` called it damaged ("fit/crc is missing ... refit it"), against
+    docs/store.md's "older stores stay readable" (found by the review)."""
+    import zarr
+
+    store = _copy(tmp_path / "s.zarr")
+    g = zarr.open_group(str(store / "runs" / "r" / "fit"), mode="r+")
+    meta = dict(g.attrs["tokdyn_fit"])
+    meta.pop("fit_id")
+    g.attrs["tokdyn_fit"] = meta
+    shutil.rmtree(store / "runs" / "r" / "fit" / "crc")
+    res = fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False)
+    assert res.blocks_fitted == 0 and res.blocks_resumed == 3
+    res = fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False, repair=True)  # nothing to check it by
+    assert res.blocks_fitted == 0 and res.blocks_repaired == []
+    _fields_equal(read_fit(tokdyn.open_store(store), "r"), _template()[1])

@@ -21,6 +21,8 @@ def register(sub) -> None:
     p.add_argument("--device", help="torch device for --backend torch (e.g. cuda)")
     p.add_argument("--batch-rows", type=int, default=16384, help="tokens fitted at once inside a block")
     p.add_argument("--refit", action="store_true", help="discard a stored fit and fit again")
+    p.add_argument("--repair", action="store_true",
+                   help="check every fitted block against its checksums (reads the whole fit) and fit the damaged ones again")
     p.add_argument("--no-two-step", action="store_true", help="skip the two-sigmoid fit (about 8x faster; no multi-step class)")
     p.add_argument("--min-points", type=int, metavar="N",
                    help="fewest observed points a token needs to be fitted (default 6, at least 5)")
@@ -33,10 +35,13 @@ def register(sub) -> None:
 
 
 def _fit(args: argparse.Namespace) -> int:
+    if args.refit and args.repair:
+        raise InputError("--refit fits every block again, --repair only the damaged ones: give one of them")
     options = _options(args)  # the options checked before the store is opened, each named as typed
     run = open_cli_run(args.store, args.run, mode="r+")
     res = fit_run(run, options=options, backend=args.backend, device=args.device, scheduler=args.scheduler,
-                  workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, progress=not args.no_progress, axis_min=args.axis_min)  # fmt: skip
+                  workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, repair=args.repair, progress=not args.no_progress,
+                  axis_min=args.axis_min)  # fmt: skip
     if args.json:
         print_json(res.summary())
         return 0

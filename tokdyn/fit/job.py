@@ -194,6 +194,7 @@ def fit_run(
     workers: int | None = None,
     batch_rows: int = 16384,
     refit: bool = False,
+    repair: bool = False,
     progress: bool = True,
     axis_min: float | None = None,
 ) -> FitSummary:
@@ -217,6 +218,10 @@ def fit_run(
     refit : bool
         Discard any stored fit and fit again. Without it, a fit on the same inputs (rows, x,
         options) is resumed, and one on other inputs is an error.
+    repair : bool
+        Read every block marked done, check it against its checksums, and fit the damaged ones
+        again (:meth:`~tokdyn.store.fit.FitWriter.todo`; ``tokdyn fit --repair``): what to do
+        when a reader says a chunk "does not hold the results written there". Reads the whole fit.
     progress : bool
         Show a progress bar over blocks.
     axis_min : float, optional
@@ -287,7 +292,7 @@ def fit_run(
         url = os.path.abspath(st.url) if distributed and "://" not in st.url else st.url
         with run.fit.writer(inputs, fields, n_blocks=n_blocks, refit=refit, labels=labels) as fw:
             # blocks marked done whose stored results are damaged are fitted again, and said
-            todo, repaired = fw.todo()
+            todo, repaired = fw.todo(verify=repair)
             t0 = time.perf_counter()
             if todo:
                 task_args = dict(url=url, storage_options=st.storage_options, run=run.name, rows=rows, x=x,

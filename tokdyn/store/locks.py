@@ -127,7 +127,8 @@ class KeyLock:
         """Raise :class:`RunBusyError` unless this object still holds the lock."""
         holder = self.holder()
         if self.token is None or holder is None or holder.get("token") != self.token:
-            who = "nobody (it was released)" if not holder else f"process {holder.get('pid')} on {holder.get('host')}"
+            who = ("nobody (it was released)" if holder is None else "nobody: the lock key is damaged" if not holder
+                   else f"process {holder.get('pid')} on {holder.get('host')}")  # fmt: skip
             raise RunBusyError(
                 f"this writer of {self.what} no longer holds its lock (held by {who}); "
                 "it stops rather than interleave its writes with the other writer"
