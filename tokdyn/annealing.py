@@ -112,8 +112,8 @@ def _trunk_loss_at_area(trunk, areas: np.ndarray, measured=None) -> np.ndarray:
     lo, hi = steps[ok].min(), steps[ok].max()
     # The lr-area table may reach beyond the rows recorded (a trunk still being recorded, or one
     # that stopped): np.interp held the last measured loss there, and every such gain was wrong.
-    # Within half a recorded interval of either end the edge's loss stands (steps 0..1999 and a
-    # branch at step 2000).
+    # Within half a recorded interval of either end (at most 0.02 decades) the edge's loss
+    # stands (steps 0..1999 and a branch at step 2000).
     lo_tol, hi_tol = edge_tolerance(np.log10(steps[ok]))
     out = (at < lo * 10**-lo_tol) | (at > hi * 10**hi_tol)
     if out.any():

@@ -354,14 +354,20 @@ def _events_of(events: Events, kept: np.ndarray, scored: np.ndarray) -> Events:
     return replace(events.for_tokens(kept), n_scored=int(kept.sum()))
 
 
+# the most a point may lie past the measured steps (decades): 0.02 is 5 % of a step, which holds
+# an off-by-one at step 20 and on (0-based against 1-based counting, a budget's rounding)
+EDGE_MAX = 0.02
+
+
 def edge_tolerance(x: np.ndarray) -> tuple[float, float]:
     """How far below and above the measured ``x`` (log10 steps, increasing) a point may lie and
-    still be read off the measurement's edge: half the interval between its first two and its
-    last two points (1e-9 with fewer than two)."""
+    still be taken: half the interval between the first two and between the last two points, at
+    most :data:`EDGE_MAX` decades (1e-9 with fewer than two points). The fitted events are
+    evaluated there, a short extrapolation; the measured mean loss is read at the edge."""
     x = np.sort(np.asarray(x, np.float64))
     if x.size < 2:
         return 1e-9, 1e-9
-    return max(0.5 * float(x[1] - x[0]), 1e-9), max(0.5 * float(x[-1] - x[-2]), 1e-9)
+    return (max(min(0.5 * float(x[1] - x[0]), EDGE_MAX), 1e-9), max(min(0.5 * float(x[-1] - x[-2]), EDGE_MAX), 1e-9))
 
 
 def reconstruct_across(
@@ -389,7 +395,7 @@ def reconstruct_across(
     points lie after it, and over every step the warm-up's drop takes one of each token's two
     events (docs/spectrum.md, "D rebuilt from the events of T"). A point whose effective step
     lies below that fit window, or outside the steps the T fit was made on at all (above its last
-    fitted step: a trunk stopped short) by more than half a checkpoint interval
+    fitted step: a trunk stopped short) by more than half a checkpoint interval or 0.02 decades
     (:func:`edge_tolerance`), is refused (:class:`InputError`), not extrapolated."""
     from .axes import axis_run_problem, check_same_probe, effective_steps, source_runs
     from .fit.job import fit_inputs, fitted_inputs, stored_axis_min
@@ -412,8 +418,9 @@ def reconstruct_across(
         )
     # Above the T fit's last step (a trunk still being recorded, or trained short of the largest
     # budget) the events were extrapolated as silently as below its window, and read as a rebuild.
-    # Half a checkpoint interval past either end is read off the fit's edge (a trunk recorded at
-    # steps 0..1999 and a D budget of 2000 steps differ by 0.0002 decades, and were refused).
+    # Half a checkpoint interval (at most 0.02 decades) past either end is taken, the events
+    # evaluated there: a trunk recorded at steps 0..1999 and a D budget of 2000 steps differ by
+    # 0.0002 decades, and were refused.
     _, t_x = fitted_inputs(t_run)
     at = np.log10(steps)
     lo_tol, hi_tol = edge_tolerance(t_x)
