@@ -261,3 +261,28 @@ def test_a_complete_fit_made_before_checksums_is_found_done_not_damaged(tmp_path
     res = fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False, repair=True)  # nothing to check it by
     assert res.blocks_fitted == 0 and res.blocks_repaired == []
     _fields_equal(read_fit(tokdyn.open_store(store), "r"), _template()[1])
+
+
+def test_the_command_a_reader_names_repairs_a_fit_made_with_other_options(tmp_path, capsys):
+    """The reader's hint was not shell-quoted (a store path with a space split into two
+    arguments) and a bare --repair compared its default options with a fit made with
+    --axis-min and --no-two-step ("a fit made with other options ... --refit"): the hint is
+    quoted, and --repair takes the stored fit's options and window (found by the review)."""
+    import shlex
+
+    Y, _, _ = planted(300)
+    url = str(tmp_path / "my store.zarr")
+    st = make_store(url, Y, token_chunk=100)
+    assert main(["fit", url, "--axis-min", "100", "--no-two-step", "--no-progress"]) == 0
+    expected = read_fit(tokdyn.open_store(url), "r")
+    (Path(url) / "runs" / "r" / "fit" / "mu" / "c" / "1").write_bytes(b"xyz")
+    with pytest.raises(tokdyn.errors.StoreError) as ex:
+        read_fit(tokdyn.open_store(url), "r")
+    command = str(ex.value).split("`")[1]
+    argv = shlex.split(command)
+    assert argv[:3] == ["tokdyn", "fit", url] and argv[-1] == "--repair"
+    capsys.readouterr()
+    assert main(argv[1:] + ["--no-progress"]) == 0, capsys.readouterr().err
+    assert "fitted again: 1 block marked done whose stored results were damaged (block 1)" in capsys.readouterr().out
+    _fields_equal(read_fit(tokdyn.open_store(url), "r"), expected)
+    assert st.run("r").fit.meta["axis_min"] == 100 and st.run("r").fit.meta["options"]["two_step"] is False

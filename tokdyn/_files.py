@@ -93,13 +93,20 @@ def check_output_path(path: str | os.PathLike, *, what: str = "file", folder_ok:
 def _refuse_special(p: Path, what: str) -> None:
     """:class:`InputError` where ``p`` is a device, pipe or socket: a result file is renamed over
     its path, so ``--out /dev/null`` replaced the machine's null device by a regular file (for
-    every program on it). A link at ``p`` is replaced, not followed, as documented."""
-    try:
-        mode = os.lstat(p).st_mode
-    except OSError:  # nothing there (or unreadable: the write says so)
-        return
-    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode)):
-        raise InputError(f"cannot write the {what} to {p}: it is not a regular file (a device, pipe or socket), which "
+    every program on it). A link at ``p`` is replaced, not written through, as documented; a link
+    to a device, pipe or socket is refused too (``--out /dev/stdout``: a link to
+    ``/proc/self/fd/1``, which the result replaced)."""
+    special = []
+    for look in (os.lstat, os.stat):  # the path, then what a link at it names
+        try:
+            mode = look(p).st_mode
+        except OSError:  # nothing there, a dangling link (or unreadable: the write says so)
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode)):
+            special.append(look)
+    if special:
+        where = "it is" if os.lstat in special else "it is a link to"
+        raise InputError(f"cannot write the {what} to {p}: {where} a device, pipe or socket, not a regular file, which "
                          "writing the file would replace; give the path of a file")  # fmt: skip
 
 

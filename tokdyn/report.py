@@ -143,20 +143,31 @@ LABEL_CHARS = 40  # a user's name in a figure's legend is cut to this many chara
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
-def _visible(text) -> str:
+# what reorders the text around it: bidirectional embeddings, overrides and isolates
+_BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _visible(text, *, data: bool = False) -> str:
     """A user's string (a run, domain or store name, a metadata value) with every character that
     shows nothing written as an escape, as ``tokdyn info`` writes it: control characters, and
     format characters such as a right-to-left override (which reversed the page's own text after
     the name), zero-width spaces and joiners (two names that looked the same), and line or
-    paragraph separators."""
+    paragraph separators. With ``data`` (the probe's own text, the example tokens) only what
+    would disturb the page is escaped: control characters, the bidirectional overrides and
+    isolates, line and paragraph separators; a soft hyphen, a zero-width non-joiner (Persian) or
+    a left-to-right mark is the text's own."""
     text = str(text)
     if text.isprintable() and text.isascii():
         return text
     out = []
     for k, ch in enumerate(text):
-        invisible = unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")
-        if ch == "\u200d" and k and unicodedata.category(text[k - 1]) in ("So", "Sk", "Mn"):
-            invisible = False  # a zero-width joiner inside an emoji sequence (👩\u200d💻) is part of it
+        cat = unicodedata.category(ch)
+        invisible = (cat in ("Cc", "Zl", "Zp", "Cs") or ch in _BIDI) if data else cat in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")
+        if ch == "\u200d" and 0 < k < len(text) - 1 and unicodedata.category(text[k - 1]) in ("So", "Sk", "Mn") \
+                and unicodedata.category(text[k + 1]) == "So":  # fmt: skip
+            invisible = False  # a zero-width joiner between the parts of an emoji (👩\u200d💻) is part of it
+        if 0xE0020 <= ord(ch) <= 0xE007F and k and (unicodedata.category(text[k - 1]) == "So" or 0xE0020 <= ord(text[k - 1]) <= 0xE007F):
+            invisible = False  # the tag characters of a subdivision flag (🏴 + tags) are part of it
         if invisible:
             o = ord(ch)
             out.append(_NAMED.get(ch) or (f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"))
@@ -359,7 +370,7 @@ def _headline(a: RunAnalysis, options: dict | None = None) -> str:
 def _multi_step_text(a: RunAnalysis) -> str:
     """`` multi_step is two drops for ... .`` (the class by its events' signs), or nothing."""
     note = a.class_drops.multi_step_note()
-    return f" {_e(note[0].upper() + note[1:])}." if note else ""
+    return f" {_e(note)}." if note else ""
 
 
 def _unfit_text(a: RunAnalysis, options: dict | None) -> str:
@@ -1098,7 +1109,7 @@ def _token_in_context(probe, t: int, decode) -> _Html:
     row = probe.tokens[s]
 
     def shown(text: str) -> str:
-        return text.replace("\n", "↵").replace("\t", "→")
+        return text.replace("\r\n", "↵").replace("\n", "↵").replace("\r", "↵").replace("\t", "→")
 
     # Each token as the text it adds, as the token viewer shows it (:func:`_pieces`): a character
     # split over several tokens (UTF-8 bytes) whole at its last token, never "�" for a token
@@ -1114,7 +1125,10 @@ def _token_in_context(probe, t: int, decode) -> _Html:
         eot = probe.tokenizer.get("eot_id") if probe.tokenizer else None
         token = (f"⟨the first byte(s) of “{shown(later[0])}”⟩" if later and "\ufffd" in decode(row[p : p + 1])
                  else "⟨end of text⟩" if eot is not None and int(row[p]) == int(eot) else "⟨a token without text⟩")  # fmt: skip
-    return _Html(f"<code class=ctx>…{_e(before)}<mark>{_e(token)}</mark></code> <span class=meta>({_e(where)})</span>")
+    def text(t: str) -> str:  # the probe's own text: only what would disturb the page escaped
+        return html.escape(_visible(t, data=True))
+
+    return _Html(f"<code class=ctx>…{text(before)}<mark>{text(token)}</mark></code> <span class=meta>({_e(where)})</span>")
 
 
 def _model_text(f: dict, t: int, axis: str) -> str:
@@ -1188,7 +1202,8 @@ def _fig_class_changes(a: RunAnalysis, drops: dict[str, float]) -> Figure:
     ax.set_xlabel("fall of the loss, nats per probe token (< 0: it rose)")
     # (falls and rises that all round to 0.000, the precision of the bars, are no rise: a run of
     # flat tokens read "the loss rose")
-    why = (f"no class's fitted loss changed by as much as {FLAT_NATS:g} nats per probe token over the recorded range" if gross < FLAT_NATS / 2 else
+    why = (f"no class's fitted loss changed by as much as {FLAT_NATS:g} nats per probe token over the recorded range"
+           if max(map(abs, vals), default=0.0) < FLAT_NATS / 2 else
            "the loss rose over the recorded range" if net < 0 else
            f"the net fall ({net:.3f} nats per token) is less than {SHARE_MIN_NET:.0%} of the classes' falls and rises "
            f"together ({gross:.3f}), so they nearly cancel")  # fmt: skip

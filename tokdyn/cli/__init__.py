@@ -202,11 +202,11 @@ def error_line(exc: BaseException) -> str:
 
 def _unwritable(exc: OSError) -> str:
     """A read-only or forbidden path as the folder it is in where the file is one of tokdyn's
-    temporary names (``.../commits/fit.3fa9.partial``, ``.../tmpab12``), which say nothing to a
+    temporary names (``.../commits/fit.3fa9.partial``, ``.../.report.html.x1y2.tmp``), which say nothing to a
     user: ``read-only file system: /data/s.zarr/runs/r/commits (...)``."""
     path = os.fspath(exc.filename)
     name = os.path.basename(path)
-    temporary = name.endswith(".partial") or name.startswith(("tmp", ".tmp"))
+    temporary = name.endswith(".partial") or (name.startswith(".") and name.endswith(".tmp"))  # zarr's, and write_atomically's
     where = os.path.dirname(path) if temporary else path
     hint = {errno.EROFS: "the command writes there; work on a copy in a writable place",
             errno.EACCES: "this user may not use it"}.get(exc.errno, "the system refused it")  # fmt: skip

@@ -222,6 +222,7 @@ def fit_run(
         Read every block marked done, check it against its checksums, and fit the damaged ones
         again (:meth:`~tokdyn.store.fit.FitWriter.todo`; ``tokdyn fit --repair``): what to do
         when a reader says a chunk "does not hold the results written there". Reads the whole fit.
+        The stored fit's options and ``axis_min`` are used where these are left at their defaults.
     progress : bool
         Show a progress bar over blocks.
     axis_min : float, optional
@@ -241,6 +242,8 @@ def fit_run(
     batch_rows, workers = int(batch_rows), None if workers is None else int(workers)
     st = run.store
     st.require_writable()
+    if repair and not refit:  # the stored fit as it was made: its options and window, unless given
+        options, axis_min = _stored_inputs(run, options, axis_min)
     axis_min = None if axis_min is None else _axis_min(axis_min)
     # the rows counted once: a recorder appending meanwhile makes a fit of these rows, stale once
     # it is done (never one that claims rows it did not fit)
@@ -319,6 +322,26 @@ def fit_run(
         n_rows_left_out=n_committed - int(rows.size), n_rows_committed_since=since, class_drops=class_drops(res["class_code"], res["drop"], **_events_of_two(res)),
         blocks_repaired=repaired,
     )  # fmt: skip
+
+
+def _stored_inputs(run: Run, options: FitOptions | None, axis_min: float | None) -> tuple[FitOptions | None, float | None]:
+    """For a repair: the stored fit's options where ``options`` are None or the defaults (as a
+    bare ``tokdyn fit --repair`` gives them), and its window where ``axis_min`` is None, so that
+    the command a reader names repairs a fit made with ``--axis-min`` or ``--no-two-step`` (it
+    found "a fit made with other options" and pointed at a refit of the whole run)."""
+    try:
+        meta = run.fit.meta or {}
+    except StoreError:  # a damaged fit: the writer says so
+        return options, axis_min
+    stored = meta.get("options")
+    if isinstance(stored, dict) and (options is None or options == FitOptions()):
+        try:
+            options = FitOptions(**stored)
+        except (InputError, TypeError):  # options of another version: the writer names what differs
+            pass
+    if axis_min is None:
+        axis_min = meta.get("axis_min")
+    return options, axis_min
 
 
 def _stored_backend(run: Run) -> tuple[str, Any]:

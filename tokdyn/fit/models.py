@@ -379,7 +379,8 @@ class ClassDrops:
             return ""
         net = self.net
         # changes that all round to 0.000 nats (the precision they are given in) are no rise
-        how = (f"no class's fitted loss changed by as much as {FLAT_NATS:g} nats per probe token" if self.gross < FLAT_NATS / 2 else
+        how = (f"no class's fitted loss changed by as much as {FLAT_NATS:g} nats per probe token"
+               if max(map(abs, self.nats.values()), default=0.0) < FLAT_NATS / 2 else
                "the classes' falls and rises nearly cancel" if net > 0 else
                "the classes' falls and rises end in a rise" if net < 0 else "the classes' falls and rises cancel")  # fmt: skip
         return f"{how} (net fall {net:+.3f} nats per token)"
@@ -397,7 +398,7 @@ class ClassDrops:
 
     def multi_step_note(self) -> str:
         """What ``multi_step`` holds by the signs of its two events (``"multi_step is two drops
-        for 4,919 tokens (38.1% of the loss drop), a drop then a rise for 1,483 (5.2%)"``): the class
+        for 4,919 tokens (38.1% of the loss drop), a drop then a rise for 1,483 (5.0%)"``): the class
         holds every token two fitted steps explain better than one, a drop and a rise too (a
         token learned then forgotten, or a spike at one point); empty without a split."""
         kinds = [(k, n, v) for k, (n, v) in self.multi_step_kinds.items() if n]
@@ -407,7 +408,8 @@ class ClassDrops:
             if self.meaningful:
                 pct = f"{v / self.net:.1%}".replace("-0.0%", "0.0%")
                 return f"{pct} of the loss drop" if first else pct
-            return f"{'fell' if v >= 0 else 'rose'} {abs(v):.3f}{' nats per probe token' if first else ''}"
+            moved = f"{'fell' if v >= 0 else 'rose'} {abs(v):.3f}" if abs(v) >= FLAT_NATS / 2 else "changed under 0.001"
+            return f"{moved}{' nats per probe token' if first else ''}"
         parts = [f"{k} for {n:,}{' token' + 's' * (n != 1) if i == 0 else ''} ({carried(v, i == 0)})"
                  for i, (k, n, v) in enumerate(kinds)]  # fmt: skip
         return "multi_step is " + ", ".join(parts)

@@ -20,10 +20,10 @@ lock, so a second fit of the same run is refused instead of deleting the first o
 
 from __future__ import annotations
 
+import shlex
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-
-import uuid
 
 import numpy as np
 import zarr
@@ -166,15 +166,15 @@ class FitResults:
         naming it and the command that fits its block again."""
         try:
             return read()
-        except (TokdynError, OSError):
+        except (TokdynError, OSError, MemoryError):  # the store's or the machine's trouble, not damage
             raise
         except Exception as exc:  # noqa: BLE001 - codecs raise RuntimeError, ValueError, TypeError...
             raise StoreError(f"the fit of run {self._run.name!r}: cannot decode {what} ({type(exc).__name__}: {exc}); a "
                              f"chunk of it is damaged. {self._repair_hint()}") from None
 
     def _repair_hint(self) -> str:
-        return (f"Fit the damaged blocks again: `tokdyn fit {self._run.store.url} --run {self._run.name} --repair` "
-                "(or all of it: --refit)")
+        command = shlex.join(["tokdyn", "fit", self._run.store.url, "--run", self._run.name, "--repair"])
+        return f"Fit the damaged blocks again: `{command}` (or all of it: --refit)"
 
     def _salt(self, meta: Mapping) -> str | None:
         """What this fit's checksums are bound to: the run's id and this fit's (None: a fit made
