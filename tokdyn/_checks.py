@@ -3,6 +3,8 @@ count, ``"3"`` no prior, and an int past 1e308 no float. Imports nothing of tokd
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -21,3 +23,8 @@ def is_real(v) -> bool:
     except OverflowError:
         return False
     return True
+
+
+def is_whole(v) -> bool:
+    """A whole number: an int, a numpy integer, or a float such as 100.0 (not a bool, not 10.7)."""
+    return is_real(v) and math.isfinite(float(v)) and float(v).is_integer()

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ._checks import is_real
 from .errors import InputError
 
 __all__ = ["AnnealingGain", "annealing_area", "branch_gains", "fit_annealing_gain", "decay_schedule"]
@@ -64,7 +65,7 @@ def annealing_area(decay_lr: Sequence[float], *, momentum: float) -> float:
     and the decayed rate; a longer one saturates near ``(peak - end) / (1 - momentum)``, so the
     loss gained by annealing, ``C * S2``, stops growing with the decay's length.
     """
-    if isinstance(momentum, (bool, np.bool_)) or not isinstance(momentum, (int, float, np.integer, np.floating)) or not 0 <= momentum < 1:
+    if not is_real(momentum) or not 0 <= momentum < 1:
         raise InputError(f"momentum must be a number in [0, 1), got {momentum!r}")
     try:  # a string among the rates was a ValueError from numpy
         eta = np.asarray(decay_lr, np.float64)

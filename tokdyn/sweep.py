@@ -38,6 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ._checks import is_real, is_whole
 from .annealing import annealing_area
 from .errors import InputError
 from .probe import ProbeSet
@@ -54,16 +55,14 @@ DECAY_SHAPES = ("linear", "sqrt")
 def _steps(value, what: str) -> int:
     """``value`` as a whole number of steps (an int, a numpy integer, or a float such as 100.0),
     else one clear :class:`InputError` (never a bool, never cut: 10.7 is not 10)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InputError(f"{what}: expected whole numbers of steps, got {value!r}")
-    if not (math.isfinite(value) and float(value).is_integer()):
+    if not is_whole(value):
         raise InputError(f"{what}: expected whole numbers of steps, got {value!r}")
     return int(value)
 
 
 def _number(value, what: str) -> float:
     """``value`` as a finite float (not a bool), else one clear :class:`InputError`."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) or not math.isfinite(value):
+    if not is_real(value) or not math.isfinite(value):
         raise InputError(f"{what} must be a finite number, got {value!r}")
     return float(value)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import is_real as _is_number
+from ._checks import is_int, is_real as _is_number
 from .errors import InputError, StoreError
 from .store import Run
 
@@ -97,7 +97,7 @@ def token_stats(
     if k < 2:
         raise StoreError(f"run {run.name!r} has {k} committed rows; token statistics need at least 2")
     for name, r in (("early_row", early_row), ("late_row", late_row)):
-        if r is not None and (isinstance(r, (bool, np.bool_)) or not isinstance(r, (int, np.integer)) or not -k <= r < k):
+        if r is not None and (not is_int(r) or not -k <= r < k):
             raise InputError(f"{name} must be a row index in [-{k}, {k}), got {r!r}")
     late = int(late_row) % k
     if early_row is None:  # the row before late_row nearest the middle of the log axis up to late_row
@@ -138,7 +138,7 @@ def frequency_bands(token_id: np.ndarray, n_bands: int = 4) -> tuple[np.ndarray,
     tid = np.asarray(token_id)
     if tid.ndim != 1 or tid.size == 0:
         raise InputError("token_id: expected a non-empty 1-D array")
-    if isinstance(n_bands, (bool, np.bool_)) or not isinstance(n_bands, (int, np.integer)) or n_bands < 1:
+    if not is_int(n_bands) or n_bands < 1:
         raise InputError(f"n_bands must be an int >= 1, got {n_bands!r}")
     n_bands = int(n_bands)
     _, inverse, counts = np.unique(tid, return_inverse=True, return_counts=True)

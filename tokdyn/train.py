@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -16,6 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from ._checks import is_int, is_real
 from .data import Corpus, prepare_corpus, random_batches
 from .errors import InputError
 from .model import GPTConfig, TinyGPT
@@ -41,13 +41,13 @@ class TrainConfig:
         # types first: lr=inf or NaN trained a model of NaN weights, steps=2.5 raised deep in the loop
         for name in ("steps", "batch_size", "warmup", "seed"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            if not is_int(v):
                 raise InputError(f"{name} must be an int, got {v!r}")
         for name in ("lr", "min_lr_frac", "weight_decay", "grad_clip"):
             v = getattr(self, name)
             if name == "grad_clip" and v is None:  # no clipping, as 0
                 continue
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
+            if not is_real(v) or not math.isfinite(v) or v < 0:
                 raise InputError(f"{name} must be a finite number >= 0, got {v!r}")
         if self.steps < 1 or self.batch_size < 1:
             raise InputError(f"steps and batch_size must be >= 1, got {self.steps} and {self.batch_size}")

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._checks import is_int as _is_int
+from .._checks import is_int as _is_int, is_real
 from .._files import check_output_path
 from ..data import Corpus, WindowDataset, prepare_corpus
 from ..errors import InputError
@@ -95,7 +95,7 @@ class ABConfig:
             raise InputError(f"pilot_seed must be >= 0, got {self.pilot_seed}")
         if self.eval_points < 2 or self.steps < self.eval_points:
             raise InputError(f"need 2 <= eval_points <= steps, got {self.eval_points} and {self.steps}")
-        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float, np.integer, np.floating)) \
+        if not is_real(self.lr) \
                 or not (math.isfinite(self.lr) and self.lr > 0):  # fmt: skip
             raise InputError(f"lr must be a finite number > 0, got {self.lr!r}")
         if not isinstance(self.learnability, LearnabilityOptions):

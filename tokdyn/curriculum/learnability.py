@@ -120,7 +120,7 @@ def _check_vocab(vocab_size: int, order: int = MAX_ORDER) -> int:
     """``vocab_size`` as an int whose keys of ``order`` fit in int64, or one :class:`InputError`
     (a vocabulary of 2**31 fits keys of order 1 and 2, not 3: the message names the order that
     holds it; a float such as 257.5 was cut to 257)."""
-    if isinstance(vocab_size, (bool, np.bool_)) or not isinstance(vocab_size, (int, np.integer)):
+    if not _is_int(vocab_size):
         raise InputError(f"vocab_size must be an integer, got {vocab_size!r}")
     v = int(vocab_size)
     if v < 1:

@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 
+from .._checks import is_real
 from ..errors import InputError
 
 __all__ = ["matched_budget", "speedup", "paired_bootstrap", "auc_ratio"]
@@ -40,7 +41,7 @@ def matched_budget(budgets, losses, loss: float) -> tuple[float, bool]:
     if b.ndim != 1 or b.shape != l.shape or b.size < 2 or not np.all(np.isfinite(b)) or np.any(np.diff(b) <= 0) \
             or np.any(b <= 0):  # fmt: skip
         raise InputError("a ladder needs >= 2 increasing positive budgets and one loss per budget")
-    if isinstance(loss, (bool, np.bool_)) or not isinstance(loss, (int, float, np.integer, np.floating)):
+    if not is_real(loss):
         raise InputError(f"loss must be a number, got {loss!r}")
     loss = float(loss)
     if not math.isfinite(loss) or not np.all(np.isfinite(l)):

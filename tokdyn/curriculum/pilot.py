@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from .._checks import is_int, is_real
 from ..data import Corpus, WindowDataset
 from ..errors import InputError
 from ..model import GPTConfig
@@ -29,14 +30,14 @@ __all__ = ["pilot_probe", "run_pilot", "mixture_probe", "run_mixture_pilot", "Pi
 def _count(name: str, v) -> int:
     """``v`` as an int >= 1, or one :class:`InputError` naming ``name`` (a float such as 2.5 was
     silently cut to 2 windows, and 0 or -1 failed inside numpy)."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
+    if not is_int(v) or v < 1:
         raise InputError(f"{name} must be an int >= 1, got {v!r}")
     return int(v)
 
 
 def _seed(name: str, v) -> int:
     """``v`` as a seed numpy takes (an int >= 0), or one :class:`InputError` naming ``name``."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
+    if not is_int(v) or v < 0:
         raise InputError(f"{name} must be an int >= 0, got {v!r}")
     return int(v)
 
@@ -165,7 +166,7 @@ def split_pilot_pool(dataset, *, eot_id: int | None, share: float = 0.1) -> Pilo
     (:class:`PilotSplit`). The cut moves forward to the next end-of-text token ``eot_id`` so that
     no document is on both sides; without one (``eot_id`` None, or none after the cut) it stays
     at the window cut and ``boundary`` says so."""
-    if isinstance(share, (bool, np.bool_)) or not isinstance(share, (int, float, np.integer, np.floating)) \
+    if not is_real(share) \
             or not 0.0 < float(share) < 1.0:  # fmt: skip
         raise InputError(f"the pilot's held-out share must be a number in (0, 1), got {share!r}")
     n = len(dataset)

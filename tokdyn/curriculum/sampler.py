@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._checks import is_whole as _is_int  # an integral float counts: a step 3.0 is step 3
 from ..errors import InputError
 from .schedule import SampleSchedule
 
@@ -26,11 +27,6 @@ __all__ = ["CurriculumSampler", "StepSampler", "check_seed", "SEED_BOUND"]
 # seed or step of 2**32 or more would share its generator with another (seed, step): seed
 # 2**32 + s at step 0 drew what seed s draws at step 1. Seeds and steps stay below this bound.
 SEED_BOUND = 2**32
-
-
-def _is_int(v) -> bool:
-    """An integer value (int, numpy integer, or an integral float), not a bool."""
-    return not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating)) and float(v).is_integer()
 
 
 def check_seed(seed) -> int:
