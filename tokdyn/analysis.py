@@ -17,7 +17,7 @@ import numpy as np
 from .axes import assemble_axis, axis_run_problem, find_axis_run
 from .errors import InputError, StoreError
 from .fit.job import fit_run, stored_axis_min
-from .fit.models import ClassDrops, class_drops, class_loss_share
+from .fit.models import ClassDrops, class_loss_share, fit_class_drops
 from .fit.options import CLASS_NAMES, FitOptions
 from .reconstruct import Reconstruction, reconstruct_run
 from .spectrum import Events, run_events, spectra_by
@@ -45,8 +45,7 @@ class RunAnalysis:
     def class_drops(self) -> ClassDrops:
         """Each class's drop and whether shares of it mean something (:func:`tokdyn.fit.models.class_drops`),
         from the fit, once: the report says it in its summary and its class figure."""
-        f = self.fit
-        return class_drops(f["class_code"], f["drop"], **{k: f.get(k) for k in ("delta1", "mu1", "delta2", "mu2")})
+        return fit_class_drops(self.fit)
 
     def summary(self) -> dict:
         out = {"run": self.run, "axis": self.axis, **self.reconstruction.summary(),

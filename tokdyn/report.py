@@ -1203,7 +1203,7 @@ def _fig_class_changes(a: RunAnalysis, drops: dict[str, float]) -> Figure:
     # (falls and rises that all round to 0.000, the precision of the bars, are no rise: a run of
     # flat tokens read "the loss rose")
     why = (f"no class's fitted loss changed by as much as {FLAT_NATS:g} nats per probe token over the recorded range"
-           if max(map(abs, vals), default=0.0) < FLAT_NATS / 2 else
+           if a.class_drops.flat else
            "the loss rose over the recorded range" if net < 0 else
            f"the net fall ({net:.3f} nats per token) is less than {SHARE_MIN_NET:.0%} of the classes' falls and rises "
            f"together ({gross:.3f}), so they nearly cancel")  # fmt: skip

@@ -63,8 +63,9 @@ def _fit(args: argparse.Namespace) -> int:
     drops = res.class_drops  # shares, or nats where they would mean nothing
     for name, count in sorted(res.class_counts.items(), key=lambda kv: -kv[1]):
         print(f"  {name:<16} {count:>9,} tokens ({count / total:6.1%})  {drops.describe(name)}")
-        if name == "multi_step" and drops.multi_step_note():  # two drops, or a drop and a rise
-            print(f"    {drops.multi_step_note().removeprefix('multi_step is ')}")
+        kinds = drops.multi_step_kinds_text() if name == "multi_step" else ""  # two drops, or a drop and a rise
+        if kinds:
+            print(f"    {kinds}")
     if not drops.meaningful:
         print(f"  no shares of the loss drop: {drops.reason}, so they would mean nothing")
     for why in unfit_reasons(res.status_counts, options):  # what "unfit" stands for here

@@ -29,7 +29,7 @@ from tokdyn._process import exit_with_parent, spawn_context, take_interrupts
 from tokdyn.errors import ClusterError, InputError, StoreError
 from tokdyn.fit.backends import resolve_backend
 from tokdyn.fit.block import FIT_FIELDS, fit_block
-from tokdyn.fit.models import ClassDrops, class_drops, class_loss_share
+from tokdyn.fit.models import TWO_EVENTS, ClassDrops, class_loss_share, fit_class_drops
 from tokdyn.fit.options import CLASS_NAMES, MODEL_NAMES, STATUS_NAMES, FitOptions
 from tokdyn.fit.sigmoid import log_axis
 from tokdyn.store import Run, TrajectoryStore, as_store
@@ -308,7 +308,7 @@ def fit_run(
             fw.finish(backend=backend, seconds=seconds)
             # read under the fit lock: once it is released, a refit may replace these results
             # (the fit's own rows, also where a recorder appended more meanwhile: the next reader is told to refit)
-            res = run.fit.read(fields=("status", "class_code", "drop", "delta1", "mu1", "delta2", "mu2"), current=False)
+            res = run.fit.read(fields=("status", "class_code", "drop", *TWO_EVENTS), current=False)
             since = run.n_committed - n_committed
     fitted = sum(min(block, n - b * block) for b in todo)  # tokens fitted by this call
     status_counts = {STATUS_NAMES[c]: int(v) for c, v in zip(*np.unique(res["status"], return_counts=True))}
@@ -319,7 +319,7 @@ def fit_run(
         backend=backend, scheduler=scheduler, status_counts=status_counts, class_counts=class_counts,
         class_loss_share=class_loss_share(res["class_code"], res["drop"]), axis_min=axis_min,
         rows_left_out=rows_left_out(run, rows, axis_min=axis_min, n_committed=n_committed),
-        n_rows_left_out=n_committed - int(rows.size), n_rows_committed_since=since, class_drops=class_drops(res["class_code"], res["drop"], **_events_of_two(res)),
+        n_rows_left_out=n_committed - int(rows.size), n_rows_committed_since=since, class_drops=fit_class_drops(res),
         blocks_repaired=repaired,
     )  # fmt: skip
 
@@ -329,10 +329,7 @@ def _stored_inputs(run: Run, options: FitOptions | None, axis_min: float | None)
     bare ``tokdyn fit --repair`` gives them), and its window where ``axis_min`` is None, so that
     the command a reader names repairs a fit made with ``--axis-min`` or ``--no-two-step`` (it
     found "a fit made with other options" and pointed at a refit of the whole run)."""
-    try:
-        meta = run.fit.meta or {}
-    except StoreError:  # a damaged fit: the writer says so
-        return options, axis_min
+    meta = _stored_meta(run)
     stored = meta.get("options")
     if isinstance(stored, dict) and (options is None or options == FitOptions()):
         try:
@@ -348,10 +345,7 @@ def _stored_backend(run: Run) -> tuple[str, Any]:
     """The backend and device of the run's stored fit where this machine has them, else ("auto",
     None). Backends agree to solver tolerance, not to the bit, so a fit is resumed on its own: a
     plain `tokdyn fit` after `--backend numpy` said "another backend (numpy then, numba now)"."""
-    try:
-        meta = run.fit.meta or {}
-    except StoreError:  # a damaged fit: the writer says so
-        return "auto", None
+    meta = _stored_meta(run)
     backend, device = meta.get("backend"), meta.get("device")
     try:
         resolve_backend(backend, device)
@@ -360,9 +354,12 @@ def _stored_backend(run: Run) -> tuple[str, Any]:
     return backend, device
 
 
-def _events_of_two(fields: dict) -> dict:
-    """The two-sigmoid events' arguments of :func:`~tokdyn.fit.models.class_drops`."""
-    return {k: fields[k] for k in ("delta1", "mu1", "delta2", "mu2")}
+def _stored_meta(run: Run) -> dict:
+    """The run's stored fit's record ({} for none, or a damaged one: the writer says so)."""
+    try:
+        return run.fit.meta or {}
+    except StoreError:
+        return {}
 
 
 def read_fit(store: TrajectoryStore | str | os.PathLike, run: str, *, fields=None) -> dict[str, np.ndarray]:

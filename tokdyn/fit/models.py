@@ -354,6 +354,12 @@ class ClassDrops:
     multi_step_kinds: dict = dataclasses.field(default_factory=dict)
 
     @property
+    def flat(self) -> bool:
+        """Every class's change rounds to 0.000 nats per probe token (:data:`FLAT_NATS`): no
+        class moved, which is neither a rise nor a fall."""
+        return max(map(abs, self.nats.values()), default=0.0) < FLAT_NATS / 2
+
+    @property
     def net(self) -> float:
         """The net fall, nats per probe token (the fall of the fitted mean loss)."""
         return float(sum(self.nats.values()))
@@ -379,8 +385,7 @@ class ClassDrops:
             return ""
         net = self.net
         # changes that all round to 0.000 nats (the precision they are given in) are no rise
-        how = (f"no class's fitted loss changed by as much as {FLAT_NATS:g} nats per probe token"
-               if max(map(abs, self.nats.values()), default=0.0) < FLAT_NATS / 2 else
+        how = (f"no class's fitted loss changed by as much as {FLAT_NATS:g} nats per probe token" if self.flat else
                "the classes' falls and rises nearly cancel" if net > 0 else
                "the classes' falls and rises end in a rise" if net < 0 else "the classes' falls and rises cancel")  # fmt: skip
         return f"{how} (net fall {net:+.3f} nats per token)"
@@ -401,6 +406,12 @@ class ClassDrops:
         for 4,919 tokens (38.1% of the loss drop), a drop then a rise for 1,483 (5.0%)"``): the class
         holds every token two fitted steps explain better than one, a drop and a rise too (a
         token learned then forgotten, or a spike at one point); empty without a split."""
+        kinds = self.multi_step_kinds_text()
+        return f"multi_step is {kinds}" if kinds else ""
+
+    def multi_step_kinds_text(self) -> str:
+        """The kinds of :meth:`multi_step_note` alone (``"two drops for 4,919 tokens (...), ..."``;
+        ``tokdyn fit`` prints it under the class's line); empty without a split."""
         kinds = [(k, n, v) for k, (n, v) in self.multi_step_kinds.items() if n]
         if not kinds:
             return ""
@@ -410,9 +421,8 @@ class ClassDrops:
                 return f"{pct} of the loss drop" if first else pct
             moved = f"{'fell' if v >= 0 else 'rose'} {abs(v):.3f}" if abs(v) >= FLAT_NATS / 2 else "changed under 0.001"
             return f"{moved}{' nats per probe token' if first else ''}"
-        parts = [f"{k} for {n:,}{' token' + 's' * (n != 1) if i == 0 else ''} ({carried(v, i == 0)})"
-                 for i, (k, n, v) in enumerate(kinds)]  # fmt: skip
-        return "multi_step is " + ", ".join(parts)
+        return ", ".join(f"{k} for {n:,}{' token' + 's' * (n != 1) if i == 0 else ''} ({carried(v, i == 0)})"
+                         for i, (k, n, v) in enumerate(kinds))  # fmt: skip
 
     def summary(self, top: int | None = 3) -> str:
         """One sentence: the largest shares of the loss drop by class, or (where shares would
@@ -421,6 +431,16 @@ class ClassDrops:
             return f"{'Largest shares' if top else 'Shares'} of the loss drop by token class: {self.listing(top)}"
         return (f"Loss change by token class, in nats per probe token: {self.listing(top)}; {self.reason}, "
                 "so shares of the loss drop would mean nothing and are not shown")
+
+
+# the fields of the two-sigmoid fit's events that split multi_step (:func:`fit_class_drops`)
+TWO_EVENTS = ("delta1", "mu1", "delta2", "mu2")
+
+
+def fit_class_drops(fields) -> ClassDrops:
+    """:func:`class_drops` of a fit's fields (a mapping of ``class_code``, ``drop`` and, where
+    they were read, the two events of :data:`TWO_EVENTS`)."""
+    return class_drops(fields["class_code"], fields["drop"], **{k: fields.get(k) for k in TWO_EVENTS})
 
 
 def class_drops(class_code: np.ndarray, drop: np.ndarray, *, delta1=None, mu1=None, delta2=None, mu2=None) -> ClassDrops:
