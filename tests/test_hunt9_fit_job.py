@@ -286,3 +286,21 @@ def test_the_command_a_reader_names_repairs_a_fit_made_with_other_options(tmp_pa
     assert "fitted again: 1 block marked done whose stored results were damaged (block 1)" in capsys.readouterr().out
     _fields_equal(read_fit(tokdyn.open_store(url), "r"), expected)
     assert st.run("r").fit.meta["axis_min"] == 100 and st.run("r").fit.meta["options"]["two_step"] is False
+
+
+def test_a_read_out_of_memory_is_not_damage_for_any_reader(tmp_path, monkeypatch):
+    # the fit's reader and the run's share one read (Run._read): out of memory is raised as it
+    # is, not called "a chunk of it is damaged" with a command that would not mend it
+    import zarr
+
+    store = _copy(tmp_path / "s.zarr")
+
+    def oom(self, key):
+        raise MemoryError
+
+    monkeypatch.setattr(zarr.Array, "__getitem__", oom)
+    run = tokdyn.open_store(store).run("r")
+    with pytest.raises(MemoryError):
+        run.fit.read(fields=("mu",))
+    with pytest.raises(MemoryError):
+        run.losses()

@@ -144,13 +144,14 @@ class FitResults:
         block = int(meta["block_tokens"])
         b0, b1 = start // block, -(-stop // block)
         a0, a1 = b0 * block, min(n, b1 * block)
-        crc = self._run._read(lambda: g["crc"], "fit/crc")
+        crc = self._run._read(lambda: g["crc"], "fit/crc", hint=self._repair_hint())
         if crc.shape != (-(-n // block), len(stored)):
             raise StoreError(f"the fit of run {self._run.name!r}: fit/crc has shape {crc.shape}; the fit is damaged, refit it")
-        committed = self._run._read(lambda: crc[b0:b1], "fit/crc")
+        committed = self._run._read(lambda: crc[b0:b1], "fit/crc", hint=self._repair_hint())
         out = {}
         for name in names:
-            values = self._read_field(lambda name=name: g[name][a0:a1], f"fit/{name}" + ("" if whole else f"[{a0}:{a1}]"))
+            values = self._run._read(lambda name=name: g[name][a0:a1], f"fit/{name}" + ("" if whole else f"[{a0}:{a1}]"),
+                                     hint=self._repair_hint())  # fmt: skip
             f = stored.index(name)
             for b, a in zip(range(b0, b1), range(0, a1 - a0, block)):
                 if values.shape != (a1 - a0,) or position_crc(salt, f"fit/{name}", (b,), values[a : a + block]) != committed[b - b0, f]:
@@ -161,18 +162,8 @@ class FitResults:
             out[name] = values if (a0, a1) == (start, stop) else values[start - a0 : stop - a0].copy()
         return out
 
-    def _read_field(self, read, what: str):
-        """A read of a checksummed fit's field: a chunk that cannot be decoded is a StoreError
-        naming it and the command that fits its block again."""
-        try:
-            return read()
-        except (TokdynError, OSError, MemoryError):  # the store's or the machine's trouble, not damage
-            raise
-        except Exception as exc:  # noqa: BLE001 - codecs raise RuntimeError, ValueError, TypeError...
-            raise StoreError(f"the fit of run {self._run.name!r}: cannot decode {what} ({type(exc).__name__}: {exc}); a "
-                             f"chunk of it is damaged. {self._repair_hint()}") from None
-
     def _repair_hint(self) -> str:
+        """The command that fits a checksummed fit's damaged blocks again, shell-quoted."""
         command = shlex.join(["tokdyn", "fit", self._run.store.url, "--run", self._run.name, "--repair"])
         return f"Fit the damaged blocks again: `{command}` (or all of it: --refit)"
 
@@ -400,16 +391,6 @@ class FitWriter:
         """The id of the fit being written (None: one made before fits had ids); workers pass it
         to :meth:`FitResults.write_block`."""
         return self.results.meta.get("fit_id")
-
-    def done(self) -> np.ndarray:
-        """[block] bool: which blocks are already written."""
-        g = self.results._group()
-        try:
-            return g["done"][...].astype(bool)
-        except (TokdynError, OSError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - a damaged chunk of the done flags
-            raise StoreError(f"the fit of run {self.results._run.name!r}: its done flags are damaged ({type(exc).__name__}: {exc}); refit it") from None
 
     def finish(self, **meta: Any) -> None:
         """Mark the fit complete, adding ``meta`` (``seconds`` adds up over resumed calls)."""

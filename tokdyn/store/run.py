@@ -220,14 +220,17 @@ class Run:
                         "it was moved, swapped, left stale or damaged"
                     )
 
-    def _read(self, read, what: str):
-        """Run a chunk read; damaged chunk data (cut short, overwritten) is a StoreError naming it."""
+    def _read(self, read, what: str, *, hint: str = ""):
+        """Run a chunk read; damaged chunk data (cut short, overwritten) is a StoreError naming it
+        (and ``hint``: what to do about it). The store's or the machine's trouble (an OSError, out
+        of memory) is raised as it is: it is no damage."""
         try:
             return read()
-        except (TokdynError, OSError):
+        except (TokdynError, OSError, MemoryError):
             raise
         except Exception as exc:  # noqa: BLE001 - codecs raise RuntimeError, ValueError, TypeError...
-            raise StoreError(f"run {self.name!r}: cannot decode {what} ({type(exc).__name__}: {exc}); a chunk of it is damaged") from None
+            raise StoreError(f"run {self.name!r}: cannot decode {what} ({type(exc).__name__}: {exc}); a chunk of it is "
+                             f"damaged{'. ' + hint if hint else ''}") from None
 
     @property
     def steps(self) -> np.ndarray:
