@@ -333,16 +333,25 @@ class LearnabilityTable:
 
     # -- compatibility --------------------------------------------------------------------
 
-    def check_tokens(self, tokens: np.ndarray) -> None:
-        """Raise :class:`InputError` when ids fall outside this table's vocabulary."""
-        arr = np.asarray(tokens)
-        if arr.dtype.kind not in "iu":
-            raise InputError(f"token ids must be integers, got {arr.dtype}")
-        if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= self.vocab_size):
+    def check_tokens(self, tokens: np.ndarray | torch.Tensor) -> None:
+        """Raise :class:`InputError` when ids fall outside this table's vocabulary (a padding id
+        added after the pilot, ``-100`` labels passed as tokens, another tokenizer). A tensor's
+        range is read back as two numbers: one host sync on a device."""
+        if isinstance(tokens, torch.Tensor):
+            if tokens.dtype == torch.bool or tokens.dtype.is_floating_point or tokens.dtype.is_complex:
+                raise InputError(f"token ids must be integers, got {tokens.dtype}")
+            lo, hi = torch.stack(torch.aminmax(tokens)).tolist() if tokens.numel() else (0, 0)
+        else:
+            arr = np.asarray(tokens)
+            if arr.dtype.kind not in "iu":
+                raise InputError(f"token ids must be integers, got {arr.dtype}")
+            lo, hi = (int(arr.min()), int(arr.max())) if arr.size else (0, 0)
+        if lo < 0 or hi >= self.vocab_size:
             raise InputError(
-                f"token ids span [{int(arr.min())}, {int(arr.max())}] but the learnability table was built for a "
-                f"vocabulary of {self.vocab_size} (tokenizer {self.meta.get('tokenizer', {})}); "
-                "build the table from a pilot with the training run's tokenizer"
+                f"token ids span [{lo}, {hi}] but the learnability table was built for a vocabulary of {self.vocab_size} "
+                f"(tokenizer {self.meta.get('tokenizer', {})}): an id outside it would be read as another token's "
+                "context (a padding id, -100 labels passed as tokens, another tokenizer?); build the table from a pilot "
+                "with the training run's tokenizer"
             )
 
     def check_tokenizer(self, tokenizer: Any) -> None:

@@ -94,20 +94,13 @@ class TokenWeights:
         return w
 
     def check_ids(self, tokens: torch.Tensor) -> None:
-        """:class:`InputError` where ``tokens`` hold an id outside the table's vocabulary (a
-        padding id added after the pilot, ``-100`` labels passed as tokens, another tokenizer).
-        On a device this reads two numbers back, one host sync: :meth:`__call__` does it only
-        for CPU tokens (on a device it makes such a batch's weights NaN instead), and
-        :class:`~tokdyn.curriculum.hf.CurriculumTrainer` calls it every step, since the Trainer
-        syncs each step anyway and leaves a NaN loss out of its logs."""
-        if not tokens.numel():
-            return
-        lo, hi = torch.stack(torch.aminmax(tokens)).tolist()  # one copy back, one sync
-        v = self.table.vocab_size
-        if lo < 0 or hi >= v:
-            raise InputError(f"token ids span [{lo}, {hi}] but the learnability table was built for a vocabulary of "
-                             f"{v}: an id outside it would be read as another token's context (a padding id, "
-                             "-100 labels passed as tokens, another tokenizer?)")  # fmt: skip
+        """:class:`InputError` where ``tokens`` hold an id outside the table's vocabulary
+        (:meth:`LearnabilityTable.check_tokens`). On a device this reads two numbers back, one
+        host sync: :meth:`__call__` does it only for CPU tokens (on a device it makes such a
+        batch's weights NaN instead), and :class:`~tokdyn.curriculum.hf.CurriculumTrainer` calls
+        it every step, since the Trainer syncs each step anyway and leaves a NaN loss out of its
+        logs."""
+        self.table.check_tokens(tokens)
 
     def __repr__(self) -> str:
         return f"TokenWeights({self.table!r}, {self.config})"
