@@ -198,6 +198,13 @@ def test_domain_field_for_a_source_without_fields_is_refused(tmp_path):
     (tmp_path / "d" / "x" / "f.txt").write_text("text " * 100)
     with pytest.raises(InputError, match="applies to a .jsonl source only"):
         prepare_domains(str(tmp_path / "d"), domain_field="domain", min_tokens=64)
+    # the reader every source goes through refuses them, so a probe made in Python does too
+    from tokdyn.data import load_documents, prepare_probe
+
+    for call in (lambda: load_documents("stdlib-mix", text_field="body"),
+                 lambda: prepare_probe(str(tmp_path / "d"), domain_field="domain")):  # fmt: skip
+        with pytest.raises(InputError, match="applies to a .jsonl source only"):
+            call()
 
 
 # -- schedule files that cannot be read ------------------------------------------------------------

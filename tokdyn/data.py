@@ -40,7 +40,13 @@ def load_documents(source: str = "stdlib", *, text_field: str = "text", domain_f
     """Documents from ``source``: ``"stdlib"`` (default), ``"stdlib-mix"`` (the mixture of
     domains, :func:`~tokdyn.corpus.stdlib_mixture_documents`), a ``.jsonl`` file (domain from
     ``domain_field``), a ``.bin`` token file, or a text file / folder (domain = first
-    sub-folder)."""
+    sub-folder). ``text_field`` and ``domain_field`` name a ``.jsonl`` record's fields: given
+    with another kind of source they would be ignored, so they are refused."""
+    if source_kind(source) != "jsonl":
+        for name, value, default in (("domain_field", domain_field, None), ("text_field", text_field, "text")):
+            if value != default:
+                raise InputError(f"{name}={value!r} applies to a .jsonl source only; {source!r} is not one (a folder's "
+                                 "domain is its first sub-folder; relabel documents with mapping=)")  # fmt: skip
     if source == "stdlib":
         return stdlib_documents()
     if source == "stdlib-mix":
@@ -328,17 +334,11 @@ def prepare_domains(
 
 
 def _check_domain_source(source: str, *, text_field: str, domain_field: str | None, mapping) -> None:
-    """:class:`InputError` for a source whose domains :func:`prepare_domains` would get wrong:
-    a ``.jsonl`` file without ``domain_field`` (every document would be labelled ``"default"``:
-    a mixture of one domain, whatever the records say) unless ``mapping`` labels them, and
-    ``domain_field`` / ``text_field`` given for a source that has no fields (ignored before)."""
-    if source_kind(source) != "jsonl":
-        for name, value, default in (("domain_field", domain_field, None), ("text_field", text_field, "text")):
-            if value != default:
-                raise InputError(f"{name}={value!r} applies to a .jsonl source only; {source!r} is not one (a folder's "
-                                 "domain is its first sub-folder; relabel documents with mapping=)")  # fmt: skip
-        return
-    if domain_field is not None or mapping is not None or not os.path.isfile(source):
+    """:class:`InputError` for a ``.jsonl`` source whose domains :func:`prepare_domains` would
+    get wrong: without ``domain_field`` every document would be labelled ``"default"`` (a mixture
+    of one domain, whatever the records say) unless ``mapping`` labels them. (``domain_field`` or
+    ``text_field`` with another kind of source: :func:`load_documents` refuses them.)"""
+    if source_kind(source) != "jsonl" or domain_field is not None or mapping is not None or not os.path.isfile(source):
         return  # a missing file is said by the reader
     fields = _string_fields(source, skip=text_field)
     hint = (f"the records have string fields {fields}: e.g. domain_field={fields[0]!r}" if fields
