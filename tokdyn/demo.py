@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import numbers
 import os
 import shutil
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._checks import is_int
 from ._files import DEMO_STORE, check_output_path, strict_json
 from .data import prepare_corpus
 from .errors import InputError
@@ -73,7 +73,7 @@ def check_settings(*, steps, n_points, n_probe_sequences, seed) -> None:
     for name, option, value, lo in (("steps", "--steps", steps, 1), ("n_points", "--points", n_points, 2),
                                     ("n_probe_sequences", "--probe-sequences", n_probe_sequences, 1),
                                     ("seed", "--seed", seed, 0)):  # fmt: skip
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not lo <= value < 2**62:
+        if not is_int(value) or not lo <= value < 2**62:
             raise InputError(f"{name} ({option}) must be an integer >= {lo}, got {value!r}")
     need = FitOptions().min_points
     recorded = int(np.count_nonzero(geometric_schedule(int(steps), int(n_points)) > 0))
@@ -226,6 +226,7 @@ def _run_demo(out: Path, lock: KeyLock, *, steps, n_points, n_probe_sequences, c
     log(f"share of the loss drop by class: {drops.listing()}" if drops.meaningful else
         f"loss change by class, in nats per probe token: {drops.listing()}; no shares of the loss drop: {drops.reason}, "
         "so they would mean nothing")  # fmt: skip
-    if drops.multi_step_note():
-        log(drops.multi_step_note())
+    note = drops.multi_step_note()
+    if note:
+        log(note)
     return summary
