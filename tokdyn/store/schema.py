@@ -106,7 +106,7 @@ def check_url(url: Any) -> None:
 _LOCAL_SCHEMES = ("file://", "local://")
 
 
-def local_url(url: str | os.PathLike) -> str | os.PathLike:
+def local_url(url: str | os.PathLike) -> str | bytes:
     """``url`` with a ``file://`` (or fsspec's ``local://``) scheme taken off: the local path it
     names. zarr would open such a URL through fsspec's local filesystem, which neither makes the
     folders a new store needs (creating one failed, "No such file or directory: .../zarr.json")
@@ -114,10 +114,13 @@ def local_url(url: str | os.PathLike) -> str | os.PathLike:
     on (docs/store.md, "Commits"); a plain path gets zarr's local store, which does both. As with
     fsspec, the rest of the URL is the path as written (no percent-decoding). A path that
     starts with ``~`` is the user's home, as in a shell (``open_store("~/runs.zarr")`` in a
-    notebook made a folder named ``~`` beside it)."""
-    if isinstance(url, str) and url.startswith("~"):
+    notebook made a folder named ``~`` beside it). A path object is taken as its string."""
+    url = os.fspath(url)
+    if not isinstance(url, str):  # a bytes path: as it is
+        return url
+    if url.startswith("~"):
         return os.path.expanduser(url)
-    if isinstance(url, str) and url[:8].lower().startswith(_LOCAL_SCHEMES):
+    if url[:8].lower().startswith(_LOCAL_SCHEMES):
         scheme = next(s for s in _LOCAL_SCHEMES if url.lower().startswith(s))
         path = url[len(scheme):]
         if not path:

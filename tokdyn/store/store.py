@@ -156,7 +156,7 @@ class TrajectoryStore:
         if not isinstance(probe, ProbeSet):
             raise InputError(f"probe must be a ProbeSet, got {type(probe).__name__}")
         check_url(url)
-        url = local_url(os.fspath(url) if isinstance(url, os.PathLike) else url)
+        url = local_url(url)
         existed = _existing_folder(url)
         try:  # the group is born with a marker naming its creator, so a killed creation is recognised
             group = _open_group(url, "w" if overwrite else "w-", storage_options, attributes={CREATING: owner()})
@@ -193,7 +193,7 @@ class TrajectoryStore:
         if mode not in ("r", "r+"):
             raise InputError(f"mode must be 'r' or 'r+', got {mode!r}")
         check_url(url)
-        url = local_url(os.fspath(url) if isinstance(url, os.PathLike) else url)
+        url = local_url(url)
         try:
             group = _open_group(url, mode, storage_options)
         except (FileNotFoundError, zarr.errors.GroupNotFoundError, zarr.errors.NodeTypeValidationError):
