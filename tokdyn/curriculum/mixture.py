@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .._checks import is_real, is_whole
 from ..errors import InputError
 
 __all__ = ["MixtureConfig", "DomainRates", "MixtureSchedule", "enrichment_verdict", "ContextSchedule", "PilotEvents",
@@ -123,7 +124,7 @@ class MixtureConfig:
                              f"per step), got {self.total_steps!r}")  # fmt: skip
         for name in ("floor", "temperature", "width", "lead", "time_scale"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            if not is_real(v):
                 raise InputError(f"{name} must be a number, got {v!r}")
             object.__setattr__(self, name, float(v))  # plain Python numbers: the config is written as JSON
         object.__setattr__(self, "total_steps", int(self.total_steps))
@@ -140,8 +141,7 @@ class MixtureConfig:
 
     def x(self, step: int) -> float:
         # an int (numpy's too, or an integral float): 2.7 or "3" is not read as step 2 or 3
-        if (isinstance(step, bool) or not isinstance(step, (int, float, np.integer, np.floating))
-                or not float(step).is_integer() or not 0 <= int(step) < self.total_steps):  # fmt: skip
+        if not is_whole(step) or not 0 <= int(step) < self.total_steps:
             raise InputError(f"the schedule covers steps 0..{self.total_steps - 1} (integers); asked for step {step!r}")
         return math.log10((int(step) + 1) * self.time_scale) + self.lead
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._checks import is_real, is_whole
 from ..errors import InputError
 from .learnability import LearnabilityTable
 
@@ -90,7 +91,7 @@ class CurriculumConfig:
             raise InputError(f"total_steps must be an int >= 1, got {self.total_steps!r}")
         for name in ("width", "temperature", "floor", "lead", "time_scale"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            if not is_real(v):
                 raise InputError(f"{name} must be a number, got {v!r}")
         if not (math.isfinite(self.width) and self.width > 0):
             raise InputError(f"width must be > 0 decades, got {self.width!r}")
@@ -107,8 +108,7 @@ class CurriculumConfig:
 
     def check_step(self, step: int) -> int:
         """``step`` as an int, or :class:`InputError` when it is outside ``0 .. total_steps - 1``."""
-        if (isinstance(step, (bool, torch.Tensor)) or not isinstance(step, (int, float, np.integer, np.floating))
-                or not float(step).is_integer()):  # fmt: skip
+        if not is_whole(step):  # a tensor, a bool, 2.5 or "3" is no step
             raise InputError(f"step must be an integer, got {step!r}")
         step = int(step)
         if not 0 <= step < self.total_steps:
