@@ -575,8 +575,14 @@ def _exactly(values: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
 
 def _axis_values_as_imported(r: Run, dtype: np.dtype | None) -> np.ndarray:
     """The run's axis values, in the dtype of the file it was imported from (exactly: integer
-    steps of a T axis from the int64 steps, which hold any of them), else float64."""
+    steps of a T axis from the int64 steps, which hold any of them), else float64 — but a T
+    run whose axis values are its steps, one of them beyond 2**53, as its int64 steps: as
+    floats they round (step 2**63 - 512 to 2**63, which no import takes as a step)."""
     values = r.axis_values
+    if dtype is None and r.axis == "T":
+        steps = r.steps
+        if steps.size and steps.max() > 2**53 and np.array_equal(steps.astype(np.float64), values):
+            dtype = np.dtype(np.int64)
     if dtype is not None and dtype.kind in "iu" and r.axis == "T":
         steps = r.steps
         if np.all(steps >= 0) and np.array_equal(steps.astype(np.float64), values):  # the steps are the values
