@@ -325,7 +325,7 @@ def test_compare_tolerance_must_be_finite_and_not_negative(tol, tmp_path, capsys
              f"got {tol}")  # fmt: skip
 
 
-@pytest.mark.parametrize("tol", [-1.0, float("nan"), float("inf"), "0.1", None])
+@pytest.mark.parametrize("tol", [-1.0, float("nan"), float("inf"), "0.1", None, pytest.param(10**400, id="int-past-1e308"), True])
 def test_compare_runs_refuses_the_same_tolerances(tol, imported):
     from tokdyn.compare import compare_runs
 
@@ -372,3 +372,12 @@ def test_report_says_which_part_of_its_path_is_wrong(out, words, tmp_path, capsy
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("a file")
     one_line(["report", str(tmp_path / "none.zarr"), "--out", out], capsys, words)
+
+
+@pytest.mark.parametrize("v", [10**400, True, "0.5", None, [1.0]])
+def test_a_learnability_table_s_metadata_that_is_no_float_prints_as_a_question_mark(v):
+    """The table's metadata is the writer's JSON, which a hand edit can fill with anything: an
+    int past 1e308 has no float format (OverflowError before)."""
+    from tokdyn.cli.curriculum import _num
+
+    assert _num(v) == "?" and _num(0.5) == "0.500" and _num(2, ".0%") == "200%"

@@ -295,7 +295,8 @@ def test_an_unknown_hugging_face_model_type_is_a_short_line(tmp_path, probe_stor
      ({"path": "step_1.pt", "step": 2**63}, "step"), ({"path": "step_1.pt", "step": 10**40}, "step"),
      ({"path": "step_1.pt", "step": -1}, "step"), ({"path": "step_1.pt", "step": 1.5}, "step"),
      ({"path": "step_1.pt", "step": 1, "tokens_seen": 2**64}, "tokens_seen"),
-     ({"path": "step_1.pt", "step": 1, "lr": "fast"}, "lr"), ({"path": "step_1.pt", "step": 1, "lr": float("inf")}, "lr")],
+     ({"path": "step_1.pt", "step": 1, "lr": "fast"}, "lr"), ({"path": "step_1.pt", "step": 1, "lr": float("inf")}, "lr"),
+     pytest.param({"path": "step_1.pt", "step": 1, "lr": 10**400}, "lr", id="lr-int-past-1e308")],  # no float holds it
     ids=lambda v: json.dumps(v) if isinstance(v, dict) else v,
 )  # fmt: skip
 def test_a_manifest_value_of_the_wrong_type_or_beyond_int64_names_the_field(entry, field, tmp_path, probe_store, capsys):

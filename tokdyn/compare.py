@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._checks import is_real
 from .errors import InputError
 from .spectrum import EVENT_FIELDS
 
@@ -227,8 +228,7 @@ def compare_runs(store, run_a: str, run_b: str, *, tolerance: float = 0.05) -> d
     """
     from .store import as_store
 
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float, np.integer, np.floating)) \
-            or not (math.isfinite(tolerance) and tolerance >= 0):  # fmt: skip
+    if not is_real(tolerance) or not (math.isfinite(tolerance) and tolerance >= 0):
         raise InputError(f"tolerance must be a finite number of decades >= 0, got {tolerance!r}")
     if run_a == run_b:
         raise InputError(f"compare needs two different runs, got {run_a!r} twice")

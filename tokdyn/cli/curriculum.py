@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from .._checks import is_real
 from .._files import check_output_path
 from ..errors import InputError
 from ._common import print_json, store_path
@@ -175,7 +176,7 @@ def _print(table, as_json: bool, *, header: str) -> None:
 def _num(v, spec: str = ".3f") -> str:
     """``v`` formatted by ``spec``; ``?`` for a value that is not a number (a table's metadata is
     the writer's JSON)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if not is_real(v):  # an int past 1e308 has no float format either
         return "?"
     return format(v, spec)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._checks import is_int, is_real
 from ...errors import InputError
 from ...store import AXES
 from .files import check_regular, check_regular_tree, read_json
@@ -331,7 +332,7 @@ def step_value(v: Any) -> int | None:
     """``v`` as a step: an integer in [0, 2**63 - 1] (a one-element integer tensor too), else None."""
     if hasattr(v, "numel") and hasattr(v, "item") and v.numel() == 1 and not v.is_floating_point() and not v.is_complex():
         v = v.item()
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= MAX_STEP:
+    if not is_int(v) or not 0 <= v <= MAX_STEP:
         return None
     return int(v)
 
@@ -409,13 +410,13 @@ MAX_STEP = int(np.iinfo(np.int64).max)  # steps and token counts are stored as i
 
 
 def _int(v: Any, what: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= MAX_STEP:
+    if not is_int(v) or not 0 <= v <= MAX_STEP:
         raise InputError(f"{what} must be an integer in [0, 2**63 - 1], got {v!r}")
     return int(v)
 
 
 def _float(v: Any, what: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(float(v)):
+    if not is_real(v) or not np.isfinite(float(v)):  # an int past 1e308 is no axis value
         raise InputError(f"{what} must be a finite number, got {v!r}")
     return float(v)
 
