@@ -246,3 +246,21 @@ def test_a_flat_run_is_said_to_be_flat_not_to_rise():
     assert not d.meaningful and d.gross < FLAT_NATS / 2
     assert d.reason.startswith("no class's fitted loss changed by as much as 0.001 nats per probe token")
     assert "rise" not in d.summary()
+
+
+@pytest.mark.parametrize("scale", [1e-4, 4e-4])
+def test_a_flat_run_s_tiny_net_fall_has_no_shares(scale):
+    """Every class changed by less than FLAT_NATS / 2 nats per token: the net "fall" is noise, so
+    no class carries a share of it (before: "not_yet_learned 100%" of a 0.0002-nat drop, while
+    the same object said the run was flat), and the reason gives no "net fall -0.000"."""
+    from tokdyn.fit.models import FLAT_NATS, class_drops
+    from tokdyn.fit.options import CLASS_CODES
+
+    code = np.array([CLASS_CODES["not_yet_learned"]] * 3 + [CLASS_CODES["gradual"]])
+    drop = np.array([1.0, 1.0, 1.0, 0.5]) * scale  # net > 0, all falls: shares would look fine
+    d = class_drops(code, drop)
+    assert max(map(abs, d.nats.values())) < FLAT_NATS / 2 and d.net > 0
+    assert d.flat and not d.meaningful and "%" not in d.summary()
+    assert "no class's fitted loss changed" in d.reason
+    rose = class_drops(code, -drop)
+    assert rose.flat and "-0.000" not in rose.reason and "net fall +0.000" in rose.reason

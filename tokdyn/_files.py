@@ -4,7 +4,12 @@ exported losses.npz, a curriculum schedule or learnability table).
 Where an output goes: tokdyn writes the file (or store) it is given, never the folders above it.
 A missing parent folder is one line naming it (:func:`check_output_path`, before any work;
 :func:`write_atomically` names it too, at the write), as ``open()``, ``cp`` and ``np.save`` do: a typo in
-a path (``--out reslts/m.json``) is said, not turned into a new tree of folders."""
+a path (``--out reslts/m.json``) is said, not turned into a new tree of folders.
+
+Two paths are never outputs (:func:`_refuse_not_an_output`, at the check and at the write): ``-``,
+which commands of other tools read as standard output (tokdyn writes results only to files, and
+wrote a file named ``-``), and a path inside a zarr hierarchy (a folder above it holds
+``zarr.json``), where a report or a table would be written among a store's own nodes."""
 
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ def write_atomically(path: str | os.PathLike, write: Callable, *, binary: bool =
     the temporary file is removed and nothing else is touched. :class:`InputError` naming ``what``
     and the file when the folder cannot be written.
     """
+    _refuse_not_an_output(path, what)
     path = Path(path)
     _refuse_special(path, what)
     tmp = None
@@ -74,6 +80,7 @@ def check_output_path(path: str | os.PathLike, *, what: str = "file", folder_ok:
     """Refuse, in one :class:`InputError` line, an output path tokdyn cannot create: its parent
     folder is missing (named), a part of that folder is a file (named), or the path itself is a
     folder (``folder_ok``, for a store or a results folder: a file). The parent is never created."""
+    _refuse_not_an_output(path, what)
     p = Path(path)
     if not folder_ok and p.is_dir():
         raise InputError(f"cannot write the {what} to {p}: it is a folder; give the path of a file")
@@ -88,6 +95,30 @@ def check_output_path(path: str | os.PathLike, *, what: str = "file", folder_ok:
             raise InputError(f"cannot write the {what} to {p}: {blocker} is a file, not a folder")
         raise InputError(f"cannot write the {what} to {p}: folder {parent} does not exist")
     return p
+
+
+# what makes a folder a zarr node: v3's one metadata file, and v2's (a store another tool wrote)
+_ZARR_METADATA = ("zarr.json", ".zgroup", ".zarray")
+
+
+def _refuse_not_an_output(path: str | os.PathLike, what: str) -> None:
+    """:class:`InputError` where ``p`` is ``-`` (standard output elsewhere; tokdyn has no result
+    written there, and wrote a file named ``-``; ``./-`` still names that file), or lies inside a
+    zarr hierarchy: any folder above it (links followed, as the write follows them) holds zarr
+    metadata, so ``--out store.zarr/report.html`` or a run's folder would put a file among the
+    store's nodes. The store named is the outermost such folder. A path that is itself a store
+    (a store to append to) is not refused here."""
+    if os.fspath(path) == "-":  # as given: Path("./-") is "-" too
+        raise InputError(f"cannot write the {what} to -: tokdyn writes results to files, never to standard output; "
+                         "name a file (./- for a file named -)")  # fmt: skip
+    p = Path(path)
+    if "://" in os.fspath(path):  # a URL (a store on S3): no local folders above it
+        return
+    parent = Path(os.path.realpath(p.parent if str(p.parent) else "."))
+    nodes = [a for a in (parent, *parent.parents) if any((a / m).is_file() for m in _ZARR_METADATA)]
+    if nodes:
+        raise InputError(f"cannot write the {what} to {p}: it is inside the zarr store {nodes[-1]} (a folder above it "
+                         "holds zarr.json), whose folders hold only the store's own data; give a path outside it")  # fmt: skip
 
 
 def _refuse_special(p: Path, what: str) -> None:

@@ -54,11 +54,12 @@ CLASS_COLORS = {
 def check_writable(out: str | os.PathLike) -> Path:
     """Raise InputError unless a file can be written at ``out`` (checked before any work)."""
     p = Path(out)
-    if p.is_dir():
+    if p.is_dir() and os.fspath(out) != "-":
         raise InputError(f"report path {p} is a folder; give a file name such as {p / 'report.html'}")
-    # its folder exists (never created), no file stands in its way, and it is no device, pipe or
-    # socket (--out /dev/null: the report renamed over it replaced the machine's null device)
-    check_output_path(p, what="report")
+    # its folder exists (never created), no file stands in its way, it is no device, pipe or
+    # socket (--out /dev/null: the report renamed over it replaced the machine's null device), not
+    # "-" and not inside a zarr store (the path as given: Path("./-") is "-")
+    check_output_path(out, what="report")
     parent = p.parent if str(p.parent) else Path(".")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise InputError(f"cannot write the report to {p}: permission denied")
@@ -83,7 +84,7 @@ def write_report(
     example tokens as text; without it only a byte-level probe is shown as text (the store keeps
     a tokenizer's description, not the tokenizer). InputError if it is not the probe's.
     """
-    p = check_writable(out)
+    check_writable(out)
     st = as_store(store)
     _decoder(st.probe, tokenizer)  # a tokenizer that is not the probe's is refused before any work
     runs = None if runs is None else list(dict.fromkeys(runs))  # each run once, in the order given
@@ -98,7 +99,7 @@ def write_report(
         raise StoreError(f"the fit of run(s) {changed} changed while the report was made (a refit ran meanwhile), so its "
                          "figures would mix two fits; make the report again once the fit is done")  # fmt: skip
     # never a half-written report, never written through a link planted beside it
-    return write_atomically(p, lambda fh: fh.write(text), what="report")
+    return write_atomically(out, lambda fh: fh.write(text), what="report")
 
 
 # -- the page: sections and numbered figures -------------------------------------------------
@@ -358,11 +359,18 @@ def _headline(a: RunAnalysis, options: dict | None = None) -> str:
     if not ok.any():
         return ""
     first, last = np.flatnonzero(ok)[[0, -1]]
-    carried = a.class_drops.summary()  # shares, or nats where they would mean nothing
-    verb = "fell" if rec.mean_loss[last] <= rec.mean_loss[first] else "rose"
+    l0, l1 = float(rec.mean_loss[first]), float(rec.mean_loss[last])
+    if a.class_drops.flat:  # no class's fitted loss moved (FLAT_NATS): what the measured mean did is noise
+        moved = f"stayed flat, from {l0:.2f} to {l1:.2f} nats (a change within noise),"
+        carried = (f"No class's fitted loss changed by as much as {FLAT_NATS:g} nats per probe token, so the mean loss "
+                   "neither fell nor rose, and shares of a loss drop would mean nothing")  # fmt: skip
+    else:  # as many digits as show the change ("fell from 3.00 to 3.00" hid a fall of 0.004)
+        digits = next((d for d in (2, 3, 4) if f"{l0:.{d}f}" != f"{l1:.{d}f}"), 2)
+        moved = f"{'fell' if l1 <= l0 else 'rose'} from {l0:.{digits}f} to {l1:.{digits}f} nats"
+        carried = a.class_drops.summary()  # shares, or nats where they would mean nothing
     n = rec.spectrum.n_tokens
-    return (f"<p><b>Run {_e(a.run)}:</b> the mean loss of the {n:,} probe token{'s' * (n != 1)} {verb} from "
-            f"{rec.mean_loss[first]:.2f} to {rec.mean_loss[last]:.2f} nats between {name} {_row_text(10.0 ** rec.x[first])} "
+    return (f"<p><b>Run {_e(a.run)}:</b> the mean loss of the {n:,} probe token{'s' * (n != 1)} {moved} "
+            f"between {name} {_row_text(10.0 ** rec.x[first])} "
             f"and {_row_text(10.0 ** rec.x[last])}; the fitted per-token events rebuild its rate of change with R² "
             f"{rec.r2_events:.3f}. {_e(carried)}.{_multi_step_text(a)}{_unfit_text(a, options)}</p>")  # fmt: skip
 
@@ -962,6 +970,48 @@ def _interval_text(lo: float, hi: float, why: str | None = None) -> str:
     return f" (no 95 % interval: {why})" if why else " (no 95 % interval)"
 
 
+# Fewer tokens with a clear event than this (the spectrum split by group leaves such groups out)
+# and the spectrum's bars and line are those few events' own sigmoid shapes, not a distribution.
+FEW_EVENTS = 10
+CLEAR_CLASSES = ("learned", "multi_step", "forgotten")  # the classes whose tokens have a clear fitted step
+
+
+def _clear_event_times(a: RunAnalysis) -> tuple[int, np.ndarray]:
+    """The tokens of a class with a clear step (:data:`CLEAR_CLASSES`), and their events' times
+    μ (log10 axis; both of a multi-step token's), finite ones only."""
+    f = a.fit
+    code = np.asarray(f["class_code"])
+    one = np.isin(code, [CLASS_CODES["learned"], CLASS_CODES["forgotten"]])
+    two = code == CLASS_CODES["multi_step"]
+    mu = np.concatenate([np.asarray(f["mu"])[one], np.asarray(f["mu1"])[two], np.asarray(f["mu2"])[two]])
+    return int(one.sum() + two.sum()), np.sort(mu[np.isfinite(mu)])
+
+
+def _few_events_text(a: RunAnalysis, n_clear: int, mu: np.ndarray) -> str:
+    """A sentence for the spectrum's caption where its bars and line cannot be a distribution of
+    learning times: no or fewer than :data:`FEW_EVENTS` tokens with a clear event, or all their
+    events within one bandwidth of each other; empty otherwise."""
+    spec, name = a.reconstruction.spectrum, _axis_name(a.axis)
+    n = int(np.asarray(a.fit["class_code"]).size)
+    what = f"class {', '.join(CLEAR_CLASSES[:-1])} or {CLEAR_CLASSES[-1]}"
+    if n_clear == 0:
+        return (f" No token of the {n:,} has a clear learning event ({what}): the bars and line are the small steps "
+                "fitted to tokens whose loss did not clearly change, noise rather than a spectrum of learning times.")
+    times = ", ".join(_row_text(10.0 ** v) for v in mu[:FEW_EVENTS])
+    at = f"at {name}{'s' * (mu.size != 1)} {times}" if mu.size <= FEW_EVENTS else ""
+    if n_clear < FEW_EVENTS:
+        return (f" Only {n_clear} token{'s' * (n_clear != 1)} of the {n:,} {'has' if n_clear == 1 else 'have'} a clear "
+                f"learning event ({what}{', ' + at if at else ''}; black ticks): the bars and line are the shape of "
+                f"{'that event' if mu.size == 1 else 'those events'} (each drop spread over its fitted sigmoid's width "
+                f"and the bandwidth){' and of the small steps fitted to the other tokens' * (n_clear < n)}, not a "
+                "distribution of learning times.")  # fmt: skip
+    if mu.size and mu[-1] - mu[0] < spec.bandwidth:
+        return (f" All {mu.size:,} clear learning events ({what}) lie within one bandwidth ({spec.bandwidth:.3f} "
+                f"decades) of each other, about {name} {_row_text(10.0 ** float(np.median(mu)))}: the width of the "
+                "peak is the events' own width and the bandwidth, not a spread of learning times.")  # fmt: skip
+    return ""
+
+
 def _fig_spectrum(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
@@ -978,19 +1028,24 @@ def _fig_spectrum(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     # shaded, yet the legend named it.)
     edge = min(spec.bandwidth, 0.5 * (hi - lo))
     rose = (spec.density < 0).any() or (spec.hist < 0).any()
+    n_clear, mu_all = _clear_event_times(a)
+    mu_clear = mu_all[(mu_all >= lo) & (mu_all <= hi)]  # censored ones sit at an end, named in the caption
+    # each bin holds the part of every event's fitted drop seen inside it (the event kernel): one
+    # event fills several bins, so they are not a count of event times
+    bars = "events' drop in each bin" if spec.kernel == "event" else "histogram of event times"
     for ax, log in zip(axes, (False, True)):
         ax.axvspan(lo, lo + edge, color="#e4e4e4", lw=0, label="one bandwidth from an end of the recorded range (censored events; no power law)")
         ax.axvspan(hi - edge, hi, color="#e4e4e4", lw=0)
         if not log:
             ax.bar(spec.edges[:-1], spec.hist, width=widths, align="edge", color="#c6dbef", edgecolor="#6baed6",
-                   label="histogram of event times")  # fmt: skip
+                   label=bars)  # fmt: skip
             ax.plot(spec.x, spec.density, color="C0", label=f"kernel density (bandwidth {spec.bandwidth:.3f} decades)")
             if rose:
                 ax.axhline(0, color="#999", lw=0.5)
         else:  # log of a size: where rho < 0 (the loss rose) its size -rho, in red, rather than nothing
             up, down = np.where(spec.hist > 0, spec.hist, 0.0), np.where(spec.hist < 0, -spec.hist, 0.0)
             ax.bar(spec.edges[:-1], up, width=widths, align="edge", color="#c6dbef", edgecolor="#6baed6",
-                   label="histogram of event times")  # fmt: skip
+                   label=bars)  # fmt: skip
             ax.plot(spec.x, np.where(spec.density > 0, spec.density, np.nan), color="C0",
                     label=f"kernel density (bandwidth {spec.bandwidth:.3f} decades)")  # fmt: skip
             if rose:
@@ -998,6 +1053,9 @@ def _fig_spectrum(st: TrajectoryStore, a: RunAnalysis) -> Figure:
                        label="-ρ where ρ < 0: the loss rose (log panel)")  # fmt: skip
                 ax.plot(spec.x, np.where(spec.density < 0, -spec.density, np.nan), "--", color="#d62728",
                         label="-ρ of the kernel density where ρ < 0")  # fmt: skip
+        if 0 < n_clear < FEW_EVENTS:  # each clear event's time, where a few events' shapes fill the bars
+            ax.plot(mu_clear, np.full_like(mu_clear, 0.04), "|", color="k", ms=14, mew=1.5, transform=ax.get_xaxis_transform(),
+                    clip_on=False, label=f"time μ of each clear learning event ({mu_clear.size})")  # fmt: skip
         if pl is not None and pl.r2 >= POWER_LAW_R2:
             xs = np.linspace(*pl.x_fit, 50)
             ax.plot(xs, 10 ** (pl.params["log10_amplitude"] - pl.alpha * xs), "k--", lw=1,
@@ -1027,13 +1085,16 @@ def _fig_spectrum(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     loss_text = "" if lp is None else (
         f" Fitted directly, the mean loss follows L ~ a^(-α) with α = {lp.alpha:.2f} (R² {lp.r2:.3f})." if lp.r2 >= POWER_LAW_R2
         else f" The mean loss itself is not a power law of the {_axis_name(a.axis)} (fit R² {lp.r2:.2f}).")  # fmt: skip
+    hist_text = ("the part of every event's drop that its sigmoid puts in each bin (one event fills several bins)"
+                 if spec.kernel == "event" else "histogram of the event times, each weighted by its drop")
+    few = _few_events_text(a, n_clear, mu_all)
     negative = (" Where ρ < 0 (tokens whose loss rose, such as forgotten ones, outweigh those learned there) the "
                 "log panel shows its size, -ρ, in red." if rose else "")  # fmt: skip
     return Figure(fig, "Learning-time spectrum: when the loss drop happens",
                   f"Every fitted learning event puts its loss drop at its learning time μ (the middle of its sigmoid); "
                   f"summed over events and divided by the number of tokens this gives ρ, in nats per decade per token, "
-                  f"so its area is the loss drop per token that the events carry. Bars: histogram; line: kernel density. Left "
-                  f"linear, right log scale (every nonzero bin kept in view).{negative} The spectrum covers the recorded "
+                  f"so its area is the loss drop per token that the events carry. Bars: {hist_text}; line: kernel density. "
+                  f"Left linear, right log scale (every nonzero bin kept in view).{negative}{few} The spectrum covers the recorded "
                   f"range only; grey: one bandwidth from each of its ends, where the events whose time lies outside it "
                   f"(censored) are placed, so a power law is fitted only between. A straight dashed line on the log panel "
                   f"would mean ρ ~ 10^(-α x), a power law in the {_axis_name(a.axis)}.{loss_text}")  # fmt: skip

@@ -357,7 +357,7 @@ class ClassDrops:
     def flat(self) -> bool:
         """Every class's change rounds to 0.000 nats per probe token (:data:`FLAT_NATS`): no
         class moved, which is neither a rise nor a fall."""
-        return max(map(abs, self.nats.values()), default=0.0) < FLAT_NATS / 2
+        return _flat(self.nats)
 
     @property
     def net(self) -> float:
@@ -388,7 +388,7 @@ class ClassDrops:
         how = (f"no class's fitted loss changed by as much as {FLAT_NATS:g} nats per probe token" if self.flat else
                "the classes' falls and rises nearly cancel" if net > 0 else
                "the classes' falls and rises end in a rise" if net < 0 else "the classes' falls and rises cancel")  # fmt: skip
-        return f"{how} (net fall {net:+.3f} nats per token)"
+        return f"{how} (net fall {net:+.3f} nats per token)".replace("-0.000 ", "+0.000 ")  # no "fall -0.000"
 
     def listing(self, top: int | None = None) -> str:
         """The classes, largest first: shares (``"learned 61%, gradual 40%, forgotten -1%"``;
@@ -464,7 +464,15 @@ def class_drops(class_code: np.ndarray, drop: np.ndarray, *, delta1=None, mu1=No
         for name, sel in (("two drops", first & second), ("a drop then a rise", first & ~second),
                           ("a rise then a drop", ~first & second), ("two rises", ~first & ~second)):  # fmt: skip
             kinds[name] = (int(sel.sum()), float(drop[multi][sel].sum() / n))
-    return ClassDrops(nats, {c: shares[c] for c in nats}, bool(net > 0 and net >= SHARE_MIN_NET * gross), kinds)
+    # shares need a net fall that dominates the falls and rises, and some class that moved: the
+    # shares of a flat run's 0.0002-nat "drop" read "not_yet_learned 100%" (:attr:`ClassDrops.flat`)
+    meaningful = bool(net > 0 and net >= SHARE_MIN_NET * gross and not _flat(nats))
+    return ClassDrops(nats, {c: shares[c] for c in nats}, meaningful, kinds)
+
+
+def _flat(nats: dict) -> bool:
+    """Every class's change in ``nats`` rounds to 0.000 nats per probe token (:data:`FLAT_NATS`)."""
+    return max(map(abs, nats.values()), default=0.0) < FLAT_NATS / 2
 
 
 def model_level(
