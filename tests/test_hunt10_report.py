@@ -229,7 +229,7 @@ def test_what_is_escaped_in_names_and_in_the_probe_text():
     # names: every character that shows nothing; the probe's own text: only what disturbs the
     # page (a Persian zero-width non-joiner, a soft hyphen, a left-to-right mark are its own; a
     # carriage return is a line end); a trailing joiner is no emoji's part (found by the review)
-    from tokdyn.report import _visible
+    from tokdyn._text import visible as _visible
 
     assert _visible("a\u200cb\u00adc") == "a\\u200cb\\xadc"
     assert _visible("a\u200cb\u00adc\u200e", data=True) == "a\u200cb\u00adc\u200e"

@@ -172,3 +172,19 @@ def test_a_huge_lead_is_said_in_a_few_digits(tmp_path, capsys):
                  "--lead", "1e300"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "x 1e+300..1e+300" in out and max(len(line) for line in out.splitlines()) < 400
+
+
+def test_domain_names_that_show_nothing_are_escaped_on_the_terminal(tmp_path, capsys):
+    """A domain name from the probe's files with a right-to-left override turned the rest of the
+    schedule's line around on a terminal, and a zero-width space made two names look alike: the
+    schedule's lines escape them as the report does; so does every error and warning line."""
+    from tokdyn.cli import error_line, main
+
+    rng = np.random.default_rng(2)
+    names = ("a\u202eb", "c\u200bd")
+    p = planted(tmp_path / "p.zarr", np.r_[rng.uniform(2, 3, 30), rng.uniform(3, 4, 30)], np.repeat([0, 1], 30), names)
+    capsys.readouterr()
+    assert main(["curriculum", "schedule", p, "--run", "pilot", "--steps", "10", "--out", str(tmp_path / "m.json")]) == 0
+    out = capsys.readouterr().out
+    assert "\u202e" not in out and "\u200b" not in out and "a\\u202eb" in out and "c\\u200bd" in out
+    assert error_line(InputError("domain x\u202ey, run\x1b[31m red")) == "domain x\\u202ey, run\\x1b[31m red"

@@ -23,7 +23,6 @@ import html
 import io
 import json
 import os
-import unicodedata
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,6 +31,7 @@ import numpy as np
 
 from . import __version__
 from ._files import check_output_path, write_atomically
+from ._text import visible
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store
 from .errors import InputError, StoreError, TokdynError
 from .fit.models import FLAT_NATS, SHARE_MIN_NET, two_sigmoid_curve, unfit_reasons
@@ -141,48 +141,12 @@ def _decoder(probe, tokenizer):
 LABEL_CHARS = 40  # a user's name in a figure's legend is cut to this many characters
 
 
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-# what reorders the text around it: bidirectional embeddings, overrides and isolates
-_BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-
-
-def _visible(text, *, data: bool = False) -> str:
-    """A user's string (a run, domain or store name, a metadata value) with every character that
-    shows nothing written as an escape, as ``tokdyn info`` writes it: control characters, and
-    format characters such as a right-to-left override (which reversed the page's own text after
-    the name), zero-width spaces and joiners (two names that looked the same), and line or
-    paragraph separators. With ``data`` (the probe's own text, the example tokens) only what
-    would disturb the page is escaped: control characters, the bidirectional overrides and
-    isolates, line and paragraph separators; a soft hyphen, a zero-width non-joiner (Persian) or
-    a left-to-right mark is the text's own."""
-    text = str(text)
-    if text.isprintable() and text.isascii():
-        return text
-    out = []
-    for k, ch in enumerate(text):
-        cat = unicodedata.category(ch)
-        invisible = (cat in ("Cc", "Zl", "Zp", "Cs") or ch in _BIDI) if data else cat in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")
-        if ch == "\u200d" and 0 < k < len(text) - 1 and unicodedata.category(text[k - 1]) in ("So", "Sk", "Mn") \
-                and unicodedata.category(text[k + 1]) == "So":  # fmt: skip
-            invisible = False  # a zero-width joiner between the parts of an emoji (👩\u200d💻) is part of it
-        if 0xE0020 <= ord(ch) <= 0xE007F and k and (unicodedata.category(text[k - 1]) == "So" or 0xE0020 <= ord(text[k - 1]) <= 0xE007F):
-            invisible = False  # the tag characters of a subdivision flag (🏴 + tags) are part of it
-        if invisible:
-            o = ord(ch)
-            out.append(_NAMED.get(ch) or (f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"))
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
 def _literal(text, limit: int = LABEL_CHARS) -> str:
     """A user's string (a domain or run name) as matplotlib should draw it: as it is, "$" not
     starting mathtext (mathtext stays on for tokdyn's own labels: log-axis ticks use it), and
     cut in the middle to ``limit`` characters (a legend of names hundreds of characters long
     squeezed its panels to nothing)."""
-    text = _visible(text)
+    text = visible(text)
     if len(text) > limit:
         keep = limit - 1
         text = text[: keep - keep // 3] + "…" + text[len(text) - keep // 3 :]
@@ -303,9 +267,9 @@ class _Html(str):
 
 
 def _e(s) -> str:
-    """Escaped text, every character that shows nothing made visible (:func:`_visible`): the
+    """Escaped text, every character that shows nothing made visible (:func:`tokdyn._text.visible`): the
     page's own text has none, and a user's name cannot reverse or hide the text around it."""
-    return html.escape(_visible(s))
+    return html.escape(visible(s))
 
 
 def _fmt(v) -> _Html:
@@ -1187,7 +1151,7 @@ def _token_in_context(probe, t: int, decode) -> _Html:
         token = (f"⟨the first byte(s) of “{shown(later[0])}”⟩" if later and "\ufffd" in decode(row[p : p + 1])
                  else "⟨end of text⟩" if eot is not None and int(row[p]) == int(eot) else "⟨a token without text⟩")  # fmt: skip
     def text(t: str) -> str:  # the probe's own text: only what would disturb the page escaped
-        return html.escape(_visible(t, data=True))
+        return html.escape(visible(t, data=True))
 
     return _Html(f"<code class=ctx>…{text(before)}<mark>{text(token)}</mark></code> <span class=meta>({_e(where)})</span>")
 

@@ -17,6 +17,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 
+from .._text import visible
 from .._version import __version__
 from ..errors import TokdynError
 from . import analysis, curriculum, demo, fit, probe, record, store
@@ -124,7 +125,7 @@ def _one_line_warnings(command: str) -> None:
     warnings.filterwarnings("ignore", category=RuntimeWarning, message=_NUMPY_NOISE)
 
     def show(message, category, filename, lineno, file=None, line=None):  # noqa: ARG001
-        print(f"tokdyn {command}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+        print(f"tokdyn {command}: warning: {visible(' '.join(str(message).split()))}", file=sys.stderr)
 
     warnings.showwarning = show
 
@@ -197,7 +198,9 @@ def error_line(exc: BaseException) -> str:
     else:
         text = (f"internal error in tokdyn {__version__}: {type(exc).__name__}: {exc} "
                 "(a bug: please report it with the command; TOKDYN_DEBUG=1 shows the traceback)")  # fmt: skip
-    return " ".join(text.split()) or type(exc).__name__
+    # a name from a file or a store can hold a right-to-left override, which turned the rest of
+    # the terminal's line around: every character that shows nothing is written as an escape
+    return visible(" ".join(text.split())) or type(exc).__name__
 
 
 def _unwritable(exc: OSError) -> str:

@@ -15,6 +15,7 @@ import math
 
 from .._checks import is_real
 from .._files import check_output_path
+from .._text import visible
 from ..errors import InputError
 from ._common import print_json, store_path
 
@@ -212,7 +213,7 @@ def _schedule(args: argparse.Namespace) -> int:
     if not e["baseline_rate"] > 0 and e["n_fed"] >= 2:
         print(f"  {_no_drop_detail(sched, pe.events.x_range)}")
     for s in sorted(s for s in {0, 9, args.steps // 10, args.steps // 3, args.steps - 1} if 0 <= s < args.steps):
-        print(f"  step {s + 1:>6}: " + ", ".join(f"{d} {w:.2f}" for d, w in zip(sched.domains, sched.weights(s))))
+        print(f"  step {s + 1:>6}: " + ", ".join(f"{visible(d)} {w:.2f}" for d, w in zip(sched.domains, sched.weights(s))))
     return 0
 
 
@@ -265,7 +266,7 @@ def run_compare(args: argparse.Namespace) -> int:
               f"({', '.join(f'{k!r} observed {v[0]:.3g}..{v[1]:.3g}' for k, v in ranges.items())})")  # fmt: skip
     print(f"  {'group':<24} {'tokens':>7} {'median':>8} {'q25':>8} {'q75':>8} {'earlier':>8} {'drop moved earlier':>19} {'later':>7}")
     rows = [("all", res["overall"])] + [(f"class {k}", v) for k, v in res["by_class"].items()] + \
-           [(f"domain {k}", v) for k, v in res["by_domain"].items()]  # fmt: skip
+           [(f"domain {visible(k)}", v) for k, v in res["by_domain"].items()]  # fmt: skip
     for name, s in rows:
         if s.get("n_tokens"):
             print(f"  {name:<24} {s['n_tokens']:>7} {s['median_shift']:>+8.3f} {s['q25']:>+8.3f} {s['q75']:>+8.3f} "

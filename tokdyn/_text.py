@@ -1,0 +1,41 @@
+"""A user's strings (run, domain and store names, metadata values, the probe's own text) as
+text that shows every character: one rule for the report's page and the commands' lines."""
+
+from __future__ import annotations
+
+import unicodedata
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+# what reorders the text around it: bidirectional embeddings, overrides and isolates
+_BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def visible(text, *, data: bool = False) -> str:
+    """A user's string (a run, domain or store name, a metadata value) with every character that
+    shows nothing written as an escape, as ``tokdyn info`` writes it: control characters, and
+    format characters such as a right-to-left override (which reversed the page's own text after
+    the name), zero-width spaces and joiners (two names that looked the same), and line or
+    paragraph separators. With ``data`` (the probe's own text, the example tokens) only what
+    would disturb the page is escaped: control characters, the bidirectional overrides and
+    isolates, line and paragraph separators; a soft hyphen, a zero-width non-joiner (Persian) or
+    a left-to-right mark is the text's own."""
+    text = str(text)
+    if text.isprintable() and text.isascii():
+        return text
+    out = []
+    for k, ch in enumerate(text):
+        cat = unicodedata.category(ch)
+        invisible = (cat in ("Cc", "Zl", "Zp", "Cs") or ch in _BIDI) if data else cat in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")
+        if ch == "\u200d" and 0 < k < len(text) - 1 and unicodedata.category(text[k - 1]) in ("So", "Sk", "Mn") \
+                and unicodedata.category(text[k + 1]) == "So":  # fmt: skip
+            invisible = False  # a zero-width joiner between the parts of an emoji (👩\u200d💻) is part of it
+        if 0xE0020 <= ord(ch) <= 0xE007F and k and (unicodedata.category(text[k - 1]) == "So" or 0xE0020 <= ord(text[k - 1]) <= 0xE007F):
+            invisible = False  # the tag characters of a subdivision flag (🏴 + tags) are part of it
+        if invisible:
+            o = ord(ch)
+            out.append(_NAMED.get(ch) or (f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"))
+        else:
+            out.append(ch)
+    return "".join(out)
