@@ -125,6 +125,86 @@ def _num(x: int | float) -> str:
     return repr(x) if isinstance(x, float) else str(x)
 
 
+def _array(name: str, value) -> np.ndarray:
+    """``np.asarray(value)``, with a ragged or unconvertible input as one :class:`InputError`."""
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as exc:  # a ragged list: "setting an array element with a sequence ..."
+        raise InputError(f"{name} must be an array of numbers; {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+
+
+def _check_ids(tokens, vocab: int | None) -> np.ndarray:
+    """Probe token windows ``[S, C+1]`` of integer ids in ``[0, min(vocab, 2**31))``, as given
+    (not cast): one :class:`InputError` otherwise, naming the limit that is passed.
+
+    Probe ids are stored as int32 (docs/store.md), so a vocabulary of 2**31 or more is usable as
+    long as the probe's own ids lie below 2**31; a larger id is refused here, before a cast could
+    wrap it to a negative one."""
+    t = _array("probe tokens", tokens)
+    if t.ndim != 2 or t.shape[1] < 2 or t.dtype.kind not in "iu":
+        raise InputError(f"probe tokens must be integers [S, C+1] with C >= 1, got {t.dtype} {t.shape}")
+    if t.size == 0:
+        return t  # no sequence: "probe has no tokens", said by ProbeSet
+    lo, hi, top = int(t.min()), int(t.max()), min(vocab or _ID_LIMIT, _ID_LIMIT)
+    if lo < 0 or hi >= top:
+        why = ("the tokenizer vocabulary" if top == vocab else "tokdyn stores token ids as int32"
+               + (f": a vocabulary of {vocab} is usable for ids below 2**31 only" if vocab is not None else ""))  # fmt: skip
+        raise InputError(f"probe tokens must be ids in [0, {top}) ({why}), got ids {lo}..{hi}")
+    return t
+
+
+def _per_sequence(name: str, value, s: int, limit: int, dtype) -> np.ndarray:
+    """One whole number per sequence in ``[0, limit)`` as ``dtype`` (zeros when ``value`` is None);
+    whole-number floats are taken, booleans, strings and fractions refused, and nothing wraps."""
+    if value is None:
+        return np.zeros(s, dtype)
+    v = _array(name, value)
+    expected = f"{name} must hold one whole number per sequence, >= 0 and below {_bound(limit)}"
+    if v.shape != (s,):
+        raise InputError(f"{expected}; got shape {v.shape}, expected ({s},)")
+    if v.dtype.kind not in "iuf":
+        kind = {"b": "booleans", "U": "strings", "S": "byte strings", "O": "objects"}.get(v.dtype.kind, "values")
+        raise InputError(f"{expected}; got {kind} (dtype {v.dtype})")
+    if v.size == 0:
+        return v.astype(dtype)
+    if v.dtype.kind == "f":
+        bad = ~np.isfinite(v) | (v != np.floor(v))
+        if bad.any():
+            raise InputError(f"{expected}; got {_num(float(v[bad][0]))}")
+        lo, hi = float(v.min()), float(v.max())
+    else:
+        lo, hi = int(v.min()), int(v.max())
+    if lo < 0:
+        raise InputError(f"{expected}; got negative values (down to {_num(lo)})")
+    if hi >= limit:
+        raise InputError(f"{expected}; got values up to {_num(hi)}")
+    return v.astype(dtype)
+
+
+def _bound(limit: int) -> str:
+    """``2**31`` for a power of two, else the number (``2**63 - 64`` for a limit just below one)."""
+    b = limit.bit_length()
+    if limit == 1 << (b - 1):
+        return f"2**{b - 1}"
+    return f"2**{b} - {(1 << b) - limit}" if (1 << b) - limit < 1 << 20 else str(limit)
+
+
+def _names(what: str, names) -> tuple[str, ...]:
+    """Domain names or document keys as a tuple of strings: a single string (which ``tuple``
+    would split into its characters: domains ``("d", "e", "f", ...)``) or a non-string name is
+    one :class:`InputError`."""
+    if isinstance(names, (str, bytes)):
+        raise InputError(f"{what} must be a sequence of names, got the single string {names!r} (give [{names!r}])")
+    try:
+        out = tuple(names)
+    except TypeError:
+        raise InputError(f"{what} must be a sequence of names, got {type(names).__name__}") from None
+    bad = [x for x in out if not isinstance(x, str)]
+    if bad:
+        raise InputError(f"{what} must be strings, got {bad[0]!r} ({type(bad[0]).__name__})")
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class ProbeSet:
     """A fixed probe set. Build one with :func:`build_probe` or :meth:`from_tokens`.
@@ -170,18 +250,33 @@ class ProbeSet:
                 raise InputError(f"probe array {k!r} has dtype {v.dtype}; expected numbers, booleans or strings")
         if n[0] == 0:
             raise InputError("probe has no tokens")
+        domains, documents = (tuple(self.domains), tuple(self.documents)) if stored \
+            else (_names("domains", self.domains), _names("documents", self.documents))  # fmt: skip
         if not stored:
-            check_probe_names(arrays, tuple(self.domains))
+            check_probe_names(arrays, domains)
         tokenizer = {} if self.tokenizer is None else self.tokenizer
         if not isinstance(tokenizer, Mapping):
             raise InputError(f"probe tokenizer must be a tokenizer spec (a dict), got {type(tokenizer).__name__}")
         vocab = vocab_size_of(tokenizer)
         if tokenizer.get("vocab_size") is not None and vocab is None:  # the fit's age of acquisition reads it
             raise InputError(f"probe tokenizer spec: vocab_size must be an integer >= 2, got {tokenizer['vocab_size']!r}")
+        t = None
+        if self.tokens is not None:  # first: an id past int32 is named as such, not as the negative token_id it wrapped to
+            t = _check_ids(self.tokens, vocab)
+            if t.shape[0] * (t.shape[1] - 1) != n[0]:
+                raise InputError(f"probe tokens {t.shape} give {t.shape[0] * (t.shape[1] - 1)} targets, arrays have {n[0]}")
         check_token_arrays(arrays, n[0], vocab_size=vocab)
+        if t is not None and not stored:  # token i is position i % C + 1 of sequence i // C, whose target is tokens[s, p]
+            c = t.shape[1] - 1
+            layout = {"sample_id": lambda: np.arange(n[0]) // c, "token_pos": lambda: np.arange(n[0]) % c + 1,
+                      "token_id": lambda: t[:, 1:].reshape(-1)}  # fmt: skip
+            for name, want in layout.items():
+                if name in arrays and not np.array_equal(arrays[name], want()):
+                    raise InputError(f"probe array {name!r} does not match the probe tokens (token i is position i % C + 1 "
+                                     f"of sequence i // C, and its id tokens[i // C, i % C + 1])")  # fmt: skip
         # domain indexes the domain names: out of range, its tokens would fall into no group, or
         # into another's (silently). (doc_id may index documents a probe does not name: unchecked.)
-        v, names = arrays.get("domain"), self.domains
+        v, names = arrays.get("domain"), domains
         if v is not None and len(names):
             if v.dtype.kind not in "iu":
                 raise InputError(f"probe array 'domain' indexes {len(names)} names; expected integers, got {v.dtype}")
@@ -189,20 +284,11 @@ class ProbeSet:
             if lo < 0 or hi >= len(names):
                 raise InputError(f"probe array 'domain' holds indices {lo}..{hi}, but there are {len(names)} names "
                                  f"(indices 0..{len(names) - 1})")  # fmt: skip
-        if self.tokens is not None:
-            t = np.asarray(self.tokens)
-            if t.ndim != 2 or t.shape[1] < 2 or t.dtype.kind not in "iu":
-                raise InputError(f"probe tokens must be integers [S, C+1] with C >= 1, got {t.dtype} {t.shape}")
-            if t.shape[0] * (t.shape[1] - 1) != n[0]:
-                raise InputError(f"probe tokens {t.shape} give {t.shape[0] * (t.shape[1] - 1)} targets, arrays have {n[0]}")
-            lo, hi, top = int(t.min()), int(t.max()), min(vocab or _ID_LIMIT, _ID_LIMIT)  # int32 below: a larger id would wrap
-            if lo < 0 or hi >= top:
-                raise InputError(f"probe tokens must be ids in [0, {top}){' (the tokenizer vocabulary)' if top == vocab else ''}, "
-                                 f"got ids {lo}..{hi}")  # fmt: skip
-            object.__setattr__(self, "tokens", t.astype(np.int32, copy=False))
+        if t is not None:
+            object.__setattr__(self, "tokens", t.astype(np.int32, copy=False))  # checked: every id fits
         object.__setattr__(self, "token_arrays", arrays)
-        object.__setattr__(self, "domains", tuple(self.domains))
-        object.__setattr__(self, "documents", tuple(self.documents))
+        object.__setattr__(self, "domains", domains)
+        object.__setattr__(self, "documents", documents)
         object.__setattr__(self, "tokenizer", dict(tokenizer))
 
     # -- construction ---------------------------------------------------------------------
@@ -219,29 +305,30 @@ class ProbeSet:
         documents: Sequence[str] = (),
         tokenizer: Mapping | None = None,
     ) -> "ProbeSet":
-        """A probe from token windows ``[S, C+1]`` and per-sequence document info ``[S]``."""
-        t = np.asarray(tokens)
-        if t.ndim != 2 or t.shape[1] < 2:
-            raise InputError(f"probe tokens must have shape [S, C+1] with C >= 1, got {t.shape}")
+        """A probe from token windows ``[S, C+1]`` and per-sequence document info ``[S]``.
+
+        Every value is checked before it is cast to its stored dtype (docs/store.md, "Probe"), so
+        none wraps: token ids in ``[0, 2**31)`` (and below the tokenizer's ``vocab_size``),
+        ``doc_id`` and ``domain`` whole numbers in ``[0, 2**31)``, ``doc_offset`` whole numbers
+        >= 0 whose positions ``doc_offset + C`` stay below 2**63. ``domains`` and ``documents`` are
+        sequences of names (a single string is refused, not split into characters).
+        """
+        spec = {} if tokenizer is None else tokenizer
+        t = _check_ids(tokens, vocab_size_of(spec))  # before any cast: an id of 2**31 wrapped to a negative one
         s, c = t.shape[0], t.shape[1] - 1
-        per_seq = {
-            "doc_id": np.zeros(s, np.int32) if doc_id is None else np.asarray(doc_id),
-            "doc_offset": np.zeros(s, np.int64) if doc_offset is None else np.asarray(doc_offset),
-            "domain": np.zeros(s, np.int32) if domain is None else np.asarray(domain),
-        }
-        for k, v in per_seq.items():
-            if v.shape != (s,):
-                raise InputError(f"{k} must have shape ({s},) (one per sequence), got {v.shape}")
         pos = np.arange(1, c + 1, dtype=np.int32)
+        doc_id = _per_sequence("doc_id", doc_id, s, _ID_LIMIT, np.int32)
+        doc_offset = _per_sequence("doc_offset", doc_offset, s, _INDEX_LIMIT - c, np.int64)  # doc_pos = offset + p < 2**63
+        domain = _per_sequence("domain", domain, s, _ID_LIMIT, np.int32)
         arrays = {
             "sample_id": np.repeat(np.arange(s, dtype=np.int32), c),
             "token_pos": np.tile(pos, s),
             "token_id": t[:, 1:].reshape(-1).astype(np.int32),
-            "doc_id": np.repeat(per_seq["doc_id"].astype(np.int32), c),
-            "doc_pos": (per_seq["doc_offset"][:, None] + pos[None, :]).reshape(-1).astype(np.int64),
-            "domain": np.repeat(per_seq["domain"].astype(np.int32), c),
+            "doc_id": np.repeat(doc_id, c),
+            "doc_pos": (doc_offset[:, None] + pos[None, :]).reshape(-1),
+            "domain": np.repeat(domain, c),
         }
-        return cls(t, arrays, domains=tuple(domains), documents=tuple(documents), tokenizer=tokenizer or {})
+        return cls(t, arrays, domains=_names("domains", domains), documents=_names("documents", documents), tokenizer=spec)
 
     # -- shape ----------------------------------------------------------------------------
 
@@ -348,16 +435,20 @@ def build_probe(
     pick = np.sort(rng.choice(n_candidates, size=n_sequences, replace=False))
     doc_of = np.searchsorted(ends, pick, side="right")
     chosen = [(int(j), int(i - (ends[j] - per_doc[j])) * w) for j, i in zip(doc_of, pick)]
-    windows = np.stack([np.asarray(encoded[j][off : off + w], dtype=np.int64) for j, off in chosen])  # before int32: no wrap
+    windows = np.stack([np.asarray(encoded[j][off : off + w]) for j, off in chosen])
+    if windows.dtype.kind not in "iu":  # a tokenizer's floats were cut to ids (1.7 to 1), its huge ids raised OverflowError
+        raise InputError(f"the tokenizer gives {windows.dtype} values, not integer token ids; encode() must return integers")
+    windows = windows.astype(np.int64) if windows.dtype != np.uint64 else windows  # before int32: no wrap
     vocab = getattr(tokenizer, "vocab_size", None)
-    top = min(vocab or _ID_LIMIT, _ID_LIMIT)
     lo, hi = int(windows.min()), int(windows.max())
-    if lo < 0 or hi >= top:
+    if lo < 0 or (vocab is not None and hi >= vocab):
         raise InputError(
-            f"probe documents hold token ids {lo}..{hi}, outside [0, {top}) of the tokenizer's vocabulary"
+            f"probe documents hold token ids {lo}..{hi}, outside [0, {vocab or _ID_LIMIT}) of the tokenizer's vocabulary"
             + (f" ({vocab})" if vocab is not None else "")
             + "; pre-tokenized documents (a .bin) need the tokenizer that made them (--tokenizer)"
         )
+    if hi >= _ID_LIMIT:  # inside the vocabulary (or none is known), but past what a probe stores
+        raise InputError(f"probe documents hold token ids up to {hi}; tokdyn stores probe token ids as int32, below 2**31")
     tokens = windows.astype(np.int32)
     unk = getattr(tokenizer, "unk_id", None)
     if unk is not None and (share := float(np.mean(tokens == unk))) > _UNK_WARN:

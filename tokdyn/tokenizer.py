@@ -93,6 +93,8 @@ class HFTokenizer:
         # merged one), and a model sized by the count would lack the ids past it.
         ids = tokenizer.get_vocab(with_added_tokens=True).values()
         self.vocab_size = max(int(tokenizer.get_vocab_size(with_added_tokens=True)), max(ids, default=-1) + 1)
+        if self.vocab_size < 2:  # nothing to predict: a probe's spec refuses it later, after tokenizing everything
+            raise InputError(f"the tokenizer has a vocabulary of {self.vocab_size} token(s); a language model needs at least 2")
         self.unk_id = _unk_id(tokenizer, self._json)
 
     @classmethod
@@ -143,6 +145,10 @@ class HFTokenizer:
             if isinstance(text, str) and (bad := _LONE_SURROGATE.search(text)):
                 raise _not_text(text, bad.start()) from None
             raise
+        except Exception as exc:  # noqa: BLE001 - the Rust error of a tokenizer that cannot encode this text
+            # (a WordLevel vocabulary without its unk_token: "Missing [UNK] token from the vocabulary")
+            raise InputError(f"the tokenizer cannot encode the text: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                             " (is its unknown token in its vocabulary?)") from None  # fmt: skip
         return np.asarray(ids, dtype=np.int64)
 
     def decode(self, ids: Iterable[int]) -> str:

@@ -160,15 +160,46 @@ def frequency_bands(token_id: np.ndarray, n_bands: int = 4) -> tuple[np.ndarray,
 
 def position_bands(token_pos: np.ndarray, context: int | None) -> tuple[np.ndarray, list[str]]:
     """Band [N] of each token by its position in the sequence, on doubling bands 1, 2-3, 4-7, ...
-    (a band of one position is labelled by it alone: "1", not "1-1")."""
-    pos = np.asarray(token_pos, np.int64)
-    if pos.ndim != 1 or pos.size == 0 or pos.min() < 0:
-        raise InputError("token_pos: expected a non-empty 1-D array of positions >= 0")
+    (a band of one position is labelled by it alone: "1", not "1-1").
+
+    ``token_pos``: whole numbers >= 0 and below 2**63, of any integer dtype or a float dtype
+    holding whole numbers (a probe's ``token_pos`` may be stored as floats: docs/store.md); a
+    fraction, NaN or infinity is an :class:`InputError` (they were cut to an integer: 3.9 went
+    into "2-3", NaN became -2**63). ``context``: None, or an integer >= 1.
+    """
+    pos = np.asarray(token_pos)
+    expected = "token_pos: expected a non-empty 1-D array of whole-number positions >= 0 and below 2**63"
+    if pos.ndim != 1 or pos.size == 0:
+        raise InputError(f"{expected}; got shape {pos.shape}")
+    if pos.dtype.kind not in "iuf":
+        raise InputError(f"{expected}; got dtype {pos.dtype}")
+    if pos.dtype.kind == "f":
+        bad = ~np.isfinite(pos) | (pos != np.floor(pos))
+        if bad.any():
+            raise InputError(f"{expected}; got {float(pos[bad][0])!r}")
+    lo, hi = (float(pos.min()), float(pos.max())) if pos.dtype.kind == "f" else (int(pos.min()), int(pos.max()))
+    if lo < 0 or hi >= 2**63:
+        raise InputError(f"{expected}; got values from {lo!r} to {hi!r}")
+    if context is not None and not (is_int(context) and 1 <= context < 2**63):
+        raise InputError(f"context must be None or an integer >= 1 (positions per sequence), got {context!r}")
+    pos = pos.astype(np.int64)  # exact: whole numbers below 2**63
     # positions run 1..context (a target's place in its window; 0 counts with 1): the last band
     # holds the context's own last position (with ceil(log2), a context of 64 put position 64
     # into "32-63")
-    top = max(int(context or 0), int(pos.max()), 1)
+    top = max(int(context or 0), int(hi), 1)
     n = top.bit_length()  # floor(log2(top)) + 1 doubling bands: the last one starts <= top
-    band = np.clip(np.floor(np.log2(np.maximum(pos, 1))).astype(np.int64), 0, n - 1)
+    band = _floor_log2(np.maximum(pos, 1))
     labels = [f"{2**b}" if 2**b >= min(2 ** (b + 1) - 1, top) else f"{2**b}-{min(2 ** (b + 1) - 1, top)}" for b in range(n)]
     return band, labels
+
+
+def _floor_log2(x: np.ndarray) -> np.ndarray:
+    """``floor(log2(x))`` of int64 ``x >= 1``, exact (through float64, 2**62 - 1 rounded up to
+    2**62 and went into the band above)."""
+    x = x.copy()
+    out = np.zeros(x.shape, np.int64)
+    for shift in (32, 16, 8, 4, 2, 1):
+        big = x >= (1 << shift)
+        out[big] += shift
+        x[big] >>= shift
+    return out

@@ -40,10 +40,10 @@ def _probe(args: argparse.Namespace) -> int:
     from ..data import prepare_probe  # imports torch: only for this command, not for every command's start
 
     tokenizer = args.tokenizer
-    if tokenizer not in ("byte", "bpe") and args.eot is not None:
+    if tokenizer not in ("byte", "bpe"):  # loaded before the corpus is read: a wrong path fails at once, not after minutes
         from ..tokenizer import HFTokenizer
 
-        tokenizer = HFTokenizer.from_file(tokenizer, eot=args.eot)
+        tokenizer = HFTokenizer.from_file(tokenizer, eot="auto" if args.eot is None else args.eot)
     elif args.eot is not None:
         raise InputError(f"--eot names a token of a tokenizers file; the {args.tokenizer} tokenizer's end-of-text is its own"
                          + (" (256)" if args.tokenizer == "byte" else " (<|endoftext|>)"))

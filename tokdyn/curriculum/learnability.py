@@ -244,10 +244,19 @@ class LearnabilityTable:
                 raise InputError(f"order {k}: keys must be sorted and unique")
             if n[0] and not (bool(torch.isfinite(lev["mu"]).all()) and bool(torch.isfinite(lev["delta"]).all())):
                 raise InputError(f"order {k}: mu and delta must be finite")
+            if n[0]:
+                _check_level(k, lev, self.vocab_size)
+        meta = dict(meta or {})
+        spec_vocab = meta["tokenizer"].get("vocab_size") if isinstance(meta.get("tokenizer"), Mapping) else None
+        if spec_vocab is not None and spec_vocab != self.vocab_size:  # check_tokenizer reads one, the keys the other
+            raise InputError(f"vocab_size is {self.vocab_size} but the tokenizer spec in its metadata says {spec_vocab!r}")
+        options = meta.get("options")
+        if isinstance(options, Mapping) and options.get("order") not in (None, len(levels)):
+            raise InputError(f"the table has {len(levels)} key orders but its options say order {options.get('order')!r}")
         self.levels = levels
         self.mu_global = float(mu_global)
         self.delta_global = float(delta_global)
-        self.meta = dict(meta or {})
+        self.meta = meta
 
     # -- shape ----------------------------------------------------------------------------
 
@@ -450,6 +459,10 @@ def load_table(path: str | os.PathLike, *, device: torch.device | str = "cpu") -
     for name in ("mu_global", "delta_global"):
         if isinstance(meta.get(name), bool) or not isinstance(meta.get(name), (int, float)):
             raise refuse(f"its {name!r} is {meta.get(name)!r}, not a number")
+    expected = {"meta"} | {f"{f}_{k}" for k in range(1, order + 1) for f in _FIELDS}
+    extra = sorted(set(data) - expected)
+    if extra:  # arrays of another order, or misnamed: a table that says one thing and holds another
+        raise refuse(f"it holds arrays {extra} that a table of order {order} does not have")
     levels = []
     for k in range(1, order + 1):
         lev = {}
@@ -461,6 +474,14 @@ def load_table(path: str | os.PathLike, *, device: torch.device | str = "cpu") -
             if a.ndim != 1 or a.dtype.kind not in kinds:
                 raise refuse(f"array '{f}_{k}' is {a.dtype} of shape {a.shape}, expected a 1-D array of "
                              + ("integers" if kinds == "iu" else "numbers"))  # fmt: skip
+            # the casts below must not wrap or overflow: a uint64 key of 2**64 - 1 became -1 (and was
+            # reported as unsorted), a float64 mu of 1e300 became inf with a RuntimeWarning
+            if a.size and a.dtype.kind == "u" and int(a.max()) >= 2**63:
+                raise refuse(f"array '{f}_{k}' holds {int(a.max())}, beyond int64")
+            if a.size and f in ("mu", "delta"):
+                big = ~np.isfinite(a) | (np.abs(a.astype(np.float64)) > np.finfo(np.float32).max)
+                if big.any():
+                    raise refuse(f"array '{f}_{k}' holds {float(a[big][0])!r}; mu and delta must be finite float32 numbers")
             lev[f] = torch.from_numpy(a.astype(np.float32 if f in ("mu", "delta") else np.int64)).to(device)
         levels.append(lev)
     if not isinstance(meta.get("tokenizer", {}), dict) or not isinstance(meta.get("pilot", {}), dict) \
@@ -571,6 +592,38 @@ def holdout_check(keys: list[np.ndarray], delta: np.ndarray, mu: np.ndarray, wei
 
 
 # -- internals -----------------------------------------------------------------------------
+
+
+def _check_level(k: int, lev: Mapping[str, torch.Tensor], vocab_size: int) -> None:
+    """One :class:`InputError` unless every key of order ``k`` is one a lookup can produce, and
+    its counts are possible (a hand-edited table loaded silently and was never looked up, or
+    gave weights from impossible counts).
+
+    A key is ``t0 + b t1 + b**2 t2`` (``b = V + 1``, :func:`context_keys`): the target ``t0`` and
+    its previous token ``t1`` are ids below ``V``; only the third digit may be ``V`` (no token
+    before the window). ``count`` (pilot occurrences) is >= 1 and ``n_events`` (those with a
+    learning event) lies in ``[0, count]``.
+    """
+    keys = lev["keys"]
+    base, v = vocab_size + 1, vocab_size
+    lo, hi = int(keys.min()), int(keys.max())  # sorted, but a single pass says either end just as well
+    if lo < 0 or hi >= base**k:
+        bad = lo if lo < 0 else hi
+        raise InputError(f"order {k}: key {bad} lies outside [0, {base**k}) (keys of order {k} are below (V + 1)**{k}, "
+                         f"V = {v}); no lookup produces it")  # fmt: skip
+    for j, role in ((0, "target"), (1, "previous token"))[:k]:
+        digit = torch.div(keys, base**j, rounding_mode="floor") % base
+        if bool((digit >= v).any()):
+            bad = int(keys[digit >= v][0])
+            raise InputError(f"order {k}: key {bad} has {role} id {int(digit[digit >= v][0])}, not below the vocabulary "
+                             f"size {v}; no lookup produces it")  # fmt: skip
+    count, n_ev = lev["count"], lev["n_events"]
+    if bool((count < 1).any()):
+        raise InputError(f"order {k}: 'count' must be >= 1 (pilot occurrences of each key), got {int(count.min())}")
+    if bool(((n_ev < 0) | (n_ev > count)).any()):
+        i = int(torch.nonzero((n_ev < 0) | (n_ev > count))[0, 0])
+        raise InputError(f"order {k}: 'n_events' must lie in [0, count], got {int(n_ev[i])} for key {int(keys[i])} "
+                         f"of count {int(count[i])}")  # fmt: skip
 
 
 def _pilot_arrays(tokens, targets, *, vocab_size: int, order: int):
