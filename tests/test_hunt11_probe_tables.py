@@ -382,3 +382,14 @@ def test_tokdyn_probe_loads_the_tokenizer_before_reading_the_corpus(tmp_path, te
     code = main(["probe", str(texts), "--out", str(tmp_path / "s.zarr"), "--tokenizer", str(tmp_path / "nosuch.json")])
     assert code == 1 and not read
     assert "tokenizer file not found" in cli_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("kw", [dict(key=1, domain="d", text="t"), dict(key="k", domain=3, text="t"),
+                                dict(key="k", domain=None, text="t"), dict(key="k", domain="d", text=b"bytes")])  # fmt: skip
+def test_a_document_s_names_and_text_are_strings(kw):
+    """A domain of 3 among string domains was a TypeError from sorted() inside build_probe; bytes
+    as text were tokenized as their repr or failed deep in the tokenizer."""
+    from tokdyn.corpus import Document
+
+    with pytest.raises(InputError, match="must be a str"):
+        Document(**kw)

@@ -64,8 +64,15 @@ class Document:
     tokens: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        # names are stored as the probe's JSON and sorted beside each other: a number or None among
+        # them was a TypeError from sorted() deep inside build_probe
+        for name in ("key", "domain"):
+            if not isinstance(getattr(self, name), str):
+                raise InputError(f"document {self.key!r}: {name} must be a string, got {type(getattr(self, name)).__name__}")
         if (self.text is None) == (self.tokens is None):
             raise InputError(f"document {self.key!r}: give exactly one of text or tokens")
+        if self.text is not None and not isinstance(self.text, str):
+            raise InputError(f"document {self.key!r}: text must be a str, got {type(self.text).__name__} (decode bytes first)")
 
 
 def stdlib_documents(root: str | os.PathLike | None = None, *, include_tests: bool = False) -> list[Document]:
