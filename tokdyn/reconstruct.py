@@ -91,11 +91,21 @@ def measured_derivative(x, loss, *, smoothing: float | None = None) -> np.ndarra
     return out
 
 
-def scores(predicted, measured) -> dict:
-    """R^2 and relative L2 error of a predicted curve against a measured one."""
+# The fewest points R^2 and the relative L2 error are given on (NaN below). The measured -dL/dx is
+# the slope of a local quadratic: over 3 points it is one parabola's slope, a line, and any two
+# numbers have an R^2; a line's 2 values and 3 more to judge it by, the rule of the spectrum's
+# power-law window (tokdyn.spectrum.POWER_LAW_MIN_WIDTH). R^2 used to be given on 2 points (the
+# interior of a 4-point axis, or 2 measured rows of a run whose other rows had no loss).
+SCORE_MIN_POINTS = 5
+
+
+def scores(predicted, measured, *, min_points: int = 2) -> dict:
+    """R^2 and relative L2 error of a predicted curve against a measured one, over the points
+    where both are finite; NaN for both on fewer than ``min_points`` of them (a reconstruction's
+    scores: :data:`SCORE_MIN_POINTS`)."""
     p, m = np.asarray(predicted, np.float64), np.asarray(measured, np.float64)
     ok = np.isfinite(p) & np.isfinite(m)
-    if ok.sum() < 2:
+    if ok.sum() < max(int(min_points), 2):
         return {"r2": float("nan"), "rel_l2": float("nan")}
     p, m = p[ok], m[ok]
     ss = ((m - m.mean()) ** 2).sum()
@@ -119,7 +129,8 @@ class Reconstruction:
     r2_events, rel_l2_events, r2_spectrum, rel_l2_spectrum, r2_events_analytic : the scores.
     drop_share_events : share of the measured loss drop over the range that the events carry
         (NaN where the mean loss did not clearly move one way: its net change below
-        ``SHARE_MIN_NET`` of its range, so a share would be unbounded).
+        ``SHARE_MIN_NET`` of its range, so a share would be unbounded); the events' own drop,
+        without a ``loss_offset`` (an annealing gain is no event's).
     drop_share_well_fitted : share carried by events whose fit converged with R^2 >= r2_min.
     spectrum : the :class:`Spectrum`; ``spectrum_power_law``/``loss_power_law`` the exponents, or
         None, and then ``spectrum_power_law_why``/``loss_power_law_why`` the fit's refusal.
@@ -169,9 +180,11 @@ class Reconstruction:
         return bool(ok.size >= 2 and self.mean_loss[ok[-1]] > self.mean_loss[ok[0]])
 
     def summary(self) -> dict:
-        """The scalar results, JSON-able. ``*_interior``: the scores without the two end points."""
-        inner = slice(1, -1)
-        ev_in, sp_in = scores(self.from_events[inner], self.measured[inner]), scores(self.from_spectrum[inner], self.measured[inner])
+        """The scalar results, JSON-able. ``*_interior``: the scores without the two end points
+        of the measured ones (where the measured derivative is one-sided: a first row with no
+        measurement leaves the second one-sided, and it was scored as interior)."""
+        inner = np.flatnonzero(np.isfinite(self.measured))[1:-1]
+        ev_in, sp_in = (scores(c[inner], self.measured[inner], min_points=SCORE_MIN_POINTS) for c in (self.from_events, self.from_spectrum))
         return {
             "run": self.run, "axis": self.axis, "n_points": int(self.x.size),
             "n_points_measured": int(np.count_nonzero(np.isfinite(self.measured))), "n_tokens": self.n_tokens,
@@ -269,13 +282,21 @@ def reconstruct(
         extra = same_grid(offset)
     from_events = same_grid(curve)
     analytic = events.derivative(at) * jac + extra
-    from_spectrum = spec.at(at) * jac + extra
-    s_ev, s_an, s_sp = scores(from_events, measured), scores(analytic, measured), scores(from_spectrum, measured)
+    from_spectrum = spec.at(_onto_range(at, spec.x_range)) * jac + extra
+    s_ev, s_an, s_sp = (scores(c, measured, min_points=SCORE_MIN_POINTS) for c in (from_events, analytic, from_spectrum))
+    n_scored = int(np.count_nonzero(np.isfinite(measured)))
+    if n_scored < SCORE_MIN_POINTS + 2:
+        what = (f"no R^2 or relative L2 error: {_count(n_scored, 'measured point')}" if n_scored < SCORE_MIN_POINTS else
+                f"no R^2 or relative L2 error without the end points: {_count(n_scored - 2, 'measured point')} between them")
+        note = (f"{what}, and a score needs {SCORE_MIN_POINTS} at least (the measured -dL/dx is the slope of local "
+                f"quadratics: over fewer points any prediction's R^2 says little)")  # fmt: skip
+        warnings.warn(f"{f'run {run!r}' if run else 'reconstruction'}: {note}", MeasuredMeanWarning, stacklevel=2)
+        notes = notes + (note,)
     # the drops between the first and the last measured point, on both sides
     i0, i1 = np.flatnonzero(~unmeasured)[[0, -1]]  # measured_derivative has made sure of 3
     finite = mean_loss[~unmeasured]
     measured_drop = float(mean_loss[i0] - mean_loss[i1])
-    ev_drop = float(curve[i0] - curve[i1])
+    ev_drop = float(curve[i0] - curve[i1]) - (float(offset[i0] - offset[i1]) if loss_offset is not None else 0.0)
     well = events.subset(events.well_fitted)
     well_drop = float(well.curve(at[i0 : i0 + 1])[0] - well.curve(at[i1 : i1 + 1])[0]) if len(well) else 0.0
     spl = lpl = spl_why = lpl_why = None
@@ -342,6 +363,17 @@ def reconstruct_run(
     rec = reconstruct(x, mm.loss, _events_of(events, mm.tokens, scored), axis=run.axis, run=run.name, bandwidth=bandwidth,
                       smoothing=smoothing, n_boot=n_boot, seed=seed, placement=placement, kernel=kernel, notes=mm.notes)  # fmt: skip
     return replace(rec, n_tokens_left_out=mm.n_left_out, rows_left_out=rows_left_out(run, rows, axis_min=stored_axis_min(run)))
+
+
+def _onto_range(at: np.ndarray, x_range: tuple[float, float]) -> np.ndarray:
+    """``at`` with the points that lie past an end of the events' observed ``x_range`` by at most
+    :data:`EDGE_MAX` decades moved onto it: the spectrum is read at its edge there, as the
+    events are evaluated just past it (:func:`edge_tolerance`). The spectrum is 0 outside the
+    observed range, and a D budget of 2000 steps read from a trunk recorded to step 1999 (0.0002
+    decades past it) got a spectrum of 0 at its last point (R^2 -1.06 for 0.9 and more)."""
+    lo, hi = x_range
+    near = (at >= lo - EDGE_MAX) & (at <= hi + EDGE_MAX)
+    return np.where(near, np.clip(at, lo, hi), at)
 
 
 def _events_of(events: Events, kept: np.ndarray, scored: np.ndarray) -> Events:

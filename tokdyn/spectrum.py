@@ -603,17 +603,47 @@ def _smooth(binned: np.ndarray, dx: float, h: float, x: np.ndarray, lo: float) -
     kernel mass that would leak past an edge of the grid inside it.
     """
     n_fine = binned.size
-    # 5 h each side, but never past twice the grid's span: a value there reaches no point of the
-    # grid or of its one reflection (a bandwidth of 10^4 decades made a kernel of 10^9 points)
-    half = min(int(math.ceil(5 * h / dx)), 2 * max(n_fine - 1, 1))
-    k = np.exp(-0.5 * (np.arange(-half, half + 1) * dx / h) ** 2) * dx / (h * math.sqrt(2 * math.pi))
-    ext = np.convolve(np.pad(binned, half), k, mode="same") / dx  # on [lo - half dx, hi + half dx]
-    fine = ext[half : half + n_fine].copy()
-    # Fold what leaked past each bound back about it: f(x) + f(2 lo - x) (the bound itself doubles).
-    m = min(half, n_fine - 1)
-    fine[: m + 1] += ext[half - m : half + 1][::-1]
-    fine[n_fine - 1 - m :] += ext[half + n_fine - 1 : half + n_fine + m][::-1]
-    return np.interp(x, lo + dx * np.arange(n_fine), fine, left=0.0, right=0.0)
+    period = 2 * max(n_fine - 1, 1)  # fine cells in one period of the grid reflected about both bounds
+    if 5 * h / dx <= 4 * period:
+        half = int(math.ceil(5 * h / dx))  # 5 h each side
+        k = np.exp(-0.5 * (np.arange(-half, half + 1) * dx / h) ** 2) * dx / (h * math.sqrt(2 * math.pi))
+        ext = np.convolve(np.pad(binned, half), k, mode="same") / dx  # on [lo - half dx, hi + half dx]
+        # Fold what leaked past the bounds back into the grid, f(x) + f(2 lo - x) + f(2 hi - x) + ...,
+        # every image (the bounds themselves double): a kernel wider than the range is reflected
+        # more than once, and one reflection lost its mass (h = the range: 15 %; h = 10 x: 88 %).
+        folded = np.arange(-half, n_fine + half) % period
+        folded = np.where(folded > n_fine - 1, period - folded, folded)
+        fine = np.bincount(folded, ext, n_fine)
+        fine[[0, -1]] *= 2.0
+    else:  # a kernel of many periods (a bandwidth far wider than the range): the images summed as a Fourier series
+        fine = _wrapped_sum(binned, dx, h, period)
+    # The grid's last node is lo + dx (F - 1), which rounding may put just below hi: np.interp's
+    # right=0 then read 0 at the spectrum's last point (1 range in 150), not the density there.
+    nodes = lo + dx * np.arange(n_fine)
+    x = np.asarray(x, np.float64)
+    tol = 1e-6 * dx
+    inside = (x >= nodes[0] - tol) & (x <= nodes[-1] + tol)
+    return np.where(inside, np.interp(np.clip(x, nodes[0], nodes[-1]), nodes, fine), 0.0)
+
+
+def _wrapped_sum(binned: np.ndarray, dx: float, h: float, period: int) -> np.ndarray:
+    """At each fine node j: sum_i binned_i (W((j - i) dx) + W((j + i) dx)), W the Gaussian of
+    width h wrapped on a period of ``period`` cells (the reflections of :func:`_smooth` about
+    both bounds, all of them), by its Fourier series: ``W(d) = (1/P)(1 + 2 sum_n c_n cos(2 pi n
+    d / P))``, ``c_n = exp(-2 pi^2 n^2 h^2 / P^2)``, ``P = period dx``. Used where h is over
+    about 8 times the range: a few terms then reach double precision."""
+    p_len = period * dx
+    j = np.arange(binned.size)
+    out = np.full(binned.size, 2.0 * binned.sum() / p_len)
+    for n in range(1, 64):
+        q = math.pi * n * h / p_len
+        c = math.exp(-2.0 * q * q)  # (q * q, not q ** 2: an infinite square is 0 here, not an OverflowError)
+        if c < 1e-18:
+            break
+        ang = 2.0 * math.pi * n * j / period
+        cos = np.cos(ang)
+        out += (4.0 * c / p_len) * cos * float(binned @ cos)  # cos(u - v) + cos(u + v) = 2 cos u cos v
+    return out
 
 
 # -- power laws ----------------------------------------------------------------------------
@@ -733,11 +763,13 @@ def spectrum_power_law_window(spec: Spectrum, *, resolution: float = 0.0, trim: 
     """
     h = spec.bandwidth
     trim = h if trim is None else float(trim)
+    if not (math.isfinite(trim) and trim >= 0):  # a negative trim fitted where nothing was observed (rho 0)
+        raise InputError(f"trim must be a finite number of decades >= 0, got {trim}")
     lo, hi = spec.x_range[0] + trim, spec.x_range[1] - trim
     if not hi - lo > 0:
         raise InputError(
-            f"the observed range ({spec.x_range[1] - spec.x_range[0]:.2f} decades) is too short for a spectrum "
-            f"power law with {trim:.2f} decades trimmed at each edge"
+            f"the observed range ({spec.x_range[1] - spec.x_range[0]:.3g} decades) is too short for a spectrum "
+            f"power law with {trim:.3g} decades trimmed at each edge"
         )
     xs = np.linspace(lo, hi, 32)
     a, b = _longest_positive_run(spec.at(xs))
@@ -879,13 +911,18 @@ def _safe_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
 
 
 
+# The fewest events a group of tokens gets a spectrum of its own from (spectra_by).
+GROUP_MIN_EVENTS = 10
+
+
 def spectra_by(
-    events: Events, group: np.ndarray, labels: list[str] | dict, *, bandwidth: str | float = "auto", min_events: int = 10,
-    placement: str = "mu", kernel: str = "event",
+    events: Events, group: np.ndarray, labels: list[str] | dict, *, bandwidth: str | float = "auto",
+    min_events: int = GROUP_MIN_EVENTS, placement: str = "mu", kernel: str = "event",
 ) -> dict[str, Spectrum]:
     """One spectrum per group of tokens (``group [N]`` codes indexing ``labels``), all on the
     bandwidth and kernel of the whole (so they add up to it) and normalised by the same N, so each is
-    that group's contribution to rho. Groups with fewer than ``min_events`` events are left out.
+    that group's contribution to rho. Groups with fewer than ``min_events`` events (and groups
+    with none, whatever ``min_events``) are left out.
     """
     g = np.asarray(group)
     if g.shape != (events.n_tokens,):
@@ -898,7 +935,7 @@ def spectra_by(
     out = {}
     for code, name in names.items():
         sub = events.for_tokens(g == code)
-        if len(sub) >= min_events:
+        if len(sub) >= max(min_events, 1):  # an empty group has no spectrum (min_events=0 raised "no learning events")
             # two groups of one name (a probe may name two domains alike) are kept apart by their code
             label = str(name) if seen[str(name)] == 1 else f"{name} [{code}]"
             out[label] = learning_time_spectrum(sub, bandwidth=h, placement=placement, kernel=kernel)

@@ -10,7 +10,7 @@ import numpy as np
 from ..analysis import axis_run, run_spectrum
 from ..errors import InputError
 from ..reconstruct import reconstruct_run
-from ..spectrum import BOOT_MIN_RESAMPLES, MAX_BOOT, POWER_LAW_R2
+from ..spectrum import BOOT_MIN_RESAMPLES, GROUP_MIN_EVENTS, MAX_BOOT, POWER_LAW_R2
 from ..report import check_writable, write_report
 from ._common import add_run_argument, add_store_argument, open_cli_run, print_json, store_path
 
@@ -86,13 +86,12 @@ def _spectrum(args: argparse.Namespace) -> int:
         return 0
     rec, spec = res.reconstruction, res.reconstruction.spectrum
     print(f"run {run.name!r} (axis {rec.axis}): {spec.n_events:,} events of {spec.n_tokens:,} tokens ({args.events}), "
-          f"drop seen {spec.total_drop:.3f} nats/token, bandwidth {spec.bandwidth:.3f} decades")  # fmt: skip
+          f"drop seen {spec.total_drop:.3f} nats/token, bandwidth {_decades(spec.bandwidth)} decades")  # fmt: skip
     for line in _histogram_lines(spec):
         print(line)
-    if res.groups:
-        print(f"by {res.by}: drop seen (nats/token; < 0: the loss rose), x of the peak (largest |rho|), events")
-        for label, g in sorted(res.groups.items(), key=lambda kv: -kv[1].total_drop):
-            print(f"  {label:<28} {g.total_drop:8.3f}   x {_peak_x(g):6.2f}   {g.n_events:,}")
+    if res.by is not None:
+        for line in _group_lines(res.by, res.groups, spec):
+            print(line)
     for what, pl in (("spectrum", rec.spectrum_power_law), ("loss", rec.loss_power_law)):
         if pl is None:
             print(f"power law of the {what:<8} none: {getattr(rec, f'{what}_power_law_why') or 'the fit was refused'}")
@@ -104,6 +103,29 @@ def _spectrum(args: argparse.Namespace) -> int:
             ci = f" (no 95 % interval: {pl.params.get('alpha_ci95_why') or 'not finite'})"
         print(f"power law of the {pl.what:<8} alpha = {pl.alpha:.3f}{ci}  R^2 {pl.r2:.3f}{verdict}")
     return 0
+
+
+def _group_lines(by: str, groups: dict, spec) -> list[str]:
+    """The ``--by`` table, and a line for the events of the groups it leaves out (fewer than
+    :data:`GROUP_MIN_EVENTS` each): they were left out without a word, and where every group was
+    that small, ``--by`` printed nothing at all."""
+    n_out = spec.n_events - sum(g.n_events for g in groups.values())
+    drop_out = spec.total_drop - sum(g.total_drop for g in groups.values())
+    if not groups:
+        return [f"by {by}: no group has {GROUP_MIN_EVENTS} events or more, so none has a spectrum of its own "
+                f"(all {spec.n_events:,} events are in smaller groups)"]  # fmt: skip
+    out = [f"by {by}: drop seen (nats/token; < 0: the loss rose), x of the peak (largest |rho|), events"]
+    for label, g in sorted(groups.items(), key=lambda kv: -kv[1].total_drop):
+        out.append(f"  {label:<28} {g.total_drop:8.3f}   x {_peak_x(g):6.2f}   {g.n_events:,}")
+    if n_out > 0:
+        out.append(f"  {'(groups of < ' + str(GROUP_MIN_EVENTS) + ' events)':<28} {drop_out:8.3f}   not shown   {n_out:,}")
+    return out
+
+
+def _decades(h: float) -> str:
+    """A bandwidth as printed: 3 decimals, or 3 significant digits where it is huge (--bandwidth
+    1e300 printed 300 digits)."""
+    return f"{h:.3f}" if h < 1000 else f"{h:.3g}"
 
 
 def _peak_x(spec) -> float:
