@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ._files import write_atomically
-from .errors import InputError, NotAStoreError, ProbeMismatchError, StoreError, UnsafeFileError
+from .errors import InputError, NotAStoreError, ProbeMismatchError, RunExistsError, StoreError, UnsafeFileError
 from .probe import ProbeSet, check_token_arrays, vocab_size_of
 from .store import AXES, LOSS_DTYPES, Run, RunWriter, TrajectoryStore, open_store
 from .store.schema import check_run_name
@@ -109,6 +109,11 @@ def _read_npz(path: str | os.PathLike, *, matrix: bool) -> dict[str, np.ndarray]
     return arrays
 
 
+def _whole(ax: np.ndarray) -> bool:
+    """Whether every axis value is a whole number >= 0 (what a step is, range aside)."""
+    return bool(np.all(ax >= 0) and (ax.dtype.kind in "iu" or np.all(ax == np.round(ax))))
+
+
 def _steps_hold(ax: np.ndarray, axis: str) -> bool:
     """Whether the rows of a file of axis values ``ax`` on ``axis`` get those values as steps
     (int64, exact): a T axis of whole numbers >= 0 below 2**63."""
@@ -162,9 +167,10 @@ def _pickled(p: Path) -> UnsafeFileError:
     return UnsafeFileError(f"{p} holds object arrays that need pickle to load; tokdyn never unpickles data files")
 
 
-def _member_headers(p: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """``{name: (shape, dtype)}`` of every array of an npz, read from the ``.npy`` headers only
-    (a few hundred bytes of each member are inflated, never the data)."""
+def _member_headers(p: Path) -> dict[str, tuple[tuple[int, ...], np.dtype, tuple[int, bool]]]:
+    """``{name: (shape, dtype, holds)}`` of every array of an npz, read from the ``.npy`` headers
+    only (a few hundred bytes of each member are inflated, never the data); ``holds``: the most
+    bytes of data the member can hold after its header (:func:`_member_holds`)."""
     out = {}
     try:
         with zipfile.ZipFile(p) as zf:
@@ -175,12 +181,43 @@ def _member_headers(p: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
                     raise InputError(f"{p}: member {info.filename!r} appears twice; which one is meant is ambiguous")
                 with zf.open(info) as fh:
                     shape, _, dtype = _npy_header(fh, p, info.filename)
-                out[info.filename[:-4]] = (shape, dtype)
+                    out[info.filename[:-4]] = (shape, dtype, _member_holds(info, fh.tell()))
+    except InputError:  # already says what is wrong (an InputError is a ValueError too)
+        raise
     except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, TypeError) as exc:
         if isinstance(exc, ValueError) and "object" in str(exc).lower():
             raise _pickled(p) from None
         raise InputError(f"{p} is not a readable npz file: {type(exc).__name__}: {exc}") from None
     return out
+
+
+# Deflate inflates at most about 1032 bytes per byte: a member whose zip directory claims more
+# than this many bytes per stored byte cannot hold them.
+_DEFLATE_RATIO = 1100
+
+
+def _member_holds(info: zipfile.ZipInfo, header: int) -> tuple[int, bool]:
+    """The most bytes of data a member can hold after its ``.npy`` header of ``header`` bytes,
+    from the zip directory, and whether that is its size (else a bound: a deflated member holds
+    at most ``_DEFLATE_RATIO`` times its stored bytes, whatever size the directory claims)."""
+    holds, exact = info.file_size - header, True
+    if info.compress_type == zipfile.ZIP_STORED and info.compress_size < info.file_size:
+        holds = info.compress_size - header
+    elif info.compress_type == zipfile.ZIP_DEFLATED and info.compress_size * _DEFLATE_RATIO < holds:
+        holds, exact = info.compress_size * _DEFLATE_RATIO, False
+    return max(0, holds), exact
+
+
+def _check_member_size(p: Path, name: str, shape: tuple[int, ...], dtype: np.dtype, holds: tuple[int, bool]) -> None:
+    """Refuse a member whose ``.npy`` header declares more data than the member holds, before
+    anything is made for it: a file of a few hundred bytes declaring 2e8 tokens built (and
+    wrote) a 1.7 GB probe before its data was found missing."""
+    declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    size, exact = holds
+    if declared > size:
+        ends = f"its data ends after {size:,} of the {declared:,} bytes" if exact else \
+            f"its compressed data cannot hold the {declared:,} bytes"  # fmt: skip
+        raise InputError(f"{p} is not a readable npz file: {name} is cut short: {ends} its header declares ({dtype} {shape})")
 
 
 def _npy_header(fh, p: Path, member: str) -> tuple[tuple[int, ...], bool, np.dtype]:
@@ -195,9 +232,11 @@ def _npy_header(fh, p: Path, member: str) -> tuple[tuple[int, ...], bool, np.dty
 
 
 def _check_headers(p: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Refuse, before any data is inflated, an npz whose declared arrays are not a losses.npz or
-    would not fit in this machine's memory; returns the headers (:func:`_member_headers`)."""
-    headers = _member_headers(p)
+    """Refuse, before any data is inflated, an npz whose declared arrays are not a losses.npz,
+    would not fit in this machine's memory, or are more than their members hold; returns the
+    headers (:func:`_member_headers`)."""
+    sizes = _member_headers(p)
+    headers = {name: (shape, dtype) for name, (shape, dtype, _) in sizes.items()}
     limit = _memory_bytes()
     for name, (shape, dtype) in headers.items():
         if dtype.hasobject:
@@ -215,6 +254,8 @@ def _check_headers(p: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
             want = (k,) if name == "axis_values" else (1,) if name == "axis_name" else None if name in ("loss_matrix", *_PROBE) else (n,)
             if want is not None and sh != want and not (name == "axis_name" and int(np.prod(sh)) == 1):
                 raise InputError(f"{'per-token ' if want == (n,) else ''}array {name!r} declares shape {sh}; expected {want} to match loss_matrix {shape}")
+    for name, (shape, dtype, holds) in sizes.items():
+        _check_member_size(p, name, shape, dtype, holds)
     return headers
 
 
@@ -248,7 +289,12 @@ def import_npz(
         raise InputError("run: expected a name, got an empty one (leave --run out to name the run after the file)")
     arrays = _read_npz(path, matrix=False)  # loss_matrix: its shape and dtype only
     name = run or Path(path).stem
-    check_run_name(name, new=True)  # before a store is made for it
+    try:
+        check_run_name(name, new=True)  # before a store is made for it
+    except InputError as exc:
+        if run is not None:
+            raise
+        raise InputError(f"the run is named after the file, {Path(path).name!r}, but {exc}; name it with --run NAME") from None
     lm = arrays["loss_matrix"]
     n, k = lm.shape
     # the file's own dtype by default, in native byte order (a big-endian '>f4' is float32)
@@ -258,8 +304,8 @@ def import_npz(
     axis = _axis_name(arrays["axis_name"])
     top = np.max(arrays["axis_values"])
     # a step is an int64: the cast would wrap negative (integers compared exactly: 2^63 - 512
-    # as a float is 2^63)
-    if axis == "T" and (int(top) if arrays["axis_values"].dtype.kind in "iu" else float(top)) >= 2**63:
+    # as a float is 2^63); only whole values >= 0 would be steps (others number the rows)
+    if axis == "T" and _whole(arrays["axis_values"]) and (int(top) if arrays["axis_values"].dtype.kind in "iu" else float(top)) >= 2**63:
         raise InputError(f"axis_values reach {float(top):g}; a step on T must be below 2^63 (are these tokens? name the axis D)")
     carried = [key for key in arrays if key not in _REQUIRED and key not in _PROBE]  # per-token arrays in the file
     axis_values = arrays["axis_values"]
@@ -268,12 +314,17 @@ def import_npz(
     # how the file held what the store keeps in its own dtypes: export writes them back so
     layout = {"axis_values": axis_values.dtype.str, "loss_matrix": lm.dtype.str,
               "axis_name": [arrays["axis_name"].dtype.str, list(arrays["axis_name"].shape)],
-              "token_arrays": {key: arrays[key].dtype.str for key in carried}}  # fmt: skip
+              "token_arrays": {key: arrays[key].dtype.str for key in carried},
+              "probe": _probe_layout(arrays)}  # fmt: skip
     # a failed command leaves no new store behind (and a folder that was there before, empty)
     st = _open_or_create(store, _probe_from(arrays, Path(path)), carried)
     try:
         r = st.create_run(name, axis=axis, capacity=k, dtype=dtype,
                           attrs={"source": "npz", "source_file": Path(path).name, "npz_layout": layout})  # fmt: skip
+    except RunExistsError:  # import makes a new run: there is nothing to resume
+        st.discard_if_new()
+        raise RunExistsError(f"run {name!r} already exists in {st.url}; import under another name (--run NAME), or delete "
+                             "that run first (tokdyn.open_store(STORE, mode='r+').delete_run(NAME))") from None  # fmt: skip
     except BaseException:
         st.discard_if_new()
         raise
@@ -450,6 +501,9 @@ def _open_or_create(store, probe: ProbeSet, carried: list[str]) -> TrajectorySto
     if isinstance(store, TrajectoryStore):
         st = store
     else:
+        local = os.fspath(store)
+        if isinstance(local, str) and "://" not in local and os.path.isfile(os.path.expanduser(local)):
+            raise InputError(f"{local} is a file; a store is a folder (give a new path to create one)")
         try:
             st = TrajectoryStore.open(store, mode="r+")
         except NotAStoreError:
@@ -490,7 +544,7 @@ def export_npz(run: Run, out: str | os.PathLike) -> Path:
         "loss_matrix": None,  # streamed: never the whole [tokens, rows] matrix in memory
         "axis_name": _axis_name_as_imported(r.axis, layout.get("axis_name")),
         **{key: _exactly(np.asarray(v), layout.get("token_arrays", {}).get(key)) for key, v in st.probe.token_arrays.items()},
-        **_probe_members(st.probe),
+        **_probe_members(st.probe, layout.get("probe", {})),
     }
 
     def write(fh) -> None:
@@ -528,38 +582,67 @@ def _write_loss_matrix(fh, r: Run, k: int, dtype: np.dtype) -> None:
             fh.write(np.ascontiguousarray(block[:, i : i + EXPORT_TOKENS].astype(dtype).T).data)
 
 
+# The longest tokenizer spec text a run keeps as its file held it (spacing, key order, escapes);
+# a longer one exports as the spec's own JSON (the same object).
+_TOKENIZER_TEXT = 65_536
+
+
+def _probe_layout(arrays: dict[str, np.ndarray]) -> dict:
+    """How the file held the probe members it carries (dtype; the tokenizer spec's text and
+    shape too), for export to write them back so."""
+    out: dict = {key: arrays[key].dtype.str for key in ("probe_tokens", "probe_domains", "probe_documents") if key in arrays}
+    tok = arrays.get("probe_tokenizer")
+    if tok is not None:
+        text = str(tok.reshape(-1)[0])
+        out["probe_tokenizer"] = [tok.dtype.str, list(tok.shape), text if len(text) <= _TOKENIZER_TEXT else None]
+    return out
+
+
+def _layout_dtype(text, kinds: str, itemsize: int) -> np.dtype | None:
+    """The dtype ``text`` (from a run's attributes, whatever they hold) names when it is a plain
+    one of a kind in ``kinds`` and at most ``itemsize`` bytes wide; else None."""
+    try:
+        with warnings.catch_warnings():  # a deprecated alias ('a') is still a dtype
+            warnings.simplefilter("ignore")
+            dt = np.dtype(str(text))
+    except (TypeError, ValueError):
+        return None
+    return dt if dt.kind in kinds and dt.itemsize <= itemsize and not dt.fields and not dt.shape else None
+
+
 def _layout(r: Run) -> dict:
     """The dtypes (and the axis name's shape) of the file a run was imported from, as far as
     they are valid (``attrs["npz_layout"]``, written by :func:`import_npz`): ``{}`` for a run
     recorded here, or one imported by an older tokdyn."""
     raw = r.attrs.get("npz_layout") if r.attrs.get("source") == "npz" else None
-    out = {}
+    out: dict = {"token_arrays": {}, "probe": {}}
     if not isinstance(raw, dict):
-        return out
-    for key, kinds in (("axis_values", "iuf"), ("loss_matrix", "f")):
-        try:
-            dt = np.dtype(str(raw.get(key)))
-        except TypeError:
-            continue
-        if dt.kind in kinds and dt.itemsize <= 8 and not dt.fields:
+        return {}
+    # axis values of any float width a file held (a float128 of float64 values exports so)
+    for key, kinds, width in (("axis_values", "iuf", 16), ("loss_matrix", "f", 8)):
+        dt = _layout_dtype(raw.get(key), kinds, width)
+        if dt is not None and (dt.kind != "f" or dt.itemsize <= 8 or key == "axis_values"):
             out[key] = dt
     tokens = raw.get("token_arrays")
-    out["token_arrays"] = {}
     for key, text in (tokens.items() if isinstance(tokens, dict) else ()):
-        try:
-            dt = np.dtype(str(text))
-        except TypeError:
-            continue
-        if dt.kind in "iufbU" and dt.itemsize <= 8 * (dt.kind != "U") + 4096 * (dt.kind == "U") and not dt.fields:
+        dt = _layout_dtype(text, "iufbU", 4096)
+        if dt is not None and (dt.kind == "U" or dt.itemsize <= 8):
             out["token_arrays"][key] = dt
     name = raw.get("axis_name")
-    if isinstance(name, list) and len(name) == 2 and isinstance(name[1], list) and all(isinstance(d, int) and d == 1 for d in name[1]):
-        try:
-            dt = np.dtype(str(name[0]))
-        except TypeError:
-            dt = None
-        if dt is not None and dt.kind in "US" and dt.itemsize and not dt.fields:
+    if isinstance(name, list) and len(name) == 2 and isinstance(name[1], list) and len(name[1]) <= 8 and all(isinstance(d, int) and d == 1 for d in name[1]):
+        dt = _layout_dtype(name[0], "US", 4096)
+        if dt is not None and dt.itemsize:
             out["axis_name"] = (dt, tuple(name[1]))
+    probe = raw.get("probe")
+    for key, kinds, width in (("probe_tokens", "iu", 8), ("probe_domains", "U", 4096), ("probe_documents", "U", 4096)):
+        dt = _layout_dtype(probe.get(key), kinds, width) if isinstance(probe, dict) else None
+        if dt is not None:
+            out["probe"][key] = dt
+    tok = probe.get("probe_tokenizer") if isinstance(probe, dict) else None
+    if isinstance(tok, list) and len(tok) == 3 and isinstance(tok[1], list) and len(tok[1]) <= 8 and all(isinstance(d, int) and d == 1 for d in tok[1]):
+        dt = _layout_dtype(tok[0], "U", 4 * _TOKENIZER_TEXT)
+        if dt is not None:
+            out["probe"]["probe_tokenizer"] = (dt, tuple(tok[1]), tok[2] if isinstance(tok[2], str) else None)
     return out
 
 
@@ -604,19 +687,40 @@ def _axis_name_as_imported(axis: str, layout) -> np.ndarray:
     return np.array([axis])
 
 
-def _probe_members(probe: ProbeSet) -> dict[str, np.ndarray]:
+def _probe_members(probe: ProbeSet, layout: dict) -> dict[str, np.ndarray]:
     """The probe's fields beyond its per-token arrays, as npz members (only those it has, so an
-    imported plain losses.npz exports as it came)."""
+    imported plain losses.npz exports as it came), each as the run's file held it (``layout``,
+    from :func:`_layout`) wherever that holds the same values: the tokenizer spec's own text
+    when it reads as the probe's spec."""
     out = {}
     if probe.tokens is not None:
-        out["probe_tokens"] = probe.tokens
+        out["probe_tokens"] = _exactly(probe.tokens, layout.get("probe_tokens"))
     if probe.domains:
-        out["probe_domains"] = np.array(probe.domains, dtype=str)
+        out["probe_domains"] = _exactly(np.array(probe.domains, dtype=str), layout.get("probe_domains"))
     if probe.documents:
-        out["probe_documents"] = np.array(probe.documents, dtype=str)
+        out["probe_documents"] = _exactly(np.array(probe.documents, dtype=str), layout.get("probe_documents"))
     if probe.tokenizer:
-        out["probe_tokenizer"] = np.array([json.dumps(probe.tokenizer, sort_keys=True)])
+        out["probe_tokenizer"] = _tokenizer_member(dict(probe.tokenizer), layout.get("probe_tokenizer"))
     return out
+
+
+def _tokenizer_member(spec: dict, layout) -> np.ndarray:
+    """``probe_tokenizer``: the spec as JSON, ``[1]``; as the file held it (its text, dtype and
+    shape) where ``layout`` gives them and they hold the same spec."""
+    text = json.dumps(spec, sort_keys=True)
+    if layout is None:
+        return np.array([text])
+    dtype, shape, held = layout
+    try:
+        if held is not None and json.loads(held) == spec:
+            text = held
+    except ValueError:
+        pass
+    try:
+        member = np.array(text, dtype=dtype).reshape(shape)
+    except (ValueError, TypeError, UnicodeError):
+        return np.array([text])
+    return member if str(member.reshape(-1)[0]) == text else np.array([text])  # a narrower dtype cuts the text
 
 
 def _axis_name(a: np.ndarray) -> str:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .._text import visible
+from ..errors import InputError
 from ..interchange import export_npz, import_npz
 from ..store import LOSS_DTYPES
-from ._common import add_run_argument, add_store_argument, open_cli_run, open_cli_store, print_json
+from ._common import add_run_argument, add_store_argument, open_cli_run, open_cli_store, print_json, store_path
 
 
 def register(sub) -> None:
@@ -56,7 +58,7 @@ def _info(args: argparse.Namespace) -> int:
         print("runs       none")
     for name, r in info["runs"].items():
         if "error" in r:
-            print(f"run {_shown(name):<12} ERROR: {r['error']}")
+            print(f"run {_shown(name):<12} ERROR: {visible(r['error'])}")
             continue
         steps, values = r["steps"], r["axis_values"]
         # a T run by its steps; a D or M run by its axis values (its steps are 0, 1, 2, ...)
@@ -67,7 +69,7 @@ def _info(args: argparse.Namespace) -> int:
         params = f", {params} non-emb params" if params else ""
         print(f"run {_shown(name):<12} axis {r['axis']}  {r['shape'][0]:,} x {r['shape'][1]:,} {r['dtype']}  {span}{params}{extra}")
     if damaged:
-        print(f"tokdyn info: error: {len(damaged)} run(s) cannot be read: {', '.join(damaged)}", file=sys.stderr)
+        print(f"tokdyn info: error: {len(damaged)} run(s) cannot be read: {', '.join(map(_shown, damaged))}", file=sys.stderr)
         return 1
     return 0
 
@@ -83,16 +85,22 @@ def _count(value) -> str:
     if isinstance(value, float) and value.is_integer():
         return f"{int(value):,}" if value else ""
     text = " ".join(str(value).split())
-    return text if len(text) <= 40 else text[:39] + "…"
+    text = text if len(text) <= 40 else text[:39] + "…"
+    return visible(text)
 
 
 def _import_npz(args: argparse.Namespace) -> int:
-    run = import_npz(args.input, args.store, run=args.run, dtype=args.dtype)
-    print(f"imported {args.input} as run {run.name!r} (axis {run.axis}, {run.n_committed} x {run.n_tokens:,}) into {args.store}")
+    if args.store.lower().startswith("memory://"):  # the process's own memory: gone when the command exits
+        raise InputError(f"{args.store} is a memory:// store, which lives only while this command runs: the imported run "
+                         "would be lost when it exits; give a path or a lasting URL (s3://...)")  # fmt: skip
+    store = store_path(args.store)  # a folder holding a store (the demo's) as every store command takes it
+    run = import_npz(args.input, store, run=args.run, dtype=args.dtype)
+    print(f"imported {_shown(args.input)} as run {run.name!r} (axis {run.axis}, {run.n_committed} x {run.n_tokens:,}) "
+          f"into {_shown(store)}")  # fmt: skip
     return 0
 
 
 def _export_npz(args: argparse.Namespace) -> int:
     out = export_npz(open_cli_run(args.store, args.run), args.output)
-    print(f"wrote {out}")
+    print(f"wrote {_shown(str(out))}")
     return 0
