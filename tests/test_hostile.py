@@ -367,3 +367,15 @@ def test_probe_text_reaches_the_token_viewer_inert(tmp_path):
     assert set(Words.vocab) <= set(text)  # every token's text, "</script><script>..." too, comes back whole
     rest = page.replace(data, "")
     assert "<script>document" not in rest and "<!--" not in rest  # elsewhere only escaped
+
+
+@pytest.mark.parametrize("rows", [10**20, "3", 2.5, True, None])
+def test_a_commit_record_s_damaged_row_count_is_one_line_quickly(rows, tmp_path, capsys):
+    """A commit record counting 10**20 rows made `tokdyn info` build sets of every row number
+    (22 GB, then the kernel's OOM kill); "3" and 2.5 were read as counts of 3 and 2."""
+    st = two_run_store(tmp_path / "s.zarr")
+    raw(st, "runs/a/commits/w0").attrs["rows"] = rows
+    assert main(["export-npz", str(tmp_path / "s.zarr"), str(tmp_path / "out.npz"), "--run", "a"]) == 1
+    line = cli_error_line(capsys.readouterr().err)
+    assert "run 'a'" in line and "commit record" in line, line
+    assert main(["info", str(tmp_path / "s.zarr")]) == 1
