@@ -45,6 +45,8 @@ WIDTH_PER_SPACING = 16.0
 CHUNKS = 8
 # the widest event (decades) the binning computes as it is; a wider one is binned at this width
 MAX_WIDTH = 1e200
+# cells narrower than this share of an event's width take the cancellation-free cell mean (_masses)
+WIDE_CELL = 1e-3
 
 
 @njit(cache=True, nogil=True)
@@ -77,23 +79,26 @@ def _masses(mi, si, d, level, lo, dx, n_fine, sp, mass):
     else:
         j0 = 0 if a <= 1.0 else int(a) - 1
         j1 = nc - 1 if b >= nc - 2 else int(b) + 2
-    # softplus at nodes j0 .. j1, the cell means between them, the masses by differences
-    for k in range(j0, j1 + 1):
-        z = (lo + dx * (k * step) - mi) / si
-        sp[k - j0] = _logistic(z)[1]
     c = d * si / D
     dz = D / si  # a cell's width in units of the event's width
+    # softplus(z + dz) - softplus(z) = log1p(sigma(z) expm1(dz)) for an event much wider than a
+    # cell, without the cancellation of two values near log 2: for s >> D their difference fell
+    # below their rounding and the cell mean (times s / D) was noise (one event 1e12 decades wide
+    # moved a spectrum by 0.08 % of its peak, one 1e15 wide by 78 %). Elsewhere the softplus at
+    # each node, differenced, is exact enough (1e-13 at dz = 1e-3) and twice as fast.
+    wide = dz < WIDE_CELL
+    grow = math.expm1(dz)
+    if not wide:  # softplus at nodes j0 .. j1, the cell means between them, the masses by differences
+        for k in range(j0, j1 + 1):
+            z = (lo + dx * (k * step) - mi) / si
+            sp[k - j0] = _logistic(z)[1]
     # the drop seen before the window's first cell goes to its first node (all of the first
     # node's share where the window starts at the grid's lower bound) ...
     prev = d * _logistic((lo - mi) / si)[0]
     for k in range(j0, j1):
-        if dz < 0.5:
-            # softplus(z + dz) - softplus(z) = log1p(sigma(z) expm1(dz)), without the cancellation of
-            # two values near log 2: for s >> D the difference fell below their rounding and the
-            # cell mean (times s / D) was noise: one event 1e12 decades wide moved a spectrum by
-            # 0.08 % of its peak, one 1e15 wide by 78 %
+        if wide:
             z = (lo + dx * (k * step) - mi) / si
-            cm = d * math.log1p(_logistic(z)[0] * math.expm1(dz)) / dz
+            cm = d * math.log1p(_logistic(z)[0] * grow) / dz
         else:
             cm = c * (sp[k + 1 - j0] - sp[k - j0])
         mass[k - j0] = cm - prev

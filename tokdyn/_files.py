@@ -9,7 +9,7 @@ a path (``--out reslts/m.json``) is said, not turned into a new tree of folders.
 Two paths are never outputs (:func:`_refuse_not_an_output`, at the check and at the write): ``-``,
 which commands of other tools read as standard output (tokdyn writes results only to files, and
 wrote a file named ``-``), and a path inside a zarr hierarchy (a folder above it holds
-``zarr.json``), where a report or a table would be written among a store's own nodes."""
+``zarr.json``, or version 2's ``.zgroup`` or ``.zarray``), where a report or a table would be written among a store's own nodes."""
 
 from __future__ import annotations
 
@@ -115,10 +115,11 @@ def _refuse_not_an_output(path: str | os.PathLike, what: str) -> None:
     if "://" in os.fspath(path):  # a URL (a store on S3): no local folders above it
         return
     parent = Path(os.path.realpath(p.parent if str(p.parent) else "."))
-    nodes = [a for a in (parent, *parent.parents) if any((a / m).is_file() for m in _ZARR_METADATA)]
+    nodes = [(a, m) for a in (parent, *parent.parents) for m in _ZARR_METADATA if (a / m).is_file()]
     if nodes:
-        raise InputError(f"cannot write the {what} to {p}: it is inside the zarr store {nodes[-1]} (a folder above it "
-                         "holds zarr.json), whose folders hold only the store's own data; give a path outside it")  # fmt: skip
+        top, meta = nodes[-1]
+        raise InputError(f"cannot write the {what} to {p}: it is inside the zarr store {top} (which holds {meta}), "
+                         "whose folders hold only the store's own data; give a path outside it")  # fmt: skip
 
 
 def _refuse_special(p: Path, what: str) -> None:
