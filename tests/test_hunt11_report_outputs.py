@@ -185,3 +185,22 @@ def test_a_flat_run_is_flat_not_a_rise(report):
     assert _fig_classes(st, a).title == "How much each class's loss fell or rose"
     fall = runs["fall"][0]
     assert "fell from 3.00 to 2.70" in fall and "stayed flat" not in fall, fall
+
+
+def test_a_mean_that_moved_while_no_fit_did_is_said_as_it_is(report):
+    """No class's fitted loss moved, yet the measured mean fell by 0.3 nats (noisy tokens fitted
+    as constants): that is no "change within noise", and the headline says the fall and that the
+    fits do not carry it."""
+    from dataclasses import replace
+
+    from tokdyn.report import FLAT_MEAN_NATS, _headline
+
+    _, runs = report
+    a = runs["flat"][2]
+    ml = np.array(a.reconstruction.mean_loss, dtype=np.float64)
+    ok = np.flatnonzero(np.isfinite(ml))
+    ml[ok[-1]] = ml[ok[0]] - 0.3
+    assert 0.3 > FLAT_MEAN_NATS and a.class_drops.flat
+    text = _headline(replace(a, reconstruction=replace(a.reconstruction, mean_loss=ml)))
+    assert re.search(r"probe tokens fell from 3\.0\d to 2\.7\d nats", text), text
+    assert "stayed flat" not in text and "do not carry this change" in text and "%" not in text

@@ -324,10 +324,14 @@ def _headline(a: RunAnalysis, options: dict | None = None) -> str:
         return ""
     first, last = np.flatnonzero(ok)[[0, -1]]
     l0, l1 = float(rec.mean_loss[first]), float(rec.mean_loss[last])
-    if a.class_drops.flat:  # no class's fitted loss moved (FLAT_NATS): what the measured mean did is noise
+    if a.class_drops.flat and abs(l1 - l0) < FLAT_MEAN_NATS:  # no class's fitted loss moved (FLAT_NATS): noise
         moved = f"stayed flat, from {l0:.2f} to {l1:.2f} nats (a change within noise),"
         carried = (f"No class's fitted loss changed by as much as {FLAT_NATS:g} nats per probe token, so the mean loss "
                    "neither fell nor rose, and shares of a loss drop would mean nothing")  # fmt: skip
+    elif a.class_drops.flat:  # the measured mean moved, yet no fit carries it (noisy tokens fitted as constants)
+        moved = f"{'fell' if l1 <= l0 else 'rose'} from {l0:.2f} to {l1:.2f} nats"
+        carried = (f"Yet no class's fitted loss changed by as much as {FLAT_NATS:g} nats per probe token: the tokens' "
+                   "fits do not carry this change, and shares of it would mean nothing")  # fmt: skip
     else:  # as many digits as show the change ("fell from 3.00 to 3.00" hid a fall of 0.004)
         digits = next((d for d in (2, 3, 4) if f"{l0:.{d}f}" != f"{l1:.{d}f}"), 2)
         moved = f"{'fell' if l1 <= l0 else 'rose'} from {l0:.{digits}f} to {l1:.{digits}f} nats"
@@ -932,6 +936,11 @@ def _interval_text(lo: float, hi: float, why: str | None = None) -> str:
     if np.isfinite(lo) and np.isfinite(hi):
         return f" [{lo:.2f}, {hi:.2f}]"
     return f" (no 95 % interval: {why})" if why else " (no 95 % interval)"
+
+
+# A change of the measured mean loss (nats) below which a run none of whose classes moved is
+# called flat; a larger one is said as it is, with the fits' silence about it.
+FLAT_MEAN_NATS = 0.05
 
 
 # Fewer tokens with a clear event than this (the spectrum split by group leaves such groups out)
