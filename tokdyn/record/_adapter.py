@@ -22,7 +22,8 @@ class RecorderBinding:
     close : bool
         :meth:`end` closes the recorder (default) or only flushes it.
     tokens_per_step : int, optional
-        Tokens per optimizer update, stored as ``tokens_seen = step * tokens_per_step``.
+        Tokens per optimizer update (all its micro-batches), stored as ``tokens_seen = step *
+        tokens_per_step`` (an epoch's shorter last update counted as short: :meth:`tokens_at`).
     placement_hint : str
         Advice appended to the error raised when the model is not where the recorder evaluates.
     """
@@ -46,6 +47,7 @@ class RecorderBinding:
         self.placement_hint = placement_hint
         self.lr: float | torch.Tensor | None = None
         self._last_step: int | None = None  # the last step handed to the recorder
+        self._epoch_shape: tuple[int, int] | None = None  # (micro-batches per epoch, accumulated per update)
 
     def start(self, optimizer=None, *, step: int = 0, model=None) -> TokenLossRecorder:
         """Build the recorder if needed, check where the model lives, snapshot the rate. At a
@@ -91,6 +93,29 @@ class RecorderBinding:
         lr = groups[0]["lr"]
         self.lr = lr.detach().clone() if isinstance(lr, torch.Tensor) else float(lr)
 
+    def set_epochs(self, batches: int | float | None, accumulation: int | None) -> None:
+        """What the trainer says of its epochs: ``batches`` micro-batches each (None or inf for a
+        stream without length), ``accumulation`` of them per optimizer update."""
+        try:
+            n, acc = int(batches), int(accumulation or 1)
+        except (TypeError, ValueError, OverflowError):  # no length: an iterable stream, inf
+            n, acc = 0, 1
+        self._epoch_shape = (n, acc) if n > 0 and acc > 1 and n % acc else None
+
+    def tokens_at(self, step: int) -> int | None:
+        """``step * tokens_per_step``, except where an epoch's micro-batches are not a multiple of the
+        accumulation: the last update of each epoch then accumulates only the rest of them (both
+        trainers step the optimizer at an epoch's end), and counts their tokens alone, at
+        ``tokens_per_step / accumulation`` each."""
+        if self.tokens_per_step is None:
+            return None
+        if self._epoch_shape is None:
+            return step * self.tokens_per_step
+        n, acc = self._epoch_shape
+        epochs, rest = divmod(step, -(-n // acc))  # ceil(n / acc) updates per epoch
+        micro = epochs * n + rest * acc  # micro-batches done by the end of update `step`
+        return (micro * self.tokens_per_step + acc // 2) // acc
+
     def record(self, step: int, tokens_seen: int | None = None) -> None:
         """Hand ``step`` to the recorder once (several hooks may fire on one optimizer step)."""
         step = int(step)
@@ -99,8 +124,8 @@ class RecorderBinding:
         self._last_step = step
         rec = self.recorder
         if rec.should_record(step):  # read the rate (maybe a device tensor) only for a recorded row
-            if tokens_seen is None and self.tokens_per_step is not None:
-                tokens_seen = step * self.tokens_per_step
+            if tokens_seen is None:
+                tokens_seen = self.tokens_at(step)
             rec.record(step, tokens_seen=tokens_seen, lr=None if self.lr is None else float(self.lr))
         else:
             rec.maybe_record(step)  # records nothing; raises a pending writer failure

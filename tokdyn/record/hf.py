@@ -45,7 +45,9 @@ class TokdynTrainerCallback(TrainerCallback):
         Close the recorder when training ends (the default). With ``False`` it is only flushed,
         and the caller closes it, e.g. to train again with the same recorder.
     tokens_per_step : int, optional
-        Tokens per optimizer update, stored as ``tokens_seen = step * tokens_per_step``. By
+        Tokens per optimizer update, all its ``gradient_accumulation_steps`` micro-batches, stored
+        as ``tokens_seen = step * tokens_per_step`` (the shorter last update of an epoch whose
+        batches are not a multiple of the accumulation counts only its own micro-batches). By
         default ``state.num_input_tokens_seen`` is stored when the Trainer counts it
         (``TrainingArguments(include_num_input_tokens_seen=True)``), and nothing otherwise.
 
@@ -75,13 +77,13 @@ class TokdynTrainerCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._binding.start(kwargs.get("optimizer"), step=state.global_step, model=kwargs.get("model"))
-        self._record(args, state)
+        self._record(args, state, kwargs)
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         self._binding.snapshot_lr(kwargs.get("optimizer"))  # before lr_scheduler.step(): this update's rate
 
     def on_step_end(self, args, state, control, **kwargs):
-        self._record(args, state)
+        self._record(args, state, kwargs)
         self._flush_before_save(control)
 
     def on_epoch_end(self, args, state, control, **kwargs):
@@ -104,7 +106,13 @@ class TokdynTrainerCallback(TrainerCallback):
         if getattr(control, "should_save", False):
             self._binding.flush()
 
-    def _record(self, args, state) -> None:
+    def _record(self, args, state, kwargs) -> None:
+        loader = kwargs.get("train_dataloader")
+        try:
+            batches = len(loader) if loader is not None else None  # per epoch; an iterable dataset has none
+        except (TypeError, NotImplementedError):
+            batches = None
+        self._binding.set_epochs(batches, getattr(args, "gradient_accumulation_steps", 1))
         counted = None if self._binding.tokens_per_step is not None else _counted_tokens(args, state)
         self._binding.record(state.global_step, tokens_seen=counted)
 

@@ -56,7 +56,9 @@ class TokdynLightningCallback(pl.Callback):
     close : bool
         Close the recorder when training ends (the default); with ``False`` it is only flushed.
     tokens_per_step : int, optional
-        Tokens per optimizer update, stored as ``tokens_seen = step * tokens_per_step``.
+        Tokens per optimizer update, all its ``accumulate_grad_batches`` micro-batches, stored as
+        ``tokens_seen = step * tokens_per_step`` (the shorter last update of an epoch whose batches
+        are not a multiple of the accumulation counts only its own micro-batches).
 
     The learning rate stored with a row is that of the update that produced the weights (read
     just before ``optimizer.step()``; Lightning steps the scheduler before the batch-end hook);
@@ -86,13 +88,17 @@ class TokdynLightningCallback(pl.Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._binding.start(trainer.optimizers[0] if trainer.optimizers else None, step=trainer.global_step, model=pl_module)
-        self._binding.record(trainer.global_step)
+        self._record(trainer)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         self._binding.snapshot_lr(optimizer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._binding.record(trainer.global_step)  # once per step, even with gradient accumulation
+        self._record(trainer)  # once per step, even with gradient accumulation
+
+    def _record(self, trainer) -> None:
+        self._binding.set_epochs(getattr(trainer, "num_training_batches", None), getattr(trainer, "accumulate_grad_batches", 1))
+        self._binding.record(trainer.global_step)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._binding.end()

@@ -100,7 +100,8 @@ def token_losses(
         # may have wrapped in torch.autocast with the forward; rows would then differ in precision
         # from step 0's (recorded outside it) and from those the framework callbacks record.
         dev = tokens.device.type
-        with torch.autocast(dev, enabled=False) if _autocast_on(dev) else contextlib.nullcontext():
+        with (torch.autocast(dev, enabled=False) if _autocast_on(dev) else contextlib.nullcontext(),
+              _unpatched_forward(model), _kept_rng(tokens.device)):
             for a in range(0, s, batch_size):
                 chunk = tokens[a : a + batch_size]
                 x, y = chunk[:, :-1], chunk[:, 1:]  # (B, C), (B, C)
@@ -144,6 +145,36 @@ def _storages(tensors) -> set[int]:
             if ptr:
                 out.add((t.device.type, t.device.index, ptr))
     return out
+
+
+@contextlib.contextmanager
+def _unpatched_forward(model: torch.nn.Module) -> Iterator[None]:
+    """Run the block with the model's own ``forward``. accelerate's mixed precision (the Hugging Face
+    ``Trainer`` with ``bf16=True`` or ``fp16=True``, ``Accelerator(mixed_precision=...)``) replaces
+    ``model.forward`` on the instance by one that runs inside ``torch.autocast``, keeping the
+    original as ``model._original_forward``: an autocast region opened inside the call, which
+    disabling autocast around it cannot reach. The patched forward is put back afterwards."""
+    own = model.__dict__
+    if "forward" not in own or not callable(own.get("_original_forward")):
+        yield
+        return
+    patched = own["forward"]
+    model.forward = own["_original_forward"]
+    try:
+        yield
+    finally:
+        model.forward = patched
+
+
+@contextlib.contextmanager
+def _kept_rng(device: torch.device) -> Iterator[None]:
+    """Run the block on a copy of torch's random state (the CPU generator's, and the evaluating
+    CUDA device's): a model that draws random numbers in eval mode (noise, a random router, dropout
+    called with ``training=True``) would otherwise shift the training's random stream, and a run
+    with the recorder would train other weights than the same run without it."""
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda, device_type="cuda"):
+        yield
 
 
 def _autocast_on(device_type: str) -> bool:
@@ -746,7 +777,7 @@ def model_attrs(model: torch.nn.Module) -> dict:
             attrs["model_config"] = to_dict() if callable(to_dict) else dict(vars(cfg))
         except TypeError:
             pass
-    attrs["model_class"] = type(model).__name__
+    attrs["model_class"] = type(getattr(model, "_orig_mod", model)).__name__  # a torch.compile'd model's own class
     return json.loads(json.dumps(attrs, default=str))  # e.g. a torch dtype in a HF config
 
 
