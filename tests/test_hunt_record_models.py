@@ -226,3 +226,16 @@ def test_attach_refuses_a_counter_that_would_misnumber_rows(kwargs, tmp_path):
             with rec.attach(opt, **kwargs):
                 pass
         assert rec.n_recorded == 0
+
+
+def test_last_position_logits_name_the_forward_that_gives_every_position():
+    """A nanoGPT-style model called without targets returns logits [B, 1, V]: the line says so and
+    how to pass a forward that gives every position's."""
+    from tokdyn.record import token_losses
+
+    t = torch.as_tensor(_probe().tokens).long()
+    with pytest.raises(InputError, match=r"last position's logits only .*forward=lambda model, ids"):
+        token_losses(Net(), t, forward=lambda m, x: m(x)[:, -1:, :])
+    with pytest.raises(InputError) as e:  # another shape: no such advice
+        token_losses(Net(), t, forward=lambda m, x: m(x)[..., 0])
+    assert "last position" not in str(e.value)

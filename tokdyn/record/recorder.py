@@ -113,7 +113,13 @@ def token_losses(
                         f"{c} positions; the model's vocabulary must cover the probe's tokenizer and its context the probe's"
                     ) from exc
                 if logits.ndim != 3 or logits.shape[:2] != x.shape:
-                    raise InputError(f"forward returned logits {tuple(logits.shape)}; expected [B, T, V] with B, T = {tuple(x.shape)}")
+                    # nanoGPT-style models give the last position's logits alone when called without targets
+                    last = logits.ndim == 3 and logits.shape[0] == x.shape[0] and logits.shape[1] == 1 < x.shape[1]
+                    raise InputError(
+                        f"forward returned logits {tuple(logits.shape)}; expected [B, T, V] with B, T = {tuple(x.shape)}"
+                        + ("; the model gave the last position's logits only (as nanoGPT's does without targets): pass a "
+                           "forward that returns every position's, e.g. forward=lambda model, ids: model(ids, ids)[0]" if last else "")
+                    )  # fmt: skip
                 if logits.shape[-1] <= max_target:
                     raise InputError(
                         f"the model gives {logits.shape[-1]} logits per position but the probe's target ids reach {max_target}; "
