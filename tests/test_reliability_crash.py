@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -378,3 +379,21 @@ def test_the_trainer_callbacks_take_no_rate_at_a_resumed_start(tiny_model, probe
     binding.start(opt, step=0)
     assert binding.lr == 0.1
     rec.close()
+
+
+def test_a_trainer_step_that_jumps_over_scheduled_steps_is_said_once(tiny_model, probe, store_path):
+    """Lightning's manual optimization with two optimizers moves global_step by 2 a batch: the
+    callbacks saw steps 0, 2, 4, ... and the scheduled odd steps were silently never recorded."""
+    from tokdyn.record._adapter import RecorderBinding
+
+    rec = TokenLossRecorder(tiny_model, probe, store_path, "r", schedule=[0, 1, 2, 3, 4])
+    binding = RecorderBinding(rec, close=True, tokens_per_step=None, placement_hint="")
+    binding.start(None, step=0)
+    binding.record(0)
+    with pytest.warns(RuntimeWarning, match=r"went from 0 to 2 .*past scheduled steps \[1\]"):
+        binding.record(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        binding.record(4)  # said once
+    rec.close()
+    assert tokdyn.open_store(store_path).run("r").steps.tolist() == [0, 2, 4]

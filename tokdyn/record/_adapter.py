@@ -3,6 +3,7 @@ hands each step over once, and a learning-rate snapshot read without a device sy
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -48,6 +49,7 @@ class RecorderBinding:
         self.lr: float | torch.Tensor | None = None
         self._last_step: int | None = None  # the last step handed to the recorder
         self._epoch_shape: tuple[int, int] | None = None  # (micro-batches per epoch, accumulated per update)
+        self._warned_jump = False  # scheduled steps jumped over were said
 
     def start(self, optimizer=None, *, step: int = 0, model=None) -> TokenLossRecorder:
         """Build the recorder if needed, check where the model lives, snapshot the rate. At a
@@ -119,10 +121,24 @@ class RecorderBinding:
     def record(self, step: int, tokens_seen: int | None = None) -> None:
         """Hand ``step`` to the recorder once (several hooks may fire on one optimizer step)."""
         step = int(step)
-        if self._last_step is not None and step <= self._last_step:
+        prev = self._last_step
+        if prev is not None and step <= prev:
             return
         self._last_step = step
         rec = self.recorder
+        if prev is not None and step > prev + 1 and not self._warned_jump:
+            # several optimizer steps between two hooks (Lightning's manual optimization with two
+            # optimizers steps global_step twice a batch): the scheduled steps between are never seen
+            between = rec.schedule[(rec.schedule > prev) & (rec.schedule < step)]
+            if between.size:
+                self._warned_jump = True
+                warnings.warn(
+                    f"run {rec.run_name!r}: the trainer's step went from {prev} to {step} between two of its hooks (several "
+                    f"optimizer steps a batch?), past scheduled steps {between[:6].tolist()}{'...' if between.size > 6 else ''}, "
+                    "which are not recorded; schedule steps the trainer's global_step reaches (said once)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         if rec.should_record(step):  # read the rate (maybe a device tensor) only for a recorded row
             if tokens_seen is None:
                 tokens_seen = self.tokens_at(step)
