@@ -329,7 +329,9 @@ def test_an_axis_run_out_of_date_is_assembled_again_never_used_short(tmp_path, c
     np.testing.assert_allclose(as_store(url).run("axis-D").losses()[0], Y[:, 0] - 0.5, rtol=1e-6)
     # axis flags without --axis; a run of the axis's name that holds another axis
     assert main(["reconstruct", url, "--runs", "d0,d1,d2", "--run", "d0"]) == 1
-    assert "--runs apply to an axis" in capsys.readouterr().err
+    assert "--runs applies to an axis" in capsys.readouterr().err
+    assert main(["reconstruct", url, "--run", "d0", "--curves"]) == 1  # the text has no curves: not ignored
+    assert "--curves adds the curves to the --json output" in capsys.readouterr().err
     with pytest.raises(InputError, match="holds axis D, not M"):
         axis_run_problem(as_store(url).run("axis-D"), "M")
 
@@ -402,6 +404,39 @@ def test_an_axis_of_five_runs_says_how_to_fit_it_and_then_reconstructs(tmp_path,
     budget_store(path, budgets=BUDGETS[:5])
     assert main(["reconstruct", str(path), "--axis", "D", "--boot", "0"]) == 1
     err = capsys.readouterr().err
-    assert "5 points" in err and "tokdyn fit STORE --run axis-D --min-points 5" in err
+    assert "5 points" in err and f"tokdyn fit {tokdyn.open_store(path).url} --run axis-D --min-points 5" in err
     assert main(["fit", str(path), "--run", "axis-D", "--min-points", "5", "--no-progress"]) == 0
     assert main(["reconstruct", str(path), "--axis", "D", "--boot", "0"]) == 0
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_an_axis_of_three_or_four_runs_asks_for_runs_not_a_fit_that_is_refused(n, tmp_path, capsys):
+    """With 3 or 4 points the error named `--min-points 5`, which the fit then refused ("a fit
+    needs at least min_points=5"), with a literal STORE: it asks for the runs missing."""
+    path = tmp_path / "few.zarr"
+    budget_store(path, budgets=BUDGETS[:n])
+    assert main(["reconstruct", str(path), "--axis", "D", "--boot", "0"]) == 1
+    err = capsys.readouterr().err
+    assert f"{n} points" in err and "--min-points" not in err and f"record {5 - n} more run" in err, err
+
+
+def test_runs_tagged_since_an_axis_was_assembled_are_taken_in(tmp_path, capsys):
+    """An axis assembled from the store's tagged runs was reused after more were tagged (seeds
+    added for `--repeats mean`, more budgets): the seeds were never averaged, without a word."""
+    from tokdyn.axes import axis_run_problem
+
+    path = tmp_path / "grow.zarr"
+    budget_store(path, budgets=BUDGETS[:6], tag="D")
+    assert main(["reconstruct", str(path), "--axis", "D", "--boot", "0", "--json"]) == 0
+    assert axis_run_problem(as_store(path).run("axis-D"), "D") is None  # nothing changed: reused
+    st = as_store(path, mode="r+")
+    src = st.run("d0")
+    w = st.create_run("d0s1", capacity=src.n_committed, attrs=dict(src.attrs)).writer()  # a second seed of d0
+    for i, step in enumerate(src.steps):
+        w.append(src.losses(rows=slice(i, i + 1))[0] + 0.01, step=int(step))
+    w.release()
+    assert "['d0s1'] added" in axis_run_problem(as_store(path).run("axis-D"), "D")
+    capsys.readouterr()
+    assert main(["reconstruct", str(path), "--axis", "D", "--boot", "0", "--repeats", "mean", "--json"]) == 0
+    sources = sorted(s["run"] for s in as_store(path).run("axis-D").attrs["sources"])
+    assert sources == sorted(["d0s1", *(f"d{j}" for j in range(6))])

@@ -349,8 +349,9 @@ def test_a_learnability_table_is_not_saved_into_a_folder_it_would_create(pilot, 
 
 
 def _label_range(label: str) -> tuple[int, int]:
-    m = re.fullmatch(r"(\d+)(?:-(\d+))? occurrences", label)
+    m = re.fullmatch(r"(\d+)(?:-(\d+))? occurrences?", label)
     assert m, label
+    assert label.endswith("occurrence") == (label == "1 occurrence"), label  # never "1 occurrences"
     return int(m.group(1)), int(m.group(2) or m.group(1))
 
 

@@ -323,7 +323,7 @@ def test_cli_runs_with_spaces_empty_names_or_none_at_all(tmp_path, capsys):
     assert main(["reconstruct", url, "--axis", "D", "--runs", "d0, d1, d2, d3, d4, d5, d6", "--json", "--boot", "0"]) == 0
     assert [s["run"] for s in as_store(url).run("axis-D").attrs["sources"]] == [f"d{j}" for j in range(7)]
     assert main(["reconstruct", url, "--run", "axis-D", "--runs", "", "--boot", "0"]) == 1
-    assert "--runs apply to an axis" in capsys.readouterr().err
+    assert "--runs applies to an axis" in capsys.readouterr().err
 
 
 # -- the science: planted events, a change of unit, token order --------------------------------

@@ -9,6 +9,7 @@ adds the D and M axes when they are present and fitted.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 
@@ -18,7 +19,7 @@ from .axes import assemble_axis, axis_run_problem, find_axis_run
 from .errors import InputError, StoreError
 from .fit.job import fit_run, stored_axis_min
 from .fit.models import ClassDrops, class_loss_share, fit_class_drops
-from .fit.options import CLASS_NAMES, FitOptions
+from .fit.options import CLASS_NAMES, MIN_FIT_POINTS, FitOptions
 from .reconstruct import Reconstruction, reconstruct_run
 from .spectrum import Events, run_events, spectra_by
 from .store import Run, TrajectoryStore, as_store
@@ -272,8 +273,12 @@ def axis_run(store: TrajectoryStore | str, axis: str, *, runs: list[str] | None 
     window = stored_axis_min(run) if name is not None else None  # an unfinished fit's window is kept
     need = FitOptions().min_points
     if run.n_committed < need:  # the fit's own error named an option (--min-points) reconstruct does not take
-        raise InputError(f"the {axis} axis has {run.n_committed} points (run {run.name!r}, assembled); a fit of each token needs "
-                         f"{need} by default: record more runs, or fit it on 5 (`tokdyn fit STORE --run {run.name} "
-                         f"--min-points 5`) and reconstruct the axis again, which then uses that fit")  # fmt: skip
+        n, least = run.n_committed, MIN_FIT_POINTS
+        how = (f"record more runs, or fit it on {n} (`tokdyn fit {shlex.quote(st.url)} --run {run.name} --min-points {n}`) "
+               "and reconstruct the axis again, which then uses that fit" if n >= least else
+               f"record {least - n} more run{'s' * (least - n != 1)} at least ({need - n} for the default fit; a fit takes "
+               f"{least} points at the fewest) and reconstruct the axis again")  # fmt: skip
+        raise InputError(f"the {axis} axis has {n} points (run {run.name!r}, assembled); a fit of each token needs "
+                         f"{need} by default: {how}")  # fmt: skip
     fit_run(run, progress=False, refit=True, axis_min=window)
     return AxisRun(run, assembled=name is None, fitted=True, why=why)

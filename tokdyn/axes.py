@@ -189,7 +189,8 @@ def assemble_axis(
         raise InputError(f"axis {axis} needs at least {MIN_AXIS_RUNS} distinct {attr} values, got {len(distinct)}")
     if name in st.runs:
         if not overwrite:
-            raise RunExistsError(f"run {name!r} already exists in {st.url}; pass overwrite=True (--overwrite) to rebuild it")
+            raise RunExistsError(f"run {name!r} already exists in {st.url}; pass overwrite=True to rebuild it "
+                                 f"(`tokdyn reconstruct --axis {axis} --rebuild`)")  # fmt: skip
         st.delete_run(name)
     # the widest of the sources' dtypes: the first one's (a float16 run first) rounded every
     # other source's losses to its precision without a word
@@ -198,7 +199,7 @@ def assemble_axis(
         name, axis=axis, capacity=len(distinct), dtype=dtype,
         attrs={"sources": [{"store": r.store.url, "run": r.name, attr: values[i], "n_committed": r.n_committed,
                             "run_id": _run_id(r)} for i, r in enumerate(sources)],
-               "axis_attr": attr, "derived": "final committed row of each source run"
+               "axis_attr": attr, "named": runs is not None, "derived": "final committed row of each source run"
                + (", averaged over the runs that share an axis value" if len(distinct) < len(values) else "")},
     )  # fmt: skip
     try:  # a source that cannot be read (a damaged chunk, an interrupt) leaves no partial axis behind
@@ -303,6 +304,15 @@ def axis_run_problem(run: Run, axis: str, runs: list[str] | None = None) -> str 
         return f"it holds {run.n_committed} of its {len(values)} points (an assembly that did not finish)"
     if runs is not None and sorted(runs) != sorted(n for n in names if n is not None):
         return f"it was assembled from {names}, not {list(runs)}"
+    if runs is None and run.attrs.get("named") is False:  # found by axis_sources: runs tagged since count too
+        try:
+            now = axis_sources(run.store, axis)
+        except InputError:  # the runs found now are ambiguous: assembling says so
+            now = None
+        if now is not None and sorted(now) != sorted(n for n in names if n is not None):
+            added, gone = sorted(set(now) - set(names)), sorted(set(names) - set(now))
+            return ("the store's runs of the axis changed since it was assembled"
+                    + (f": {added} added" if added else "") + (f"{',' if added else ':'} {gone} gone" if gone else ""))
     attr = AXIS_ATTRS[axis]
     for s, n in zip(sources, names):
         then = s.get("n_committed") if isinstance(s, dict) else None

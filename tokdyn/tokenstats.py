@@ -150,7 +150,7 @@ def frequency_bands(token_id: np.ndarray, n_bands: int = 4) -> tuple[np.ndarray,
     band = np.clip(np.searchsorted(edges, freq, side="right") - 1, 0, max(len(edges) - 2, 0))
 
     def label(lo: int, hi: int) -> str:
-        return f"{lo} occurrences" if lo == hi else f"{lo}-{hi} occurrences"
+        return f"{lo} occurrence{'s' * (lo != 1)}" if lo == hi else f"{lo}-{hi} occurrences"
 
     last = len(edges) - 2
     labels = [label(int(edges[b]), int(edges[b + 1]) - (b < last)) for b in range(len(edges) - 1)] if len(edges) > 1 \

@@ -166,6 +166,8 @@ def _histogram_lines(spec) -> list[str]:
 
 def _reconstruct(args: argparse.Namespace) -> int:
     _check_boot(args.boot)
+    if args.curves and not args.json:  # the text has no curves: ignored, as --runs without --axis is not
+        raise InputError("--curves adds the curves to the --json output: pass --json too")
     if args.axis:
         found = axis_run(store_path(args.store), args.axis, runs=_run_names(args.runs), rebuild=args.rebuild,
                          repeats=args.repeats)
@@ -178,7 +180,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
     else:
         given = [flag for flag, on in (("--runs", args.runs is not None), ("--rebuild", args.rebuild), ("--repeats", args.repeats != "refuse")) if on]
         if given:
-            raise InputError(f"{', '.join(given)} apply to an axis: pass --axis D or --axis M")
+            raise InputError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to an axis: pass --axis D or --axis M")
         run = open_cli_run(args.store, args.run)
     rec = reconstruct_run(run, which=args.events, bandwidth=args.bandwidth, n_boot=args.boot, placement=args.placement,
                           kernel=args.kernel)

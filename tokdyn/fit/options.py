@@ -179,6 +179,9 @@ INT64_MAX = 2**63 - 1
 # ~1 us an iteration on numba, ~100 us a block's iteration on the batched numpy solver, in
 # each of a row's up to four solves); a row's tries add up in the int32 field n_iter.
 MAX_ITER_LIMIT = 10_000
+# The fewest observed points a token's sigmoid fit may be asked to take (FitOptions.min_points):
+# four parameters and one degree of freedom for the sum of squares.
+MIN_FIT_POINTS = 5
 
 
 def _shown(value: object) -> str:
@@ -253,7 +256,7 @@ _CHECKS = {
     "ftol": _real("a float in (0, 1)", lambda v: 0 < v < 1),
     "ftol_two": _real("a float in (0, 1)", lambda v: 0 < v < 1),
     "xtol": _real("a float in (0, 1)", lambda v: 0 < v < 1),
-    "min_points": _integer(5, INT64_MAX),
+    "min_points": _integer(MIN_FIT_POINTS, INT64_MAX),
     "min_points_two": _integer(8, INT64_MAX),
     "max_loss": _real("a finite float > 0", lambda v: v > 0),
     "s_min": _real("a finite float > 0", lambda v: v > 0, optional=True),
