@@ -131,7 +131,8 @@ def _decoder(probe, tokenizer):
     if tokenizer is not None:
         spec = json.dumps(tokenizer.spec(), sort_keys=True, default=str)
         if probe.tokenizer and spec != json.dumps(dict(probe.tokenizer), sort_keys=True, default=str):
-            raise InputError(f"the tokenizer given ({spec}) is not the probe's ({json.dumps(dict(probe.tokenizer), default=str)})")
+            raise InputError(f"the tokenizer given ({spec}) is not the probe's ({json.dumps(dict(probe.tokenizer), default=str)}): "
+                             "give the tokenizer the probe was made with, or leave it out (tokens are then shown as ids)")  # fmt: skip
         return lambda ids: tokenizer.decode([int(i) for i in ids])
     if probe.tokenizer.get("kind") == "byte":  # UTF-8 bytes as ids 0-255 (256: end of text)
         return lambda ids: bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")

@@ -94,7 +94,8 @@ class HFTokenizer:
         ids = tokenizer.get_vocab(with_added_tokens=True).values()
         self.vocab_size = max(int(tokenizer.get_vocab_size(with_added_tokens=True)), max(ids, default=-1) + 1)
         if self.vocab_size < 2:  # nothing to predict: a probe's spec refuses it later, after tokenizing everything
-            raise InputError(f"the tokenizer has a vocabulary of {self.vocab_size} token(s); a language model needs at least 2")
+            raise InputError(f"the tokenizer has a vocabulary of {self.vocab_size} token(s); a language model needs at least 2: "
+                             "give the tokenizer file your model was trained with (a trained tokenizer.json)")  # fmt: skip
         self.unk_id = _unk_id(tokenizer, self._json)
 
     @classmethod

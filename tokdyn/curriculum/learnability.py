@@ -519,7 +519,8 @@ def build_table(store, run: str, *, options: LearnabilityOptions | None = None) 
     require_step_axis(r, "a learnability table")
     probe = st.probe
     if not probe.has_tokens:
-        raise InputError(f"{st.url}: the probe is index-only (imported); a learnability table needs its token ids")
+        raise InputError(f"{st.url}: the probe is index-only (imported); a learnability table needs its token ids: record "
+                         "the pilot into a store made by `tokdyn probe`, or import a losses.npz that carries probe_tokens")  # fmt: skip
     vocab = probe.tokenizer.get("vocab_size")
     if not vocab:
         raise InputError(f"{st.url}: the probe's tokenizer spec has no vocab_size; record the pilot with a known tokenizer")

@@ -330,7 +330,8 @@ class TokenLossRecorder:
         if not isinstance(model, torch.nn.Module):
             raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(probe, ProbeSet) or not probe.has_tokens:
-            raise InputError("probe must be a ProbeSet with token ids (an imported, index-only probe cannot be evaluated)")
+            raise InputError("probe must be a ProbeSet with token ids (an imported, index-only probe cannot be evaluated): "
+                             "make one with `tokdyn probe`, or import a losses.npz that carries probe_tokens")  # fmt: skip
         if dtype is not None and dtype not in LOSS_DTYPES:
             raise InputError(f"dtype must be one of {LOSS_DTYPES}, got {dtype!r}")
         if int(batch_size) < 1 or int(queue_size) < 1:
