@@ -239,3 +239,22 @@ def test_last_position_logits_name_the_forward_that_gives_every_position():
     with pytest.raises(InputError) as e:  # another shape: no such advice
         token_losses(Net(), t, forward=lambda m, x: m(x)[..., 0])
     assert "last position" not in str(e.value)
+
+
+def test_a_run_left_empty_by_a_failed_first_row_says_how_to_go_on(tmp_path):
+    """A recorder whose first row failed (the model's vocabulary too small) leaves its run with no
+    row: the retry under the same name said only "pass resume=True to continue it"."""
+    from tokdyn.errors import RunExistsError
+    from tokdyn.record import TokenLossRecorder
+
+    probe, path = _probe(last=V - 1), str(tmp_path / "s.zarr")
+    with pytest.raises(InputError, match="logits per position"):
+        with TokenLossRecorder(Net(head=V - 1), probe, path, "r", schedule=[0, 1]) as rec:
+            rec.maybe_record(0)
+    with pytest.raises(RunExistsError, match=r"no committed row .*resume=True .*delete_run\('r'\)"):
+        TokenLossRecorder(Net(), probe, path, "r", schedule=[0, 1])
+    with TokenLossRecorder(Net(), probe, path, "r", schedule=[0, 1], resume=True) as rec:  # as it says
+        rec.maybe_record(0)
+    assert tokdyn.open_store(path).run("r").n_committed == 1
+    with pytest.raises(RunExistsError, match=r"already exists in .*; pass resume=True to continue it$"):
+        TokenLossRecorder(Net(), probe, path, "r", schedule=[0, 1])

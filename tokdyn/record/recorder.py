@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import InputError, RunExistsError, StepOrderError, StoreError, WriterError
+from ..errors import InputError, RunExistsError, StepOrderError, StoreError, TokdynError, WriterError
 from ..probe import ProbeSet
 from ..runtime import count_parameters
 from ..schedule import explicit_schedule
@@ -398,7 +398,15 @@ class TokenLossRecorder:
         if self.world_size > 1:
             _barrier()  # every rank has looked at the run list before rank 0 may create the run
         if exists and not resume:
-            raise RunExistsError(f"run {run!r} already exists in {store.url}; pass resume=True to continue it")
+            try:
+                empty = store.run(run).n_committed == 0
+            except TokdynError:  # a damaged run: the plain message
+                empty = False
+            # a recorder that failed at its first row (a model whose vocabulary is too small) left it
+            left = (" with no committed row (a recorder that failed before its first?); pass resume=True to record "
+                    f"into it, or delete it: tokdyn.open_store({store.url!r}, mode='r+').delete_run({run!r})") if empty else \
+                "; pass resume=True to continue it"  # fmt: skip
+            raise RunExistsError(f"run {run!r} already exists in {store.url}{left}")
         if not exists:
             if self.rank == 0:
                 attrs = {**model_attrs(self.model), **dict(run_attrs or {})}
