@@ -24,7 +24,9 @@ from ...errors import InputError
 from ...store import AXES
 from .files import check_regular, check_regular_tree, read_json
 
-__all__ = ["CheckpointRef", "discover_checkpoints", "held_step", "recorded_step", "order_refs", "manifest_axis", "MANIFEST", "KINDS", "MODEL_DTYPE_NAMES", "STEP_KEYS", "step_value"]
+__all__ = ["CheckpointRef", "discover_checkpoints", "held_step", "recorded_step", "order_refs", "manifest_axis", "MANIFEST", "KINDS",
+           "MODEL_DTYPE_NAMES", "STEP_KEYS", "step_value", "trainer_state_coords", "drop_unfinished", "hf_weight_files",
+           "is_adapter_folder"]
 
 MANIFEST = "manifest.json"
 MODEL_DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes models may run in (loading maps them to torch's)
@@ -70,6 +72,17 @@ _NOT_A_STEP = re.compile(
     r")(?![a-z0-9])",
     re.IGNORECASE,
 )
+# Files a training run saves beside its weights that hold no model (the HF Trainer's arguments,
+# optimizer, scheduler, scaler and RNG states): never a checkpoint, in any folder.
+_TRAINING_STATE = re.compile(r"^(?:training_args\.bin|optimizer\.pt|scheduler\.pt|scaler\.pt|rng_state(?:_\d+)?\.pth)$")
+# A name still being written, or left by a save that died: checkpoint-500.tmp/, transformers 4.36's
+# tmp-checkpoint-500/ (renamed when complete). Its number is a step whose weights may be half there.
+_IN_PROGRESS = re.compile(r"^tmp[-_]|\.(?:tmp|temp|partial|incomplete)$", re.IGNORECASE)
+# A Hugging Face folder's own weights: they hold no step (the folder does).
+_HF_WEIGHTS = re.compile(r"^(?:model|pytorch_model)(?:-\d+-of-\d+)?\.(?:safetensors|bin)$")
+# transformers 4.51 (huggingface/transformers#36973) logs the learning rate of the update just done;
+# before, the rate of the next one (the scheduler had stepped).
+_LOGS_OWN_LR = (4, 51)
 # Where a training checkpoint keeps its step: Lightning's global_step, Megatron's iteration,
 # nanoGPT's iter_num, and a plain "step" (last: some loops count something else under it, so a
 # name's step is checked against the first three only).
@@ -150,13 +163,18 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
     axis = axis or "T"
     if axis != "T":
         raise InputError(f"an axis-{axis} sweep needs {root / MANIFEST} giving each checkpoint's axis_value")
-    entries, skipped_dirs = [], []
+    entries, skipped_dirs, adapters, in_progress = [], [], [], []
     for p in sorted(root.iterdir()):
-        if p.name.startswith("."):
+        if p.name.startswith(".") or _TRAINING_STATE.match(p.name):
+            continue
+        if p.is_dir() and _IN_PROGRESS.search(p.name) and (_kind_of(p) is not None or _holds_weights(p)):
+            in_progress.append(p.name)
             continue
         kind = _kind_of(p)
         if kind is None:
-            if p.is_dir() and _holds_weights(p):
+            if p.is_dir() and is_adapter_folder(p):
+                adapters.append(p.name)
+            elif p.is_dir() and _holds_weights(p):
                 skipped_dirs.append(p.name)
             continue
         entries.append((p, kind))
@@ -169,6 +187,19 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
             found.append(CheckpointRef(held, p, kind, step_from="file"))
         else:
             unnamed.append(p.name)
+    if in_progress:
+        warnings.warn(
+            f"{root}: {in_progress} are named as saves still being written (or left by a save that died) and were not "
+            "recorded; once the save completes under its final name, --resume (resume=True) records it",
+            stacklevel=2,
+        )
+    if adapters:
+        warnings.warn(
+            f"{root}: sub-folders {adapters} hold PEFT adapters (adapter_config.json), not whole models, and were skipped; "
+            "tokdyn records whole models: merge each adapter into its base model (peft's merge_and_unload(), then "
+            "save_pretrained) and record those folders",
+            stacklevel=2,
+        )
     if skipped_dirs:
         warnings.warn(
             f"{root}: sub-folders {skipped_dirs} hold weight files but no config.json and were skipped; "
@@ -177,7 +208,7 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
         )
     if unnamed:
         hint = ""
-        if (root / "config.json").is_file() and any(n.startswith(("model", "pytorch_model")) for n in unnamed):
+        if (root / "config.json").is_file() and any(_HF_WEIGHTS.match(n) for n in unnamed):
             hint = (
                 " (the folder's own model, saved beside its checkpoint folders as Trainer.save_model saves the final one)"
                 if any(r.kind == "hf" for r in found) else
@@ -186,7 +217,7 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
         raise InputError(f"{root}: cannot tell the step of {unnamed}: {_NO_STEP}{hint}. {_NO_STEP_FIX}")
     if not found:
         raise InputError(f"no checkpoints in {root} (expected {', '.join(TORCH_SUFFIXES + SAFETENSORS_SUFFIXES)} files, HF folders or {MANIFEST})")
-    return order_refs(_drop_copies(found, root), "T", str(root))
+    return order_refs([_with_trainer_coords(r) for r in _drop_copies(found, root)], "T", str(root))
 
 
 _NO_STEP = (
@@ -209,6 +240,98 @@ def _holds_weights(folder: Path) -> bool:
         )
     except OSError:
         return False
+
+
+def is_adapter_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds a PEFT adapter (``adapter_config.json``) and no whole model's weights."""
+    return (folder / "adapter_config.json").is_file() and not hf_weight_files(folder)
+
+
+def hf_weight_files(folder: Path) -> list[Path] | None:
+    """The weight files of Hugging Face folder ``folder``: ``model.safetensors`` or
+    ``pytorch_model.bin``, or every shard its ``*.index.json`` lists. None when they are not all
+    there (a save still being written, or cut short); an unreadable index lists none."""
+    for single, index in (("model.safetensors", "model.safetensors.index.json"), ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+        if (folder / single).is_file():
+            return [folder / single]
+        if (folder / index).is_file():
+            try:
+                doc = read_json(folder / index, "weights index")
+            except InputError:
+                return None
+            shards = sorted(set(doc.get("weight_map", {}).values())) if isinstance(doc, Mapping) else []
+            files = [folder / str(n) for n in shards]
+            return files if files and all(f.is_file() for f in files) else None
+    return None
+
+
+def drop_unfinished(refs: Sequence[CheckpointRef], where: str) -> list[CheckpointRef]:
+    """``refs`` (in step order) without the last one when it is a Hugging Face folder still being
+    written: its weights not all there yet, or no ``trainer_state.json`` (the Trainer writes it last)
+    where every other checkpoint folder has one. Named in a warning: ``resume=True`` records it
+    later. An unfinished folder before the last is left to fail when loaded (a damaged run)."""
+    hf = [r for r in refs if r.kind == "hf"]
+    if not refs or refs[-1].kind != "hf" or is_adapter_folder(refs[-1].path):
+        return list(refs)
+    last = refs[-1].path
+    stateless = not (last / "trainer_state.json").is_file() and len(hf) > 1 and all(
+        (r.path / "trainer_state.json").is_file() for r in hf[:-1])  # fmt: skip
+    if hf_weight_files(last) is not None and not stateless:
+        return list(refs)
+    missing = "its trainer_state.json" if hf_weight_files(last) is not None else "its weights"
+    warnings.warn(
+        f"{where}: {last.name} (step {refs[-1].step}), the newest checkpoint, lacks {missing}: taken for a save still "
+        "being written and not recorded; --resume (resume=True) records it once it is complete",
+        stacklevel=3,
+    )
+    return list(refs[:-1])
+
+
+def trainer_state_coords(folder: Path, step: int) -> tuple[int | None, float | None]:
+    """``(tokens_seen, lr)`` of the HF Trainer checkpoint in ``folder`` at ``step``, from its
+    ``trainer_state.json``, each None where unknown.
+
+    ``tokens_seen`` is ``num_input_tokens_seen`` (0 there means not counted). ``lr`` is the rate of
+    the update that produced these weights: the ``learning_rate`` logged at ``step`` by transformers
+    4.51 and later (the ``transformers_version`` of the folder's ``config.json``), at ``step - 1``
+    before (it logged the next update's rate); None where that step logged none, or the version is
+    unknown. Both None when the state's ``global_step`` is not ``step``: they would be another step's.
+    """
+    state = folder / "trainer_state.json"
+    try:
+        doc = read_json(state, "trainer state") if state.is_file() else None
+    except InputError:
+        return None, None
+    if not isinstance(doc, Mapping) or step_value(doc.get("global_step")) != step:
+        return None, None
+    tokens = step_value(doc.get("num_input_tokens_seen"))
+    version = _transformers_version(folder)
+    logged_at = None if version is None else step if version >= _LOGS_OWN_LR else step - 1
+    lr = None
+    for entry in doc.get("log_history") or ():
+        if isinstance(entry, Mapping) and entry.get("step") == logged_at and is_real(entry.get("learning_rate")):
+            lr = float(entry["learning_rate"])
+    return (tokens or None), (lr if lr is not None and np.isfinite(lr) else None)
+
+
+def _transformers_version(folder: Path) -> tuple[int, int] | None:
+    """(major, minor) of the transformers that saved HF folder ``folder`` (its ``config.json``)."""
+    try:
+        config = read_json(folder / "config.json", "Hugging Face config")
+    except InputError:
+        return None
+    found = re.match(r"(\d+)\.(\d+)", str(config.get("transformers_version", ""))) if isinstance(config, Mapping) else None
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def _with_trainer_coords(ref: CheckpointRef) -> CheckpointRef:
+    """``ref`` with the ``tokens_seen`` and ``lr`` its HF folder's ``trainer_state.json`` gives,
+    where the manifest gave none."""
+    if ref.kind != "hf" or (ref.tokens_seen is not None and ref.lr is not None):
+        return ref
+    tokens, lr = trainer_state_coords(ref.path, ref.step)
+    return dataclasses.replace(ref, tokens_seen=ref.tokens_seen if ref.tokens_seen is not None else tokens,
+                               lr=ref.lr if ref.lr is not None else lr)  # fmt: skip
 
 
 def _one_per_file(entries: list[tuple[Path, str]], root: Path) -> list[tuple[Path, str]]:
@@ -403,6 +526,8 @@ def _read_manifest(path: Path, axis: str | None) -> list[CheckpointRef]:
             )
         except (TypeError, ValueError) as exc:
             raise InputError(f"{where}: {exc}") from None
+        if axis == "T":
+            refs[-1] = _with_trainer_coords(refs[-1])
     return order_refs(refs, axis, str(path))
 
 

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from ...errors import InputError, UnsafeFileError
-from .discovery import MANIFEST, MODEL_DTYPE_NAMES, SAFETENSORS_SUFFIXES, STEP_KEYS, CheckpointRef, held_step, recorded_step
+from .discovery import (MANIFEST, MODEL_DTYPE_NAMES, SAFETENSORS_SUFFIXES, STEP_KEYS, CheckpointRef, held_step, is_adapter_folder,
+                        recorded_step)
 from .files import check_regular, read_json
 from .models import HF_LOCK, build_model, check_causal_model_type, import_transformers, json_type, model_spec_beside, short_error
 
@@ -344,6 +345,9 @@ def _load_hf(folder: Path) -> torch.nn.Module:
     has_st = any((folder / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json"))
     bins = sorted(folder.glob("pytorch_model*.bin"))
     if not has_st:
+        if not bins and is_adapter_folder(folder):
+            raise InputError(f"{folder} holds a PEFT adapter (adapter_config.json), not a whole model; tokdyn records whole models: "
+                             "merge the adapter into its base model (peft's merge_and_unload(), then save_pretrained) and record that")
         if not bins:
             raise InputError(f"Hugging Face folder {folder} has no model.safetensors or pytorch_model.bin")
         for b in bins:  # refuse pickled code ourselves, whatever the transformers version does

@@ -28,7 +28,7 @@ from ...runtime import resolve_device
 from ...store import AXES, LOSS_DTYPES, TrajectoryStore, open_store
 from .._interrupt import hold_interrupts
 from ..recorder import _steps_text, check_model_context, default_forward, model_attrs, token_losses
-from .discovery import CheckpointRef, discover_checkpoints, manifest_axis, order_refs
+from .discovery import CheckpointRef, discover_checkpoints, drop_unfinished, hf_weight_files, manifest_axis, order_refs
 from .loading import MODEL_DTYPES, ModelFactory, load_checkpoint, needs_transformers, weights_fingerprint
 from .models import hf_progress_bars, import_transformers
 
@@ -226,6 +226,8 @@ def _checkpoint_refs(checkpoints, axis: str | None) -> tuple[list[CheckpointRef]
         source = os.path.abspath(checkpoints)
         refs = discover_checkpoints(checkpoints, axis=axis)
         axis = axis or manifest_axis(checkpoints) or "T"
+        if axis == "T":  # a training still saving: its newest folder waits for --resume
+            refs = drop_unfinished(refs, os.fspath(checkpoints))
     else:
         axis = axis or "T"
         refs = order_refs([r if isinstance(r, CheckpointRef) else _bad_ref(r) for r in checkpoints], axis, "checkpoints")
@@ -256,7 +258,8 @@ def _threads_per_worker(workers: int, device: torch.device) -> int:
 def _probe_tokens(ts: TrajectoryStore, device: torch.device) -> torch.Tensor:
     probe_set = ts.probe
     if not probe_set.has_tokens:
-        raise InputError(f"the probe of {ts.url} is index-only (imported); it has no token ids to evaluate")
+        raise InputError(f"the probe of {ts.url} is index-only (imported); it has no token ids to evaluate: record into a "
+                         "store made by `tokdyn probe`, or import a losses.npz that carries probe_tokens")  # fmt: skip
     return torch.as_tensor(probe_set.tokens, dtype=torch.long).to(device)
 
 
@@ -339,13 +342,21 @@ def _evaluate(
             if str(exc).startswith(where):
                 raise
             raise InputError(f"{where}: {exc}") from exc
-        return _Evaluated(losses, fp, model_attrs(model), ref.path.stat().st_mtime)
+        return _Evaluated(losses, fp, model_attrs(model), _saved_at(ref))
     except Exception as exc:  # noqa: BLE001 - re-raised in order by record_offline
         if hasattr(exc, "add_note"):
             exc.add_note(f"while recording checkpoint {ref.path} (step {ref.step})")
         return exc
     finally:
         torch.set_num_threads(restore_threads)
+
+
+def _saved_at(ref: CheckpointRef) -> float:
+    """When ``ref`` was saved: its file's modification time; an HF folder's, its weight files' (the
+    folder's own changes whenever a file in it is added or removed, e.g. an optimizer state deleted
+    later to save space)."""
+    files = hf_weight_files(ref.path) if ref.kind == "hf" else None
+    return max(f.stat().st_mtime for f in files) if files else ref.path.stat().st_mtime
 
 
 def _check_input_vocabulary(model: torch.nn.Module, max_id: int, where: str) -> None:
