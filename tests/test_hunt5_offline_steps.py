@@ -227,18 +227,25 @@ def test_a_megatron_iteration_folder_is_named_when_skipped(tmp_path):
 # == 7. a Trainer output folder ===================================================================
 
 
-def test_a_trainer_output_folder_does_not_advise_recording_its_final_model_alone(tmp_path):
+def test_a_trainer_output_folder_records_its_checkpoints_not_its_final_model(tmp_path):
     """`Trainer.save_model` writes the final model into the output folder, beside `checkpoint-500/`
     and `checkpoint-1000/`: the folder was refused with 'point at the folder that holds it', which
-    records the output folder as one checkpoint, the final model, and none of the others."""
+    records the output folder as one checkpoint, the final model, and none of the others; then
+    refused naming the final model, so every researcher moved it out by hand. Its checkpoint
+    folders are recorded now, and the final model (no step of its own) is named in a warning."""
     _hf_folder(tmp_path / "checkpoint-500", 500)
     _hf_folder(tmp_path / "checkpoint-1000", 1000)
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"")
     (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 1000}))
-    with pytest.raises(InputError, match=r"cannot tell the step of \['model\.safetensors'\].*the folder's own model") as info:
+    with pytest.warns(UserWarning, match=r"own model \(\['model\.safetensors'\].*not recorded; its checkpoint folders are"):
+        refs = discover_checkpoints(tmp_path)
+    assert [(r.step, r.path.name) for r in refs] == [(500, "checkpoint-500"), (1000, "checkpoint-1000")]
+    # beside a file that is no HF weight file, the folder is still refused, naming that file
+    (tmp_path / "extra.pt").write_bytes(b"")
+    with pytest.raises(InputError, match=r"cannot tell the step of \['extra\.pt'"):
         discover_checkpoints(tmp_path)
-    assert "point at the folder that holds it" not in str(info.value) and "\n" not in str(info.value)
+    (tmp_path / "extra.pt").unlink()
     # a lone model folder still gets the advice that fits it
     single = tmp_path / "single"
     single.mkdir()

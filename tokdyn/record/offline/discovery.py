@@ -206,6 +206,17 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
             f"list their files in a {MANIFEST} to record them",
             stacklevel=2,
         )
+    own = (root / "config.json").is_file() and any(r.kind == "hf" for r in found)
+    if unnamed and own and all(_HF_WEIGHTS.match(n) for n in unnamed):
+        # a Trainer's output folder: Trainer.save_model writes the final model (or the best, with
+        # load_best_model_at_end) beside the checkpoint folders; it has no step of its own
+        warnings.warn(
+            f"{root}: the folder's own model ({unnamed}: the final or best model Trainer.save_model writes beside its "
+            "checkpoint folders) has no step of its own and is not recorded; its checkpoint folders are. To record it, "
+            "copy it (with config.json) into a folder named for its step",
+            stacklevel=2,
+        )
+        unnamed = []
     if unnamed:
         hint = ""
         if (root / "config.json").is_file() and any(_HF_WEIGHTS.match(n) for n in unnamed):
