@@ -435,8 +435,27 @@ def test_runs_tagged_since_an_axis_was_assembled_are_taken_in(tmp_path, capsys):
     for i, step in enumerate(src.steps):
         w.append(src.losses(rows=slice(i, i + 1))[0] + 0.01, step=int(step))
     w.release()
-    assert "['d0s1'] added" in axis_run_problem(as_store(path).run("axis-D"), "D")
+    assert "runs ['d0s1'] of the axis were added" in axis_run_problem(as_store(path).run("axis-D"), "D")
     capsys.readouterr()
     assert main(["reconstruct", str(path), "--axis", "D", "--boot", "0", "--repeats", "mean", "--json"]) == 0
     sources = sorted(s["run"] for s in as_store(path).run("axis-D").attrs["sources"])
     assert sources == sorted(["d0s1", *(f"d{j}" for j in range(6))])
+    # what is no new point leaves the axis as it is: a tagged run created with no row yet, and a
+    # source deleted since (the axis keeps its copy of the source's final row)
+    st = as_store(path, mode="r+")
+    st.create_run("d_new", capacity=3, attrs={"sweep": "D", "data_budget": 5e5, "model_config": {"n_layer": 2}})
+    st.delete_run("d5")
+    assert axis_run_problem(as_store(path).run("axis-D"), "D") is None
+    assert main(["reconstruct", str(path), "--axis", "D", "--boot", "0", "--json"]) == 0
+    assert as_store(path).run("axis-D").n_committed == 6
+    # the report of a store whose one fitted run, the axis, is out of date says why (it said "run
+    # `tokdyn fit` first", of a fitted run)
+    src = st.run("d1")
+    w = st.create_run("d1s1", capacity=src.n_committed, attrs=dict(src.attrs)).writer()
+    for i, step in enumerate(src.steps):
+        w.append(src.losses(rows=slice(i, i + 1))[0] - 0.01, step=int(step))
+    w.release()
+    from tokdyn.analysis import analyze_store
+
+    with pytest.raises(StoreError, match=r"axis-D: out of date \(runs \['d1s1'\] of the axis were added"):
+        analyze_store(as_store(path))

@@ -174,6 +174,8 @@ def analyze_store(
             raise StoreError(f"run(s) {missing} have no complete, current fit; run `tokdyn fit {st.url} --run NAME`")
         names = list(runs)
     if not names:
+        if failed:  # an axis run left out: its reason, not advice to fit what is fitted
+            raise StoreError(f"no run of {st.url} can be analysed: " + "; ".join(f"{n}: {why}" for n, why in failed.items()))
         raise StoreError(
             f"{st.url} has no fitted run to analyse (runs: {', '.join(st.runs) or 'none'}); "
             f"run `tokdyn fit {st.url} --run NAME` first"

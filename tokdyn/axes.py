@@ -286,8 +286,10 @@ def axis_run_problem(run: Run, axis: str, runs: list[str] | None = None) -> str 
 
     An assembled axis run (one with ``sources``) is redone when it holds fewer rows than its
     sources have axis values (an assembly that was killed), when ``runs`` names other sources,
-    or when a source has committed rows since (its final row is another one), was deleted and
-    recorded again (another run id, however many rows), or has another axis value. An imported axis
+    when a source has committed rows since (its final row is another one), was deleted and
+    recorded again (another run id, however many rows), or has another axis value, or, for an
+    axis assembled from the runs found (no ``runs``), when runs an assembly would take were added
+    since (:func:`_added_sources`: a seed for ``repeats="mean"``, another budget). An imported axis
     (a losses.npz, no sources) is used as it is; ``runs`` does not apply to it (an error).
     """
     sources = run.attrs.get("sources")
@@ -304,15 +306,8 @@ def axis_run_problem(run: Run, axis: str, runs: list[str] | None = None) -> str 
         return f"it holds {run.n_committed} of its {len(values)} points (an assembly that did not finish)"
     if runs is not None and sorted(runs) != sorted(n for n in names if n is not None):
         return f"it was assembled from {names}, not {list(runs)}"
-    if runs is None and run.attrs.get("named") is False:  # found by axis_sources: runs tagged since count too
-        try:
-            now = axis_sources(run.store, axis)
-        except InputError:  # the runs found now are ambiguous: assembling says so
-            now = None
-        if now is not None and sorted(now) != sorted(n for n in names if n is not None):
-            added, gone = sorted(set(now) - set(names)), sorted(set(names) - set(now))
-            return ("the store's runs of the axis changed since it was assembled"
-                    + (f": {added} added" if added else "") + (f"{',' if added else ':'} {gone} gone" if gone else ""))
+    if runs is None and run.attrs.get("named") is False and (added := _added_sources(run, axis, names)):
+        return f"runs {added} of the axis were added to the store since it was assembled"
     attr = AXIS_ATTRS[axis]
     for s, n in zip(sources, names):
         then = s.get("n_committed") if isinstance(s, dict) else None
@@ -330,6 +325,28 @@ def axis_run_problem(run: Run, axis: str, runs: list[str] | None = None) -> str 
         if isinstance(s.get(attr), (int, float)) and value != s[attr]:
             return f"run {n!r} has {attr} {value!r} now, {s[attr]!r} when the axis was assembled"
     return None
+
+
+def _added_sources(run: Run, axis: str, names: list) -> list[str]:
+    """The runs :func:`axis_sources` finds now in ``run``'s store that axis run ``run`` (assembled
+    from the runs found then) lacks and that an assembly would take: committed rows, the final
+    one at its data budget (a run just created or still training is no point yet). A source gone
+    since is not one: the axis run keeps its own copy of each source's final row."""
+    try:
+        now = axis_sources(run.store, axis)
+    except InputError:  # the runs found now are ambiguous: an assembly would say so
+        return []
+    added = []
+    for n in sorted(set(now) - set(names)):
+        try:
+            r = run.store.run(n)
+            if r.n_committed == 0:
+                continue
+            _check_final_row_at_budget(r)
+        except (InputError, StoreError, OSError, ValueError):
+            continue
+        added.append(n)
+    return added
 
 
 def _source_now(st: TrajectoryStore, url, name) -> Run | None:
