@@ -24,12 +24,23 @@ from .recorder import TokenLossRecorder
 
 try:
     from transformers import TrainerCallback
+    from transformers import __version__ as _TRANSFORMERS_VERSION
 except ImportError as exc:  # pragma: no cover - exercised only without transformers
     raise ImportError(
         f"tokdyn.record.hf needs the transformers package ({exc}); install it with: pip install 'tokdyn[hf]'"
     ) from exc
 
 __all__ = ["TokdynTrainerCallback"]
+
+
+def _steps_at_epoch_end(version: str) -> bool:
+    """Whether the Trainer of transformers ``version`` steps the optimizer at each epoch's end on
+    the micro-batches left (4.47.1 on); before, its count of micro-batches ran across epochs and
+    every update was a full one."""
+    import re
+
+    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    return found is None or tuple(int(g or 0) for g in found.groups()) >= (4, 47, 1)
 
 
 class TokdynTrainerCallback(TrainerCallback):
@@ -112,6 +123,8 @@ class TokdynTrainerCallback(TrainerCallback):
             batches = len(loader) if loader is not None else None  # per epoch; an iterable dataset has none
         except (TypeError, NotImplementedError):
             batches = None
+        if not _steps_at_epoch_end(_TRANSFORMERS_VERSION):
+            batches = None  # every update a full one: step * tokens_per_step
         self._binding.set_epochs(batches, getattr(args, "gradient_accumulation_steps", 1))
         counted = None if self._binding.tokens_per_step is not None else _counted_tokens(args, state)
         self._binding.record(state.global_step, tokens_seen=counted)
