@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing.context as _mp
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -40,15 +41,30 @@ def exit_with_parent(parent: int) -> None:
 _SIGMASK = hasattr(signal, "pthread_sigmask")
 
 
+# A worker killed (the OOM killer, a kill) never unlinks the lock numcodecs makes as it is
+# imported; the resource tracker, which shares the terminal, unlinks it at its own exit and says
+# "UserWarning: resource_tracker: There appear to be 2 leaked semaphore objects ..." in two lines
+# under the job's one-line error. Its warnings are its command line's -W options, taken from ours.
+_TRACKER_QUIET = "ignore:resource_tracker:UserWarning"  # (a colon would end the -W message field)
+
+
+def _start_resource_tracker() -> None:
+    from multiprocessing import resource_tracker
+
+    sys.warnoptions.append(_TRACKER_QUIET)  # for the tracker only (a no-op where it already runs)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        sys.warnoptions.remove(_TRACKER_QUIET)
+
+
 class _SpawnProcess(_mp.SpawnProcess):
     def start(self) -> None:
         if not _SIGMASK:
             return super().start()
         # The resource tracker, started on the first spawn, unblocks SIGINT in the calling thread
         # once it runs (SIG_UNBLOCK, not a restore): started first, it cannot undo the block below.
-        from multiprocessing import resource_tracker
-
-        resource_tracker.ensure_running()
+        _start_resource_tracker()
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # this thread only
         try:
             super().start()
@@ -63,6 +79,8 @@ class _SpawnContext(_mp.SpawnContext):
 def spawn_context() -> _mp.SpawnContext:
     """The "spawn" multiprocessing context, whose processes start with SIGINT blocked: call
     :func:`take_interrupts` in the pool's initializer, once the worker is set up."""
+    if _SIGMASK:  # before the pool's queues, whose locks start the tracker as they are made
+        _start_resource_tracker()
     return _SpawnContext()
 
 

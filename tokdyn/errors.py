@@ -77,5 +77,6 @@ class RunBusyError(StoreError, RuntimeError):
 
 
 class ClusterError(TokdynError, RuntimeError):
-    """The dask.distributed cluster failed under a job (its scheduler lost, a task's workers all
-    died); the blocks done are kept, and running the job again resumes it."""
+    """The processes a job runs on failed under it: the dask.distributed cluster (its scheduler
+    lost, a task's workers all died) or a worker of the local ``processes`` pool (killed, or out
+    of memory); the blocks done are kept, and running the job again resumes it."""

@@ -76,8 +76,10 @@ def _fit(args: argparse.Namespace) -> int:
 def _options(args: argparse.Namespace) -> FitOptions:
     """The fit's options from the command line; a value out of range is one line naming its
     option (``--min-points 3: ...``), not the library's parameter (``FitOptions.min_points``)."""
-    at_least("--workers", args.workers, 1)
-    at_least("--batch-rows", args.batch_rows, 1)
+    for option, value in (("--workers", args.workers), ("--batch-rows", args.batch_rows)):
+        at_least(option, value, 1)
+        if value is not None and value >= 2**63:  # the library's limit, said in the option's name
+            raise InputError(f"{option} must be an integer from 1 to {2**63 - 1}, got {value}")
     if args.axis_min is not None and not math.isfinite(args.axis_min):
         raise InputError(f"--axis-min must be a finite number (an axis value such as a step), got {args.axis_min}")
     given = {}

@@ -435,12 +435,19 @@ def check_scheduler(address: str, timeout: float | None = None) -> None:
     import threading
 
     from distributed.comm import connect
+    from distributed.comm.addressing import parse_address, parse_host_port
     from distributed.security import Security
 
     _check_address(address)
     timeout = SCHEDULER_TIMEOUT if timeout is None else timeout
 
     async def identity():
+        # A host name that does not resolve is said as such (an OSError): dask's connect retries
+        # it until the deadline, "did not answer within 10 s", as if a scheduler were there
+        scheme, rest = parse_address(address)
+        if scheme in ("tcp", "tls"):
+            host, port = parse_host_port(rest)
+            await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(host, port), timeout)
         comm = await asyncio.wait_for(connect(address, timeout=timeout, **Security().get_connection_args("client")), timeout)
         try:
             await asyncio.wait_for(comm.write({"op": "identity", "reply": True}), timeout)
@@ -530,7 +537,64 @@ def _connect(address: str):
     if workers == {}:  # dask waits for a worker for good, without a word
         warnings.warn(f"the dask scheduler at {address} has no workers; the fit waits until one joins it "
                       "(Ctrl-C stops it; the blocks done are kept)", RuntimeWarning, stacklevel=3)  # fmt: skip
+    try:
+        _check_cluster_tokdyn(client, address)
+    except BaseException:
+        client.close()
+        raise
     return client
+
+
+# Seconds the scheduler and workers have to import tokdyn's fit job (numba and zarr: a few seconds
+# on a busy machine) and say its version, before a fit goes on without knowing.
+CLUSTER_IMPORT_TIMEOUT = 60.0
+# What the cluster's processes run: the module the tasks' function lives in, imported as a task's
+# unpickling would; eval and a string travel by value where a function of tokdyn could not.
+_IMPORT_TOKDYN = "__import__('tokdyn.fit.job').__version__"
+
+
+def _check_cluster_tokdyn(client, address: str) -> None:
+    """InputError unless the scheduler and every worker of ``client`` import tokdyn, at this
+    process's version. A cluster started from an environment without tokdyn failed in the middle
+    of the fit: a scheduler that could not unpickle the task graph as "internal error ... (a bug:
+    please report it)", a worker without a nanny by dying on the first task and leaving the fit
+    waiting for good, one with a nanny as a "KilledWorker: out of memory?". Another version
+    would fit with other code: not the results a local fit of the same store and options gives."""
+    from tokdyn import __version__
+
+    answer: dict = {}
+
+    def ask() -> None:
+        try:
+            answer["scheduler"] = {"the scheduler": _tokdyn_on_scheduler(client)}
+            answer["workers"] = {f"the worker {w}": v for w, v in client.run(eval, _IMPORT_TOKDYN, on_error="return").items()}
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            answer["error"] = exc
+
+    t = threading.Thread(target=ask, name="tokdyn-cluster-check", daemon=True)
+    t.start()
+    t.join(CLUSTER_IMPORT_TIMEOUT)
+    if t.is_alive() or "error" in answer:  # no word on it: the fit goes on, as it did before this check
+        why = f"no answer within {CLUSTER_IMPORT_TIMEOUT:g} s" if t.is_alive() else " ".join(str(answer["error"]).split())[:150]
+        warnings.warn(f"could not ask the dask cluster at {address} for its tokdyn version ({why}); fitting anyway",
+                      RuntimeWarning, stacklevel=4)  # fmt: skip
+        return
+    for who, got in {**answer["scheduler"], **answer["workers"]}.items():
+        if isinstance(got, BaseException):
+            raise InputError(f"{who} of the dask cluster at {address} cannot import tokdyn "
+                             f"({type(got).__name__}: {' '.join(str(got).split())[:150]}): install tokdyn {__version__} "
+                             "where the cluster's scheduler and workers run, then start them again")  # fmt: skip
+        if got != __version__:
+            raise InputError(f"{who} of the dask cluster at {address} runs tokdyn {got}, this process {__version__}: "
+                             "install the same version where the cluster runs (another version fits with other code)")  # fmt: skip
+
+
+def _tokdyn_on_scheduler(client):
+    """tokdyn's version as the scheduler imports it, or the exception its import raised."""
+    try:
+        return client.run_on_scheduler(eval, _IMPORT_TOKDYN)
+    except (ImportError, AttributeError, SyntaxError) as exc:  # its import's error, raised here
+        return exc
 
 
 def _run_tasks(todo, task_args, *, scheduler: str, client=None, workers: int | None, progress: bool) -> None:
@@ -542,20 +606,22 @@ def _run_tasks(todo, task_args, *, scheduler: str, client=None, workers: int | N
     def tasks(**extra):
         return [dask.delayed(_fit_one_block, pure=False)(b, **task_args, **extra) for b in todo]
 
+    # Never more workers than blocks to fit: `--workers 1000000` started a process (or a thread
+    # holding its block in memory) per block, 80 processes on 2 cores for an 80-block store.
+    workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
     if client is not None:
         _run_distributed(tasks(), client, scheduler, progress)
     elif scheduler == "processes":
-        # The pool's exit waits for the blocks in flight (dask hands one to each worker at a time).
-        with _process_pool(workers or os.cpu_count() or 1) as pool:
-            # One block per hand-over: dask's default batches 6 tasks to a worker, which left
-            # one of 2 workers idle for most of an 8-block fit (2M tokens: 34.2 s, now 29-31 s).
-            _compute_local(tasks(), progress, scheduler="processes", pool=pool, chunksize=1)
+        if not _run_processes(tasks(), workers, progress):  # outside the except: the dead pool is let go first
+            raise ClusterError("a worker process of the fit died while fitting a block (killed, or out of memory? "
+                               "lower --workers or --batch-rows); the blocks done are kept: run `tokdyn fit` again "
+                               "to fit the rest")  # fmt: skip
     elif scheduler == "threads":
         # dask raises a task's error at once and leaves the other threads running: on their own
         # they went on writing blocks (and done flags) after the fit had failed and its lock was
         # released, into a refit started meanwhile. Our own pool, a stop flag, and a wait.
         stop = threading.Event()
-        pool = ThreadPoolExecutor(workers or os.cpu_count() or 1, thread_name_prefix="tokdyn-fit")
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="tokdyn-fit")
         try:
             _compute_local(tasks(stop=stop), progress, scheduler="threads", pool=pool)
         finally:
@@ -563,6 +629,23 @@ def _run_tasks(todo, task_args, *, scheduler: str, client=None, workers: int | N
             pool.shutdown(wait=True, cancel_futures=True)
     else:
         _compute_local(tasks(), progress, scheduler=scheduler)
+
+
+def _run_processes(tasks, workers: int, progress: bool) -> bool:
+    """The tasks in a pool of ``workers`` processes; False when one of them died (killed, or by
+    the OOM killer): dask raised the pool's BrokenProcessPool, reported as "internal error ...
+    (a bug: please report it)"."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        # The pool's exit waits for the blocks in flight (dask hands one to each worker at a time).
+        with _process_pool(workers) as pool:
+            # One block per hand-over: dask's default batches 6 tasks to a worker, which left
+            # one of 2 workers idle for most of an 8-block fit (2M tokens: 34.2 s, now 29-31 s).
+            _compute_local(tasks, progress, scheduler="processes", pool=pool, chunksize=1)
+    except BrokenProcessPool:
+        return False
+    return True
 
 
 def _run_distributed(tasks, client, address: str, progress: bool) -> None:
