@@ -82,25 +82,7 @@ def check_token_arrays(arrays: Mapping[str, np.ndarray], n: int, *, vocab_size: 
         expected = f"{what} {name!r} must hold one integer per token, >= 0 and {bound}"
         if v.shape != (n,):
             raise InputError(f"{expected}; got shape {v.shape}, expected ({n},)")
-        if v.dtype.kind not in "iuf":
-            kind = {"b": "booleans", "U": "strings", "S": "byte strings", "O": "objects"}.get(v.dtype.kind, "values")
-            raise InputError(f"{expected}; got {kind} (dtype {v.dtype})")
-        if v.size == 0:
-            continue
-        if v.dtype.kind == "f":
-            bad = ~np.isfinite(v)
-            if bad.any():
-                raise InputError(f"{expected}; got non-finite {v.dtype} values ({_num(float(v[bad][0]))})")
-            frac = v != np.floor(v)
-            if frac.any():
-                raise InputError(f"{expected}; got {v.dtype} values that are not whole numbers (e.g. {_num(float(v[frac][0]))})")
-            lo, hi = float(v.min()), float(v.max())
-        else:
-            lo, hi = int(v.min()), int(v.max())
-        if lo < 0:
-            raise InputError(f"{expected}; got negative values (down to {_num(lo)})")
-        if hi >= limit:
-            raise InputError(f"{expected}; got values up to {_num(hi)}")
+        _check_whole(v, expected, limit)
 
 
 def check_probe_names(arrays: Mapping[str, np.ndarray], domains: Sequence[str]) -> None:
@@ -162,15 +144,26 @@ def _per_sequence(name: str, value, s: int, limit: int, dtype) -> np.ndarray:
     expected = f"{name} must hold one whole number per sequence, >= 0 and below {_bound(limit)}"
     if v.shape != (s,):
         raise InputError(f"{expected}; got shape {v.shape}, expected ({s},)")
+    _check_whole(v, expected, limit)
+    return v.astype(dtype)
+
+
+def _check_whole(v: np.ndarray, expected: str, limit: int) -> None:
+    """One :class:`InputError`, ``expected`` and what was found, unless ``v`` holds whole numbers
+    in ``[0, limit)``: any integer dtype, or a float one whose values are finite and whole
+    (booleans, strings and objects refused)."""
     if v.dtype.kind not in "iuf":
         kind = {"b": "booleans", "U": "strings", "S": "byte strings", "O": "objects"}.get(v.dtype.kind, "values")
         raise InputError(f"{expected}; got {kind} (dtype {v.dtype})")
     if v.size == 0:
-        return v.astype(dtype)
+        return
     if v.dtype.kind == "f":
-        bad = ~np.isfinite(v) | (v != np.floor(v))
+        bad = ~np.isfinite(v)
         if bad.any():
-            raise InputError(f"{expected}; got {_num(float(v[bad][0]))}")
+            raise InputError(f"{expected}; got non-finite {v.dtype} values ({_num(float(v[bad][0]))})")
+        frac = v != np.floor(v)
+        if frac.any():
+            raise InputError(f"{expected}; got {v.dtype} values that are not whole numbers (e.g. {_num(float(v[frac][0]))})")
         lo, hi = float(v.min()), float(v.max())
     else:
         lo, hi = int(v.min()), int(v.max())
@@ -178,7 +171,6 @@ def _per_sequence(name: str, value, s: int, limit: int, dtype) -> np.ndarray:
         raise InputError(f"{expected}; got negative values (down to {_num(lo)})")
     if hi >= limit:
         raise InputError(f"{expected}; got values up to {_num(hi)}")
-    return v.astype(dtype)
 
 
 def _bound(limit: int) -> str:
