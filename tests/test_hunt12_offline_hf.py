@@ -189,6 +189,25 @@ def test_the_newest_folder_being_written_waits_for_resume(tmp_path, unfinished):
     assert open_store(tmp_path / "s.zarr").run("r").steps.tolist() == [2, 4]
 
 
+@pytest.mark.parametrize("how", ["a folder saved by save_pretrained", "a manifest entry"])
+def test_a_finished_folder_that_never_gets_a_trainer_state_is_recorded(tmp_path, how):
+    """Only the Trainer's own checkpoint-N folders are written with a trainer_state.json: a newest
+    folder saved by save_pretrained (as the warning on the output folder's final model advises)
+    was taken for a save in progress and skipped for good, and so was a manifest's entry (found
+    by review)."""
+    out = tmp_path / "out"
+    _checkpoint(out / "checkpoint-2", 2, seed=1, state=_trainer_state(2))
+    _checkpoint(out / "checkpoint-4", 4, seed=2, state=_trainer_state(4))
+    make_hf_model(3).save_pretrained(out / ("final-step-6" if how != "a manifest entry" else "final"))
+    if how == "a manifest entry":
+        (out / "manifest.json").write_text(json.dumps({"checkpoints": [
+            {"path": "checkpoint-2"}, {"path": "checkpoint-4"}, {"path": "final", "step": 6}]}))
+    _probe_store(tmp_path / "s.zarr")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert _record(out, tmp_path / "s.zarr")["recorded"] == [2, 4, 6]
+
+
 def test_a_folder_without_weights_before_the_newest_is_still_an_error(tmp_path):
     out = tmp_path / "out"
     _checkpoint(out / "checkpoint-2", 2, state=_trainer_state(2))  # config only: a damaged run, not a save in progress
@@ -280,3 +299,18 @@ def test_a_real_trainer_output_folder(tmp_path):
     assert run.coord("tokens_seen").tolist() == [2 * 64, 4 * 64, 6 * 64]  # 4 sequences of 16 tokens an update
     rate = lambda s: 1e-3 * ((s - 1) / 2 if s <= 2 else (6 - (s - 1)) / 4)  # noqa: E731 - update s runs at scheduler step s - 1
     np.testing.assert_allclose(run.coord("lr"), [rate(2), rate(4), rate(6)])
+
+
+def test_a_peft_training_output_folder_is_said_to_hold_adapters(tmp_path):
+    """checkpoint-N/ folders of adapters and the final adapter in the output folder itself (PEFT's
+    layout) was "cannot tell the step of ['adapter_model.safetensors'] ... Rename them"."""
+    out = tmp_path / "out"
+    for folder in (out / "checkpoint-10", out / "checkpoint-20", out):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+        (folder / "adapter_model.safetensors").write_bytes(b"")
+    (out / "training_args.bin").write_bytes(b"")
+    with pytest.raises(InputError, match=r"holds a PEFT adapter .*merge_and_unload") as e, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        discover_checkpoints(out)
+    assert "Rename" not in str(e.value)

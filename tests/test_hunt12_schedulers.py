@@ -206,3 +206,15 @@ def test_a_host_that_does_not_resolve_is_said_as_such(monkeypatch):
     with pytest.raises(InputError, match=r"cannot reach the dask scheduler at tcp://nosuchhost\.invalid:8786: "):
         fitjob.check_scheduler("tcp://nosuchhost.invalid:8786")
     assert time.monotonic() - t0 < 3.0
+
+
+def test_the_library_leaves_the_resource_tracker_s_warnings_to_the_user(tmp_path):
+    """The tracker serves the whole process: quieted by a fit on processes inside a notebook, it hid
+    the user's own leaks for good (found by review); only tokdyn's own command quiets it."""
+    import subprocess
+    import sys
+
+    code = ("from tokdyn._process import spawn_context; spawn_context(); "
+            "from multiprocessing import shared_memory; m = shared_memory.SharedMemory(create=True, size=64); m.close()")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "leaked shared_memory" in p.stderr, p.stderr

@@ -45,12 +45,18 @@ _SIGMASK = hasattr(signal, "pthread_sigmask")
 # imported; the resource tracker, which shares the terminal, unlinks it at its own exit and says
 # "UserWarning: resource_tracker: There appear to be 2 leaked semaphore objects ..." in two lines
 # under the job's one-line error. Its warnings are its command line's -W options, taken from ours.
+# The tracker serves the whole process, so it is quieted only where the process is tokdyn's own
+# command (the CLI sets this): in a notebook it would hide the user's own leaks for good.
 _TRACKER_QUIET = "ignore:resource_tracker:UserWarning"  # (a colon would end the -W message field)
+QUIET_RESOURCE_TRACKER = False
 
 
 def _start_resource_tracker() -> None:
     from multiprocessing import resource_tracker
 
+    if not QUIET_RESOURCE_TRACKER:
+        resource_tracker.ensure_running()
+        return
     sys.warnoptions.append(_TRACKER_QUIET)  # for the tracker only (a no-op where it already runs)
     try:
         resource_tracker.ensure_running()

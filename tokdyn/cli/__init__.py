@@ -17,6 +17,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 
+from .. import _process
 from .._text import visible
 from .._version import __version__
 from ..errors import TokdynError
@@ -54,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if closed:  # its product is a store or a file: what it prints about it goes nowhere, as before
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - closed in the finally below
     restore = _printable_stdout()
+    _process.QUIET_RESOURCE_TRACKER = True  # this process is the command: a killed worker's leak is no news
     try:
         with warnings.catch_warnings():
             _one_line_warnings(args.command)

@@ -35,12 +35,12 @@ __all__ = ["TokdynTrainerCallback"]
 
 def _steps_at_epoch_end(version: str) -> bool:
     """Whether the Trainer of transformers ``version`` steps the optimizer at each epoch's end on
-    the micro-batches left (4.47.1 on); before, its count of micro-batches ran across epochs and
+    the micro-batches left (4.47.0 on); before, its count of micro-batches ran across epochs and
     every update was a full one."""
     import re
 
     found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
-    return found is None or tuple(int(g or 0) for g in found.groups()) >= (4, 47, 1)
+    return found is None or tuple(int(g or 0) for g in found.groups()) >= (4, 47, 0)
 
 
 class TokdynTrainerCallback(TrainerCallback):

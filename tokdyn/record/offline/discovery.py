@@ -78,6 +78,8 @@ _TRAINING_STATE = re.compile(r"^(?:training_args\.bin|optimizer\.pt|scheduler\.p
 # A name still being written, or left by a save that died: checkpoint-500.tmp/, transformers 4.36's
 # tmp-checkpoint-500/ (renamed when complete). Its number is a step whose weights may be half there.
 _IN_PROGRESS = re.compile(r"^tmp[-_]|\.(?:tmp|temp|partial|incomplete)$", re.IGNORECASE)
+# The name the Hugging Face Trainer gives its checkpoint folders.
+_TRAINER_SAVE = re.compile(r"^checkpoint-\d+$")
 # A Hugging Face folder's own weights: they hold no step (the folder does).
 _HF_WEIGHTS = re.compile(r"^(?:model|pytorch_model)(?:-\d+-of-\d+)?\.(?:safetensors|bin)$")
 # transformers 4.51 (huggingface/transformers#36973) logs the learning rate of the update just done;
@@ -206,6 +208,10 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
             f"list their files in a {MANIFEST} to record them",
             stacklevel=2,
         )
+    if unnamed and is_adapter_folder(root):  # a PEFT training's output folder: its own adapter, and its checkpoints'
+        raise InputError(f"{root} holds a PEFT adapter (adapter_config.json), not a whole model; tokdyn records whole "
+                         "models: merge each adapter into its base model (peft's merge_and_unload(), then save_pretrained) "
+                         "and record those folders")  # fmt: skip
     own = (root / "config.json").is_file() and any(r.kind == "hf" for r in found)
     if unnamed and own and all(_HF_WEIGHTS.match(n) for n in unnamed):
         # a Trainer's output folder: Trainer.save_model writes the final model (or the best, with
@@ -278,15 +284,17 @@ def hf_weight_files(folder: Path) -> list[Path] | None:
 
 def drop_unfinished(refs: Sequence[CheckpointRef], where: str) -> list[CheckpointRef]:
     """``refs`` (in step order) without the last one when it is a Hugging Face folder still being
-    written: its weights not all there yet, or no ``trainer_state.json`` (the Trainer writes it last)
-    where every other checkpoint folder has one. Named in a warning: ``resume=True`` records it
+    written: its weights not all there yet, or, for a Trainer's ``checkpoint-N`` folder, no
+    ``trainer_state.json`` (the Trainer writes it last) where every other checkpoint folder has one. Named in a warning: ``resume=True`` records it
     later. An unfinished folder before the last is left to fail when loaded (a damaged run)."""
     hf = [r for r in refs if r.kind == "hf"]
     if not refs or refs[-1].kind != "hf" or is_adapter_folder(refs[-1].path):
         return list(refs)
     last = refs[-1].path
-    stateless = not (last / "trainer_state.json").is_file() and len(hf) > 1 and all(
-        (r.path / "trainer_state.json").is_file() for r in hf[:-1])  # fmt: skip
+    # only a Trainer's own save (checkpoint-N) is written with its state: a folder saved by
+    # save_pretrained, or copied in by hand, never gets one, and must not wait for it for good
+    stateless = bool(_TRAINER_SAVE.match(last.name)) and not (last / "trainer_state.json").is_file() and len(hf) > 1 \
+        and all((r.path / "trainer_state.json").is_file() for r in hf[:-1])  # fmt: skip
     if hf_weight_files(last) is not None and not stateless:
         return list(refs)
     missing = "its trainer_state.json" if hf_weight_files(last) is not None else "its weights"

@@ -17,6 +17,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ from ...runtime import resolve_device
 from ...store import AXES, LOSS_DTYPES, TrajectoryStore, open_store
 from .._interrupt import hold_interrupts
 from ..recorder import _steps_text, check_model_context, default_forward, model_attrs, token_losses
-from .discovery import CheckpointRef, discover_checkpoints, drop_unfinished, hf_weight_files, manifest_axis, order_refs
+from .discovery import MANIFEST, CheckpointRef, discover_checkpoints, drop_unfinished, hf_weight_files, manifest_axis, order_refs
 from .loading import MODEL_DTYPES, ModelFactory, load_checkpoint, needs_transformers, weights_fingerprint
 from .models import hf_progress_bars, import_transformers
 
@@ -226,7 +227,9 @@ def _checkpoint_refs(checkpoints, axis: str | None) -> tuple[list[CheckpointRef]
         source = os.path.abspath(checkpoints)
         refs = discover_checkpoints(checkpoints, axis=axis)
         axis = axis or manifest_axis(checkpoints) or "T"
-        if axis == "T":  # a training still saving: its newest folder waits for --resume
+        # a training still saving: its newest folder waits for --resume (a manifest's entries are
+        # what the user listed: never dropped, a damaged one fails when loaded)
+        if axis == "T" and not (Path(checkpoints) / MANIFEST).is_file():
             refs = drop_unfinished(refs, os.fspath(checkpoints))
     else:
         axis = axis or "T"
