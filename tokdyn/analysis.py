@@ -9,6 +9,7 @@ adds the D and M axes when they are present and fitted.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 from functools import cached_property, partial
@@ -26,7 +27,7 @@ from .store import Run, TrajectoryStore, as_store
 from .tokenstats import TokenStats, frequency_bands, position_bands, token_stats
 
 __all__ = ["RunAnalysis", "StoreAnalysis", "RunSpectrum", "AxisRun", "analyze_run", "analyze_store", "fitted_runs",
-           "group_spectra", "run_spectrum", "axis_run"]
+           "group_spectra", "run_spectrum", "axis_run", "run_order"]
 
 
 @dataclass
@@ -68,10 +69,20 @@ class StoreAnalysis:
                 "left_out": dict(self.failed)}  # fmt: skip
 
 
+_NUMBER = re.compile(r"(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)")
+
+
+def run_order(name: str) -> tuple:
+    """A run name's place in a list of runs: numbers in it by value, so that seed2 comes before
+    seed10, lr1e-4 before lr3e-4 before lr1e-3 (the store lists names by code point: seed10, seed2)."""
+    return tuple((0, float(p), p) if _NUMBER.fullmatch(p) else (1, 0.0, p) for p in _NUMBER.split(name) if p)
+
+
 def fitted_runs(store: TrajectoryStore) -> tuple[list[str], list[str]]:
-    """(runs with a complete, current fit; runs without one, or that cannot be opened)."""
+    """(runs with a complete, current fit; runs without one, or that cannot be opened), each in
+    :func:`run_order`."""
     done, todo = [], []
-    for name in store.runs:
+    for name in sorted(store.runs, key=run_order):
         try:
             complete = store.run(name).fit.complete
         except StoreError:  # a run that cannot be opened (an interrupted creation, damage)
@@ -151,6 +162,10 @@ def analyze_store(
     failed: dict[str, str] = {}
     if runs is None:
         names = [n for n in done if st.run(n).axis == "T"]  # fitted runs open cleanly
+        for n in todo:  # a fit made, but out of date (rows recorded since) or unfinished: not "not fitted"
+            why = _stale_fit(st, n)
+            if why is not None:
+                failed[n] = why
         for axis in ("D", "M"):
             try:
                 found = find_axis_run(st, axis)
@@ -193,6 +208,19 @@ def analyze_store(
         raise StoreError(f"no run of {st.url} could be analysed: " + "; ".join(f"{n}: {why}" for n, why in failed.items()))
     return StoreAnalysis(st.url, out, [n for n in todo if n not in names and n not in failed], failed)
 
+
+def _stale_fit(st: TrajectoryStore, name: str) -> str | None:
+    """Why run ``name``'s fit cannot be used where it has one (unfinished, or made on fewer rows
+    than the run now has: a run still being recorded), with what to run; None where it has
+    none."""
+    try:
+        fit = st.run(name).fit
+        if not fit.meta:
+            return None
+        fit.check()
+    except StoreError as exc:
+        return str(exc)
+    return None
 
 
 @dataclass

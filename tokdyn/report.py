@@ -32,7 +32,7 @@ import numpy as np
 from . import __version__
 from ._files import check_output_path, write_atomically
 from ._text import visible
-from .analysis import RunAnalysis, StoreAnalysis, analyze_store
+from .analysis import RunAnalysis, StoreAnalysis, analyze_store, run_order
 from .errors import InputError, StoreError, TokdynError
 from .fit.models import FLAT_NATS, SHARE_MIN_NET, two_sigmoid_curve, unfit_reasons
 from .fit.options import CLASS_CODES, CLASS_NAMES, STATUS_NAMES
@@ -40,7 +40,7 @@ from .fit.sigmoid import sigmoid_curve
 from .fit.job import fitted_inputs
 from .spectrum import POWER_LAW_R2
 from .store import TrajectoryStore, as_store
-from .tokenstats import RHO1_CLASSES
+from .tokenstats import RHO1_CLASSES, frequency_bands, position_bands
 
 __all__ = ["write_report", "render_report", "check_writable"]
 
@@ -438,19 +438,35 @@ def _class_help(o: dict) -> dict[str, str]:
     }  # fmt: skip
 
 
+CLASS_THRESHOLDS = ("delta_min", "known_loss", "r2_min", "min_points", "max_loss")  # the options _class_help reads
+
+
 def _classes_help(st: TrajectoryStore, an: StoreAnalysis) -> str:
-    o = st.run(an.runs[0].run).fit.options() if an.runs else {}
-    text = _class_help(o)
-    rows = [[_Html(f"<span style='white-space:nowrap'><span style='color:{CLASS_COLORS[c]}'>■</span> {_e(c)}</span>"), text[c]] for c in CLASS_NAMES.values()]
-    return (f"<details><summary>What the token classes mean</summary>{_table(['class', 'the token loss over the recorded points'], rows)}"
+    """What each class means, with the thresholds each run was fitted with: one table for runs
+    that share them, one per set where runs were fitted with other options (a table of the first
+    run's thresholds misread the classes of a run fitted with --delta-min 1)."""
+    sets: dict[str, tuple[dict, list[str]]] = {}
+    for a in an.runs:
+        o = st.run(a.run).fit.options()
+        key = json.dumps({k: o.get(k) for k in CLASS_THRESHOLDS}, sort_keys=True, default=str)
+        sets.setdefault(key, (o, []))[1].append(a.run)
+    tables = []
+    for o, names in sets.values() or [({}, [])]:
+        text = _class_help(o)
+        rows = [[_Html(f"<span style='white-space:nowrap'><span style='color:{CLASS_COLORS[c]}'>■</span> {_e(c)}</span>"), text[c]] for c in CLASS_NAMES.values()]
+        caption = "" if len(sets) < 2 else f"Run{'s' * (len(names) != 1)} {', '.join(names)} (fitted with these thresholds)"
+        tables.append(_table(["class", "the token loss over the recorded points"], rows, caption=caption))
+    differ = (" The runs were fitted with different thresholds, so one table is given for each set of runs fitted alike."
+              if len(sets) > 1 else "")  # fmt: skip
+    return (f"<details><summary>What the token classes mean</summary>{''.join(tables)}"
             "<p class=meta>Each token's loss curve is fitted by a constant, a line, a sigmoid and two sigmoids in log "
             "steps; the simplest model that is not clearly beaten (by BIC) is kept, and the class says what that model "
-            "does between the first and the last recorded point.</p></details>")  # fmt: skip
+            f"does between the first and the last recorded point.{differ}</p></details>")  # fmt: skip
 
 
 def _metadata_tables(st: TrajectoryStore, an: StoreAnalysis) -> str:
     rows = []
-    for name in st.runs:
+    for name in sorted(st.runs, key=run_order):  # the order of the report's sections
         try:
             r = st.run(name)
             info = r.info()
@@ -820,22 +836,37 @@ def _axis_name(axis: str) -> str:
     return AXIS_NOUN.get(axis, axis)
 
 
-def _log_ticks(axis_obj, lo: float, hi: float) -> None:
-    """Ticks of a matplotlib x or y axis whose data are log10 values, labelled as the values."""
+def _log_ticks(axis_obj, lo: float, hi: float, width_in: float | None = None) -> None:
+    """Ticks of a matplotlib x or y axis whose data are log10 values, labelled as the values;
+    ``width_in``: the x axis's length in inches, so that no more labels than fit are written
+    (a panel a quarter of the page wide over steps 1 to 1e6 printed "1001,00010,000")."""
     from matplotlib.ticker import FixedLocator, FuncFormatter
 
     span = max(hi - lo, 1e-9)
     # Within a short span, ticks at 1, 3 (1, 2, 5; 1 to 9; 1.0 to 9.9) times a power of ten, two or
     # more in view down to a span of 0.05 decades: the values the labels name. (Ticks at half
     # decades, 10^0.5 = 3.16, were labelled "3".)
-    mantissas = ((1,) if span >= 2 else (1, 3) if span >= 1 else (1, 2, 5) if span >= 0.7
-                 else tuple(range(1, 10)) if span >= 0.3 else tuple(m / 10 for m in range(10, 100)))  # fmt: skip
+    choices = ((1,), (1, 3), (1, 2, 5), tuple(range(1, 10)), tuple(m / 10 for m in range(10, 100)))
+    first = 0 if span >= 2 else 1 if span >= 1 else 2 if span >= 0.7 else 3 if span >= 0.3 else 4
     decades = range(int(np.floor(lo)) - 1, int(np.ceil(hi)) + 1)
+    mantissas, every = choices[first], 1
+    if width_in is not None:  # coarser ticks, then every 2nd, 3rd... decade, until the labels fit
+        def shown(ms, step):
+            return [10.0 ** (k + np.log10(m)) for k in decades for m in ms
+                    if k % step == 0 and lo - 1e-9 <= k + np.log10(m) <= hi + 1e-9]  # fmt: skip
+
+        def width(values):  # a 10-point digit is about 0.08 inch wide, plus room between labels
+            return len(values) * (0.08 * max((len(_value_text(v)) for v in values), default=1) + 0.2)
+
+        options = [(ms, 1) for ms in reversed(choices[: first + 1])] + [((1,), k) for k in range(2, 7)]
+        options = options[:1] + [o for o in options[1:] if len(shown(*o)) >= 2]  # two labels in view, at least
+        mantissas, every = next((o for o in options if width(shown(*o)) <= width_in), options[-1])
     major = [k + np.log10(m) for k in decades for m in mantissas]
     minor = [k + np.log10(m) for k in decades for m in range(2, 10) if m not in mantissas] if span >= 0.3 else []
     axis_obj.set_major_locator(FixedLocator(major))
     axis_obj.set_minor_locator(FixedLocator(minor))
-    axis_obj.set_major_formatter(FuncFormatter(lambda v, _: _value_text(10.0**v)))
+    labelled = {round(k + np.log10(m), 9) for k in decades for m in mantissas if k % every == 0}
+    axis_obj.set_major_formatter(FuncFormatter(lambda v, _: _value_text(10.0**v) if round(v, 9) in labelled else ""))
 
 
 def _row_text(v: float) -> str:
@@ -858,7 +889,8 @@ def _value_text(v: float) -> str:
 
 def _axis_x(ax, axis: str, x: np.ndarray) -> None:
     ax.set_xlabel(f"{AXIS_LABEL.get(axis, axis)} (log scale)")
-    _log_ticks(ax.xaxis, float(np.nanmin(x)), float(np.nanmax(x)))
+    width_in = ax.get_position().width * ax.figure.get_figwidth()  # before layout: about the panel's width
+    _log_ticks(ax.xaxis, float(np.nanmin(x)), float(np.nanmax(x)), width_in=width_in)
 
 
 def _legend_below(ax, *handles_labels, ncol: int = 1, **kw) -> None:
@@ -1295,9 +1327,10 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
             shown[k] = (min(6, len(spectra)), len(spectra))
             spectra = dict(sorted(spectra.items(), key=lambda kv: -abs(kv[1].total_drop))[:6])
         lines = []
-        for j, (label, sp) in enumerate(spectra.items()):
-            color = CLASS_COLORS.get(label, f"C{j % 10}") if k == "class" else f"C{j % 10}"
-            lines += ax.plot(sp.x, sp.density, color=color, lw=1.2)
+        order = _group_order(st, k)
+        for label, sp in spectra.items():
+            color, style = _group_style(k, label, order)
+            lines += ax.plot(sp.x, sp.density, color=color, linestyle=style, lw=1.2)
         title = f"by {k}" if k not in shown else f"by domain ({shown[k][0]} of {shown[k][1]})"
         ax.set_title(title, fontsize=10)
         _axis_x(ax, a.axis, a.reconstruction.spectrum.x)
@@ -1325,6 +1358,37 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
                   "bandwidth, same normalisation), so the curves of a panel add up to the whole spectrum, less groups "
                   f"with fewer than 10 events, which are left out.{dom}{missing} A peak that moves from band to band "
                   "means those tokens are learned at different times.")  # fmt: skip
+
+
+def _group_order(st: TrajectoryStore, kind: str) -> list[str]:
+    """Every label of group ``kind`` the probe has, in the probe's order, named as
+    :func:`tokdyn.spectrum.spectra_by` names them (two domains of one name: ``name [index]``)."""
+    probe, ta = st.probe, st.probe.token_arrays
+    if kind == "domain":
+        names = [str(d) for d in probe.domains]
+    elif kind == "frequency" and "token_id" in ta:
+        names = [str(b) for b in frequency_bands(np.asarray(ta["token_id"]))[1]]
+    elif kind == "position" and "token_pos" in ta:
+        names = [str(b) for b in position_bands(np.asarray(ta["token_pos"]), probe.context)[1]]
+    else:
+        return []
+    return [n if names.count(n) == 1 else f"{n} [{i}]" for i, n in enumerate(names)]
+
+
+def _group_style(kind: str, label: str, order: list[str]) -> tuple[str, object]:
+    """A group's colour and line style, fixed by its place among all the probe's groups of that
+    kind, so that one domain or band has one colour in every run's figure (colours by rank in
+    each panel gave one domain a new colour in each run). Beyond 10 groups the 20 colours of
+    tab20, beyond 20 a dashed or dotted line as well."""
+    if kind == "class":
+        return CLASS_COLORS.get(label, "k"), "-"
+    i = order.index(label) if label in order else len(order)
+    if len(order) <= 10:
+        return f"C{i}", "-"
+    import matplotlib
+
+    j = i % 20  # tab20's dark shades first, then its light ones: neighbours in the probe's order differ in hue
+    return matplotlib.colormaps["tab20"](2 * j % 20 + j // 10), ("-", "--", ":", "-.")[(i // 20) % 4]
 
 
 def _listed(words: list[str]) -> str:
