@@ -22,6 +22,7 @@ from .._text import visible
 from .._version import __version__
 from ..errors import TokdynError
 from . import analysis, curriculum, demo, fit, probe, record, store
+from ._common import check_paths
 
 __all__ = ["main", "build_parser"]
 
@@ -59,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():
             _one_line_warnings(args.command)
+            check_paths(_actions(parser, path), args)
             return int(args.func(args) or 0)
     except BrokenPipeError:  # `tokdyn spectrum ... | head`: the reader left; say nothing
         _quiet_stdout()
@@ -94,6 +96,15 @@ def _command_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
             return tuple(path)
         path.append(name)
         parser = subs[0].choices[name]
+
+
+def _actions(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> list[argparse.Action]:
+    """The arguments of the (sub)command ``path`` names, and of the parsers above it."""
+    actions = list(parser._actions)
+    for name in path:
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+        actions += parser._actions
+    return actions
 
 
 def _usage_parser(parser: argparse.ArgumentParser, path: tuple[str, ...], argv: list[str], extra: list[str]):
@@ -193,6 +204,9 @@ def error_line(exc: BaseException) -> str:
     worded; anything else as a bug report with the version."""
     if isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and exc.filename:
         text = _unwritable(exc)
+    elif isinstance(exc, OSError) and exc.errno in _IN_THE_WAY and exc.filename:
+        # "[Errno 20] Not a directory: 'd/f/x.zarr'", Python's wording with its quotes, as the path and why
+        text = f"{exc.strerror or os.strerror(exc.errno)}: {os.fspath(exc.filename)} ({_IN_THE_WAY[exc.errno]})"
     elif isinstance(exc, (TokdynError, OSError, ImportError)):
         text = str(exc)
     elif isinstance(exc, MemoryError):
@@ -203,6 +217,11 @@ def error_line(exc: BaseException) -> str:
     # a name from a file or a store can hold a right-to-left override, which turned the rest of
     # the terminal's line around: every character that shows nothing is written as an escape
     return visible(" ".join(text.split())) or type(exc).__name__
+
+
+# OSErrors of a path that is in the way, with what they mean for a command's input or output path
+_IN_THE_WAY = {errno.ENOTDIR: "a part of the path is a file, where a folder is needed",
+               errno.EEXIST: "something that is not a store or a folder is already at that path"}  # fmt: skip
 
 
 def _unwritable(exc: OSError) -> str:

@@ -11,7 +11,7 @@ from ..errors import InputError
 from ..store import Run, TrajectoryStore, as_store
 
 __all__ = ["store_path", "open_cli_store", "open_cli_run", "add_store_argument", "add_run_argument", "print_json",
-           "at_least"]
+           "at_least", "check_paths", "PATH_ARGUMENTS"]
 
 
 def add_store_argument(p) -> None:
@@ -49,6 +49,22 @@ def open_cli_run(path: str, name: str | None, *, mode: str = "r") -> Run:
             raise InputError(f"{st.url} holds {len(runs)} runs ({', '.join(runs)}); choose one with --run NAME")
         name = runs[0]
     return st.run(name)
+
+
+# The arguments, by dest, that name a file, a folder or a store, in every command.
+PATH_ARGUMENTS = frozenset({"store", "input", "output", "table", "source", "out", "tokenizer", "checkpoints", "probe",
+                            "held_out"})  # fmt: skip
+
+
+def check_paths(actions, args) -> None:
+    """Refuse an empty path (``--out ""``, an unset ``"$VAR"``) in one line naming its argument,
+    before any work: the library read ``""`` as ``.``, and the commands said "output must end in
+    .npz, got .", "npz file not found: .", "report path . is a folder", or, for ``--tokenizer ""``,
+    nothing at all (the report went on without one)."""
+    for a in actions:
+        if a.dest in PATH_ARGUMENTS and getattr(args, a.dest, None) == "":
+            name = "/".join(a.option_strings) or (a.metavar if isinstance(a.metavar, str) else a.dest)
+            raise InputError(f"{name} is an empty path; give the name of a file, folder or store")
 
 
 def at_least(option: str, value, lo: int) -> None:

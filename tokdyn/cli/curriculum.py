@@ -41,7 +41,7 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--min-count", type=int, default=5, help="keys of order >= 2 seen fewer times back off (default 5)")
     p.add_argument("--prior", type=_number, default=5.0, help="shrinkage toward the shorter key, in pseudo-occurrences (default 5)")
     p.add_argument("--holdout", type=_number, default=0.2, help="fraction of pilot sequences held out for the check (default 0.2; 0: none)")
-    p.add_argument("--seed", type=int, default=0, help="chooses the held-out sequences")
+    p.add_argument("--seed", type=int, default=0, help="chooses the held-out sequences (default 0)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("schedule", help="domain-mixture schedule (.json) from a fitted pilot whose probe is labelled by domain; prints its enrichment")
     p.add_argument("store", help="store holding the pilot run (probe windows of the training pool, labelled by domain)")

@@ -19,7 +19,7 @@ def register(sub) -> None:
     p.add_argument("--workers", type=int, help="local workers (default: one per core)")
     p.add_argument("--backend", default="auto", choices=("auto", "numba", "numpy", "torch"), help="the solver's backend (default: auto)")
     p.add_argument("--device", help="torch device for --backend torch (e.g. cuda)")
-    p.add_argument("--batch-rows", type=int, default=16384, help="tokens fitted at once inside a block")
+    p.add_argument("--batch-rows", type=int, default=16384, help="tokens fitted at once inside a block (default: 16384)")
     p.add_argument("--refit", action="store_true", help="discard a stored fit and fit again")
     p.add_argument("--repair", action="store_true",
                    help="check every fitted block against its checksums (reads the whole fit) and fit the damaged ones again")

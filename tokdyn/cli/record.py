@@ -37,8 +37,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--workers", type=int, metavar="N", help="checkpoints evaluated at once (default: min(4, cores); 2 on a GPU)")
     parser.add_argument("--device", default="cpu", help="torch device for the probe forwards (default: cpu)")
     parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="probe sequences per forward (default: 32)")
-    parser.add_argument("--dtype", choices=LOSS_DTYPES, default="float32", help="storage dtype of the losses")
-    parser.add_argument("--model-dtype", choices=MODEL_DTYPE_NAMES, default="float32", help="dtype the models run in")
+    parser.add_argument("--dtype", choices=LOSS_DTYPES, default="float32", help="storage dtype of the losses (default: float32)")
+    parser.add_argument("--model-dtype", choices=MODEL_DTYPE_NAMES, default="float32", help="dtype the models run in (default: float32)")
     parser.add_argument("--resume", action="store_true", help="continue an existing run after its last committed step")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser

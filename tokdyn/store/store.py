@@ -196,7 +196,9 @@ class TrajectoryStore:
         url = local_url(url)
         try:
             group = _open_group(url, mode, storage_options)
-        except (FileNotFoundError, zarr.errors.GroupNotFoundError, zarr.errors.NodeTypeValidationError):
+        # (a file at the path, or one above it: mode "r+" makes the store's folder, "[Errno 17] File exists")
+        except (FileNotFoundError, FileExistsError, NotADirectoryError, zarr.errors.GroupNotFoundError,
+                zarr.errors.NodeTypeValidationError):  # fmt: skip
             raise NotAStoreError(f"no tokdyn store at {url}") from None
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
             raise StoreError(f"{url}: store metadata is unreadable ({type(exc).__name__}: {exc})") from None
