@@ -24,6 +24,7 @@ import json
 import os
 import re
 import sysconfig
+import threading
 import unicodedata
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -206,37 +207,129 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
     """
     p = Path(path)
     check_binary = not codecs.lookup(encoding).name.startswith(("utf-16", "utf-32"))
-    if codecs.lookup(encoding).name == "utf-8":
+    sniff_bom = codecs.lookup(encoding).name == "utf-8"
+    if sniff_bom:
         encoding = "utf-8-sig"  # a byte-order mark (Windows Notepad writes one) is not text, as in a .jsonl
     if p.is_file():
         data = p.read_bytes()
-        if check_binary and b"\0" in data[:_BINARY_SNIFF]:
+        bom = _utf16_32_bom(data) if sniff_bom else None
+        if bom is None and check_binary and b"\0" in data[:_BINARY_SNIFF]:
             raise InputError(f"{p} holds NUL bytes: it is binary, not text (a token file is read as one when named *.bin)")
-        return [Document(key=_name_text(p.name), domain=_name_text(p.stem), text=data.decode(encoding, errors="replace"))]
+        text, bad = _decode(data, bom or encoding)
+        if bad:
+            _warn_undecodable(p, [(p.name, bad)], bom or encoding)
+        return [Document(key=_name_text(p.name), domain=_name_text(p.stem), text=text)]
     if not p.is_dir():
+        if os.path.exists(p):  # a FIFO, a socket, a device: read as text it would hang or never end
+            raise InputError(f"text source {p} is not a regular file or a folder (a FIFO, socket or device); give a file or a folder")
         raise InputError(f"text source not found: {p}")
-    docs, binary = [], []
-    for f in sorted(x for x in p.rglob(pattern) if x.is_file()):
+    docs, binary, undecodable = [], [], []
+    for f in _list_files(p, pattern):
         rel = f.relative_to(p)
         if any(part.startswith(".") for part in rel.parts):  # .git/, .DS_Store, editors' swap files
             continue
-        data = f.read_bytes()
-        if check_binary and b"\0" in data[:_BINARY_SNIFF]:
+        try:
+            data = f.read_bytes()
+        except PermissionError:
+            raise InputError(f"{p}: cannot read {_name_text(rel.as_posix())} (permission denied); make it readable, "
+                             "or move it out of the source folder") from None  # fmt: skip
+        bom = _utf16_32_bom(data) if sniff_bom else None
+        if bom is None and check_binary and b"\0" in data[:_BINARY_SNIFF]:
             binary.append(rel.as_posix())
             continue
-        text = data.decode(encoding, errors="replace")
+        text, bad = _decode(data, bom or encoding)
+        if bad:
+            undecodable.append((rel.as_posix(), bad))
         if text:
             domain = rel.parts[0] if len(rel.parts) > 1 else f.stem
             docs.append(Document(key=_name_text(rel.as_posix()), domain=_name_text(domain), text=text))
     if binary:
         shown = ", ".join(_name_text(b) for b in binary[:5]) + (f" and {len(binary) - 5} more" if len(binary) > 5 else "")
         warnings.warn(f"{p}: skipped {len(binary)} binary file(s) (NUL bytes, not text): {shown}", stacklevel=2)
+    if undecodable:
+        _warn_undecodable(p, undecodable, encoding)
+    folders = {d.domain for d in docs if "/" in d.key}
+    merged = sorted((d.key, d.domain) for d in docs if "/" not in d.key and d.domain in folders)
+    if merged:  # a.txt beside a/: documented as a domain of its own, it joined the folder's
+        shown = ", ".join(f"{k} joins {dom}/" for k, dom in merged[:5]) + (f" and {len(merged) - 5} more" if len(merged) > 5 else "")
+        warnings.warn(f"{p}: {len(merged)} file(s) directly in the folder share their domain (the file's stem) with a "
+                      f"sub-folder: {shown}; move or rename them if they are another domain", stacklevel=2)  # fmt: skip
     if not docs:
         raise InputError(f"no non-empty text files matching {pattern!r} under {p}")
     return docs
 
 
+def _list_files(root: Path, pattern: str) -> list[Path]:
+    """The regular files under ``root`` (symlinks to files too) whose path matches ``pattern``, as
+    ``root.rglob(pattern)`` finds them (symlinked folders are not entered), sorted; hidden folders
+    are not entered. A folder that cannot be listed is an :class:`InputError` (``rglob`` skipped
+    it without a word: its documents were silently left out)."""
+    found = []
+
+    def fail(exc: OSError):
+        rel = os.path.relpath(exc.filename, root) if exc.filename else str(root)
+        raise InputError(f"{root}: cannot list the folder {_name_text(rel)} ({(exc.strerror or 'error').lower()}); "
+                         "make it readable, or move it out of the source folder")  # fmt: skip
+
+    for folder, dirs, files in os.walk(root, onerror=fail):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        base = Path(folder)
+        for name in files + dirs:  # a symlink to a file is a file; one to a folder is listed in dirs
+            f = base / name
+            if f.relative_to(root).match(pattern) and f.is_file():
+                found.append(f)
+    return sorted(found)
+
+
 _BINARY_SNIFF = 8192  # as git: a NUL byte in the first 8 KiB makes a file binary
+
+
+def _utf16_32_bom(data: bytes) -> str | None:
+    """The codec of a UTF-16 or UTF-32 text that opens with its byte-order mark (Windows tools
+    save "Unicode" text so), when the whole file decodes in it; else None. Such a text is full
+    of NUL bytes and was skipped as binary."""
+    for bom, codec in ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+                       (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):  # fmt: skip
+        if data.startswith(bom):
+            try:
+                data.decode(codec)
+            except UnicodeDecodeError:
+                return None
+            return codec
+    return None
+
+
+def _decode(data: bytes, encoding: str) -> tuple[str, int]:
+    """``data`` decoded as ``errors="replace"`` does (what is not valid in ``encoding`` becomes
+    U+FFFD), and how many stretches of bytes were replaced (0: the text is exact)."""
+    try:
+        return data.decode(encoding), 0
+    except UnicodeDecodeError:
+        _COUNT.n = 0
+        text = data.decode(encoding, errors="tokdyn-count-replace")
+        return text, _COUNT.n
+
+
+_COUNT = threading.local()
+
+
+def _count_replace(exc: UnicodeDecodeError):
+    _COUNT.n = getattr(_COUNT, "n", 0) + 1
+    return codecs.replace_errors(exc)
+
+
+codecs.register_error("tokdyn-count-replace", _count_replace)
+
+
+def _warn_undecodable(where, files: list[tuple[str, int]], encoding: str, what: str = "document(s)") -> None:
+    """A warning naming the files (or lines) whose bytes were not valid ``encoding``: their text
+    holds U+FFFD where those bytes were (a Latin-1 or Windows-1252 file read as UTF-8)."""
+    enc = "UTF-8" if codecs.lookup(encoding).name in ("utf-8", "utf-8-sig") else encoding
+    shown = ", ".join(f"{_name_text(f)} ({n} place{'s' if n > 1 else ''})" for f, n in files[:5])
+    more = f" and {len(files) - 5} more" if len(files) > 5 else ""
+    warnings.warn(f"{where}: {len(files)} {what} not valid {enc}, their undecodable bytes replaced by U+FFFD: "
+                  f"{shown}{more} (a Latin-1 or Windows-1252 file? convert it to UTF-8, e.g. iconv -f latin1 -t utf-8)",
+                  stacklevel=3)  # fmt: skip
 
 
 def _name_text(name: str) -> str:
@@ -279,10 +372,13 @@ def jsonl_documents(
     """
     p = Path(path)
     if not p.is_file():
-        raise InputError(f"JSON lines file not found: {p}")
-    docs = []
-    with open(p, encoding="utf-8-sig", errors="replace") as fh:  # -sig: a byte-order mark (Windows tools) is not JSON
+        raise InputError(f"JSON lines file {p} is not a regular file (a FIFO, socket or device)" if os.path.exists(p) else f"JSON lines file not found: {p}")
+    docs, undecodable = [], []
+    _COUNT.n = 0
+    with open(p, encoding="utf-8-sig", errors="tokdyn-count-replace") as fh:  # -sig: a byte-order mark (Windows tools) is not JSON
         for lineno, line in enumerate(fh, 1):
+            if _COUNT.n and "\ufffd" in line:  # bytes of this line were not UTF-8 (U+FFFD now): said below
+                undecodable.append((f"line {lineno}", line.count("\ufffd")))
             if not line.strip():
                 continue
             try:
@@ -298,6 +394,8 @@ def jsonl_documents(
             domain = _record_domain(rec, domain_field, f"{p}:{lineno}") if domain_field else "default"
             if rec[text_field]:
                 docs.append(Document(key=f"{_name_text(p.name)}:{lineno}", domain=domain, text=_valid_text(rec[text_field])))
+    if undecodable:
+        _warn_undecodable(p, undecodable, "utf-8", "line(s)")
     if not docs:
         raise InputError(f"{p}: no documents with a non-empty {text_field!r} field")
     return docs
@@ -344,7 +442,7 @@ def bin_documents(
     """
     p = Path(path)
     if not p.is_file():
-        raise InputError(f"token file not found: {p}")
+        raise InputError(f"token file {p} is not a regular file (a FIFO, socket or device)" if os.path.exists(p) else f"token file not found: {p}")
     try:
         dt = np.dtype(dtype)
     except TypeError:
@@ -384,7 +482,10 @@ def split_documents(
 
     A document goes to the probe side when a hash of ``salt`` and its key falls below
     ``probe_fraction``: the same key lands on the same side on every machine and for every
-    corpus it appears in, so no probe document is ever trained on.
+    corpus it appears in, so no probe document is ever trained on. (A copy of a probe document
+    under another key, a file in two folders or a repeated JSON line, can land on the training
+    side: :func:`tokdyn.data.prepare_probe` names them, ``ProbeSplit.train_copies``, for the
+    training to leave out.)
     """
     if not 0.0 < probe_fraction < 1.0:
         raise InputError(f"probe_fraction must be in (0, 1), got {probe_fraction}")

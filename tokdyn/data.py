@@ -20,7 +20,7 @@ from .errors import InputError
 from .probe import ProbeSet, build_probe
 from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
-__all__ = ["Corpus", "prepare_corpus", "ProbeSplit", "prepare_probe", "resolve_tokenizer", "load_documents", "training_stream", "random_batches", "WindowDataset",
+__all__ = ["Corpus", "prepare_corpus", "ProbeSplit", "prepare_probe", "training_copies", "resolve_tokenizer", "load_documents", "training_stream", "random_batches", "WindowDataset",
            "DomainCorpus", "prepare_domains", "split_by_domain", "MixtureDataset"]
 
 
@@ -99,6 +99,20 @@ def prepare_corpus(
     return Corpus(training_stream(train_docs, tok), probe, tok, len(train_docs), len(probe_docs))
 
 
+def training_copies(train: Sequence[Document], probe: Sequence[Document]) -> list[str]:
+    """The keys of the training documents whose text is that of a held-out document, in order: a
+    file copied into two folders, a symlink to a file beside it, a repeated JSON line. The split is
+    by key, so each copy lands on its own side; trained on, such a copy trains the probe's text.
+    Leave them out of training: ``[d for d in train if d.key not in set(copies)]``."""
+    import hashlib
+
+    def digest(d: Document) -> bytes:
+        return hashlib.sha256(d.text.encode("utf-8", "surrogatepass")).digest()
+
+    held = {digest(d) for d in probe if d.text is not None}
+    return [d.key for d in train if d.text is not None and digest(d) in held] if held else []
+
+
 def _check_probe_options(*, context: int, n_sequences: int, probe_fraction: float, seed: int) -> None:
     """The probe's numbers, checked before the corpus is read (that can take minutes)."""
     for name, value, low in (("context", context, 1), ("n_sequences", n_sequences, 1), ("seed", seed, 0)):
@@ -130,6 +144,9 @@ class ProbeSplit:
     tokenizer: Tokenizer
     train_documents: list[Document]
     probe_documents: list[Document]
+    # keys of training documents whose text is a held-out document's (copies under another key):
+    # leave them out of training too (:func:`training_copies`)
+    train_copies: tuple[str, ...] = ()
 
 
 def prepare_probe(
@@ -148,13 +165,14 @@ def prepare_probe(
     """The probe of ``source`` (see :func:`load_documents`): its documents split
     deterministically by document (:func:`~tokdyn.corpus.split_documents`), the probe cut from
     the held-out side only. Train on ``train_documents`` (the same split is reproduced by
-    ``split_documents`` on the same keys), never on ``probe_documents``."""
+    ``split_documents`` on the same keys), never on ``probe_documents``, nor on the training
+    documents listed in ``train_copies`` (their text is a held-out document's)."""
     _check_probe_options(context=context, n_sequences=n_sequences, probe_fraction=probe_fraction, seed=seed)
     docs = load_documents(source, text_field=text_field, domain_field=domain_field, bin_dtype=bin_dtype, eot_id=eot_id)
     train_docs, probe_docs = split_documents(docs, probe_fraction=probe_fraction)
     tok = resolve_tokenizer(tokenizer, train_docs=train_docs)
     probe = build_probe(probe_docs, tok, context=context, n_sequences=n_sequences, seed=seed)
-    return ProbeSplit(probe, tok, train_docs, probe_docs)
+    return ProbeSplit(probe, tok, train_docs, probe_docs, tuple(training_copies(train_docs, probe_docs)))
 
 
 def random_batches(stream: np.ndarray, *, batch_size: int, context: int, seed: int = 0, device: str | torch.device = "cpu") -> Iterator[torch.Tensor]:

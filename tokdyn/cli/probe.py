@@ -67,6 +67,11 @@ def _probe(args: argparse.Namespace) -> int:
     print(f"probe {p.fingerprint}: {p.n_tokens:,} tokens = {p.n_sequences} sequences x {p.context} in {store.url}")
     print(f"  documents  {len(split.train_documents):,} for training, {len(split.probe_documents):,} held out "
           f"({len(p.documents)} of them in the probe)" + (f"; held-out keys in {args.held_out}" if args.held_out else ""))  # fmt: skip
+    if split.train_copies:  # the split is by key: a copy of a held-out text under another key is on the training side
+        n, shown = len(split.train_copies), ", ".join(split.train_copies[:3])
+        print(f"  copies     {n:,} training document(s) repeat the text of a held-out one ({shown}"
+              + (f" and {n - 3:,} more" if n > 3 else "") + "): leave them out of training too "
+              "(tokdyn.data.training_copies(train_docs, probe_docs) lists them)")  # fmt: skip
     if len(p.domains) > 1 or (p.domains and p.domains[0] != ""):
         print(f"  domains    {', '.join(map(str, p.domains))}")
     tok = dict(p.tokenizer)
@@ -110,6 +115,11 @@ def _check_arguments(args: argparse.Namespace) -> None:
             raise InputError(f"--out {out} is a folder that holds files but no store; give a new path or an existing store")
     elif "://" not in out:  # a new store: the folder it goes in must exist (as for every output)
         check_output_path(out, what="store (--out)", folder_ok=True)
+    if "://" not in out and os.path.isdir(args.source):
+        source, store = os.path.realpath(args.source), os.path.realpath(out)
+        if store == source or store.startswith(source.rstrip(os.sep) + os.sep):
+            raise InputError(f"--out {out} is inside the source folder {args.source}; the store's own files would be read "
+                             "as documents the next time; give a path outside the source")  # fmt: skip
     held = args.held_out
     if held is None:
         return
