@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import shlex
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
 from zarr.core.sync import sync as zarr_sync
 
+from .._checks import is_int
 from .._version import __version__
 from ..errors import InputError, StoreError, TokdynError
 from .locks import KeyLock, remove_stale_partials
@@ -125,13 +126,18 @@ class FitResults:
     def _read_range(self, start: int, stop: int, fields: Sequence[str] | None, current: bool) -> dict[str, np.ndarray]:
         """:meth:`read` and :meth:`read_tokens`: the fields of tokens ``[start, stop)``, each fit
         block read checked against its committed checksum."""
+        if fields is not None and (isinstance(fields, (str, bytes)) or not isinstance(fields, Iterable)):
+            raise InputError(f"fields must be a list of fit field names (or None: all), got {fields!r}")  # "mu" is not ["m", "u"]
+        if not (is_int(start) and is_int(stop)):  # 1.5 is no token, True no index: never cut to 1
+            raise InputError(f"tokens [{start!r}, {stop!r}) must be whole numbers of tokens")
         meta = self.check(current=current)
         g = self._group()
         stored = _fields(meta, g)
         names = stored if fields is None else list(fields)
-        unknown = [f for f in names if f not in stored]
+        unknown = [f for f in names if not isinstance(f, str) or f not in stored]
         if unknown:
             raise InputError(f"unknown fit fields {unknown}; expected some of {stored}")
+        names = list(dict.fromkeys(names))  # a field named twice is read once
         n = self._run.n_tokens
         start, stop = int(start), int(stop)
         if not 0 <= start <= stop <= n:

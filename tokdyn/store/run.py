@@ -154,7 +154,7 @@ class Run:
 
     def coord(self, name: str) -> np.ndarray:
         """Per-checkpoint array ``name`` (one of ``step``, ``axis_value``, ``tokens_seen``, ...)."""
-        if name not in COORDS:
+        if not isinstance(name, str) or name not in COORDS:  # a list is unhashable: the same one error line
             raise InputError(f"unknown coordinate {name!r}; expected one of {', '.join(COORDS)}")
         return self._read_coord(name, self.n_committed)
 
@@ -248,6 +248,10 @@ class Run:
         for name, value in (("rows", rows), ("tokens", tokens)):
             if value is not None and not isinstance(value, slice):
                 raise InputError(f"{name} must be a slice or None, got {type(value).__name__} (losses_at takes index arrays)")
+            if value is not None and not all(v is None or hasattr(v, "__index__") for v in (value.start, value.stop, value.step)):
+                raise InputError(f"{name} must be a slice of integers, got {value!r}")  # slice(0, 2.0): numpy's rule
+            if value is not None and value.step == 0:
+                raise InputError(f"{name}: a slice step cannot be zero, got {value!r}")
         k = self.n_committed
         self._refresh(k)
         if rows is not None and range(k)[rows].step < 0:  # zarr reads ascending slices only: read those, reversed
@@ -270,14 +274,16 @@ class Run:
         return block if (lo, hi) == (ca, cb) else block[:, lo - ca : hi - ca].copy()
 
     def losses_at(self, rows, tokens) -> np.ndarray:
-        """Losses ``[len(rows), len(tokens)]`` of the given committed rows and tokens (index
-        arrays, each increasing), read without the rest of their chunks' rows."""
+        """Losses ``[len(rows), len(tokens)]`` of the given committed rows and tokens, read without
+        the rest of their chunks' rows: ``losses()[np.ix_(rows, tokens)]``.
+
+        Each of ``rows`` and ``tokens`` is a 1-D sequence of integer indices (any integer dtype,
+        in any order, repeats allowed; negative ones are refused, not counted from the end) or a
+        boolean mask of exactly ``n_committed`` rows / ``n_tokens`` tokens. Anything else is an
+        :class:`InputError`."""
         k = self.n_committed
-        rows, tokens = np.asarray(rows, np.int64), np.asarray(tokens, np.int64)
-        if rows.size and (rows.min() < 0 or rows.max() >= k):
-            raise InputError(f"rows must lie in [0, {k}), the committed rows of run {self.name!r}")
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.n_tokens):
-            raise InputError(f"tokens must lie in [0, {self.n_tokens}), the tokens of run {self.name!r}")
+        rows = _indices("rows", rows, k, f"committed rows of run {self.name!r}")
+        tokens = _indices("tokens", tokens, self.n_tokens, f"tokens of run {self.name!r}")
         if self._salt is None:
             out = self._read(lambda: self._loss.get_orthogonal_selection((rows, tokens)), f"loss[{rows.size} rows, {tokens.size} tokens]")
             self._check_nan_counts(out, rows.tolist())
@@ -312,13 +318,18 @@ class Run:
 
     def to_dask(self, token_block: int | None = None):
         """The committed loss matrix as a dask array chunked ``(all rows, token_block)``."""
+        if token_block is not None and not (is_int(token_block) and token_block > 0):
+            raise InputError(f"token_block must be a whole number of tokens > 0 (or None: the run's token_chunk), got {token_block!r}")
+        return self._to_dask(self.n_committed, token_block)
+
+    def _to_dask(self, k: int, token_block: int | None = None):
+        """:meth:`to_dask` of the first ``k`` committed rows (to_xarray's coordinates hold as many)."""
         import dask.array as da
 
-        k = self.n_committed
         if k == 0:
             raise StoreError(f"run {self.name!r} has no committed rows")
         # Each block goes through losses(), so every chunk read is checked like any other read.
-        return da.from_array(_CommittedLoss(self, k), chunks=(k, token_block or self.token_chunk), name=False,
+        return da.from_array(_CommittedLoss(self, k), chunks=(k, int(token_block or self.token_chunk)), name=False,
                              meta=np.empty((0, 0), self.dtype))  # fmt: skip
 
     def to_xarray(self):
@@ -333,7 +344,7 @@ class Run:
                                  drop_variables=[m for m in names if m != n])[n].isel(checkpoint=slice(0, k))
                  for n in names}  # fmt: skip
         if k:  # the data through the checked readers; xarray gives the names, dimensions and attributes
-            parts["loss"] = parts["loss"].copy(data=self.to_dask())
+            parts["loss"] = parts["loss"].copy(data=self._to_dask(k))  # k rows, as the coordinates: a writer may commit meanwhile
             values = self._coords(k) if self._salt is not None else {n: self._read_coord(n, k) for n in COORDS}
             for n in COORDS:
                 parts[n] = parts[n].copy(data=values[n])
@@ -408,6 +419,33 @@ class _CommittedLoss:
     def __getitem__(self, key: tuple[slice, slice]) -> np.ndarray:
         rows, tokens = key
         return self.run.losses(tokens=tokens, rows=rows)
+
+
+def _indices(name: str, value, n: int, what: str) -> np.ndarray:
+    """``value`` as int64 indices into ``range(n)``: a 1-D sequence of integers (any integer
+    dtype, any order, repeats kept) or a boolean mask of length ``n`` (numpy's rule: the places
+    it is True). Floats, negative or out-of-range indices, scalars, nested lists and masks of
+    another length are an :class:`InputError`, never cast (1.5 read as 1, True as index 1)."""
+    if value is None or isinstance(value, (str, bytes)):
+        raise InputError(f"{name} must be a 1-D array of indices or a boolean mask, got {type(value).__name__}")
+    try:
+        a = np.asarray(value)
+    except (ValueError, TypeError) as exc:  # ragged nested lists
+        raise InputError(f"{name} must be a 1-D array of indices or a boolean mask ({exc})") from None
+    if a.ndim != 1:
+        raise InputError(f"{name} must be a 1-D array of indices or a boolean mask, got {a.ndim}-D ({a.shape})")
+    if a.dtype == np.bool_:
+        if a.size != n:
+            raise InputError(f"{name}: a boolean mask must have one value for each of the {n} {what}, got {a.size}")
+        return np.flatnonzero(a)
+    if a.size == 0:
+        return np.empty(0, np.int64)
+    if a.dtype.kind not in "iu":  # numpy refuses float indices too; an object array is refused whole
+        raise InputError(f"{name} must be integer indices (or a boolean mask), got {a.dtype} values such as {a[:4].tolist()}")
+    lo, hi = (int(a.min()), int(a.max()))  # compared as Python ints: a uint64 past 2**63 does not wrap
+    if lo < 0 or hi >= n:
+        raise InputError(f"{name} must lie in [0, {n}), the {what}; got indices {lo}..{hi}")
+    return a.astype(np.int64)
 
 
 def _clip(rows: slice, k: int) -> slice:
