@@ -105,19 +105,38 @@ def test_a_demo_folder_that_is_a_store_is_refused_before_any_work(tmp_path, star
     assert snapshot(tmp_path / "runs.zarr") == before and not started
 
 
-def test_an_earlier_demos_store_is_replaced_with_its_summary_and_report(tmp_path, started, capsys):
+def test_an_earlier_demos_store_is_replaced_with_its_summary_and_report(tmp_path, monkeypatch, capsys):
     """The positive control of the refusals above, and a rerun stopped after it replaced the
-    store leaves no summary.json or report.html of the store that is gone."""
+    store (at training, the corpus prepared) leaves no summary.json or report.html of the store
+    that is gone."""
+    def train(*args, **kwargs):
+        raise _Started("training started")
+
+    monkeypatch.setattr(demo, "record_tiny_run", train)
     out = tmp_path / "demo"
     _demo_store(out / "store.zarr")
     (out / "summary.json").write_text(json.dumps({"store": str(out / "store.zarr")}))
     (out / "report.html").write_text("<html>the old run</html>")
-    assert _demo(out) == 1  # stopped where the work starts
-    assert "work started" in cli_error_line(capsys.readouterr().err)
-    assert len(started) == 1
+    assert _demo(out) == 1  # stopped where the training starts
+    assert "training started" in cli_error_line(capsys.readouterr().err)
     assert not (out / "store.zarr").exists()
     assert not (out / "summary.json").exists() and not (out / "report.html").exists()
     assert not (out / demo._LOCK).exists()  # the folder lock is let go on the way out
+
+
+def test_a_setting_the_corpus_refuses_leaves_the_earlier_demo_as_it_was(tmp_path, capsys):
+    """`--probe-sequences 100000000` passes the checks made before any work; the corpus refuses it.
+    The earlier demo's store, summary and report were deleted first, leaving an empty folder."""
+    out = tmp_path / "demo"
+    _demo_store(out / "store.zarr")
+    (out / "summary.json").write_text(json.dumps({"store": str(out / "store.zarr")}))
+    (out / "report.html").write_text("<html>the old run</html>")
+    before = snapshot(out / "store.zarr")
+    assert main(["demo", "--out", str(out), "--steps", "12", "--points", "8", "--probe-sequences", "100000000",
+                 "--no-progress"]) == 1  # fmt: skip
+    assert "asked for 100000000" in cli_error_line(capsys.readouterr().err)
+    assert snapshot(out / "store.zarr") == before and (out / "report.html").read_text() == "<html>the old run</html>"
+    assert (out / "summary.json").exists() and not (out / demo._LOCK).exists()
 
 
 def test_an_empty_store_folder_left_by_a_demo_is_replaced(tmp_path, started, capsys):

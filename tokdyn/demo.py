@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from .errors import InputError
 from .analysis import analyze_store
 from .fit.job import fit_run
 from .fit.options import FitOptions
-from .reconstruct import reconstruct_run
+from .reconstruct import MeasuredMeanWarning, reconstruct_run
 from .report import check_writable, write_report
 from .runtime import resolve_device
 from .schedule import geometric_schedule
@@ -129,26 +130,47 @@ def _folder_lock(out: Path):
         lock.release()
 
 
+_TRASH = ".store.zarr.removing"  # the earlier demo's store, moved aside whole before it is deleted
+
+
+def _remove_store(store_path: Path) -> None:
+    """Delete the earlier demo's store in one step as far as a rerun can tell: moved aside
+    first, then deleted. Deleted in place, a Ctrl-C part-way left a store without its
+    ``zarr.json`` that every rerun refused as not a demo's."""
+    trash = store_path.parent / _TRASH
+    if os.path.lexists(trash):  # left by a demo stopped while it deleted
+        if trash.is_dir() and not trash.is_symlink():
+            shutil.rmtree(trash)
+        else:
+            trash.unlink()
+    if store_path.exists():
+        os.replace(store_path, trash)
+        shutil.rmtree(trash)
+
+
 def _run_demo(out: Path, lock: KeyLock, *, steps, n_points, n_probe_sequences, context, device, seed, overwrite, progress, log) -> dict:
     store_path = out / DEMO_STORE
     check_writable(out / "report.html")
-    if store_path.exists():
-        if not overwrite:
-            raise InputError(f"{store_path} exists; remove it or pass overwrite")
-        # the results of the store being replaced go with it: a run stopped or failed after this
-        # never leaves a summary.json or report.html of a store that is no longer there
-        lock.check()  # still ours (not taken over by a demo that judged this one gone)
-        for stale in (out / "summary.json", out / "report.html"):
-            stale.unlink(missing_ok=True)
-        shutil.rmtree(store_path)
+    if store_path.exists() and not overwrite:
+        raise InputError(f"{store_path} exists; remove it or pass overwrite")
     timings = {}
 
     t = time.perf_counter()
     log("[1/5] corpus: standard-library source, split by file into training and probe")
+    # before the earlier demo's results go: a setting only the corpus can refuse (a probe of more
+    # windows than it holds) deleted them, then failed, leaving an empty folder
     corpus = prepare_corpus(context=context, n_probe_sequences=n_probe_sequences, seed=seed)
     timings["corpus_s"] = time.perf_counter() - t
     log(f"      {corpus.n_train_documents} training files ({corpus.train_tokens.size:,} tokens), "
         f"{corpus.n_probe_documents} probe files -> {corpus.probe.n_tokens:,} probe tokens")  # fmt: skip
+
+    lock.check()  # still ours (not taken over by a demo that judged this one gone)
+    if store_path.exists():
+        # the results of the store being replaced go with it: a run stopped or failed after this
+        # never leaves a summary.json or report.html of a store that is no longer there
+        for stale in (out / "summary.json", out / "report.html"):
+            stale.unlink(missing_ok=True)
+    _remove_store(store_path)
 
     t = time.perf_counter()
     log(f"[2/5] train the tiny GPT for {steps} steps, recording the probe at ~{n_points} log-spaced steps")
@@ -168,7 +190,10 @@ def _run_demo(out: Path, lock: KeyLock, *, steps, n_points, n_probe_sequences, c
     main = analysis.runs[0]
     rec = main.reconstruction
     # The same reconstruction with only the events BIC chose, for comparison (docs/method.md).
-    bic = reconstruct_run(run, which="bic", n_boot=0)
+    # Its notes on the measured mean are the analysis's, already said: not a second time.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MeasuredMeanWarning)
+        bic = reconstruct_run(run, which="bic", n_boot=0)
     timings["spectrum_s"] = time.perf_counter() - t
     log(f"      R^2 of -dL/dlog10 t: sum of fitted sigmoids {rec.r2_events:.3f}, spectrum alone {rec.r2_spectrum:.3f}")
 
