@@ -7,6 +7,8 @@ import os
 import warnings
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tokdyn.cli import main
 from tokdyn.corpus import jsonl_documents, split_documents, text_documents
@@ -209,3 +211,77 @@ def test_file_beside_a_folder_of_its_name_is_said(tmp_path):
     with pytest.warns(UserWarning, match=r"a\.txt joins a/"):
         docs = text_documents(src)
     assert next(d for d in docs if d.key == "a.txt").domain == "a"
+
+
+@pytest.mark.parametrize("pattern", ["*.txt", "**/*.txt", "a/**/*.txt", "**/*", "*/*.txt", "a/*", "d1*"])
+def test_files_are_those_rglob_finds(tmp_path, pattern):
+    src = _folder(tmp_path / "src")
+    (src / "a" / "deep" / "er").mkdir(parents=True)
+    (src / "a" / "deep" / "er" / "x.txt").write_text(_text(50))
+    (src / "top.txt").write_text(_text(51))
+    (src / "b" / "note.md").write_text(_text(52))
+    (src / "link").symlink_to("a")  # a symlinked folder: rglob's '**' does not enter it
+    from pathlib import Path
+
+    expected = sorted(f.relative_to(src).as_posix() for f in Path(src).rglob(pattern) if f.is_file())
+    assert expected  # the pattern finds something here, or the comparison says nothing
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # top.txt beside nothing; a/ files beside a folder of their stem: not the point
+        keys = sorted(d.key for d in text_documents(src, pattern=pattern))
+    assert keys == expected
+
+
+def test_store_in_a_hidden_folder_of_the_source_is_allowed(tmp_path, capsys):
+    src = _folder(tmp_path / "src")
+    args = ["--sequences", "2", "--context", "8"]
+    (src / ".tokdyn").mkdir()
+    assert main(["probe", str(src), "--out", str(src / ".tokdyn" / "probe.zarr"), *args]) == 0, capsys.readouterr().err
+    assert main(["probe", str(src), "--out", str(src / "a" / ".probe.zarr"), *args]) == 0, capsys.readouterr().err
+    keys = {d.key for d in text_documents(src)}
+    assert not any("zarr" in k for k in keys)  # the stores were never read as documents
+    assert main(["probe", str(src), "--out", str(tmp_path / "p.zarr"), "--held-out", str(src / ".keys.txt"), *args]) == 0
+    assert main(["probe", str(src), "--out", str(tmp_path / "q.zarr"), "--held-out", str(src / "keys.txt"), *args]) != 0
+    assert "is part of the source" in capsys.readouterr().err
+
+
+def test_jsonl_names_only_the_lines_whose_bytes_were_not_utf8(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_bytes('{"text": "café"}\n'.encode("latin-1")
+                  + '{"text": "a real \ufffd in valid UTF-8"}\n'.encode()
+                  + '{"text": "\\ufffd escaped"}\r\n'.encode())  # fmt: skip
+    with pytest.warns(UserWarning, match=r"1 line\(s\) not valid UTF-8.*: line 1 \(1 place\) \(") as rec:
+        docs = jsonl_documents(f)
+    assert len(rec) == 1 and [d.text for d in docs] == ["caf\ufffd", "a real \ufffd in valid UTF-8", "\ufffd escaped"]
+
+
+def test_jsonl_valid_lines_with_replacement_chars_warn_nothing(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + '{"text": "\ufffd"}\n{"text": "x"}\r{"text": "y"}\n'.encode())  # BOM; a lone \r ends a line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        docs = jsonl_documents(f)
+    assert [(d.key, d.text) for d in docs] == [("c.jsonl:1", "\ufffd"), ("c.jsonl:2", "x"), ("c.jsonl:3", "y")]
+
+
+_SEGMENTS = ["*", "**", "a*", "*.txt", "b", "x?", "[ab]*"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tree=st.lists(st.lists(st.sampled_from(["a", "b", "xy", "ab.txt", "b.txt", ".h"]), min_size=1, max_size=4), max_size=12),
+       pattern=st.lists(st.sampled_from(_SEGMENTS), min_size=1, max_size=3))  # fmt: skip
+def test_listed_files_are_rglobs_without_hidden_ones(tmp_path_factory, tree, pattern):
+    """Any tree, any pattern: the files read are those rglob finds, less those under a hidden name."""
+    from pathlib import Path
+
+    from tokdyn.corpus import _list_files
+
+    root = tmp_path_factory.mktemp("t")
+    for parts in tree:  # every path a file; a path whose prefix is already a file is left out
+        f = root.joinpath(*parts)
+        if any(p.is_file() for p in [f, *f.parents]) or f.is_dir():
+            continue
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("x")
+    pat = "/".join(pattern)
+    want = sorted(f for f in Path(root).rglob(pat) if f.is_file() and not any(p.startswith(".") for p in f.relative_to(root).parts))
+    assert _list_files(root, pat) == want

@@ -19,6 +19,7 @@ Sources:
 from __future__ import annotations
 
 import codecs
+import fnmatch
 import hashlib
 import json
 import os
@@ -260,25 +261,50 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
 
 
 def _list_files(root: Path, pattern: str) -> list[Path]:
-    """The regular files under ``root`` (symlinks to files too) whose path matches ``pattern``, as
-    ``root.rglob(pattern)`` finds them (symlinked folders are not entered), sorted; hidden folders
-    are not entered. A folder that cannot be listed is an :class:`InputError` (``rglob`` skipped
-    it without a word: its documents were silently left out)."""
-    found = []
+    """The regular files (symlinks to files too) that ``root.rglob(pattern)`` finds, sorted, but
+    for hidden entries (``.git/``: never entered, so a large or unreadable one costs nothing).
+    As ``rglob``, ``**`` is any run of folders but does not enter symlinked folders (a link to
+    ``..`` would loop), and a name segment (``*``, ``a``) goes through them. A folder that cannot
+    be listed is an :class:`InputError` (``rglob`` skips it without a word: its documents were
+    silently left out)."""
+    parts = Path(pattern).parts
+    if not parts or Path(pattern).is_absolute():
+        raise InputError(f"file pattern {pattern!r} must be relative to the folder and not empty (e.g. '*.txt')")
+    found: set[Path] = set()
 
-    def fail(exc: OSError):
-        rel = os.path.relpath(exc.filename, root) if exc.filename else str(root)
-        raise InputError(f"{root}: cannot list the folder {_name_text(rel)} ({(exc.strerror or 'error').lower()}); "
-                         "make it readable, or move it out of the source folder")  # fmt: skip
+    def select(folder: Path, segments: tuple[str, ...]) -> None:
+        head, rest = segments[0], segments[1:]
+        try:
+            with os.scandir(folder) as it:
+                entries = [e for e in it if not e.name.startswith(".")]
+        except OSError as exc:
+            rel = os.path.relpath(folder, root)
+            raise InputError(f"{root}: cannot list the folder {_name_text(rel)} ({(exc.strerror or 'error').lower()}); "
+                             "make it readable, or move it out of the source folder") from None  # fmt: skip
+        if head == "**":  # no folder, or one more (a real one) and still '**'
+            if rest:
+                select(folder, rest)
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    select(Path(e.path), segments)
+            return
+        for e in entries:
+            if fnmatch.fnmatchcase(e.name, head):
+                if not rest and _entry_is(e, "file"):
+                    found.add(Path(e.path))
+                elif rest and _entry_is(e, "dir"):
+                    select(Path(e.path), rest)
 
-    for folder, dirs, files in os.walk(root, onerror=fail):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        base = Path(folder)
-        for name in files + dirs:  # a symlink to a file is a file; one to a folder is listed in dirs
-            f = base / name
-            if f.relative_to(root).match(pattern) and f.is_file():
-                found.append(f)
+    select(root, ("**", *parts))
     return sorted(found)
+
+
+def _entry_is(entry: os.DirEntry, kind: str) -> bool:
+    """``entry.is_file()`` or ``is_dir()``, False for a link that loops (ELOOP raised, as ``Path.is_file`` does not)."""
+    try:
+        return entry.is_file() if kind == "file" else entry.is_dir()
+    except OSError:
+        return False
 
 
 _BINARY_SNIFF = 8192  # as git: a NUL byte in the first 8 KiB makes a file binary
@@ -374,11 +400,14 @@ def jsonl_documents(
     if not p.is_file():
         raise InputError(f"JSON lines file {p} is not a regular file (a FIFO, socket or device)" if os.path.exists(p) else f"JSON lines file not found: {p}")
     docs, undecodable = [], []
-    _COUNT.n = 0
-    with open(p, encoding="utf-8-sig", errors="tokdyn-count-replace") as fh:  # -sig: a byte-order mark (Windows tools) is not JSON
-        for lineno, line in enumerate(fh, 1):
-            if _COUNT.n and "\ufffd" in line:  # bytes of this line were not UTF-8 (U+FFFD now): said below
-                undecodable.append((f"line {lineno}", line.count("\ufffd")))
+    with open(p, "rb") as fh:  # each line decoded on its own, to name the lines whose bytes were not UTF-8
+        lines = (line for chunk in fh for line in chunk.splitlines(keepends=True))  # at \n, \r\n and \r, as text mode
+        for lineno, raw in enumerate(lines, 1):
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):  # a byte-order mark (Windows tools) is not JSON
+                raw = raw[len(codecs.BOM_UTF8):]
+            line, bad = _decode(raw, "utf-8")
+            if bad:  # bytes of this line were not UTF-8 (U+FFFD now): said below
+                undecodable.append((f"line {lineno}", bad))
             if not line.strip():
                 continue
             try:

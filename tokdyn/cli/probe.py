@@ -115,20 +115,30 @@ def _check_arguments(args: argparse.Namespace) -> None:
             raise InputError(f"--out {out} is a folder that holds files but no store; give a new path or an existing store")
     elif "://" not in out:  # a new store: the folder it goes in must exist (as for every output)
         check_output_path(out, what="store (--out)", folder_ok=True)
-    if "://" not in out and os.path.isdir(args.source):
-        source, store = os.path.realpath(args.source), os.path.realpath(out)
-        if store == source or store.startswith(source.rstrip(os.sep) + os.sep):
-            raise InputError(f"--out {out} is inside the source folder {args.source}; the store's own files would be read "
-                             "as documents the next time; give a path outside the source")  # fmt: skip
+    if "://" not in out and os.path.isdir(args.source) and _read_with_source(out, args.source):
+        raise InputError(f"--out {out} is inside the source folder {args.source}; the store's own files would be read "
+                         "as documents the next time; give a path outside the source (or in a hidden folder of it)")  # fmt: skip
     held = args.held_out
     if held is None:
         return
     check_output_path(held, what="held-out keys (--held-out)")
     if "://" not in out and os.path.abspath(held) == os.path.abspath(out):
         raise InputError(f"--held-out {held} is the --out store's path; give another file")
-    source, target = os.path.realpath(args.source), os.path.realpath(held)
-    if os.path.exists(args.source) and (target == source or (os.path.isdir(source) and target.startswith(source + os.sep))):
+    if os.path.exists(args.source) and _read_with_source(held, args.source):
         raise InputError(f"--held-out {held} is part of the source {args.source}; writing the keys there would change the corpus")
+
+
+def _read_with_source(path: str, source: str) -> bool:
+    """Whether ``path`` is the ``source`` or would be read with it: a file or folder under the
+    source folder, unless inside a hidden one (``.name``: never read as documents)."""
+    source, target = os.path.realpath(source), os.path.realpath(path)
+    if target == source:
+        return True
+    if not os.path.isdir(source):
+        return False
+    rel = os.path.relpath(target, source)
+    parts = rel.split(os.sep)
+    return parts[0] != ".." and not any(part.startswith(".") for part in parts)
 
 
 def _held_out_tmp(held: str) -> str:
