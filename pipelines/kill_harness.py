@@ -406,7 +406,6 @@ def fit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workdir
     and the end result must equal an uninterrupted fit."""
     import zarr
 
-    import tokdyn
     from tokdyn.fit import FIT_FIELDS
     from tokdyn.fit.job import read_fit
 

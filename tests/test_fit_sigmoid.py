@@ -18,7 +18,7 @@ from tokdyn.fit import (
     fit_sigmoids,
     log_axis,
 )
-from tokdyn.fit.sigmoid import LEVEL_FLOOR, sigmoid_bounds, sigmoid_curve, sigmoid_start
+from tokdyn.fit.sigmoid import LEVEL_FLOOR, sigmoid_bounds, sigmoid_start
 from tokdyn.fit.synthetic import plant_sigmoids
 
 CPU_BACKENDS = [b for b in ("numpy", "numba") if b in available_backends()]

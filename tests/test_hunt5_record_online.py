@@ -357,7 +357,7 @@ def test_hf_commits_the_rows_before_the_trainer_writes_a_checkpoint(tmp_path, pr
 def test_a_resumed_training_says_which_rows_were_never_committed(tiny_model, probe, store_path):
     """The framework callbacks warn as ``attach`` does when a training resumes past scheduled steps
     the store never got (a checkpoint saved before they were committed)."""
-    pl = _lightning()
+    _lightning()  # skips without Lightning
     from tokdyn.record.lightning import TokdynLightningCallback
 
     with TokenLossRecorder(tiny_model, probe, store_path, "r", schedule=[0, 1, 2, 3, 5, 8]) as rec:

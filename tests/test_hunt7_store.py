@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 import tokdyn
 from tokdyn.cli import main
-from tokdyn.errors import InputError, ProbeMismatchError, RunBusyError, StepOrderError, StoreError
+from tokdyn.errors import InputError, ProbeMismatchError, RunBusyError, StepOrderError
 from tokdyn.interchange import export_npz, import_npz
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

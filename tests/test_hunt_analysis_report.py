@@ -196,8 +196,8 @@ def test_compare_prints_the_range_it_compared_over(truncated, capsys):
 
 
 def test_a_huge_bandwidth_or_width_finishes_in_bounded_memory(truncated, tmp_path):
-    code = (f"import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
-            f"from tokdyn.cli import main; sys.exit(main(sys.argv[1:]))")  # fmt: skip
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
+            "from tokdyn.cli import main; sys.exit(main(sys.argv[1:]))")  # fmt: skip
     for argv in (["spectrum", str(truncated.url), "--run", "full", "--bandwidth", "1e4", "--boot", "2"],
                  ["curriculum", "schedule", str(truncated.url), "--run", "full", "--steps", "100", "--width", "1e6",
                   "--out", str(tmp_path / "m.json")]):  # fmt: skip
