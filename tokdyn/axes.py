@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import json
 import math
 import os
 import warnings
@@ -191,14 +192,15 @@ def assemble_axis(
         if not overwrite:
             raise RunExistsError(f"run {name!r} already exists in {st.url}; pass overwrite=True to rebuild it "
                                  f"(`tokdyn reconstruct --axis {axis} --rebuild`)")  # fmt: skip
+        _check_replaceable(st, name, axis)
         st.delete_run(name)
     # the widest of the sources' dtypes: the first one's (a float16 run first) rounded every
     # other source's losses to its precision without a word
     dtype = str(np.result_type(*[np.dtype(r.dtype) for r in sources]))
     out = st.create_run(
         name, axis=axis, capacity=len(distinct), dtype=dtype,
-        attrs={"sources": [{"store": r.store.url, "run": r.name, attr: values[i], "n_committed": r.n_committed,
-                            "run_id": _run_id(r)} for i, r in enumerate(sources)],
+        attrs={"sources": [{"store": _absolute(r.store.url), "same_store": _same_place(r.store.url, st.url), "run": r.name,
+                            attr: values[i], "n_committed": r.n_committed, "run_id": _run_id(r)} for i, r in enumerate(sources)],
                "axis_attr": attr, "named": runs is not None, "derived": "final committed row of each source run"
                + (", averaged over the runs that share an axis value" if len(distinct) < len(values) else "")},
     )  # fmt: skip
@@ -233,6 +235,22 @@ def assemble_axis(
     return st.run(name)
 
 
+def _check_replaceable(st: TrajectoryStore, name: str, axis: str) -> None:
+    """``overwrite`` replaces only what an assembly made and can make again: an axis run of
+    ``axis`` with its ``sources``. A training run or an imported axis under that name (neither
+    can be rebuilt from the store) was deleted by ``--rebuild`` without a word."""
+    try:
+        old = st.run(name)
+        what = (None if old.axis == axis and isinstance(old.attrs.get("sources"), list) else
+                f"a training run of axis {old.axis}" if old.axis == "T" else
+                f"an axis {old.axis} run not assembled from runs (imported)")  # fmt: skip
+    except StoreError:  # an interrupted assembly: nothing of use to keep
+        return
+    if what is not None:
+        raise InputError(f"run {name!r} of {st.url} is {what}, which assembling axis {axis} would delete; give the axis "
+                         f"run another name, or delete that run first (tokdyn.open_store(STORE, mode='r+').delete_run({name!r}))")  # fmt: skip
+
+
 # How far the tokens a source's final row has seen may lie from its data budget (rounding of
 # a budget given in rounded tokens, a last partial batch); beyond it the row is not the run at its budget.
 BUDGET_TOLERANCE = 0.02
@@ -252,9 +270,26 @@ def _final_tokens(r: Run) -> float | None:
 
 
 def _held_fixed(r: Run, axis: str) -> str:
-    """What the runs of one axis must share, as text: the model configuration along D, the data
-    budget along M (``'None'`` where the run does not say)."""
-    return repr(r.attrs.get("model_config") if axis == "D" else r.attrs.get("data_budget"))
+    """What the runs of one axis must share, as a key: the model configuration along D, the
+    data budget along M (``'None'`` where the run does not say). Equal values are one key: a
+    budget of 1000000 and of 1e6, a configuration's keys in another order (their repr told them
+    apart, and one sweep was refused as two)."""
+    v = r.attrs.get("model_config") if axis == "D" else r.attrs.get("data_budget")
+    return repr(None) if v is None else json.dumps(_canonical(v), sort_keys=True, default=repr)
+
+
+def _canonical(v):
+    """A JSON value with its numbers as floats (10 and 10.0 alike), recursively."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, dict, list, tuple)):
+        return v
+    if isinstance(v, (int, float)):
+        try:
+            return float(v)
+        except OverflowError:  # an int past 1e308 stays itself
+            return v
+    if isinstance(v, dict):
+        return {str(k): _canonical(x) for k, x in v.items()}
+    return [_canonical(x) for x in v]
 
 
 def _check_final_row_at_budget(r: Run) -> None:
@@ -311,7 +346,7 @@ def axis_run_problem(run: Run, axis: str, runs: list[str] | None = None) -> str 
     attr = AXIS_ATTRS[axis]
     for s, n in zip(sources, names):
         then = s.get("n_committed") if isinstance(s, dict) else None
-        src = _source_now(run.store, s.get("store"), n) if then is not None else None
+        src = _source_now(run.store, s) if then is not None else None
         if src is None:
             continue
         try:
@@ -349,17 +384,35 @@ def _added_sources(run: Run, axis: str, names: list) -> list[str]:
     return added
 
 
-def _source_now(st: TrajectoryStore, url, name) -> Run | None:
-    """Source run ``name`` of the store at ``url`` (``st`` itself when ``url`` names it, however
-    spelled); None where it cannot be read (a store moved or gone: the axis run holds its own
+def _source_now(st: TrajectoryStore, source: dict) -> Run | None:
+    """The run a ``sources`` entry of an axis run of ``st`` names, as it is now; None where it
+    cannot be read (another store moved or gone, the run deleted: the axis run holds its own
     copy of the rows)."""
-    if not isinstance(url, str) or not isinstance(name, str):
+    name = source.get("run")
+    if not isinstance(name, str):
         return None
     try:
-        src = st if _same_place(url, st.url) else as_store(url, mode="r")
-        return src.run(name) if name in src.runs else None
+        src = _source_store(st, source)
+        return src.run(name) if src is not None and name in src.runs else None
     except (StoreError, InputError, OSError, ValueError):
         return None
+
+
+def _source_store(st: TrajectoryStore, source: dict) -> TrajectoryStore | None:
+    """The store a ``sources`` entry of an axis run of ``st`` names: ``st`` itself where the
+    source was in the axis's own store (``same_store``, or its URL names ``st``), wherever the
+    store is now and whichever folder it is read from; else the store at its URL (absolute
+    since ``same_store`` was written: a relative one, of an older axis, was read against the
+    folder of the moment, and found another store or none)."""
+    url = source.get("store")
+    if source.get("same_store") is True or (isinstance(url, str) and _same_place(url, st.url)):
+        return st
+    return as_store(url, mode="r") if isinstance(url, str) else None
+
+
+def _absolute(url: str) -> str:
+    """A store URL that means one place from any working folder (a local path made absolute)."""
+    return url if "://" in url else os.path.abspath(url)
 
 
 def _same_place(a: str, b: str) -> bool:
@@ -482,7 +535,9 @@ def source_runs(axis_run: Run) -> list[Run]:
         raise InputError(f"run {axis_run.name!r} is of axis {axis_run.axis}, not an assembled D or M axis")
     by_value: dict[float, Run] = {}
     for src in sources:
-        st = axis_run.store if src["store"] == axis_run.store.url else as_store(src["store"], mode="r")
+        st = _source_store(axis_run.store, src)
+        if st is None:
+            raise InputError(f"run {axis_run.name!r}: a source entry names no store ({src!r})")
         by_value.setdefault(float(src[attr]), st.run(src["run"]))
     runs = [by_value.get(float(v)) for v in axis_run.axis_values[: axis_run.n_committed]]
     if any(r is None for r in runs):

@@ -46,6 +46,7 @@ from .record import TokenLossRecorder
 from .record.recorder import default_forward
 from .schedule import geometric_schedule
 from .store import TrajectoryStore
+from .store.schema import check_run_name
 
 __all__ = ["DecaySweepConfig", "DecaySweep", "branched_decay_sweep", "log_budgets", "annealing_area"]
 
@@ -73,7 +74,11 @@ def log_budgets(first: int, last: int, n: int) -> list[int]:
     if not (isinstance(first, (int, float, np.integer, np.floating)) and isinstance(last, (int, float, np.integer, np.floating))) \
             or isinstance(first, (bool, np.bool_)) or isinstance(last, (bool, np.bool_)) or not (1 <= first < last < math.inf) or n < 2:
         raise InputError(f"need 1 <= first < last and n >= 2, got first={first}, last={last}, n={n}")
-    return sorted({int(round(b)) for b in np.geomspace(first, last, n)})
+    budgets = sorted({int(round(b)) for b in np.geomspace(first, last, n)})
+    if len(budgets) < n:  # rounding to whole steps merged neighbours: fewer points than asked, without a word
+        raise InputError(f"{n} budgets between {first:g} and {last:g} steps round to {len(budgets)} distinct whole "
+                         f"steps ({budgets}); ask for fewer budgets or a wider range")  # fmt: skip
+    return budgets
 
 
 @dataclass(frozen=True)
@@ -249,12 +254,22 @@ def branched_decay_sweep(
     Returns a :class:`DecaySweep`. The AdamW optimizer of a branch starts from a copy of the
     trunk's state; AdamW's hyperparameters are ``cfg``'s.
     """
-    if int(tokens_per_step) < 1:
+    tokens_per_step = _steps(tokens_per_step, "tokens_per_step")  # 2.9 was cut to 2: every data_budget 30 % short
+    if tokens_per_step < 1:
         raise InputError(f"tokens_per_step must be >= 1, got {tokens_per_step}")
     loss_fn = loss_fn or _next_token_loss
+    if not isinstance(prefix, str) or (trunk is not None and not isinstance(trunk, str)):
+        raise InputError(f"prefix and trunk must be run names (strings), got {prefix!r} and {trunk!r}")
     trunk = trunk or f"{prefix}-trunk"
     names = [f"{prefix}{i:02d}" for i in range(len(cfg.budgets))]
     cal_names = [f"{prefix}-cal{i:02d}" for i in range(len(cfg.calibration))]
+    # Every name checked before the first update: a bad or repeated one failed after the trunk had
+    # trained (a trunk named like a branch, a prefix with a '/'), leaving runs that block a rerun.
+    for n in (trunk, *names, *cal_names):
+        check_run_name(n, new=True)
+    if trunk in names or trunk in cal_names:
+        raise InputError(f"the trunk's name {trunk!r} is also a branch's (branches are {prefix}00, {prefix}01, ..."
+                         f"{', ' + prefix + '-cal00, ...' if cal_names else ''}); give the trunk another name")  # fmt: skip
     taken = [n for n in (trunk, *names, *cal_names) if n in store.runs]
     if taken:
         raise InputError(f"runs {taken} already exist in {store.url}; use another prefix or a fresh store")
