@@ -468,6 +468,12 @@ def bin_documents(
     two of them); otherwise into consecutive pieces of ``doc_tokens`` tokens, so that the split
     by document still keeps probe text out of training. Each document's ``tokens`` is a read-only
     view of the mapped file (in ``dtype``), so nothing is read until it is used.
+
+    A file that holds wider integers than ``dtype`` (uint32 or int32 ids read as uint16, the
+    default; int64 ids, numpy's default integer, read as uint16 or uint32) is an
+    :class:`InputError` saying so: read in halves, every id is two, one of them 0, and all are
+    token ids a vocabulary has. Told by a sample of the file: the high parts of nearly every wide
+    value are 0 (or below 4: ids below 2**18), where the low parts mostly are not.
     """
     p = Path(path)
     if not p.is_file():
@@ -488,6 +494,7 @@ def bin_documents(
     if size % dt.itemsize:
         raise InputError(f"{p}: size {size} B is not a multiple of {dt} ({dt.itemsize} B)")
     arr = np.memmap(p, dtype=dt, mode="r")
+    _check_not_wider(p, arr)
     if eot_id is not None:
         cuts = np.flatnonzero(arr == eot_id)
         bounds = np.concatenate([[0], cuts + 1, [arr.size]])
@@ -502,6 +509,45 @@ def bin_documents(
             # side, or a training stream) are read, so a token file larger than memory is cut as well
             docs.append(Document(key=f"{_name_text(p.name)}@{int(a)}", domain="default", tokens=arr[a:b]))
     return docs
+
+
+def _check_not_wider(p: Path, arr: np.ndarray, *, stretches: int = 16, stretch_bytes: int = 8192, min_values: int = 256) -> None:
+    """:class:`InputError` where the token file ``arr`` (a map of ``p``) looks like integers
+    wider than its dtype: 4- or 8-byte little-endian ones, read in halves (or quarters), where
+    each id is a low part (the id, below 65,536) and a high part (0).
+
+    Told by a sample of at least ``min_values`` wide values (``stretches`` stretches of
+    ``stretch_bytes`` spread over the file: a few pages of a file of any size), where the high
+    parts differ from the low parts as no file of the dtype's own tokens has them differ: >= 99 %
+    of the high parts are 0 while < 50 % of the low parts are, or (ids of a vocabulary of up to
+    262,144, Llama 3's or Gemma's, whose high 16 bits are 0 to 3) >= 99 % of the high parts are
+    below 4 while < 50 % of the low parts are. A file of the dtype's own tokens has the same ids
+    at even and odd places: it passes whether it is mostly 0 (padding, an end-of-text id 0
+    between short documents) or of a vocabulary of four ids (DNA's); it would take nearly every
+    other token to be 0 (or 0 to 3) and the others not."""
+    item = arr.dtype.itemsize
+    raw = arr.view(np.uint8)
+    usable = raw.size - raw.size % 8
+    if usable // 4 < min_values:  # too few wide values to tell
+        return
+    if usable <= stretches * stretch_bytes:
+        sample = np.asarray(raw[:usable])
+    else:  # stretches starting at multiples of 8 bytes: a wide value's bytes stay together
+        starts = np.linspace(0, usable - stretch_bytes, stretches).astype(np.int64) // 8 * 8
+        sample = np.concatenate([raw[a : a + stretch_bytes] for a in starts])
+    for width, names in ((8, "64-bit token ids (int64, numpy's default integer)"), (4, "32-bit token ids (uint32 or int32)")):
+        if width <= item:
+            continue
+        wide = sample.view(f"<u{width}")
+        high, low = wide >> np.uint64(8 * item), wide & np.uint64((1 << (8 * item)) - 1)
+        if wide.size < min_values or not any(np.mean(high < k) >= 0.99 and np.mean(low < k) < 0.5 for k in (1, 4)):
+            continue
+        fix = ("give its dtype: --bin-dtype uint32 (dtype='uint32')" if width == 4 else
+               "tokdyn reads token files of uint16, uint32 or int32: convert it (np.fromfile(path, np.int64)"
+               ".astype(np.uint32).tofile(new)) and give --bin-dtype uint32 (dtype='uint32')")  # fmt: skip
+        cut = "halves, every other value" if width // item == 2 else "quarters, 3 of every 4 values"
+        raise InputError(f"{p}: read as {arr.dtype}, the file looks like {names} cut in {cut} the high part "
+                         f"of an id (0); {fix}")  # fmt: skip
 
 
 def split_documents(

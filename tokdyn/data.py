@@ -36,12 +36,13 @@ class Corpus:
 
 
 def load_documents(source: str = "stdlib", *, text_field: str = "text", domain_field: str | None = None,
-                   bin_dtype: str = "uint16", eot_id: int | None = None) -> list[Document]:  # fmt: skip
+                   bin_dtype: str | None = None, eot_id: int | None = None) -> list[Document]:  # fmt: skip
     """Documents from ``source``: ``"stdlib"`` (default), ``"stdlib-mix"`` (the mixture of
     domains, :func:`~tokdyn.corpus.stdlib_mixture_documents`), a ``.jsonl`` file (domain from
-    ``domain_field``), a ``.bin`` token file, or a text file / folder (domain = first
-    sub-folder). ``text_field`` and ``domain_field`` name a ``.jsonl`` record's fields: given
-    with another kind of source they would be ignored, so they are refused."""
+    ``domain_field``), a ``.bin`` token file (of ``bin_dtype``, by default uint16), or a text
+    file / folder (domain = first sub-folder). ``text_field`` and ``domain_field`` name a
+    ``.jsonl`` record's fields: given with another kind of source they would be ignored, so they
+    are refused."""
     if source_kind(source) != "jsonl":
         for name, value, default in (("domain_field", domain_field, None), ("text_field", text_field, "text")):
             if value != default:
@@ -56,7 +57,7 @@ def load_documents(source: str = "stdlib", *, text_field: str = "text", domain_f
     if source_kind(source) == "jsonl":
         return jsonl_documents(source, text_field=text_field, domain_field=domain_field)
     if source_kind(source) == "bin":
-        return bin_documents(source, dtype=bin_dtype, eot_id=eot_id)
+        return bin_documents(source, dtype=bin_dtype or "uint16", eot_id=eot_id)
     return text_documents(source)
 
 
@@ -67,13 +68,50 @@ def training_stream(docs: Sequence[Document], tokenizer: Tokenizer) -> np.ndarra
     eot_id = getattr(tokenizer, "eot_id", None)
     eot = np.array([] if eot_id is None else [eot_id], np.int64)
     for d in docs:
-        ids = d.tokens if d.tokens is not None else tokenizer.encode(d.text)
+        ids = _document_tokens(d, tokenizer)
         parts.append(ids)
         if not (len(ids) and ids[-1] == eot_id):  # a .bin document may end in its own
             parts.append(eot)
     if not parts:
         raise InputError("no training documents")
     return np.concatenate(parts).astype(np.int32)
+
+
+def _document_tokens(d: Document, tokenizer: Tokenizer) -> np.ndarray:
+    """The token ids of ``d``: its own tokens, or its text encoded. A text the tokenizer cannot
+    encode is an :class:`InputError` naming the document (the tokenizer's own error cannot say
+    which of thousands it was)."""
+    if d.tokens is not None:
+        return d.tokens
+    try:
+        return tokenizer.encode(d.text)
+    except InputError as exc:
+        raise InputError(f"document {d.key!r}: {exc}") from None
+
+
+def _encoded(docs: Sequence[Document], tokenizer: Tokenizer) -> list[Document]:
+    """``docs`` with each text replaced by its tokens (for :func:`~tokdyn.probe.build_probe`,
+    which would encode them itself, without naming a document it cannot encode)."""
+    return [d if d.tokens is not None else Document(d.key, d.domain, tokens=_document_tokens(d, tokenizer)) for d in docs]
+
+
+# The ids a uint16 token can hold: 0 .. 65,535.
+_UINT16_IDS = 1 << 16
+
+
+def _check_bin_dtype(source: str, bin_dtype: str | None, tokenizer: Tokenizer) -> None:
+    """:class:`InputError` for a token file read as uint16 by default with a tokenizer whose ids
+    do not fit 16 bits (a vocabulary of more than 65,536: Llama 3's, Gemma's): a writer of its
+    ids picks uint32 (or int32), and those read as uint16 are every id cut in two halves, which
+    all pass the check against the vocabulary (no uint16 reaches it). Said before the file's
+    tokens are used. A uint16 file of such a tokenizer is possible (a writer that picks the
+    dtype by the largest id it wrote), so the dtype given by name is taken as it is: the file
+    is then checked for halves of wider ids (:func:`~tokdyn.corpus.bin_documents`)."""
+    vocab = getattr(tokenizer, "vocab_size", None)
+    if source_kind(source) == "bin" and bin_dtype is None and vocab is not None and vocab > _UINT16_IDS:
+        raise InputError(f"the tokenizer has {vocab:,} token ids, more than a uint16 token holds ({_UINT16_IDS:,}), the dtype "
+                         f"a token file is read in by default; give the file's dtype: --bin-dtype uint32 (bin_dtype='uint32'), "
+                         "or uint16 if the file really holds 16-bit ids")  # fmt: skip
 
 
 def prepare_corpus(
@@ -85,17 +123,20 @@ def prepare_corpus(
     n_probe_sequences: int = 128,
     probe_fraction: float = 0.05,
     seed: int = 0,
+    bin_dtype: str | None = None,
 ) -> Corpus:
     """Read ``source``, split by document, tokenize, and build the probe.
 
     ``tokenizer``: ``"byte"``, ``"bpe"`` (a byte-level BPE of ``vocab_size`` trained on the
     *training* documents only), a path to a ``tokenizer.json``, or a tokenizer object.
+    ``bin_dtype``: the dtype of a ``.bin`` source (as :func:`prepare_probe`).
     """
     _check_probe_options(context=context, n_sequences=n_probe_sequences, probe_fraction=probe_fraction, seed=seed)
-    docs = load_documents(source)
+    docs = load_documents(source, bin_dtype=bin_dtype)
     train_docs, probe_docs = split_documents(docs, probe_fraction=probe_fraction)
     tok = resolve_tokenizer(tokenizer, train_docs=train_docs, vocab_size=vocab_size)
-    probe = build_probe(probe_docs, tok, context=context, n_sequences=n_probe_sequences, seed=seed)
+    _check_bin_dtype(source, bin_dtype, tok)
+    probe = build_probe(_encoded(probe_docs, tok), tok, context=context, n_sequences=n_probe_sequences, seed=seed)
     return Corpus(training_stream(train_docs, tok), probe, tok, len(train_docs), len(probe_docs))
 
 
@@ -159,19 +200,24 @@ def prepare_probe(
     seed: int = 0,
     text_field: str = "text",
     domain_field: str | None = None,
-    bin_dtype: str = "uint16",
+    bin_dtype: str | None = None,
     eot_id: int | None = None,
 ) -> ProbeSplit:
     """The probe of ``source`` (see :func:`load_documents`): its documents split
     deterministically by document (:func:`~tokdyn.corpus.split_documents`), the probe cut from
     the held-out side only. Train on ``train_documents`` (the same split is reproduced by
     ``split_documents`` on the same keys), never on ``probe_documents``, nor on the training
-    documents listed in ``train_copies`` (their text is a held-out document's)."""
+    documents listed in ``train_copies`` (their text is a held-out document's).
+
+    ``bin_dtype``: the dtype of a ``.bin`` source's tokens; by default uint16 (nanoGPT's), which
+    is refused for a tokenizer of more than 65,536 ids (they need uint32: name the dtype). A
+    probe document the tokenizer cannot encode is an :class:`InputError` naming it."""
     _check_probe_options(context=context, n_sequences=n_sequences, probe_fraction=probe_fraction, seed=seed)
     docs = load_documents(source, text_field=text_field, domain_field=domain_field, bin_dtype=bin_dtype, eot_id=eot_id)
     train_docs, probe_docs = split_documents(docs, probe_fraction=probe_fraction)
     tok = resolve_tokenizer(tokenizer, train_docs=train_docs)
-    probe = build_probe(probe_docs, tok, context=context, n_sequences=n_sequences, seed=seed)
+    _check_bin_dtype(source, bin_dtype, tok)
+    probe = build_probe(_encoded(probe_docs, tok), tok, context=context, n_sequences=n_sequences, seed=seed)
     return ProbeSplit(probe, tok, train_docs, probe_docs, tuple(training_copies(train_docs, probe_docs)))
 
 

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
@@ -62,7 +63,9 @@ class HFTokenizer:
     else ``declared_eos``, the ``eos_token`` its HF folder declares, if the vocabulary has it,
     else none), or None (the tokenizer has none: documents are joined without a separator). The
     tokenizer itself is never changed; its truncation and padding (settings for batches of model
-    inputs) are not applied, so every text is encoded whole.
+    inputs) are not applied, so every text is encoded whole, and neither is a sampled
+    segmentation (a BPE's ``dropout``, a Unigram's ``alpha``: a regularization for training), so a
+    text has one encoding, the same on every call.
     """
 
     EOT = "<|endoftext|>"
@@ -71,14 +74,20 @@ class HFTokenizer:
     def __init__(self, tokenizer, *, eot: str | None = "auto", declared_eos: str | None = None) -> None:
         # The tokenizer as given: its JSON is what the spec hashes, and what save() writes.
         self._json = tokenizer.to_str()
-        if tokenizer.truncation is not None or tokenizer.padding is not None:
+        if tokenizer.truncation is not None or tokenizer.padding is not None or _samples(tokenizer):
             # Settings for batches of model inputs, not part of the tokenization: applied to a
             # document, truncation would cut it (a document of 10,000 tokens kept to 512) and
-            # padding would insert pad ids into the probe and the training stream. Encode with a
-            # copy without them; the caller's tokenizer is not changed.
-            tokenizer = type(tokenizer).from_str(self._json)
+            # padding would insert pad ids into the probe and the training stream. A sampled
+            # segmentation (BPE dropout, Unigram sampling) drew other ids for the same text on
+            # every call: a probe made twice was two probes (another fingerprint, refused by its
+            # own store), and a model is measured on the tokenizer's one segmentation, as it is
+            # evaluated. Encode with a copy without them; the caller's tokenizer is not changed
+            # (nor the hash of its JSON, the spec's).
+            tokenizer = type(tokenizer).from_str(self._json)  # a Unigram's alpha is not in the JSON
             tokenizer.no_truncation()
             tokenizer.no_padding()
+            if _samples(tokenizer):
+                tokenizer.model.dropout = None
         self._tok = tokenizer
         if eot == "auto":
             found = [t for t in self.EOT_CANDIDATES if tokenizer.token_to_id(t) is not None]
@@ -108,13 +117,16 @@ class HFTokenizer:
         p = Path(path)
         if p.is_dir():
             p = p / "tokenizer.json"
-        if not p.is_file():
-            raise InputError(f"tokenizer file not found: {p}")
+        _check_regular(p, "tokenizer file")  # a FIFO would block the read forever
         try:
             tok = tokenizers.Tokenizer.from_file(str(p))
         except Exception as exc:  # the Rust error says what is wrong with the file
             raise InputError(f"cannot load tokenizer {p}: {exc}") from None
-        return cls(tok, eot=eot, declared_eos=_declared_eos(p.parent) if eot == "auto" else None)
+        declared = None
+        if eot == "auto" and not any(tok.token_to_id(t) is not None for t in cls.EOT_CANDIDATES):
+            # the folder's configs are opened only where they decide the end-of-text
+            declared = _declared_eos(p.parent)
+        return cls(tok, eot=eot, declared_eos=declared)
 
     @classmethod
     def train(cls, texts: Iterable[str], *, vocab_size: int = 1024) -> "HFTokenizer":
@@ -155,18 +167,27 @@ class HFTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode([int(i) for i in ids])
 
-    def added_per_document(self) -> tuple[list[str], list[str]]:
+    def added_per_document(self, texts: Iterable[str] = ()) -> tuple[list[str], list[str]]:
         """The special tokens the tokenizer's post-processor adds before and after the tokens of
         every text it encodes (``(["[CLS]"], ["[SEP]"])`` for a BERT template, ``(["<s>"], [])``
-        for Llama's): they are part of every document, in the probe and in a training stream."""
-        for sample in ("a b", "a", "0", "the"):
-            bare = self._tok.encode(sample, add_special_tokens=False).ids
-            full = self._tok.encode(sample).ids
-            if bare:
-                break
-        k = next((k for k in range(len(full) - len(bare) + 1) if full[k : k + len(bare)] == bare), len(full))
-        name = self._tok.id_to_token
-        return [name(i) for i in full[:k]], [name(i) for i in full[k + len(bare) :]]
+        for Llama's): they are part of every document, in the probe and in a training stream.
+
+        Found by encoding a sample with and without them: the first of ``texts``, then of a few
+        short words, that the tokenizer encodes to some tokens. Give text of the corpus: a closed
+        vocabulary (a WordLevel one without its unknown token) encodes no other. A sample it
+        cannot encode is passed over; when none is left, ``([], [])``: none is known to be added."""
+        for sample in (*texts, "a b", "a", "0", "the"):
+            try:
+                bare = self._tok.encode(sample, add_special_tokens=False).ids
+                full = self._tok.encode(sample).ids
+            except Exception:  # noqa: BLE001 - the Rust error of a text it cannot encode: "Missing [UNK] token"
+                continue
+            # where the sample's own tokens lie in the full encoding (nowhere: it says nothing)
+            k = next((k for k in range(len(full) - len(bare) + 1) if full[k : k + len(bare)] == bare), None) if bare else None
+            if k is not None:
+                name = self._tok.id_to_token
+                return [name(i) for i in full[:k]], [name(i) for i in full[k + len(bare) :]]
+        return [], []
 
     def spec(self) -> dict:
         digest = hashlib.sha256(self._json.encode("utf-8")).hexdigest()
@@ -200,13 +221,43 @@ def _unk_id(tokenizer, text: str) -> int | None:
     return None
 
 
+def _samples(tokenizer) -> bool:
+    """Whether the tokenizer's model samples its segmentation: BPE dropout, or a Unigram's sampling
+    (``alpha``, set on a model in memory: its JSON does not keep it)."""
+    model = getattr(tokenizer, "model", None)
+    return bool(getattr(model, "dropout", None)) or bool(getattr(model, "alpha", None))
+
+
+def _check_regular(p: Path, what: str, hint: str = "") -> None:
+    """:class:`InputError` unless ``p`` (links followed) is a regular file: reading a FIFO blocks
+    until something writes to it, forever, and a device such as ``/dev/zero`` never ends. (The
+    check of tokdyn.record.offline.files.check_regular, for checkpoints; the record layer imports
+    this module, not the other way round.)"""
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        raise InputError(f"{what} not found: {p}") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {p}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device")
+        raise InputError(f"{what} {p} is {kind}, not a regular file; tokdyn reads tokenizer files from regular files only{hint}")
+
+
 def _declared_eos(folder: Path) -> str | None:
     """The ``eos_token`` a Hugging Face tokenizer folder declares (``tokenizer_config.json``, else
-    ``special_tokens_map.json``: a string, or an added token ``{"content": ...}``), or None."""
+    ``special_tokens_map.json``: a string, or an added token ``{"content": ...}``), or None. A
+    config there that is not a regular file (a FIFO: the read would block forever) is an
+    :class:`InputError`."""
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        path = folder / name
+        if not os.path.exists(path):  # absent (or a broken link): nothing declared there
+            continue
+        _check_regular(path, "tokenizer config", " (or name the end-of-text token: --eot TOKEN, eot=)")
         try:
-            config = json.loads((folder / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):  # absent, or not a config: nothing declared there
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # unreadable, or not a config: nothing declared there
             continue
         eos = config.get("eos_token") if isinstance(config, dict) else None
         eos = eos.get("content") if isinstance(eos, dict) else eos

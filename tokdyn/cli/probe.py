@@ -8,6 +8,7 @@ import os
 import tempfile
 
 from .._files import check_output_path
+from .._text import labels, visible
 from ..corpus import source_kind
 from ..errors import InputError
 from ..store import open_store
@@ -27,7 +28,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="draws the probe windows (default: 0); the split by document does not depend on it")
     p.add_argument("--text-field", help="with a .jsonl source: the field holding the text (default: text)")
     p.add_argument("--domain-field", help="with a .jsonl source: the field holding each document's domain label")
-    p.add_argument("--bin-dtype", choices=("uint16", "uint32", "int32"), help="with a .bin source: its token dtype (default: uint16)")
+    p.add_argument("--bin-dtype", choices=("uint16", "uint32", "int32"),
+                   help="with a .bin source: its token dtype (default: uint16; with a tokenizer of more than 65,536 ids, name it)")
     p.add_argument("--bin-eot-id", type=int, help="with a .bin source: the end-of-text id that separates its documents")
     p.add_argument("--held-out", metavar="FILE", help="write the held-out documents' keys here, one a line (never train on them; "
                         "read back with tokdyn.corpus.read_held_out)")
@@ -51,7 +53,8 @@ def _probe(args: argparse.Namespace) -> int:
     try:
         split = prepare_probe(args.source, tokenizer=tokenizer, context=args.context, n_sequences=args.sequences,
                               probe_fraction=args.probe_fraction, seed=args.seed, text_field=args.text_field or "text",
-                              domain_field=args.domain_field, bin_dtype=args.bin_dtype or "uint16", eot_id=args.bin_eot_id)  # fmt: skip
+                              domain_field=args.domain_field, bin_dtype=args.bin_dtype, eot_id=args.bin_eot_id)  # fmt: skip
+        added = _added_per_document(split)  # before the store is written: nothing is left behind by a failure
         if held_tmp is not None:  # one key a line: keys never hold a line break (tokdyn.corpus.held_out_text)
             with open(held_tmp, "w", encoding="utf-8", newline="") as fh:
                 fh.write(held_out_text(d.key for d in split.probe_documents))
@@ -64,27 +67,39 @@ def _probe(args: argparse.Namespace) -> int:
             with contextlib.suppress(OSError):
                 os.unlink(held_tmp)
     p = split.probe
-    print(f"probe {p.fingerprint}: {p.n_tokens:,} tokens = {p.n_sequences} sequences x {p.context} in {store.url}")
-    print(f"  documents  {len(split.train_documents):,} for training, {len(split.probe_documents):,} held out "
-          f"({len(p.documents)} of them in the probe)" + (f"; held-out keys in {args.held_out}" if args.held_out else ""))  # fmt: skip
+    # paths and names shown with every character visible: a newline in a folder's name printed a line of its own
+    print(visible(f"probe {p.fingerprint}: {p.n_tokens:,} tokens = {p.n_sequences} sequences x {p.context} in {store.url}"))
+    print(visible(f"  documents  {len(split.train_documents):,} for training, {len(split.probe_documents):,} held out "
+                  f"({len(p.documents)} of them in the probe)" + (f"; held-out keys in {args.held_out}" if args.held_out else "")))  # fmt: skip
     if split.train_copies:  # the split is by key: a copy of a held-out text under another key is on the training side
         n, shown = len(split.train_copies), ", ".join(split.train_copies[:3])
         print(f"  copies     {n:,} training document(s) repeat the text of a held-out one ({shown}"
               + (f" and {n - 3:,} more" if n > 3 else "") + "): leave them out of training too "
               "(tokdyn.data.training_copies(train_docs, probe_docs) lists them)")  # fmt: skip
     if len(p.domains) > 1 or (p.domains and p.domains[0] != ""):
-        print(f"  domains    {', '.join(map(str, p.domains))}")
+        print(f"  domains    {', '.join(labels(p.domains))}")
     tok = dict(p.tokenizer)
     eot = "none (tokdyn places no separator between documents)" if tok.get("eot_id") is None else tok.get("eot_id")
     print(f"  tokenizer  {tok.get('kind')}, vocabulary {tok.get('vocab_size'):,}, end-of-text id {eot}"
-          + (f" ({tok['eot']})" if tok.get("eot") else ""))  # fmt: skip
-    added = split.tokenizer.added_per_document() if hasattr(split.tokenizer, "added_per_document") else ([], [])
+          + (f" ({visible(tok['eot'])})" if tok.get("eot") else ""))  # fmt: skip
     if added[0] or added[1]:  # the post-processor's template ([CLS] ... [SEP], <s> ...): in every document, said
         where = " and ".join(f"{' '.join(t)} {side}" for t, side in zip(added, ("before", "after")) if t)
-        print(f"  adds       {where} every document (the tokenizer's post-processor): in the probe and in a training stream")
-    print(f"next: tokdyn record-offline --checkpoints DIR --out {args.out} --run NAME, or in a training loop "
-          f"TokenLossRecorder(model, tokdyn.open_store({args.out!r}).probe, {args.out!r}, NAME, schedule=...)")  # fmt: skip
+        print(f"  adds       {visible(where)} every document (the tokenizer's post-processor): in the probe and in a training stream")
+    print(visible(f"next: tokdyn record-offline --checkpoints DIR --out {args.out} --run NAME, or in a training loop "
+                  f"TokenLossRecorder(model, tokdyn.open_store({args.out!r}).probe, {args.out!r}, NAME, schedule=...)"))  # fmt: skip
     return 0
+
+
+def _added_per_document(split) -> tuple[list[str], list[str]]:
+    """The special tokens the tokenizer adds around every document it encodes, found on the text
+    of probe documents (the probe has encoded them; a closed vocabulary, a WordLevel one without
+    its unknown token, encodes no other text), or none for a token file: its tokens are taken as
+    they are, never encoded."""
+    # whole documents (a piece cut from one may end in a word the vocabulary lacks), the shortest
+    texts = sorted((d.text for d in split.probe_documents if d.text), key=len)[:3]
+    if not texts or not hasattr(split.tokenizer, "added_per_document"):
+        return [], []
+    return split.tokenizer.added_per_document(texts)
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
