@@ -39,3 +39,14 @@ def visible(text, *, data: bool = False) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+def labels(names) -> list[str]:
+    """Each of ``names`` as :func:`visible` shows it, unless two different names would show the
+    same (a domain ``"a\\n"`` holding a newline and one holding a backslash and ``n``): then
+    those are shown as Python writes them (``repr``), quoted and with their backslashes doubled,
+    so weights or rows printed beside them are told apart."""
+    names = [str(n) for n in names]
+    shown = [visible(n) for n in names]
+    clash = {v for v in shown if len({n for n, w in zip(names, shown) if w == v}) > 1}
+    return [repr(n) if v in clash else v for n, v in zip(names, shown)]

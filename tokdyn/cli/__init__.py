@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -35,7 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _MODULES:
         module.register(sub)
+    _numbers_in_e_notation(parser)
     return parser
+
+
+def _numbers_in_e_notation(parser: argparse.ArgumentParser) -> None:
+    """Let every parser read ``-1e-3`` as a negative number, as Python 3.13's argparse does:
+    3.11 and 3.12 took it for an option (``--lead -1e-3``: "expected one argument"). None of
+    tokdyn's options is spelled ``-<digit>``, so a value there is never mistaken for one."""
+    parser._negative_number_matcher = re.compile(r"^-\.?\d")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _numbers_in_e_notation(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+from .._text import visible
 from ..analysis import axis_run, run_spectrum
 from ..errors import InputError
 from ..reconstruct import reconstruct_run
@@ -241,5 +242,5 @@ def _report(args: argparse.Namespace) -> int:
                              f"({recorded.get('kind')}, sha256 {str(recorded.get('sha256'))[:12]})")  # fmt: skip
         tokenizer = HFTokenizer.from_file(args.tokenizer, eot=eot)
     out = write_report(store_path(args.store), args.out, runs=args.run or None, tokenizer=tokenizer)
-    print(f"wrote {out}")
+    print(visible(f"wrote {out}"))
     return 0

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 from .._checks import is_real
 from .._files import check_output_path
-from .._text import visible
+from .._text import labels, visible
 from ..errors import InputError
 from ._common import print_json, store_path
 
@@ -132,7 +133,7 @@ def run_cli(args: argparse.Namespace) -> int:
     check_options(args)
     if args.curriculum_command in OUTPUTS:  # the output path, before any work (its folder is never created)
         suffix, what = OUTPUTS[args.curriculum_command]
-        if not str(args.out).endswith(suffix):
+        if os.path.splitext(str(args.out))[1] != suffix:  # as the writers check it: 'dir/.npz' has no suffix
             raise InputError(f"--out must name a {suffix} file, got {args.out}")
         check_output_path(args.out, what=what)
     if args.curriculum_command == "schedule":
@@ -155,9 +156,11 @@ def _print(table, as_json: bool, *, header: str) -> None:
         print_json(info)
         return
     pilot = table.meta.get("pilot") if isinstance(table.meta.get("pilot"), dict) else {}
-    print(header)
-    print(f"  tokenizer   {table.meta.get('tokenizer', {})}")
-    print(f"  pilot       run {pilot.get('run')!r} of {pilot.get('store')}: {pilot.get('n_tokens')} tokens, "
+    # the header's path and the table's own metadata (the writer's JSON, a pilot store's name) are
+    # shown with every character visible: a newline in a name printed a line of its own
+    print(visible(header))
+    print(f"  tokenizer   {visible(table.meta.get('tokenizer', {}))}")
+    print(f"  pilot       run {visible(repr(pilot.get('run')))} of {visible(pilot.get('store'))}: {pilot.get('n_tokens')} tokens, "
           f"{pilot.get('n_events')} events, x {_num(pilot.get('x_first'), '.2f')}..{_num(pilot.get('x_last'), '.2f')}")  # fmt: skip
     print(f"  keys        {table.n_keys} (orders 1..{table.order}); global mu {table.mu_global:.3f}, delta {table.delta_global:.3f} nats")
     v = table.validation
@@ -208,12 +211,12 @@ def _schedule(args: argparse.Namespace) -> int:
         print_json({"out": path, "domains": list(sched.domains), "enrichment": {k: v for k, v in e.items() if k != "per_step"},
                     "verdict": enrichment_verdict(e)})  # fmt: skip
         return 0
-    print(f"wrote {path}")
-    print(f"  {enrichment_verdict(e)}")
+    print(visible(f"wrote {path}"))
+    print(f"  {visible(enrichment_verdict(e))}")
     if not e["baseline_rate"] > 0 and e["n_fed"] >= 2:
         print(f"  {_no_drop_detail(sched, pe.events.x_range)}")
     for s in sorted(s for s in {0, 9, args.steps // 10, args.steps // 3, args.steps - 1} if 0 <= s < args.steps):
-        print(f"  step {s + 1:>6}: " + ", ".join(f"{visible(d)} {w:.2f}" for d, w in zip(sched.domains, sched.weights(s))))
+        print(f"  step {s + 1:>6}: " + ", ".join(f"{d} {w:.2f}" for d, w in zip(labels(sched.domains), sched.weights(s))))
     return 0
 
 
@@ -266,7 +269,7 @@ def run_compare(args: argparse.Namespace) -> int:
               f"({', '.join(f'{k!r} observed {v[0]:.3g}..{v[1]:.3g}' for k, v in ranges.items())})")  # fmt: skip
     print(f"  {'group':<24} {'tokens':>7} {'median':>8} {'q25':>8} {'q75':>8} {'earlier':>8} {'drop moved earlier':>19} {'later':>7}")
     rows = [("all", res["overall"])] + [(f"class {k}", v) for k, v in res["by_class"].items()] + \
-           [(f"domain {visible(k)}", v) for k, v in res["by_domain"].items()]  # fmt: skip
+           [(f"domain {k}", v) for k, v in zip(labels(res["by_domain"]), res["by_domain"].values())]  # fmt: skip
     for name, s in rows:
         if s.get("n_tokens"):
             print(f"  {name:<24} {s['n_tokens']:>7} {s['median_shift']:>+8.3f} {s['q25']:>+8.3f} {s['q75']:>+8.3f} "

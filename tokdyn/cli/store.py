@@ -51,7 +51,7 @@ def _info(args: argparse.Namespace) -> int:
         return 1 if damaged else 0
     p = info["probe"]
     size = info["size_bytes"]
-    print(f"store      {info['url']}")
+    print(f"store      {visible(info['url'])}")
     print(f"schema     v{info['schema_version']}" + (f", {size / 1e6:.2f} MB on disk" if size is not None else ""))
     print(f"probe      {p['fingerprint']}  {p['n_tokens']:,} tokens" + (f" = {p['n_sequences']} x {p['context']}" if p["context"] else " (index-only)"))
     if not info["runs"]:

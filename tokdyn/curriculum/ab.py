@@ -41,7 +41,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -51,13 +50,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .._files import check_output_path
+from .._files import check_output_path, strict_json, write_atomically
 from .._process import exit_with_parent
 from ..corpus import source_kind
 from ..data import DomainCorpus, MixtureDataset, prepare_domains
 from ..errors import InputError
 from ..model import GPTConfig, TinyGPT
 from ..train import TrainConfig, lr_factor, resolve_device
+from ._common import clear_pilot_store
 from .coupled import CoupledSampler, domain_probabilities
 from .measure import auc_ratio, paired_bootstrap, speedup
 from .mixture import ContextSchedule, DomainRates, MixtureConfig, MixtureSchedule, enrichment_verdict, pilot_events
@@ -405,8 +405,7 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
     log(f"[1/4] pilot: uniform mixture, seed {cfg.pilot_seed}, {cfg.steps} steps, {cfg.pilot_per_domain} windows per domain recorded")
     t = time.perf_counter()
     store = out / "pilot.zarr"
-    if store.exists():
-        shutil.rmtree(store)
+    clear_pilot_store(store)
     pilot_base, probe, probe_info = _pilot_pool(cfg, corpus, ds, base)
     pilot_sampler = CoupledSampler(pilot_base, samples_per_step=cfg.batch_size, total_steps=cfg.steps, seed=cfg.pilot_seed)
     batches = (ds.batch(pilot_sampler.draws(s)).to(dev) for s in range(cfg.steps))
@@ -478,7 +477,7 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
         "train_seconds": train_s,
         "total_seconds": time.perf_counter() - t_start,
     }
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    _write_results(out / "results.json", results)
     try:
         plot_mixture(results, out / "curves.png")
     except ImportError:  # matplotlib is optional
@@ -494,6 +493,21 @@ _LADDER_FIELDS = ("source", "max_train_tokens", "steps", "batch_size", "context"
                   "val_tokens", "eval_points", "threads", "device")
 
 
+def _write_results(path: Path, results: dict) -> None:
+    """``results.json`` as strict JSON (a diverged seed's NaN written null: a bare NaN is no
+    JSON, and jq or another language's parser refused the file), written whole or not at all."""
+    write_atomically(path, lambda fh: fh.write(json.dumps(strict_json(results), indent=2, allow_nan=False)), what="results")
+
+
+def _finite(value) -> bool:
+    """Whether a run's record holds numbers only where it holds numbers (null: a NaN written)."""
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return value is not None
+
+
 def _reusable_base_runs(cfg: MixtureABConfig, log) -> list[dict]:
     """The baseline (ladder) runs of a previous ``results.json`` (``cfg.reuse``) made with the
     same data, model, steps and validation: they are deterministic, so rerunning them would
@@ -506,7 +520,8 @@ def _reusable_base_runs(cfg: MixtureABConfig, log) -> list[dict]:
     diff = {k: (pc.get(k), getattr(cfg, k)) for k in _LADDER_FIELDS if pc.get(k) != getattr(cfg, k)}
     if diff:
         raise InputError(f"--reuse {cfg.reuse}: its baselines were made with other settings (then, now): {diff}")
-    out = [r for r in prev.get("runs", []) if r["arm"] == "base" and r["seed"] in cfg.seeds and r["budget"] in cfg.ladder]
+    out = [r for r in prev.get("runs", []) if r["arm"] == "base" and r["seed"] in cfg.seeds and r["budget"] in cfg.ladder
+           and _finite(r)]  # a run whose loss was not finite (null in the file) is trained again  # fmt: skip
     log(f"      reusing {len(out)} baseline runs of {cfg.reuse}")
     return out
 

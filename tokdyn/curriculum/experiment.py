@@ -27,12 +27,13 @@ import numpy as np
 import torch
 
 from .._checks import is_int as _is_int, is_real
-from .._files import check_output_path
+from .._files import check_output_path, strict_json, write_atomically
 from ..data import Corpus, WindowDataset, prepare_corpus
 from ..errors import InputError
 from ..model import GPTConfig, TinyGPT
 from ..record.recorder import token_losses
 from ..train import TrainConfig, resolve_device, train
+from ._common import clear_pilot_store
 from .learnability import LearnabilityOptions, build_table
 from .pilot import run_pilot
 from .sampler import CurriculumSampler
@@ -139,10 +140,7 @@ def run_ab(out: str | Path, config: ABConfig = ABConfig(), *, corpus: Corpus | N
 
     log(f"[1/3] pilot: {cfg.pilot_steps or cfg.steps} steps, {cfg.pilot_sequences} training samples recorded at ~{cfg.pilot_points} steps")
     pilot_store = out / "pilot.zarr"
-    if pilot_store.exists():
-        import shutil
-
-        shutil.rmtree(pilot_store)
+    clear_pilot_store(pilot_store)
     t = time.perf_counter()
     pilot_cfg = TrainConfig(steps=cfg.pilot_steps or cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.pilot_seed)
     pilot = run_pilot(pilot_store, corpus=corpus, model_config=mcfg, train_config=pilot_cfg, n_sequences=cfg.pilot_sequences,
@@ -194,7 +192,8 @@ def run_ab(out: str | Path, config: ABConfig = ABConfig(), *, corpus: Corpus | N
         "weight_diagnostics": diagnostics,
         "total_seconds": time.perf_counter() - t_start,
     }
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    write_atomically(out / "results.json", lambda fh: fh.write(json.dumps(strict_json(results), indent=2, allow_nan=False)),
+                     what="results")  # strict JSON (a seed's NaN is null), never half written
     plot_curves(results, out / "curves.png")
     for arm, c in comparison.items():
         s, a = c["speedup"], c["auc_ratio"]

@@ -75,7 +75,9 @@ class PilotEvents:
 
 
 def pilot_events(store, run: str) -> PilotEvents:
-    """The fitted learning events of pilot run ``run`` with its probe's domain labels.
+    """The fitted learning events of pilot run ``run`` with its probe's domain labels: the
+    events of the tokens whose chosen model is a step (:func:`tokdyn.spectrum.events_from_fit`,
+    ``which="classified"``; a flat token, whose fitted sigmoids are noise, carries none).
 
     The one place this package reads fit results (and the probe) from a store. The run must lie
     on the training-step axis T (:class:`InputError` for a D or M run: its learning times are
@@ -88,7 +90,11 @@ def pilot_events(store, run: str) -> PilotEvents:
     st = open_store(store, mode="r")
     r = st.run(run)
     require_step_axis(r, "a curriculum schedule")
-    events = run_events(r)
+    # The events of tokens whose chosen model is a step (the "classified" set), as the learnability
+    # table and compare read them: a token whose loss stays flat (BIC: a constant or a line) has no
+    # event, and the two sigmoids fitted to its noise put phantom rates in a noisy domain (a pilot
+    # in which nothing was learned gave the noisier domain 0.8 of the weight and "+49 %").
+    events = run_events(r, which="classified")
     probe = st.probe
     ta = probe.token_arrays
     domain = ta.get("domain")
@@ -514,6 +520,10 @@ def _verdict(e: dict) -> str:
         return ("no domain's loss falls over the steps this schedule covers, by the pilot's rates: there is no drop in "
                 "range to judge, and the schedule keeps the baseline mixture (do the pilot's steps, times time_scale, "
                 "overlap the run's?)")  # fmt: skip
+    if e["best"] < _NO_HELP and e.get("unbounded", e["best"]) >= _NO_HELP:  # the domains differ; the floor holds the mix
+        return (f"enrichment {e['schedule']:.3f} (best possible {e['best']:.3f} with this floor, {e['unbounded']:.3f} "
+                "with floor 0): the domains' drops differ in time, but the floor keeps too much of each step at the "
+                "baseline mixture for a schedule to help; lower the floor to use them")  # fmt: skip
     if e["best"] < _NO_HELP:
         return (f"enrichment {e['schedule']:.3f} (best possible {e['best']:.3f}): the domains' loss falls in proportion, "
                 "so no mixture schedule can help here; keep the baseline mixture")  # fmt: skip
