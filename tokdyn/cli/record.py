@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .._files import check_output_path
+from .._text import visible
 from ..errors import InputError
 from ..record.offline.discovery import MANIFEST, MODEL_DTYPE_NAMES
 from ..store import AXES, LOSS_DTYPES
@@ -51,6 +52,7 @@ def run_cli(args: argparse.Namespace) -> int:
     """
     from ..record.offline.models import build_model  # torch and the recorder: only for this command
     from ..record.offline.recording import record_offline
+    from ..record.recorder import _NeedsForward
 
     if "://" not in args.out and not os.path.lexists(args.out):  # a new local store: its folder must exist, before any work
         check_output_path(args.out, what="store (--out)", folder_ok=True)
@@ -59,18 +61,24 @@ def run_cli(args: argparse.Namespace) -> int:
         spec, where = model_spec_argument(args.model)
         build_model(spec, where=where)  # fail now on a bad spec, not in a worker
         factory = functools.partial(build_model, spec, where=where)
-    summary = record_offline(
-        args.checkpoints, args.out, args.run, probe=args.probe, model_factory=factory, device=args.device,
-        batch_size=args.batch_size, workers=args.workers, dtype=args.dtype, model_dtype=args.model_dtype,
-        resume=args.resume, progress=not args.no_progress, axis=args.axis,
-    )  # fmt: skip
+    try:
+        summary = record_offline(
+            args.checkpoints, args.out, args.run, probe=args.probe, model_factory=factory, device=args.device,
+            batch_size=args.batch_size, workers=args.workers, dtype=args.dtype, model_dtype=args.model_dtype,
+            resume=args.resume, progress=not args.no_progress, axis=args.axis,
+        )  # fmt: skip
+    except _NeedsForward as exc:  # its advice, forward=, is Python's
+        raise InputError(
+            f"{exc}. The command line takes no forward: record these checkpoints from Python, with "
+            "tokdyn.record.record_offline(..., forward=...), or give --model a model whose output is logits [B, T, V]"
+        ) from None
     steps = summary["recorded"]
     span = f"steps {steps[0]}..{steps[-1]}" if steps else "nothing new"
     skipped = f", {len(summary['skipped'])} already committed" if summary["skipped"] else ""
-    print(
+    print(visible(
         f"recorded {len(steps)} checkpoint(s) ({span}{skipped}) into run {summary['run']!r} (axis {summary['axis']}, "
         f"{summary['rows']} rows) of {summary['store']} in {summary['seconds']:.1f} s"
-    )
+    ))  # fmt: skip
     return 0  # identical weights at two steps: warned (one line each) while they were recorded
 
 

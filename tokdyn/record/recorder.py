@@ -40,6 +40,7 @@ from ..runtime import count_parameters
 from ..schedule import explicit_schedule
 from ..store import DEFAULT_TOKEN_CHUNK, LOSS_DTYPES, RunWriter, TrajectoryStore, check_row, open_store
 from ._interrupt import hold_interrupts
+from .offline.models import short_error
 
 __all__ = ["TokenLossRecorder", "default_forward", "token_losses", "shard_ranges", "model_attrs", "model_positions",
            "check_model_context"]
@@ -47,6 +48,24 @@ __all__ = ["TokenLossRecorder", "default_forward", "token_losses", "shard_ranges
 log = logging.getLogger(__name__)
 
 ForwardFn = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+
+
+class _NeedsForward(InputError):
+    """The model's output is not logits ``[B, T, V]``, which a ``forward=`` can make of it: the
+    message says how; the command line, which takes no forward, says what it can do instead."""
+
+
+class _ModelFailed(InputError):
+    """The model's own forward raised on the probe's token ids (a recorder names the step)."""
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation that failed (Python's, CUDA's, or torch's CPU allocator,
+    which raises a plain RuntimeError): never a fault of the model or the probe to report as one,
+    and one a caller may handle itself (with a smaller batch)."""
+    if isinstance(exc, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
+        return True
+    return isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("out of memory", "can't allocate memory", "not enough memory"))
 
 
 def default_forward(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
@@ -61,7 +80,7 @@ def default_forward(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Te
     if logits is None and isinstance(out, (tuple, list)) and out:
         logits = out[0]
     if not isinstance(logits, torch.Tensor):
-        raise InputError(
+        raise _NeedsForward(
             f"model output of type {type(out).__name__} has no logits; pass forward=fn(model, input_ids) -> logits"
         )
     return logits
@@ -84,7 +103,10 @@ def token_losses(
     region the caller is in, in the precision of the weights. Logits that do not cover a target
     id are an :class:`InputError` (never a cross-entropy index error, which on a GPU is a
     device-side assert that ends the process): ``max_target``, the largest id in
-    ``tokens[:, 1:]``, is computed here when not given (one device sync).
+    ``tokens[:, 1:]``, is computed here when not given (one device sync). So is a forward that
+    fails on the probe's shape ``[B, C]`` (a model with fewer positions than the probe's
+    context, ...): one line with the model's own message, never its traceback as a bug of
+    tokdyn's; running out of memory is raised as it is (the caller may retry in smaller batches).
     """
     if tokens.ndim != 2 or tokens.shape[1] < 2:
         raise InputError(f"tokens must have shape [S, C+1], got {tuple(tokens.shape)}")
@@ -112,10 +134,23 @@ def token_losses(
                         f"the model cannot take the probe's tokens ({exc}): its ids reach {int(tokens.max())} and a sequence has "
                         f"{c} positions; the model's vocabulary must cover the probe's tokenizer and its context the probe's"
                     ) from exc
+                except TokdynError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a model fails on an input it cannot take with any exception type
+                    if _is_out_of_memory(exc):
+                        raise
+                    raise _ModelFailed(
+                        f"the model failed on the probe's token ids, a batch of shape [B, C] = [{x.shape[0]}, {c}] "
+                        f"({type(exc).__name__}: {short_error(exc)}); it must take token ids [B, C], C the probe's context, "
+                        "and give logits [B, C, V]"
+                    ) from exc
+                if not isinstance(logits, torch.Tensor):
+                    raise _NeedsForward(f"forward returned a {type(logits).__name__}, not logits [B, T, V]; "
+                                        "pass forward=fn(model, input_ids) -> logits")  # fmt: skip
                 if logits.ndim != 3 or logits.shape[:2] != x.shape:
                     # nanoGPT-style models give the last position's logits alone when called without targets
                     last = logits.ndim == 3 and logits.shape[0] == x.shape[0] and logits.shape[1] == 1 < x.shape[1]
-                    raise InputError(
+                    raise (_NeedsForward if last else InputError)(
                         f"forward returned logits {tuple(logits.shape)}; expected [B, T, V] with B, T = {tuple(x.shape)}"
                         + ("; the model gave the last position's logits only (as nanoGPT's does without targets): pass a "
                            "forward that returns every position's, e.g. forward=lambda model, ids: model(ids, ids)[0]" if last else "")
@@ -462,8 +497,11 @@ class TokenLossRecorder:
             )
         t0 = time.perf_counter()
         wall = time.time()
-        token_losses(self.model, self._tokens, batch_size=self.batch_size, forward=self.forward, out=self._buf,
-                     max_target=self._max_target)  # fmt: skip
+        try:
+            token_losses(self.model, self._tokens, batch_size=self.batch_size, forward=self.forward, out=self._buf,
+                         max_target=self._max_target)  # fmt: skip
+        except _ModelFailed as exc:  # which row the model failed at
+            raise _ModelFailed(f"recording step {step} of run {self.run_name!r}: {exc}") from exc.__cause__
         self.forward_seconds += time.perf_counter() - t0
         host = self._take_host_buffer()
         if self._cuda:

@@ -72,6 +72,10 @@ _NOT_A_STEP = re.compile(
     r")(?![a-z0-9])",
     re.IGNORECASE,
 )
+# An integer that stands apart in a name: not glued to letters before it (the 2 of gpt2, tp2 or
+# llama2 names a model or a parallelism, not a step; `ckpt-1000_gpt2.pt` is step 1000), unless they
+# are a word that counts steps (iter1000, ckpt1000).
+_APART_INT = re.compile(r"(?<![0-9])(?:(?<![a-z])|(?<=iter)|(?<=iteration)|(?<=ckpt)|(?<=update))\d+", re.IGNORECASE)
 # Files a training run saves beside its weights that hold no model (the HF Trainer's arguments,
 # optimizer, scheduler, scaler and RNG states): never a checkpoint, in any folder.
 _TRAINING_STATE = re.compile(r"^(?:training_args\.bin|optimizer\.pt|scheduler\.pt|scaler\.pt|rng_state(?:_\d+)?\.pth)$")
@@ -239,7 +243,8 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
 
 _NO_STEP = (
     "no integer in the name that is a step (the one after 'step', else the last one that is not a version "
-    "like '-v1', a dtype like 'bf16', an epoch (fairseq's checkpoint3), seed, token count, size, date or logged value) "
+    "like '-v1', a dtype like 'bf16', an epoch (fairseq's checkpoint3), seed, token count, size, date or logged value, "
+    "nor glued to letters like the 2 of 'gpt2' while another stands apart; several glued ones, as in 'gpt2_tp4', are ambiguous) "
     "and none recorded in the file "
     f"({', '.join(STEP_KEYS)}; an HF folder's trainer_state.json)"
 )
@@ -414,9 +419,12 @@ def _kind_of(p: Path) -> str | None:
 def _last_int(p: Path) -> int | None:
     """The step a name gives: the integer after the last ``step`` in it (``step100``, ``step_100``,
     ``global_step-100``, ``step=100``: whatever follows, such as ``_bf16`` or Lightning's ``-v1``),
-    else its last integer once the parts that hold a number but never a step are dropped
-    (``checkpoint-100``, ``model_100``, ``ckpt-100-v1``, ``model_100_bf16``, ``pythia-70m-100``:
-    100); None when no integer is left (``last-v1``, ``model_bf16``, ``epoch=3``, ``final``).
+    else, once the parts that hold a number but never a step are dropped, its last integer that
+    stands apart from letters (``checkpoint-100``, ``model_100``, ``ckpt-100-v1``,
+    ``model_100_bf16``, ``pythia-70m-100``, ``ckpt-100_gpt2``, ``ckpt_100_tp2``, ``iter100``:
+    100), else its only integer (``a7``: 7); None when no integer is left (``last-v1``,
+    ``model_bf16``, ``epoch=3``, ``final``) or several are glued to letters and none stands apart
+    (``gpt2_tp4``: which is the step cannot be told).
 
     The parts dropped: a version (``v1``, Lightning's suffix on a clashing name), a dtype
     (``bf16``, ``fp32``, ``int8``), another counter (``epoch``, ``ep``, ``seed``, ``rank``,
@@ -431,8 +439,12 @@ def _last_int(p: Path) -> int | None:
     after_step = _STEP_INT.findall(name)
     if after_step:
         return int(after_step[-1])
-    ints = _INT.findall(_NOT_A_STEP.sub(" ", _DATE.sub(" ", name)))
-    return int(ints[-1]) if ints else None
+    rest = _NOT_A_STEP.sub(" ", _DATE.sub(" ", name))
+    apart = _APART_INT.findall(rest)
+    if apart:
+        return int(apart[-1])
+    ints = _INT.findall(rest)
+    return int(ints[0]) if len(ints) == 1 else None
 
 
 def held_step(p: Path, kind: str) -> int | None:

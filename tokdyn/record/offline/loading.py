@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import logging
 import os
 import pickle
 import re
 import warnings
 import zipfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -279,29 +280,144 @@ def _bare_model(ref: CheckpointRef, model_factory: ModelFactory | None) -> torch
 
 
 def _load_into(model: torch.nn.Module, sd: Mapping[str, torch.Tensor], p: Path) -> None:
-    """``load_state_dict`` that allows a missing key only when its tensor is tied to a loaded one."""
-    sd = _strip_owner_prefix(sd, set(model.state_dict()))
+    """``load_state_dict``, once ``sd`` is checked to hold the model's weights (:func:`_check_weights`):
+    keys the model lacks that transformers itself ignores (the causal-mask buffers an older
+    transformers saved with every GPT-2) are dropped first."""
+    model_sd = model.state_dict()
+    ignored = _ignored_unexpected(model)
+    sd = _strip_owner_prefix(sd, set(model_sd), ignored)
+    sd = {k: v for k, v in sd.items() if k in model_sd or not ignored(k)}
+    mismatched = [(k, tuple(v.shape), tuple(model_sd[k].shape)) for k, v in sd.items()
+                  if k in model_sd and isinstance(model_sd[k], torch.Tensor) and not _same_shape(v.shape, model_sd[k].shape)]  # fmt: skip
+    _check_weights(model, p, missing=set(model_sd) - set(sd), unexpected=[k for k in sd if k not in model_sd],
+                   mismatched=mismatched, fix="Check the model config")  # fmt: skip
     try:
-        result = model.load_state_dict(sd, strict=False)
-    except RuntimeError as exc:  # shape mismatch
-        raise InputError(f"{p} does not fit the model: {exc}. Check the model config") from None
-    if result.unexpected_keys:
-        raise InputError(f"{p} has weights the model lacks: {result.unexpected_keys[:8]}. Check the model config")
-    missing = set(result.missing_keys)
-    if missing:
-        groups: dict[int, list[str]] = {}
-        for name, t in model.state_dict(keep_vars=True).items():
-            groups.setdefault(id(t), []).append(name)
-        untied = sorted(k for names in groups.values() if all(n in missing for n in names) for k in names)
-        if untied:
-            raise InputError(f"{p} lacks weights the model needs: {untied[:8]}. Check the model config")
+        model.load_state_dict(sd, strict=False)
+    except RuntimeError as exc:  # what the shapes do not show (a dtype torch cannot copy, ...)
+        raise InputError(f"{p} does not fit the model: {short_error(exc)}. Check the model config") from None
 
 
-def _strip_owner_prefix(sd: Mapping[str, torch.Tensor], model_keys: set[str]) -> Mapping[str, torch.Tensor]:
+def _same_shape(file_shape: torch.Size, model_shape: torch.Size) -> bool:
+    # load_state_dict takes a one-element tensor for a scalar (what older torch saved for one)
+    return file_shape == model_shape or (len(model_shape) == 0 and tuple(file_shape) == (1,))
+
+
+def _check_weights(model: torch.nn.Module, where: Path, *, missing: Iterable[str], unexpected: Iterable[str],
+                   mismatched: Iterable[tuple[str, tuple, tuple]], fix: str) -> None:  # fmt: skip
+    """Refuse, in one :class:`InputError` line naming a few of each, weights that do not match the
+    model they were loaded into: a model left with weights the file lacks would be evaluated with
+    the random values it was built with, and one that leaves weights of the file out (a config
+    with fewer layers than were trained) is not the model that was trained.
+
+    A key missing from the file is allowed where its tensor is tied to one that is present (a
+    tied LM head: safetensors and ``save_pretrained`` store shared tensors once) or where the
+    model's class declares it may be missing (``_keys_to_ignore_on_load_missing``); ``unexpected``
+    comes without the keys transformers ignores (:func:`_ignored_unexpected`).
+    """
+    needed = _needed(model, set(missing))
+    unexpected, mismatched = sorted(unexpected), sorted(mismatched)
+    if not (needed or unexpected or mismatched):
+        return
+    parts = []
+    if mismatched:
+        shapes = ", ".join(f"{k} is {list(a)} in the file and {list(b)} in the model" for k, a, b in mismatched[:4])
+        parts.append(f"does not fit the model: {shapes}{_more(mismatched, 4)}")
+    if needed:
+        head = _lm_head_keys(model) & set(needed)
+        parts.append(f"lacks weights the model needs: {needed[:8]}{_more(needed, 8)}"
+                     + (f" (the LM head of {type(model).__name__}: saved from the base model without it, such as "
+                        "GPT2Model rather than GPT2LMHeadModel?)" if head == set(needed) else ""))  # fmt: skip
+    if unexpected:
+        prefix = _extra_prefix(unexpected, set(needed))
+        parts.append(f"has weights the model lacks: {unexpected[:8]}{_more(unexpected, 8)}"
+                     + (f" (its keys carry a prefix, {prefix!r}, that the model's lack)" if prefix else ""))  # fmt: skip
+    raise InputError(f"{where} " + "; it ".join(parts) + f". {fix}")
+
+
+def _extra_prefix(unexpected: Sequence[str], needed: set[str]) -> str | None:
+    """The dotted prefix every key of ``unexpected`` shares, when without it they are keys the
+    model needs (weights saved from a module that held the model under an attribute)."""
+    parts = unexpected[0].split(".")
+    for n in range(1, len(parts)):
+        prefix = ".".join(parts[:n]) + "."
+        if not all(k.startswith(prefix) for k in unexpected):
+            return None
+        if any(k[len(prefix) :] in needed for k in unexpected):
+            return prefix
+    return None
+
+
+def _more(items: Sequence, shown: int) -> str:
+    return f" and {len(items) - shown} more" if len(items) > shown else ""
+
+
+def _needed(model: torch.nn.Module, missing: set[str]) -> list[str]:
+    """The keys of ``missing`` the model cannot do without, sorted: not those tied to a key that is
+    present, nor those its class says may be missing."""
+    declared = _patterns(model, "_keys_to_ignore_on_load_missing")
+    by_tensor: dict[int, list[str]] = {}
+    tensor_of: dict[str, int] = {}
+    for name, t in model.state_dict(keep_vars=True).items():  # tied names hold the same tensor object
+        by_tensor.setdefault(id(t), []).append(name)
+        tensor_of[name] = id(t)
+    return sorted(k for k in missing if not declared(k)
+                  and (k not in tensor_of or all(n in missing for n in by_tensor[tensor_of[k]])))  # fmt: skip
+
+
+def _lm_head_keys(model: torch.nn.Module) -> set[str]:
+    """The state-dict keys of the model's own LM head (its output embedding, when it says which):
+    none where the head is tied to the input embedding (then it is no head of its own)."""
+
+    def tensors(getter: str) -> set[int]:
+        get = getattr(model, getter, None)
+        try:
+            module = get() if callable(get) else None
+        except (NotImplementedError, AttributeError):  # an HF model without one
+            return set()
+        return {id(t) for t in module.state_dict(keep_vars=True).values()} if isinstance(module, torch.nn.Module) else set()
+
+    own = tensors("get_output_embeddings") - tensors("get_input_embeddings")
+    return {name for name, t in model.state_dict(keep_vars=True).items() if id(t) in own}
+
+
+# Buffers that older transformers versions saved with the weights and newer ones compute (never
+# learned): GPT-2's and GPT-J's `attn.masked_bias` (before 4.31), the rotary `inv_freq` and
+# `position_ids` (transformers itself ignores the last two, where the model has such buffers).
+_HF_LEGACY_BUFFERS = (r"(^|\.)masked_bias$", r"rotary_emb\.inv_freq$", r"(^|\.)position_ids$")
+
+
+def _ignored_unexpected(model: torch.nn.Module) -> Callable[[str], bool]:
+    """Whether a key of a file that ``model`` lacks is one to drop quietly: one of the patterns its
+    class declares (``_keys_to_ignore_on_load_unexpected``, found with ``re.search`` as
+    transformers does: GPT-2's ``attn.bias``, the causal mask every GPT-2 saved before
+    transformers 4.31), or for a transformers model a buffer older versions saved (above)."""
+    is_hf = any(c.__module__.split(".")[0] == "transformers" for c in type(model).__mro__)
+    return _patterns(model, "_keys_to_ignore_on_load_unexpected", _HF_LEGACY_BUFFERS if is_hf else ())
+
+
+def _patterns(model: torch.nn.Module, attr: str, extra: Iterable[str] = ()) -> Callable[[str], bool]:
+    """A test of whether a key matches one of the regular expressions ``model.<attr>`` lists
+    (transformers: None, a list or a set; an instance gathers its submodules' too) or ``extra``."""
+    declared = getattr(model, attr, None)
+    found = []
+    for pattern in [*(declared if isinstance(declared, (list, tuple, set, frozenset)) else ()), *extra]:
+        try:
+            found.append(re.compile(pattern))
+        except (re.error, TypeError):  # a pattern transformers could not use either
+            continue
+    return lambda key: any(r.search(key) for r in found)
+
+
+def _strip_owner_prefix(sd: Mapping[str, torch.Tensor], model_keys: set[str],
+                        ignored: Callable[[str], bool] = lambda key: False) -> Mapping[str, torch.Tensor]:  # fmt: skip
     """``sd`` without a dotted prefix that every key shares (``net.``, ``model.``: a Lightning module
     saves its network under the attribute that holds it), when that prefix is all that keeps the
-    keys from being the model's; otherwise ``sd`` as it is."""
-    if not sd or set(sd) <= model_keys:
+    keys from being the model's (but for keys ``ignored`` drops); otherwise ``sd`` as it is."""
+
+    def fits(keys) -> bool:
+        return all(k in model_keys or ignored(k) for k in keys)
+
+    if not sd or fits(sd):
         return sd
     keys = list(sd)
     parts = keys[0].split(".")
@@ -310,7 +426,7 @@ def _strip_owner_prefix(sd: Mapping[str, torch.Tensor], model_keys: set[str]) ->
         if not all(k.startswith(prefix) for k in keys):
             break
         stripped = {k[len(prefix) :]: v for k, v in sd.items()}
-        if set(stripped) <= model_keys:
+        if fits(stripped):
             return stripped
     return sd
 
@@ -352,12 +468,15 @@ def _load_hf(folder: Path) -> torch.nn.Module:
             raise InputError(f"Hugging Face folder {folder} has no model.safetensors or pytorch_model.bin")
         for b in bins:  # refuse pickled code ourselves, whatever the transformers version does
             _torch_load_safely(b)
-    kwargs: dict[str, Any] = {"local_files_only": True, "use_safetensors": has_st, "trust_remote_code": False}
+    # the loading info lists what the file and the model do not share; with mismatched sizes
+    # ignored, a tensor of another shape is listed too (and refused below), not a bare error
+    kwargs: dict[str, Any] = {"local_files_only": True, "use_safetensors": has_st, "trust_remote_code": False,
+                              "output_loading_info": True, "ignore_mismatched_sizes": True}  # fmt: skip
     if "weights_only" in _from_pretrained_params(transformers):  # an explicit parameter since transformers 5
         kwargs["weights_only"] = True
     try:
-        with HF_LOCK:
-            return transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        with HF_LOCK, _no_load_report():
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except pickle.UnpicklingError:
         raise UnsafeFileError(
             f"{folder}: the weights cannot be loaded without unpickling arbitrary Python objects; tokdyn refuses "
@@ -367,6 +486,43 @@ def _load_hf(folder: Path) -> torch.nn.Module:
         raise
     except Exception as exc:  # noqa: BLE001 - a damaged folder fails in transformers or safetensors with any exception type
         raise InputError(f"cannot load Hugging Face folder {folder}: {_error_detail(exc)}") from None
+    if info.get("error_msgs"):
+        raise InputError(f"cannot load Hugging Face folder {folder}: {short_error(info['error_msgs'][0], limit=200)}")
+    ignored = _ignored_unexpected(model)
+    _check_weights(
+        model, folder, missing=info.get("missing_keys") or (),
+        unexpected=[k for k in info.get("unexpected_keys") or () if not ignored(k)],
+        mismatched=[(k, tuple(a), tuple(b)) for k, a, b in info.get("mismatched_keys") or ()],
+        fix=f"The weights must be those of the model its config.json builds ({type(model).__name__})",
+    )  # fmt: skip
+    return model
+
+
+class _LoadReportFilter(logging.Filter):
+    """Drops transformers' report of the weights a checkpoint and its model do not share (the table
+    of transformers 5, the "Some weights of ..." lines before): :func:`_check_weights` refuses those
+    that matter in one line, and those it lets pass (a tied head, an old causal-mask buffer) are
+    no news."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a record that cannot be formatted is not the report
+            return True
+        return "LOAD REPORT" not in text and not text.startswith("Some weights of")
+
+
+@contextlib.contextmanager
+def _no_load_report():
+    """transformers' loading report left out while the block runs (under :data:`HF_LOCK`: the
+    filter is on transformers' process-wide logger)."""
+    log = logging.getLogger("transformers.modeling_utils")
+    quiet = _LoadReportFilter()
+    log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        log.removeFilter(quiet)
 
 
 @functools.cache

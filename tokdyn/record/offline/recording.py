@@ -23,15 +23,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...errors import InputError, NotAStoreError, RunExistsError, StoreError
+from ...errors import InputError, NotAStoreError, RunExistsError, StoreError, TokdynError
 from ...probe import ProbeSet
 from ...runtime import resolve_device
 from ...store import AXES, LOSS_DTYPES, TrajectoryStore, open_store
 from .._interrupt import hold_interrupts
-from ..recorder import _steps_text, check_model_context, default_forward, model_attrs, token_losses
+from ..recorder import (ForwardFn, _is_out_of_memory, _NeedsForward, _steps_text, check_model_context, default_forward, model_attrs,
+                        token_losses)
 from .discovery import MANIFEST, CheckpointRef, discover_checkpoints, drop_unfinished, hf_weight_files, manifest_axis, order_refs
 from .loading import MODEL_DTYPES, ModelFactory, load_checkpoint, needs_transformers, weights_fingerprint
-from .models import hf_progress_bars, import_transformers
+from .models import hf_progress_bars, import_transformers, short_error
 
 __all__ = ["record_offline", "DuplicateWeightsWarning"]
 
@@ -47,6 +48,7 @@ def record_offline(
     *,
     probe: ProbeSet | TrajectoryStore | str | os.PathLike | None = None,
     model_factory: ModelFactory | None = None,
+    forward: ForwardFn | None = None,
     device: torch.device | str = "cpu",
     batch_size: int = 32,
     workers: int | None = None,
@@ -71,10 +73,15 @@ def record_offline(
         The probe, or a store (object or path) whose probe to use. Default: ``store``'s probe.
     model_factory : callable, optional
         ``model_factory() -> nn.Module`` for bare state dicts (overrides manifest specs).
+    forward : callable, optional
+        ``forward(model, input_ids) -> logits [B, T, V]``, for a model whose output is not that
+        (a nanoGPT model gives only the last position's logits without targets:
+        ``forward=lambda model, ids: model(ids, ids)[0]``). Default: the model's output, its
+        ``.logits``, its ``"logits"`` or its first item, as :class:`TokenLossRecorder` takes it.
     device : str or torch.device
         Where the probe forwards run.
     batch_size : int
-        Probe sequences per forward.
+        Probe sequences per forward (fewer need less memory: running out of it is an error saying so).
     workers : int, optional
         Checkpoints evaluated at once (dask threads); also the number of models in memory.
         Default: ``min(4, cpu cores)`` on CPU, 2 on an accelerator (one loads while one runs).
@@ -101,6 +108,8 @@ def record_offline(
     """
     t0 = time.perf_counter()
     _check_options(dtype=dtype, model_dtype=model_dtype, batch_size=batch_size, axis=axis)
+    if forward is not None and not callable(forward):
+        raise InputError(f"forward must be a callable forward(model, input_ids) -> logits, got a {type(forward).__name__}")
     device = resolve_device(device)  # before any work: a device that can hold weights
     ts = _open_target_store(store, probe)
     try:
@@ -122,7 +131,7 @@ def record_offline(
         if needs_transformers(todo, model_factory):
             import_transformers()  # here, once: its first import is not safe from several threads
         evaluate = functools.partial(
-            _evaluate, tokens=tokens, max_id=int(tokens.max().item()), model_factory=model_factory, device=device,
+            _evaluate, tokens=tokens, max_id=int(tokens.max().item()), model_factory=model_factory, forward=forward, device=device,
             model_dtype=model_dtype, batch_size=int(batch_size), threads=_threads_per_worker(workers, device),
             restore_threads=restore_threads, stop=stop,
         )  # fmt: skip
@@ -325,28 +334,35 @@ def _evaluate(
     threads: int,
     restore_threads: int,
     stop: threading.Event | None = None,
+    forward: ForwardFn | None = None,
 ) -> _Evaluated | BaseException:
     """Load, fingerprint and evaluate one checkpoint. Runs in a dask worker thread; a failure
     is returned (not raised) so that the rows before it can still be committed in order. Once
     ``stop`` is set (the recording was interrupted) it gives up before its next forward: the
     interpreter waits for worker threads at exit, and a large model's probe takes minutes."""
     torch.set_num_threads(threads)  # per calling thread with OpenMP: keep workers x threads <= cores
+    where = f"checkpoint {ref.path} (step {ref.step})"
     try:
         _check_stop(stop)
         model = load_checkpoint(ref, model_factory=model_factory, device=device, model_dtype=model_dtype)
         fp = weights_fingerprint(model)
-        where = f"checkpoint {ref.path} (step {ref.step})"
         _check_input_vocabulary(model, max_id, where)
         check_model_context(model, tokens.shape[1] - 1, f"{where}: ")
-        forward = functools.partial(_forward_covering, max_id=max_id, where=where, stop=stop)
+        covering = functools.partial(_forward_covering, forward=forward or default_forward, max_id=max_id, where=where, stop=stop)
         try:
-            losses = token_losses(model, tokens, batch_size=batch_size, forward=forward).cpu().numpy()
+            losses = token_losses(model, tokens, batch_size=batch_size, forward=covering).cpu().numpy()
         except InputError as exc:  # say which checkpoint the probe's tokens do not fit
             if str(exc).startswith(where):
                 raise
-            raise InputError(f"{where}: {exc}") from exc
+            raise (type(exc) if isinstance(exc, _NeedsForward) else InputError)(f"{where}: {exc}") from exc
         return _Evaluated(losses, fp, model_attrs(model), _saved_at(ref))
     except Exception as exc:  # noqa: BLE001 - re-raised in order by record_offline
+        if _is_out_of_memory(exc):  # not chained: its traceback holds the tensors that filled the memory
+            exc = _OutOfMemory(
+                f"{where}: out of memory on {device} ({short_error(exc, limit=160)}); evaluate fewer probe sequences per "
+                f"forward (--batch-size, batch_size=; now {batch_size}), fewer checkpoints at once (--workers, workers=), "
+                "or the model in a smaller dtype (--model-dtype bfloat16)"
+            )  # fmt: skip
         if hasattr(exc, "add_note"):
             exc.add_note(f"while recording checkpoint {ref.path} (step {ref.step})")
         return exc
@@ -377,8 +393,13 @@ def _check_input_vocabulary(model: torch.nn.Module, max_id: int, where: str) -> 
         )
 
 
-class _Stopped(Exception):
-    """The recording was interrupted: a worker gives up its checkpoint (never reported)."""
+class _Stopped(TokdynError):
+    """The recording was interrupted: a worker gives up its checkpoint (never reported). A
+    TokdynError, so that :func:`token_losses` passes it on as it is, not as the model's failure."""
+
+
+class _OutOfMemory(TokdynError, MemoryError):
+    """A checkpoint did not fit in memory, loaded or evaluated: one line saying what to lower."""
 
 
 def _check_stop(stop: threading.Event | None) -> None:
@@ -387,12 +408,13 @@ def _check_stop(stop: threading.Event | None) -> None:
 
 
 def _forward_covering(model: torch.nn.Module, input_ids: torch.Tensor, *, max_id: int, where: str,
-                      stop: threading.Event | None = None) -> torch.Tensor:  # fmt: skip
-    """:func:`default_forward`, refusing logits that do not cover the probe's token ids: a target
-    (the last position of a sequence) beyond them would fail in cross-entropy."""
+                      stop: threading.Event | None = None, forward: ForwardFn = default_forward) -> torch.Tensor:  # fmt: skip
+    """``forward`` (:func:`default_forward`, or the caller's), refusing logits that do not cover the
+    probe's token ids: a target (the last position of a sequence) beyond them would fail in
+    cross-entropy."""
     _check_stop(stop)
-    logits = default_forward(model, input_ids)
-    if logits.ndim == 3 and logits.shape[-1] <= max_id:
+    logits = forward(model, input_ids)
+    if isinstance(logits, torch.Tensor) and logits.ndim == 3 and logits.shape[-1] <= max_id:
         raise InputError(
             f"{where}: the model gives {logits.shape[-1]} logits per position but the probe's token ids reach {max_id}; "
             "the model must use the probe's tokenizer"
