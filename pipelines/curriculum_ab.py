@@ -20,6 +20,7 @@ import dataclasses
 import json
 import sys
 
+from tokdyn._files import strict_json
 from tokdyn.errors import TokdynError
 
 
@@ -72,9 +73,9 @@ def main() -> int:
         return 1
     head = {arm: {"speedup": c["speedup"], "auc_ratio": c["auc_ratio"]["mean"], "auc_ratio_ci95": c["auc_ratio"]["ci95"]}
             for arm, c in res["comparison"].items()}  # fmt: skip
-    print(json.dumps({"arms": head, "enrichment": res["enrichment"]["schedule"], "enrichment_best": res["enrichment"]["best"],
+    print(json.dumps(strict_json({"arms": head, "enrichment": res["enrichment"]["schedule"], "enrichment_best": res["enrichment"]["best"],
                       "positive_control": res["positive_control"], "aa": res["aa"], "total_seconds": res["total_seconds"],
-                      "pilot_seconds": res["pilot"]["seconds"]}, default=str))  # fmt: skip
+                      "pilot_seconds": res["pilot"]["seconds"]}), default=str, allow_nan=False))  # fmt: skip
     return 0
 
 
@@ -103,8 +104,8 @@ def _v1(args) -> int:
                   "per_seed_speedup": c["per_seed"]["speedup"], "not_reached": c["not_reached"]}
             for arm, c in res["comparison"].items()}  # fmt: skip
     v = res["pilot"]["validation"] or {}
-    print(json.dumps({"arms": head, "mu_spearman": v.get("mu_spearman"), "delta_spearman": v.get("delta_spearman"),
-                      "total_seconds": res["total_seconds"]}))  # fmt: skip
+    print(json.dumps(strict_json({"arms": head, "mu_spearman": v.get("mu_spearman"), "delta_spearman": v.get("delta_spearman"),
+                      "total_seconds": res["total_seconds"]}), allow_nan=False))  # fmt: skip
     return 0
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ import numpy as np
 import torch
 
 import tokdyn
+from tokdyn._files import remove_store_folder
 from tokdyn.analysis import analyze_store
 from tokdyn.annealing import fit_annealing_gain
 from tokdyn.axes import assemble_axis
@@ -127,8 +127,8 @@ def run_sweep(args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     check_writable(out / "report.html")
     path = out / "store.zarr"
-    if path.exists() and not args.analyze_only:
-        shutil.rmtree(path)
+    if not args.analyze_only:  # the store an earlier sweep left, made again (never a link, a file or another folder)
+        remove_store_folder(path, what="sweep store")
     quick, k = args.quick, max(1, int(args.scale))
     context = args.context or (32 if quick else 64)
     family = {("mixed", False): SIZES, ("mixed", True): SIZES_QUICK, ("width", False): SIZES_WIDTH, ("width", True): SIZES_WIDTH_QUICK}

@@ -16,7 +16,7 @@ from hypothesis import strategies as st_
 
 import tokdyn
 from tokdyn.annealing import AnnealingWarning, annealing_area, decay_schedule, fit_annealing_gain
-from tokdyn.axes import assemble_axis, axis_run_problem, axis_sources, source_runs
+from tokdyn.axes import _check_replaceable, assemble_axis, axis_run_problem, axis_sources, source_runs
 from tokdyn.cli import main
 from tokdyn.errors import InputError
 from tokdyn.store import as_store
@@ -117,6 +117,13 @@ def test_a_rebuild_never_deletes_a_run_it_did_not_assemble(tmp_path, capsys, kin
     assert kept.attrs["note"] == "mine" and kept.n_committed == 3
     with pytest.raises(InputError, match="would delete"):
         assemble_axis(st, "D", overwrite=True)
+
+
+def test_an_assembled_axis_of_the_other_axis_is_named_as_such(tmp_path):
+    st = _d_store(tmp_path / "d.zarr")
+    assemble_axis(st, "D")
+    with pytest.raises(InputError, match=r"'axis-D' of .* is an axis D run assembled from runs, which assembling axis M"):
+        _check_replaceable(st, "axis-D", "M")  # what assemble_axis(st, "M", name="axis-D", overwrite=True) asks
 
 
 def test_a_rebuild_still_replaces_an_assembled_axis(tmp_path):
@@ -235,9 +242,9 @@ def _never_called(start):
         (dict(trunk="D-cal00"), r"the trunk's name 'D-cal00' is also a branch's"),
         (dict(prefix="a/b"), r"run name must be"),
         (dict(trunk="t/x"), r"run name must be"),
-        (dict(tokens_per_step=2.9), r"tokens_per_step: expected whole numbers"),
-        (dict(tokens_per_step="32"), r"tokens_per_step: expected whole numbers"),
-        (dict(tokens_per_step=True), r"tokens_per_step: expected whole numbers"),
+        (dict(tokens_per_step=2.9), r"tokens_per_step: expected whole numbers of tokens"),
+        (dict(tokens_per_step="32"), r"tokens_per_step: expected whole numbers of tokens"),
+        (dict(tokens_per_step=True), r"tokens_per_step: expected whole numbers of tokens"),
     ],
 )
 def test_sweep_names_and_token_counts_are_checked_before_training(tiny_model, probe, store_path, kw, match):

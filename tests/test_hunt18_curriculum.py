@@ -131,7 +131,7 @@ def test_a_negative_value_in_e_notation_is_read_as_a_number(tmp_path, capsys):
 
 @pytest.mark.parametrize("kind", ["link", "file", "folder"])
 def test_a_pilot_store_path_that_is_no_store_is_refused_and_kept(tmp_path, kind):
-    from tokdyn.curriculum._common import clear_pilot_store
+    from tokdyn._files import remove_store_folder
     from tokdyn.errors import InputError
 
     victim = tmp_path / "victim"
@@ -145,21 +145,46 @@ def test_a_pilot_store_path_that_is_no_store_is_refused_and_kept(tmp_path, kind)
     else:
         path.mkdir()
         (path / "notes.txt").write_text("mine")
-    with pytest.raises(InputError, match="not the pilot store an earlier experiment left"):
-        clear_pilot_store(path)
+    with pytest.raises(InputError, match="is a (link|file|folder that holds no zarr store), not the pilot store an earlier run left"):
+        remove_store_folder(path, what="pilot store")
     assert (victim / "precious.txt").read_text() == "data" and os.path.lexists(path)
 
 
 def test_an_earlier_pilot_store_or_an_empty_folder_is_removed(tmp_path):
-    from tokdyn.curriculum._common import clear_pilot_store
+    from tokdyn._files import remove_store_folder
 
     rng = np.random.default_rng(4)
     store = _pilot(tmp_path / "pilot.zarr", rng.uniform(2.0, 3.0, 10), rng.uniform(3.0, 4.0, 10))
-    clear_pilot_store(store)
+    remove_store_folder(store)
     (tmp_path / "empty.zarr").mkdir()
-    clear_pilot_store(tmp_path / "empty.zarr")
-    clear_pilot_store(tmp_path / "absent.zarr")
-    assert not os.path.lexists(store) and not os.path.lexists(tmp_path / "empty.zarr")
+    remove_store_folder(tmp_path / "empty.zarr")
+    remove_store_folder(tmp_path / "absent.zarr")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_removal_stopped_part_way_is_finished_by_the_next_run(tmp_path, monkeypatch):
+    """Deleted in place, a Ctrl-C part-way left a folder without its zarr.json that every rerun
+    refused; moved aside first, the next run finds the whole store or none."""
+    import shutil
+
+    from tokdyn._files import remove_store_folder
+
+    rng = np.random.default_rng(4)
+    store = _pilot(tmp_path / "pilot.zarr", rng.uniform(2.0, 3.0, 10), rng.uniform(3.0, 4.0, 10))
+    real = shutil.rmtree
+
+    def interrupted(path, *a, **k):
+        os.remove(os.path.join(path, "zarr.json"))  # the first entry gone, then the interrupt
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "rmtree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        remove_store_folder(store)
+    monkeypatch.setattr(shutil, "rmtree", real)
+    assert not os.path.lexists(store) and (tmp_path / ".pilot.zarr.removing").is_dir()
+    _pilot(tmp_path / "pilot.zarr", rng.uniform(2.0, 3.0, 10), rng.uniform(3.0, 4.0, 10))  # the rerun's new store
+    remove_store_folder(store)  # and the run after it: the half-deleted folder goes too
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_results_are_strict_json_and_a_reused_run_that_diverged_is_trained_again(tmp_path):
@@ -176,4 +201,14 @@ def test_results_are_strict_json_and_a_reused_run_that_diverged_is_trained_again
     got = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
     assert got["runs"][0]["final"] == [2.0, None] and got["sd"] is None
     assert [_finite(r) for r in got["runs"]] == [False, True]
+    older = json.loads(json.dumps({"final": [2.0, float("nan")]}))  # a results.json written before: a bare NaN
+    assert not _finite(older) and _finite({"final": [2.0, 2.1], "arm": "base"})
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # no temporary left
+
+
+def test_progress_lines_show_every_character(capsys):
+    from tokdyn._text import say
+
+    say("wrote /tmp/nl\nFAKE: done \u202e/report.html")
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "\u202e" not in out and "nl\\nFAKE" in out

@@ -12,7 +12,7 @@ Each test is a class that was recorded wrongly, refused wrongly, or reported as 
    "internal error ... a bug" of tokdyn; running out of memory must stay what it is;
 4. the advice to pass ``forward=`` for a nanoGPT-style model (last position's logits only) named
    an argument ``record_offline`` did not take, and was the command line's advice too;
-5. a name with a number glued to letters after its step (``ckpt-1000_gpt2.pt``,
+5. a name with a model or a parallelism after its step (``ckpt-1000_gpt2.pt``,
    ``ckpt_1000_tp2.pt``) was read as step 2.
 """
 
@@ -331,7 +331,7 @@ def test_the_command_line_says_what_it_can_do_instead_of_forward(tmp_path, capsy
     assert "record_offline(..., forward=...)" in err and "--model" in err
 
 
-# == 5. a number glued to letters after the step =======================================================
+# == 5. a model or a parallelism named after the step ==================================================
 
 _GLUED = ["gpt2", "tp2", "pp4", "mp8", "dp16", "llama3", "t5", "zero3", "fsdp2", "qwen2", "phi3", "a100", "h100"]
 
@@ -339,11 +339,13 @@ _GLUED = ["gpt2", "tp2", "pp4", "mp8", "dp16", "llama3", "t5", "zero3", "fsdp2",
 @pytest.mark.parametrize("name,step", [
     ("ckpt-1000_gpt2.pt", 1000), ("ckpt_1000_tp2.pt", 1000), ("gpt2_ckpt_1000.pt", 1000), ("llama3-8b_500_tp2_pp4.pt", 500),
     ("ckpt1000_tp2.pt", 1000), ("iter500_gpt2.pt", 500), ("step100_tp2.pt", 100), ("a7.safetensors", 7), ("model100.pt", 100),
-    ("gpt2_tp4.pt", None), ("llama3_zero3.pt", None),
+    ("gpt2_tp4.pt", None), ("llama3_zero3.pt", None), ("gpt2_final.pt", None), ("llama3_best.pt", None),
+    ("gpt2_model1000.pt", 1000), ("llama2_it1000.pt", 1000), ("run-1_model500.pt", 500), ("exp1_model500.pt", 500),
+    ("qwen2.5_ckpt_300.pt", 300), ("gpt_1000.pt", 1000), ("llama-500.pt", 500),
 ])  # fmt: skip
 def test_the_step_of_a_name_with_a_model_or_parallelism_in_it(name, step):
-    """The step stands apart from letters, or follows a word that counts steps; of several numbers
-    glued to letters with none apart, which is the step cannot be told."""
+    """A model or a parallelism with its number (gpt2, llama3, tp2) is never the step, wherever it
+    stands; the step is the last integer left, and a name with none left has no step."""
     assert discovery._last_int(Path("/nonexistent") / name) == step
 
 
@@ -351,7 +353,7 @@ def test_the_step_of_a_name_with_a_model_or_parallelism_in_it(name, step):
 @given(word=hs.sampled_from(["model", "ckpt", "weights", "run_a", "final"]), glued=hs.lists(hs.sampled_from(_GLUED), min_size=1, max_size=3),
        at=hs.integers(0, 3), sep=hs.sampled_from(["-", "_"]), step=hs.integers(0, 10**9).filter(lambda n: discovery._DATE.fullmatch(str(n)) is None),
        ext=hs.sampled_from([".pt", ".ckpt", ".safetensors", ".bin", ".pth"]))  # fmt: skip
-def test_a_number_glued_to_letters_is_never_the_step_beside_one(word, glued, at, sep, step, ext):
+def test_a_model_or_parallelism_number_is_never_the_step_beside_one(word, glued, at, sep, step, ext):
     parts = [*glued[:at], str(step), *glued[at:]]
     assert discovery._last_int(Path("/nonexistent") / (word + sep + sep.join(parts) + ext)) == step
 

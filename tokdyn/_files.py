@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from .errors import InputError
 
-__all__ = ["write_atomically", "check_output_path", "strict_json", "DEMO_STORE"]
+__all__ = ["write_atomically", "check_output_path", "strict_json", "remove_store_folder", "DEMO_STORE"]
 
 DEMO_STORE = "store.zarr"  # where `tokdyn demo --out DIR` puts its store (the CLI takes DIR for it)
 
@@ -153,3 +154,30 @@ def _umask() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0o022
+
+
+def remove_store_folder(path: str | os.PathLike, *, what: str = "store") -> None:
+    """Delete the store an earlier run of a pipeline left at ``path``, to make it again.
+
+    Only an empty folder or a folder holding a zarr store is deleted: a link there (``rmtree``
+    raised on it, with a traceback), a file, or a folder of something else is an
+    :class:`InputError` naming it, and it is left as it is. The folder is moved aside whole
+    (``.<name>.removing`` beside it) before it is deleted, so that a run stopped part-way leaves
+    the whole store or none (deleted in place, a Ctrl-C left a folder without its ``zarr.json``,
+    which every rerun refused); a folder left aside by such a run is deleted first."""
+    path = Path(path)
+    trash = path.parent / f".{path.name}.removing"
+    if os.path.lexists(trash):
+        if trash.is_dir() and not trash.is_symlink():
+            shutil.rmtree(trash)
+        else:
+            trash.unlink()
+    if not os.path.lexists(path):
+        return
+    kind = ("a link" if path.is_symlink() else "a file" if not path.is_dir() else
+            None if not os.listdir(path) or (path / "zarr.json").is_file() else "a folder that holds no zarr store")  # fmt: skip
+    if kind is not None:
+        raise InputError(f"{path} is {kind}, not the {what} an earlier run left, which this run makes again: "
+                         "move it, or give another output folder")  # fmt: skip
+    os.replace(path, trash)
+    shutil.rmtree(trash)

@@ -50,3 +50,9 @@ def labels(names) -> list[str]:
     shown = [visible(n) for n in names]
     clash = {v for v in shown if len({n for n, w in zip(names, shown) if w == v}) > 1}
     return [repr(n) if v in clash else v for n, v in zip(names, shown)]
+
+
+def say(line: str) -> None:
+    """Print a progress line whose paths and names are a user's: with every character visible (a
+    newline in a folder's name printed a line of its own)."""
+    print(visible(line))

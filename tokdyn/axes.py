@@ -241,8 +241,10 @@ def _check_replaceable(st: TrajectoryStore, name: str, axis: str) -> None:
     can be rebuilt from the store) was deleted by ``--rebuild`` without a word."""
     try:
         old = st.run(name)
-        what = (None if old.axis == axis and isinstance(old.attrs.get("sources"), list) else
+        assembled = isinstance(old.attrs.get("sources"), list)
+        what = (None if old.axis == axis and assembled else
                 f"a training run of axis {old.axis}" if old.axis == "T" else
+                f"an axis {old.axis} run assembled from runs" if assembled else
                 f"an axis {old.axis} run not assembled from runs (imported)")  # fmt: skip
     except StoreError:  # an interrupted assembly: nothing of use to keep
         return

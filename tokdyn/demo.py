@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import time
 import warnings
 from pathlib import Path
@@ -20,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from ._checks import is_int
-from ._files import DEMO_STORE, check_output_path, strict_json
+from ._files import DEMO_STORE, check_output_path, remove_store_folder, strict_json
+from ._text import say
 from .data import prepare_corpus
 from .errors import InputError
 from .analysis import analyze_store
@@ -48,7 +48,7 @@ def run_demo(
     seed: int = 0,
     overwrite: bool = True,
     progress: bool = True,
-    log=print,
+    log=say,
 ) -> dict:
     """Run the demo into folder ``out``; returns the summary also written to ``summary.json``."""
     resolve_device(device)  # a clear error before any work
@@ -130,22 +130,14 @@ def _folder_lock(out: Path):
         lock.release()
 
 
-_TRASH = ".store.zarr.removing"  # the earlier demo's store, moved aside whole before it is deleted
+_TRASH = ".store.zarr.removing"  # the earlier demo's store, moved aside whole before it is deleted (remove_store_folder)
 
 
 def _remove_store(store_path: Path) -> None:
-    """Delete the earlier demo's store in one step as far as a rerun can tell: moved aside
-    first, then deleted. Deleted in place, a Ctrl-C part-way left a store without its
-    ``zarr.json`` that every rerun refused as not a demo's."""
-    trash = store_path.parent / _TRASH
-    if os.path.lexists(trash):  # left by a demo stopped while it deleted
-        if trash.is_dir() and not trash.is_symlink():
-            shutil.rmtree(trash)
-        else:
-            trash.unlink()
-    if store_path.exists():
-        os.replace(store_path, trash)
-        shutil.rmtree(trash)
+    """Delete the earlier demo's store in one step as far as a rerun can tell (moved aside first:
+    deleted in place, a Ctrl-C part-way left a store without its ``zarr.json`` that every rerun
+    refused as not a demo's)."""
+    remove_store_folder(store_path, what="demo store")
 
 
 def _run_demo(out: Path, lock: KeyLock, *, steps, n_points, n_probe_sequences, context, device, seed, overwrite, progress, log) -> dict:

@@ -53,11 +53,11 @@ __all__ = ["DecaySweepConfig", "DecaySweep", "branched_decay_sweep", "log_budget
 DECAY_SHAPES = ("linear", "sqrt")
 
 
-def _steps(value, what: str) -> int:
-    """``value`` as a whole number of steps (an int, a numpy integer, or a float such as 100.0),
+def _steps(value, what: str, unit: str = "steps") -> int:
+    """``value`` as a whole number of ``unit`` (an int, a numpy integer, or a float such as 100.0),
     else one clear :class:`InputError` (never a bool, never cut: 10.7 is not 10)."""
     if not is_whole(value):
-        raise InputError(f"{what}: expected whole numbers of steps, got {value!r}")
+        raise InputError(f"{what}: expected whole numbers of {unit}, got {value!r}")
     return int(value)
 
 
@@ -254,7 +254,7 @@ def branched_decay_sweep(
     Returns a :class:`DecaySweep`. The AdamW optimizer of a branch starts from a copy of the
     trunk's state; AdamW's hyperparameters are ``cfg``'s.
     """
-    tokens_per_step = _steps(tokens_per_step, "tokens_per_step")  # 2.9 was cut to 2: every data_budget 30 % short
+    tokens_per_step = _steps(tokens_per_step, "tokens_per_step", "tokens")  # 2.9 was cut to 2: every data_budget 30 % short
     if tokens_per_step < 1:
         raise InputError(f"tokens_per_step must be >= 1, got {tokens_per_step}")
     loss_fn = loss_fn or _next_token_loss

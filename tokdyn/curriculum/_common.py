@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
-
 from ..errors import InputError
 
 __all__ = ["require_step_axis"]
@@ -25,18 +21,3 @@ def require_step_axis(run, what: str) -> None:
         raise InputError(f"run {run.name!r} lies on the {axis} axis ({_AXIS_WORDS.get(axis, 'not training steps')}), "
                          f"not on training steps; {what} needs a pilot recorded along one training run (axis T)")  # fmt: skip
 
-
-def clear_pilot_store(path: Path) -> None:
-    """Remove the pilot store an earlier experiment left at ``path`` (each run makes its own).
-    Only an empty folder or a folder holding a zarr store is removed: a link there (``rmtree``
-    raised on it, with a traceback), a file, or a folder of something else is refused in one line
-    and left as it is."""
-    path = Path(path)
-    if not os.path.lexists(path):
-        return
-    kind = ("a link" if path.is_symlink() else "a file" if not path.is_dir() else
-            None if not os.listdir(path) or (path / "zarr.json").is_file() else "a folder that holds no zarr store")  # fmt: skip
-    if kind is not None:
-        raise InputError(f"{path} is {kind}, not the pilot store an earlier experiment left; the experiment would "
-                         "replace it: move it, or give another --out")  # fmt: skip
-    shutil.rmtree(path)

@@ -50,14 +50,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .._files import check_output_path, strict_json, write_atomically
+from .._files import check_output_path, remove_store_folder, strict_json, write_atomically
+from .._text import say
 from .._process import exit_with_parent
 from ..corpus import source_kind
 from ..data import DomainCorpus, MixtureDataset, prepare_domains
 from ..errors import InputError
 from ..model import GPTConfig, TinyGPT
 from ..train import TrainConfig, lr_factor, resolve_device
-from ._common import clear_pilot_store
 from .coupled import CoupledSampler, domain_probabilities
 from .measure import auc_ratio, paired_bootstrap, speedup
 from .mixture import ContextSchedule, DomainRates, MixtureConfig, MixtureSchedule, enrichment_verdict, pilot_events
@@ -377,7 +377,7 @@ def _log_job(r: dict, log) -> None:
 
 
 def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABConfig(), *,
-                   corpus: DomainCorpus | None = None, log: Callable[[str], None] = print) -> dict:  # fmt: skip
+                   corpus: DomainCorpus | None = None, log: Callable[[str], None] = say) -> dict:  # fmt: skip
     """Run the whole measurement into folder ``out`` (``pilot.zarr``, ``learnability.npz``,
     ``results.json``, ``curves.png``); returns the results."""
     from .learnability import LearnabilityOptions, build_table
@@ -405,7 +405,7 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
     log(f"[1/4] pilot: uniform mixture, seed {cfg.pilot_seed}, {cfg.steps} steps, {cfg.pilot_per_domain} windows per domain recorded")
     t = time.perf_counter()
     store = out / "pilot.zarr"
-    clear_pilot_store(store)
+    remove_store_folder(store, what="pilot store")
     pilot_base, probe, probe_info = _pilot_pool(cfg, corpus, ds, base)
     pilot_sampler = CoupledSampler(pilot_base, samples_per_step=cfg.batch_size, total_steps=cfg.steps, seed=cfg.pilot_seed)
     batches = (ds.batch(pilot_sampler.draws(s)).to(dev) for s in range(cfg.steps))
@@ -500,12 +500,13 @@ def _write_results(path: Path, results: dict) -> None:
 
 
 def _finite(value) -> bool:
-    """Whether a run's record holds numbers only where it holds numbers (null: a NaN written)."""
+    """Whether a run's record holds finite numbers wherever it holds numbers (null: a NaN written
+    strict; a bare NaN: a results.json written before)."""
     if isinstance(value, dict):
         return all(_finite(v) for v in value.values())
     if isinstance(value, list):
         return all(_finite(v) for v in value)
-    return value is not None
+    return value is not None and not (isinstance(value, float) and not math.isfinite(value))  # null, or a bare NaN of an older file
 
 
 def _reusable_base_runs(cfg: MixtureABConfig, log) -> list[dict]:

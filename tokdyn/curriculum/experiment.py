@@ -27,13 +27,13 @@ import numpy as np
 import torch
 
 from .._checks import is_int as _is_int, is_real
-from .._files import check_output_path, strict_json, write_atomically
+from .._files import check_output_path, remove_store_folder, strict_json, write_atomically
+from .._text import say
 from ..data import Corpus, WindowDataset, prepare_corpus
 from ..errors import InputError
 from ..model import GPTConfig, TinyGPT
 from ..record.recorder import token_losses
 from ..train import TrainConfig, resolve_device, train
-from ._common import clear_pilot_store
 from .learnability import LearnabilityOptions, build_table
 from .pilot import run_pilot
 from .sampler import CurriculumSampler
@@ -121,7 +121,7 @@ class ABConfig:
 
 
 def run_ab(out: str | Path, config: ABConfig = ABConfig(), *, corpus: Corpus | None = None,
-           log: Callable[[str], None] = print) -> dict:  # fmt: skip
+           log: Callable[[str], None] = say) -> dict:  # fmt: skip
     """Run the whole experiment into folder ``out``: ``pilot.zarr``, ``learnability.npz``,
     ``results.json`` and ``curves.png``. Returns the results."""
     cfg = config
@@ -140,7 +140,7 @@ def run_ab(out: str | Path, config: ABConfig = ABConfig(), *, corpus: Corpus | N
 
     log(f"[1/3] pilot: {cfg.pilot_steps or cfg.steps} steps, {cfg.pilot_sequences} training samples recorded at ~{cfg.pilot_points} steps")
     pilot_store = out / "pilot.zarr"
-    clear_pilot_store(pilot_store)
+    remove_store_folder(pilot_store, what="pilot store")
     t = time.perf_counter()
     pilot_cfg = TrainConfig(steps=cfg.pilot_steps or cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.pilot_seed)
     pilot = run_pilot(pilot_store, corpus=corpus, model_config=mcfg, train_config=pilot_cfg, n_sequences=cfg.pilot_sequences,

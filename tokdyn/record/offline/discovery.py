@@ -67,15 +67,15 @@ _NOT_A_STEP = re.compile(
     # d_model768, layers12, heads_8, lr3 of lr3e-4, warmup2000)
     r"|(?:ctx|context|seqlen|seq_len|len|bs|batch_size|bsz|mbs|gbs|dim|d_model|dmodel|hidden|width|depth|vocab|emb|embd"
     r"|n_embd|n_layer|n_head|nl|nh|layers?|heads?|lr|wd|warmup)[_-]?\d+(?:\.\d+)*"
+    # a model or a parallelism named in the name: ckpt-1000_gpt2.pt is step 1000, not 2 (nor is the
+    # 3 of llama3_best.pt a step: such a name has none)
+    r"|(?:gpt|llama|qwen|phi|bert|opt|gemma|mistral|mixtral|falcon|bloom|olmo|pythia"
+    r"|tp|pp|dp|mp|cp|zero|fsdp)\d+(?:\.\d+)*|m?t5|[ah]100|h200"  # glued (gpt_1000 is step 1000 of a "gpt")
     r"|checkpoint\d+"  # fairseq's end-of-epoch checkpoint: checkpoint3.pt is epoch 3 (checkpoint_3_5000.pt: update 5000)
     r"|[a-z]*\d+[a-z][a-z0-9]*"  # letters after digits: a size (70m, 7b, 100k) or a hash (3f2a9c)
     r")(?![a-z0-9])",
     re.IGNORECASE,
 )
-# An integer that stands apart in a name: not glued to letters before it (the 2 of gpt2, tp2 or
-# llama2 names a model or a parallelism, not a step; `ckpt-1000_gpt2.pt` is step 1000), unless they
-# are a word that counts steps (iter1000, ckpt1000).
-_APART_INT = re.compile(r"(?<![0-9])(?:(?<![a-z])|(?<=iter)|(?<=iteration)|(?<=ckpt)|(?<=update))\d+", re.IGNORECASE)
 # Files a training run saves beside its weights that hold no model (the HF Trainer's arguments,
 # optimizer, scheduler, scaler and RNG states): never a checkpoint, in any folder.
 _TRAINING_STATE = re.compile(r"^(?:training_args\.bin|optimizer\.pt|scheduler\.pt|scaler\.pt|rng_state(?:_\d+)?\.pth)$")
@@ -243,8 +243,8 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
 
 _NO_STEP = (
     "no integer in the name that is a step (the one after 'step', else the last one that is not a version "
-    "like '-v1', a dtype like 'bf16', an epoch (fairseq's checkpoint3), seed, token count, size, date or logged value, "
-    "nor glued to letters like the 2 of 'gpt2' while another stands apart; several glued ones, as in 'gpt2_tp4', are ambiguous) "
+    "like '-v1', a dtype like 'bf16', an epoch (fairseq's checkpoint3), seed, token count, size, date, logged value, "
+    "model like 'gpt2' or 'llama3', or parallelism like 'tp2') "
     "and none recorded in the file "
     f"({', '.join(STEP_KEYS)}; an HF folder's trainer_state.json)"
 )
@@ -419,12 +419,10 @@ def _kind_of(p: Path) -> str | None:
 def _last_int(p: Path) -> int | None:
     """The step a name gives: the integer after the last ``step`` in it (``step100``, ``step_100``,
     ``global_step-100``, ``step=100``: whatever follows, such as ``_bf16`` or Lightning's ``-v1``),
-    else, once the parts that hold a number but never a step are dropped, its last integer that
-    stands apart from letters (``checkpoint-100``, ``model_100``, ``ckpt-100-v1``,
-    ``model_100_bf16``, ``pythia-70m-100``, ``ckpt-100_gpt2``, ``ckpt_100_tp2``, ``iter100``:
-    100), else its only integer (``a7``: 7); None when no integer is left (``last-v1``,
-    ``model_bf16``, ``epoch=3``, ``final``) or several are glued to letters and none stands apart
-    (``gpt2_tp4``: which is the step cannot be told).
+    else its last integer once the parts that hold a number but never a step are dropped
+    (``checkpoint-100``, ``model_100``, ``ckpt-100-v1``, ``model_100_bf16``, ``pythia-70m-100``,
+    ``ckpt-100_gpt2``, ``ckpt_100_tp2``, ``gpt2_model100``: 100); None when no integer is left
+    (``last-v1``, ``model_bf16``, ``epoch=3``, ``final``, ``gpt2_tp4``, ``llama3_best``).
 
     The parts dropped: a version (``v1``, Lightning's suffix on a clashing name), a dtype
     (``bf16``, ``fp32``, ``int8``), another counter (``epoch``, ``ep``, ``seed``, ``rank``,
@@ -432,19 +430,17 @@ def _last_int(p: Path) -> int | None:
     ``of`` followed by a number; ``00001-of-00002``; fairseq's ``checkpoint3``, epoch 3), a logged
     value (``val_loss=0.12``: any ``key=number``), a date with its time (``2024-05-01T12-30``,
     ``20240501_1230``), a decimal or e-notation number (``0.5``, ``3e-4``) and a part with
-    letters after its digits (``70m``, ``1.4b``, ``100k``, a hash such as ``3f2a9c``). A decimal
+    letters after its digits (``70m``, ``1.4b``, ``100k``, a hash such as ``3f2a9c``), and a model
+    or a parallelism with its number (``gpt2``, ``llama3``, ``qwen2.5``, ``tp2``, ``zero3``,
+    ``a100``). A decimal
     after ``step`` (``step_1.5k``) is not an integer step either.
     """
     name = p.name if p.is_dir() else p.name[: -len(p.suffix)] if p.suffix else p.name
     after_step = _STEP_INT.findall(name)
     if after_step:
         return int(after_step[-1])
-    rest = _NOT_A_STEP.sub(" ", _DATE.sub(" ", name))
-    apart = _APART_INT.findall(rest)
-    if apart:
-        return int(apart[-1])
-    ints = _INT.findall(rest)
-    return int(ints[0]) if len(ints) == 1 else None
+    ints = _INT.findall(_NOT_A_STEP.sub(" ", _DATE.sub(" ", name)))
+    return int(ints[-1]) if ints else None
 
 
 def held_step(p: Path, kind: str) -> int | None:
