@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import tokdyn
+from framework_fixtures import hf as _hf, lightning as _lightning
 from tokdyn.errors import InputError, TokdynError
 from tokdyn.record import TokenLossRecorder
 
@@ -38,11 +39,6 @@ def random_sequences(n: int, length: int, seed: int = 0) -> torch.Tensor:
 
 
 # -- Hugging Face transformers --------------------------------------------------------------
-
-
-def _hf():
-    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate")
-    return pytest.importorskip("transformers")
 
 
 def _tiny_gpt2(tf):
@@ -124,14 +120,6 @@ def test_hf_callback_builds_from_a_factory_and_can_leave_the_recorder_open(tmp_p
 
 
 # -- Lightning ------------------------------------------------------------------------------
-
-
-def _lightning():
-    try:
-        import lightning.pytorch as pl
-    except ImportError:
-        pl = pytest.importorskip("pytorch_lightning")
-    return pl
 
 
 def _lit_module(pl, model, lr0):

@@ -96,19 +96,25 @@ def _lie_about_size(path: Path, member: str, size: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("compressed", [False, True], ids=["stored", "compressed"])
-def test_a_header_declaring_more_than_its_member_holds_is_refused_before_any_store(tmp_path, capsys, compressed):
-    """A 600-byte file declaring 5,000,000 tokens built a 5,000,000-token probe (and wrote its
-    store) before its data was found missing; 2e8 tokens took 1.7 GB and 12 s, 2e9 would have
-    taken the machine. The zip directory says how much each member holds: refused from it."""
-    path = _claiming(tmp_path / "claims.npz", 5_000_000, compressed=compressed)
+def _import_peak(path, tmp_path, capsys):
+    """``tokdyn import-npz path``: its exit code, its one error line, and the peak of Python
+    memory it held (tracemalloc)."""
     tracemalloc.start()
     try:
         code, _, err = _cli(["import-npz", path, tmp_path / "s.zarr"], capsys)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    line = cli_error_line(err)
+    return code, cli_error_line(err), peak
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["stored", "compressed"])
+def test_a_header_declaring_more_than_its_member_holds_is_refused_before_any_store(tmp_path, capsys, compressed):
+    """A 600-byte file declaring 5,000,000 tokens built a 5,000,000-token probe (and wrote its
+    store) before its data was found missing; 2e8 tokens took 1.7 GB and 12 s, 2e9 would have
+    taken the machine. The zip directory says how much each member holds: refused from it."""
+    path = _claiming(tmp_path / "claims.npz", 5_000_000, compressed=compressed)
+    code, line, peak = _import_peak(path, tmp_path, capsys)
     assert code == 1 and "loss_matrix is cut short" in line and "20,000,000 bytes its header declares" in line, line
     assert peak < 8 * 2**20, f"{peak / 2**20:.0f} MiB held for a file of {path.stat().st_size} bytes"
     assert not (tmp_path / "s.zarr").exists()
@@ -118,13 +124,7 @@ def test_a_zip_directory_claiming_more_than_deflate_can_hold_is_refused(tmp_path
     """The directory's size is the member's word; a deflated member holds at most ~1032 bytes per
     stored byte, so a directory claiming more is refused from the bound as well."""
     path = _lie_about_size(_claiming(tmp_path / "lie.npz", 5_000_000, compressed=True), "loss_matrix.npy", 2**31)
-    tracemalloc.start()
-    try:
-        code, _, err = _cli(["import-npz", path, tmp_path / "s.zarr"], capsys)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    line = cli_error_line(err)
+    code, line, peak = _import_peak(path, tmp_path, capsys)
     assert code == 1 and "cut short" in line and "compressed data cannot hold" in line, line
     assert peak < 8 * 2**20 and not (tmp_path / "s.zarr").exists()
 

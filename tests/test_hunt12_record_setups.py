@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tokdyn
+from framework_fixtures import hf as _hf, lightning as _lightning
 from tokdyn.record import TokenLossRecorder
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
@@ -39,19 +40,6 @@ def batch(seed: int, n: int = 4) -> torch.Tensor:
 
 def same_weights(a: nn.Module, b: nn.Module) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
-
-
-def _hf():
-    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate")
-    return pytest.importorskip("transformers")
-
-
-def _lightning():
-    try:
-        import lightning.pytorch as pl
-    except ImportError:
-        pl = pytest.importorskip("pytorch_lightning")
-    return pl
 
 
 def _gpt2(tf, dropout: float = 0.0):

@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tokdyn
+from framework_fixtures import hf as _hf, lightning as _lightning
 from tokdyn.errors import InputError
 from tokdyn.record import TokenLossRecorder
 
@@ -172,19 +173,6 @@ def test_rows_recorded_inside_an_autocast_region_hold_the_float32_losses(tmp_pat
 
 
 # -- a second training with the same recorder -----------------------------------------------
-
-
-def _hf():
-    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate")
-    return pytest.importorskip("transformers")
-
-
-def _lightning():
-    try:
-        import lightning.pytorch as pl
-    except ImportError:
-        pl = pytest.importorskip("pytorch_lightning")
-    return pl
 
 
 def _gpt2(tf):

@@ -337,14 +337,17 @@ def _check_weights(model: torch.nn.Module, where: Path, *, missing: Iterable[str
 def _extra_prefix(unexpected: Sequence[str], needed: set[str]) -> str | None:
     """The dotted prefix every key of ``unexpected`` shares, when without it they are keys the
     model needs (weights saved from a module that held the model under an attribute)."""
-    parts = unexpected[0].split(".")
+    return next((prefix for prefix in _shared_prefixes(unexpected) if any(k[len(prefix) :] in needed for k in unexpected)), None)
+
+
+def _shared_prefixes(keys: Sequence[str]):
+    """Each dotted prefix (``net.``, ``net.model.``) that every key of ``keys`` starts with, shortest first."""
+    parts = keys[0].split(".")
     for n in range(1, len(parts)):
         prefix = ".".join(parts[:n]) + "."
-        if not all(k.startswith(prefix) for k in unexpected):
-            return None
-        if any(k[len(prefix) :] in needed for k in unexpected):
-            return prefix
-    return None
+        if not all(k.startswith(prefix) for k in keys):
+            return
+        yield prefix
 
 
 def _more(items: Sequence, shown: int) -> str:
@@ -419,12 +422,7 @@ def _strip_owner_prefix(sd: Mapping[str, torch.Tensor], model_keys: set[str],
 
     if not sd or fits(sd):
         return sd
-    keys = list(sd)
-    parts = keys[0].split(".")
-    for n in range(1, len(parts)):
-        prefix = ".".join(parts[:n]) + "."
-        if not all(k.startswith(prefix) for k in keys):
-            break
+    for prefix in _shared_prefixes(list(sd)):
         stripped = {k[len(prefix) :]: v for k, v in sd.items()}
         if fits(stripped):
             return stripped
