@@ -1,5 +1,5 @@
 """Helpers of the reliability tests: the kill harness, a failing disk, file snapshots, an S3
-endpoint on loopback, and a line-per-error check of the CLI."""
+endpoint on loopback, a line-per-error check of the CLI, and FIFOs that cannot hang a test."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import hashlib
 import os
 import socket
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,7 +22,7 @@ sys.path.insert(0, str(ROOT / "pipelines"))
 import kill_harness  # noqa: E402  (pipelines/ is not a package)
 
 __all__ = ["kill_harness", "FailingDisk", "snapshot", "run_cli", "cli_error_line", "s3_endpoint", "live_foreign_owner",
-           "raw", "put_lock", "read_lock"]
+           "raw", "put_lock", "read_lock", "unblocking"]
 
 
 class FailingDisk:
@@ -125,3 +126,29 @@ def read_lock(store, key: str):
     from tokdyn.store.locks import _read_json_key
 
     return _read_json_key(StorePath(raw(store).store, key))
+
+
+@contextlib.contextmanager
+def unblocking(*fifos, after: float = 10.0):
+    """After ``after`` seconds, keep opening ``fifos`` for writing (and closing them): a reader
+    blocked opening one then reads an empty file, and the test ends instead of hanging. Yields
+    the list of FIFOs it had to open so (none: nothing waited on them)."""
+    stop, opened = threading.Event(), []
+
+    def run():
+        if stop.wait(after):
+            return
+        while not stop.is_set():
+            for f in fifos:
+                with contextlib.suppress(OSError):  # ENXIO: nobody is reading it
+                    os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
+                    opened.append(f)
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield opened
+    finally:
+        stop.set()
+        thread.join()

@@ -93,7 +93,8 @@ def kind(name: str) -> str:
     return "metadata" if name.endswith("zarr.json") else "chunk"
 
 
-DAMAGE = hs.sampled_from(["truncate", "garble", "delete", "swap"])
+DAMAGE = hs.sampled_from(["truncate", "garble", "delete", "swap", "nest"])
+NESTED = b"[" * 100_000 + b"]" * 100_000  # valid JSON past the parser's recursion limit: it raised RecursionError
 
 
 def damage(root: Path, files: list[str], data) -> str:
@@ -112,6 +113,9 @@ def damage(root: Path, files: list[str], data) -> str:
             garbled[i] ^= x
         path.write_bytes(bytes(garbled))
         return f"{name}: bytes {flips} garbled"
+    if how == "nest":
+        path.write_bytes(NESTED)
+        return f"{name}: replaced by JSON nested 100,000 deep"
     if how == "delete":
         path.unlink()
         return f"{name}: deleted"
@@ -139,6 +143,26 @@ def check_one_damage(pristine, data, *, report: bool = False) -> None:
         else:
             assert code == 1, f"{where}: exit {code}"
             assert len(err) == 1 and err[0].startswith(f"tokdyn {command}: error: "), f"{where}: stderr {err}"
+
+
+def test_metadata_nested_too_deeply_to_parse_is_one_line_at_every_node(pristine, tmp_path):
+    """Every zarr.json of the store, in turn, replaced by JSON nested past Python's parser's
+    recursion limit: zarr's parse raised RecursionError, which the CLI reported as an internal
+    error (a bug), not as the damaged store it is."""
+    root0, files, ref = pristine
+    for name in [f for f in files if f.endswith("zarr.json")]:
+        root = tmp_path / name.replace("/", "_")
+        shutil.copytree(root0, root)
+        (root / name).write_bytes(NESTED)
+        out = tmp_path / (root.name + "_out")
+        out.mkdir()
+        for command, (code, answer, err) in answers(root, out).items():
+            where = f"{command} with {name} nested too deeply"
+            assert code in (0, 1), f"{where}: exit {code}"
+            if code == 1:
+                assert len(err) == 1 and "internal error" not in err[0] and err[0].startswith(f"tokdyn {command}: error: "), f"{where}: {err}"
+            else:
+                assert not err and (command == "fit" or same(answer, ref[command][1])), f"{where}: {answer!r} {err}"
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

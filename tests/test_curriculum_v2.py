@@ -313,8 +313,9 @@ def test_reuse_takes_only_matching_baselines(tmp_path):
     from tokdyn.curriculum.ab import MixtureABConfig, _reusable_base_runs
 
     cfg = MixtureABConfig.quick()
-    runs = [{"seed": 0, "arm": "base", "budget": 1.0}, {"seed": 0, "arm": "mixture", "budget": 1.0},
-            {"seed": 9, "arm": "base", "budget": 1.0}]  # fmt: skip
+    run = {"final": [3.0, 3.1], "final_mixture": 3.05, "curve": [[3.0, 3.1]]}
+    runs = [{"seed": 0, "arm": "base", "budget": 1.0, **run}, {"seed": 0, "arm": "mixture", "budget": 1.0, **run},
+            {"seed": 9, "arm": "base", "budget": 1.0, **run}]  # fmt: skip
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"config": asdict(cfg), "runs": runs}))
     got = _reusable_base_runs(MixtureABConfig.quick(reuse=str(path)), lambda m: None)

@@ -259,7 +259,7 @@ def test_a_config_json_that_is_not_an_object_is_one_line(text, what, tmp_path, p
 
 
 MODEL_OPTION = {
-    "missing": (lambda f: None, "No such file"),
+    "missing": (lambda f: None, "model spec not found"),
     "a FIFO": (lambda f: __import__("os").mkfifo(f), "not a regular file"),
     "not JSON": (lambda f: f.write_text("{nope"), "cannot read model spec"),
     "not an object": (lambda f: f.write_text("5"), "expected"),

@@ -4,11 +4,9 @@ files that are not regular files (a FIFO blocks a read forever)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -16,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("tokenizers")
-from reliability_fixtures import cli_error_line, run_cli  # noqa: E402
+from reliability_fixtures import cli_error_line, run_cli, unblocking  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers  # noqa: E402
 
 import tokdyn  # noqa: E402
@@ -305,32 +303,6 @@ def test_a_tokenizer_of_more_than_65536_ids_needs_the_token_files_dtype_named(tm
 
 
 # -- tokenizer files that are not regular files --------------------------------------------
-
-
-@contextlib.contextmanager
-def unblocking(*fifos, after: float = 10.0):
-    """After ``after`` seconds, keep opening ``fifos`` for writing (and closing them): a reader
-    blocked opening one then reads an empty file, and the test ends instead of hanging. Yields
-    the list of FIFOs it had to open so (none: nothing waited on them)."""
-    stop, opened = threading.Event(), []
-
-    def run():
-        if stop.wait(after):
-            return
-        while not stop.is_set():
-            for f in fifos:
-                with contextlib.suppress(OSError):  # ENXIO: nobody is reading it
-                    os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
-                    opened.append(f)
-            stop.wait(0.05)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield opened
-    finally:
-        stop.set()
-        thread.join()
 
 
 def folder_with(tmp_path, tok: Tokenizer, special: str | None = None, config: str = "tokenizer_config.json"):

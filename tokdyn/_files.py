@@ -14,6 +14,7 @@ wrote a file named ``-``), and a path inside a zarr hierarchy (a folder above it
 from __future__ import annotations
 
 import errno
+import json
 import math
 import os
 import shutil
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from .errors import InputError
 
-__all__ = ["write_atomically", "check_output_path", "strict_json", "remove_store_folder", "DEMO_STORE"]
+__all__ = ["write_atomically", "check_output_path", "check_regular", "loads_json", "strict_json", "remove_store_folder", "DEMO_STORE"]
 
 DEMO_STORE = "store.zarr"  # where `tokdyn demo --out DIR` puts its store (the CLI takes DIR for it)
 
@@ -41,6 +42,43 @@ def strict_json(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def check_regular(path: str | os.PathLike, what: str, hint: str = "") -> Path:
+    """``path`` as a :class:`Path`, or :class:`InputError` naming ``what`` and the path unless it
+    is a regular file (links followed) this process may read: the one check before tokdyn opens
+    an input file. A FIFO would block the read forever and a device such as ``/dev/zero`` never
+    ends, so neither is opened; a folder, a missing file, a broken link and an unreadable file
+    are each said as what they are (not all as "not found"). ``hint`` ends the message of a
+    file that is there but not regular (what to give instead)."""
+    p = Path(path)
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        broken = " (a broken link)" if os.path.islink(p) else ""
+        raise InputError(f"{what} not found: {p}{broken}") from None
+    except OSError as exc:  # a permission denied on a folder above it, a link loop, a name too long
+        raise InputError(f"cannot read {what} {p}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device")  # fmt: skip
+        via = f" (a link to {os.path.realpath(p)})" if os.path.islink(p) else ""
+        raise InputError(f"{what} {p} is {kind}, not a regular file{via}{hint}")
+    if not os.access(p, os.R_OK):
+        raise InputError(f"cannot read {what} {p}: permission denied")
+    return p
+
+
+def loads_json(text: str | bytes):
+    """``json.loads(text)``, with a document nested too deeply for Python's parser (``[[[[...``,
+    some thousands deep) raised as the :class:`json.JSONDecodeError` every other malformed
+    document raises, not as a :class:`RecursionError`: the one way tokdyn parses JSON it did not
+    write itself (a file, an archive's member, an argument), so each reader's ``except
+    ValueError`` says it in one line."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text if isinstance(text, str) else "", 0) from None
 
 
 def write_atomically(path: str | os.PathLike, write: Callable, *, binary: bool = False, what: str = "file") -> Path:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._files import check_regular, loads_json
 from .errors import InputError
 from .tokenizer import _LONE_SURROGATE
 
@@ -220,10 +221,8 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
         if bad:
             _warn_undecodable(p, [(p.name, bad)], bom or encoding)
         return [Document(key=_name_text(p.name), domain=_name_text(p.stem), text=text)]
-    if not p.is_dir():
-        if os.path.exists(p):  # a FIFO, a socket, a device: read as text it would hang or never end
-            raise InputError(f"text source {p} is not a regular file or a folder (a FIFO, socket or device); give a file or a folder")
-        raise InputError(f"text source not found: {p}")
+    if not p.is_dir():  # a FIFO, a socket, a device: read as text it would hang or never end
+        check_regular(p, "text source", "; give a file or a folder")
     docs, binary, undecodable = [], [], []
     for f in _list_files(p, pattern):
         rel = f.relative_to(p)
@@ -396,9 +395,7 @@ def jsonl_documents(
     As with text files, what is not valid text is replaced by U+FFFD: bytes that are not UTF-8,
     and lone surrogates written as JSON escapes (``"\\ud800"``, which no encoder can write).
     """
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"JSON lines file {p} is not a regular file (a FIFO, socket or device)" if os.path.exists(p) else f"JSON lines file not found: {p}")
+    p = check_regular(path, "JSON lines file")
     docs, undecodable = [], []
     with open(p, "rb") as fh:  # each line decoded on its own, to name the lines whose bytes were not UTF-8
         lines = (line for chunk in fh for line in chunk.splitlines(keepends=True))  # at \n, \r\n and \r, as text mode
@@ -411,7 +408,7 @@ def jsonl_documents(
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = loads_json(line)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
             if not isinstance(rec, dict):
@@ -475,9 +472,7 @@ def bin_documents(
     token ids a vocabulary has. Told by a sample of the file: the high parts of nearly every wide
     value are 0 (or below 4: ids below 2**18), where the low parts mostly are not.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"token file {p} is not a regular file (a FIFO, socket or device)" if os.path.exists(p) else f"token file not found: {p}")
+    p = check_regular(path, "token file")
     try:
         dt = np.dtype(dtype)
     except TypeError:
@@ -608,13 +603,12 @@ def read_held_out(path: str | os.PathLike) -> list[str]:
     a file name held a line break: its key was written across two lines then (``\\x0a`` in the
     key now, which moves that document's side of the split); make such a file again. Never train on a document whose key is listed: ``[d for d in docs if d.key not in held]``.
     """
+    p = check_regular(path, "held-out file")  # a FIFO would block the read forever
     try:
-        with open(path, encoding="utf-8", errors="strict", newline="") as fh:
+        with open(p, encoding="utf-8", errors="strict", newline="") as fh:
             text = fh.read()
-    except FileNotFoundError:
-        raise InputError(f"held-out file not found: {path}") from None
-    except IsADirectoryError:
-        raise InputError(f"held-out file {path} is a folder") from None
+    except OSError as exc:
+        raise InputError(f"cannot read held-out file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not a held-out file of document keys (not UTF-8 at byte {exc.start})") from None
     keys = []

@@ -415,14 +415,14 @@ def _check_domain_source(source: str, *, text_field: str, domain_field: str | No
 def _string_fields(path: str, *, skip: str, lines: int = 20) -> list[str]:
     """The fields holding a string in the first ``lines`` JSON records of ``path`` (for a message),
     those named like a domain first."""
-    import json
+    from ._files import loads_json
 
     found: dict[str, None] = {}
     try:
         with open(path, encoding="utf-8-sig", errors="replace") as fh:
             for _, line in zip(range(lines), fh):
                 try:
-                    rec = json.loads(line)
+                    rec = loads_json(line)
                 except ValueError:
                     continue
                 if isinstance(rec, dict):

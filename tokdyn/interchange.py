@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._files import write_atomically
+from ._files import check_regular, loads_json, write_atomically
 from .errors import InputError, NotAStoreError, ProbeMismatchError, RunExistsError, StoreError, UnsafeFileError
 from .probe import ProbeSet, check_token_arrays, vocab_size_of
 from .store import AXES, LOSS_DTYPES, Run, RunWriter, TrajectoryStore, open_store
@@ -54,9 +54,7 @@ def _read_npz(path: str | os.PathLike, *, matrix: bool) -> dict[str, np.ndarray]
     """:func:`read_npz`; with ``matrix=False`` the data of ``loss_matrix`` is not read: it
     stands in as a view of one value broadcast to the shape and dtype its header declares (no
     memory), every check on it made from the header (import streams the data itself)."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"npz file not found: {p}")
+    p = check_regular(path, "npz file")
     if not zipfile.is_zipfile(p):  # np.load would take any other file for a pickle
         raise InputError(f"{p} is not a readable npz file (not a zip archive)")
     headers = _check_headers(p)  # shapes, dtypes and sizes from the members' headers, before inflating any data
@@ -141,7 +139,7 @@ def _check_axis_exact(ax: np.ndarray, axis: str) -> None:
 
 def _tokenizer_spec(arrays: dict[str, np.ndarray]) -> dict:
     """The tokenizer spec of a validated npz (``{}`` without ``probe_tokenizer``)."""
-    return json.loads(str(arrays["probe_tokenizer"].reshape(-1)[0])) if "probe_tokenizer" in arrays else {}
+    return loads_json(str(arrays["probe_tokenizer"].reshape(-1)[0])) if "probe_tokenizer" in arrays else {}
 
 
 def _check_probe_member(p: Path, key: str, v: np.ndarray, n: int) -> None:
@@ -154,7 +152,7 @@ def _check_probe_member(p: Path, key: str, v: np.ndarray, n: int) -> None:
         if v.size != 1 or v.dtype.kind != "U":
             raise InputError(f"{p}: probe_tokenizer must be one JSON string, got {v.dtype} {v.shape}")
         try:
-            spec = json.loads(str(v.reshape(-1)[0]))
+            spec = loads_json(str(v.reshape(-1)[0]))
         except ValueError:
             spec = None
         if not isinstance(spec, dict):
@@ -712,7 +710,7 @@ def _tokenizer_member(spec: dict, layout) -> np.ndarray:
         return np.array([text])
     dtype, shape, held = layout
     try:
-        if held is not None and json.loads(held) == spec:
+        if held is not None and loads_json(held) == spec:
             text = held
     except ValueError:
         pass

@@ -9,16 +9,15 @@ ids. A user's tokenizer is taken as it is: nothing is added to it.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
-import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
+from ._files import check_regular, loads_json
 from .errors import InputError
 
 __all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "get_tokenizer"]
@@ -117,7 +116,7 @@ class HFTokenizer:
         p = Path(path)
         if p.is_dir():
             p = p / "tokenizer.json"
-        _check_regular(p, "tokenizer file")  # a FIFO would block the read forever
+        check_regular(p, "tokenizer file")  # a FIFO would block the read forever
         try:
             tok = tokenizers.Tokenizer.from_file(str(p))
         except Exception as exc:  # the Rust error says what is wrong with the file
@@ -216,7 +215,7 @@ def _unk_id(tokenizer, text: str) -> int | None:
     if isinstance(unk, str):
         return tokenizer.token_to_id(unk)
     if type(model).__name__ == "Unigram":
-        unk_id = json.loads(text).get("model", {}).get("unk_id")
+        unk_id = loads_json(text).get("model", {}).get("unk_id")
         return unk_id if isinstance(unk_id, int) and not isinstance(unk_id, bool) else None
     return None
 
@@ -228,23 +227,6 @@ def _samples(tokenizer) -> bool:
     return bool(getattr(model, "dropout", None)) or bool(getattr(model, "alpha", None))
 
 
-def _check_regular(p: Path, what: str, hint: str = "") -> None:
-    """:class:`InputError` unless ``p`` (links followed) is a regular file: reading a FIFO blocks
-    until something writes to it, forever, and a device such as ``/dev/zero`` never ends. (The
-    check of tokdyn.record.offline.files.check_regular, for checkpoints; the record layer imports
-    this module, not the other way round.)"""
-    try:
-        mode = os.stat(p).st_mode
-    except FileNotFoundError:
-        raise InputError(f"{what} not found: {p}") from None
-    except OSError as exc:
-        raise InputError(f"cannot read {what} {p}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(mode):
-        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-                else "a device")
-        raise InputError(f"{what} {p} is {kind}, not a regular file; tokdyn reads tokenizer files from regular files only{hint}")
-
-
 def _declared_eos(folder: Path) -> str | None:
     """The ``eos_token`` a Hugging Face tokenizer folder declares (``tokenizer_config.json``, else
     ``special_tokens_map.json``: a string, or an added token ``{"content": ...}``), or None. A
@@ -254,9 +236,9 @@ def _declared_eos(folder: Path) -> str | None:
         path = folder / name
         if not os.path.exists(path):  # absent (or a broken link): nothing declared there
             continue
-        _check_regular(path, "tokenizer config", " (or name the end-of-text token: --eot TOKEN, eot=)")
+        check_regular(path, "tokenizer config", "; give a regular file, or name the end-of-text token (--eot TOKEN, eot=)")
         try:
-            config = json.loads(path.read_text(encoding="utf-8"))
+            config = loads_json(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):  # unreadable, or not a config: nothing declared there
             continue
         eos = config.get("eos_token") if isinstance(config, dict) else None

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._files import check_output_path
+from .._files import check_output_path, loads_json
 from .._text import visible
 from ..errors import InputError
 from ..record.offline.discovery import MANIFEST, MODEL_DTYPE_NAMES
@@ -89,7 +89,7 @@ def model_spec_argument(value: str) -> tuple[Any, str]:
 
     if value.lstrip().startswith("{"):
         try:
-            return json.loads(value), "--model"
+            return loads_json(value), "--model"
         except json.JSONDecodeError as exc:
             raise InputError(f"--model: not valid JSON ({exc}); give the spec inline, "
                              f'{{"type": "tinygpt", "config": {{...}}}}, or the path of a JSON file') from None

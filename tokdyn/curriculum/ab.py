@@ -50,7 +50,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .._files import check_output_path, remove_store_folder, strict_json, write_atomically
+from .._checks import is_int, is_real
+from .._files import check_output_path, check_regular, loads_json, remove_store_folder, strict_json, write_atomically
 from .._text import say
 from .._process import exit_with_parent
 from ..corpus import source_kind
@@ -509,14 +510,31 @@ def _finite(value) -> bool:
     return value is not None and not (isinstance(value, float) and not math.isfinite(value))  # null, or a bare NaN of an older file
 
 
+def _is_run_record(r) -> bool:
+    """Whether ``r`` has the fields of a run of :func:`_run_job` that a reused baseline is read by,
+    with their types: an edited or foreign file is refused at ``--reuse``, not met as a
+    traceback in the comparison. (A null loss stands for a run that diverged; it is trained again.)"""
+    def losses(v):
+        return isinstance(v, list) and all(x is None or is_real(x) for x in v)
+
+    return (isinstance(r, dict) and isinstance(r.get("arm"), str) and is_int(r.get("seed")) and is_real(r.get("budget"))
+            and losses(r.get("final")) and (r.get("final_mixture") is None or is_real(r.get("final_mixture")))
+            and isinstance(r.get("curve"), list) and all(map(losses, r["curve"])))  # fmt: skip
+
+
 def _reusable_base_runs(cfg: MixtureABConfig, log) -> list[dict]:
     """The baseline (ladder) runs of a previous ``results.json`` (``cfg.reuse``) made with the
     same data, model, steps and validation: they are deterministic, so rerunning them would
     reproduce them. Arms are never reused."""
+    path = check_regular(cfg.reuse, "--reuse file")  # a FIFO would block the read forever
     try:
-        prev = json.loads(Path(cfg.reuse).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        prev = loads_json(path.read_bytes())
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, and bytes that are not UTF-8
         raise InputError(f"--reuse {cfg.reuse}: not a readable results.json ({exc})") from None
+    runs = prev.get("runs") if isinstance(prev, dict) else None
+    if not (isinstance(runs, list) and isinstance(prev.get("config", {}), dict) and all(map(_is_run_record, runs))):
+        raise InputError(f"--reuse {cfg.reuse}: not a results.json of this pipeline (a list of runs, each with its arm, seed, "
+                         "budget, final losses and curve)")  # fmt: skip
     pc = prev.get("config", {})
     diff = {k: (pc.get(k), getattr(cfg, k)) for k in _LADDER_FIELDS if pc.get(k) != getattr(cfg, k)}
     if diff:

@@ -40,7 +40,7 @@ from .._checks import is_int as _is_int, is_real as _is_real
 from .._version import __version__
 from ..errors import InputError, StoreError, UnsafeFileError
 from ..store.schema import jsonable, utc_now  # numpy scalars and arrays as JSON, one InputError otherwise
-from .._files import check_output_path, write_atomically
+from .._files import check_output_path, check_regular, loads_json, write_atomically
 from ._common import require_step_axis
 
 __all__ = [
@@ -416,9 +416,7 @@ def load_table(path: str | os.PathLike, *, device: torch.device | str = "cpu") -
     Raises :class:`InputError` naming the file, and why in plain words, for any file that is not
     a whole learnability table (empty, not an .npz archive, damaged, or holding other arrays).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"learnability table not found: {path}" + (" (it is a folder)" if path.is_dir() else ""))
+    path = check_regular(path, "learnability table")
 
     def refuse(why: str) -> InputError:
         return InputError(f"{path} is not a learnability table: {why}")
@@ -440,7 +438,7 @@ def load_table(path: str | os.PathLike, *, device: torch.device | str = "cpu") -
                                   "(arbitrary code); refused") from None  # fmt: skip
         raise refuse(f"the .npz archive is damaged or holds other data ({type(exc).__name__}: {exc})") from None
     try:
-        meta = json.loads(bytes(np.ascontiguousarray(data["meta"])).decode())
+        meta = loads_json(bytes(np.ascontiguousarray(data["meta"])).decode())
     except KeyError:
         raise refuse("it has no 'meta' array") from None
     except (ValueError, UnicodeDecodeError, TypeError):

@@ -409,19 +409,20 @@ def load_mixture_schedule(path) -> MixtureSchedule:
     import json
     import os
 
+    from .._files import check_regular, loads_json
+
     if not isinstance(path, (str, os.PathLike)):  # an int would be read as an open file descriptor, and closed
         raise InputError(f"path must be a file path (str or os.PathLike), got {type(path).__name__}")
     try:
+        check_regular(path, "mixture schedule")  # a FIFO would block the read forever
         with open(path, encoding="utf-8") as fh:
-            d = json.load(fh)
+            d = loads_json(fh.read())
     except FileNotFoundError:
         raise InputError(f"mixture schedule not found: {path}") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not a JSON mixture schedule ({exc.msg})") from None
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a JSON mixture schedule (not UTF-8 text)") from None
-    except RecursionError:
-        raise InputError(f"{path}: not a JSON mixture schedule (nested too deeply)") from None
     except OSError as exc:  # a folder, a file that cannot be read
         raise InputError(f"cannot read the mixture schedule {path}: {exc.strerror or exc}") from None
     if not isinstance(d, dict) or d.get("kind") != "tokdyn-mixture-schedule":

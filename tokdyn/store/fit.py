@@ -58,7 +58,7 @@ class FitResults:
             return g[GROUP]
         except KeyError:  # none, or its zarr.json is lost: like a creation that never finished (redone by the next fit)
             return None
-        except (ValueError, TypeError) as exc:  # a fit group whose metadata is damaged
+        except (ValueError, TypeError, RecursionError) as exc:  # a fit group whose metadata is damaged
             raise StoreError(f"the fit of run {self._run.name!r} is damaged: {type(exc).__name__}: {exc}") from None
 
     @property

@@ -22,6 +22,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync as zarr_sync
 from zarr.storage import StorePath
 
+from .._files import loads_json
 from ..errors import RunBusyError
 from .schema import utc_now
 
@@ -181,7 +182,7 @@ def _read_json_key(sp: StorePath, missing: Any = None) -> Any:
     if buf is None:
         return missing
     try:
-        return json.loads(buf.to_bytes())
+        return loads_json(buf.to_bytes())
     except (ValueError, UnicodeDecodeError):
         return {}  # a lock cut short: its writer died while writing it
 

@@ -56,7 +56,7 @@ class Run:
             self.writers: list[tuple[int, int]] = [(int(a), int(b)) for a, b in meta["writers"]]
             self._loss = group["loss"]
             coords = {c: group[c] for c in COORDS}
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, RecursionError) as exc:  # RecursionError: a zarr.json nested past the parser
             raise StoreError(f"run {name!r} in {store.url} is damaged: {type(exc).__name__}: {exc}") from None
         if self.axis not in AXES:  # read into reports and file names: only the values a writer makes
             raise StoreError(f"run {name!r} in {store.url} is damaged: its axis is {str(self.axis)[:40]!r}, expected one of {AXES}")
@@ -97,7 +97,7 @@ class Run:
                         dict(a.get("crc", {})), dict(a.get("coord_crc", {})))  # fmt: skip
             counted = sum(int(n) for n in c.nonfinite_rows.values())
             rows_named = {int(r) for r in c.nonfinite_rows}
-        except (KeyError, ValueError, TypeError, FileNotFoundError, zarr.errors.GroupNotFoundError) as exc:
+        except (KeyError, ValueError, TypeError, RecursionError, FileNotFoundError, zarr.errors.GroupNotFoundError) as exc:
             raise StoreError(f"run {self.name!r}: commit record of token range {j} is unreadable ({type(exc).__name__}: {exc})") from None
         if c.rows < 0 or (c.rows and not isinstance(c.last_step, int)):
             raise StoreError(f"run {self.name!r}: commit record of token range {j} is damaged (rows {c.rows}, last step {c.last_step!r})")

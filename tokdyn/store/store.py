@@ -200,7 +200,7 @@ class TrajectoryStore:
         except (FileNotFoundError, FileExistsError, NotADirectoryError, zarr.errors.GroupNotFoundError,
                 zarr.errors.NodeTypeValidationError):  # fmt: skip
             raise NotAStoreError(f"no tokdyn store at {url}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError, RecursionError) as exc:
             raise StoreError(f"{url}: store metadata is unreadable ({type(exc).__name__}: {exc})") from None
         return cls(group, url, writable=mode == "r+", storage_options=storage_options)
 
@@ -225,7 +225,7 @@ class TrajectoryStore:
             g = self._group["probe"]
         except (KeyError, FileNotFoundError, zarr.errors.NodeTypeValidationError):
             g = None
-        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError, RecursionError) as exc:
             raise StoreError(f"{self.url}: the probe group's metadata is unreadable ({type(exc).__name__}: {exc})") from None
         if not isinstance(g, zarr.Group):
             raise StoreError(f"{self.url}: the probe group is missing or damaged (no probe/zarr.json of a group); "
@@ -256,7 +256,7 @@ class TrajectoryStore:
             if name in self.runs:
                 raise StoreError(f"run {name!r} in {self.url} is damaged: its group metadata (runs/{name}/zarr.json) is missing") from None
             raise RunNotFoundError(f"no run {name!r} in {self.url}; runs: {', '.join(self.runs) or 'none'}") from None
-        except (ValueError, TypeError) as exc:  # a zarr.json cut short or overwritten
+        except (ValueError, TypeError, RecursionError) as exc:  # a zarr.json cut short, overwritten, nested past the parser
             raise StoreError(f"run {name!r} in {self.url}: metadata unreadable ({type(exc).__name__}: {exc})") from None
         return Run(self, name, g)
 
@@ -345,7 +345,7 @@ class TrajectoryStore:
         try:
             g = self._group[f"runs/{name}"]
             mine = isinstance(g, zarr.Group) and (g.attrs.get(CREATING) or {}).get("token") == marker["token"]
-        except (KeyError, ValueError, TypeError, AttributeError):
+        except (KeyError, ValueError, TypeError, AttributeError, RecursionError):
             mine = False
         if not mine:
             raise RunBusyError(f"run {name!r} of {self.url} was created by another process at the same time; "
@@ -360,7 +360,7 @@ class TrajectoryStore:
             return False
         try:
             return isinstance(self._group[f"runs/{name}"].attrs.get("tokdyn_run"), Mapping)
-        except (KeyError, ValueError, TypeError):
+        except (KeyError, ValueError, TypeError, RecursionError):
             return False
 
     def _discard_aborted_run(self, name: str) -> None:
@@ -373,7 +373,7 @@ class TrajectoryStore:
                 raise StoreError(f"run {name!r} in {self.url} is damaged (its zarr.json is missing) but holds data; "
                                  "it is not replaced: remove it by hand, or use another run name") from None  # fmt: skip
             creator = None
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             creator = None
         if creator is not None:
             refuse_if_live(creator, f"run {name!r} of {self.url} is being created")

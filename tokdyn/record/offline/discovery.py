@@ -22,7 +22,8 @@ import numpy as np
 from ..._checks import is_int, is_real
 from ...errors import InputError
 from ...store import AXES
-from .files import check_regular, check_regular_tree, read_json
+from ..._files import check_regular
+from .files import check_regular_tree, read_json
 
 __all__ = ["CheckpointRef", "discover_checkpoints", "held_step", "recorded_step", "order_refs", "manifest_axis", "MANIFEST", "KINDS",
            "MODEL_DTYPE_NAMES", "STEP_KEYS", "step_value", "trainer_state_coords", "drop_unfinished", "hf_weight_files",
@@ -411,7 +412,7 @@ def _kind_of(p: Path) -> str | None:
         check_regular_tree(p)
         return "hf"
     if p.suffix in SAFETENSORS_SUFFIXES + TORCH_SUFFIXES:
-        check_regular(p)
+        check_regular(p, "checkpoint")
         return "safetensors" if p.suffix in SAFETENSORS_SUFFIXES else "torch"
     return None
 

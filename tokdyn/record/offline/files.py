@@ -6,27 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
+from ..._files import check_regular, loads_json
 from ...errors import InputError
 
-__all__ = ["check_regular", "check_regular_tree", "read_json"]
+__all__ = ["check_regular_tree", "read_json"]
 
 MAX_JSON_BYTES = 16 << 20  # a manifest, config or model spec: far larger is not metadata
-
-
-def check_regular(p: Path) -> None:
-    """Raise :class:`InputError` unless ``p`` (after following links) is a regular file."""
-    try:
-        mode = os.stat(p).st_mode
-    except OSError as exc:
-        raise InputError(f"cannot read {p}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(mode):
-        what = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
-        via = f" (a link to {os.path.realpath(p)})" if p.is_symlink() else ""
-        raise InputError(f"{p} is {what}{via}, not a regular file; tokdyn reads checkpoints from regular files only")
 
 
 def check_regular_tree(folder: Path) -> None:
@@ -39,17 +27,17 @@ def check_regular_tree(folder: Path) -> None:
             raise InputError(f"{dirpath}: a link loop inside checkpoint folder {folder}")
         seen.add(key)
         for name in filenames:
-            check_regular(Path(dirpath) / name)
+            check_regular(Path(dirpath) / name, "checkpoint file")
 
 
 def read_json(p: Path, what: str) -> Any:
     """The JSON document in file ``p`` (a regular file of at most 16 MiB)."""
-    check_regular(p)
+    check_regular(p, what)
     size = os.stat(p).st_size
     if size > MAX_JSON_BYTES:
         raise InputError(f"{what} {p} is {size / 2**20:.0f} MiB; a {what} is metadata, at most {MAX_JSON_BYTES >> 20} MiB")
     try:
         with open(p, "rb") as fh:
-            return json.loads(fh.read(MAX_JSON_BYTES + 1))
+            return loads_json(fh.read(MAX_JSON_BYTES + 1))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"cannot read {what} {p}: {exc}") from None

@@ -23,10 +23,11 @@ from typing import Any
 
 import torch
 
+from ..._files import check_regular
 from ...errors import InputError, UnsafeFileError
 from .discovery import (MANIFEST, MODEL_DTYPE_NAMES, SAFETENSORS_SUFFIXES, STEP_KEYS, CheckpointRef, held_step, is_adapter_folder,
                         recorded_step)
-from .files import check_regular, read_json
+from .files import read_json
 from .models import HF_LOCK, build_model, check_causal_model_type, import_transformers, json_type, model_spec_beside, short_error
 
 __all__ = ["read_state_dict", "read_torch_file", "load_checkpoint", "weights_fingerprint", "needs_transformers", "ModelFactory",
@@ -54,7 +55,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         The file is not a readable checkpoint, or holds no state dict.
     """
     p = Path(path)
-    check_regular(p)
+    check_regular(p, "checkpoint")
     if p.suffix in SAFETENSORS_SUFFIXES:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -79,7 +80,7 @@ def read_torch_file(path: str | os.PathLike) -> Any:
     Raises :class:`UnsafeFileError` or :class:`InputError` as :func:`read_state_dict` does.
     """
     p = Path(path)
-    check_regular(p)
+    check_regular(p, "checkpoint")
     return _torch_load_safely(p)
 
 

@@ -1,0 +1,215 @@
+"""Hunt 19: every file tokdyn reads that a user names, given as something that is not a regular
+file, and JSON nested past Python's parser.
+
+- Each reader (tokenizer files, checkpoints, model specs, text, JSON lines and token sources, a
+  losses.npz, a learnability table, a mixture schedule, a held-out list, an A/B pipeline's
+  ``--reuse``) makes one check before it opens a file (``tokdyn._files.check_regular``): a FIFO
+  is refused, not read (the held-out list, the mixture schedule and ``--reuse`` blocked on one
+  forever), and a folder, a device, a socket, a broken link and a missing file are each said as
+  what they are (a FIFO was "npz file not found" or "learnability table not found").
+- JSON nested some thousands deep is valid JSON that Python's parser refuses with a
+  RecursionError, not the ValueError of every other malformed document: a JSON lines source, a
+  model spec, ``--reuse`` and any zarr.json of a store (tests/test_corruption.py) were an
+  "internal error ... a bug". Every parse of JSON tokdyn did not write is one line now.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reliability_fixtures import cli_error_line, run_cli, unblocking
+
+import tokdyn
+import tokdyn.corpus
+import tokdyn.curriculum.learnability
+import tokdyn.curriculum.mixture
+import tokdyn.interchange
+from tokdyn._files import check_regular, loads_json
+from tokdyn.errors import InputError
+
+NESTED = "[" * 100_000 + "]" * 100_000
+
+
+def _reuse(path):
+    from tokdyn.curriculum.ab import MixtureABConfig, _reusable_base_runs
+
+    return _reusable_base_runs(MixtureABConfig.quick(reuse=str(path)), lambda m: None)
+
+
+def _tokenizer(path):
+    return tokdyn.HFTokenizer.from_file(path)
+
+
+def _checkpoint(path):
+    from tokdyn.record.offline.loading import read_state_dict
+
+    return read_state_dict(path)
+
+
+def _model_spec(path):
+    from tokdyn.record.offline.files import read_json
+
+    return read_json(Path(path), "model spec")
+
+
+# (reader, what its messages call the file, the file's name: a suffix some readers go by)
+READERS = {
+    "tokenizer": (_tokenizer, "tokenizer file", "tokenizer.json"),
+    "checkpoint": (_checkpoint, "checkpoint", "model.pt"),
+    "model spec": (_model_spec, "model spec", "spec.json"),
+    "text source": (lambda p: tokdyn.corpus.text_documents(p), "text source", "notes.txt"),
+    "JSON lines": (lambda p: tokdyn.corpus.jsonl_documents(p), "JSON lines file", "docs.jsonl"),
+    "token file": (lambda p: tokdyn.corpus.bin_documents(p), "token file", "train.bin"),
+    "losses.npz": (lambda p: tokdyn.interchange.read_npz(p), "npz file", "losses.npz"),
+    "learnability table": (lambda p: tokdyn.curriculum.learnability.load_table(p), "learnability table", "table.npz"),
+    "mixture schedule": (lambda p: tokdyn.curriculum.mixture.load_mixture_schedule(p), "mixture schedule", "schedule.json"),
+    "held-out list": (lambda p: tokdyn.corpus.read_held_out(p), "held-out file", "held_out.txt"),
+    "--reuse": (_reuse, "--reuse file", "results.json"),
+}
+
+
+def _make(kind: str, path: Path, keep: list) -> str:
+    """Put a ``kind`` entry at ``path``; the words its message must hold."""
+    if kind == "missing":
+        return "not found"
+    if kind == "broken link":
+        path.symlink_to(path.parent / "nowhere")
+        return "not found: {p} (a broken link)"
+    if kind == "folder":
+        path.mkdir()
+        return "{p} is a folder, not a regular file"
+    if kind in ("FIFO", "link to a FIFO"):
+        target = path if kind == "FIFO" else path.parent / "pipe"
+        os.mkfifo(target)
+        if kind != "FIFO":
+            path.symlink_to(target)
+            return f"{{p}} is a FIFO, not a regular file (a link to {target})"
+        return "{p} is a FIFO, not a regular file"
+    if kind == "device":
+        path.symlink_to("/dev/zero")  # a read would never end
+        return "{p} is a device, not a regular file (a link to /dev/zero)"
+    if kind == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        keep.append(s)
+        s.bind(str(path))
+        return "{p} is a socket, not a regular file"
+    raise AssertionError(kind)
+
+
+KINDS = ["missing", "broken link", "folder", "FIFO", "link to a FIFO", "device", "socket"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("reader", list(READERS))
+def test_every_reader_refuses_what_is_not_a_regular_file_saying_what_it_is(reader, kind, tmp_path):
+    read, what, name = READERS[reader]
+    if kind == "folder" and reader in ("text source", "tokenizer"):
+        pytest.skip("a folder is a text source, and a tokenizer's when it holds tokenizer.json")
+    path = tmp_path / name
+    if kind == "socket" and len(str(path)) > 100:
+        pytest.skip("a socket's path is at most 107 bytes")
+    keep: list = []
+    expect = _make(kind, path, keep).format(p=path)
+    with unblocking(*[f for f in (path, tmp_path / "pipe") if f.is_fifo()]) as opened:  # fails, not hangs, where one is read
+        with pytest.raises(InputError) as info:
+            read(path)
+    for s in keep:
+        s.close()
+    msg = str(info.value)
+    assert not opened, f"{reader}: the FIFO was opened"
+    assert expect in msg and what in msg and "\n" not in msg, msg
+
+
+def test_the_check_returns_a_regular_file_and_refuses_an_unreadable_one(tmp_path, monkeypatch):
+    f = tmp_path / "a.txt"
+    f.write_text("x")
+    assert check_regular(str(f), "file") == f
+    (tmp_path / "link").symlink_to(f)
+    assert check_regular(tmp_path / "link", "file") == tmp_path / "link"  # links followed
+    monkeypatch.setattr(os, "access", lambda p, mode: False)  # as a user without the permission (tests may run as root)
+    with pytest.raises(InputError, match=r"cannot read file .*a\.txt: permission denied"):
+        check_regular(f, "file")
+    monkeypatch.undo()
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(InputError, match=r"cannot read file .*loop: Too many levels of symbolic links"):
+        check_regular(tmp_path / "loop", "file")
+
+
+@pytest.mark.parametrize("text", [NESTED, '{"a": ' * 50_000 + "1" + "}" * 50_000, "[1, " + "[" * 100_000])
+def test_json_nested_past_the_parser_is_a_decode_error(text):
+    with pytest.raises(json.JSONDecodeError, match="nested too deeply"):
+        loads_json(text)
+    with pytest.raises(json.JSONDecodeError, match="nested too deeply"):
+        loads_json(text.encode())
+    assert loads_json('{"a": [[[1]]]}') == {"a": [[[1]]]}  # what json.loads reads, read the same
+    assert loads_json(json.dumps(np.arange(3).tolist())) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("reader", ["model spec", "mixture schedule", "--reuse", "JSON lines"])
+def test_every_json_reader_says_a_document_nested_too_deeply_in_one_line(reader, tmp_path):
+    read, what, name = READERS[reader]
+    path = tmp_path / name
+    path.write_text('{"text": "fine"}\n' + NESTED + "\n" if reader == "JSON lines" else NESTED)
+    with pytest.raises(InputError, match="nested too deeply") as info:
+        read(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_cli_says_nested_json_in_one_line_not_an_internal_error(tmp_path, capsys):
+    src = tmp_path / "docs.jsonl"
+    src.write_text('{"text": "fine"}\n' * 3 + NESTED + "\n")
+    code, err = run_cli(["probe", str(src), "--out", str(tmp_path / "p.zarr")], capsys)
+    line = cli_error_line(err)
+    assert code == 1 and "internal error" not in line and f"{src}:4: not valid JSON (nested too deeply)" in line, line
+    spec = tmp_path / "spec.json"
+    spec.write_text(NESTED)
+    for model in ("{" + '"a": {' * 50_000 + "}" * 50_001, str(spec)):  # inline, and a file
+        code, err = run_cli(["record-offline", "--checkpoints", str(tmp_path), "--out", str(tmp_path / "o.zarr"), "--run", "r",
+                             "--model", model], capsys)  # fmt: skip
+        line = cli_error_line(err)
+        assert code == 1 and "internal error" not in line and "nested too deeply" in line, line
+
+
+def _run(arm="base", seed=0, budget=1.0, **over):
+    return {"seed": seed, "arm": arm, "budget": budget, "steps": 40, "final": [3.0, 3.1], "final_mixture": 3.05,
+            "curve": [[3.2, 3.3], [3.0, 3.1]], "draws_sha256": "x", **over}  # fmt: skip
+
+
+@pytest.mark.parametrize("doc, why", [
+    ([], "a list"),
+    ({"config": None, "runs": []}, "config not an object"),
+    ({"runs": {"0": _run()}}, "runs not a list"),
+    ({"runs": [_run(), 3]}, "a run not an object"),
+    ({"runs": [{k: v for k, v in _run().items() if k != "seed"}]}, "a run without its seed"),
+    ({"runs": [_run(seed=[0])]}, "a seed that is a list (unhashable: a TypeError)"),
+    ({"runs": [_run(budget="1.0")]}, "a budget that is text"),
+    ({"runs": [_run(final="3.0")]}, "final losses that are text"),
+    ({"runs": [_run(final_mixture=[3.0])]}, "a mixture loss that is a list"),
+    ({"runs": [_run(curve=[3.0, 3.1])]}, "a curve of numbers, not of per-domain losses"),
+    ({"runs": [{k: v for k, v in _run().items() if k != "curve"}]}, "a run without its curve"),
+])  # fmt: skip
+def test_reuse_refuses_a_results_file_of_another_shape_in_one_line(doc, why, tmp_path):
+    from tokdyn.curriculum.ab import MixtureABConfig
+
+    if isinstance(doc, dict):
+        doc = {"config": asdict(MixtureABConfig.quick()), **doc}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match="not a results.json of this pipeline"):
+        _reuse(path)
+
+
+def test_reuse_takes_the_matching_baselines_of_a_results_file_with_diverged_runs(tmp_path):
+    from tokdyn.curriculum.ab import MixtureABConfig
+
+    runs = [_run(), _run(seed=1, final=[None, 3.1], final_mixture=None), _run(arm="mixture"), _run(seed=9)]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"config": asdict(MixtureABConfig.quick()), "runs": runs}))
+    assert _reuse(path) == runs[:1]  # the diverged run (null losses) is trained again; arms and other seeds never taken
