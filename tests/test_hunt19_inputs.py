@@ -213,3 +213,64 @@ def test_reuse_takes_the_matching_baselines_of_a_results_file_with_diverged_runs
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"config": asdict(MixtureABConfig.quick()), "runs": runs}))
     assert _reuse(path) == runs[:1]  # the diverged run (null losses) is trained again; arms and other seeds never taken
+
+
+# -- `tokdyn probe --tokenizer bpe`: the trained tokenizer is saved ------------------------------
+
+
+@pytest.fixture
+def text_folder(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "tokens", "learned", "loss", "step"]
+    for i in range(12):
+        (src / f"d{i}.txt").write_text(" ".join(rng.choice(words, 300)) + f" {i}\n")
+    return src
+
+
+def test_bpe_saves_the_tokenizer_the_probe_was_made_with(text_folder, tmp_path, capsys):
+    # it was trained, used and never saved: the store keeps only its hash, so no model could be
+    # trained with the tokenizer of its probe, and no report could show the probe's text
+    out, saved = tmp_path / "p.zarr", tmp_path / "tok.json"
+    code, err = run_cli(["probe", str(text_folder), "--out", str(out), "--tokenizer", "bpe", "--save-tokenizer", str(saved),
+                         "--context", "16", "--sequences", "4", "--probe-fraction", "0.3"], capsys)  # fmt: skip
+    assert code == 0, err
+    probe = tokdyn.open_store(out).probe
+    tok = tokdyn.HFTokenizer.from_file(saved)
+    assert tok.spec() == dict(probe.tokenizer) and tok.spec()["sha256"]
+    docs = {d.stem: tok.encode((text_folder / f"{d.stem}.txt").read_text()) for d in text_folder.iterdir()}
+    for row in np.asarray(probe.tokens):  # each probe window is a stretch of one document's encoding
+        assert any(_holds(ids, row) for ids in docs.values()), row
+
+
+def _holds(ids: np.ndarray, row: np.ndarray) -> bool:
+    n = len(row)
+    return any(np.array_equal(ids[i:i + n], row) for i in range(len(ids) - n + 1))
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--tokenizer", "bpe"], "--save-tokenizer FILE"),
+    (["--save-tokenizer", "{tmp}/t.json"], "byte is not trained here"),
+    (["--tokenizer", "bpe", "--save-tokenizer", "{tmp}/nodir/t.json"], "nodir does not exist"),
+])  # fmt: skip
+def test_bpe_options_are_checked_before_any_work(args, says, text_folder, tmp_path, capsys):
+    code, err = run_cli(["probe", str(text_folder), "--out", str(tmp_path / "p.zarr"), *[a.format(tmp=tmp_path) for a in args]],
+                        capsys)  # fmt: skip
+    line = cli_error_line(err)
+    assert code == 1 and says in line, line
+    assert not (tmp_path / "p.zarr").exists() and not (tmp_path / "t.json").exists()
+
+
+def test_bpe_on_a_token_file_is_refused_naming_why(tmp_path, capsys):
+    # it trained on no text and failed with a vocabulary error that did not say why
+    from tokdyn.corpus import bin_documents
+    from tokdyn.data import resolve_tokenizer
+
+    np.arange(5000, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    code, err = run_cli(["probe", str(tmp_path / "train.bin"), "--out", str(tmp_path / "p.zarr"), "--tokenizer", "bpe",
+                         "--save-tokenizer", str(tmp_path / "t.json")], capsys)  # fmt: skip
+    line = cli_error_line(err)
+    assert code == 1 and "is a token file" in line and "--tokenizer PATH" in line, line
+    with pytest.raises(InputError, match="token ids"):
+        resolve_tokenizer("bpe", train_docs=bin_documents(tmp_path / "train.bin"))

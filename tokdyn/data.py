@@ -173,6 +173,9 @@ def resolve_tokenizer(tokenizer: str | Tokenizer, *, train_docs: Sequence[Docume
     if tokenizer == "bpe":
         if not train_docs:
             raise InputError("tokenizer 'bpe' is trained on the training documents; there are none")
+        if all(d.text is None for d in train_docs):
+            raise InputError("tokenizer 'bpe' is trained on the training documents' text; these are token ids (a .bin "
+                             "source), already a tokenizer's: give that tokenizer")  # fmt: skip
         return HFTokenizer.train(iter_texts(train_docs), vocab_size=vocab_size)
     return HFTokenizer.from_file(tokenizer)
 
@@ -369,11 +372,7 @@ def prepare_domains(
     if mapping is not None:
         docs = relabel_documents(docs, mapping)
     train_docs, val_docs = split_by_domain(docs, val_fraction=val_fraction)
-    if isinstance(tokenizer, str):
-        tok: Tokenizer = ByteTokenizer() if tokenizer == "byte" else (
-            HFTokenizer.train(iter_texts(train_docs), vocab_size=vocab_size) if tokenizer == "bpe" else HFTokenizer.from_file(tokenizer))  # fmt: skip
-    else:
-        tok = tokenizer
+    tok = resolve_tokenizer(tokenizer, train_docs=train_docs, vocab_size=vocab_size)
     names = list(dict.fromkeys(d.domain for d in docs))
     domains, train, val, counts = [], [], [], {}
     for name in names:

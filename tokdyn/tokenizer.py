@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ._files import check_regular, loads_json
+from ._files import check_regular, loads_json, write_atomically
 from .errors import InputError
 
 __all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "get_tokenizer"]
@@ -148,7 +148,8 @@ class HFTokenizer:
         return cls(tok, eot=cls.EOT)
 
     def save(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(self._json, encoding="utf-8")
+        """Write the tokenizer's JSON to ``path`` (whole or not at all)."""
+        write_atomically(path, lambda fh: fh.write(self._json), what="tokenizer")
 
     def encode(self, text: str) -> np.ndarray:
         try:

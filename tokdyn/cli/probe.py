@@ -20,7 +20,11 @@ def register(sub) -> None:
                                   "a token .bin file, or 'stdlib' / 'stdlib-mix'")  # fmt: skip
     p.add_argument("--out", required=True, metavar="STORE", help="the store to create (or an existing one with the same probe)")
     p.add_argument("--tokenizer", default="byte", metavar="NAME|PATH",
-                   help="byte (default), a tokenizers JSON file, or a local HF tokenizer folder holding tokenizer.json")
+                   help="byte (default); bpe: a byte-level BPE of 1,024 ids trained on the training side's documents "
+                        "(written to --save-tokenizer FILE, to train the model with); a tokenizers JSON file; or a local HF "
+                        "tokenizer folder holding tokenizer.json")
+    p.add_argument("--save-tokenizer", metavar="FILE", help="with --tokenizer bpe: where its tokenizer.json goes (required: "
+                        "the probe is only of use to a model trained with that tokenizer)")
     p.add_argument("--eot", metavar="TOKEN", help="the tokenizer's end-of-text token (default: <|endoftext|>, </s>, ... if it has one)")
     p.add_argument("--context", type=int, default=128, help="tokens of context per probe sequence (default: 128)")
     p.add_argument("--sequences", type=int, default=128, help="probe sequences drawn (default: 128)")
@@ -59,6 +63,8 @@ def _probe(args: argparse.Namespace) -> int:
             with open(held_tmp, "w", encoding="utf-8", newline="") as fh:
                 fh.write(held_out_text(d.key for d in split.probe_documents))
         store = open_store(args.out, split.probe, mode="a")
+        if args.save_tokenizer:  # after the store: a failure here leaves a store a rerun with these arguments completes
+            split.tokenizer.save(args.save_tokenizer)
         if held_tmp is not None:
             os.replace(held_tmp, args.held_out)
             held_tmp = None
@@ -81,7 +87,8 @@ def _probe(args: argparse.Namespace) -> int:
     tok = dict(p.tokenizer)
     eot = "none (tokdyn places no separator between documents)" if tok.get("eot_id") is None else tok.get("eot_id")
     print(f"  tokenizer  {tok.get('kind')}, vocabulary {tok.get('vocab_size'):,}, end-of-text id {eot}"
-          + (f" ({visible(tok['eot'])})" if tok.get("eot") else ""))  # fmt: skip
+          + (f" ({visible(tok['eot'])})" if tok.get("eot") else "")
+          + (visible(f"; trained here, saved to {args.save_tokenizer}") if args.save_tokenizer else ""))  # fmt: skip
     if added[0] or added[1]:  # the post-processor's template ([CLS] ... [SEP], <s> ...): in every document, said
         where = " and ".join(f"{' '.join(t)} {side}" for t, side in zip(added, ("before", "after")) if t)
         print(f"  adds       {visible(where)} every document (the tokenizer's post-processor): in the probe and in a training stream")
@@ -122,6 +129,16 @@ def _check_arguments(args: argparse.Namespace) -> None:
             raise InputError(f"{option} applies to a .{wants} source; {args.source} is read as "
                              + {"jsonl": "JSON lines", "bin": "a token file", None: "text"}[kind]
                              + (" (a token file must be named *.bin)" if wants == "bin" and kind is None else ""))
+    if args.tokenizer == "bpe":
+        if not args.save_tokenizer:
+            raise InputError("--tokenizer bpe trains a tokenizer here: name the file to save it in, --save-tokenizer FILE "
+                             "(the store keeps only its hash, and a model must be trained with it)")  # fmt: skip
+        if kind == "bin":
+            raise InputError(f"--tokenizer bpe trains on text; {args.source} is a token file, whose ids are already a "
+                             "tokenizer's: give that one (--tokenizer PATH)")  # fmt: skip
+        check_output_path(args.save_tokenizer, what="tokenizer (--save-tokenizer)")
+    elif args.save_tokenizer is not None:
+        raise InputError(f"--save-tokenizer saves the tokenizer --tokenizer bpe trains; {args.tokenizer} is not trained here")
     out = args.out
     if "://" not in out and os.path.lexists(out):
         if not os.path.isdir(out):
