@@ -15,6 +15,7 @@ file, and JSON nested past Python's parser.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -274,3 +275,51 @@ def test_bpe_on_a_token_file_is_refused_naming_why(tmp_path, capsys):
     assert code == 1 and "is a token file" in line and "--tokenizer PATH" in line, line
     with pytest.raises(InputError, match="token ids"):
         resolve_tokenizer("bpe", train_docs=bin_documents(tmp_path / "train.bin"))
+
+
+# -- help and version that cannot be written ----------------------------------------------------
+
+
+class _Full(io.StringIO):
+    def __init__(self, error: type[OSError]):
+        super().__init__()
+        self.error = error
+
+    def write(self, text):
+        raise self.error(28, "No space left on device")
+
+
+@pytest.mark.parametrize("argv, what", [(["--help"], "the help"), (["fit", "--help"], "the help"), ([], "the help"),
+                                        (["curriculum", "schedule", "--help"], "the help"), (["--version"], "the version")])  # fmt: skip
+def test_a_help_that_cannot_be_written_is_one_line_and_exit_1(argv, what, monkeypatch, capsys):
+    # argparse writes help and version ignoring OSError: `tokdyn --help > /dev/full` said nothing, exit 0
+    from tokdyn.cli import main
+
+    monkeypatch.setattr("sys.stdout", _Full(OSError))
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err == f"tokdyn: error: cannot write {what} to standard output: No space left on device\n", err
+    monkeypatch.setattr("sys.stdout", _Full(BrokenPipeError))  # `tokdyn --help | head -0`: the reader left, quietly
+    assert main(argv) == 141 and capsys.readouterr().err == ""
+
+
+def test_help_still_prints_and_usage_errors_still_exit_2(capsys):
+    from tokdyn.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["info", "--help"])
+    assert info.value.code == 0 and capsys.readouterr().out.startswith("usage: tokdyn info")
+    with pytest.raises(SystemExit) as info:
+        main(["info"])
+    assert info.value.code == 2 and "the following arguments are required: store" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_help_to_a_full_device_in_a_real_process():
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        got = subprocess.run([sys.executable, "-m", "tokdyn", "--help"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert got.returncode == 1 and got.stderr.splitlines() == ["tokdyn: error: cannot write the help to standard output: "
+                                                               "No space left on device"], got.stderr  # fmt: skip

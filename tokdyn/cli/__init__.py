@@ -30,8 +30,21 @@ __all__ = ["main", "build_parser"]
 _MODULES = (demo, probe, record, store, fit, analysis, curriculum)  # the order of `tokdyn --help`
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a help or version text that cannot be written is an error, not
+    dropped: argparse writes them ignoring OSError, so ``tokdyn --help > /dev/full`` printed
+    nothing and exited 0. (Its subcommands' parsers are of this class too: add_subparsers
+    makes them of the parent's.)"""
+
+    def _print_message(self, message: str, file=None) -> None:
+        if not message or file is None or file is sys.stderr:  # a usage error: where it cannot be said, nothing can
+            super()._print_message(message, file)
+        else:
+            file.write(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokdyn", description="Token-level training dynamics analyzer.")
+    parser = _Parser(prog="tokdyn", description="Token-level training dynamics analyzer.")
     parser.add_argument("--version", action="version", version=f"tokdyn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _MODULES:
@@ -54,12 +67,18 @@ def _numbers_in_e_notation(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args, extra = parser.parse_known_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+    except OSError as exc:  # --help or --version could not be written (_Parser)
+        return _unwritten(exc, "the version" if "--version" in argv else "the help")
     path = _command_path(parser, args)
     if extra:  # an option the command does not take: its own usage line, not the top level's
         _usage_parser(parser, path, argv, extra).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:  # bare `tokdyn`: what it can do
-        parser.print_help()
+        try:
+            parser.print_help()
+        except OSError as exc:
+            return _unwritten(exc, "the help")
         return 0
     closed = sys.stdout is None  # started with its stdout closed (`>&-`): Python drops every print
     if closed and (path in _ANSWER_ON_STDOUT or getattr(args, "json", False)):
@@ -175,6 +194,16 @@ def _printable_stdout():
             pass
 
     return restore
+
+
+def _unwritten(exc: OSError, what: str) -> int:
+    """The exit code, after one line on stderr, where ``what`` could not be written to stdout
+    (141, quietly, where the reader of a pipe has left, as after a command's output)."""
+    _quiet_stdout()  # Python's own flush at exit would fail (and print) again
+    if isinstance(exc, BrokenPipeError):
+        return 141
+    print(f"tokdyn: error: cannot write {what} to standard output: {exc.strerror or exc}", file=sys.stderr)
+    return 1
 
 
 def _quiet_stdout() -> None:
