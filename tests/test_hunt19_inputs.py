@@ -323,3 +323,21 @@ def test_help_to_a_full_device_in_a_real_process():
         got = subprocess.run([sys.executable, "-m", "tokdyn", "--help"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
     assert got.returncode == 1 and got.stderr.splitlines() == ["tokdyn: error: cannot write the help to standard output: "
                                                                "No space left on device"], got.stderr  # fmt: skip
+
+
+def test_build_probe_called_directly_names_a_document_it_cannot_encode():
+    # prepare_probe and prepare_corpus named it; build_probe, documented for documents of one's
+    # own, gave the tokenizer's message alone (which of thousands of documents?)
+    from tokdyn.corpus import Document
+    from tokdyn.probe import build_probe
+
+    class Closed(tokdyn.ByteTokenizer):
+        def encode(self, text):
+            if "\u2603" in text:
+                raise InputError("cannot encode '\u2603': not in the vocabulary")
+            return super().encode(text)
+
+    docs = [Document("a.txt", "d", text="plain text " * 20), Document("snow/b.txt", "d", text="a \u2603 here " * 20)]
+    with pytest.raises(InputError, match=r"^document 'snow/b\.txt': cannot encode"):
+        build_probe(docs, Closed(), context=8, n_sequences=2)
+    assert build_probe(docs[:1], Closed(), context=8, n_sequences=2).n_sequences == 2

@@ -17,7 +17,7 @@ import torch
 from .corpus import (Document, bin_documents, source_kind, iter_texts, jsonl_documents, relabel_documents, split_digest, split_documents, stdlib_documents,
                      stdlib_mixture_documents, text_documents)  # fmt: skip
 from .errors import InputError
-from .probe import ProbeSet, build_probe
+from .probe import ProbeSet, build_probe, document_tokens
 from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 __all__ = ["Corpus", "prepare_corpus", "ProbeSplit", "prepare_probe", "training_copies", "resolve_tokenizer", "load_documents", "training_stream", "random_batches", "WindowDataset",
@@ -68,31 +68,13 @@ def training_stream(docs: Sequence[Document], tokenizer: Tokenizer) -> np.ndarra
     eot_id = getattr(tokenizer, "eot_id", None)
     eot = np.array([] if eot_id is None else [eot_id], np.int64)
     for d in docs:
-        ids = _document_tokens(d, tokenizer)
+        ids = document_tokens(d, tokenizer)
         parts.append(ids)
         if not (len(ids) and ids[-1] == eot_id):  # a .bin document may end in its own
             parts.append(eot)
     if not parts:
         raise InputError("no training documents")
     return np.concatenate(parts).astype(np.int32)
-
-
-def _document_tokens(d: Document, tokenizer: Tokenizer) -> np.ndarray:
-    """The token ids of ``d``: its own tokens, or its text encoded. A text the tokenizer cannot
-    encode is an :class:`InputError` naming the document (the tokenizer's own error cannot say
-    which of thousands it was)."""
-    if d.tokens is not None:
-        return d.tokens
-    try:
-        return tokenizer.encode(d.text)
-    except InputError as exc:
-        raise InputError(f"document {d.key!r}: {exc}") from None
-
-
-def _encoded(docs: Sequence[Document], tokenizer: Tokenizer) -> list[Document]:
-    """``docs`` with each text replaced by its tokens (for :func:`~tokdyn.probe.build_probe`,
-    which would encode them itself, without naming a document it cannot encode)."""
-    return [d if d.tokens is not None else Document(d.key, d.domain, tokens=_document_tokens(d, tokenizer)) for d in docs]
 
 
 # The ids a uint16 token can hold: 0 .. 65,535.
@@ -136,7 +118,7 @@ def prepare_corpus(
     train_docs, probe_docs = split_documents(docs, probe_fraction=probe_fraction)
     tok = resolve_tokenizer(tokenizer, train_docs=train_docs, vocab_size=vocab_size)
     _check_bin_dtype(source, bin_dtype, tok)
-    probe = build_probe(_encoded(probe_docs, tok), tok, context=context, n_sequences=n_probe_sequences, seed=seed)
+    probe = build_probe(probe_docs, tok, context=context, n_sequences=n_probe_sequences, seed=seed)
     return Corpus(training_stream(train_docs, tok), probe, tok, len(train_docs), len(probe_docs))
 
 
@@ -220,7 +202,7 @@ def prepare_probe(
     train_docs, probe_docs = split_documents(docs, probe_fraction=probe_fraction)
     tok = resolve_tokenizer(tokenizer, train_docs=train_docs)
     _check_bin_dtype(source, bin_dtype, tok)
-    probe = build_probe(_encoded(probe_docs, tok), tok, context=context, n_sequences=n_sequences, seed=seed)
+    probe = build_probe(probe_docs, tok, context=context, n_sequences=n_sequences, seed=seed)
     return ProbeSplit(probe, tok, train_docs, probe_docs, tuple(training_copies(train_docs, probe_docs)))
 
 

@@ -39,7 +39,7 @@ from .corpus import Document
 from .errors import InputError
 from .tokenizer import Tokenizer
 
-__all__ = ["ProbeSet", "build_probe", "check_token_arrays", "check_probe_names", "vocab_size_of", "RESERVED_TOKEN_ARRAYS",
+__all__ = ["ProbeSet", "build_probe", "document_tokens", "check_token_arrays", "check_probe_names", "vocab_size_of", "RESERVED_TOKEN_ARRAYS",
            "NPZ_MEMBERS"]
 
 _TOKEN_FIELDS = ("sample_id", "token_pos", "token_id", "doc_id", "doc_pos", "domain")
@@ -389,6 +389,18 @@ class ProbeSet:
         }
 
 
+def document_tokens(d: Document, tokenizer: Tokenizer) -> np.ndarray:
+    """The token ids of ``d``: its own tokens, or its text encoded. A text the tokenizer cannot
+    encode is an :class:`InputError` naming the document (the tokenizer's own error cannot say
+    which of thousands it was)."""
+    if d.tokens is not None:
+        return d.tokens
+    try:
+        return tokenizer.encode(d.text)
+    except InputError as exc:
+        raise InputError(f"document {d.key!r}: {exc}") from None
+
+
 def build_probe(
     docs: Sequence[Document],
     tokenizer: Tokenizer,
@@ -410,7 +422,7 @@ def build_probe(
     if not docs:
         raise InputError("no probe documents")
     w = context + 1
-    encoded = [d.tokens if d.tokens is not None else tokenizer.encode(d.text) for d in docs]
+    encoded = [document_tokens(d, tokenizer) for d in docs]
     # The candidate windows, numbered document by document (offsets 0, w, 2w, ... in each), without
     # listing them: a held-out side of a large token file holds millions.
     per_doc = np.array([len(ids) // w for ids in encoded], np.int64)
