@@ -341,3 +341,20 @@ def test_build_probe_called_directly_names_a_document_it_cannot_encode():
     with pytest.raises(InputError, match=r"^document 'snow/b\.txt': cannot encode"):
         build_probe(docs, Closed(), context=8, n_sequences=2)
     assert build_probe(docs[:1], Closed(), context=8, n_sequences=2).n_sequences == 2
+
+
+@pytest.mark.parametrize("read_as", ["uint32", "int32"])
+def test_a_uint16_token_file_read_as_32_bit_is_said_as_such(read_as, tmp_path, capsys):
+    # the vocabulary check refused it with a hint naming the tokenizer only
+    ids = np.random.default_rng(0).integers(0, 257, 200_000).astype(np.uint16)
+    ids.tofile(tmp_path / "t.bin")
+    code, err = run_cli(["probe", str(tmp_path / "t.bin"), "--out", str(tmp_path / "p.zarr"), "--bin-dtype", read_as,
+                         "--probe-fraction", "0.3"], capsys)  # fmt: skip
+    line = cli_error_line(err)
+    assert code == 1 and "two ids below 257 side by side" in line and "--bin-dtype uint16" in line, line
+    wide = np.random.default_rng(0).integers(0, 70_000, 100_000).astype(np.uint32)  # ids of another tokenizer: no such hint
+    wide.tofile(tmp_path / "w.bin")
+    code, err = run_cli(["probe", str(tmp_path / "w.bin"), "--out", str(tmp_path / "w.zarr"), "--bin-dtype", "uint32",
+                         "--probe-fraction", "0.3"], capsys)  # fmt: skip
+    line = cli_error_line(err)
+    assert code == 1 and "outside [0, 257)" in line and "side by side" not in line, line

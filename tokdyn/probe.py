@@ -401,6 +401,19 @@ def document_tokens(d: Document, tokenizer: Tokenizer) -> np.ndarray:
         raise InputError(f"document {d.key!r}: {exc}") from None
 
 
+def _halves_hint(windows: np.ndarray, drawn: list, vocab: int | None) -> str:
+    """Where 32-bit token ids out of the vocabulary are each two 16-bit ids inside it, side by
+    side: the hint that the file was written in uint16 (a uint16 file read as uint32 pairs its
+    ids up). Empty otherwise."""
+    dtypes = {np.asarray(ids).dtype for ids in drawn}
+    if vocab is None or vocab > 1 << 16 or len(dtypes) != 1 or dtypes.pop().itemsize != 4 or windows.min() < 0:
+        return ""
+    if np.all((windows & 0xFFFF) < vocab) and np.all((windows >> 16) < vocab):
+        return (f", and the dtype they were written in: every id here is two ids below {vocab} side by side, as a "
+                "uint16 file's ids are when read as 32-bit (--bin-dtype uint16)")
+    return ""
+
+
 def build_probe(
     docs: Sequence[Document],
     tokenizer: Tokenizer,
@@ -450,6 +463,7 @@ def build_probe(
             f"probe documents hold token ids {lo}..{hi}, outside [0, {vocab or _ID_LIMIT}) of the tokenizer's vocabulary"
             + (f" ({vocab})" if vocab is not None else "")
             + "; pre-tokenized documents (a .bin) need the tokenizer that made them (--tokenizer)"
+            + (_halves_hint(windows, [docs[j].tokens for j, _ in chosen], vocab) if all(docs[j].tokens is not None for j, _ in chosen) else "")
         )
     if hi >= _ID_LIMIT:  # inside the vocabulary (or none is known), but past what a probe stores
         raise InputError(f"probe documents hold token ids up to {hi}; tokdyn stores probe token ids as int32, below 2**31")
