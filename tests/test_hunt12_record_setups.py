@@ -173,6 +173,43 @@ def _train_noisy(store: str | None, steps: int = 4) -> nn.Module:
     return model
 
 
+class NumpyNoisyNet(NoisyNet):
+    """Noise from numpy's and Python's global generators, as research code often draws it."""
+
+    def forward(self, x):
+        import random
+
+        noise = torch.from_numpy(np.random.rand(*x.shape, 16).astype(np.float32)) * random.random()
+        return self.head(self.emb(x) + noise)
+
+
+def test_recording_keeps_numpy_s_and_python_s_global_random_streams(tmp_path):
+    """torch's generator was forked around the probe forwards, numpy's and ``random``'s were not:
+    a model drawing its noise there trained other weights with the recorder than without it."""
+    import random
+
+    def train(store):
+        torch.manual_seed(0)
+        np.random.seed(0)
+        random.seed(0)
+        model = NumpyNoisyNet()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        probe = tokdyn.ProbeSet.from_tokens(np.random.default_rng(1).integers(0, VOCAB, (4, C + 1)))
+        rec = TokenLossRecorder(model, probe, store, "noisy", schedule=range(5)) if store else None
+        with rec or contextlib.nullcontext(), rec.attach(opt) if rec else contextlib.nullcontext():
+            for k in range(4):
+                b = batch(k)
+                loss = F.cross_entropy(model(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten())
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        return model, np.random.rand(), random.random()
+
+    plain, np_next, py_next = train(None)
+    recorded, np_rec, py_rec = train(str(tmp_path / "s.zarr"))
+    assert same_weights(plain, recorded) and (np_next, py_next) == (np_rec, py_rec)
+
+
 def test_recording_never_changes_the_training_random_stream(tmp_path):
     """The probe forwards of a model that draws random numbers in eval mode consumed torch's
     global generator: the recorded training trained other weights than the same training without

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import queue
+import random
 import threading
 import time
 import warnings
@@ -209,13 +210,20 @@ def _unpatched_forward(model: torch.nn.Module) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _kept_rng(device: torch.device) -> Iterator[None]:
-    """Run the block on a copy of torch's random state (the CPU generator's, and the evaluating
-    CUDA device's): a model that draws random numbers in eval mode (noise, a random router, dropout
-    called with ``training=True``) would otherwise shift the training's random stream, and a run
-    with the recorder would train other weights than the same run without it."""
+    """Run the block on a copy of the global random states: torch's (the CPU generator's, and the
+    evaluating CUDA device's), numpy's legacy global generator's (``np.random.rand``) and Python's
+    ``random``'s. A model that draws random numbers in eval mode (noise, a random router, dropout
+    called with ``training=True``, from any of the three) would otherwise shift the training's
+    random stream, and a run with the recorder would train other weights than the same run
+    without it. (Generators a model holds itself, such as a ``np.random.Generator``, are its own.)"""
     cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda, device_type="cuda"):
-        yield
+    kept_np, kept_py = np.random.get_state(), random.getstate()
+    try:
+        with torch.random.fork_rng(devices=cuda, device_type="cuda"):
+            yield
+    finally:
+        np.random.set_state(kept_np)
+        random.setstate(kept_py)
 
 
 def _autocast_on(device_type: str) -> bool:
