@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import shutil
 import tempfile
@@ -93,7 +94,7 @@ def kind(name: str) -> str:
     return "metadata" if name.endswith("zarr.json") else "chunk"
 
 
-DAMAGE = hs.sampled_from(["truncate", "garble", "delete", "swap", "nest"])
+DAMAGE = hs.sampled_from(["truncate", "garble", "delete", "swap", "nest", "fifo"])
 NESTED = b"[" * 100_000 + b"]" * 100_000  # valid JSON past the parser's recursion limit: it raised RecursionError
 
 
@@ -113,6 +114,10 @@ def damage(root: Path, files: list[str], data) -> str:
             garbled[i] ^= x
         path.write_bytes(bytes(garbled))
         return f"{name}: bytes {flips} garbled"
+    if how == "fifo":  # a read would block forever: the store's reads take regular files only
+        path.unlink()
+        os.mkfifo(path)
+        return f"{name}: replaced by a FIFO"
     if how == "nest":
         path.write_bytes(NESTED)
         return f"{name}: replaced by JSON nested 100,000 deep"
@@ -163,6 +168,33 @@ def test_metadata_nested_too_deeply_to_parse_is_one_line_at_every_node(pristine,
                 assert len(err) == 1 and "internal error" not in err[0] and err[0].startswith(f"tokdyn {command}: error: "), f"{where}: {err}"
             else:
                 assert not err and (command == "fit" or same(answer, ref[command][1])), f"{where}: {answer!r} {err}"
+
+
+def test_a_fifo_or_a_device_in_place_of_any_kind_of_file_is_one_line(pristine, tmp_path):
+    """One file of each array and group of the store (its zarr.json, its first chunk) in turn
+    replaced by a FIFO or by a link to /dev/zero: a read of either blocked forever or never
+    ended (every command hung, or ran out of memory); now each command gives its answer (the
+    file was not needed) or one line naming the file."""
+    root0, files, ref = pristine
+    firsts = {}
+    for f in files:
+        firsts.setdefault((str(Path(f).parent).split("/c/")[0], f.endswith("zarr.json")), f)
+    named = 0
+    for i, name in enumerate(sorted(firsts.values())):
+        for kind in [("FIFO", "device")[i % 2]]:  # in turn: each kind meets metadata and chunks, in half the time
+            root = tmp_path / f"{i}{kind}" / "s.zarr"
+            shutil.copytree(root0, root)
+            (root / name).unlink()
+            os.mkfifo(root / name) if kind == "FIFO" else (root / name).symlink_to("/dev/zero")
+            for command, (code, answer, err) in answers(root, root.parent).items():
+                where = f"{command} with {name} a {kind}"
+                if code == 0:
+                    assert not err and (command == "fit" or same(answer, ref[command][1])), f"{where}: {answer!r} {err}"
+                else:
+                    assert code == 1 and len(err) == 1 and err[0].startswith(f"tokdyn {command}: error: "), f"{where}: {err}"
+                    assert "internal error" not in err[0], f"{where}: {err}"
+                    named += f"is a {kind}" in err[0]
+    assert named  # said as what it is where the read meets it (a fit's check of its arrays says "damaged")
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -358,3 +358,57 @@ def test_a_uint16_token_file_read_as_32_bit_is_said_as_such(read_as, tmp_path, c
                          "--probe-fraction", "0.3"], capsys)  # fmt: skip
     line = cli_error_line(err)
     assert code == 1 and "outside [0, 257)" in line and "side by side" not in line, line
+
+
+# -- found by a review of the above ---------------------------------------------------------------
+
+
+def test_a_checkpoint_folder_s_or_tokenizer_config_s_unreadable_file_is_left_to_its_reader(tmp_path, monkeypatch):
+    # the readability check refused an HF folder whose optimizer.pt (never opened) was unreadable,
+    # and a tokenizer folder whose unreadable config says nothing the reader needed
+    from tokdyn.record.offline.files import check_regular_tree
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "optimizer.pt").write_text("x")
+    monkeypatch.setattr(os, "access", lambda p, mode: False)  # as a user without the permission
+    check_regular_tree(tmp_path / "ckpt")
+    with pytest.raises(InputError, match="permission denied"):
+        check_regular(tmp_path / "ckpt" / "optimizer.pt", "file")
+
+
+def test_a_manifest_s_hf_entry_is_checked_for_files_that_are_not_regular(tmp_path):
+    # a manifest entry of kind "hf" skipped discovery's check: its FIFO of weights hung the load
+    from tokdyn.record.offline.loading import _load_hf
+
+    folder = tmp_path / "step-2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    os.mkfifo(folder / "pytorch_model.bin")
+    with unblocking(folder / "pytorch_model.bin") as opened, pytest.raises(InputError, match=r"pytorch_model\.bin is a FIFO"):
+        _load_hf(folder)
+    assert not opened
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "device", "socket"])
+def test_checkpoints_given_as_a_special_file_is_said_as_such(kind, tmp_path):
+    # was "Not a directory: x/fifo.pt (a part of the path is a file, where a folder is needed)"
+    from tokdyn.record.offline.discovery import discover_checkpoints
+
+    keep: list = []
+    path = tmp_path / "c.pt"
+    expect = _make(kind, path, keep).format(p=path)
+    with pytest.raises(InputError) as info:
+        discover_checkpoints(path)
+    for s in keep:
+        s.close()
+    assert f"checkpoint {expect}" in str(info.value), info.value
+
+
+def test_reuse_is_read_before_the_pilot_trains(tmp_path):
+    # the pilot trained (minutes in a full run) before a bad --reuse file was said
+    from tokdyn.curriculum.ab import MixtureABConfig, run_mixture_ab
+
+    os.mkfifo(tmp_path / "results.json")
+    with unblocking(tmp_path / "results.json"), pytest.raises(InputError, match="is a FIFO"):
+        run_mixture_ab(tmp_path / "ab", MixtureABConfig.quick(reuse=str(tmp_path / "results.json")), log=lambda m: None)
+    assert not (tmp_path / "ab").exists()

@@ -44,13 +44,15 @@ def strict_json(value):
     return value
 
 
-def check_regular(path: str | os.PathLike, what: str, hint: str = "") -> Path:
+def check_regular(path: str | os.PathLike, what: str, hint: str = "", *, readable: bool = True) -> Path:
     """``path`` as a :class:`Path`, or :class:`InputError` naming ``what`` and the path unless it
     is a regular file (links followed) this process may read: the one check before tokdyn opens
     an input file. A FIFO would block the read forever and a device such as ``/dev/zero`` never
     ends, so neither is opened; a folder, a missing file, a broken link and an unreadable file
     are each said as what they are (not all as "not found"). ``hint`` ends the message of a
-    file that is there but not regular (what to give instead)."""
+    file that is there but not regular (what to give instead). ``readable=False`` leaves a file
+    this process may not read to the caller (one that may never be opened: a checkpoint
+    folder's optimizer state, a config whose absence is allowed)."""
     p = Path(path)
     try:
         mode = os.stat(p).st_mode
@@ -64,7 +66,7 @@ def check_regular(path: str | os.PathLike, what: str, hint: str = "") -> Path:
                 else "a device")  # fmt: skip
         via = f" (a link to {os.path.realpath(p)})" if os.path.islink(p) else ""
         raise InputError(f"{what} {p} is {kind}, not a regular file{via}{hint}")
-    if not os.access(p, os.R_OK):
+    if readable and not os.access(p, os.R_OK):
         raise InputError(f"cannot read {what} {p}: permission denied")
     return p
 
@@ -78,7 +80,17 @@ def loads_json(text: str | bytes):
     try:
         return json.loads(text)
     except RecursionError:
-        raise json.JSONDecodeError("nested too deeply", text if isinstance(text, str) else "", 0) from None
+        raise _NestedTooDeeply() from None
+
+
+class _NestedTooDeeply(json.JSONDecodeError):
+    """:func:`loads_json`'s error: said without a position (where the parser gave up means nothing)."""
+
+    def __init__(self):
+        super().__init__("nested too deeply", "", 0)
+
+    def __str__(self) -> str:
+        return "nested too deeply to read"
 
 
 def write_atomically(path: str | os.PathLike, write: Callable, *, binary: bool = False, what: str = "file") -> Path:

@@ -237,7 +237,8 @@ def _declared_eos(folder: Path) -> str | None:
         path = folder / name
         if not os.path.exists(path):  # absent (or a broken link): nothing declared there
             continue
-        check_regular(path, "tokenizer config", "; give a regular file, or name the end-of-text token (--eot TOKEN, eot=)")
+        check_regular(path, "tokenizer config", "; give a regular file, or name the end-of-text token (--eot TOKEN, eot=)",
+                      readable=False)  # unreadable: nothing declared there (below)
         try:
             config = loads_json(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):  # unreadable, or not a config: nothing declared there

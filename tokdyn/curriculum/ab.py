@@ -388,6 +388,7 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
     dev = resolve_device(cfg.device)
     out = Path(out)
     check_output_path(out, what="results folder", folder_ok=True)  # created; the folder above it is not
+    reused = _reusable_base_runs(cfg, log) if cfg.reuse else []  # read before the pilot: a bad file is said at once
     out.mkdir(exist_ok=True)
     t_start = time.perf_counter()
     torch.set_num_threads(cfg.threads)
@@ -444,7 +445,6 @@ def run_mixture_ab(out: str | os.PathLike, config: MixtureABConfig = MixtureABCo
         for a in cfg.arms:
             if a != "aa" or s_i < cfg.aa_train_seeds:
                 jobs.append((s, a, 1.0))
-    reused = _reusable_base_runs(cfg, log) if cfg.reuse else []
     done = {(r["seed"], r["arm"], r["budget"]) for r in reused}
     jobs = [j for j in jobs if j not in done]
     jobs.sort(key=lambda j: -j[2])  # longest first: better packing over workers

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import uuid
 import warnings
 from collections.abc import Mapping, Sequence
@@ -36,7 +37,7 @@ import zarr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.group import GroupMetadata
 from zarr.core.sync import sync as zarr_sync
-from zarr.storage import StorePath
+from zarr.storage import LocalStore, StorePath
 
 from .._version import __version__
 from ..errors import (
@@ -114,7 +115,39 @@ def _open_group(url: str | os.PathLike, mode: str, storage_options: Mapping | No
     # local store, which refuses them ("storage_options was provided but unused")
     if storage_options and "://" in os.fspath(url):
         kwargs["storage_options"] = dict(storage_options)
-    return zarr.open_group(store=str(url) if isinstance(url, os.PathLike) else url, mode=mode, **kwargs)
+    store: Any = str(url) if isinstance(url, os.PathLike) else url
+    if "://" not in store:  # a local store: read through the check below
+        store = RegularFilesStore(store, read_only=mode == "r")
+    return zarr.open_group(store=store, mode=mode, **kwargs)
+
+
+class RegularFilesStore(LocalStore):
+    """zarr's local store, reading only regular files: a key that is a FIFO would block the read
+    forever and one that is a link to a device (``/dev/zero``) would never end, so either is a
+    :class:`StoreError` naming it (a store holds files and folders only). Missing keys and
+    folders are left to zarr, which reads them as absent."""
+
+    async def get(self, key: str, prototype=None, byte_range=None):
+        _check_store_file(self.root / key)
+        return await super().get(key, prototype, byte_range)
+
+    async def get_partial_values(self, prototype, key_ranges):
+        key_ranges = list(key_ranges)
+        for key, _ in key_ranges:
+            _check_store_file(self.root / key)
+        return await super().get_partial_values(prototype, key_ranges)
+
+
+def _check_store_file(path) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # missing, a name too long, ...: zarr's own read says it
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        via = f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else ""
+        raise StoreError(f"{path} is {kind}{via}, not a regular file; a store holds only files and folders, and tokdyn "
+                         "does not read it (a FIFO would block the read forever, a device never end)")  # fmt: skip
 
 
 class TrajectoryStore:

@@ -159,6 +159,8 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
         return _read_manifest(root, axis)
     if not root.exists():
         raise InputError(f"checkpoint folder {root} does not exist")
+    if not root.is_dir():  # a FIFO, a device, a socket: said as what it is (iterdir() said "Not a directory")
+        check_regular(root, "checkpoint")
     if root.is_file():
         kind = _kind_of(root)
         if kind is None:

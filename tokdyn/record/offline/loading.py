@@ -27,7 +27,7 @@ from ..._files import check_regular
 from ...errors import InputError, UnsafeFileError
 from .discovery import (MANIFEST, MODEL_DTYPE_NAMES, SAFETENSORS_SUFFIXES, STEP_KEYS, CheckpointRef, held_step, is_adapter_folder,
                         recorded_step)
-from .files import read_json
+from .files import check_regular_tree, read_json
 from .models import HF_LOCK, build_model, check_causal_model_type, import_transformers, json_type, model_spec_beside, short_error
 
 __all__ = ["read_state_dict", "read_torch_file", "load_checkpoint", "weights_fingerprint", "needs_transformers", "ModelFactory",
@@ -450,6 +450,7 @@ def needs_transformers(refs: Iterable[CheckpointRef], model_factory: ModelFactor
 
 def _load_hf(folder: Path) -> torch.nn.Module:
     transformers = import_transformers()
+    check_regular_tree(folder)  # also for a manifest's entry, which discovery did not look into: a FIFO would block
     config = read_json(folder / "config.json", "Hugging Face config")
     if not isinstance(config, Mapping):
         raise InputError(f"{folder / 'config.json'}: expected an object of config fields, got {json_type(config)}")
