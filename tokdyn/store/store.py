@@ -116,8 +116,8 @@ def _open_group(url: str | os.PathLike, mode: str, storage_options: Mapping | No
     if storage_options and "://" in os.fspath(url):
         kwargs["storage_options"] = dict(storage_options)
     store: Any = str(url) if isinstance(url, os.PathLike) else url
-    if "://" not in store:  # a local store: read through the check below
-        store = RegularFilesStore(store, read_only=mode == "r")
+    if "://" not in store:  # a local store: read through the check below; opened as zarr opens a path (r+ creates nothing)
+        store = zarr_sync(RegularFilesStore.open(root=store, mode=mode, read_only=mode == "r"))
     return zarr.open_group(store=store, mode=mode, **kwargs)
 
 
