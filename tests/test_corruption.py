@@ -155,6 +155,7 @@ def test_metadata_nested_too_deeply_to_parse_is_one_line_at_every_node(pristine,
     recursion limit: zarr's parse raised RecursionError, which the CLI reported as an internal
     error (a bug), not as the damaged store it is."""
     root0, files, ref = pristine
+    said = 0
     for name in [f for f in files if f.endswith("zarr.json")]:
         root = tmp_path / name.replace("/", "_")
         shutil.copytree(root0, root)
@@ -166,8 +167,11 @@ def test_metadata_nested_too_deeply_to_parse_is_one_line_at_every_node(pristine,
             assert code in (0, 1), f"{where}: exit {code}"
             if code == 1:
                 assert len(err) == 1 and "internal error" not in err[0] and err[0].startswith(f"tokdyn {command}: error: "), f"{where}: {err}"
+                assert "recursion depth" not in err[0] and "RecursionError" not in err[0], f"{where}: Python's words, not the store's: {err}"
+                said += "nested too deeply" in err[0]
             else:
                 assert not err and (command == "fit" or same(answer, ref[command][1])), f"{where}: {answer!r} {err}"
+    assert said, "no command named the nesting"
 
 
 def test_a_fifo_or_a_device_in_place_of_any_kind_of_file_is_one_line(pristine, tmp_path):

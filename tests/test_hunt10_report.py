@@ -1,7 +1,7 @@
 """Defect hunt 10 on ``tokdyn report``: each test stands for a class of defect found by rendering
 reports in a browser and looking at them.
 
-- a report path that is a device, pipe or socket is refused (``--out /dev/null`` replaced the
+- a report path that is a device, FIFO or socket is refused (``--out /dev/null`` replaced the
   device with a regular file);
 - a character that shows nothing in a user's name (a right-to-left override, a zero-width
   space, a control character) is written visibly, so it can neither reverse the page's own text
@@ -90,7 +90,7 @@ def test_a_report_path_that_is_a_pipe_is_refused_and_left_as_it_is(report, tmp_p
     st, _, _ = report
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    with pytest.raises(InputError, match="device, pipe or socket"):
+    with pytest.raises(InputError, match="it is a FIFO, not a regular file"):
         write_report(st, fifo)
     assert main(["report", str(st.url), "--out", str(fifo)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -110,16 +110,18 @@ def test_no_result_file_is_renamed_over_a_pipe(report, tmp_path, capsys):
     st, _, _ = report
     fifo = tmp_path / "pipe.npz"
     os.mkfifo(fifo)
-    with pytest.raises(InputError, match="device, pipe or socket"):
+    with pytest.raises(InputError, match="it is a FIFO"):
         write_atomically(fifo, lambda fh: fh.write("x"))
-    with pytest.raises(InputError, match="device, pipe or socket"):
+    with pytest.raises(InputError, match="it is a FIFO"):
         check_output_path(fifo)
+    with pytest.raises(InputError, match="it is a device"):
+        check_output_path("/dev/null")
     assert main(["export-npz", str(st.url), str(fifo), "--run", "flat"]) == 1
     assert "not a regular file" in capsys.readouterr().err
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     link = tmp_path / "stdout"
     link.symlink_to(fifo)  # as /dev/stdout -> /proc/self/fd/1: the result replaced the link (found by the review)
-    with pytest.raises(InputError, match="it is a link to a device, pipe or socket"):
+    with pytest.raises(InputError, match="it is a link to a FIFO, not a regular file"):
         write_atomically(link, lambda fh: fh.write("x"))
     assert link.is_symlink() and stat.S_ISFIFO(os.lstat(fifo).st_mode)
     plain = tmp_path / "plain.txt"

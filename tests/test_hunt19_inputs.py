@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import socket
 from dataclasses import asdict
 from pathlib import Path
@@ -32,7 +33,7 @@ import tokdyn.corpus
 import tokdyn.curriculum.learnability
 import tokdyn.curriculum.mixture
 import tokdyn.interchange
-from tokdyn._files import check_regular, loads_json
+from tokdyn._files import check_regular, kind_of_mode, loads_json
 from tokdyn.errors import InputError
 
 NESTED = "[" * 100_000 + "]" * 100_000
@@ -141,6 +142,27 @@ def test_the_check_returns_a_regular_file_and_refuses_an_unreadable_one(tmp_path
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     with pytest.raises(InputError, match=r"cannot read file .*loop: Too many levels of symbolic links"):
         check_regular(tmp_path / "loop", "file")
+
+
+def test_the_kind_of_a_file_is_said_as_the_kernel_reports_it(tmp_path):
+    """kind_of_mode against real files of each kind (the one naming of kinds every message uses)."""
+    (tmp_path / "f").write_text("x")
+    os.mkfifo(tmp_path / "p")
+    (tmp_path / "l").symlink_to(tmp_path / "f")
+    import tempfile
+
+    short = Path(tempfile.mkdtemp(dir="/tmp"))  # a socket's path is at most 107 bytes
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(short / "s"))
+        got = {n: kind_of_mode(os.lstat(tmp_path / n).st_mode) for n in ("f", "p", "l")}
+        got["s"] = kind_of_mode(os.lstat(short / "s").st_mode)
+    finally:
+        s.close()
+        shutil.rmtree(short)
+    got["d"] = kind_of_mode(os.stat(tmp_path).st_mode)
+    got["null"] = kind_of_mode(os.stat("/dev/null").st_mode)  # a character device
+    assert got == {"f": "a regular file", "p": "a FIFO", "l": "a link", "s": "a socket", "d": "a folder", "null": "a device"}
 
 
 @pytest.mark.parametrize("text", [NESTED, '{"a": ' * 50_000 + "1" + "}" * 50_000, "[1, " + "[" * 100_000])
@@ -412,3 +434,16 @@ def test_reuse_is_read_before_the_pilot_trains(tmp_path):
     with unblocking(tmp_path / "results.json"), pytest.raises(InputError, match="is a FIFO"):
         run_mixture_ab(tmp_path / "ab", MixtureABConfig.quick(reuse=str(tmp_path / "results.json")), log=lambda m: None)
     assert not (tmp_path / "ab").exists()
+
+
+def test_a_json_metadata_file_over_the_limit_is_refused_by_its_size(tmp_path, monkeypatch):
+    """read_json (manifests, HF configs, trainer states) reads at most the limit and says the size."""
+    import tokdyn.record.offline.files as files
+
+    monkeypatch.setattr(files, "MAX_JSON_BYTES", 2**20)
+    f = tmp_path / "manifest.json"
+    f.write_text(json.dumps({"checkpoints": ["x" * 100] * 30_000}))  # about 3 MiB
+    with pytest.raises(InputError, match=r"manifest .*manifest\.json is 3 MiB; a manifest is metadata, at most 1 MiB"):
+        files.read_json(f, "manifest")
+    f.write_text(json.dumps({"checkpoints": ["x" * 100] * 10}))
+    assert files.read_json(f, "manifest") == {"checkpoints": ["x" * 100] * 10}

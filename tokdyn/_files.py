@@ -25,7 +25,8 @@ from pathlib import Path
 
 from .errors import InputError
 
-__all__ = ["write_atomically", "check_output_path", "check_regular", "loads_json", "strict_json", "remove_store_folder", "DEMO_STORE"]
+__all__ = ["write_atomically", "check_output_path", "check_regular", "kind_of_mode", "loads_json", "strict_json", "remove_store_folder",
+           "DEMO_STORE"]
 
 DEMO_STORE = "store.zarr"  # where `tokdyn demo --out DIR` puts its store (the CLI takes DIR for it)
 
@@ -42,6 +43,13 @@ def strict_json(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def kind_of_mode(mode: int) -> str:
+    """What a file of ``mode`` (an ``st_mode``) is, as the messages say it: "a regular file",
+    "a folder", "a link", "a FIFO", "a socket" or "a device" (character or block)."""
+    return ("a regular file" if stat.S_ISREG(mode) else "a folder" if stat.S_ISDIR(mode) else "a link" if stat.S_ISLNK(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device")  # fmt: skip
 
 
 def check_regular(path: str | os.PathLike, what: str, hint: str = "", *, readable: bool = True) -> Path:
@@ -62,8 +70,7 @@ def check_regular(path: str | os.PathLike, what: str, hint: str = "", *, readabl
     except OSError as exc:  # a permission denied on a folder above it, a link loop, a name too long
         raise InputError(f"cannot read {what} {p}: {exc.strerror or exc}") from None
     if not stat.S_ISREG(mode):
-        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-                else "a device")  # fmt: skip
+        kind = kind_of_mode(mode)
         via = f" (a link to {os.path.realpath(p)})" if os.path.islink(p) else ""
         raise InputError(f"{what} {p} is {kind}, not a regular file{via}{hint}")
     if readable and not os.access(p, os.R_OK):
@@ -174,23 +181,23 @@ def _refuse_not_an_output(path: str | os.PathLike, what: str) -> None:
 
 
 def _refuse_special(p: Path, what: str) -> None:
-    """:class:`InputError` where ``p`` is a device, pipe or socket: a result file is renamed over
+    """:class:`InputError` naming what ``p`` is where it is a device, FIFO or socket: a result file is renamed over
     its path, so ``--out /dev/null`` replaced the machine's null device by a regular file (for
     every program on it). A link at ``p`` is replaced, not written through, as documented; a link
-    to a device, pipe or socket is refused too (``--out /dev/stdout``: a link to
+    to a device, FIFO or socket is refused too (``--out /dev/stdout``: a link to
     ``/proc/self/fd/1``, which the result replaced)."""
-    special = []
+    kinds = {}
     for look in (os.lstat, os.stat):  # the path, then what a link at it names
         try:
             mode = look(p).st_mode
         except OSError:  # nothing there, a dangling link (or unreadable: the write says so)
             continue
         if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode)):
-            special.append(look)
-    if special:
-        where = "it is" if os.lstat in special else "it is a link to"
-        raise InputError(f"cannot write the {what} to {p}: {where} a device, pipe or socket, not a regular file, which "
-                         "writing the file would replace; give the path of a file")  # fmt: skip
+            kinds[look] = kind_of_mode(mode)
+    if kinds:
+        where = f"it is {kinds[os.lstat]}" if os.lstat in kinds else f"it is a link to {kinds[os.stat]}"
+        raise InputError(f"cannot write the {what} to {p}: {where}, not a regular file, which writing the file would "
+                         "replace; give the path of a file")  # fmt: skip
 
 
 def _umask() -> int:

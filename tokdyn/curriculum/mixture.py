@@ -417,13 +417,11 @@ def load_mixture_schedule(path) -> MixtureSchedule:
         check_regular(path, "mixture schedule")  # a FIFO would block the read forever
         with open(path, encoding="utf-8") as fh:
             d = loads_json(fh.read())
-    except FileNotFoundError:
-        raise InputError(f"mixture schedule not found: {path}") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not a JSON mixture schedule ({exc.msg})") from None
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a JSON mixture schedule (not UTF-8 text)") from None
-    except OSError as exc:  # a folder, a file that cannot be read
+    except OSError as exc:  # an I/O error, a file removed or changed since the check
         raise InputError(f"cannot read the mixture schedule {path}: {exc.strerror or exc}") from None
     if not isinstance(d, dict) or d.get("kind") != "tokdyn-mixture-schedule":
         raise InputError(f"{path}: not a tokdyn mixture schedule (kind {d.get('kind') if isinstance(d, dict) else None!r})")

@@ -33,7 +33,7 @@ from .._checks import is_int
 from .._version import __version__
 from ..errors import InputError, StoreError, TokdynError
 from .locks import KeyLock, remove_stale_partials
-from .schema import compressor, has_keys, join, jsonable, position_crc, utc_now
+from .schema import compressor, damage, has_keys, join, jsonable, position_crc, utc_now
 
 if TYPE_CHECKING:
     from .run import Run
@@ -59,7 +59,7 @@ class FitResults:
         except KeyError:  # none, or its zarr.json is lost: like a creation that never finished (redone by the next fit)
             return None
         except (ValueError, TypeError, RecursionError) as exc:  # a fit group whose metadata is damaged
-            raise StoreError(f"the fit of run {self._run.name!r} is damaged: {type(exc).__name__}: {exc}") from None
+            raise StoreError(f"the fit of run {self._run.name!r} is damaged: {damage(exc)}") from None
 
     @property
     def meta(self) -> dict:

@@ -11,7 +11,7 @@ import zarr
 
 from ..errors import InputError, StoreError, TokdynError
 from ..probe import ProbeSet
-from .schema import compressor, folders
+from .schema import compressor, damage, folders
 
 __all__ = ["write_probe", "read_probe"]
 
@@ -59,7 +59,7 @@ def read_probe(g: zarr.Group) -> ProbeSet:
     except (TokdynError, OSError):
         raise
     except Exception as exc:  # noqa: BLE001 - a missing array, bad metadata, a chunk codecs cannot decode
-        raise StoreError(f"probe group is incomplete or damaged: {type(exc).__name__}: {exc}") from None
+        raise StoreError(f"probe group is incomplete or damaged: {damage(exc)}") from None
     try:
         return ProbeSet(tokens, arrays, domains=a.get("domains", ()), documents=a.get("documents", ()), tokenizer=a.get("tokenizer", {}),
                         stored=True)  # its names were checked when it was made (a store made before that still opens)

@@ -17,7 +17,7 @@ from .._checks import is_int
 from ..errors import InputError, SchemaVersionError, StoreError, TokdynError
 from .fit import FitResults
 from .locks import LOCK_NAME
-from .schema import AXES, COORDS, LOSS_DTYPES, SCHEMA_VERSION, join, position_crc
+from .schema import AXES, COORDS, LOSS_DTYPES, SCHEMA_VERSION, damage, join, position_crc
 from .writer import COORD_RECORD, RunWriter, run_meta_crc
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class Run:
             self._loss = group["loss"]
             coords = {c: group[c] for c in COORDS}
         except (KeyError, ValueError, TypeError, RecursionError) as exc:  # RecursionError: a zarr.json nested past the parser
-            raise StoreError(f"run {name!r} in {store.url} is damaged: {type(exc).__name__}: {exc}") from None
+            raise StoreError(f"run {name!r} in {store.url} is damaged: {damage(exc)}") from None
         if self.axis not in AXES:  # read into reports and file names: only the values a writer makes
             raise StoreError(f"run {name!r} in {store.url} is damaged: its axis is {str(self.axis)[:40]!r}, expected one of {AXES}")
         self._check_arrays(coords)
@@ -98,7 +98,7 @@ class Run:
             counted = sum(int(n) for n in c.nonfinite_rows.values())
             rows_named = {int(r) for r in c.nonfinite_rows}
         except (KeyError, ValueError, TypeError, RecursionError, FileNotFoundError, zarr.errors.GroupNotFoundError) as exc:
-            raise StoreError(f"run {self.name!r}: commit record of token range {j} is unreadable ({type(exc).__name__}: {exc})") from None
+            raise StoreError(f"run {self.name!r}: commit record of token range {j} is unreadable ({damage(exc)})") from None
         if c.rows < 0 or (c.rows and not isinstance(c.last_step, int)):
             raise StoreError(f"run {self.name!r}: commit record of token range {j} is damaged (rows {c.rows}, last step {c.last_step!r})")
         # What is written together must agree: the non-finite counts, and no checksum of a row past
@@ -232,7 +232,7 @@ class Run:
         except (TokdynError, OSError, MemoryError):
             raise
         except Exception as exc:  # noqa: BLE001 - codecs raise RuntimeError, ValueError, TypeError...
-            raise StoreError(f"run {self.name!r}: cannot decode {what} ({type(exc).__name__}: {exc}); a chunk of it is "
+            raise StoreError(f"run {self.name!r}: cannot decode {what} ({damage(exc)}); a chunk of it is "
                              f"damaged{'. ' + hint if hint else ''}") from None
 
     @property

@@ -18,6 +18,7 @@ from ..errors import InputError
 __all__ = [
     "SCHEMA_VERSION", "STORE_KIND", "LOSS_DTYPES", "AXES", "CODECS", "DEFAULT_TOKEN_CHUNK", "COORD_CHUNK", "INTEGRITY", "COORDS",
     "compressor", "position_crc", "folders", "has_keys", "utc_now", "join", "check_url", "local_url", "check_run_name", "check_writer_ranges", "jsonable",
+    "damage",
 ]  # fmt: skip
 
 SCHEMA_VERSION = 1
@@ -162,6 +163,15 @@ def check_writer_ranges(ranges: list[tuple[int, int]], n: int, chunk: int) -> No
         pos = b
     if pos != n:
         raise InputError(f"writer token ranges end at {pos}; the probe has {n} tokens")
+
+
+def damage(exc: BaseException) -> str:
+    """What an error reading a store's metadata or chunk says, for a message: ``ErrorType: text``,
+    and a zarr.json nested past Python's parser (a :class:`RecursionError` in zarr's read) as
+    that, not as the interpreter's "maximum recursion depth exceeded while decoding ..."."""
+    if isinstance(exc, RecursionError):
+        return "its JSON is nested too deeply to read"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def jsonable(obj: Any, what: str) -> Any:

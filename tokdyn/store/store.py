@@ -39,6 +39,7 @@ from zarr.core.group import GroupMetadata
 from zarr.core.sync import sync as zarr_sync
 from zarr.storage import LocalStore, StorePath
 
+from .._files import kind_of_mode
 from .._version import __version__
 from ..errors import (
     InputError,
@@ -66,6 +67,7 @@ from .schema import (
     STORE_KIND,
     check_run_name,
     check_url,
+    damage,
     local_url,
     check_writer_ranges,
     compressor,
@@ -144,7 +146,7 @@ def _check_store_file(path) -> None:
     except OSError:  # missing, a name too long, ...: zarr's own read says it
         return
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        kind = kind_of_mode(mode)
         via = f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else ""
         raise StoreError(f"{path} is {kind}{via}, not a regular file; a store holds only files and folders, and tokdyn "
                          "does not read it (a FIFO would block the read forever, a device never end)")  # fmt: skip
@@ -234,7 +236,7 @@ class TrajectoryStore:
                 zarr.errors.NodeTypeValidationError):  # fmt: skip
             raise NotAStoreError(f"no tokdyn store at {url}") from None
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError, RecursionError) as exc:
-            raise StoreError(f"{url}: store metadata is unreadable ({type(exc).__name__}: {exc})") from None
+            raise StoreError(f"{url}: store metadata is unreadable ({damage(exc)})") from None
         return cls(group, url, writable=mode == "r+", storage_options=storage_options)
 
     # -- probe ----------------------------------------------------------------------------
@@ -259,7 +261,7 @@ class TrajectoryStore:
         except (KeyError, FileNotFoundError, zarr.errors.NodeTypeValidationError):
             g = None
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError, RecursionError) as exc:
-            raise StoreError(f"{self.url}: the probe group's metadata is unreadable ({type(exc).__name__}: {exc})") from None
+            raise StoreError(f"{self.url}: the probe group's metadata is unreadable ({damage(exc)})") from None
         if not isinstance(g, zarr.Group):
             raise StoreError(f"{self.url}: the probe group is missing or damaged (no probe/zarr.json of a group); "
                              "the store cannot be read")  # fmt: skip
@@ -290,7 +292,7 @@ class TrajectoryStore:
                 raise StoreError(f"run {name!r} in {self.url} is damaged: its group metadata (runs/{name}/zarr.json) is missing") from None
             raise RunNotFoundError(f"no run {name!r} in {self.url}; runs: {', '.join(self.runs) or 'none'}") from None
         except (ValueError, TypeError, RecursionError) as exc:  # a zarr.json cut short, overwritten, nested past the parser
-            raise StoreError(f"run {name!r} in {self.url}: metadata unreadable ({type(exc).__name__}: {exc})") from None
+            raise StoreError(f"run {name!r} in {self.url}: metadata unreadable ({damage(exc)})") from None
         return Run(self, name, g)
 
     def create_run(

@@ -33,11 +33,12 @@ def check_regular_tree(folder: Path) -> None:
 def read_json(p: Path, what: str) -> Any:
     """The JSON document in file ``p`` (a regular file of at most 16 MiB)."""
     check_regular(p, what)
-    size = os.stat(p).st_size
-    if size > MAX_JSON_BYTES:
-        raise InputError(f"{what} {p} is {size / 2**20:.0f} MiB; a {what} is metadata, at most {MAX_JSON_BYTES >> 20} MiB")
     try:
         with open(p, "rb") as fh:
-            return loads_json(fh.read(MAX_JSON_BYTES + 1))
+            data = fh.read(MAX_JSON_BYTES + 1)
+            if len(data) > MAX_JSON_BYTES:
+                size = os.fstat(fh.fileno()).st_size
+                raise InputError(f"{what} {p} is {size / 2**20:.0f} MiB; a {what} is metadata, at most {MAX_JSON_BYTES >> 20} MiB")
+        return loads_json(data)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"cannot read {what} {p}: {exc}") from None
