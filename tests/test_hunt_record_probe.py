@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import unicodedata
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -109,6 +112,37 @@ def test_binary_files_in_a_text_folder_are_skipped_with_a_warning_naming_them(tm
     assert sorted(d.key for d in docs) == ["a/one.txt", "a/two.txt"]
     for d in docs:
         assert "\x00" not in d.text
+
+
+def test_entries_of_a_text_folder_that_are_not_files_are_skipped_with_a_warning_naming_them(tmp_path):
+    """A FIFO, a socket, a broken link or a link loop among a folder's files was left out without
+    a word (and the folder's document count then said something else); each is named with what it is."""
+    import socket
+    import tempfile
+
+    src = _folder(tmp_path / "t", ["a/one.txt", "a/two.txt"])
+    os.mkfifo(src / "a" / "pipe.txt")
+    (src / "a" / "gone.txt").symlink_to(src / "a" / "nowhere.txt")
+    (src / "b.txt").symlink_to(src / "b.txt")
+    short = Path(tempfile.mkdtemp(dir="/tmp"))
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(short / "s"))
+        (src / "a" / "sock.txt").symlink_to(short / "s")
+        with pytest.warns(UserWarning) as got:
+            docs = text_documents(src)
+    finally:
+        sock.close()
+        shutil.rmtree(short)
+    said = [str(w.message) for w in got if "not regular files" in str(w.message)]
+    assert len(said) == 1, [str(w.message) for w in got]
+    assert "skipped 4 entries that are not regular files" in said[0]
+    for part in ("a/gone.txt (a broken link)", "a/pipe.txt (a FIFO)", "a/sock.txt (a socket)", "b.txt (a link loop)"):
+        assert part in said[0], said[0]
+    assert sorted(d.key for d in docs) == ["a/one.txt", "a/two.txt"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a pattern that does not name them: nothing to say
+        assert len(text_documents(src, pattern="*/one.txt")) == 1
 
 
 def test_a_binary_file_named_as_the_source_is_one_error_line(tmp_path, capsys):
