@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from reliability_fixtures import cli_error_line, run_cli, unblocking
 
@@ -267,6 +269,46 @@ def test_bpe_saves_the_tokenizer_the_probe_was_made_with(text_folder, tmp_path, 
         assert any(_holds(ids, row) for ids in docs.values()), row
 
 
+def test_bpe_vocab_bounds_the_trained_tokenizer(text_folder, tmp_path, capsys):
+    """--bpe-vocab N: the saved tokenizer, the store's spec and every probe id stay below N (the
+    corpus offers more merges than 300 - 257, so N is reached); the default is 1,024."""
+    sizes = {}
+    for n in (None, 300, 301):
+        out, saved = tmp_path / f"p{n}.zarr", tmp_path / f"tok{n}.json"
+        code, err = run_cli(["probe", str(text_folder), "--out", str(out), "--tokenizer", "bpe", "--save-tokenizer", str(saved),
+                             "--context", "16", "--sequences", "4", "--probe-fraction", "0.3",
+                             *([] if n is None else ["--bpe-vocab", str(n)])], capsys)  # fmt: skip
+        assert code == 0, err
+        probe = tokdyn.open_store(out).probe
+        sizes[n] = tokdyn.HFTokenizer.from_file(saved).vocab_size
+        assert probe.tokenizer["vocab_size"] == sizes[n] and int(np.asarray(probe.tokens).max()) < sizes[n]
+    assert sizes[300] == 300 and sizes[301] == 301 and 301 < sizes[None] <= 1024, sizes
+
+
+@given(hs.one_of(hs.integers(-2**40, 2**40), hs.sampled_from([299, 300, 2**31, 2**31 + 1]), hs.floats(allow_nan=True),
+                 hs.booleans(), hs.text(max_size=3), hs.none()))  # fmt: skip
+@settings(max_examples=200, deadline=None)
+def test_a_bpe_vocabulary_is_taken_exactly_when_whole_and_in_range(v):
+    from tokdyn.tokenizer import check_bpe_vocab
+
+    ok = isinstance(v, int) and not isinstance(v, bool) and 300 <= v <= 2**31
+    try:
+        assert check_bpe_vocab(v) == v and ok
+    except InputError as exc:
+        assert not ok and "\n" not in str(exc)
+
+
+def test_the_library_checks_a_bpe_vocabulary_before_reading_the_corpus(tmp_path):
+    from tokdyn.data import prepare_corpus, prepare_domains, prepare_probe
+
+    missing = str(tmp_path / "no-such-folder")  # read first, it would say "not found"
+    for prepare in (prepare_probe, prepare_corpus, prepare_domains):
+        with pytest.raises(InputError, match="vocab_size must be from 300"):
+            prepare(missing, tokenizer="bpe", vocab_size=12)
+        with pytest.raises(InputError, match="vocab_size must be a whole number"):
+            prepare(missing, tokenizer="bpe", vocab_size=1024.0)
+
+
 def _holds(ids: np.ndarray, row: np.ndarray) -> bool:
     n = len(row)
     return any(np.array_equal(ids[i:i + n], row) for i in range(len(ids) - n + 1))
@@ -276,6 +318,9 @@ def _holds(ids: np.ndarray, row: np.ndarray) -> bool:
     (["--tokenizer", "bpe"], "--save-tokenizer FILE"),
     (["--save-tokenizer", "{tmp}/t.json"], "byte is not trained here"),
     (["--tokenizer", "bpe", "--save-tokenizer", "{tmp}/nodir/t.json"], "nodir does not exist"),
+    (["--bpe-vocab", "4096"], "--bpe-vocab is for the tokenizer --tokenizer bpe trains; byte is not trained here"),
+    (["--tokenizer", "bpe", "--save-tokenizer", "{tmp}/t.json", "--bpe-vocab", "299"], "--bpe-vocab: must be from 300"),
+    (["--tokenizer", "bpe", "--save-tokenizer", "{tmp}/t.json", "--bpe-vocab", str(2**31 + 1)], "(ids stored as int32)"),
 ])  # fmt: skip
 def test_bpe_options_are_checked_before_any_work(args, says, text_folder, tmp_path, capsys):
     code, err = run_cli(["probe", str(text_folder), "--out", str(tmp_path / "p.zarr"), *[a.format(tmp=tmp_path) for a in args]],

@@ -18,7 +18,7 @@ from .corpus import (Document, bin_documents, source_kind, iter_texts, jsonl_doc
                      stdlib_mixture_documents, text_documents)  # fmt: skip
 from .errors import InputError
 from .probe import ProbeSet, build_probe, document_tokens
-from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, check_bpe_vocab
 
 __all__ = ["Corpus", "prepare_corpus", "ProbeSplit", "prepare_probe", "training_copies", "resolve_tokenizer", "load_documents", "training_stream", "random_batches", "WindowDataset",
            "DomainCorpus", "prepare_domains", "split_by_domain", "MixtureDataset"]
@@ -114,6 +114,7 @@ def prepare_corpus(
     ``bin_dtype``: the dtype of a ``.bin`` source (as :func:`prepare_probe`).
     """
     _check_probe_options(context=context, n_sequences=n_probe_sequences, probe_fraction=probe_fraction, seed=seed)
+    _check_tokenizer_options(tokenizer, vocab_size)
     docs = load_documents(source, bin_dtype=bin_dtype)
     train_docs, probe_docs = split_documents(docs, probe_fraction=probe_fraction)
     tok = resolve_tokenizer(tokenizer, train_docs=train_docs, vocab_size=vocab_size)
@@ -143,6 +144,12 @@ def _check_probe_options(*, context: int, n_sequences: int, probe_fraction: floa
             raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
     if isinstance(probe_fraction, bool) or not isinstance(probe_fraction, (int, float, np.number)) or not 0.0 < probe_fraction < 1.0:
         raise InputError(f"probe_fraction must be in (0, 1), got {probe_fraction!r}")
+
+
+def _check_tokenizer_options(tokenizer: str | Tokenizer, vocab_size: int) -> None:
+    """A BPE's vocabulary size, checked before the corpus is read (as the probe's numbers)."""
+    if isinstance(tokenizer, str) and tokenizer == "bpe":
+        check_bpe_vocab(vocab_size)
 
 
 def resolve_tokenizer(tokenizer: str | Tokenizer, *, train_docs: Sequence[Document] = (), vocab_size: int = 1024) -> Tokenizer:
@@ -187,6 +194,7 @@ def prepare_probe(
     domain_field: str | None = None,
     bin_dtype: str | None = None,
     eot_id: int | None = None,
+    vocab_size: int = 1024,
 ) -> ProbeSplit:
     """The probe of ``source`` (see :func:`load_documents`): its documents split
     deterministically by document (:func:`~tokdyn.corpus.split_documents`), the probe cut from
@@ -196,11 +204,14 @@ def prepare_probe(
 
     ``bin_dtype``: the dtype of a ``.bin`` source's tokens; by default uint16 (nanoGPT's), which
     is refused for a tokenizer of more than 65,536 ids (they need uint32: name the dtype). A
-    probe document the tokenizer cannot encode is an :class:`InputError` naming it."""
+    probe document the tokenizer cannot encode is an :class:`InputError` naming it.
+    ``vocab_size``: with ``tokenizer="bpe"``, the most ids the BPE trained on the training
+    side may have (:func:`~tokdyn.tokenizer.check_bpe_vocab`)."""
     _check_probe_options(context=context, n_sequences=n_sequences, probe_fraction=probe_fraction, seed=seed)
+    _check_tokenizer_options(tokenizer, vocab_size)
     docs = load_documents(source, text_field=text_field, domain_field=domain_field, bin_dtype=bin_dtype, eot_id=eot_id)
     train_docs, probe_docs = split_documents(docs, probe_fraction=probe_fraction)
-    tok = resolve_tokenizer(tokenizer, train_docs=train_docs)
+    tok = resolve_tokenizer(tokenizer, train_docs=train_docs, vocab_size=vocab_size)
     _check_bin_dtype(source, bin_dtype, tok)
     probe = build_probe(probe_docs, tok, context=context, n_sequences=n_sequences, seed=seed)
     return ProbeSplit(probe, tok, train_docs, probe_docs, tuple(training_copies(train_docs, probe_docs)))
@@ -342,6 +353,7 @@ def prepare_domains(
     :class:`InputError` when none is left. ``max_train_tokens`` cuts each domain's training
     stream to that many tokens (small runs and tests).
     """
+    _check_tokenizer_options(tokenizer, vocab_size)
     if isinstance(source, (str, os.PathLike)):
         source = os.fspath(source)
         _check_domain_source(source, text_field=text_field, domain_field=domain_field, mapping=mapping)

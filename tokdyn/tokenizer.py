@@ -20,7 +20,23 @@ import numpy as np
 from ._files import check_regular, loads_json, write_atomically
 from .errors import InputError
 
-__all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "get_tokenizer"]
+__all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "get_tokenizer", "check_bpe_vocab"]
+
+BPE_MIN_VOCAB = 300  # the 256 byte symbols, the end-of-text token, and room for merges
+BPE_MAX_VOCAB = 2**31  # ids 0 .. 2**31 - 1: a probe stores them as int32
+
+
+def check_bpe_vocab(vocab_size) -> int:
+    """``vocab_size`` for a byte-level BPE trained here, or an :class:`InputError`: a whole
+    number from 300 (the 256 byte symbols and end-of-text, and room to merge) to 2**31 (ids a
+    probe stores as int32). A corpus that offers fewer merges gives a smaller vocabulary: the
+    number is a ceiling, as for the ``tokenizers`` trainer."""
+    if isinstance(vocab_size, (bool, np.bool_)) or not isinstance(vocab_size, (int, np.integer)):
+        raise InputError(f"vocab_size must be a whole number of ids, got {vocab_size!r}")
+    if not BPE_MIN_VOCAB <= vocab_size <= BPE_MAX_VOCAB:
+        raise InputError(f"vocab_size must be from {BPE_MIN_VOCAB} (the 256 bytes, end-of-text and merges) to 2**31 "
+                         f"(ids stored as int32) for byte-level BPE, got {vocab_size}")  # fmt: skip
+    return int(vocab_size)
 
 
 class Tokenizer(Protocol):
@@ -129,9 +145,9 @@ class HFTokenizer:
 
     @classmethod
     def train(cls, texts: Iterable[str], *, vocab_size: int = 1024) -> "HFTokenizer":
-        """Train a byte-level BPE tokenizer on ``texts`` (deterministic for a given corpus)."""
-        if vocab_size < 300:
-            raise InputError(f"vocab_size must be >= 300 for byte-level BPE, got {vocab_size}")
+        """Train a byte-level BPE tokenizer of at most ``vocab_size`` ids (:func:`check_bpe_vocab`)
+        on ``texts`` (deterministic for a given corpus)."""
+        vocab_size = check_bpe_vocab(vocab_size)
         tokenizers = _import_tokenizers()
         from tokenizers import decoders, models, pre_tokenizers, trainers
 

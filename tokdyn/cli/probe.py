@@ -12,6 +12,7 @@ from .._text import labels, visible
 from ..corpus import source_kind
 from ..errors import InputError
 from ..store import open_store
+from ..tokenizer import check_bpe_vocab
 
 
 def register(sub) -> None:
@@ -20,11 +21,13 @@ def register(sub) -> None:
                                   "a token .bin file, or 'stdlib' / 'stdlib-mix'")  # fmt: skip
     p.add_argument("--out", required=True, metavar="STORE", help="the store to create (or an existing one with the same probe)")
     p.add_argument("--tokenizer", default="byte", metavar="NAME|PATH",
-                   help="byte (default); bpe: a byte-level BPE of 1,024 ids trained on the training side's documents "
+                   help="byte (default); bpe: a byte-level BPE of at most --bpe-vocab ids trained on the training side's documents "
                         "(written to --save-tokenizer FILE, to train the model with); a tokenizers JSON file; or a local HF "
                         "tokenizer folder holding tokenizer.json")
     p.add_argument("--save-tokenizer", metavar="FILE", help="with --tokenizer bpe: where its tokenizer.json goes (required: "
                         "the probe is only of use to a model trained with that tokenizer)")
+    p.add_argument("--bpe-vocab", type=int, metavar="N", help="with --tokenizer bpe: the most ids it may have, 300 to 2**31 "
+                   "(default: 1,024; a corpus with fewer merges to offer gives fewer)")
     p.add_argument("--eot", metavar="TOKEN", help="the tokenizer's end-of-text token (default: <|endoftext|>, </s>, ... if it has one)")
     p.add_argument("--context", type=int, default=128, help="tokens of context per probe sequence (default: 128)")
     p.add_argument("--sequences", type=int, default=128, help="probe sequences drawn (default: 128)")
@@ -57,7 +60,8 @@ def _probe(args: argparse.Namespace) -> int:
     try:
         split = prepare_probe(args.source, tokenizer=tokenizer, context=args.context, n_sequences=args.sequences,
                               probe_fraction=args.probe_fraction, seed=args.seed, text_field=args.text_field or "text",
-                              domain_field=args.domain_field, bin_dtype=args.bin_dtype, eot_id=args.bin_eot_id)  # fmt: skip
+                              domain_field=args.domain_field, bin_dtype=args.bin_dtype, eot_id=args.bin_eot_id,
+                              **({} if args.bpe_vocab is None else {"vocab_size": args.bpe_vocab}))  # fmt: skip
         added = _added_per_document(split)  # before the store is written: nothing is left behind by a failure
         if held_tmp is not None:  # one key a line: keys never hold a line break (tokdyn.corpus.held_out_text)
             with open(held_tmp, "w", encoding="utf-8", newline="") as fh:
@@ -136,9 +140,16 @@ def _check_arguments(args: argparse.Namespace) -> None:
         if kind == "bin":
             raise InputError(f"--tokenizer bpe trains on text; {args.source} is a token file, whose ids are already a "
                              "tokenizer's: give that one (--tokenizer PATH)")  # fmt: skip
+        if args.bpe_vocab is not None:
+            try:
+                check_bpe_vocab(args.bpe_vocab)
+            except InputError as exc:
+                raise InputError(f"--bpe-vocab: {str(exc).replace('vocab_size must be', 'must be')}") from None
         check_output_path(args.save_tokenizer, what="tokenizer (--save-tokenizer)")
-    elif args.save_tokenizer is not None:
-        raise InputError(f"--save-tokenizer saves the tokenizer --tokenizer bpe trains; {args.tokenizer} is not trained here")
+    else:
+        for option, value in (("--save-tokenizer", args.save_tokenizer), ("--bpe-vocab", args.bpe_vocab)):
+            if value is not None:
+                raise InputError(f"{option} is for the tokenizer --tokenizer bpe trains; {args.tokenizer} is not trained here")
     out = args.out
     if "://" not in out and os.path.lexists(out):
         if not os.path.isdir(out):
