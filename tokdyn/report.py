@@ -961,7 +961,8 @@ def _power_law_text(pl: dict | None, why: str | None = None) -> str:
     if not pl["r2"] >= POWER_LAW_R2:
         return f"not a power law (fit R² {pl['r2']:.2f})"
     lo, hi = pl["alpha_ci95"]
-    return f"{pl['alpha']:.2f}{_interval_text(lo, hi, pl.get('alpha_ci95_why'))} (R² {pl['r2']:.2f})"
+    units = f" over {pl['n_units']:,} {pl['resampled']}" if pl.get("resampled") and np.isfinite(lo) and np.isfinite(hi) else ""
+    return f"{pl['alpha']:.2f}{_interval_text(lo, hi, pl.get('alpha_ci95_why'))}{units} (R² {pl['r2']:.2f})"
 
 
 def _interval_text(lo: float, hi: float, why: str | None = None) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -33,6 +33,7 @@ __all__ = [
     "PowerLaw",
     "events_from_fit",
     "run_events",
+    "probe_units",
     "select_bandwidth",
     "learning_time_spectrum",
     "fit_power_law",
@@ -74,6 +75,14 @@ class Events:
     resolution : float
         Typical spacing (decades) of the points the events were fitted on: no event can be
         placed more finely than that, so the spectrum is never smoothed less (0: unknown).
+    unit : int array [N] or None
+        The sampling unit of each token, which the spectrum's bootstrap resamples whole: tokens
+        of one document are not independent draws (they share its topic, its style, the words
+        it repeats), so resampling tokens one by one makes an interval too narrow. None: each
+        token is its own unit. :func:`run_events` takes the probe's documents (its windows
+        where the probe does not tell documents apart).
+    unit_kind : str
+        What a unit is, for messages: ``"token"`` (default), ``"document"``, ``"window"``.
     """
 
     token: np.ndarray
@@ -85,6 +94,8 @@ class Events:
     well_fitted: np.ndarray = field(default=None)  # type: ignore[assignment]
     resolution: float = 0.0
     n_scored: int | None = None
+    unit: np.ndarray | None = field(default=None, compare=False)
+    unit_kind: str = "token"
 
     def __post_init__(self) -> None:
         arrays = {name: np.asarray(getattr(self, name)) for name in ("token", "mu", "s", "delta")}
@@ -119,6 +130,14 @@ class Events:
         if not (math.isfinite(self.resolution) and self.resolution >= 0):
             raise InputError(f"Events.resolution must be a finite number >= 0, got {self.resolution}")
         object.__setattr__(self, "resolution", float(self.resolution))
+        if self.unit is not None:
+            unit = np.asarray(self.unit)
+            if unit.shape != (self.n_tokens,) or unit.dtype.kind not in "iu":
+                raise InputError(f"Events.unit: expected an integer array of length n_tokens={self.n_tokens}, got "
+                                 f"{unit.dtype} of shape {unit.shape}")  # fmt: skip
+            object.__setattr__(self, "unit", np.unique(unit, return_inverse=True)[1].reshape(-1).astype(np.int64))
+        if not (isinstance(self.unit_kind, str) and self.unit_kind):
+            raise InputError(f"Events.unit_kind: expected a name such as 'document', got {self.unit_kind!r}")
 
     def __len__(self) -> int:
         return int(self.mu.size)
@@ -129,7 +148,13 @@ class Events:
         if m.shape != self.mu.shape:
             raise InputError(f"Events.subset: mask must have shape {self.mu.shape}, got {m.shape}")
         return Events(self.token[m], self.mu[m], self.s[m], self.delta[m], self.n_tokens, self.x_range, self.well_fitted[m],
-                      self.resolution, self.n_scored)  # fmt: skip
+                      self.resolution, self.n_scored, self.unit, self.unit_kind)  # fmt: skip
+
+    def units(self) -> tuple[np.ndarray, int]:
+        """The unit index of each token [N] (0 .. G-1) and the number of units G."""
+        if self.unit is None:
+            return np.arange(self.n_tokens), self.n_tokens
+        return self.unit, int(self.unit.max()) + 1
 
     def for_tokens(self, token_mask: np.ndarray) -> "Events":
         """The events of the tokens where ``token_mask [N]`` is true."""
@@ -284,7 +309,20 @@ def run_events(run, *, which: str = "two_step", fit: Mapping[str, np.ndarray] | 
     read from it as ``fit``, then :func:`events_from_fit` with the options it was fitted with)."""
     from .fit.job import stored_options
 
-    return events_from_fit(run.fit.read() if fit is None else fit, which=which, options=stored_options(run))
+    events = events_from_fit(run.fit.read() if fit is None else fit, which=which, options=stored_options(run))
+    unit, kind = probe_units(run.store.probe)
+    return replace(events, unit=unit, unit_kind=kind) if unit.shape == (events.n_tokens,) else events
+
+
+def probe_units(probe) -> tuple[np.ndarray, str]:
+    """The sampling unit of each probe token and what it is: its document (``doc_id``) where the
+    probe tells two documents apart, else its window (``sample_id``: a probe cut from one
+    document, or from windows whose documents it does not know, as a curriculum pilot's)."""
+    arrays = probe.token_arrays
+    doc = arrays.get("doc_id")
+    if doc is not None and np.unique(doc).size > 1:
+        return np.asarray(doc), "document"
+    return np.asarray(arrays["sample_id"]), "window"
 
 
 # -- the density ---------------------------------------------------------------------------
@@ -308,9 +346,10 @@ MAX_BOOT = 10_000
 # evenly spaced in log, the window is K - 3 spacings: 8 checkpoints at least.
 POWER_LAW_MIN_WIDTH = 5
 
-# The fewest tokens a bootstrap interval of the spectrum's exponent is given from: Kish's effective
-# number of tokens, each weighted by the loss drop its events show over the observed range (the
-# bootstrap resamples tokens, so one token's drop among a hundred of noise is one token). With one,
+# The fewest units (tokens, or the documents a run's probe tokens come from: Events.unit) a bootstrap
+# interval of the spectrum's exponent is given from: Kish's effective number of units, each weighted
+# by the loss drop its tokens' events show over the observed range (the bootstrap resamples units,
+# so one document's drop among a hundred of noise is one unit). With one,
 # every resample is the same spectrum scaled and the interval has zero width; with a handful the
 # resamples take few distinct values and a percentile interval under-covers badly (its variance is
 # (n-1)/n of the truth at best, and the bootstrap is not relied on below about 10 observations).
@@ -701,15 +740,16 @@ def spectrum_power_law(
     The fit is a line through ``log10 rho(x)`` on the grid points at least ``trim`` decades
     (default: one bandwidth) inside the observed range, where events are not piled up on the
     bounds of ``mu``. The interval is the 2.5-97.5 percentile range over ``n_boot`` Poisson
-    bootstrap resamples of the tokens (all events of a token share its multiplicity), each with
-    the same bandwidth and kernel. ``spectrum``: the events' spectrum with these settings,
+    bootstrap resamples of the events' units (:attr:`Events.unit`: a run's probe documents; all
+    events of a unit's tokens share its multiplicity), each with the same bandwidth and kernel;
+    ``params["resampled"]`` names the unit and ``params["n_units"]`` counts them. ``spectrum``: the events' spectrum with these settings,
     where the caller has already computed it (:func:`tokdyn.reconstruct.reconstruct`).
 
     The window is :func:`spectrum_power_law_window`'s, which refuses (:class:`InputError`, with
     the reason) one narrower than :data:`POWER_LAW_MIN_WIDTH` resolution lengths (over fewer, the
     smoothing alone makes any spectrum a line); ``x_fit`` is its span. The interval is
     NaN, and ``params["alpha_ci95_why"]`` says why, where the events' drop comes from fewer than
-    :data:`BOOT_MIN_TOKENS` tokens (effective number) or fewer than :data:`BOOT_MIN_RESAMPLES`
+    :data:`BOOT_MIN_TOKENS` units (effective number) or fewer than :data:`BOOT_MIN_RESAMPLES`
     resamples could be fitted (``params["n_boot"]``: how many were).
     """
     if not (isinstance(n_boot, int) and not isinstance(n_boot, bool) and 0 <= n_boot <= MAX_BOOT):
@@ -723,21 +763,24 @@ def spectrum_power_law(
     h = spec.bandwidth
     xs = spectrum_power_law_window(spec, resolution=events.resolution, trim=trim)
     alpha, log_a, r2 = fit_power_law(xs, spec.at(xs))
-    n_tok, n_eff = _boot_tokens(events)
+    unit, n_units = events.units()
+    n_tok, n_eff = _boot_units(events, unit, n_units)
     boots: list[float] = []
     if n_boot == 0:
         why = "no bootstrap resamples were asked for (n_boot 0)"
     elif n_eff < BOOT_MIN_TOKENS:
-        why = (f"the events' drop comes from {n_tok} token(s), effectively {n_eff:.1f} (weighted by drop); a bootstrap "
-               f"over tokens needs at least {BOOT_MIN_TOKENS}: from fewer, its resamples barely differ and the interval "
+        kind = events.unit_kind
+        why = (f"the events' drop comes from {n_tok} {kind}(s), effectively {n_eff:.1f} (weighted by drop); a bootstrap "
+               f"over {kind}s needs at least {BOOT_MIN_TOKENS}: from fewer, its resamples barely differ and the interval "
                "would read as certainty")  # fmt: skip
     else:
         rng = np.random.default_rng(seed)
+        mults = (rng.poisson(1.0, n_units)[unit] for _ in range(n_boot))  # a unit's tokens share its multiplicity
         if kernel == "event":
-            curves = _event_bootstrap(events, spec, (rng.poisson(1.0, events.n_tokens) for _ in range(n_boot)), n_boot)
+            curves = _event_bootstrap(events, spec, mults, n_boot)
         else:
-            curves = (learning_time_spectrum(events, bandwidth=h, weights=rng.poisson(1.0, events.n_tokens)[events.token],
-                                             placement=placement, kernel=kernel) for _ in range(n_boot))  # fmt: skip
+            curves = (learning_time_spectrum(events, bandwidth=h, weights=m[events.token], placement=placement, kernel=kernel)
+                      for m in mults)  # fmt: skip
         for curve in curves:
             try:
                 boots.append(fit_power_law(xs, curve.at(xs))[0])
@@ -748,7 +791,8 @@ def spectrum_power_law(
             f"{BOOT_MIN_RESAMPLES} (the range of n resamples covers on average (n-1)/(n+1) of their distribution)")  # fmt: skip
     a_lo, a_hi = np.percentile(boots, [2.5, 97.5]).tolist() if why is None else (float("nan"), float("nan"))
     return PowerLaw("spectrum", alpha, float(a_lo), float(a_hi), r2, (float(xs[0]), float(xs[-1])),
-                    {"log10_amplitude": log_a, "bandwidth": h, "n_boot": len(boots), "alpha_ci95_why": why})  # fmt: skip
+                    {"log10_amplitude": log_a, "bandwidth": h, "n_boot": len(boots), "alpha_ci95_why": why,
+                     "resampled": f"{events.unit_kind}s", "n_units": n_units})  # fmt: skip
 
 
 def spectrum_power_law_window(spec: Spectrum, *, resolution: float = 0.0, trim: float | None = None) -> np.ndarray:
@@ -803,10 +847,10 @@ def _longest_positive_run(rho: np.ndarray) -> tuple[int, int]:
     return best
 
 
-def _boot_tokens(events: Events) -> tuple[int, float]:
-    """The tokens whose events show a drop over the observed range, and their effective number
-    (Kish: ``(sum w)^2 / sum w^2``, ``w`` each token's summed |seen drop|)."""
-    w = np.bincount(events.token, np.abs(events.realized_drop()), events.n_tokens)
+def _boot_units(events: Events, unit: np.ndarray, n_units: int) -> tuple[int, float]:
+    """The units whose tokens' events show a drop over the observed range, and their effective
+    number (Kish: ``(sum w)^2 / sum w^2``, ``w`` each unit's summed |seen drop|)."""
+    w = np.bincount(unit[events.token], np.abs(events.realized_drop()), n_units)
     w = w[w > 0]
     return int(w.size), float(w.sum() ** 2 / (w**2).sum()) if w.size else 0.0
 

@@ -99,7 +99,8 @@ def _spectrum(args: argparse.Namespace) -> int:
             continue
         verdict = "" if pl.r2 >= POWER_LAW_R2 else f"  (not a power law: R^2 below {POWER_LAW_R2:g})"
         if np.isfinite(pl.alpha_lo) and np.isfinite(pl.alpha_hi):
-            ci = f" [{pl.alpha_lo:.3f}, {pl.alpha_hi:.3f}]"
+            units = f" over {pl.params['n_units']:,} {pl.params['resampled']}" if "resampled" in pl.params else ""
+            ci = f" [{pl.alpha_lo:.3f}, {pl.alpha_hi:.3f}]{units}"
         else:
             ci = f" (no 95 % interval: {pl.params.get('alpha_ci95_why') or 'not finite'})"
         print(f"power law of the {pl.what:<8} alpha = {pl.alpha:.3f}{ci}  R^2 {pl.r2:.3f}{verdict}")

@@ -1,0 +1,98 @@
+"""The spectrum's bootstrap resamples whole sampling units (a probe's documents), not tokens.
+
+Tokens of one document are not independent draws, so an interval from resampling tokens one by
+one was too narrow (2.9x on a curriculum pilot's probe of 160 windows of 64 tokens). Checked
+against independent answers: a probe whose documents are k copies of one token each must give
+exactly the interval of its one-token-a-document version (the units are what is sampled), tokens
+as units give the old token bootstrap bit for bit, and the token bootstrap of the copies is
+about sqrt(k) too narrow (what the units fix)."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tokdyn
+from tokdyn.errors import InputError
+from tokdyn.fit.job import fit_run
+from tokdyn.spectrum import Events, probe_units, run_events, spectrum_power_law
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("spectrum_units", ROOT / "pipelines" / "spectrum_units.py")
+units = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(units)
+_power_law_events, _copies = units.power_law_events, units.copies_as_documents
+
+
+@settings(max_examples=8, deadline=None)
+@given(n=st.integers(30, 120), k=st.integers(2, 9), seed=st.integers(0, 10_000), kernel=st.sampled_from(["event", "delta"]))
+def test_documents_of_copies_give_the_interval_of_one_token_a_document(n, k, seed, kernel):
+    base = _power_law_events(n, seed)
+    try:
+        one = spectrum_power_law(base, n_boot=60, seed=seed, kernel=kernel)
+    except InputError:  # no power-law window for this draw: nothing to compare
+        return
+    many = spectrum_power_law(_copies(base, k), n_boot=60, seed=seed, kernel=kernel)
+    assert many.alpha == pytest.approx(one.alpha, rel=1e-9, abs=1e-12)
+    assert [many.alpha_lo, many.alpha_hi] == pytest.approx([one.alpha_lo, one.alpha_hi], rel=1e-9, abs=1e-12, nan_ok=True)
+    assert many.params["resampled"] == "documents" and many.params["n_units"] == n and one.params["resampled"] == "tokens"
+
+
+def test_tokens_as_units_are_the_token_bootstrap_bit_for_bit():
+    ev = _power_law_events(200, 3)
+    plain = spectrum_power_law(ev, n_boot=80, seed=5)
+    as_units = spectrum_power_law(replace(ev, unit=np.arange(200) + 7, unit_kind="token"), n_boot=80, seed=5)
+    assert (as_units.alpha_lo, as_units.alpha_hi) == (plain.alpha_lo, plain.alpha_hi)
+
+
+def test_resampling_the_copies_one_by_one_is_too_narrow():
+    """What the units fix: the token bootstrap of k copies of each token reads k times the data
+    (an interval about sqrt(k) narrower) where there is only the originals' worth."""
+    k, widths = 9, []
+    for seed in range(3):
+        ev = _copies(_power_law_events(150, seed), k)
+        by_doc = spectrum_power_law(ev, n_boot=100, seed=seed)
+        by_token = spectrum_power_law(replace(ev, unit=None, unit_kind="token"), n_boot=100, seed=seed)
+        widths.append((by_doc.alpha_hi - by_doc.alpha_lo) / (by_token.alpha_hi - by_token.alpha_lo))
+    assert 2.0 < np.median(widths) < 4.5, widths  # sqrt(9) = 3
+
+
+def test_too_few_documents_give_no_interval_saying_documents():
+    base = _power_law_events(8, 1, alpha=0.2)  # 8 documents of 20 tokens: 160 tokens, effectively 8 units at most
+    pl = spectrum_power_law(_copies(base, 20), n_boot=60)
+    assert np.isnan(pl.alpha_lo) and "from 8 document(s)" in pl.params["alpha_ci95_why"], pl.params["alpha_ci95_why"]
+    assert "a bootstrap over documents needs at least 10" in pl.params["alpha_ci95_why"]
+
+
+@pytest.mark.parametrize("unit", [np.zeros(5), np.zeros(4, np.int64), np.zeros((5, 1), np.int64)])
+def test_a_unit_array_of_the_wrong_kind_is_refused(unit):
+    with pytest.raises(InputError, match="Events.unit"):
+        Events(np.arange(3), np.ones(3), np.ones(3), np.ones(3), 5, (0.0, 1.0), unit=unit)
+
+
+def test_a_run_resamples_its_probe_documents_or_else_its_windows(tmp_path):
+    rng = np.random.default_rng(0)
+    n_seq, c = 12, 8
+    windows = rng.integers(0, 50, (n_seq, c + 1))
+    docs = np.arange(n_seq) // 3  # 4 documents of 3 windows each
+    for name, doc_id, kind, want in (("docs", docs, "document", docs), ("one", None, "window", np.arange(n_seq))):
+        probe = tokdyn.ProbeSet.from_tokens(windows, doc_id=doc_id, tokenizer={"kind": "byte"})
+        unit, got_kind = probe_units(probe)
+        assert got_kind == kind and np.array_equal(unit, np.repeat(want, c))
+        st_ = tokdyn.open_store(str(tmp_path / f"{name}.zarr"), probe, mode="w")
+        with st_.create_run("r", capacity=30).writer() as w:
+            steps = np.unique(np.geomspace(10, 10_000, 30).round().astype(int))
+            mu = rng.uniform(1.5, 3.5, probe.n_tokens)
+            for step in steps:
+                w.append((1 + 3 / (1 + np.exp((np.log10(step) - mu) / 0.2)) + 0.05 * rng.standard_normal(probe.n_tokens)).astype(np.float32),
+                         step=int(step))  # fmt: skip
+        fit_run(st_.run("r"), progress=False)
+        ev = run_events(st_.run("r"))
+        assert ev.unit_kind == kind and np.array_equal(ev.unit, np.unique(np.repeat(want, c), return_inverse=True)[1])
+        assert ev.for_tokens(np.arange(probe.n_tokens) % 2 == 0).unit_kind == kind  # a group's events keep the units
