@@ -322,7 +322,7 @@ def import_npz(
     except RunExistsError:  # import makes a new run: there is nothing to resume
         st.discard_if_new()
         raise RunExistsError(f"run {name!r} already exists in {st.url}; import under another name (--run NAME), or delete "
-                             "that run first (tokdyn.open_store(STORE, mode='r+').delete_run(NAME))") from None  # fmt: skip
+                             "that run first (tokdyn delete-run STORE --run NAME, or tokdyn.open_store(STORE, mode='r+').delete_run(NAME))") from None  # fmt: skip
     except BaseException:
         st.discard_if_new()
         raise

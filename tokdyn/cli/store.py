@@ -1,4 +1,5 @@
-"""``tokdyn info``, ``import-npz`` and ``export-npz``: what a store holds, and the losses.npz format."""
+"""``tokdyn info``, ``import-npz``, ``export-npz`` and ``delete-run``: what a store holds, the
+losses.npz format, and removing a run."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import sys
 
 from .._text import visible
-from ..errors import InputError
+from ..errors import InputError, StoreError
 from ..interchange import export_npz, import_npz
 from ..store import LOSS_DTYPES
 from ._common import add_run_argument, add_store_argument, open_cli_run, open_cli_store, print_json, store_path
@@ -30,6 +31,11 @@ def register(sub) -> None:
     p.add_argument("output", help="OUT.npz")
     add_run_argument(p, what="the run to export")
     p.set_defaults(func=_export_npz)
+
+    p = sub.add_parser("delete-run", help="remove a run (its losses, coordinates and fit) from a store, damaged or not")
+    add_store_argument(p)
+    add_run_argument(p, what="the run to delete (always named: never the store's only run by default)", required=True)
+    p.set_defaults(func=_delete_run)
 
 
 def _shown(name: str) -> str:
@@ -103,4 +109,16 @@ def _import_npz(args: argparse.Namespace) -> int:
 def _export_npz(args: argparse.Namespace) -> int:
     out = export_npz(open_cli_run(args.store, args.run), args.output)
     print(f"wrote {_shown(str(out))}")
+    return 0
+
+
+def _delete_run(args: argparse.Namespace) -> int:
+    st = open_cli_store(args.store, mode="r+")
+    try:
+        run = st.run(args.run)
+        held = f"{run.n_committed:,} rows x {run.n_tokens:,} tokens" + (", fitted" if run.fit.exists else "")
+    except StoreError as exc:  # a damaged run: deleted all the same (what it is said first)
+        held = f"damaged: {exc}"
+    st.delete_run(args.run)
+    print(f"deleted run {_shown(args.run)} from {visible(st.url)} ({visible(held)})")
     return 0

@@ -52,7 +52,8 @@ from ..errors import (
     StoreError,
 )
 from ..probe import ProbeSet
-from .locks import CREATING, owner, refuse_if_live
+from .fit import LOCK_KEY as FIT_LOCK_KEY
+from .locks import CREATING, LOCK_NAME, KeyLock, owner, refuse_if_live
 from .probe_io import read_probe, write_probe
 from .run import Run
 from .writer import run_meta_crc
@@ -150,6 +151,16 @@ def _check_store_file(path) -> None:
         via = f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else ""
         raise StoreError(f"{path} is {kind}{via}, not a regular file; a store holds only files and folders, and tokdyn "
                          "does not read it (a FIFO would block the read forever, a device never end)")  # fmt: skip
+
+
+def _lock_keys(store, prefix: str) -> list[str]:
+    """The writer-lock keys under ``prefix`` (a run's token-range writers, its fit)."""
+    names = {LOCK_NAME, FIT_LOCK_KEY[-1]}
+
+    async def keys() -> list[str]:
+        return [k async for k in store.list_prefix(prefix) if k.rsplit("/", 1)[-1] in names]
+
+    return zarr_sync(keys())
 
 
 class TrajectoryStore:
@@ -406,7 +417,7 @@ class TrajectoryStore:
         except KeyError:  # no group metadata: a creation killed while writing it leaves nothing else
             if has_keys(self._group.store, join(self._group.path, "runs", name) + "/"):
                 raise StoreError(f"run {name!r} in {self.url} is damaged (its zarr.json is missing) but holds data; "
-                                 "it is not replaced: remove it by hand, or use another run name") from None  # fmt: skip
+                                 f"it is not replaced: delete it (tokdyn delete-run {self.url} --run {name}), or use another run name") from None  # fmt: skip
             creator = None
         except (ValueError, TypeError, RecursionError):
             creator = None
@@ -437,10 +448,32 @@ class TrajectoryStore:
         return True
 
     def delete_run(self, name: str) -> None:
-        """Remove run ``name`` and everything stored under it (its fit too)."""
+        """Remove run ``name`` and everything stored under it (its fit too), damaged or not (a
+        run whose metadata is lost or unreadable could not be deleted, and blocked its name).
+
+        :class:`RunNotFoundError` where there is no such run; :class:`RunBusyError` while
+        another live process creates it, records into it or fits it (its creation marker or a
+        writer lock names that process): its next write would land in a run that is gone. A
+        lock left by a crashed process does not hold a deletion up."""
         self.require_writable()
-        self.run(name)  # RunNotFoundError if absent
-        del self._group["runs"][name]
+        check_run_name(name)
+        where = join(self._group.path, "runs", name)
+        if name not in self.runs and not has_keys(self._group.store, where + "/"):  # (a legacy name the listing leaves out)
+            raise RunNotFoundError(f"no run {name!r} in {self.url}; runs: {', '.join(self.runs) or 'none'}")
+        try:
+            creator = self._group[f"runs/{name}"].attrs.get(CREATING)
+        except (KeyError, ValueError, TypeError, RecursionError, zarr.errors.NodeTypeValidationError):  # damaged: no creator to ask
+            creator = None
+        if creator is not None:
+            refuse_if_live(creator, f"run {name!r} of {self.url} is being created",
+                           if_gone=f"remove the attribute {CREATING!r} from runs/{name}/zarr.json and delete it again")  # fmt: skip
+        for key in _lock_keys(self._group.store, where + "/"):
+            holder = KeyLock(self._group.store, key, what="", if_gone="").holder()
+            if holder is not None:
+                rel = key[len(self._group.path) + 1 :] if self._group.path else key
+                refuse_if_live(holder, f"run {name!r} of {self.url} is being written ({rel})",
+                               if_gone=f"remove the lock {rel} and delete it again")  # fmt: skip
+        zarr_sync(self._group.store.delete_dir(where))
 
     def _token_chunk(self, token_chunk: int | None) -> int:
         c = self.probe.context or 1
