@@ -34,6 +34,22 @@ def store(tmp_path):
     return url, st.run("keep").losses()
 
 
+def _deleted(url, kept, capsys) -> str:
+    """Delete run 'gone' by the CLI; check it is gone and 'keep' untouched; the line printed."""
+    code, out, err = run_cli(["delete-run", url, "--run", "gone"], capsys)
+    assert code == 0, err
+    _after(url, kept)
+    return out
+
+
+def _refused(url, capsys) -> str:
+    """Try to delete run 'gone' by the CLI; it must fail in one line, which is returned."""
+    code, _, err = run_cli(["delete-run", url, "--run", "gone"], capsys)
+    line = cli_error_line(err)
+    assert code == 1 and "gone" in tokdyn.open_store(url).runs, line
+    return line
+
+
 def _after(url, kept):
     st = tokdyn.open_store(url)
     assert st.runs == ["keep"] and np.array_equal(st.run("keep").losses(), kept)
@@ -49,10 +65,8 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
 
 def test_the_cli_deletes_a_fitted_run_and_says_what_it_held(store, capsys):
     url, kept = store
-    code, out, err = run_cli(["delete-run", url, "--run", "gone"], capsys)
-    assert code == 0, err
+    out = _deleted(url, kept, capsys)
     assert "deleted run gone from" in out and "10 rows x 32 tokens, fitted" in out, out
-    _after(url, kept)
 
 
 @pytest.mark.parametrize("damage", ["zarr.json lost", "zarr.json garbage", "loss metadata lost"])
@@ -64,10 +78,8 @@ def test_a_damaged_run_is_deleted_too(damage, store, capsys):
     {"zarr.json lost": lambda: (run_dir / "zarr.json").unlink(),
      "zarr.json garbage": lambda: (run_dir / "zarr.json").write_text("{not json"),
      "loss metadata lost": lambda: (run_dir / "loss" / "zarr.json").unlink()}[damage]()  # fmt: skip
-    code, out, err = run_cli(["delete-run", url, "--run", "gone"], capsys)
-    assert code == 0, err
+    out = _deleted(url, kept, capsys)
     assert "damaged" in out, out
-    _after(url, kept)
 
 
 def _live_holder(proc) -> dict:
@@ -82,19 +94,15 @@ def test_a_run_a_live_process_writes_or_fits_is_not_deleted(lock, store, capsys)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         path.write_text(json.dumps(_live_holder(proc)))
-        code, _, err = run_cli(["delete-run", url, "--run", "gone"], capsys)
-        line = cli_error_line(err)
-        assert code == 1 and "is being written" in line and str(proc.pid) in line, line
+        line = _refused(url, capsys)
+        assert "is being written" in line and str(proc.pid) in line, line
         with pytest.raises(RunBusyError):
             tokdyn.open_store(url, mode="r+").delete_run("gone")
         assert np.array_equal(tokdyn.open_store(url).run("gone").losses(), before)  # untouched
     finally:
         proc.kill()
         proc.wait()
-    # its holder is gone now (a crash): the lock no longer holds the deletion up
-    code, _, err = run_cli(["delete-run", url, "--run", "gone"], capsys)
-    assert code == 0, err
-    _after(url, kept)
+    _deleted(url, kept, capsys)  # its holder is gone now (a crash): the lock no longer holds the deletion up
 
 
 def test_a_run_being_created_by_a_live_process_is_not_deleted(store, capsys):
@@ -103,9 +111,7 @@ def test_a_run_being_created_by_a_live_process_is_not_deleted(store, capsys):
     try:
         g = __import__("zarr").open_group(url + "/runs/gone", mode="r+")
         g.attrs["tokdyn_creating"] = _live_holder(proc)
-        code, _, err = run_cli(["delete-run", url, "--run", "gone"], capsys)
-        assert code == 1 and "is being created" in cli_error_line(err)
-        assert "gone" in tokdyn.open_store(url).runs
+        assert "is being created" in _refused(url, capsys)
     finally:
         proc.kill()
         proc.wait()
@@ -117,13 +123,10 @@ def test_a_lock_from_another_machine_holds_it_up_and_names_the_file_to_remove(st
     url, kept = store
     lock = Path(url) / "runs" / "gone" / "commits" / "w0" / "writer.lock"
     lock.write_text(json.dumps({"host": "another-machine", "pid": 4242, "start": "1", "since": "then", "token": "t"}))
-    code, _, err = run_cli(["delete-run", url, "--run", "gone"], capsys)
-    line = cli_error_line(err)
-    assert code == 1 and "another-machine" in line and "remove the lock runs/gone/commits/w0/writer.lock" in line, line
+    line = _refused(url, capsys)
+    assert "another-machine" in line and "remove the lock runs/gone/commits/w0/writer.lock" in line, line
     lock.unlink()
-    code, _, err = run_cli(["delete-run", url, "--run", "gone"], capsys)
-    assert code == 0, err
-    _after(url, kept)
+    _deleted(url, kept, capsys)
 
 
 def test_a_missing_run_and_a_missing_name_are_one_line(store, capsys):
