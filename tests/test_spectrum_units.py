@@ -95,4 +95,30 @@ def test_a_run_resamples_its_probe_documents_or_else_its_windows(tmp_path):
         fit_run(st_.run("r"), progress=False)
         ev = run_events(st_.run("r"))
         assert ev.unit_kind == kind and np.array_equal(ev.unit, np.unique(np.repeat(want, c), return_inverse=True)[1])
-        assert ev.for_tokens(np.arange(probe.n_tokens) % 2 == 0).unit_kind == kind  # a group's events keep the units
+        half = ev.for_tokens(np.arange(probe.n_tokens) % 2 == 0)  # a group's events keep the units
+        assert half.unit_kind == kind and np.array_equal(half.unit, ev.unit)
+
+
+@pytest.mark.parametrize("doc_id, kind, groups", [
+    (np.repeat(np.arange(5.0), 8), "document", 5),          # an imported probe's float ids
+    (np.repeat(np.array(list("abcde")), 8), "document", 5),  # or string ids
+    (np.zeros(40), "window", 4),                            # one document: its windows
+    (np.arange(40), "window", 4),                           # every token its own "document": its windows
+    (None, "window", 4),
+])  # fmt: skip
+def test_units_of_a_probe_of_any_id_dtype(doc_id, kind, groups):
+    """A probe's ids may be floats or strings (import-npz takes them): coded by value; spectrum,
+    reconstruct and report failed on such a store ('Events.unit: expected an integer array')."""
+    arrays = {"sample_id": np.repeat(np.arange(4), 10).astype(np.float64), "token_pos": np.tile(np.arange(10), 4)}
+    if doc_id is not None:
+        arrays["doc_id"] = doc_id
+    unit, got = probe_units(tokdyn.ProbeSet(None, arrays))
+    assert got == kind and unit.dtype == np.int64 and np.unique(unit).size == groups
+    assert np.array_equal(unit, np.unique(arrays["doc_id" if kind == "document" else "sample_id"], return_inverse=True)[1])
+    ev = Events(np.arange(40), np.ones(40), np.ones(40), np.ones(40), 40, (0.0, 2.0), unit=unit, unit_kind=got)
+    assert ev.units()[1] == groups
+
+
+def test_an_imported_probe_that_numbers_its_tokens_resamples_tokens():
+    unit, kind = probe_units(tokdyn.ProbeSet(None, {"sample_id": np.arange(30), "token_pos": np.ones(30, np.int32)}))
+    assert kind == "token" and np.array_equal(unit, np.arange(30))

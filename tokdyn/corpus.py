@@ -224,7 +224,7 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
         return [Document(key=_name_text(p.name), domain=_name_text(p.stem), text=text)]
     if not p.is_dir():  # a FIFO, a socket, a device: read as text it would hang or never end
         check_regular(p, "text source", "; give a file or a folder")
-    docs, binary, undecodable, special = [], [], [], []
+    docs, binary, undecodable, special = [], [], [], {}
     for f in _list_files(p, pattern, special):
         rel = f.relative_to(p)
         if any(part.startswith(".") for part in rel.parts):  # .git/, .DS_Store, editors' swap files
@@ -248,7 +248,7 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
         shown = ", ".join(_name_text(b) for b in binary[:5]) + (f" and {len(binary) - 5} more" if len(binary) > 5 else "")
         warnings.warn(f"{p}: skipped {len(binary)} binary file(s) (NUL bytes, not text): {shown}", stacklevel=2)
     if special:  # a document the user may think is there: said, as a binary file is
-        shown = ", ".join(f"{_name_text(f.relative_to(p).as_posix())} ({kind})" for f, kind in sorted(special)[:5])
+        shown = ", ".join(f"{_name_text(f.relative_to(p).as_posix())} ({kind})" for f, kind in sorted(special.items())[:5])
         more = f" and {len(special) - 5} more" if len(special) > 5 else ""
         warnings.warn(f"{p}: skipped {len(special)} entr{'y' if len(special) == 1 else 'ies'} that are not regular files "
                       f"(no text to read): {shown}{more}", stacklevel=2)  # fmt: skip
@@ -265,7 +265,7 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
     return docs
 
 
-def _list_files(root: Path, pattern: str, skipped: list[tuple[Path, str]] | None = None) -> list[Path]:
+def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None) -> list[Path]:
     """The regular files (symlinks to files too) that ``root.rglob(pattern)`` finds, sorted, but
     for hidden entries (``.git/``: never entered, so a large or unreadable one costs nothing).
     As ``rglob``, ``**`` is any run of folders but does not enter symlinked folders (a link to
@@ -273,7 +273,8 @@ def _list_files(root: Path, pattern: str, skipped: list[tuple[Path, str]] | None
     be listed is an :class:`InputError` (``rglob`` skips it without a word: its documents were
     silently left out). Entries the pattern names that are neither a regular file nor a folder
     (a FIFO, a socket, a device, a broken link or a link loop: none holds a document to read,
-    and a FIFO would block the read forever) are appended to ``skipped`` with what each is."""
+    and a FIFO would block the read forever) are put in ``skipped`` with what each is (once
+    each, however many ways ``**`` reaches its folder)."""
     parts = Path(pattern).parts
     if not parts or Path(pattern).is_absolute():
         raise InputError(f"file pattern {pattern!r} must be relative to the folder and not empty (e.g. '*.txt')")
@@ -300,7 +301,7 @@ def _list_files(root: Path, pattern: str, skipped: list[tuple[Path, str]] | None
                 if not rest and _entry_is(e, "file"):
                     found.add(Path(e.path))
                 elif not rest and skipped is not None and not _entry_is(e, "dir"):
-                    skipped.append((Path(e.path), _not_a_document(Path(e.path))))
+                    skipped[Path(e.path)] = _not_a_document(Path(e.path))
                 elif rest and _entry_is(e, "dir"):
                     select(Path(e.path), rest)
 

@@ -135,7 +135,9 @@ class Events:
             if unit.shape != (self.n_tokens,) or unit.dtype.kind not in "iu":
                 raise InputError(f"Events.unit: expected an integer array of length n_tokens={self.n_tokens}, got "
                                  f"{unit.dtype} of shape {unit.shape}")  # fmt: skip
-            object.__setattr__(self, "unit", np.unique(unit, return_inverse=True)[1].reshape(-1).astype(np.int64))
+            if not _dense_codes(unit):  # (a copy made by subset or replace is dense already: no sort again)
+                unit = np.unique(unit, return_inverse=True)[1].reshape(-1)
+            object.__setattr__(self, "unit", unit.astype(np.int64, copy=False))
         if not (isinstance(self.unit_kind, str) and self.unit_kind):
             raise InputError(f"Events.unit_kind: expected a name such as 'document', got {self.unit_kind!r}")
 
@@ -315,14 +317,28 @@ def run_events(run, *, which: str = "two_step", fit: Mapping[str, np.ndarray] | 
 
 
 def probe_units(probe) -> tuple[np.ndarray, str]:
-    """The sampling unit of each probe token and what it is: its document (``doc_id``) where the
-    probe tells two documents apart, else its window (``sample_id``: a probe cut from one
-    document, or from windows whose documents it does not know, as a curriculum pilot's)."""
+    """The sampling unit of each probe token as codes 0 .. G-1, and what a unit is: its document
+    (``doc_id``) where the probe tells two documents apart, else its window (``sample_id``: a
+    probe cut from one document, or from windows whose documents it does not know, as a
+    curriculum pilot's), else the token itself (an imported probe whose ``sample_id`` numbers
+    the tokens). Any dtype a probe array may have (an imported one's float or string ids) is
+    coded by value."""
     arrays = probe.token_arrays
-    doc = arrays.get("doc_id")
-    if doc is not None and np.unique(doc).size > 1:
-        return np.asarray(doc), "document"
-    return np.asarray(arrays["sample_id"]), "window"
+    n = len(arrays["sample_id"])
+    for name, kind in (("doc_id", "document"), ("sample_id", "window")):
+        if name in arrays:
+            codes = np.unique(arrays[name], return_inverse=True)[1].reshape(-1).astype(np.int64)
+            groups = int(codes.max()) + 1 if codes.size else 0
+            if 1 < groups < n or (name == "sample_id" and groups == 1):
+                return codes, kind
+    return np.arange(n, dtype=np.int64), "token"
+
+
+def _dense_codes(unit: np.ndarray) -> bool:
+    """Whether ``unit`` already holds the codes 0 .. G-1, each used (cheaper than a sort)."""
+    if unit.dtype.kind not in "iu" or not unit.size or unit.min() < 0:
+        return unit.dtype.kind in "iu" and not unit.size
+    return bool(np.bincount(unit).all())
 
 
 # -- the density ---------------------------------------------------------------------------
@@ -742,8 +758,9 @@ def spectrum_power_law(
     bounds of ``mu``. The interval is the 2.5-97.5 percentile range over ``n_boot`` Poisson
     bootstrap resamples of the events' units (:attr:`Events.unit`: a run's probe documents; all
     events of a unit's tokens share its multiplicity), each with the same bandwidth and kernel;
-    ``params["resampled"]`` names the unit and ``params["n_units"]`` counts them. ``spectrum``: the events' spectrum with these settings,
-    where the caller has already computed it (:func:`tokdyn.reconstruct.reconstruct`).
+    ``params["resampled"]`` names the unit and ``params["n_units"]`` counts those the events
+    fall in. ``spectrum``: the events' spectrum with these settings, where the caller has
+    already computed it (:func:`tokdyn.reconstruct.reconstruct`).
 
     The window is :func:`spectrum_power_law_window`'s, which refuses (:class:`InputError`, with
     the reason) one narrower than :data:`POWER_LAW_MIN_WIDTH` resolution lengths (over fewer, the
@@ -792,7 +809,7 @@ def spectrum_power_law(
     a_lo, a_hi = np.percentile(boots, [2.5, 97.5]).tolist() if why is None else (float("nan"), float("nan"))
     return PowerLaw("spectrum", alpha, float(a_lo), float(a_hi), r2, (float(xs[0]), float(xs[-1])),
                     {"log10_amplitude": log_a, "bandwidth": h, "n_boot": len(boots), "alpha_ci95_why": why,
-                     "resampled": f"{events.unit_kind}s", "n_units": n_units})  # fmt: skip
+                     "resampled": f"{events.unit_kind}s", "n_units": int(np.unique(unit[events.token]).size)})  # fmt: skip
 
 
 def spectrum_power_law_window(spec: Spectrum, *, resolution: float = 0.0, trim: float | None = None) -> np.ndarray:

@@ -24,6 +24,7 @@ import logging
 import os
 import queue
 import random
+import shlex
 import threading
 import time
 import warnings
@@ -447,7 +448,8 @@ class TokenLossRecorder:
                 empty = False
             # a recorder that failed at its first row (a model whose vocabulary is too small) left it
             left = (" with no committed row (a recorder that failed before its first?); pass resume=True to record "
-                    f"into it, or delete it: tokdyn.open_store({store.url!r}, mode='r+').delete_run({run!r})") if empty else \
+                    f"into it, or delete it: tokdyn delete-run {shlex.quote(store.url)} --run {shlex.quote(run)} (or "
+                    f"tokdyn.open_store({store.url!r}, mode='r+').delete_run({run!r}))") if empty else \
                 "; pass resume=True to continue it"  # fmt: skip
             raise RunExistsError(f"run {run!r} already exists in {store.url}{left}")
         if not exists:

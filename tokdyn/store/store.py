@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 import uuid
 import warnings
@@ -417,7 +418,7 @@ class TrajectoryStore:
         except KeyError:  # no group metadata: a creation killed while writing it leaves nothing else
             if has_keys(self._group.store, join(self._group.path, "runs", name) + "/"):
                 raise StoreError(f"run {name!r} in {self.url} is damaged (its zarr.json is missing) but holds data; "
-                                 f"it is not replaced: delete it (tokdyn delete-run {self.url} --run {name}), or use another run name") from None  # fmt: skip
+                                 f"it is not replaced: delete it (tokdyn delete-run {shlex.quote(self.url)} --run {shlex.quote(name)}), or use another run name") from None  # fmt: skip
             creator = None
         except (ValueError, TypeError, RecursionError):
             creator = None
@@ -451,15 +452,19 @@ class TrajectoryStore:
         """Remove run ``name`` and everything stored under it (its fit too), damaged or not (a
         run whose metadata is lost or unreadable could not be deleted, and blocked its name).
 
-        :class:`RunNotFoundError` where there is no such run; :class:`RunBusyError` while
-        another live process creates it, records into it or fits it (its creation marker or a
-        writer lock names that process): its next write would land in a run that is gone. A
-        lock left by a crashed process does not hold a deletion up."""
+        :class:`RunNotFoundError` where there is no such run; :class:`RunBusyError`, removing
+        nothing, while another live process creates it, records into it or fits it (its
+        creation marker or a writer lock names that process): its next write would land in a
+        run that is gone. A lock left by a crashed process does not hold a deletion up. The
+        run's writer and fit locks are then taken by this process until the run is gone, so no
+        writer or fit can start in between; its group metadata goes first, so no reader opens a
+        run half deleted."""
         self.require_writable()
         check_run_name(name)
-        where = join(self._group.path, "runs", name)
-        if name not in self.runs and not has_keys(self._group.store, where + "/"):  # (a legacy name the listing leaves out)
+        store, where = self._group.store, join(self._group.path, "runs", name)
+        if name not in self.runs and not has_keys(store, where + "/"):  # (a legacy name the listing leaves out)
             raise RunNotFoundError(f"no run {name!r} in {self.url}; runs: {', '.join(self.runs) or 'none'}")
+        rel = (lambda key: key[len(self._group.path) + 1 :]) if self._group.path else (lambda key: key)  # noqa: E731
         try:
             creator = self._group[f"runs/{name}"].attrs.get(CREATING)
         except (KeyError, ValueError, TypeError, RecursionError, zarr.errors.NodeTypeValidationError):  # damaged: no creator to ask
@@ -467,13 +472,30 @@ class TrajectoryStore:
         if creator is not None:
             refuse_if_live(creator, f"run {name!r} of {self.url} is being created",
                            if_gone=f"remove the attribute {CREATING!r} from runs/{name}/zarr.json and delete it again")  # fmt: skip
-        for key in _lock_keys(self._group.store, where + "/"):
-            holder = KeyLock(self._group.store, key, what="", if_gone="").holder()
+        keys = set(_lock_keys(store, where + "/commits/"))
+        for key in sorted(keys):
+            holder = KeyLock(store, key, what="", if_gone="").holder()
             if holder is not None:
-                rel = key[len(self._group.path) + 1 :] if self._group.path else key
-                refuse_if_live(holder, f"run {name!r} of {self.url} is being written ({rel})",
-                               if_gone=f"remove the lock {rel} and delete it again")  # fmt: skip
-        zarr_sync(self._group.store.delete_dir(where))
+                refuse_if_live(holder, f"run {name!r} of {self.url} is being written ({rel(key)})",
+                               if_gone=f"remove the lock {rel(key)} and delete it again")  # fmt: skip
+        try:
+            writers = len(self.run(name).writers)
+        except StoreError:  # damaged: the locks found are all there is to take
+            writers = 0
+        keys |= {join(where, *FIT_LOCK_KEY)} | {join(where, "commits", f"w{j}", LOCK_NAME) for j in range(writers)}
+        held: list[KeyLock] = []
+        try:
+            for key in sorted(keys):  # a writer or fit that started since the check is refused here, or refused by these
+                lock = KeyLock(store, key, what=f"run {name!r} of {self.url} ({rel(key)})",
+                               if_gone=f"remove the lock {rel(key)} and delete it again")  # fmt: skip
+                lock.claim()
+                held.append(lock)
+            zarr_sync(store.delete(join(where, "zarr.json")))
+            zarr_sync(store.delete_dir(where))
+        except BaseException:
+            for lock in held:
+                lock.release()
+            raise
 
     def _token_chunk(self, token_chunk: int | None) -> int:
         c = self.probe.context or 1
