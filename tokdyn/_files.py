@@ -181,11 +181,11 @@ def _refuse_not_an_output(path: str | os.PathLike, what: str) -> None:
 
 
 def _refuse_special(p: Path, what: str) -> None:
-    """:class:`InputError` naming what ``p`` is where it is a device, FIFO or socket: a result file is renamed over
-    its path, so ``--out /dev/null`` replaced the machine's null device by a regular file (for
-    every program on it). A link at ``p`` is replaced, not written through, as documented; a link
-    to a device, FIFO or socket is refused too (``--out /dev/stdout``: a link to
-    ``/proc/self/fd/1``, which the result replaced)."""
+    """:class:`InputError` naming what ``p`` is where it is a device, FIFO or socket: a result
+    file is renamed over its path, so ``--out /dev/null`` replaced the machine's null device by
+    a regular file (for every program on it). A link at ``p`` is replaced, not written through,
+    as documented; a link to a device, FIFO or socket is refused too (``--out /dev/stdout``: a
+    link to ``/proc/self/fd/1``, which the result replaced)."""
     kinds = {}
     for look in (os.lstat, os.stat):  # the path, then what a link at it names
         try:

@@ -335,10 +335,9 @@ def probe_units(probe) -> tuple[np.ndarray, str]:
 
 
 def _dense_codes(unit: np.ndarray) -> bool:
-    """Whether ``unit`` already holds the codes 0 .. G-1, each used (cheaper than a sort)."""
-    if unit.dtype.kind not in "iu" or not unit.size or unit.min() < 0:
-        return unit.dtype.kind in "iu" and not unit.size
-    return bool(np.bincount(unit).all())
+    """Whether the integer array ``unit`` already holds the codes 0 .. G-1, each used (cheaper
+    than a sort)."""
+    return not unit.size or (unit.min() >= 0 and bool(np.bincount(unit).all()))
 
 
 # -- the density ---------------------------------------------------------------------------

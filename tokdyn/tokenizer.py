@@ -17,6 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ._checks import is_int
 from ._files import check_regular, loads_json, write_atomically
 from .errors import InputError
 
@@ -31,7 +32,7 @@ def check_bpe_vocab(vocab_size) -> int:
     number from 300 (the 256 byte symbols and end-of-text, and room to merge) to 2**31 (ids a
     probe stores as int32). A corpus that offers fewer merges gives a smaller vocabulary: the
     number is a ceiling, as for the ``tokenizers`` trainer."""
-    if isinstance(vocab_size, (bool, np.bool_)) or not isinstance(vocab_size, (int, np.integer)):
+    if not is_int(vocab_size):
         raise InputError(f"vocab_size must be a whole number of ids, got {vocab_size!r}")
     if not BPE_MIN_VOCAB <= vocab_size <= BPE_MAX_VOCAB:
         raise InputError(f"vocab_size must be from {BPE_MIN_VOCAB} (the 256 bytes, end-of-text and merges) to 2**31 "
