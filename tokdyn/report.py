@@ -961,14 +961,17 @@ def _power_law_text(pl: dict | None, why: str | None = None) -> str:
     if not pl["r2"] >= POWER_LAW_R2:
         return f"not a power law (fit R² {pl['r2']:.2f})"
     lo, hi = pl["alpha_ci95"]
-    units = f" over {pl['n_units']:,} {pl['resampled']}" if pl.get("resampled") and np.isfinite(lo) and np.isfinite(hi) else ""
-    return f"{pl['alpha']:.2f}{_interval_text(lo, hi, pl.get('alpha_ci95_why'))}{units} (R² {pl['r2']:.2f})"
+    return f"{pl['alpha']:.2f}{_interval_text(lo, hi, pl)} (R² {pl['r2']:.2f})"
 
 
-def _interval_text(lo: float, hi: float, why: str | None = None) -> str:
-    """" [lo, hi]", or where the interval is not finite " (no 95 % interval: why)"."""
+def _interval_text(lo: float, hi: float, params: dict) -> str:
+    """" [lo, hi] over N documents" (what the bootstrap resampled, where ``params`` - a power
+    law's ``params`` or its summary dict - names it), or where the interval is not finite
+    " (no 95 % interval: why)"."""
     if np.isfinite(lo) and np.isfinite(hi):
-        return f" [{lo:.2f}, {hi:.2f}]"
+        units = f" over {params['n_units']:,} {params['resampled']}" if params.get("resampled") else ""
+        return f" [{lo:.2f}, {hi:.2f}]{units}"
+    why = params.get("alpha_ci95_why")
     return f" (no 95 % interval: {why})" if why else " (no 95 % interval)"
 
 
@@ -1026,6 +1029,7 @@ def _fig_spectrum(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     rec = a.reconstruction
     spec = rec.spectrum
     pl = rec.spectrum_power_law
+    legend_params = {} if pl is None else dict(pl.params, alpha_ci95_why=None)  # the why is the table's: too long for a legend
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
     widths = np.diff(spec.edges)
     lo, hi = spec.x_range
@@ -1066,7 +1070,7 @@ def _fig_spectrum(st: TrajectoryStore, a: RunAnalysis) -> Figure:
         if pl is not None and pl.r2 >= POWER_LAW_R2:
             xs = np.linspace(*pl.x_fit, 50)
             ax.plot(xs, 10 ** (pl.params["log10_amplitude"] - pl.alpha * xs), "k--", lw=1,
-                    label=f"power law α = {pl.alpha:.2f}{_interval_text(pl.alpha_lo, pl.alpha_hi)}")  # fmt: skip
+                    label=f"power law α = {pl.alpha:.2f}{_interval_text(pl.alpha_lo, pl.alpha_hi, legend_params)}")  # fmt: skip
         if log:
             ax.set_yscale("log")
             size, dens = np.abs(spec.hist), np.abs(spec.density)
