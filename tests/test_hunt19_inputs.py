@@ -319,7 +319,7 @@ def _holds(ids: np.ndarray, row: np.ndarray) -> bool:
     (["--save-tokenizer", "{tmp}/t.json"], "byte is not trained here"),
     (["--tokenizer", "bpe", "--save-tokenizer", "{tmp}/nodir/t.json"], "nodir does not exist"),
     (["--bpe-vocab", "4096"], "--bpe-vocab is for the tokenizer --tokenizer bpe trains; byte is not trained here"),
-    (["--tokenizer", "bpe", "--save-tokenizer", "{tmp}/t.json", "--bpe-vocab", "299"], "--bpe-vocab: must be from 300"),
+    (["--tokenizer", "bpe", "--save-tokenizer", "{tmp}/t.json", "--bpe-vocab", "299"], "--bpe-vocab must be from 300"),
     (["--tokenizer", "bpe", "--save-tokenizer", "{tmp}/t.json", "--bpe-vocab", str(2**31 + 1)], "(ids stored as int32)"),
 ])  # fmt: skip
 def test_bpe_options_are_checked_before_any_work(args, says, text_folder, tmp_path, capsys):

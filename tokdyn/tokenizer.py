@@ -27,15 +27,15 @@ BPE_MIN_VOCAB = 300  # the 256 byte symbols, the end-of-text token, and room for
 BPE_MAX_VOCAB = 2**31  # ids 0 .. 2**31 - 1: a probe stores them as int32
 
 
-def check_bpe_vocab(vocab_size) -> int:
-    """``vocab_size`` for a byte-level BPE trained here, or an :class:`InputError`: a whole
-    number from 300 (the 256 byte symbols and end-of-text, and room to merge) to 2**31 (ids a
-    probe stores as int32). A corpus that offers fewer merges gives a smaller vocabulary: the
-    number is a ceiling, as for the ``tokenizers`` trainer."""
+def check_bpe_vocab(vocab_size, name: str = "vocab_size") -> int:
+    """``vocab_size`` for a byte-level BPE trained here, or an :class:`InputError` naming it as
+    ``name`` (the CLI's option): a whole number from 300 (the 256 byte symbols and end-of-text,
+    and room to merge) to 2**31 (ids a probe stores as int32). A corpus that offers fewer merges
+    gives a smaller vocabulary: the number is a ceiling, as for the ``tokenizers`` trainer."""
     if not is_int(vocab_size):
-        raise InputError(f"vocab_size must be a whole number of ids, got {vocab_size!r}")
+        raise InputError(f"{name} must be a whole number of ids, got {vocab_size!r}")
     if not BPE_MIN_VOCAB <= vocab_size <= BPE_MAX_VOCAB:
-        raise InputError(f"vocab_size must be from {BPE_MIN_VOCAB} (the 256 bytes, end-of-text and merges) to 2**31 "
+        raise InputError(f"{name} must be from {BPE_MIN_VOCAB} (the 256 bytes, end-of-text and merges) to 2**31 "
                          f"(ids stored as int32) for byte-level BPE, got {vocab_size}")  # fmt: skip
     return int(vocab_size)
 

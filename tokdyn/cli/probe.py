@@ -141,10 +141,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
             raise InputError(f"--tokenizer bpe trains on text; {args.source} is a token file, whose ids are already a "
                              "tokenizer's: give that one (--tokenizer PATH)")  # fmt: skip
         if args.bpe_vocab is not None:
-            try:
-                check_bpe_vocab(args.bpe_vocab)
-            except InputError as exc:
-                raise InputError(f"--bpe-vocab: {str(exc).replace('vocab_size must be', 'must be')}") from None
+            check_bpe_vocab(args.bpe_vocab, "--bpe-vocab")
         check_output_path(args.save_tokenizer, what="tokenizer (--save-tokenizer)")
     else:
         for option, value in (("--save-tokenizer", args.save_tokenizer), ("--bpe-vocab", args.bpe_vocab)):
