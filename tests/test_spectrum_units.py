@@ -122,3 +122,44 @@ def test_units_of_a_probe_of_any_id_dtype(doc_id, kind, groups):
 def test_an_imported_probe_that_numbers_its_tokens_resamples_tokens():
     unit, kind = probe_units(tokdyn.ProbeSet(None, {"sample_id": np.arange(30), "token_pos": np.ones(30, np.int32)}))
     assert kind == "token" and np.array_equal(unit, np.arange(30))
+
+
+def test_the_report_says_what_its_interval_resampled_in_the_table_and_the_figure(tmp_path):
+    """The report's table cell and the spectrum figure's legend both say over how many of what the
+    exponent's interval was resampled (the figure's legend said the interval alone); where there is
+    no interval the table says why and the legend, short, that there is none."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tokdyn.analysis import analyze_run
+    from tokdyn.report import _fig_spectrum, _power_law_text
+    from tokdyn.spectrum import PowerLaw
+
+    rng = np.random.default_rng(1)
+    probe = tokdyn.ProbeSet.from_tokens(rng.integers(0, 50, (12, 9)), doc_id=np.arange(12) // 3, tokenizer={"kind": "byte"})
+    st_ = tokdyn.open_store(str(tmp_path / "s.zarr"), probe, mode="w")
+    with st_.create_run("r", capacity=30).writer() as w:
+        mu = rng.uniform(1.5, 3.5, probe.n_tokens)
+        for step in np.unique(np.geomspace(10, 10_000, 30).round().astype(int)):
+            w.append((1 + 3 / (1 + np.exp((np.log10(step) - mu) / 0.2))).astype(np.float32), step=int(step))
+    fit_run(st_.run("r"), progress=False)
+    a = analyze_run(st_.run("r"), n_boot=0, groups=False)
+    lo, hi = a.reconstruction.spectrum.x_range
+    why = "the events' drop comes from 3 documents, effectively 2.5 (weighted by drop); ..."
+    for (a_lo, a_hi), cell, legend in (
+        ((1.2, 1.8), "1.50 [1.20, 1.80] over 4 documents (R² 0.95)", "power law α = 1.50 [1.20, 1.80] over 4 documents"),
+        ((np.nan, np.nan), f"1.50 (no 95 % interval: {why}) (R² 0.95)", "power law α = 1.50 (no 95 % interval)"),
+    ):
+        pl = PowerLaw("spectrum", 1.5, a_lo, a_hi, 0.95, (lo + 0.2, hi - 0.2),
+                      {"log10_amplitude": 0.0, "n_boot": 200, "alpha_ci95_why": None if np.isfinite(a_lo) else why,
+                       "resampled": "documents", "n_units": 4})  # fmt: skip
+        assert _power_law_text(pl.to_dict()) == cell
+        a.reconstruction = replace(a.reconstruction, spectrum_power_law=pl)
+        f = _fig_spectrum(st_, a)
+        try:
+            assert legend in [t.get_text() for t in f.fig.legends[0].get_texts()]
+        finally:
+            plt.close(f.fig)
+
