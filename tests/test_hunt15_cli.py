@@ -63,7 +63,7 @@ def test_fit_on_a_file_is_no_store_as_on_every_command(tmp_path, capsys):
     for cmd in (["fit", str(f), "--no-progress"], ["info", str(f)], ["spectrum", str(f)], ["export-npz", str(f), str(tmp_path / "o.npz")]):
         assert main(cmd) == 1
         lines[cmd[0]] = cli_error_line(capsys.readouterr().err).split(": error: ", 1)[1]
-    assert set(lines.values()) == {f"no tokdyn store at {f}"}, lines
+    assert set(lines.values()) == {f"no tokdyn store at {f} ({f} is a regular file, not a store's folder)"}, lines
     assert f.is_file() and f.read_text() == ""
 
 

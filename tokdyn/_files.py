@@ -52,6 +52,31 @@ def kind_of_mode(mode: int) -> str:
             else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device")  # fmt: skip
 
 
+def not_a_folder(url: str | os.PathLike) -> str:
+    """Where a local ``url`` (a store's), or a path above it, is there but is not a folder, the
+    clause that says so - "PATH is a FIFO, not a store's folder", "PATH, above it, is a regular
+    file, not a folder" - for a message that no store can be opened or made there; else ""
+    (a URL, a folder, nothing there)."""
+    path = os.fspath(url) if isinstance(url, os.PathLike) else url
+    if not isinstance(path, str) or "://" in path:
+        return ""
+    path = path.rstrip(os.sep) or path  # "a.txt/" is a.txt
+    here = path
+    while here:
+        try:
+            mode = os.stat(here).st_mode
+        except OSError:  # not there (or unreadable): look above it
+            up = os.path.dirname(here)
+            here = "" if up == here else up
+            continue
+        if stat.S_ISDIR(mode):
+            return ""
+        if here == path:
+            return f"{path} is {kind_of_mode(mode)}, not a store's folder"
+        return f"{here}, above it, is {kind_of_mode(mode)}, not a folder"
+    return ""
+
+
 def check_regular(path: str | os.PathLike, what: str, hint: str = "", *, readable: bool = True) -> Path:
     """``path`` as a :class:`Path`, or :class:`InputError` naming ``what`` and the path unless it
     is a regular file (links followed) this process may read: the one check before tokdyn opens

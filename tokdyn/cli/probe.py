@@ -7,7 +7,7 @@ import contextlib
 import os
 import tempfile
 
-from .._files import check_output_path
+from .._files import check_output_path, not_a_folder
 from .._text import labels, visible
 from ..corpus import source_kind
 from ..errors import InputError
@@ -150,7 +150,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
     out = args.out
     if "://" not in out and os.path.lexists(out):
         if not os.path.isdir(out):
-            raise InputError(f"--out {out} is a file, not a store; give a new path or an existing store")
+            there = not_a_folder(out) or f"{out} is a broken link"
+            raise InputError(f"--out: {there}; give a new path or an existing store")
         if os.listdir(out) and not os.path.exists(os.path.join(out, "zarr.json")):
             raise InputError(f"--out {out} is a folder that holds files but no store; give a new path or an existing store")
     elif "://" not in out:  # a new store: the folder it goes in must exist (as for every output)

@@ -40,7 +40,7 @@ from zarr.core.group import GroupMetadata
 from zarr.core.sync import sync as zarr_sync
 from zarr.storage import LocalStore, StorePath
 
-from .._files import kind_of_mode
+from .._files import kind_of_mode, not_a_folder
 from .._version import __version__
 from ..errors import (
     InputError,
@@ -207,7 +207,10 @@ class TrajectoryStore:
         existed = _existing_folder(url)
         try:  # the group is born with a marker naming its creator, so a killed creation is recognised
             group = _open_group(url, "w" if overwrite else "w-", storage_options, attributes={CREATING: owner()})
-        except (FileExistsError, zarr.errors.ContainsGroupError, zarr.errors.ContainsArrayError):
+        except (FileExistsError, NotADirectoryError, zarr.errors.ContainsGroupError, zarr.errors.ContainsArrayError):
+            there = not_a_folder(url)
+            if there:  # a file where the store's folder would be, or above it: overwrite is not the way
+                raise StoreError(f"cannot make a store at {url} ({there}); give a new path") from None
             raise StoreError(f"{url} already exists; open it, or pass overwrite=True to replace it") from None
         try:
             write_probe(group.create_group("probe"), probe)
@@ -246,7 +249,8 @@ class TrajectoryStore:
         # (a file at the path, or one above it: mode "r+" makes the store's folder, "[Errno 17] File exists")
         except (FileNotFoundError, FileExistsError, NotADirectoryError, zarr.errors.GroupNotFoundError,
                 zarr.errors.NodeTypeValidationError):  # fmt: skip
-            raise NotAStoreError(f"no tokdyn store at {url}") from None
+            there = not_a_folder(url)
+            raise NotAStoreError(f"no tokdyn store at {url}" + (f" ({there})" if there else "")) from None
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError, RecursionError) as exc:
             raise StoreError(f"{url}: store metadata is unreadable ({damage(exc)})") from None
         return cls(group, url, writable=mode == "r+", storage_options=storage_options)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..._files import not_a_folder
 from ...errors import InputError, NotAStoreError, RunExistsError, StoreError, TokdynError
 from ...probe import ProbeSet
 from ...runtime import resolve_device
@@ -198,6 +199,8 @@ def _open_target_store(store, probe) -> TrajectoryStore:
         try:
             return open_store(store, mode="r+")
         except NotAStoreError:
+            if not_a_folder(store):  # a file in the way: a probe would not help
+                raise
             raise NotAStoreError(f"no tokdyn store at {store}; give probe= (--probe STORE: a store whose probe to use) to create one") from None
     return open_store(store, probe_set, mode="a")
 
