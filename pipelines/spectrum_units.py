@@ -10,9 +10,14 @@ data than it holds. This script prints one JSON line per case:
   be about sqrt(k) narrower (ratio of the documents' width to the tokens': about 3 at k 9).
 - every fitted T run of the stores named: the width over its probe's units (documents, or
   windows where the probe does not tell documents apart) divided by the width over tokens,
-  for several bootstrap seeds.
+  for several bootstrap seeds;
+- and where the run's probe is labelled by domain (a curriculum pilot's): the curriculum's
+  domain rates (``DomainRates.from_events``), whose differences from the domains' mean are
+  shrunk by two bootstrap errors; the share of that spread left after the shrinkage, and the
+  schedule's enrichment (``MixtureSchedule``, default config over ``--steps``), with the
+  errors over the units and over tokens.
 
-    python pipelines/spectrum_units.py [STORE ...] [--boot 200] [--seeds 5]
+    python pipelines/spectrum_units.py [STORE ...] [--boot 200] [--seeds 5] [--steps 500]
 """
 
 from __future__ import annotations
@@ -69,7 +74,7 @@ def controls(n_boot: int, seeds: int) -> None:
                           "documents_over_tokens": [round(v, 3) for v in narrow], "expected": round(k ** 0.5, 3)}))  # fmt: skip
 
 
-def stores(urls: list[str], n_boot: int, seeds: int) -> None:
+def stores(urls: list[str], n_boot: int, seeds: int, steps: int) -> None:
     for url in urls:
         st = tokdyn.open_store(url)
         for name in st.runs:
@@ -89,6 +94,26 @@ def stores(urls: list[str], n_boot: int, seeds: int) -> None:
                 out.update(alpha=round(spectrum_power_law(ev, n_boot=0).alpha, 4), width_ratio=[round(r, 3) for r in ratios],
                            width_ratio_median=round(float(np.median(ratios)), 3))  # fmt: skip
             print(json.dumps(out))
+            if "domain" in st.probe.token_arrays:
+                print(json.dumps({"case": "domain rates", "store": url, "run": name, **domain_rates(st, name, steps)}))
+
+
+def domain_rates(st, run: str, steps: int) -> dict:
+    """The curriculum's domain rates of a pilot, errors over its units and over tokens: the share
+    of the domains' spread about their mean rate that the shrinkage leaves, and the enrichment."""
+    from tokdyn.curriculum.mixture import DomainRates, MixtureConfig, MixtureSchedule, pilot_events
+
+    pe = pilot_events(st.url, run)
+    raw = DomainRates.from_events(pe.events, pe.token_domain, pe.domains, significance=0).rates
+    spread = lambda r: float(np.abs(r - r.mean(1, keepdims=True)).sum())  # noqa: E731
+    out = {"probe_tokens": pe.events.n_tokens}
+    for key, ev in (("units", pe.events), ("tokens", replace(pe.events, unit=None, unit_kind="token"))):
+        rates = DomainRates.from_events(ev, pe.token_domain, pe.domains)
+        e = MixtureSchedule(rates, MixtureConfig(total_steps=steps)).enrichment()
+        out[key] = {"resampled": rates.noise["resampled"], "n_units": rates.noise["n_units"],
+                    "spread_kept": round(spread(rates.rates) / spread(raw), 4), "enrichment": round(e["schedule"], 4),
+                    "best": round(e["best"], 4), "best_unshrunk": round(e["best_unshrunk"], 4)}  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -96,10 +121,11 @@ def main() -> None:
     ap.add_argument("stores", nargs="*", help="stores whose fitted T runs to measure")
     ap.add_argument("--boot", type=int, default=200, help="bootstrap resamples (default: 200, as the spectrum command)")
     ap.add_argument("--seeds", type=int, default=5, help="bootstrap seeds a case (default: 5)")
+    ap.add_argument("--steps", type=int, default=500, help="a domain-labelled pilot's schedule: its steps (default: 500, the A/B's)")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     controls(args.boot, args.seeds)
-    stores(args.stores, args.boot, args.seeds)
+    stores(args.stores, args.boot, args.seeds, args.steps)
 
 
 if __name__ == "__main__":

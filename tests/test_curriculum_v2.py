@@ -358,3 +358,59 @@ def test_a_diverged_seed_is_named_and_left_out_of_the_arm_mean():
         assert c["diverged"] == [1] and c["speedup"]["n"] == 3 and c["speedup"]["n_left_out"] == 1
         assert c["auc_ratio"]["n_left_out"] == 1 and c["final_loss_diff"]["n_left_out"] == 1
     assert matched_budget([0.8, 0.9, 1.0], [3.3, 3.2, float("nan")], 3.15)[0] != matched_budget([0.8, 0.9, 1.0], [3.3, 3.2, 3.1], 3.15)[0]
+
+
+def _copied_domains(seed: int, k: int = 20) -> tuple[Events, np.ndarray]:
+    """Two domains of 8 documents each, all drawn from one distribution (they differ by noise
+    only), each document k copies of one event: 8 draws a domain however many tokens."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(seed)
+    n = 16
+    mu, delta = np.repeat(rng.uniform(0.5, 2.5, n), k), np.repeat(rng.uniform(0.5, 2.0, n), k)
+    ev = Events(token=np.arange(n * k), mu=mu, s=np.full(n * k, 0.15), delta=delta, n_tokens=n * k, x_range=(0.0, 3.0))
+    return replace(ev, unit=np.arange(n * k) // k, unit_kind="document"), np.repeat(np.arange(n) % 2, k)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 5])
+def test_domains_that_differ_by_noise_keep_the_baseline_and_the_tool_says_so(seed):
+    """The rates' errors resample the probe's documents: two domains of 8 documents drawn alike
+    differ by noise, the shrinkage removes it, and the verdict says that more documents would
+    be needed (not that the domains fall in proportion). Resampled token by token, the 20
+    copies of each document read as 20 times the data, and the same noise moves weight."""
+    from dataclasses import replace
+
+    ev, dom = _copied_domains(seed)
+    cfg = MixtureConfig(total_steps=1000, floor=0.3)
+    e = MixtureSchedule(DomainRates.from_events(ev, dom, ("a", "b")), cfg).enrichment()
+    assert e["schedule"] == pytest.approx(1.0, abs=1e-3) and e["best"] < 1.05 <= e["best_unshrunk"]
+    assert e["noise"] == {"significance": 2.0, "resampled": "documents", "n_units": 16}
+    verdict = enrichment_verdict(e)
+    assert "by less than 2 bootstrap errors over its probe's 16 documents: at this size that is noise" in verdict and "more documents per domain" in verdict
+    by_token = MixtureSchedule(DomainRates.from_events(replace(ev, unit=None, unit_kind="token"), dom, ("a", "b")), cfg).enrichment()
+    assert by_token["schedule"] > e["schedule"] + 0.004 and by_token["noise"]["n_units"] == 320
+
+
+def test_domains_that_differ_beyond_noise_are_scheduled():
+    """The positive control: the same documents' sizes, one domain's events a decade later."""
+    rng = np.random.default_rng(0)
+    n = 80
+    dom = (np.arange(n) >= 40).astype(int)
+    ev = Events(token=np.arange(n), mu=np.where(dom == 0, 1.0, 2.0) + 0.3 * rng.standard_normal(n), s=np.full(n, 0.15),
+                delta=rng.uniform(0.5, 2, n), n_tokens=n, x_range=(0.0, 3.0), unit=np.arange(n) // 4, unit_kind="document")  # fmt: skip
+    e = MixtureSchedule(DomainRates.from_events(ev, dom, ("a", "b")), MixtureConfig(total_steps=1000, floor=0.3)).enrichment()
+    assert e["schedule"] > 1.2 and "more learnable-now loss drop" in enrichment_verdict(e)
+    assert DomainRates.from_events(ev, dom, ("a", "b"), significance=0).noise is None  # nothing shrunk, nothing to say
+
+
+def test_best_unshrunk_is_the_best_of_the_raw_rates_in_any_blocks():
+    """``best_unshrunk`` (read a block of steps at a time) is the ``best`` of a schedule made
+    from the unshrunk rates themselves, whatever the block."""
+    ev, dom = _copied_domains(1)
+    rates = DomainRates.from_events(ev, dom, ("a", "b"))
+    cfg = MixtureConfig(total_steps=1000, floor=0.3)
+    sched = MixtureSchedule(rates, cfg)
+    want = MixtureSchedule(rates.unshrunk, cfg).enrichment()["best"]
+    assert sched.enrichment()["best_unshrunk"] == pytest.approx(want, rel=1e-12)
+    for block in (1, 7, 999, 1000, 5000):
+        assert sched._best(rates.unshrunk, cfg.xs(), block) == pytest.approx(want, rel=1e-12)

@@ -175,6 +175,10 @@ class DomainRates:
         if not np.all(np.isfinite(rates)):
             raise InputError("rates must be finite")
         self.x, self.rates = x, np.clip(rates, 0.0, None)
+        # what from_events shrank away as noise: the rates before it, and over what they were
+        # resampled ({"significance", "resampled", "n_units"}); None for rates given as they are
+        self.unshrunk: DomainRates | None = None
+        self.noise: dict | None = None
 
     @classmethod
     def from_events(cls, events, token_domain: np.ndarray, domains, *, width: float = 0.2,
@@ -196,8 +200,11 @@ class DomainRates:
         differ by less than it, their ratio, which sets the weights, would be noise. So each
         domain's difference from the domains' mean rate is shrunk toward 0 by ``significance``
         standard errors (soft thresholding; the errors from ``n_boot`` Poisson resamples of the
-        probe tokens, drawn from ``seed``): domains whose rates differ only by noise get equal
-        rates, hence their baseline weights. ``significance=0`` keeps the raw rates.
+        probe's sampling units, drawn from ``seed``: its documents, or its windows where it does
+        not tell documents apart, :attr:`tokdyn.spectrum.Events.unit`; all tokens of a unit share
+        its multiplicity, since they are not independent draws): domains whose rates differ
+        only by noise get equal rates, hence their baseline weights. ``significance=0`` keeps
+        the raw rates.
         """
         from ..spectrum import _event_bootstrap, learning_time_spectrum
 
@@ -227,7 +234,8 @@ class DomainRates:
         rates = np.zeros((n_grid, len(domains)))
         shrink = significance > 0 and len(domains) > 1
         rng = np.random.default_rng(seed)
-        mult = [rng.poisson(1.0, events.n_tokens) for _ in range(n_boot)] if shrink else []
+        unit, n_units = events.units()  # a unit's tokens (a document's, a window's) share its multiplicity
+        mult = [rng.poisson(1.0, n_units)[unit] for _ in range(n_boot)] if shrink else []
         boots = np.zeros((len(mult), n_grid, len(domains)))
         for k in range(len(domains)):
             n_k = int((dom == k).sum())
@@ -239,15 +247,20 @@ class DomainRates:
             rates[:, k] = spec.density * per_token
             for b, sb in enumerate(_event_bootstrap(sub, spec, mult)):
                 boots[b, :, k] = sb.density * per_token
+        raw = rates
         if shrink:
             mean = rates.mean(axis=1, keepdims=True)  # each domain toward the domains' mean, by its own error
             dev, se = rates - mean, boots.std(axis=0)
             rates = mean + np.sign(dev) * np.clip(np.abs(dev) - significance * se, 0.0, None)
         if grid is not None:
             g = np.asarray(grid, np.float64)
-            rates = np.stack([np.interp(g, x, rates[:, k], left=0.0, right=0.0) for k in range(len(domains))], axis=-1)
-            x = g
-        return cls(domains, x, rates)  # clipped at 0 there: a domain whose loss rises is not falling
+            on = lambda r: np.stack([np.interp(g, x, r[:, k], left=0.0, right=0.0) for k in range(len(domains))], axis=-1)  # noqa: E731
+            rates, raw, x = on(rates), on(raw), g
+        out = cls(domains, x, rates)  # clipped at 0 there: a domain whose loss rises is not falling
+        if shrink:
+            out.unshrunk = cls(domains, x, raw)
+            out.noise = {"significance": float(significance), "resampled": f"{events.unit_kind}s", "n_units": int(n_units)}
+        return out
 
     @classmethod
     def from_curves(cls, steps, losses, domains, *, width: float = 0.2, grid: np.ndarray | None = None) -> "DomainRates":
@@ -293,9 +306,12 @@ class MixtureSchedule:
         if b.shape != (d,) or not np.all(np.isfinite(b)) or np.any(b < 0) or not np.isclose(b.sum(), 1.0):
             raise InputError(f"base must be {d} weights >= 0 summing to 1, got {np.asarray(base).tolist()}")
         self.rates, self.config, self.base = rates, config, b
-        r = self.rates.at(config.xs())  # r_k(x_t) of every step [steps, D], whole arrays
+        xs = config.xs()
+        r = self.rates.at(xs)  # r_k(x_t) of every step [steps, D], whole arrays
         self.table_ = self._weights(r)  # (steps, D)
         self._enrichment_ = self._enrichment(r)  # from the same rates: interpolated once
+        if rates.unshrunk is not None:  # what the rates would allow before their noise was shrunk away
+            self._enrichment_.update(best_unshrunk=self._best(rates.unshrunk, xs), noise=dict(rates.noise))
 
     @property
     def domains(self) -> tuple[str, ...]:
@@ -339,7 +355,9 @@ class MixtureSchedule:
         0 when no domain's drop falls in the steps covered, and then E is 1 with nothing to
         judge); ``zero_base``: the domains of base weight 0 (never fed: a weight is the base
         weight times the rate, so ``best`` and ``unbounded`` are over the others) and ``n_fed``
-        how many others there are; ``per_step``: E at each step."""
+        how many others there are; ``per_step``: E at each step. Rates from a pilot's events
+        (:meth:`DomainRates.from_events`) add ``best_unshrunk``, the ``best`` of their rates
+        before the differences within noise were shrunk away, and ``noise``, over what."""
         e = self._enrichment_
         return {**e, "per_step": e["per_step"].tolist()}
 
@@ -357,6 +375,18 @@ class MixtureSchedule:
         per = np.divide((self.table_ * r).sum(1), base, out=np.ones(len(r)), where=base > 0)
         return {"schedule": float((self.table_ * r).sum() / den), "best": float(best.sum() / den),
                 "unbounded": float(top.sum() / den), "baseline_rate": float(den / len(r)), **who, "per_step": per}  # fmt: skip
+
+    def _best(self, rates: DomainRates, xs: np.ndarray, block: int = 1 << 20) -> float:
+        """:meth:`_enrichment`'s ``best`` for other ``rates`` at the steps' ``xs``, a block of
+        steps at a time (not another [steps, D] array beside the schedule's own)."""
+        fed, f = self.base > 0, self.config.floor
+        num = den = 0.0
+        for a in range(0, xs.size, block):
+            r = rates.at(xs[a : a + block])
+            base = r @ self.base
+            num += float((f * base + (1 - f) * r[:, fed].max(1)).sum())
+            den += float(base.sum())
+        return num / den if den > 0 else 1.0
 
     def _head(self) -> dict:
         """The schedule's description before its per-step arrays (:meth:`to_dict`, :meth:`save`)."""
@@ -523,6 +553,12 @@ def _verdict(e: dict) -> str:
         return (f"enrichment {e['schedule']:.3f} (best possible {e['best']:.3f} with this floor, {e['unbounded']:.3f} "
                 "with floor 0): the domains' drops differ in time, but the floor keeps too much of each step at the "
                 "baseline mixture for a schedule to help; lower the floor to use them")  # fmt: skip
+    if e["best"] < _NO_HELP and e.get("best_unshrunk", 1.0) >= _NO_HELP:  # they differ, by no more than noise
+        n = e["noise"]
+        return (f"enrichment {e['schedule']:.3f} (best possible {e['best']:.3f}): the pilot's raw domain rates differ "
+                f"(best possible {e['best_unshrunk']:.3f} on them), but by less than {n['significance']:g} bootstrap errors "
+                f"over its probe's {n['n_units']:,} {n['resampled']}: at this size that is noise, so the schedule keeps the "
+                f"baseline mixture (a pilot probe with more {n['resampled']} per domain may tell the domains apart)")  # fmt: skip
     if e["best"] < _NO_HELP:
         return (f"enrichment {e['schedule']:.3f} (best possible {e['best']:.3f}): the domains' loss falls in proportion, "
                 "so no mixture schedule can help here; keep the baseline mixture")  # fmt: skip
