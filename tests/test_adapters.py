@@ -93,6 +93,24 @@ def test_hf_trainer_callback_records_the_scheduled_steps(tmp_path, probe, store_
         rec.record(31)
 
 
+def test_before_transformers_4_42_each_row_gets_its_updates_rate(tmp_path, probe, store_path, monkeypatch):
+    """transformers 4.40 and 4.41 call no on_optimizer_step: the rate is read when the update's
+    step begins. Without that, every row held the first update's rate (seen on 4.40.2)."""
+    tf = _hf()
+    from tokdyn.record import hf as tokdyn_hf
+
+    monkeypatch.setattr(tokdyn_hf, "_HAS_OPTIMIZER_STEP", False)
+    monkeypatch.setattr(tokdyn_hf.TokdynTrainerCallback, "on_optimizer_step", lambda self, *a, **k: None)  # never called there
+    model = _tiny_gpt2(tf)
+    data = [{"input_ids": s, "labels": s} for s in random_sequences(64, 32)]
+    schedule, max_steps, lr0 = [0, 1, 2, 5, 10], 10, 1e-3
+    rec = TokenLossRecorder(model, probe, store_path, "hf", schedule=schedule, batch_size=3)
+    tf.Trainer(model=model, args=_hf_args(tf, tmp_path, max_steps=max_steps), train_dataset=data,
+               callbacks=[tokdyn_hf.TokdynTrainerCallback(rec)]).train()  # fmt: skip
+    np.testing.assert_allclose(read_run(store_path, "hf").coord("lr"),
+                               [lr0 * (max_steps - max(s - 1, 0)) / max_steps for s in schedule], rtol=1e-9)  # fmt: skip
+
+
 def test_hf_callback_builds_from_a_factory_and_can_leave_the_recorder_open(tmp_path, probe, store_path, reference_losses):
     tf = _hf()
     from tokdyn.record.hf import TokdynTrainerCallback

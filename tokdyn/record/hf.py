@@ -32,6 +32,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without transfor
 
 __all__ = ["TokdynTrainerCallback"]
 
+# The Trainer calls on_optimizer_step (right after optimizer.step()) from transformers 4.42 on;
+# before, the callback reads the update's rate when its step begins (the scheduler has not
+# stepped for it yet). Without either, every row would get the first update's rate.
+_HAS_OPTIMIZER_STEP = hasattr(TrainerCallback, "on_optimizer_step")
+
 
 def _steps_at_epoch_end(version: str) -> bool:
     """Whether the Trainer of transformers ``version`` steps the optimizer at each epoch's end on
@@ -89,6 +94,10 @@ class TokdynTrainerCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self._binding.start(kwargs.get("optimizer"), step=state.global_step, model=kwargs.get("model"))
         self._record(args, state, kwargs)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if not _HAS_OPTIMIZER_STEP:  # before 4.42: the rate before the update, which the scheduler steps after it
+            self._binding.snapshot_lr(kwargs.get("optimizer"))
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         self._binding.snapshot_lr(kwargs.get("optimizer"))  # before lr_scheduler.step(): this update's rate
