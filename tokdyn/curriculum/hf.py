@@ -58,8 +58,8 @@ class CurriculumTrainer(Trainer):
             self.model_accepts_loss_kwargs = False  # our loss is a per-batch mean: let the Trainer scale accumulation
 
     def _get_train_sampler(self, train_dataset=None):
-        if self.curriculum_sampler is None:
-            return super()._get_train_sampler(train_dataset)
+        if self.curriculum_sampler is None:  # transformers 4.x passes no dataset, and takes none
+            return super()._get_train_sampler() if train_dataset is None else super()._get_train_sampler(train_dataset)
         s = self.curriculum_sampler
         n = len(train_dataset if train_dataset is not None else self.train_dataset)
         if n != s.n_samples:
