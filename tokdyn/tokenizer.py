@@ -169,11 +169,13 @@ class HFTokenizer:
         write_atomically(path, lambda fh: fh.write(self._json), what="tokenizer")
 
     def encode(self, text: str) -> np.ndarray:
+        # a lone surrogate is refused here: tokenizers raises a bare TypeError for one, and before
+        # 0.20 encoded it without a word, as bytes that are no text
+        if isinstance(text, str) and (bad := _LONE_SURROGATE.search(text)):
+            raise _not_text(text, bad.start())
         try:
             ids = self._tok.encode(text).ids
-        except TypeError:  # what tokenizers raises for a str it cannot encode (a lone surrogate)
-            if isinstance(text, str) and (bad := _LONE_SURROGATE.search(text)):
-                raise _not_text(text, bad.start()) from None
+        except TypeError:  # not a str
             raise
         except Exception as exc:  # noqa: BLE001 - the Rust error of a tokenizer that cannot encode this text
             # (a WordLevel vocabulary without its unk_token: "Missing [UNK] token from the vocabulary")
