@@ -202,6 +202,25 @@ def test_an_old_gpt2_state_dict_with_its_causal_mask_buffers_records(tmp_path):
         _record(tmp_path / "oldgpt2", tmp_path / "s2.zarr")
 
 
+def test_a_buffer_the_model_keeps_out_of_its_state_is_dropped_from_a_file_quietly():
+    """The class behind the GPT-2 case, whatever transformers is installed (its 4.x GPT-2 holds
+    the causal mask as a buffer with persistent=False, which a file saved before 4.31 carries):
+    a key naming a buffer the model computes is dropped, as transformers drops it; a key of a
+    buffer or weight the model does not have is not."""
+    from tokdyn.record.offline.loading import _ignored_unexpected
+
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.register_buffer("mask", torch.ones(4, 4), persistent=False)
+            self.register_buffer("scale", torch.ones(4))
+
+    ignored = _ignored_unexpected(nn.Sequential(Masked()))
+    assert ignored("0.mask")
+    assert not any(map(ignored, ["mask", "0.scale", "0.lin.weight", "0.other", "0.mask.x", "1.mask"]))
+
+
 # == 3. a model that fails on the probe's shape ========================================================
 
 

@@ -394,9 +394,13 @@ def _ignored_unexpected(model: torch.nn.Module) -> Callable[[str], bool]:
     """Whether a key of a file that ``model`` lacks is one to drop quietly: one of the patterns its
     class declares (``_keys_to_ignore_on_load_unexpected``, found with ``re.search`` as
     transformers does: GPT-2's ``attn.bias``, the causal mask every GPT-2 saved before
-    transformers 4.31), or for a transformers model a buffer older versions saved (above)."""
+    transformers 4.31), for a transformers model a buffer older versions saved (above), or a
+    buffer the model keeps out of its state (``persistent=False``: it computes it, as the GPT-2
+    of transformers 4.x does its causal mask, which transformers drops from a file too)."""
     is_hf = any(c.__module__.split(".")[0] == "transformers" for c in type(model).__mro__)
-    return _patterns(model, "_keys_to_ignore_on_load_unexpected", _HF_LEGACY_BUFFERS if is_hf else ())
+    declared = _patterns(model, "_keys_to_ignore_on_load_unexpected", _HF_LEGACY_BUFFERS if is_hf else ())
+    computed = {name for name, _ in model.named_buffers()} - set(model.state_dict())
+    return lambda key: key in computed or declared(key)
 
 
 def _patterns(model: torch.nn.Module, attr: str, extra: Iterable[str] = ()) -> Callable[[str], bool]:
@@ -458,6 +462,7 @@ def _load_hf(folder: Path) -> torch.nn.Module:
         check_causal_model_type(config.get("model_type"))
     except InputError as exc:
         raise InputError(f"{folder / 'config.json'}: {exc}") from None
+    _check_config_numbers(folder, config, transformers)
     has_st = any((folder / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json"))
     bins = sorted(folder.glob("pytorch_model*.bin"))
     if not has_st:
@@ -523,6 +528,22 @@ def _no_load_report():
         yield
     finally:
         log.removeFilter(quiet)
+
+
+def _check_config_numbers(folder: Path, config: Mapping, transformers) -> None:
+    """Refuse a config.json field that holds text where its model's config class has a number
+    (``"n_embd": "abc"``), naming it: transformers 4.x built the model with it and failed in
+    torch ("empty(): argument 'size' failed to unpack ..."), which names no field."""
+    try:
+        with HF_LOCK:  # transformers' lazy imports, as for the model itself
+            default = transformers.AutoConfig.for_model(config["model_type"])
+    except Exception:  # noqa: BLE001 - no defaults to compare with: loading says what is wrong
+        return
+    for key, value in config.items():
+        number = getattr(default, key, None) if isinstance(key, str) and key.isidentifier() else None
+        if isinstance(value, str) and isinstance(number, (int, float)) and not isinstance(number, bool):
+            raise InputError(f"{folder / 'config.json'}: {key} is {short_error(repr(value), limit=60)}, text where "
+                             f"{type(default).__name__} takes a number ({number!r} by default)")
 
 
 @functools.cache
