@@ -56,8 +56,10 @@ def _checkpoint(folder: Path, step: int, *, seed: int | None = None, version: st
     if seed is None:
         folder.mkdir(parents=True)
         (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "transformers_version": version}))
-    else:
+    else:  # the version as given, not the installed one's (what the lr's reading depends on)
         make_hf_model(seed).save_pretrained(folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "transformers_version": version}))
     for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"):
         (folder / name).write_bytes(b"not a model")
     if state is not None:

@@ -225,8 +225,11 @@ def test_hf_with_dropout_accumulation_and_evaluation_trains_the_same_weights(tmp
     tf = _hf()
     from tokdyn.record.hf import TokdynTrainerCallback
 
-    kw = dict(max_steps=4, gradient_accumulation_steps=2, include_num_input_tokens_seen=True, eval_strategy="steps",
-              eval_steps=1)  # fmt: skip
+    import inspect
+
+    # the option's name before transformers 4.41 (removed in 5)
+    strategy = "eval_strategy" if "eval_strategy" in inspect.signature(tf.TrainingArguments).parameters else "evaluation_strategy"
+    kw = dict(max_steps=4, gradient_accumulation_steps=2, include_num_input_tokens_seen=True, eval_steps=1, **{strategy: "steps"})
     plain = _gpt2(tf, dropout=0.2)
     _hf_trainer(tf, tmp_path / "a", plain, [], **kw).train()
     model = _gpt2(tf, dropout=0.2)
@@ -291,8 +294,10 @@ def test_hf_tokens_per_step_agrees_with_the_trainers_own_count(tmp_path, probe4)
     _hf_trainer(tf, tmp_path / "out", model, [cb, Count()], num_train_epochs=2, gradient_accumulation_steps=3,
                 include_num_input_tokens_seen=True).train()  # fmt: skip
     run = read_run(store, "hf")
-    assert run.steps.tolist() == list(range(13))
-    assert run.coord("tokens_seen").tolist() == [seen[s] for s in range(13)]
+    # 12 updates (13 rows) where the Trainer counts an epoch's updates rounded up; transformers
+    # 4.47 rounds down and stops after 10 (its max_steps), the first epoch's short update included
+    assert run.steps.tolist() == sorted(seen) and len(seen) in (11, 13) and 6 in seen
+    assert run.coord("tokens_seen").tolist() == [seen[s] for s in sorted(seen)]
 
 
 @pytest.mark.parametrize("batches,acc,expect", [
