@@ -69,7 +69,9 @@ class CurriculumTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.token_weights is None:
-            return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+            # num_items_in_batch only where given: the Trainer takes it from transformers 4.46 on
+            counted = {} if num_items_in_batch is None else {"num_items_in_batch": num_items_in_batch}
+            return super().compute_loss(model, inputs, return_outputs=return_outputs, **counted)
         if "input_ids" not in inputs:
             raise InputError(f"token weights are looked up from the batch's input_ids; the batch has {sorted(inputs)}")
         ids = inputs["input_ids"]  # (B, T)
