@@ -200,7 +200,7 @@ def test_domain_rates_resampled_token_by_token_shrink_too_little():
     by_token = spread(DomainRates.from_events(replace(docs, unit=None, unit_kind="token"), ddom, ("a", "b")).rates) / spread(raw)
     tokens_as_units = DomainRates.from_events(replace(docs, unit=np.arange(docs.n_tokens), unit_kind="token"), ddom, ("a", "b"))
     np.testing.assert_array_equal(tokens_as_units.rates, DomainRates.from_events(replace(docs, unit=None, unit_kind="token"), ddom, ("a", "b")).rates)
-    assert by_doc < 0.5 * by_token, (by_doc, by_token)  # 0.01-0.07 against 0.38-0.43 over seeds 0-2
+    assert by_doc < 0.5 * by_token, (by_doc, by_token)  # 0.07-0.09 against 0.51-0.54 over seeds 0-2
 
 
 def test_the_measurement_of_a_pilots_domain_rates_is_the_same_over_one_token_windows(tmp_path):

@@ -44,11 +44,13 @@ Everything here is our design (docs/method.md, "Reshaping training"); each choic
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .._checks import is_real, is_whole
+from .._checks import is_int, is_real, is_whole
 from ..errors import InputError
 
 __all__ = ["MixtureConfig", "DomainRates", "MixtureSchedule", "enrichment_verdict", "ContextSchedule", "PilotEvents",
@@ -235,22 +237,29 @@ class DomainRates:
         shrink = significance > 0 and len(domains) > 1
         rng = np.random.default_rng(seed)
         unit, n_units = events.units()  # a unit's tokens (a document's, a window's) share its multiplicity
-        mult = [rng.poisson(1.0, n_units)[unit] for _ in range(n_boot)] if shrink else []
-        boots = np.zeros((len(mult), n_grid, len(domains)))
+        # [n_boot, units] Poisson(1) counts (uint8: they stay far below 256), token arrays made one at a time
+        unit_mults = np.minimum(rng.poisson(1.0, (n_boot if shrink else 0, n_units)), 255).astype(np.uint8)
+        boots = np.zeros((len(unit_mults), n_grid, len(domains)))  # a domain without events: 0 in every resample
         for k in range(len(domains)):
             n_k = int((dom == k).sum())
             sub = events.for_tokens(dom == k)
             if n_k == 0 or len(sub) == 0:
                 continue
             spec = learning_time_spectrum(sub, bandwidth=h, kernel="event", grid=n_grid)  # per scored token
-            per_token = events.n_scored / n_k
-            rates[:, k] = spec.density * per_token
-            for b, sb in enumerate(_event_bootstrap(sub, spec, mult)):
-                boots[b, :, k] = sb.density * per_token
+            rates[:, k] = spec.density * events.n_scored / n_k
+            # a resample's rate is per token of the domain *it* drew: resampling whole units moves
+            # that count too, and a fixed one would count its swing (1/sqrt(units)) as noise
+            drawn = unit_mults @ np.bincount(unit[dom == k], minlength=n_units)
+            resampled = (m[unit] for m in unit_mults)
+            for b, sb in enumerate(_event_bootstrap(sub, spec, resampled, len(unit_mults))):
+                boots[b, :, k] = sb.density * events.n_scored / drawn[b] if drawn[b] > 0 else np.nan  # none drawn: no rate
         raw = rates
         if shrink:
             mean = rates.mean(axis=1, keepdims=True)  # each domain toward the domains' mean, by its own error
-            dev, se = rates - mean, boots.std(axis=0)
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a domain no resample drew: no error, 0
+                se = np.nan_to_num(np.nanstd(boots, axis=0))  # NaN: a resample that drew none of a domain
+            dev = rates - mean
             rates = mean + np.sign(dev) * np.clip(np.abs(dev) - significance * se, 0.0, None)
         if grid is not None:
             g = np.asarray(grid, np.float64)
@@ -284,7 +293,26 @@ class DomainRates:
         return np.stack([np.interp(x, self.x, self.rates[:, k], left=0.0, right=0.0) for k in range(len(self.domains))], axis=-1)
 
     def to_dict(self) -> dict:
-        return {"domains": list(self.domains), "x": self.x.tolist(), "rates": self.rates.tolist()}
+        d = {"domains": list(self.domains), "x": self.x.tolist(), "rates": self.rates.tolist()}
+        if self.unshrunk is not None:  # what the noise shrinkage took away, for the verdict of a loaded schedule
+            d.update(unshrunk=self.unshrunk.rates.tolist(), noise=dict(self.noise))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "DomainRates":
+        """The rates :meth:`to_dict` wrote (a schedule file's ``"rates"``); :class:`InputError`
+        (or ``KeyError`` / ``TypeError`` / ``ValueError`` for a field missing or of the wrong
+        kind, which the file's reader words) where they cannot be."""
+        out = cls(d["domains"], d["x"], d["rates"])
+        if "unshrunk" in d or "noise" in d:
+            noise = d["noise"]
+            if not (isinstance(noise, Mapping) and set(noise) == {"significance", "resampled", "n_units"}
+                    and is_real(noise["significance"]) and noise["significance"] >= 0 and isinstance(noise["resampled"], str)
+                    and is_int(noise["n_units"]) and noise["n_units"] >= 1):  # fmt: skip
+                raise TypeError(f"its rates' noise is not {{significance, resampled, n_units}}: {noise!r}"[:200])
+            out.unshrunk = cls(d["domains"], d["x"], d["unshrunk"])
+            out.noise = {"significance": float(noise["significance"]), "resampled": noise["resampled"], "n_units": int(noise["n_units"])}
+        return out
 
 
 class MixtureSchedule:
@@ -467,7 +495,7 @@ def load_mixture_schedule(path) -> MixtureSchedule:
         for key, v in config.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise TypeError(f"config {key} is not a number: {v!r}")
-        sched = MixtureSchedule(DomainRates(r["domains"], r["x"], r["rates"]), MixtureConfig(**config), base=base)
+        sched = MixtureSchedule(DomainRates.from_dict(r), MixtureConfig(**config), base=base)
         if list(d["domains"]) != list(sched.domains):
             raise ValueError(f"its domains {d['domains']} are not its rates' {list(sched.domains)}")
         weights = np.asarray(d["weights"], np.float64)
@@ -556,7 +584,7 @@ def _verdict(e: dict) -> str:
     if e["best"] < _NO_HELP and e.get("best_unshrunk", 1.0) >= _NO_HELP:  # they differ, by no more than noise
         n = e["noise"]
         return (f"enrichment {e['schedule']:.3f} (best possible {e['best']:.3f}): the pilot's raw domain rates differ "
-                f"(best possible {e['best_unshrunk']:.3f} on them), but by less than {n['significance']:g} bootstrap errors "
+                f"(best possible {e['best_unshrunk']:.3f} on them), but only within about {n['significance']:g} bootstrap errors "
                 f"over its probe's {n['n_units']:,} {n['resampled']}: at this size that is noise, so the schedule keeps the "
                 f"baseline mixture (a pilot probe with more {n['resampled']} per domain may tell the domains apart)")  # fmt: skip
     if e["best"] < _NO_HELP:
