@@ -1,5 +1,6 @@
 """A store path where something other than a folder is (a file, a FIFO, a socket, a link to
-one), or under such a thing: every way in says what is there, and nothing is replaced.
+one, a broken link, a link loop), or under such a thing: every way in says what is there, and
+nothing is replaced.
 
 Opening said "no tokdyn store at X" without saying that X is a FIFO; creating with
 ``overwrite=True`` said "X already exists; ... pass overwrite=True to replace it" (it had been
@@ -39,6 +40,13 @@ def _make(kind: str, path):
         (path.parent / "target").write_text("x")
         path.symlink_to(path.parent / "target")
         return "a regular file"
+    if kind == "broken link":
+        path.symlink_to(path.parent / "nowhere")
+        return f"a broken link (to {path.parent / 'nowhere'})"
+    if kind == "link loop":
+        path.symlink_to(path.parent / "other")
+        (path.parent / "other").symlink_to(path)
+        return "a link loop"
     raise AssertionError(kind)
 
 
@@ -50,7 +58,7 @@ def _probe():
     return tokdyn.ProbeSet.from_tokens(np.zeros((2, 5), int), tokenizer={"kind": "byte"})
 
 
-@pytest.mark.parametrize("kind", ["file", "fifo", "socket", "link"])
+@pytest.mark.parametrize("kind", ["file", "fifo", "socket", "link", "broken link", "link loop"])
 @pytest.mark.parametrize("below", ["", "sub.zarr", "a/b.zarr/"])
 def test_a_store_path_that_is_not_a_folder_says_what_is_there(tmp_path, kind, below, capsys):
     work = tmp_path / "w"
@@ -96,7 +104,7 @@ def test_probe_out_says_what_is_in_the_way(tmp_path, capsys):
     os.mkfifo(tmp_path / "f.zarr")
     (tmp_path / "gone.zarr").symlink_to(tmp_path / "nowhere")
     for out, says in ((tmp_path / "f.zarr", f"--out: {tmp_path / 'f.zarr'} is a FIFO, not a store's folder"),
-                      (tmp_path / "gone.zarr", f"--out: {tmp_path / 'gone.zarr'} is a broken link")):  # fmt: skip
+                      (tmp_path / "gone.zarr", f"--out: {tmp_path / 'gone.zarr'} is a broken link (to {tmp_path / 'nowhere'}), not a store's folder")):  # fmt: skip
         assert main(["probe", str(src), "--out", str(out)]) == 1
         line = cli_error_line(capsys.readouterr().err)
         assert line == f"tokdyn probe: error: {says}; give a new path or an existing store", line

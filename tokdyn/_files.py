@@ -65,7 +65,10 @@ def not_a_folder(url: str | os.PathLike) -> str:
     while here:
         try:
             mode = os.stat(here).st_mode
-        except OSError:  # not there (or unreadable): look above it
+        except OSError as exc:  # not there (or unreadable): look above it, but for a link that leads nowhere
+            if os.path.islink(here):
+                what = "a link loop" if exc.errno == errno.ELOOP else f"a broken link (to {_link_target(here)})"
+                return f"{here} is {what}, not a store's folder" if here == path else f"{here}, above it, is {what}, not a folder"
             up = os.path.dirname(here)
             here = "" if up == here else up
             continue
@@ -75,6 +78,13 @@ def not_a_folder(url: str | os.PathLike) -> str:
             return f"{path} is {kind_of_mode(mode)}, not a store's folder"
         return f"{here}, above it, is {kind_of_mode(mode)}, not a folder"
     return ""
+
+
+def _link_target(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # replaced since
+        return "?"
 
 
 def check_regular(path: str | os.PathLike, what: str, hint: str = "", *, readable: bool = True) -> Path:

@@ -150,7 +150,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     out = args.out
     if "://" not in out and os.path.lexists(out):
         if not os.path.isdir(out):
-            there = not_a_folder(out) or f"{out} is a broken link"
+            there = not_a_folder(out)
             raise InputError(f"--out: {there}; give a new path or an existing store")
         if os.listdir(out) and not os.path.exists(os.path.join(out, "zarr.json")):
             raise InputError(f"--out {out} is a folder that holds files but no store; give a new path or an existing store")

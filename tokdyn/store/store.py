@@ -207,10 +207,12 @@ class TrajectoryStore:
         existed = _existing_folder(url)
         try:  # the group is born with a marker naming its creator, so a killed creation is recognised
             group = _open_group(url, "w" if overwrite else "w-", storage_options, attributes={CREATING: owner()})
-        except (FileExistsError, NotADirectoryError, zarr.errors.ContainsGroupError, zarr.errors.ContainsArrayError):
+        except (OSError, zarr.errors.ContainsGroupError, zarr.errors.ContainsArrayError) as exc:
             there = not_a_folder(url)
-            if there:  # a file where the store's folder would be, or above it: overwrite is not the way
+            if there:  # a file, FIFO or link to nothing where the store's folder would be, or above it
                 raise StoreError(f"cannot make a store at {url} ({there}); give a new path") from None
+            if isinstance(exc, OSError) and not isinstance(exc, (FileExistsError, NotADirectoryError)):
+                raise  # a permission denied, a full disk: said as such by the caller
             raise StoreError(f"{url} already exists; open it, or pass overwrite=True to replace it") from None
         try:
             write_probe(group.create_group("probe"), probe)
