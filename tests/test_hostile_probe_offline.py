@@ -207,8 +207,8 @@ def test_a_damaged_hugging_face_folder_is_one_short_line_naming_it(what, tmp_pat
 
 
 @pytest.mark.parametrize("field, value", [("n_embd", "abc"), ("n_layer", "2"), ("layer_norm_epsilon", "1e-5"),
-                                          ("initializer_range", ""), ("n_positions", "64\n")])  # fmt: skip
-def test_text_where_the_config_has_a_number_is_named_on_every_transformers(field, value, tmp_path, probe_store, capsys):
+                                          ("initializer_range", ""), ("n_positions", "64\n"), ("n_head", True)])  # fmt: skip
+def test_text_or_a_truth_value_where_the_config_has_a_number_is_named_on_every_transformers(field, value, tmp_path, probe_store, capsys):
     """transformers 4.x built the model and failed in torch without naming the field; the line
     names it whatever the version, and text where the config has text or None is left alone."""
     folder = _hf_folder(tmp_path)
@@ -216,7 +216,8 @@ def test_text_where_the_config_has_a_number_is_named_on_every_transformers(field
     (folder / "config.json").write_text(json.dumps({**config, field: value}))
     code, err = record(folder.parent, tmp_path / "o.zarr", probe_store, capsys)
     line = cli_error_line(err)
-    assert code == 1 and f"config.json: {field} is {value!r}, text where GPT2Config takes a number" in line, line
+    what = "true or false" if isinstance(value, bool) else "text"
+    assert code == 1 and f"config.json: {field} is {json.dumps(value)}, {what} where GPT2Config takes a number" in line, line
     (folder / "config.json").write_text(json.dumps({**config, "activation_function": "gelu_new", "n_inner": None}))
     assert record(folder.parent, tmp_path / "o2.zarr", probe_store, capsys)[0] == 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import logging
 import os
 import pickle
@@ -399,7 +400,7 @@ def _ignored_unexpected(model: torch.nn.Module) -> Callable[[str], bool]:
     of transformers 4.x does its causal mask, which transformers drops from a file too)."""
     is_hf = any(c.__module__.split(".")[0] == "transformers" for c in type(model).__mro__)
     declared = _patterns(model, "_keys_to_ignore_on_load_unexpected", _HF_LEGACY_BUFFERS if is_hf else ())
-    computed = {name for name, _ in model.named_buffers()} - set(model.state_dict())
+    computed = {name for name, _ in model.named_buffers(remove_duplicate=False)} - set(model.state_dict())
     return lambda key: key in computed or declared(key)
 
 
@@ -531,8 +532,8 @@ def _no_load_report():
 
 
 def _check_config_numbers(folder: Path, config: Mapping, transformers) -> None:
-    """Refuse a config.json field that holds text where its model's config class has a number
-    (``"n_embd": "abc"``), naming it: transformers 4.x built the model with it and failed in
+    """Refuse a config.json field that holds text, true or false where its model's config class
+    has a number (``"n_embd": "abc"``), naming it: transformers 4.x built the model with it and failed in
     torch ("empty(): argument 'size' failed to unpack ..."), which names no field."""
     try:
         with HF_LOCK:  # transformers' lazy imports, as for the model itself
@@ -540,9 +541,13 @@ def _check_config_numbers(folder: Path, config: Mapping, transformers) -> None:
     except Exception:  # noqa: BLE001 - no defaults to compare with: loading says what is wrong
         return
     for key, value in config.items():
-        number = getattr(default, key, None) if isinstance(key, str) and key.isidentifier() else None
-        if isinstance(value, str) and isinstance(number, (int, float)) and not isinstance(number, bool):
-            raise InputError(f"{folder / 'config.json'}: {key} is {short_error(repr(value), limit=60)}, text where "
+        try:
+            number = getattr(default, key, None) if isinstance(key, str) and key.isidentifier() else None
+        except Exception:  # noqa: BLE001 - a config property that cannot be read: nothing to compare with
+            continue
+        if isinstance(value, (str, bool)) and isinstance(number, (int, float)) and not isinstance(number, bool):
+            what = "true or false" if isinstance(value, bool) else "text"  # (lists stay: token ids may be one)
+            raise InputError(f"{folder / 'config.json'}: {key} is {short_error(json.dumps(value), limit=60)}, {what} where "
                              f"{type(default).__name__} takes a number ({number!r} by default)")
 
 
