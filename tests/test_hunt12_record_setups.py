@@ -296,7 +296,8 @@ def test_hf_tokens_per_step_agrees_with_the_trainers_own_count(tmp_path, probe4)
     run = read_run(store, "hf")
     # 12 updates (13 rows) where the Trainer counts an epoch's updates rounded up; transformers
     # 4.47 rounds down and stops after 10 (its max_steps), the first epoch's short update included
-    assert run.steps.tolist() == sorted(seen) and len(seen) in (11, 13) and 6 in seen
+    rounded_up = int(tf.__version__.split(".")[0]) >= 5  # as on 5.x: 4.48 to 4.57 not checked, either allowed there
+    assert run.steps.tolist() == sorted(seen) and len(seen) in ((13,) if rounded_up else (11, 13)) and 6 in seen
     assert run.coord("tokens_seen").tolist() == [seen[s] for s in sorted(seen)]
 
 

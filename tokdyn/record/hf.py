@@ -68,7 +68,8 @@ class TokdynTrainerCallback(TrainerCallback):
         (``TrainingArguments(include_num_input_tokens_seen=True)``), and nothing otherwise.
 
     The learning rate stored with a row is that of the update that produced the weights (read
-    after ``optimizer.step()``, before the scheduler steps); step 0 gets the first update's.
+    after ``optimizer.step()``, before the scheduler steps; before transformers 4.42, which has
+    no such event, when the update's step begins); step 0 gets the first update's.
     """
 
     def __init__(
