@@ -241,22 +241,23 @@ class DomainRates:
         unit_mults = np.minimum(rng.poisson(1.0, (n_boot if shrink else 0, n_units)), 255).astype(np.uint8)
         boots = np.zeros((len(unit_mults), n_grid, len(domains)))  # a domain without events: 0 in every resample
         for k in range(len(domains)):
-            n_k = int((dom == k).sum())
-            sub = events.for_tokens(dom == k)
+            in_k = dom == k
+            n_k = int(in_k.sum())
+            sub = events.for_tokens(in_k)
             if n_k == 0 or len(sub) == 0:
                 continue
             spec = learning_time_spectrum(sub, bandwidth=h, kernel="event", grid=n_grid)  # per scored token
             rates[:, k] = spec.density * events.n_scored / n_k
             # a resample's rate is per token of the domain *it* drew: resampling whole units moves
             # that count too, and a fixed one would count its swing (1/sqrt(units)) as noise
-            drawn = unit_mults @ np.bincount(unit[dom == k], minlength=n_units)
+            drawn = unit_mults @ np.bincount(unit[in_k], minlength=n_units)
             resampled = (m[unit] for m in unit_mults)
             for b, sb in enumerate(_event_bootstrap(sub, spec, resampled, len(unit_mults))):
                 boots[b, :, k] = sb.density * events.n_scored / drawn[b] if drawn[b] > 0 else np.nan  # none drawn: no rate
         raw = rates
         if shrink:
             mean = rates.mean(axis=1, keepdims=True)  # each domain toward the domains' mean, by its own error
-            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # a domain no resample drew: no error, 0
                 se = np.nan_to_num(np.nanstd(boots, axis=0))  # NaN: a resample that drew none of a domain
             dev = rates - mean
@@ -397,24 +398,29 @@ class MixtureSchedule:
         den = base.sum()
         if not den > 0:  # no drop in range: nothing to judge (enrichment_verdict says so)
             return {"schedule": 1.0, "best": 1.0, "unbounded": 1.0, "baseline_rate": 0.0, **who, "per_step": np.ones(len(r))}
-        f = self.config.floor
         top = r[:, fed].max(1)  # the most a step can feed: all its non-floor weight on a fed domain
-        best = f * base + (1 - f) * top
         per = np.divide((self.table_ * r).sum(1), base, out=np.ones(len(r)), where=base > 0)
-        return {"schedule": float((self.table_ * r).sum() / den), "best": float(best.sum() / den),
+        return {"schedule": float((self.table_ * r).sum() / den), "best": self._best_sum(base, top) / den,
                 "unbounded": float(top.sum() / den), "baseline_rate": float(den / len(r)), **who, "per_step": per}  # fmt: skip
 
     def _best(self, rates: DomainRates, xs: np.ndarray, block: int = 1 << 20) -> float:
         """:meth:`_enrichment`'s ``best`` for other ``rates`` at the steps' ``xs``, a block of
         steps at a time (not another [steps, D] array beside the schedule's own)."""
-        fed, f = self.base > 0, self.config.floor
+        fed = self.base > 0
         num = den = 0.0
         for a in range(0, xs.size, block):
             r = rates.at(xs[a : a + block])
             base = r @ self.base
-            num += float((f * base + (1 - f) * r[:, fed].max(1)).sum())
+            num += self._best_sum(base, r[:, fed].max(1))
             den += float(base.sum())
         return num / den if den > 0 else 1.0
+
+    def _best_sum(self, base: np.ndarray, top: np.ndarray) -> float:
+        """The most any schedule with this floor feeds over steps whose baseline rate is ``base``
+        and whose fastest fed domain's rate is ``top``: the floor's share at the baseline, the
+        rest on that domain."""
+        f = self.config.floor
+        return float((f * base + (1 - f) * top).sum())
 
     def _head(self) -> dict:
         """The schedule's description before its per-step arrays (:meth:`to_dict`, :meth:`save`)."""
