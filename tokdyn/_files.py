@@ -66,17 +66,16 @@ def not_a_folder(url: str | os.PathLike) -> str:
         try:
             mode = os.stat(here).st_mode
         except OSError as exc:  # not there (or unreadable): look above it, but for a link that leads nowhere
-            if os.path.islink(here):
-                what = "a link loop" if exc.errno == errno.ELOOP else f"a broken link (to {_link_target(here)})"
-                return f"{here} is {what}, not a store's folder" if here == path else f"{here}, above it, is {what}, not a folder"
-            up = os.path.dirname(here)
-            here = "" if up == here else up
-            continue
-        if stat.S_ISDIR(mode):
-            return ""
-        if here == path:
-            return f"{path} is {kind_of_mode(mode)}, not a store's folder"
-        return f"{here}, above it, is {kind_of_mode(mode)}, not a folder"
+            if not os.path.islink(here):
+                up = os.path.dirname(here)
+                here = "" if up == here else up
+                continue
+            what = "a link loop" if exc.errno == errno.ELOOP else f"a broken link (to {_link_target(here)})"
+        else:
+            if stat.S_ISDIR(mode):
+                return ""
+            what = kind_of_mode(mode)
+        return f"{here} is {what}, not a store's folder" if here == path else f"{here}, above it, is {what}, not a folder"
     return ""
 
 
