@@ -410,10 +410,25 @@ def test_best_unshrunk_is_the_best_of_the_raw_rates_in_any_blocks():
     rates = DomainRates.from_events(ev, dom, ("a", "b"))
     cfg = MixtureConfig(total_steps=1000, floor=0.3)
     sched = MixtureSchedule(rates, cfg)
-    want = MixtureSchedule(rates.unshrunk, cfg).enrichment()["best"]
-    assert sched.enrichment()["best_unshrunk"] == pytest.approx(want, rel=1e-12)
+    raw = MixtureSchedule(rates.unshrunk, cfg).enrichment()
+    want = (raw["best"], raw["unbounded"])
+    e = sched.enrichment()
+    assert (e["best_unshrunk"], e["unbounded_unshrunk"]) == pytest.approx(want, rel=1e-12)
     for block in (1, 7, 999, 1000, 5000):
         assert sched._best(rates.unshrunk, cfg.xs(), block) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 5])
+def test_noise_held_back_by_the_floor_as_well_is_still_called_noise(seed):
+    """A high floor holds even the raw rates' difference below what a schedule could use, but
+    with floor 0 it would count: the domains still differ only by noise, and the verdict says
+    so with both figures (it said the domains' loss falls in proportion, which it does not)."""
+    ev, dom = _copied_domains(seed)
+    e = MixtureSchedule(DomainRates.from_events(ev, dom, ("a", "b")), MixtureConfig(total_steps=1000, floor=0.9)).enrichment()
+    assert e["best"] < 1.05 and e["unbounded"] < 1.05 and e["best_unshrunk"] < 1.05 <= e["unbounded_unshrunk"]
+    verdict = enrichment_verdict(e)
+    assert "falls in proportion" not in verdict and "at this size that is noise" in verdict
+    assert f"best possible {e['best_unshrunk']:.3f} on them with this floor, {e['unbounded_unshrunk']:.3f} with floor 0" in verdict
 
 
 def test_domains_without_sampling_noise_keep_their_whole_difference():

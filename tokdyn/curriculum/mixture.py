@@ -340,7 +340,8 @@ class MixtureSchedule:
         self.table_ = self._weights(r)  # (steps, D)
         self._enrichment_ = self._enrichment(r)  # from the same rates: interpolated once
         if rates.unshrunk is not None:  # what the rates would allow before their noise was shrunk away
-            self._enrichment_.update(best_unshrunk=self._best(rates.unshrunk, xs), noise=dict(rates.noise))
+            best, unbounded = self._best(rates.unshrunk, xs)
+            self._enrichment_.update(best_unshrunk=best, unbounded_unshrunk=unbounded, noise=dict(rates.noise))
 
     @property
     def domains(self) -> tuple[str, ...]:
@@ -385,8 +386,9 @@ class MixtureSchedule:
         judge); ``zero_base``: the domains of base weight 0 (never fed: a weight is the base
         weight times the rate, so ``best`` and ``unbounded`` are over the others) and ``n_fed``
         how many others there are; ``per_step``: E at each step. Rates from a pilot's events
-        (:meth:`DomainRates.from_events`) add ``best_unshrunk``, the ``best`` of their rates
-        before the differences within noise were shrunk away, and ``noise``, over what."""
+        (:meth:`DomainRates.from_events`) add ``best_unshrunk`` and ``unbounded_unshrunk``, the
+        ``best`` and ``unbounded`` of their rates before the differences within noise were
+        shrunk away, and ``noise``, over what."""
         e = self._enrichment_
         return {**e, "per_step": e["per_step"].tolist()}
 
@@ -403,17 +405,19 @@ class MixtureSchedule:
         return {"schedule": float((self.table_ * r).sum() / den), "best": self._best_sum(base, top) / den,
                 "unbounded": float(top.sum() / den), "baseline_rate": float(den / len(r)), **who, "per_step": per}  # fmt: skip
 
-    def _best(self, rates: DomainRates, xs: np.ndarray, block: int = 1 << 20) -> float:
-        """:meth:`_enrichment`'s ``best`` for other ``rates`` at the steps' ``xs``, a block of
-        steps at a time (not another [steps, D] array beside the schedule's own)."""
+    def _best(self, rates: DomainRates, xs: np.ndarray, block: int = 1 << 20) -> tuple[float, float]:
+        """:meth:`_enrichment`'s ``best`` and ``unbounded`` for other ``rates`` at the steps'
+        ``xs``, a block of steps at a time (not another [steps, D] array beside the schedule's
+        own)."""
         fed = self.base > 0
-        num = den = 0.0
+        num = top_sum = den = 0.0
         for a in range(0, xs.size, block):
             r = rates.at(xs[a : a + block])
-            base = r @ self.base
-            num += self._best_sum(base, r[:, fed].max(1))
+            base, top = r @ self.base, r[:, fed].max(1)
+            num += self._best_sum(base, top)
+            top_sum += float(top.sum())
             den += float(base.sum())
-        return num / den if den > 0 else 1.0
+        return (num / den, top_sum / den) if den > 0 else (1.0, 1.0)
 
     def _best_sum(self, base: np.ndarray, top: np.ndarray) -> float:
         """The most any schedule with this floor feeds over steps whose baseline rate is ``base``
@@ -587,10 +591,13 @@ def _verdict(e: dict) -> str:
         return (f"enrichment {e['schedule']:.3f} (best possible {e['best']:.3f} with this floor, {e['unbounded']:.3f} "
                 "with floor 0): the domains' drops differ in time, but the floor keeps too much of each step at the "
                 "baseline mixture for a schedule to help; lower the floor to use them")  # fmt: skip
-    if e["best"] < _NO_HELP and e.get("best_unshrunk", 1.0) >= _NO_HELP:  # they differ, by no more than noise
+    raw_best, raw_unbounded = e.get("best_unshrunk", 1.0), e.get("unbounded_unshrunk", e.get("best_unshrunk", 1.0))
+    if e["best"] < _NO_HELP and raw_unbounded >= _NO_HELP:  # they differ, by no more than noise
         n = e["noise"]
+        on_them = (f"{raw_best:.3f} on them" if raw_best >= _NO_HELP else  # the floor would hold those back as well
+                   f"{raw_best:.3f} on them with this floor, {raw_unbounded:.3f} with floor 0")  # fmt: skip
         return (f"enrichment {e['schedule']:.3f} (best possible {e['best']:.3f}): the pilot's raw domain rates differ "
-                f"(best possible {e['best_unshrunk']:.3f} on them), but only within about {n['significance']:g} bootstrap errors "
+                f"(best possible {on_them}), but only within about {n['significance']:g} bootstrap errors "
                 f"over its probe's {n['n_units']:,} {n['resampled']}: at this size that is noise, so the schedule keeps the "
                 f"baseline mixture (a pilot probe with more {n['resampled']} per domain may tell the domains apart)")  # fmt: skip
     if e["best"] < _NO_HELP:
