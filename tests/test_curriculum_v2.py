@@ -307,6 +307,41 @@ def test_hf_trainer_draws_the_mixture_samplers_sequence(tmp_path):
     assert ds.asked == np.concatenate([sampler.draws(s) for s in range(4)]).tolist()
 
 
+def test_hf_trainer_calls_a_4x_trainer_with_its_own_signatures(monkeypatch):
+    """Before transformers 4.46 ``Trainer.compute_loss`` takes no ``num_items_in_batch``, and
+    before 5 ``_get_train_sampler`` takes no dataset: ``CurriculumTrainer`` passes each only
+    where the Trainer gave it (a TypeError on 4.x before). Checked on any installed version,
+    with the base class's two methods given their 4.40 signatures."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    import transformers
+
+    from tokdyn.curriculum.hf import CurriculumTrainer
+
+    calls = []
+    def old_compute_loss(self, model, inputs, return_outputs=False):
+        calls.append(("loss", return_outputs))
+        return 1.5
+
+    monkeypatch.setattr(transformers.Trainer, "compute_loss", old_compute_loss)
+    monkeypatch.setattr(transformers.Trainer, "_get_train_sampler", lambda self: calls.append("sampler") or "random")
+    trainer = object.__new__(CurriculumTrainer)  # the methods under test read only these two
+    trainer.token_weights = trainer.curriculum_sampler = None
+    assert trainer.compute_loss(None, {}) == 1.5 and trainer.compute_loss(None, {}, return_outputs=True) == 1.5
+    assert trainer._get_train_sampler() == "random"
+    assert calls == [("loss", False), ("loss", True), "sampler"]
+    # and on 4.46 onwards / 5.x, what the Trainer gives is passed on
+    seen = {}
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        seen.update(n=num_items_in_batch)
+
+    monkeypatch.setattr(transformers.Trainer, "compute_loss", compute_loss)
+    monkeypatch.setattr(transformers.Trainer, "_get_train_sampler", lambda self, train_dataset=None: seen.update(ds=train_dataset))
+    trainer.compute_loss(None, {}, num_items_in_batch=7)
+    trainer._get_train_sampler("dataset")
+    assert seen == {"n": 7, "ds": "dataset"}
+
+
 def test_reuse_takes_only_matching_baselines(tmp_path):
     from dataclasses import asdict
 
