@@ -193,6 +193,87 @@ def test_a_worker_process_without_tokdyn_is_named_instead_of_a_fit_that_waits_fo
     assert "cannot import tokdyn (ModuleNotFoundError" in str(outcome["error"]) and "the worker tcp://" in str(outcome["error"])
 
 
+def test_a_block_task_checks_its_worker_s_version_before_it_reads_anything(tmp_path):
+    """The check a dask task makes on its worker (here on no worker: said without an address),
+    before the store is opened: the url names nothing, and the version's line comes first."""
+    with pytest.raises(InputError, match=rf"^a worker of the dask cluster runs tokdyn {tokdyn.__version__}, the fit 0\.0\.1 \(it joined after"):
+        fitjob._fit_one_block(0, url=str(tmp_path / "nothing.zarr"), storage_options=None, run="r", rows=None, x=None,
+                              options=None, backend="numpy", device=None, block=1, n=1, batch_rows=1, fit_id="f",
+                              tokdyn_version="0.0.1")  # fmt: skip
+
+
+@distributed_needed
+@pytest.mark.filterwarnings("ignore:the dask scheduler at .* has no workers")  # none until the check is done
+def test_a_worker_of_another_version_that_joins_after_the_check_fits_nothing(tmp_path, data):
+    """The cluster's workers are asked for their tokdyn when a fit starts; a worker that joined
+    later was sent blocks and fitted them with its own code, unchecked (a silent mix of two
+    versions' results in one fit). Here a `dask worker` whose tokdyn says 0.0.1 joins once the
+    check is done: the fit stops in one line naming it, and writes no block of its own."""
+    import shutil
+
+    import distributed
+
+    other = tmp_path / "other"
+    shutil.copytree(Path(tokdyn.__file__).parent, other / "tokdyn", ignore=shutil.ignore_patterns("__pycache__"))
+    (other / "tokdyn" / "_version.py").write_text('__version__ = "0.0.1"\n')
+    st = make_store(tmp_path / "s.zarr", data[:200], token_chunk=100)
+    workers: list = []
+    real_check = fitjob._check_cluster_tokdyn
+
+    def check_then_join(client, address):
+        real_check(client, address)  # no workers yet: nobody to ask
+        workers.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+                                         "--no-nanny", "--dashboard-address", ":0"], cwd=tmp_path,
+                                        env={**os.environ, "PYTHONPATH": str(other)},
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+
+    outcome: dict = {}
+    with distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp", dashboard_address=None) as cluster:
+        try:
+            fitjob._check_cluster_tokdyn = check_then_join
+
+            def fit():
+                try:
+                    outcome["res"] = fit_run(st.run("r"), scheduler=cluster.scheduler_address, progress=False)
+                except Exception as exc:  # noqa: BLE001
+                    outcome["error"] = exc
+
+            t = threading.Thread(target=fit, daemon=True)
+            t.start()
+            t.join(90)
+            assert not t.is_alive(), "the fit waited for good"
+        finally:
+            fitjob._check_cluster_tokdyn = real_check
+            for w in workers:
+                w.kill()
+                w.wait()
+    assert isinstance(outcome.get("error"), InputError), outcome
+    msg = str(outcome["error"])
+    assert "the worker tcp://" in msg and f"runs tokdyn 0.0.1, the fit {tokdyn.__version__} (it joined after" in msg
+    import zarr
+
+    assert not zarr.open_array(str(tmp_path / "s.zarr" / "runs" / "r" / "fit" / "done"), mode="r")[...].any()
+
+
+@distributed_needed
+def test_a_worker_whose_tokdyn_predates_the_check_is_one_line(tmp_path, data, capsys, monkeypatch):
+    """An older tokdyn's block task takes no ``tokdyn_version``: its TypeError on the worker is
+    said as what it means (here the job's task is one without that parameter)."""
+    import distributed
+
+    def older(b, *, url, storage_options, run, rows, x, options, backend, device, block, n, batch_rows, fit_id, store=None,
+              stop=None):  # fmt: skip
+        raise AssertionError("not called with these arguments")
+
+    st = make_store(tmp_path / "s.zarr", data[:200], token_chunk=100)
+    fit_run(st.run("r"), scheduler="sync", progress=False)
+    monkeypatch.setattr(fitjob, "_fit_one_block", older)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        assert main(["fit", str(tmp_path / "s.zarr"), "--scheduler", cluster.scheduler_address, "--refit", "--no-progress"]) == 1
+    line = cli_error_line(capsys.readouterr().err)
+    assert "a worker of the dask cluster at" in line and "runs an older tokdyn, which does not take this version's tasks" in line
+
+
 # -- an address whose host does not resolve ---------------------------------------------------
 
 

@@ -392,11 +392,14 @@ def _accepted(name: str, value) -> bool:
 
 
 def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backend, device, block, n, batch_rows, fit_id,
-                   store=None, stop=None) -> int | None:  # fmt: skip
+                   store=None, stop=None, tokdyn_version: str | None = None) -> int | None:  # fmt: skip
     """Fit token block ``b``: read, fit in batches, hand the fields to the store, which marks it
     done. ``stop`` (a :class:`threading.Event`, threads only) set by the job when another block
     failed: the block is dropped between batches, unwritten (the job waits for it before it
-    returns and lets go of the fit lock)."""
+    returns and lets go of the fit lock). ``tokdyn_version`` (a dask.distributed task): the
+    fit's version, which this process must run."""
+    if tokdyn_version is not None:
+        _check_worker_version(tokdyn_version)
     st = store if store is not None else as_store(url, mode="r+", storage_options=storage_options or None)
     r = st.run(run)
     a, e = b * block, min(n, (b + 1) * block)
@@ -589,6 +592,24 @@ def _check_cluster_tokdyn(client, address: str) -> None:
                              "install the same version where the cluster runs (another version fits with other code)")  # fmt: skip
 
 
+def _check_worker_version(wanted: str) -> None:
+    """On a dask worker, before it reads a block: InputError unless it runs tokdyn ``wanted``.
+    :func:`_check_cluster_tokdyn` asks the workers there when the fit starts; one that joins the
+    cluster later is sent blocks too, and would fit them with other code."""
+    from tokdyn import __version__
+
+    if __version__ != wanted:
+        try:
+            from distributed import get_worker
+
+            who = f"the worker {get_worker().address}"
+        except Exception:  # noqa: BLE001 - not in a worker's task: said without its address
+            who = "a worker"
+        raise InputError(f"{who} of the dask cluster runs tokdyn {__version__}, the fit {wanted} (it joined after the fit "
+                         "asked the cluster's workers): install the same version where the cluster runs (another version "
+                         "fits with other code); the blocks done are kept: run `tokdyn fit` again to fit the rest")  # fmt: skip
+
+
 def _tokdyn_on_scheduler(client):
     """tokdyn's version as the scheduler imports it, or the exception its import raised."""
     try:
@@ -609,8 +630,10 @@ def _run_tasks(todo, task_args, *, scheduler: str, client=None, workers: int | N
     # Never more workers than blocks to fit: `--workers 1000000` started a process (or a thread
     # holding its block in memory) per block, 80 processes on 2 cores for an 80-block store.
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
-    if client is not None:
-        _run_distributed(tasks(), client, scheduler, progress)
+    if client is not None:  # each task checks its worker's version: a worker may join after _check_cluster_tokdyn
+        from tokdyn import __version__
+
+        _run_distributed(tasks(tokdyn_version=__version__), client, scheduler, progress)
     elif scheduler == "processes":
         if not _run_processes(tasks(), workers, progress):  # outside the except: the dead pool is let go first
             raise ClusterError("a worker process of the fit died while fitting a block (killed, or out of memory? "
@@ -673,6 +696,10 @@ def _run_distributed(tasks, client, address: str, progress: bool) -> None:
         if isinstance(exc, KilledWorker):
             raise ClusterError(f"the dask workers at {address} died while fitting a block ({' '.join(str(exc).split())[:200]}); "
                               f"out of memory? give the workers more, or lower --batch-rows; {resume}") from None  # fmt: skip
+        if isinstance(exc, TypeError) and "tokdyn_version" in str(exc):  # a worker whose tokdyn predates the check
+            raise InputError(f"a worker of the dask cluster at {address} runs an older tokdyn, which does not take this "
+                             f"version's tasks ({' '.join(str(exc).split())[:150]}): install the same version where the "
+                             f"cluster runs; {resume}") from None  # fmt: skip
         if isinstance(exc, CancelledError):
             raise ClusterError(f"the fit's tasks on the dask scheduler at {address} were cancelled "
                               f"({' '.join(str(exc).split())[:200]}); {resume}") from None  # fmt: skip
