@@ -153,6 +153,24 @@ def test_a_cluster_without_this_tokdyn_is_one_line_before_the_fit_is_touched(ans
     assert tokdyn.open_store(tmp_path / "s.zarr").run("r").fit.complete  # --refit discarded nothing
 
 
+def _fit_on(st, address: str, timeout: float) -> dict:
+    """``fit_run`` of run "r" on the cluster at ``address`` in a thread: ``{"res": summary}`` or
+    ``{"error": exception}``; an AssertionError where it has not ended within ``timeout`` s."""
+    outcome: dict = {}
+
+    def fit():
+        try:
+            outcome["res"] = fit_run(st.run("r"), scheduler=address, progress=False)
+        except Exception as exc:  # noqa: BLE001
+            outcome["error"] = exc
+
+    t = threading.Thread(target=fit, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "the fit waited for good"
+    return outcome
+
+
 @distributed_needed
 @pytest.mark.slow
 def test_a_worker_process_without_tokdyn_is_named_instead_of_a_fit_that_waits_for_good(tmp_path, data):
@@ -174,18 +192,7 @@ def test_a_worker_process_without_tokdyn_is_named_instead_of_a_fit_that_waits_fo
             while not cluster.scheduler.workers and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert cluster.scheduler.workers, "the worker did not join"
-            outcome: dict = {}
-
-            def fit():
-                try:
-                    outcome["res"] = fit_run(st.run("r"), scheduler=cluster.scheduler_address, progress=False)
-                except Exception as exc:  # noqa: BLE001
-                    outcome["error"] = exc
-
-            t = threading.Thread(target=fit, daemon=True)
-            t.start()
-            t.join(60)
-            assert not t.is_alive(), "the fit waited for good"
+            outcome = _fit_on(st, cluster.scheduler_address, 60)
         finally:
             worker.kill()
             worker.wait()
@@ -227,21 +234,10 @@ def test_a_worker_of_another_version_that_joins_after_the_check_fits_nothing(tmp
                                         env={**os.environ, "PYTHONPATH": str(other)},
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
 
-    outcome: dict = {}
     with distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp", dashboard_address=None) as cluster:
         try:
             fitjob._check_cluster_tokdyn = check_then_join
-
-            def fit():
-                try:
-                    outcome["res"] = fit_run(st.run("r"), scheduler=cluster.scheduler_address, progress=False)
-                except Exception as exc:  # noqa: BLE001
-                    outcome["error"] = exc
-
-            t = threading.Thread(target=fit, daemon=True)
-            t.start()
-            t.join(90)
-            assert not t.is_alive(), "the fit waited for good"
+            outcome = _fit_on(st, cluster.scheduler_address, 90)
         finally:
             fitjob._check_cluster_tokdyn = real_check
             for w in workers:
