@@ -31,6 +31,7 @@ import numpy as np
 
 from . import __version__
 from ._files import check_output_path, write_atomically
+from ._fonts import drawable, fallback_families
 from ._text import visible
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store, run_order
 from .errors import InputError, StoreError, TokdynError
@@ -146,12 +147,29 @@ def _literal(text, limit: int = LABEL_CHARS) -> str:
     """A user's string (a domain or run name) as matplotlib should draw it: as it is, "$" not
     starting mathtext (mathtext stays on for tokdyn's own labels: log-axis ticks use it), and
     cut in the middle to ``limit`` characters (a legend of names hundreds of characters long
-    squeezed its panels to nothing)."""
-    text = visible(text)
+    squeezed its panels to nothing). A character no installed font draws is an escape
+    (``\u5929``), not matplotlib's empty box (two Chinese run names were the same boxes; one
+    that some installed font draws is drawn from it, :func:`_png`)."""
+    text = drawable(visible(text))
     if len(text) > limit:
         keep = limit - 1
         text = text[: keep - keep // 3] + "…" + text[len(text) - keep // 3 :]
     return text.replace("$", r"\$")
+
+
+def _escapes_note(labels) -> str:
+    """A caption's sentence naming the legend's names that :func:`_literal` wrote with escapes
+    because no installed font draws their characters ("" where none): the page's text, which
+    the browser draws, shows them as they are."""
+    pairs = {}
+    for label in labels:
+        shown = visible(label)
+        if drawable(shown) != shown:
+            pairs[_literal(label)] = shown
+    if not pairs:
+        return ""
+    said = "; ".join(f"{k} is {v}" for k, v in pairs.items())
+    return f" No font installed here draws some names' characters, written as escapes in the legend: {said}."
 
 
 @dataclass
@@ -306,7 +324,12 @@ def _table(header, rows, caption: str = "") -> str:
 
 def _png(fig) -> str:
     import matplotlib.pyplot as plt
+    from matplotlib.text import Text
 
+    for t in fig.findobj(Text):  # characters the default font lacks, from the installed fonts that have them
+        extra = fallback_families(t.get_text())
+        if extra:
+            t.set_fontfamily([*t.get_fontfamily(), *extra])
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -938,7 +961,7 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
                   f"alone (figure below, bandwidth {rec.spectrum.bandwidth:.3f} decades)"
                   + ("; dotted, dash-dotted or dashed, rebuilt from the events of another run with no fit on this axis (each point placed "
                      "at its effective step on that run)" if a.across else "") + ". Where the lines follow the dots, "
-                  "the per-token events account for how the mean loss falls; R² in the legend.")  # fmt: skip
+                  "the per-token events account for how the mean loss falls; R² in the legend." + _escapes_note(a.across))  # fmt: skip
 
 
 
@@ -1325,7 +1348,7 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     # groups the probe has, none of them with enough events for a curve: said, not silently dropped
     absent = [k for k in ("class", "domain", "frequency", "position") if k in a.by_group and not a.by_group[k]]
     fig, axes = plt.subplots(1, len(keys), figsize=(2.9 * len(keys) + 1, 4.4), squeeze=False, sharey=True, layout="constrained")
-    shown = {}
+    shown, legends = {}, []
     for ax, k in zip(axes[0], keys):
         spectra = a.by_group[k]
         if k == "domain":  # the largest contributors only, for legibility
@@ -1342,6 +1365,7 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
         ax.xaxis.label.set_fontsize(8)
         # Handles and labels given explicitly: a legend drops artists whose label starts with "_"
         # (a domain such as "__future__" was missing from it).
+        legends += spectra
         _legend_below(ax, lines, [_literal(label) for label in spectra], ncol=2 if len(spectra) > 4 else 1,
                       title={"frequency": "occurrences of the token id", "position": "position in the sequence"}.get(k))  # fmt: skip
     axes[0][0].set_ylabel("ρ (nats per decade per token)")
@@ -1362,7 +1386,7 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
                   f"{_listed([what[k] for k in keys])}. Each curve is that group's contribution to ρ (same "
                   "bandwidth, same normalisation), so the curves of a panel add up to the whole spectrum, less groups "
                   f"with fewer than 10 events, which are left out.{dom}{missing} A peak that moves from band to band "
-                  "means those tokens are learned at different times.")  # fmt: skip
+                  "means those tokens are learned at different times." + _escapes_note(legends))  # fmt: skip
 
 
 def _group_order(st: TrajectoryStore, kind: str) -> list[str]:
