@@ -146,7 +146,7 @@ def test_invisible_characters_in_names_are_shown_not_obeyed(report):
 
 
 def test_invisible_characters_in_a_legend_are_shown(report):
-    from tokdyn.report import _literal
+    from tokdyn._fonts import figure_label as _literal
 
     assert _literal(HOSTILE_DOMAIN) == "dom\\u202eain\\u200b\\x07<b>x</b>"
     assert "\u202e" not in _literal("a\u202eb" + "c" * 100)

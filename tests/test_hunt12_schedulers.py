@@ -203,7 +203,7 @@ def test_a_worker_process_without_tokdyn_is_named_instead_of_a_fit_that_waits_fo
 def test_a_block_task_checks_its_worker_s_version_before_it_reads_anything(tmp_path):
     """The check a dask task makes on its worker (here on no worker: said without an address),
     before the store is opened: the url names nothing, and the version's line comes first."""
-    with pytest.raises(InputError, match=rf"^a worker of the dask cluster runs tokdyn {tokdyn.__version__}, the fit 0\.0\.1 \(it joined after"):
+    with pytest.raises(InputError, match=rf"^a worker of the dask cluster runs tokdyn {tokdyn.__version__}, the fit 0\.0\.1: install the same version"):
         fitjob._fit_one_block(0, url=str(tmp_path / "nothing.zarr"), storage_options=None, run="r", rows=None, x=None,
                               options=None, backend="numpy", device=None, block=1, n=1, batch_rows=1, fit_id="f",
                               tokdyn_version="0.0.1")  # fmt: skip
@@ -245,7 +245,7 @@ def test_a_worker_of_another_version_that_joins_after_the_check_fits_nothing(tmp
                 w.wait()
     assert isinstance(outcome.get("error"), InputError), outcome
     msg = str(outcome["error"])
-    assert "the worker tcp://" in msg and f"runs tokdyn 0.0.1, the fit {tokdyn.__version__} (it joined after" in msg
+    assert "the worker tcp://" in msg and f"runs tokdyn 0.0.1, the fit {tokdyn.__version__}: install the same version" in msg
     import zarr
 
     assert not zarr.open_array(str(tmp_path / "s.zarr" / "runs" / "r" / "fit" / "done"), mode="r")[...].any()
@@ -253,13 +253,16 @@ def test_a_worker_of_another_version_that_joins_after_the_check_fits_nothing(tmp
 
 @distributed_needed
 def test_a_worker_whose_tokdyn_predates_the_check_is_one_line(tmp_path, data, capsys, monkeypatch):
-    """An older tokdyn's block task takes no ``tokdyn_version``: its TypeError on the worker is
-    said as what it means (here the job's task is one without that parameter)."""
+    """An older tokdyn's block task takes no ``tokdyn_version`` (nor, older still, ``fit_id``,
+    which Python names first): its TypeError on the worker is said as what it means (here the
+    job's task is one without those parameters)."""
     import distributed
 
-    def older(b, *, url, storage_options, run, rows, x, options, backend, device, block, n, batch_rows, fit_id, store=None,
+    def older(b, *, url, storage_options, run, rows, x, options, backend, device, block, n, batch_rows, store=None,
               stop=None):  # fmt: skip
         raise AssertionError("not called with these arguments")
+
+    older.__name__ = older.__qualname__ = "_fit_one_block"  # as Python names it in the TypeError
 
     st = make_store(tmp_path / "s.zarr", data[:200], token_chunk=100)
     fit_run(st.run("r"), scheduler="sync", progress=False)

@@ -1,29 +1,30 @@
-"""A user's strings in the report's figures are drawn, never as matplotlib's empty boxes.
+"""A user's strings in figures are drawn, never as matplotlib's empty boxes, and never alike.
 
 DejaVu Sans (matplotlib's default) has no Chinese: two run or domain names in Chinese were two
 rows of the same boxes in a legend. A character some installed font has is drawn from it; one
-that no installed font has is written as an escape, as the page writes what shows nothing.
+that no installed font has is written as an escape, as the page writes what shows nothing; a
+name is cut between escapes, and one legend never shows two names the same.
 """
 
 from __future__ import annotations
 
+import io
 import warnings
 
 import matplotlib
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
 
 import tokdyn  # noqa: E402
 from test_hostile import fitted_store  # noqa: E402
 from tokdyn import _fonts  # noqa: E402
-from tokdyn.report import _literal, _png  # noqa: E402
-
-
-def _charmap(family: str) -> set[int]:
-    from matplotlib import font_manager, ft2font
-
-    return set(ft2font.FT2Font(font_manager.findfont(font_manager.FontProperties(family=family), fallback_to_default=False)).get_charmap())
+from tokdyn._fonts import figure_label, legend_labels, shown_label, use_fallback_fonts  # noqa: E402
 
 
 def _missing_glyph_warnings(draw) -> list[str]:
@@ -33,13 +34,21 @@ def _missing_glyph_warnings(draw) -> list[str]:
     return [str(w.message) for w in caught if "missing from font" in str(w.message)]
 
 
+def _draw(fig) -> None:
+    fig.savefig(io.BytesIO(), format="png")
+    plt.close(fig)
+
+
 @pytest.fixture
 def planted_fonts(monkeypatch):
     """The installed fonts replaced by one, "Planted", that has 天 (U+5929) and nothing else."""
     monkeypatch.setattr(_fonts, "_installed", lambda: (("Planted", frozenset({0x5929})),))
-    _fonts._family_for.cache_clear()
-    yield
-    _fonts._family_for.cache_clear()
+
+
+@pytest.fixture
+def no_fonts(monkeypatch):
+    """No installed font but the default: every character it lacks is an escape."""
+    monkeypatch.setattr(_fonts, "_installed", lambda: ())
 
 
 def test_characters_no_font_has_are_escapes_and_the_others_name_their_font(planted_fonts):
@@ -47,20 +56,77 @@ def test_characters_no_font_has_are_escapes_and_the_others_name_their_font(plant
     assert _fonts.fallback_families("天地 run") == ["Planted"]
     assert _fonts.drawable("plain μ α ü") == "plain μ α ü" and _fonts.fallback_families("plain μ α ü") == []
     assert _fonts.drawable("🙂") == "\\U0001f642"
-    # two names the default font cannot draw stay two names in a legend
-    assert _literal("地理") != _literal("地質") and _literal("地理") == "\\u5730\\u7406"
+    assert figure_label("地理") == "\\u5730\\u7406" and figure_label("cost $5 地") == "cost \\$5 \\u5730"
+
+
+def test_a_long_name_is_cut_between_escapes(no_fonts):
+    """Cut after escaping, the middle of an escape was left ("\\u…0\\u4e8c"); now whole escapes
+    only, within the limit."""
+    for name in ("数据集甲乙丙丁戊己庚辛壬癸", "ab" + "天" * 30 + "cd", "x" * 17 + "天" * 10, "天" * 7):
+        label = shown_label(name)
+        assert len(label) <= _fonts.LABEL_CHARS
+        head, _, tail = label.partition("…")
+        for part in (head, tail):
+            assert "".join(_fonts._UNIT.findall(part)) == part and all(len(u) in (1, 6) for u in _fonts._UNIT.findall(part))
+        if len(_fonts.drawable(name)) <= _fonts.LABEL_CHARS:
+            assert label == _fonts.drawable(name)
+
+
+def test_one_legend_never_shows_two_names_alike(no_fonts):
+    """Two long names that differ in the middle, and a name beside the text of its escapes."""
+    a, b = "数据集甲乙丙丁戊己庚辛壬癸", "数据集甲乙丁丁戊己庚辛壬癸"
+    assert shown_label(a) == shown_label(b)  # cut alike: the reason for the numbers
+    assert legend_labels([a, b, a]) == [f"{shown_label(a)} [1]", f"{shown_label(a)} [2]", f"{shown_label(a)} [1]"]
+    assert legend_labels(["天文", "\\u5929\\u6587"]) == ["\\u5929\\u6587 [1]", "\\u5929\\u6587 [2]"]
+    assert legend_labels(["plain", "其他"]) == ["plain", "\\u5176\\u4ed6"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(names=hs.lists(hs.text(hs.sampled_from("ab\\u$天文地🙂\u202e …x0"), max_size=50), min_size=1, max_size=6))
+def test_legend_labels_tell_different_names_apart(names):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_fonts, "_installed", lambda: ())
+        labels = legend_labels(names)
+    by_label = {}
+    for n, label in zip(names, labels):
+        by_label.setdefault(label, set()).add(n)
+        assert len(label) <= _fonts.LABEL_CHARS + 2 * 6  # the cut, "$" escapes (one "\" each, at most ~1/2) aside
+    assert all(len(ns) == 1 for ns in by_label.values()), by_label
+
+
+def test_every_character_an_installed_font_file_has_is_drawn_or_escaped():
+    """Characters from every font file matplotlib lists (bold and italic faces included, whose
+    family's regular face may lack them), drawn through the figure rule: no missing glyph. The
+    first version took a bold face's characters for its family's, and drew those as boxes."""
+    from matplotlib import font_manager, ft2font
+
+    codes = set()
+    for entry in font_manager.fontManager.ttflist:
+        try:
+            codes |= set(ft2font.FT2Font(entry.fname).get_charmap())
+        except Exception:  # noqa: BLE001
+            continue
+    pick = sorted(c for c in codes if 0x80 < c < 0x110000 and chr(c).isprintable() and not chr(c).isspace()
+                  and not 0xD800 <= c < 0xE000)  # fmt: skip
+    sample = np.random.default_rng(0).choice(pick, size=min(600, len(pick)), replace=False)
+    fig, ax = plt.subplots()
+    for k in range(0, len(sample), 20):
+        ax.text(0, k / len(sample), figure_label("".join(map(chr, sample[k : k + 20])), limit=10_000))
+    use_fallback_fonts(fig)
+    assert _missing_glyph_warnings(lambda: _draw(fig)) == []
 
 
 def test_a_character_only_another_installed_font_has_is_drawn_from_it():
-    """A character of matplotlib's own STIX fonts that DejaVu Sans lacks: without the fallback
-    the figure warns of a missing glyph (the positive control), through the report it does not,
-    and the legend's text names a font that has it."""
-    import matplotlib.pyplot as plt
+    """A character of matplotlib's own STIXGeneral that DejaVu Sans lacks: without the fallback
+    the figure warns of a missing glyph (the positive control); with it, it does not, and the
+    text names a family whose font has it."""
+    from matplotlib import font_manager, ft2font
 
-    _fonts._family_for.cache_clear()
-    default = _charmap("DejaVu Sans")
-    code = min(c for c in _charmap("STIXGeneral") - default if c > 0x2000 and chr(c).isprintable() and not chr(c).isspace())
-    label = _literal(f"run {chr(code)}")
+    def charmap(family):
+        return set(ft2font.FT2Font(font_manager.findfont(family, fallback_to_default=False)).get_charmap())
+
+    code = min(c for c in charmap("STIXGeneral") - charmap("DejaVu Sans") if c > 0x2000 and chr(c).isprintable())
+    label = figure_label(f"run {chr(code)}")
     assert label == f"run {chr(code)}"  # kept: a font has it
 
     def figure():
@@ -69,33 +135,51 @@ def test_a_character_only_another_installed_font_has_is_drawn_from_it():
         ax.legend()
         return fig
 
-    plain = figure()
-    assert _missing_glyph_warnings(lambda: plain.savefig(__import__("io").BytesIO(), format="png")), "no positive control"
-    plt.close(plain)
+    assert _missing_glyph_warnings(lambda: _draw(figure())), "no positive control"
     fig = figure()
+    use_fallback_fonts(fig)
     text = fig.axes[0].get_legend().get_texts()[0]
-    assert _missing_glyph_warnings(lambda: _png(fig)) == []
-    family = text.get_fontfamily()[-1]
-    assert code in _charmap(family)
+    assert _missing_glyph_warnings(lambda: _draw(fig)) == []
+    assert code in charmap(text.get_fontfamily()[-1])
+
+
+def test_the_default_font_is_the_one_matplotlib_draws_with_now():
+    """The default font's characters follow rcParams (a cached first answer did not)."""
+    before = _fonts._default()
+    with matplotlib.rc_context({"font.family": "STIXGeneral"}):
+        assert _fonts._default() != before
+    assert _fonts._default() == before
 
 
 def test_a_report_of_chinese_domain_names_draws_no_box(tmp_path):
     """The whole report, two domains named in Chinese: no figure draws a missing glyph, on a
     machine with a Chinese font or without one."""
-    _fonts._family_for.cache_clear()
     st = fitted_store(tmp_path / "s.zarr", domains=("天文", "地理"))
     assert _missing_glyph_warnings(lambda: tokdyn.write_report(st, tmp_path / "report.html")) == []
 
 
-def test_the_caption_says_which_name_each_escaped_legend_entry_is(tmp_path, monkeypatch):
-    """With no font that has them (none installed here but the default), the legend writes the
-    names as escapes and the figure's caption, which the browser draws, says whose they are."""
-    monkeypatch.setattr(_fonts, "_installed", lambda: ())
-    _fonts._family_for.cache_clear()
-    try:
-        st = fitted_store(tmp_path / "s.zarr", domains=("天文", "地理", "plain"))
-        page = tokdyn.write_report(st, tmp_path / "report.html").read_text()
-    finally:
-        _fonts._family_for.cache_clear()
+def test_the_caption_says_which_name_each_escaped_legend_entry_is(tmp_path, no_fonts):
+    """With no font that has them, the legend writes the names as escapes and the figure's
+    caption, which the browser draws, says whose they are."""
+    st = fitted_store(tmp_path / "s.zarr", domains=("天文", "地理", "plain"))
+    page = tokdyn.write_report(st, tmp_path / "report.html").read_text()
     assert "written as escapes in the legend: " in page
     assert "\\u5929\\u6587 is 天文" in page and "\\u5730\\u7406 is 地理" in page and "is plain" not in page
+
+
+def test_the_curriculum_a_b_figure_draws_domain_names_as_the_report_does(tmp_path, monkeypatch):
+    """`plot_mixture` drew the domains' names raw: boxes for Chinese, a name starting with "_"
+    left out of the legend, "$" read as mathtext."""
+    from matplotlib.figure import Figure
+
+    from tokdyn.curriculum.ab import plot_mixture
+
+    drawn = []
+    real = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (drawn.append(self), real(self, *a, **k))[1])
+    domains = ["天文", "_hidden", "cost $5"]
+    res = {"eval_steps": [1, 2, 4], "runs": [{"arm": "base", "curve": [[3.0, 3.1], [2.5, 2.4], [2.0, 2.1]]}],
+           "arm_info": {"mixture": {"weights": np.full((4, 3), 1 / 3).tolist(), "domains": domains}}}  # fmt: skip
+    assert _missing_glyph_warnings(lambda: plot_mixture(res, tmp_path / "m.png")) == []
+    labels = [t.get_text() for t in drawn[0].axes[1].get_legend().get_texts()]
+    assert labels == legend_labels(domains) and labels[1] == "_hidden" and labels[2] == "cost \\$5"

@@ -1,24 +1,33 @@
-"""Which installed font draws a character, for a user's strings in the report's figures.
+"""A user's strings (run and domain names) as matplotlib figures draw them.
 
 matplotlib draws a character its font lacks as an empty box (and warns "Glyph ... missing"):
 two run names in Chinese, drawn with DejaVu Sans, were two rows of the same boxes in a legend.
-:func:`drawable` keeps the characters some installed font has (the figure names that font as a
-fallback: :func:`fallback_families`) and writes the others as escapes (``\\u5929``), as
-:func:`tokdyn._text.visible` writes what shows nothing. Fonts are read only for a string with a
-character the default font lacks, once each per process.
+:func:`drawable` keeps the characters some installed font has (the figure then names that font
+as a fallback: :func:`use_fallback_fonts`) and writes the others as escapes (``\\u5929``), as
+:func:`tokdyn._text.visible` writes what shows nothing. :func:`figure_label` is the one rule for
+a name in a figure, and :func:`legend_labels` keeps different names apart in one legend. Fonts
+are read only for a string with a character the default font lacks.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import threading
 
-__all__ = ["drawable", "fallback_families"]
+from ._text import visible
+
+__all__ = ["drawable", "fallback_families", "use_fallback_fonts", "shown_label", "figure_label", "legend_labels"]
+
+LABEL_CHARS = 40  # a user's name in a figure is cut to this many characters
 
 _LOCK = threading.Lock()
-# matplotlib's own "Last Resort" font has a glyph for every character: the box that names its
-# Unicode block, which is what a missing glyph looks like, not the character
-_NOT_A_FALLBACK = ("last resort",)
+# Not fallbacks: matplotlib's "Last Resort" font has a glyph for every character, the box that
+# names its Unicode block (what a missing glyph looks like); TeX's cm* fonts and STIX's size
+# variants and non-Unicode glyphs are drawn at other sizes or for other characters than named.
+_NOT_A_FALLBACK = re.compile(r"^(last resort|stixsize|stixnonunicode|cm[a-z]+\d+$)", re.IGNORECASE)
+# one character as a figure shows it: an escape (visible's and drawable's), or one character
+_UNIT = re.compile(r"\\x[0-9a-f]{2}|\\u[0-9a-f]{4}|\\U[0-9a-f]{8}|\\[nrt]|.", re.DOTALL)
 
 
 def _escape(ch: str) -> str:
@@ -26,37 +35,52 @@ def _escape(ch: str) -> str:
     return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
 
 
-@functools.lru_cache(maxsize=1)
-def _default() -> frozenset[int]:
-    """The characters of the font matplotlib finds for its default family."""
-    from matplotlib import font_manager, ft2font, rcParams
+@functools.lru_cache(maxsize=64)
+def _charmap(path: str) -> frozenset[int]:
+    from matplotlib import ft2font
 
-    path = font_manager.findfont(font_manager.FontProperties(family=rcParams["font.family"]))
     return frozenset(ft2font.FT2Font(path).get_charmap())
 
 
-@functools.lru_cache(maxsize=1)
+def _default() -> frozenset[int]:
+    """The characters of the font matplotlib draws text with now (its rcParams, as they are)."""
+    from matplotlib import font_manager, rcParams
+
+    return _charmap(font_manager.findfont(font_manager.FontProperties(family=rcParams["font.family"])))
+
+
 def _installed() -> tuple[tuple[str, frozenset[int]], ...]:
-    """(family, characters) of every font matplotlib knows, but the default's and a last resort."""
-    from matplotlib import font_manager, ft2font
+    """(family, characters) of each font family matplotlib knows now, as it resolves the family's
+    name (its regular face: a character of the bold face alone is not drawn by the family)."""
+    from matplotlib import font_manager
+
+    manager = font_manager.fontManager
+    return _families(id(manager), len(manager.ttflist))
+
+
+@functools.lru_cache(maxsize=4)
+def _families(manager: int, n_fonts: int) -> tuple[tuple[str, frozenset[int]], ...]:
+    """:func:`_installed` for the font list of that identity and length (a font added later,
+    ``fontManager.addfont``, is read on the next call)."""
+    from matplotlib import font_manager
 
     out = []
-    for entry in font_manager.fontManager.ttflist:
-        if entry.name.lower().startswith(_NOT_A_FALLBACK):
+    for name in dict.fromkeys(entry.name for entry in font_manager.fontManager.ttflist):
+        if _NOT_A_FALLBACK.search(name):
             continue
         try:
-            out.append((entry.name, frozenset(ft2font.FT2Font(entry.fname).get_charmap())))
-        except Exception:  # noqa: BLE001 - a font file matplotlib listed but cannot read: not a fallback
+            path = font_manager.findfont(font_manager.FontProperties(family=name), fallback_to_default=False)
+            out.append((name, _charmap(path)))
+        except Exception:  # noqa: BLE001 - a font matplotlib listed but cannot find or read: not a fallback
             continue
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=4096)
-def _family_for(code: int) -> str | None:
-    """The first installed font's family that has ``code``, or None."""
+def _family_for(code: int, default: frozenset[int]) -> str | None:
+    """The first installed family other than the default's that has ``code``, or None."""
     with _LOCK:  # one scan of the fonts, whichever thread asks first
         fonts = _installed()
-    return next((name for name, chars in fonts if code in chars), None)
+    return next((name for name, chars in fonts if code in chars and chars is not default), None)
 
 
 def drawable(text: str) -> str:
@@ -64,7 +88,7 @@ def drawable(text: str) -> str:
     if text.isascii():
         return text
     default = _default()
-    return "".join(ch if ord(ch) in default or ch.isspace() or _family_for(ord(ch)) is not None else _escape(ch)
+    return "".join(ch if ord(ch) in default or ch.isspace() or _family_for(ord(ch), default) is not None else _escape(ch)
                    for ch in text)  # fmt: skip
 
 
@@ -76,7 +100,63 @@ def fallback_families(text: str) -> list[str]:
     out: list[str] = []
     for ch in text:
         if ord(ch) not in default and not ch.isspace():
-            family = _family_for(ord(ch))
+            family = _family_for(ord(ch), default)
             if family is not None and family not in out:
                 out.append(family)
     return out
+
+
+def use_fallback_fonts(fig) -> None:
+    """Before ``fig`` is drawn: each of its texts with characters the default font lacks names
+    the installed families that have them after its own (matplotlib falls back glyph by glyph)."""
+    from matplotlib.text import Text
+
+    for t in fig.findobj(Text):
+        extra = fallback_families(t.get_text())
+        if extra:
+            t.set_fontfamily([*t.get_fontfamily(), *extra])
+
+
+def shown_label(text, limit: int = LABEL_CHARS) -> str:
+    """A user's string as a figure shows it: what shows nothing and what no font draws as escapes
+    (:func:`visible`, :func:`drawable`), then cut in the middle to ``limit`` characters between
+    escapes, never inside one (a legend of names hundreds of characters long squeezed its panels
+    to nothing)."""
+    text = drawable(visible(text))
+    if len(text) <= limit:
+        return text
+    units = _UNIT.findall(text)
+    keep = limit - 1
+    head, tail, n = [], [], 0
+    for u in units:  # the first two thirds of what fits, then the last third
+        if n + len(u) > keep - keep // 3:
+            break
+        head.append(u)
+        n += len(u)
+    for u in reversed(units[len(head):]):
+        if n + len(u) > keep:
+            break
+        tail.append(u)
+        n += len(u)
+    return "".join(head) + "…" + "".join(reversed(tail))
+
+
+def figure_label(text, limit: int = LABEL_CHARS) -> str:
+    """:func:`shown_label` as matplotlib should be given it: "$" does not start mathtext
+    (mathtext stays on for tokdyn's own labels: log-axis ticks use it)."""
+    return shown_label(text, limit).replace("$", r"\$")
+
+
+def legend_labels(names, limit: int = LABEL_CHARS, *, for_matplotlib: bool = True) -> list[str]:
+    """Each of ``names`` as a legend shows it (:func:`shown_label`), with a number added where
+    different names would show the same (cut alike, or ``天文`` beside the text
+    ``\\u5929\\u6587``), so that one legend never has two entries that read the same; given to
+    matplotlib (``for_matplotlib``) with "$" escaped, as :func:`figure_label` gives it."""
+    names = [str(n) for n in names]
+    shown = [shown_label(n, limit) for n in names]
+    alike: dict[str, list[str]] = {}
+    for n, label in zip(names, shown):
+        if n not in alike.setdefault(label, []):
+            alike[label].append(n)
+    out = [label if len(alike[label]) == 1 else f"{label} [{alike[label].index(n) + 1}]" for n, label in zip(names, shown)]
+    return [label.replace("$", r"\$") for label in out] if for_matplotlib else out

@@ -31,7 +31,7 @@ import numpy as np
 
 from . import __version__
 from ._files import check_output_path, write_atomically
-from ._fonts import drawable, fallback_families
+from ._fonts import LABEL_CHARS, drawable, legend_labels, use_fallback_fonts
 from ._text import visible
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store, run_order
 from .errors import InputError, StoreError, TokdynError
@@ -140,36 +140,16 @@ def _decoder(probe, tokenizer):
     return None
 
 
-LABEL_CHARS = 40  # a user's name in a figure's legend is cut to this many characters
-
-
-def _literal(text, limit: int = LABEL_CHARS) -> str:
-    """A user's string (a domain or run name) as matplotlib should draw it: as it is, "$" not
-    starting mathtext (mathtext stays on for tokdyn's own labels: log-axis ticks use it), and
-    cut in the middle to ``limit`` characters (a legend of names hundreds of characters long
-    squeezed its panels to nothing). A character no installed font draws is an escape
-    (``\u5929``), not matplotlib's empty box (two Chinese run names were the same boxes; one
-    that some installed font draws is drawn from it, :func:`_png`)."""
-    text = drawable(visible(text))
-    if len(text) > limit:
-        keep = limit - 1
-        text = text[: keep - keep // 3] + "…" + text[len(text) - keep // 3 :]
-    return text.replace("$", r"\$")
-
-
-def _escapes_note(labels) -> str:
-    """A caption's sentence naming the legend's names that :func:`_literal` wrote with escapes
-    because no installed font draws their characters ("" where none): the page's text, which
-    the browser draws, shows them as they are."""
-    pairs = {}
-    for label in labels:
-        shown = visible(label)
-        if drawable(shown) != shown:
-            pairs[_literal(label)] = shown
-    if not pairs:
+def _escapes_note(names) -> str:
+    """A caption's sentence naming each legend entry that is written with escapes because no
+    installed font draws some of its characters ("" where none), as the page's text, which the
+    browser draws, shows the name."""
+    names = list(names)
+    said = [f"{label} is {visible(n)}" for n, label in zip(names, legend_labels(names, for_matplotlib=False))
+            if drawable(visible(n)) != visible(n)]  # fmt: skip
+    if not said:
         return ""
-    said = "; ".join(f"{k} is {v}" for k, v in pairs.items())
-    return f" No font installed here draws some names' characters, written as escapes in the legend: {said}."
+    return f" No font installed here draws some names' characters, written as escapes in the legend: {'; '.join(said)}."
 
 
 @dataclass
@@ -324,12 +304,8 @@ def _table(header, rows, caption: str = "") -> str:
 
 def _png(fig) -> str:
     import matplotlib.pyplot as plt
-    from matplotlib.text import Text
 
-    for t in fig.findobj(Text):  # characters the default font lacks, from the installed fonts that have them
-        extra = fallback_families(t.get_text())
-        if extra:
-            t.set_fontfamily([*t.get_fontfamily(), *extra])
+    use_fallback_fonts(fig)  # characters the default font lacks, from the installed fonts that have them
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -940,10 +916,10 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     ax1.plot(rec.x, rec.measured, "o", ms=4, color="k", label="measured")
     ax1.plot(rec.x, rec.from_events, "-", color="C0", label=f"sum of fitted events (R² {rec.r2_events:.3f})")
     ax1.plot(rec.x, rec.from_spectrum, "--", color="C3", label=f"spectrum alone (R² {rec.r2_spectrum:.3f})")
-    for k, (label, other) in enumerate(a.across.items()):  # e.g. D from the events of a T run, no fit on D
+    for k, ((label, other), shown) in enumerate(zip(a.across.items(), legend_labels(a.across))):  # e.g. D from the events of a T run, no fit on D
         ax1.plot(other.x, other.from_events, linestyle=ACROSS_STYLES[(k + k // len(ACROSS_STYLES)) % len(ACROSS_STYLES)],
                  color=ACROSS_COLORS[k % len(ACROSS_COLORS)], lw=1.2,
-                 label=f"{_literal(label)} (R² {other.r2_events:.3f})")  # fmt: skip
+                 label=f"{shown} (R² {other.r2_events:.3f})")  # fmt: skip
     ax1.axhline(0, color="#999", lw=0.5)
     _axis_x(ax1, a.axis, rec.x)
     ax1.set_ylabel("-dL/dlog10 a (nats per decade)")
@@ -1366,7 +1342,7 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
         # Handles and labels given explicitly: a legend drops artists whose label starts with "_"
         # (a domain such as "__future__" was missing from it).
         legends += spectra
-        _legend_below(ax, lines, [_literal(label) for label in spectra], ncol=2 if len(spectra) > 4 else 1,
+        _legend_below(ax, lines, legend_labels(spectra), ncol=2 if len(spectra) > 4 else 1,
                       title={"frequency": "occurrences of the token id", "position": "position in the sequence"}.get(k))  # fmt: skip
     axes[0][0].set_ylabel("ρ (nats per decade per token)")
     dom = ""
@@ -1374,7 +1350,7 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
         n, total = shown["domain"]
         dom = (f" The domain panel shows the {n} of {total} domains that carry the largest loss drop." if n < total
                else " The domain panel shows every domain.")  # fmt: skip
-    if any(len(str(label)) > LABEL_CHARS for k in keys for label in a.by_group[k]):
+    if any(len(drawable(visible(label))) > LABEL_CHARS for label in legends):
         dom += f" Names longer than {LABEL_CHARS} characters are cut in the middle (…) in the legends."
     nouns = {"class": "class", "domain": "domain", "frequency": "token frequency", "position": "position"}
     what = {"class": "their class", "domain": "their domain",

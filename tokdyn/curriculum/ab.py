@@ -732,6 +732,8 @@ def plot_mixture(res: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .._fonts import legend_labels, use_fallback_fonts
+
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     steps = np.asarray(res["eval_steps"])
     curves: dict[str, list] = {}
@@ -748,12 +750,14 @@ def plot_mixture(res: dict, path: Path) -> None:
     info = res["arm_info"].get("mixture")
     if info:
         w = np.asarray(info["weights"])
-        for k, d in enumerate(info["domains"]):
-            axes[1].plot(np.arange(1, len(w) + 1), w[:, k], label=d)
+        # the domains' names are the user's: drawn as the report draws them, each given its line
+        # (a legend drops a label that starts with "_"), escapes where no font has a character
+        lines = [axes[1].plot(np.arange(1, len(w) + 1), w[:, k])[0] for k in range(len(info["domains"]))]
         axes[1].set_xscale("log")
         axes[1].set_xlabel("optimizer step")
         axes[1].set_ylabel("domain weight (mixture arm)")
-        axes[1].legend(fontsize=8)
+        axes[1].legend(lines, legend_labels(info["domains"]), fontsize=8)
     fig.tight_layout()
+    use_fallback_fonts(fig)
     fig.savefig(path, dpi=110)
     plt.close(fig)

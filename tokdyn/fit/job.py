@@ -605,9 +605,9 @@ def _check_worker_version(wanted: str) -> None:
             who = f"the worker {get_worker().address}"
         except Exception:  # noqa: BLE001 - not in a worker's task: said without its address
             who = "a worker"
-        raise InputError(f"{who} of the dask cluster runs tokdyn {__version__}, the fit {wanted} (it joined after the fit "
-                         "asked the cluster's workers): install the same version where the cluster runs (another version "
-                         "fits with other code); the blocks done are kept: run `tokdyn fit` again to fit the rest")  # fmt: skip
+        raise InputError(f"{who} of the dask cluster runs tokdyn {__version__}, the fit {wanted}: install the same version "
+                         "where the cluster runs (another version fits with other code); the blocks done are kept: run "
+                         "`tokdyn fit` again to fit the rest")  # fmt: skip
 
 
 def _tokdyn_on_scheduler(client):
@@ -696,7 +696,7 @@ def _run_distributed(tasks, client, address: str, progress: bool) -> None:
         if isinstance(exc, KilledWorker):
             raise ClusterError(f"the dask workers at {address} died while fitting a block ({' '.join(str(exc).split())[:200]}); "
                               f"out of memory? give the workers more, or lower --batch-rows; {resume}") from None  # fmt: skip
-        if isinstance(exc, TypeError) and "tokdyn_version" in str(exc):  # a worker whose tokdyn predates the check
+        if isinstance(exc, TypeError) and "_fit_one_block() got an unexpected keyword argument" in str(exc):  # an older worker
             raise InputError(f"a worker of the dask cluster at {address} runs an older tokdyn, which does not take this "
                              f"version's tasks ({' '.join(str(exc).split())[:150]}): install the same version where the "
                              f"cluster runs; {resume}") from None  # fmt: skip
