@@ -39,15 +39,24 @@ def _draw(fig) -> None:
     plt.close(fig)
 
 
+def _dejavu_sans() -> frozenset[int]:
+    from matplotlib import font_manager
+
+    return _fonts._charmap(font_manager.findfont("DejaVu Sans", fallback_to_default=False))
+
+
 @pytest.fixture
 def planted_fonts(monkeypatch):
-    """The installed fonts replaced by one, "Planted", that has 天 (U+5929) and nothing else."""
+    """The default font DejaVu Sans (whatever this machine's matplotlibrc says), and the
+    installed fonts replaced by one, "Planted", that has 天 (U+5929) and nothing else."""
+    monkeypatch.setattr(_fonts, "_default", _dejavu_sans)
     monkeypatch.setattr(_fonts, "_installed", lambda: (("Planted", frozenset({0x5929})),))
 
 
 @pytest.fixture
 def no_fonts(monkeypatch):
-    """No installed font but the default: every character it lacks is an escape."""
+    """DejaVu Sans and no other installed font: every character it lacks is an escape."""
+    monkeypatch.setattr(_fonts, "_default", _dejavu_sans)
     monkeypatch.setattr(_fonts, "_installed", lambda: ())
 
 
@@ -85,6 +94,7 @@ def test_one_legend_never_shows_two_names_alike(no_fonts):
 @given(names=hs.lists(hs.text(hs.sampled_from("ab\\u$天文地🙂\u202e …x0"), max_size=50), min_size=1, max_size=6))
 def test_legend_labels_tell_different_names_apart(names):
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_fonts, "_default", _dejavu_sans)
         mp.setattr(_fonts, "_installed", lambda: ())
         labels = legend_labels(names)
     by_label = {}
