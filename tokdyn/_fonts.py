@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
+from collections import Counter
 
 from ._text import visible
 
@@ -61,17 +62,22 @@ def _installed() -> tuple[tuple[str, frozenset[int]], ...]:
 @functools.lru_cache(maxsize=4)
 def _families(manager: int, n_fonts: int) -> tuple[tuple[str, frozenset[int]], ...]:
     """:func:`_installed` for the font list of that identity and length (a font added later,
-    ``fontManager.addfont``, is read on the next call)."""
+    ``fontManager.addfont``, is read on the next call). A family's regular face (normal style,
+    weight and stretch) is the file matplotlib draws ordinary text of that family with; a family
+    without one is no fallback (asking matplotlib for it logged "Failed to find font weight
+    normal" on the user's terminal)."""
     from matplotlib import font_manager
 
+    regular: dict[str, str] = {}
+    for e in font_manager.fontManager.ttflist:
+        weight = font_manager.weight_dict.get(e.weight, e.weight) if isinstance(e.weight, str) else e.weight
+        if (e.style, e.variant, weight, e.stretch) == ("normal", "normal", 400, "normal") and not _NOT_A_FALLBACK.search(e.name):
+            regular.setdefault(e.name, e.fname)
     out = []
-    for name in dict.fromkeys(entry.name for entry in font_manager.fontManager.ttflist):
-        if _NOT_A_FALLBACK.search(name):
-            continue
+    for name, path in regular.items():
         try:
-            path = font_manager.findfont(font_manager.FontProperties(family=name), fallback_to_default=False)
             out.append((name, _charmap(path)))
-        except Exception:  # noqa: BLE001 - a font matplotlib listed but cannot find or read: not a fallback
+        except Exception:  # noqa: BLE001 - a font matplotlib listed but cannot read: not a fallback
             continue
     return tuple(out)
 
@@ -150,13 +156,22 @@ def figure_label(text, limit: int = LABEL_CHARS) -> str:
 def legend_labels(names, limit: int = LABEL_CHARS, *, for_matplotlib: bool = True) -> list[str]:
     """Each of ``names`` as a legend shows it (:func:`shown_label`), with a number added where
     different names would show the same (cut alike, or ``天文`` beside the text
-    ``\\u5929\\u6587``), so that one legend never has two entries that read the same; given to
-    matplotlib (``for_matplotlib``) with "$" escaped, as :func:`figure_label` gives it."""
+    ``\\u5929\\u6587``), the first number no other entry reads as, so that one legend never has
+    two entries that read the same; given to matplotlib (``for_matplotlib``) with "$" escaped,
+    as :func:`figure_label` gives it."""
     names = [str(n) for n in names]
-    shown = [shown_label(n, limit) for n in names]
-    alike: dict[str, list[str]] = {}
-    for n, label in zip(names, shown):
-        if n not in alike.setdefault(label, []):
-            alike[label].append(n)
-    out = [label if len(alike[label]) == 1 else f"{label} [{alike[label].index(n) + 1}]" for n, label in zip(names, shown)]
-    return [label.replace("$", r"\$") for label in out] if for_matplotlib else out
+    shown = {n: shown_label(n, limit) for n in names}
+    alike = Counter(shown.values())
+    taken = {v for v in shown.values() if alike[v] == 1}  # kept as they are; a number never reads as one
+    label: dict[str, str] = {}
+    for n, v in shown.items():
+        if alike[v] == 1:
+            label[n] = v
+            continue
+        k = 1
+        while f"{v} [{k}]" in taken:
+            k += 1
+        label[n] = f"{v} [{k}]"
+        taken.add(label[n])
+    out = [label[n] for n in names]
+    return [v.replace("$", r"\$") for v in out] if for_matplotlib else out

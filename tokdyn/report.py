@@ -140,16 +140,18 @@ def _decoder(probe, tokenizer):
     return None
 
 
-def _escapes_note(names) -> str:
-    """A caption's sentence naming each legend entry that is written with escapes because no
-    installed font draws some of its characters ("" where none), as the page's text, which the
-    browser draws, shows the name."""
+def _legend_note(names) -> str:
+    """A caption's sentence naming each legend entry that does not read as its name ("" where
+    none): written with escapes, because no installed font draws some of its characters, or
+    numbered, because another name would read the same (:func:`legend_labels`); in the page's
+    text, which the browser draws, the name is as it is."""
     names = list(names)
     said = [f"{label} is {visible(n)}" for n, label in zip(names, legend_labels(names, for_matplotlib=False))
-            if drawable(visible(n)) != visible(n)]  # fmt: skip
+            if label != visible(n)]  # fmt: skip
     if not said:
         return ""
-    return f" No font installed here draws some names' characters, written as escapes in the legend: {'; '.join(said)}."
+    return (" Legend entries that do not read as the whole name (cut, written with escapes where no font installed here "
+            f"draws a character, or numbered where two would read the same): {'; '.join(said)}.")  # fmt: skip
 
 
 @dataclass
@@ -937,7 +939,7 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
                   f"alone (figure below, bandwidth {rec.spectrum.bandwidth:.3f} decades)"
                   + ("; dotted, dash-dotted or dashed, rebuilt from the events of another run with no fit on this axis (each point placed "
                      "at its effective step on that run)" if a.across else "") + ". Where the lines follow the dots, "
-                  "the per-token events account for how the mean loss falls; R² in the legend." + _escapes_note(a.across))  # fmt: skip
+                  "the per-token events account for how the mean loss falls; R² in the legend." + _legend_note(a.across))  # fmt: skip
 
 
 
@@ -1351,7 +1353,7 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
         dom = (f" The domain panel shows the {n} of {total} domains that carry the largest loss drop." if n < total
                else " The domain panel shows every domain.")  # fmt: skip
     if any(len(drawable(visible(label))) > LABEL_CHARS for label in legends):
-        dom += f" Names longer than {LABEL_CHARS} characters are cut in the middle (…) in the legends."
+        dom += f" Names longer than {LABEL_CHARS} characters (an escape counts its characters) are cut in the middle (…) in the legends."
     nouns = {"class": "class", "domain": "domain", "frequency": "token frequency", "position": "position"}
     what = {"class": "their class", "domain": "their domain",
             "frequency": "how often their token id occurs in the probe (bands between quantiles of that count)",
@@ -1362,7 +1364,7 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
                   f"{_listed([what[k] for k in keys])}. Each curve is that group's contribution to ρ (same "
                   "bandwidth, same normalisation), so the curves of a panel add up to the whole spectrum, less groups "
                   f"with fewer than 10 events, which are left out.{dom}{missing} A peak that moves from band to band "
-                  "means those tokens are learned at different times." + _escapes_note(legends))  # fmt: skip
+                  "means those tokens are learned at different times." + _legend_note(legends))  # fmt: skip
 
 
 def _group_order(st: TrajectoryStore, kind: str) -> list[str]:

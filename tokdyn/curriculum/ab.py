@@ -757,7 +757,7 @@ def plot_mixture(res: dict, path: Path) -> None:
         axes[1].set_xlabel("optimizer step")
         axes[1].set_ylabel("domain weight (mixture arm)")
         axes[1].legend(lines, legend_labels(info["domains"]), fontsize=8)
+    use_fallback_fonts(fig)  # before the layout is measured
     fig.tight_layout()
-    use_fallback_fonts(fig)
     fig.savefig(path, dpi=110)
     plt.close(fig)
