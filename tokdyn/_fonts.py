@@ -16,7 +16,7 @@ import re
 import threading
 from collections import Counter
 
-from ._text import visible
+from ._text import escape, visible
 
 __all__ = ["drawable", "fallback_families", "use_fallback_fonts", "shown_label", "figure_label", "legend_labels"]
 
@@ -29,11 +29,6 @@ _LOCK = threading.Lock()
 _NOT_A_FALLBACK = re.compile(r"^(last resort|stixsize|stixnonunicode|cm[a-z]+\d+$)", re.IGNORECASE)
 # one character as a figure shows it: an escape (visible's and drawable's), or one character
 _UNIT = re.compile(r"\\x[0-9a-f]{2}|\\u[0-9a-f]{4}|\\U[0-9a-f]{8}|\\[nrt]|.", re.DOTALL)
-
-
-def _escape(ch: str) -> str:
-    o = ord(ch)
-    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
 
 
 @functools.lru_cache(maxsize=64)
@@ -94,7 +89,7 @@ def drawable(text: str) -> str:
     if text.isascii():
         return text
     default = _default()
-    return "".join(ch if ord(ch) in default or ch.isspace() or _family_for(ord(ch), default) is not None else _escape(ch)
+    return "".join(ch if ord(ch) in default or ch.isspace() or _family_for(ord(ch), default) is not None else escape(ch)
                    for ch in text)  # fmt: skip
 
 
@@ -150,7 +145,7 @@ def shown_label(text, limit: int = LABEL_CHARS) -> str:
 def figure_label(text, limit: int = LABEL_CHARS) -> str:
     """:func:`shown_label` as matplotlib should be given it: "$" does not start mathtext
     (mathtext stays on for tokdyn's own labels: log-axis ticks use it)."""
-    return shown_label(text, limit).replace("$", r"\$")
+    return _no_mathtext(shown_label(text, limit))
 
 
 def legend_labels(names, limit: int = LABEL_CHARS, *, for_matplotlib: bool = True) -> list[str]:
@@ -174,4 +169,9 @@ def legend_labels(names, limit: int = LABEL_CHARS, *, for_matplotlib: bool = Tru
         label[n] = f"{v} [{k}]"
         taken.add(label[n])
     out = [label[n] for n in names]
-    return [v.replace("$", r"\$") for v in out] if for_matplotlib else out
+    return [_no_mathtext(v) for v in out] if for_matplotlib else out
+
+
+def _no_mathtext(label: str) -> str:
+    """``label`` with each "$" escaped, so that matplotlib draws it instead of starting mathtext."""
+    return label.replace("$", r"\$")

@@ -12,6 +12,13 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
+def escape(ch: str) -> str:
+    """One character as Python writes it in a string's escape: ``\\x07``, ``\\u202e``,
+    ``\\U0001f642``."""
+    o = ord(ch)
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
+
+
 def visible(text, *, data: bool = False) -> str:
     """A user's string (a run, domain or store name, a metadata value) with every character that
     shows nothing written as an escape, as ``tokdyn info`` writes it: control characters, and
@@ -34,8 +41,7 @@ def visible(text, *, data: bool = False) -> str:
         if 0xE0020 <= ord(ch) <= 0xE007F and k and (unicodedata.category(text[k - 1]) == "So" or 0xE0020 <= ord(text[k - 1]) <= 0xE007F):
             invisible = False  # the tag characters of a subdivision flag (🏴 + tags) are part of it
         if invisible:
-            o = ord(ch)
-            out.append(_NAMED.get(ch) or (f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"))
+            out.append(_NAMED.get(ch) or escape(ch))
         else:
             out.append(ch)
     return "".join(out)
