@@ -132,6 +132,19 @@ distributed_needed = pytest.mark.skipif(
 )
 
 
+def _refit_on_a_cluster_fails(tmp_path, data, capsys, patch) -> str:
+    """A store of 200 tokens fitted locally, then ``patch()``, then `tokdyn fit --refit` on a
+    one-worker in-process dask cluster, which must fail: its error line."""
+    import distributed
+
+    st = make_store(tmp_path / "s.zarr", data[:200], token_chunk=100)
+    fit_run(st.run("r"), scheduler="sync", progress=False)
+    patch()
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        assert main(["fit", str(tmp_path / "s.zarr"), "--scheduler", cluster.scheduler_address, "--refit", "--no-progress"]) == 1
+    return cli_error_line(capsys.readouterr().err)
+
+
 @distributed_needed
 @pytest.mark.parametrize("answer, says", [("__import__('tokdyn_not_installed_here')", "cannot import tokdyn (ModuleNotFoundError"),
                                           ("'0.0.1'", "runs tokdyn 0.0.1, this process ")])  # fmt: skip
@@ -141,14 +154,7 @@ def test_a_cluster_without_this_tokdyn_is_one_line_before_the_fit_is_touched(ans
     first block and left the fit waiting for good. Another version would fit with other code.
     Now its processes are asked first (here the answer is patched in): one line naming who and
     what to install, and a `--refit` keeps the stored fit."""
-    import distributed
-
-    st = make_store(tmp_path / "s.zarr", data[:200], token_chunk=100)
-    fit_run(st.run("r"), scheduler="sync", progress=False)
-    monkeypatch.setattr(fitjob, "_IMPORT_TOKDYN", answer)
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
-        assert main(["fit", str(tmp_path / "s.zarr"), "--scheduler", cluster.scheduler_address, "--refit", "--no-progress"]) == 1
-    line = cli_error_line(capsys.readouterr().err)
+    line = _refit_on_a_cluster_fails(tmp_path, data, capsys, lambda: monkeypatch.setattr(fitjob, "_IMPORT_TOKDYN", answer))
     assert "the scheduler of the dask cluster at" in line and says in line
     assert tokdyn.open_store(tmp_path / "s.zarr").run("r").fit.complete  # --refit discarded nothing
 
@@ -256,7 +262,6 @@ def test_a_worker_whose_tokdyn_predates_the_check_is_one_line(tmp_path, data, ca
     """An older tokdyn's block task takes no ``tokdyn_version`` (nor, older still, ``fit_id``,
     which Python names first): its TypeError on the worker is said as what it means (here the
     job's task is one without those parameters)."""
-    import distributed
 
     def older(b, *, url, storage_options, run, rows, x, options, backend, device, block, n, batch_rows, store=None,
               stop=None):  # fmt: skip
@@ -264,12 +269,7 @@ def test_a_worker_whose_tokdyn_predates_the_check_is_one_line(tmp_path, data, ca
 
     older.__name__ = older.__qualname__ = "_fit_one_block"  # as Python names it in the TypeError
 
-    st = make_store(tmp_path / "s.zarr", data[:200], token_chunk=100)
-    fit_run(st.run("r"), scheduler="sync", progress=False)
-    monkeypatch.setattr(fitjob, "_fit_one_block", older)
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
-        assert main(["fit", str(tmp_path / "s.zarr"), "--scheduler", cluster.scheduler_address, "--refit", "--no-progress"]) == 1
-    line = cli_error_line(capsys.readouterr().err)
+    line = _refit_on_a_cluster_fails(tmp_path, data, capsys, lambda: monkeypatch.setattr(fitjob, "_fit_one_block", older))
     assert "a worker of the dask cluster at" in line and "runs an older tokdyn, which does not take this version's tasks" in line
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from tokdyn._process import exit_with_parent, spawn_context, take_interrupts
+from tokdyn._version import __version__
 from tokdyn.errors import ClusterError, InputError, StoreError
 from tokdyn.fit.backends import resolve_backend
 from tokdyn.fit.block import FIT_FIELDS, fit_block
@@ -563,8 +564,6 @@ def _check_cluster_tokdyn(client, address: str) -> None:
     please report it)", a worker without a nanny by dying on the first task and leaving the fit
     waiting for good, one with a nanny as a "KilledWorker: out of memory?". Another version
     would fit with other code: not the results a local fit of the same store and options gives."""
-    from tokdyn import __version__
-
     answer: dict = {}
 
     def ask() -> None:
@@ -596,8 +595,6 @@ def _check_worker_version(wanted: str) -> None:
     """On a dask worker, before it reads a block: InputError unless it runs tokdyn ``wanted``.
     :func:`_check_cluster_tokdyn` asks the workers there when the fit starts; one that joins the
     cluster later is sent blocks too, and would fit them with other code."""
-    from tokdyn import __version__
-
     if __version__ != wanted:
         try:
             from distributed import get_worker
@@ -631,8 +628,6 @@ def _run_tasks(todo, task_args, *, scheduler: str, client=None, workers: int | N
     # holding its block in memory) per block, 80 processes on 2 cores for an 80-block store.
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
     if client is not None:  # each task checks its worker's version: a worker may join after _check_cluster_tokdyn
-        from tokdyn import __version__
-
         _run_distributed(tasks(tokdyn_version=__version__), client, scheduler, progress)
     elif scheduler == "processes":
         if not _run_processes(tasks(), workers, progress):  # outside the except: the dead pool is let go first
