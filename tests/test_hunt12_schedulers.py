@@ -5,6 +5,7 @@ its limits. Each test failed before its fix (docs/fitting.md, "Fitting a store")
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -147,7 +148,11 @@ def _refit_on_a_cluster_fails(tmp_path, data, capsys, patch) -> str:
 
 @distributed_needed
 @pytest.mark.parametrize("answer, says", [("__import__('tokdyn_not_installed_here')", "cannot import tokdyn (ModuleNotFoundError"),
-                                          ("'0.0.1'", "runs tokdyn 0.0.1, this process ")])  # fmt: skip
+                                          ("'0.0.1'", "runs tokdyn 0.0.1, this process "),
+                                          (f"'{tokdyn.__version__}+000000000000'",  # this version, other code
+                                           f"runs tokdyn {tokdyn.__version__}+000000000000, this process {tokdyn._version.build()}: "
+                                           "install the same tokdyn")],
+                         ids=["no tokdyn", "another version", "other code"])  # fmt: skip
 def test_a_cluster_without_this_tokdyn_is_one_line_before_the_fit_is_touched(answer, says, tmp_path, data, capsys, monkeypatch):
     """A cluster started from an environment without tokdyn: its scheduler failed to unpickle the
     graph ("internal error ... (a bug: please report it)"), a worker without a nanny died on its
@@ -209,7 +214,7 @@ def test_a_worker_process_without_tokdyn_is_named_instead_of_a_fit_that_waits_fo
 def test_a_block_task_checks_its_worker_s_version_before_it_reads_anything(tmp_path):
     """The check a dask task makes on its worker (here on no worker: said without an address),
     before the store is opened: the url names nothing, and the version's line comes first."""
-    with pytest.raises(InputError, match=rf"^a worker of the dask cluster runs tokdyn {tokdyn.__version__}, the fit 0\.0\.1: install the same version"):
+    with pytest.raises(InputError, match=rf"^a worker of the dask cluster runs tokdyn {re.escape(tokdyn._version.build())}, the fit 0\.0\.1: install the same tokdyn"):
         fitjob._fit_one_block(0, url=str(tmp_path / "nothing.zarr"), storage_options=None, run="r", rows=None, x=None,
                               options=None, backend="numpy", device=None, block=1, n=1, batch_rows=1, fit_id="f",
                               tokdyn_version="0.0.1")  # fmt: skip
@@ -228,7 +233,8 @@ def test_a_worker_of_another_version_that_joins_after_the_check_fits_nothing(tmp
 
     other = tmp_path / "other"
     shutil.copytree(Path(tokdyn.__file__).parent, other / "tokdyn", ignore=shutil.ignore_patterns("__pycache__"))
-    (other / "tokdyn" / "_version.py").write_text('__version__ = "0.0.1"\n')
+    version = other / "tokdyn" / "_version.py"
+    version.write_text(version.read_text().replace(f'__version__ = "{tokdyn.__version__}"', '__version__ = "0.0.1"'))
     st = make_store(tmp_path / "s.zarr", data[:200], token_chunk=100)
     workers: list = []
     real_check = fitjob._check_cluster_tokdyn
@@ -251,7 +257,7 @@ def test_a_worker_of_another_version_that_joins_after_the_check_fits_nothing(tmp
                 w.wait()
     assert isinstance(outcome.get("error"), InputError), outcome
     msg = str(outcome["error"])
-    assert "the worker tcp://" in msg and f"runs tokdyn 0.0.1, the fit {tokdyn.__version__}: install the same version" in msg
+    assert "the worker tcp://" in msg and "runs tokdyn 0.0.1+" in msg and f", the fit {tokdyn._version.build()}: install the same tokdyn" in msg
     import zarr
 
     assert not zarr.open_array(str(tmp_path / "s.zarr" / "runs" / "r" / "fit" / "done"), mode="r")[...].any()

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from .. import _process
 from .._text import visible
-from .._version import __version__
+from .._version import __version__, build
 from ..errors import TokdynError
 from . import analysis, curriculum, demo, fit, probe, record, store
 from ._common import check_paths
@@ -45,7 +45,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tokdyn", description="Token-level training dynamics analyzer.")
-    parser.add_argument("--version", action="version", version=f"tokdyn {__version__}")
+    parser.add_argument("--version", action="version", version=f"tokdyn {build()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _MODULES:
         module.register(sub)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from tokdyn._process import exit_with_parent, spawn_context, take_interrupts
-from tokdyn._version import __version__
+from tokdyn._version import build as tokdyn_build
 from tokdyn.errors import ClusterError, InputError, StoreError
 from tokdyn.fit.backends import resolve_backend
 from tokdyn.fit.block import FIT_FIELDS, fit_block
@@ -398,7 +398,7 @@ def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backe
     done. ``stop`` (a :class:`threading.Event`, threads only) set by the job when another block
     failed: the block is dropped between batches, unwritten (the job waits for it before it
     returns and lets go of the fit lock). ``tokdyn_version`` (a dask.distributed task): the
-    fit's version, which this process must run."""
+    fit's version and code (`_version.build`), which this process must run."""
     if tokdyn_version is not None:
         _check_worker_version(tokdyn_version)
     st = store if store is not None else as_store(url, mode="r+", storage_options=storage_options or None)
@@ -553,8 +553,11 @@ def _connect(address: str):
 # on a busy machine) and say its version, before a fit goes on without knowing.
 CLUSTER_IMPORT_TIMEOUT = 60.0
 # What the cluster's processes run: the module the tasks' function lives in, imported as a task's
-# unpickling would; eval and a string travel by value where a function of tokdyn could not.
-_IMPORT_TOKDYN = "__import__('tokdyn.fit.job').__version__"
+# unpickling would, and its version and code (`_version.build`; an older tokdyn, without it, says
+# its version alone); eval and a string travel by value where a function of tokdyn could not.
+_IMPORT_TOKDYN = "(lambda t: getattr(t.fit.job, 'tokdyn_build', lambda: t.__version__)())(__import__('tokdyn.fit.job'))"
+# What the two checks below ask for where the answer differs.
+_SAME_CODE = "install the same tokdyn where the cluster runs (another version, or one with other changes to its code, fits with other code)"
 
 
 def _check_cluster_tokdyn(client, address: str) -> None:
@@ -581,34 +584,35 @@ def _check_cluster_tokdyn(client, address: str) -> None:
         warnings.warn(f"could not ask the dask cluster at {address} for its tokdyn version ({why}); fitting anyway",
                       RuntimeWarning, stacklevel=4)  # fmt: skip
         return
+    here = tokdyn_build()
     for who, got in {**answer["scheduler"], **answer["workers"]}.items():
         if isinstance(got, BaseException):
             raise InputError(f"{who} of the dask cluster at {address} cannot import tokdyn "
-                             f"({type(got).__name__}: {' '.join(str(got).split())[:150]}): install tokdyn {__version__} "
+                             f"({type(got).__name__}: {' '.join(str(got).split())[:150]}): install tokdyn {here} "
                              "where the cluster's scheduler and workers run, then start them again")  # fmt: skip
-        if got != __version__:
-            raise InputError(f"{who} of the dask cluster at {address} runs tokdyn {got}, this process {__version__}: "
-                             "install the same version where the cluster runs (another version fits with other code)")  # fmt: skip
+        if got != here:
+            raise InputError(f"{who} of the dask cluster at {address} runs tokdyn {' '.join(str(got).split())[:60]}, "
+                             f"this process {here}: {_SAME_CODE}")  # fmt: skip
 
 
 def _check_worker_version(wanted: str) -> None:
-    """On a dask worker, before it reads a block: InputError unless it runs tokdyn ``wanted``.
-    :func:`_check_cluster_tokdyn` asks the workers there when the fit starts; one that joins the
-    cluster later is sent blocks too, and would fit them with other code."""
-    if __version__ != wanted:
+    """On a dask worker, before it reads a block: InputError unless it runs tokdyn ``wanted``
+    (a version and code, `_version.build`). :func:`_check_cluster_tokdyn` asks the workers there
+    when the fit starts; one that joins the cluster later is sent blocks too, and would fit them
+    with other code."""
+    if (here := tokdyn_build()) != wanted:
         try:
             from distributed import get_worker
 
             who = f"the worker {get_worker().address}"
         except Exception:  # noqa: BLE001 - not in a worker's task: said without its address
             who = "a worker"
-        raise InputError(f"{who} of the dask cluster runs tokdyn {__version__}, the fit {wanted}: install the same version "
-                         "where the cluster runs (another version fits with other code); the blocks done are kept: run "
-                         "`tokdyn fit` again to fit the rest")  # fmt: skip
+        raise InputError(f"{who} of the dask cluster runs tokdyn {here}, the fit {wanted}: {_SAME_CODE}; the blocks done "
+                         "are kept: run `tokdyn fit` again to fit the rest")  # fmt: skip
 
 
 def _tokdyn_on_scheduler(client):
-    """tokdyn's version as the scheduler imports it, or the exception its import raised."""
+    """tokdyn's version and code as the scheduler imports it, or the exception its import raised."""
     try:
         return client.run_on_scheduler(eval, _IMPORT_TOKDYN)
     except (ImportError, AttributeError, SyntaxError) as exc:  # its import's error, raised here
@@ -628,7 +632,7 @@ def _run_tasks(todo, task_args, *, scheduler: str, client=None, workers: int | N
     # holding its block in memory) per block, 80 processes on 2 cores for an 80-block store.
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
     if client is not None:  # each task checks its worker's version: a worker may join after _check_cluster_tokdyn
-        _run_distributed(tasks(tokdyn_version=__version__), client, scheduler, progress)
+        _run_distributed(tasks(tokdyn_version=tokdyn_build()), client, scheduler, progress)
     elif scheduler == "processes":
         if not _run_processes(tasks(), workers, progress):  # outside the except: the dead pool is let go first
             raise ClusterError("a worker process of the fit died while fitting a block (killed, or out of memory? "

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import shlex
 import uuid
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,7 @@ import zarr
 from zarr.core.sync import sync as zarr_sync
 
 from .._checks import is_int
-from .._version import __version__
+from .._version import __version__, code_id
 from ..errors import InputError, StoreError, TokdynError
 from .locks import KeyLock, remove_stale_partials
 from .schema import compressor, damage, has_keys, join, jsonable, position_crc, utc_now
@@ -239,6 +240,19 @@ def _unrecorded(meta: Mapping, inputs: Mapping) -> list[str]:
     return out
 
 
+def _warn_other_code(run_name: str, meta: Mapping) -> None:
+    """A RuntimeWarning where blocks of a fit made by other code (another ``tokdyn_code``) are
+    fitted (resumed or repaired) beside blocks it fitted: the two agree to the solver's tolerance
+    at best. Not refused, as another backend is: the code's id changes with any change to the
+    package, and a long fit would be lost to one outside fitting; the record keeps the creator's
+    code."""
+    then, now = meta.get("tokdyn_code"), code_id()
+    if then is not None and now is not None and then != now:
+        warnings.warn(f"the fit of run {run_name!r} was made by other code (tokdyn {meta.get('tokdyn_version')}+{then}, this is "
+                      f"{__version__}+{now}): the blocks it fits now sit beside that code's; refit=True (--refit) fits every "
+                      "block with this one", RuntimeWarning, stacklevel=3)  # fmt: skip
+
+
 class FitWriter:
     """The job side of a fit: holds the fit lock from preparation to :meth:`finish` (use it as a
     context manager). Blocks are written with :meth:`FitResults.write_block`."""
@@ -305,7 +319,8 @@ class FitWriter:
                        compressors=compressor())  # fmt: skip
         # Written last: a group without it is an unfinished creation, redone by the next fit.
         g.update_attributes({META: {**inputs, "fields": fields, **labels, "fit_id": uuid.uuid4().hex, "schema_version": FIT_SCHEMA_VERSION,
-                                    "tokdyn_version": __version__, "created": utc_now(), "complete": False}})  # fmt: skip
+                                    "tokdyn_version": __version__, "tokdyn_code": code_id(), "created": utc_now(),
+                                    "complete": False}})  # fmt: skip
 
     def _check_arrays(self, fields: dict, n_blocks: int) -> None:
         """Before resuming: every array of the fit is there with its shape, dtype and chunks, so
@@ -390,7 +405,10 @@ class FitWriter:
         for b in damaged:
             g["done"][b] = 0  # rewritten whole: an undecodable flag chunk is replaced too
         # the flags as read first (a late block of a failed job may land meanwhile: fitted again, to the same values)
-        return sorted(set(range(n_blocks)) - set(done) | set(damaged)), damaged
+        todo = sorted(set(range(n_blocks)) - set(done) | set(damaged))
+        if todo and set(done) - set(damaged):  # blocks of the fit kept beside those fitted now
+            _warn_other_code(run.name, meta)
+        return todo, damaged
 
     @property
     def fit_id(self) -> str | None:
