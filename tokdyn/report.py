@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
+from ._version import build
 from ._files import check_output_path, write_atomically
 from ._fonts import LABEL_CHARS, drawable, legend_labels, use_fallback_fonts
 from ._text import visible
@@ -229,7 +229,7 @@ def _render(st: TrajectoryStore, an: StoreAnalysis, *, title: str | None, extra:
             page.figure(make(st, a))
     page.section("Run metadata")
     page.add(_metadata_tables(st, an))
-    meta = (f"tokdyn {__version__}, {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}; probe {_e(st.probe.fingerprint)}, "
+    meta = (f"tokdyn {build()}, {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}; probe {_e(st.probe.fingerprint)}, "
             f"{st.probe.n_tokens:,} tokens. Losses are in nats (natural log); axes of steps, tokens or parameters "
             f"are on a log scale, and learning times are read off them.")  # fmt: skip
     body = "\n".join(page.parts)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from .. import _process
 from .._text import visible
-from .._version import __version__, build
+from .._version import build
 from ..errors import TokdynError
 from . import analysis, curriculum, demo, fit, probe, record, store
 from ._common import check_paths
@@ -43,9 +43,22 @@ class _Parser(argparse.ArgumentParser):
             file.write(message)
 
 
+class _Version(argparse.Action):
+    """``--version``: tokdyn's version and its code's id (``tokdyn 0.1.0+1a2b3c4d5e6f``), read
+    only when asked (the id hashes the package's sources)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):  # noqa: A002
+        super().__init__(option_strings, dest=dest, default=default, nargs=0,
+                         help=help or "print tokdyn's version and the id of its code (what a dask cluster's processes compare), and exit")  # fmt: skip
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002
+        parser._print_message(f"tokdyn {build()}\n", sys.stdout)
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tokdyn", description="Token-level training dynamics analyzer.")
-    parser.add_argument("--version", action="version", version=f"tokdyn {build()}")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _MODULES:
         module.register(sub)
@@ -254,7 +267,7 @@ def error_line(exc: BaseException) -> str:
     elif isinstance(exc, MemoryError):
         text = "out of memory (an input larger than this machine can hold?)"
     else:
-        text = (f"internal error in tokdyn {__version__}: {type(exc).__name__}: {exc} "
+        text = (f"internal error in tokdyn {build()}: {type(exc).__name__}: {exc} "
                 "(a bug: please report it with the command; TOKDYN_DEBUG=1 shows the traceback)")  # fmt: skip
     # a name from a file or a store can hold a right-to-left override, which turned the rest of
     # the terminal's line around: every character that shows nothing is written as an escape
