@@ -31,7 +31,7 @@ import zarr
 from zarr.core.sync import sync as zarr_sync
 
 from .._checks import is_int
-from .._version import __version__, code_id
+from .._version import __version__, build
 from ..errors import InputError, StoreError, TokdynError
 from .locks import KeyLock, remove_stale_partials
 from .schema import compressor, damage, has_keys, join, jsonable, position_crc, utc_now
@@ -240,17 +240,10 @@ def _unrecorded(meta: Mapping, inputs: Mapping) -> list[str]:
     return out
 
 
-def _warn_other_code(run_name: str, meta: Mapping) -> None:
-    """A RuntimeWarning where blocks of a fit made by other code (another ``tokdyn_code``) are
-    fitted (resumed or repaired) beside blocks it fitted: the two agree to the solver's tolerance
-    at best. Not refused, as another backend is: the code's id changes with any change to the
-    package, and a long fit would be lost to one outside fitting; the record keeps the creator's
-    code."""
-    then, now = meta.get("tokdyn_code"), code_id()
-    if then is not None and now is not None and then != now:
-        warnings.warn(f"the fit of run {run_name!r} was made by other code (tokdyn {meta.get('tokdyn_version')}+{then}, this is "
-                      f"{__version__}+{now}): the blocks it fits now sit beside that code's; refit=True (--refit) fits every "
-                      "block with this one", RuntimeWarning, stacklevel=3)  # fmt: skip
+def _fitted_by_text(builds: list) -> str:
+    """``fitted_by`` for a message: each entry trimmed; None is an earlier tokdyn's."""
+    return ", ".join("an earlier tokdyn, which recorded none" if b is None else f"tokdyn {' '.join(str(b).split())[:40]}"
+                     for b in builds[:4]) + (f" and {len(builds) - 4} more" if len(builds) > 4 else "")  # fmt: skip
 
 
 class FitWriter:
@@ -319,7 +312,7 @@ class FitWriter:
                        compressors=compressor())  # fmt: skip
         # Written last: a group without it is an unfinished creation, redone by the next fit.
         g.update_attributes({META: {**inputs, "fields": fields, **labels, "fit_id": uuid.uuid4().hex, "schema_version": FIT_SCHEMA_VERSION,
-                                    "tokdyn_version": __version__, "tokdyn_code": code_id(), "created": utc_now(),
+                                    "tokdyn_version": __version__, "fitted_by": [], "created": utc_now(),
                                     "complete": False}})  # fmt: skip
 
     def _check_arrays(self, fields: dict, n_blocks: int) -> None:
@@ -406,9 +399,28 @@ class FitWriter:
             g["done"][b] = 0  # rewritten whole: an undecodable flag chunk is replaced too
         # the flags as read first (a late block of a failed job may land meanwhile: fitted again, to the same values)
         todo = sorted(set(range(n_blocks)) - set(done) | set(damaged))
-        if todo and set(done) - set(damaged):  # blocks of the fit kept beside those fitted now
-            _warn_other_code(run.name, meta)
+        if todo:
+            self._fitted_by_this(kept=bool(set(done) - set(damaged)))
         return todo, damaged
+
+    def _fitted_by_this(self, *, kept: bool) -> None:
+        """Before this code fits blocks: ``fitted_by`` (the versions and codes, `_version.build`,
+        that fitted the fit's blocks) gets this one, and where blocks fitted before are kept, a
+        RuntimeWarning when any of them may come from other code, which agrees with this to the
+        solver's tolerance at best (or from a tokdyn that recorded no code: None). Not refused, as
+        another backend is: the code's id changes with any change to the package, and a long fit
+        would be lost to one outside fitting. Where no block is kept, this code alone."""
+        g, now = self.results._group(), build()
+        before = self.results.meta.get("fitted_by", [None]) if kept else []
+        before = before if isinstance(before, list) else [None]  # damaged: nothing known of who fitted them
+        others = [b for b in before if b != now]
+        if others:
+            warnings.warn(f"the fit of run {self.results._run.name!r} keeps blocks fitted by other code "
+                          f"({_fitted_by_text(others)}), and this code (tokdyn {now}) fits the rest; refit=True "
+                          "(--refit) fits every block with this one", RuntimeWarning, stacklevel=4)  # fmt: skip
+        fitted_by = before if now in before else [*before, now]
+        if fitted_by != self.results.meta.get("fitted_by"):
+            g.update_attributes({META: {**self.results.meta, "fitted_by": fitted_by}})
 
     @property
     def fit_id(self) -> str | None:
