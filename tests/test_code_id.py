@@ -13,6 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tokdyn
@@ -20,6 +21,7 @@ from test_store_fit import make_store, planted
 from tokdyn._version import __version__, build, code_id
 from tokdyn.cli import main
 from tokdyn.errors import InputError
+from tokdyn.fit import FIT_FIELDS
 from tokdyn.fit import job as fitjob
 from tokdyn.fit.job import fit_run
 from tokdyn.store import fit as storefit
@@ -67,6 +69,20 @@ def test_the_code_id_follows_the_sources_not_where_or_how_they_lie(tmp_path):
         seen.add(got)
 
 
+def test_a_package_that_cannot_be_listed_is_unknown_code_not_a_traceback(monkeypatch):
+    """Where the package's folder cannot be listed (a zip import, a disk error) the id is None
+    and the build ``0.1.0+unknown``: never the bare version an older tokdyn answers."""
+    import tokdyn._version as v
+
+    def unlistable(self, pattern):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(Path, "rglob", unlistable)
+    assert v._code_id() is None
+    monkeypatch.setattr(v, "_CODE_ID", None)
+    assert v.build() == f"{__version__}+unknown"
+
+
 def test_version_prints_the_version_and_the_code(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
@@ -90,6 +106,22 @@ def test_a_worker_with_the_same_version_and_other_code_fits_no_block(tmp_path):
         fitjob._fit_one_block(0, url=str(tmp_path / "nothing.zarr"), storage_options=None, run="r", rows=None, x=None,
                               options=None, backend="numpy", device=None, block=1, n=1, batch_rows=1, fit_id="f",
                               tokdyn_version=OTHER)  # fmt: skip
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("distributed"), reason="dask.distributed is not installed")
+def test_a_scheduler_of_this_version_with_other_code_is_accepted(tmp_path, monkeypatch):
+    """The scheduler fits nothing (it unpickles the tasks): this version is enough there, so a
+    long-running scheduler need not be restarted for a change to the code; another version is
+    refused."""
+    import distributed
+
+    st = make_store(tmp_path / "s.zarr", planted(200)[0], token_chunk=100)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        monkeypatch.setattr(fitjob, "_tokdyn_on_scheduler", lambda client: OTHER)
+        assert fit_run(st.run("r"), scheduler=cluster.scheduler_address, progress=False).blocks_fitted == 2
+        monkeypatch.setattr(fitjob, "_tokdyn_on_scheduler", lambda client: "0.0.1+" + code_id())
+        with pytest.raises(InputError, match=r"^the scheduler of the dask cluster at .* runs tokdyn 0\.0\.1\+"):
+            fit_run(st.run("r"), scheduler=cluster.scheduler_address, progress=False, refit=True)
 
 
 A, B = f"{__version__}+aaaaaaaaaaaa", f"{__version__}+bbbbbbbbbbbb"  # two codes of this version
@@ -119,23 +151,28 @@ def _fitted_by(st):
     return st.run("r").fit.meta.get("fitted_by")
 
 
-def test_the_fit_records_the_codes_that_fitted_its_blocks_and_warns_where_they_mix(tmp_path):
-    """``fitted_by`` lists the builds that fitted the fit's blocks; a resume or repair that keeps
-    blocks fitted by other code (or by a tokdyn that recorded none) warns, naming it; one that
-    keeps none starts the list again and says nothing, as does a resume by the same code, a
-    complete fit run again and a refit. Here two codes of this version, A and B."""
-    st = make_store(tmp_path / "s.zarr", planted(400)[0], token_chunk=100)  # 4 blocks
-    assert _fit(st, build())[1] == [] and _fitted_by(st) == [build()]
+def _flags(st) -> list[int]:
+    return np.asarray(st.run("r").fit._group()["done"][...]).tolist()
 
-    _undo(st, 0, 1, 2, 3)  # killed before a block was done: nothing of A's is kept
+
+def test_each_block_names_the_code_that_fitted_it_and_a_mix_is_said(tmp_path):
+    """A block's done flag names its code in ``fitted_by``; a resume or repair that keeps a
+    block of other code (A's, B fitting) warns, naming that code; the same code, a resume that
+    keeps none of another's blocks, a complete fit run again and a refit say nothing. Two codes
+    of this version, A and B."""
+    st = make_store(tmp_path / "s.zarr", planted(400)[0], token_chunk=100)  # 4 blocks
+    assert _fit(st, build())[1] == [] and _fitted_by(st) == [build()] and _flags(st) == [2] * 4
+
+    _undo(st, 0, 1, 2, 3)  # killed before a block was done: nothing of the first code's is kept
     res, said = _fit(st, A)
-    assert said == [] and res.blocks_fitted == 4 and _fitted_by(st) == [A]
+    assert said == [] and res.blocks_fitted == 4 and _fitted_by(st) == [build(), A] and _flags(st) == [3] * 4
     _undo(st, 2)  # A again, on its own blocks
-    assert _fit(st, A)[1] == [] and _fitted_by(st) == [A]
+    assert _fit(st, A)[1] == []
 
     _undo(st, 1, 3)  # B resumes A's fit: blocks 0 and 2 are A's
     res, said = _fit(st, B)
-    assert res.blocks_fitted == 2 and st.run("r").fit.complete and _fitted_by(st) == [A, B]
+    assert res.blocks_fitted == 2 and st.run("r").fit.complete and _fitted_by(st) == [build(), A, B]
+    assert _flags(st) == [3, 4, 3, 4]
     assert said == [f"the fit of run 'r' keeps blocks fitted by other code (tokdyn {A}), and this code (tokdyn {B}) "
                     "fits the rest; refit=True (--refit) fits every block with this one"]  # fmt: skip
     assert _fit(st, B)[1] == []  # complete: nothing fitted, nothing said
@@ -143,30 +180,88 @@ def test_the_fit_records_the_codes_that_fitted_its_blocks_and_warns_where_they_m
     g = st.run("r").fit._group()  # block 3's checksum no longer what was written: --repair fits it again
     g["crc"][3, 0] = int(g["crc"][3, 0]) ^ 1
     res, said = _fit(st, B, repair=True)
-    assert res.blocks_fitted == 1 and len(said) == 1 and f"(tokdyn {A})" in said[0] and _fitted_by(st) == [A, B]
+    assert res.blocks_fitted == 1 and len(said) == 1 and f"(tokdyn {A})" in said[0]
+    _undo(st, 0, 2)  # A's blocks fitted again by B: B's alone are kept
+    assert _fit(st, B)[1] == [] and _flags(st) == [4] * 4
 
     res, said = _fit(st, B, refit=True)
-    assert said == [] and res.blocks_fitted == 4 and _fitted_by(st) == [B]
+    assert said == [] and res.blocks_fitted == 4 and _fitted_by(st) == [B] and _flags(st) == [2] * 4
 
 
-@pytest.mark.parametrize("stored, says", [(None, "an earlier tokdyn, which recorded none"),
-                                          ("0.1.0+cccccccccccc", "an earlier tokdyn, which recorded none"),  # not a list
-                                          (["x" * 5000, None, A, B, "y", "z"], f"tokdyn {'x' * 40}, an earlier tokdyn, "
-                                                                               f"which recorded none, tokdyn {A}, tokdyn y and 1 more")],
-                         ids=["before the record", "damaged", "long"])  # fmt: skip
-def test_a_fit_that_does_not_say_who_fitted_it_warns_when_resumed(stored, says, tmp_path):
-    """A fit made before ``fitted_by`` (or whose record of it is damaged) is resumed with a
-    warning, since any code may have fitted its kept blocks; a long record is said in a line of
-    bounded length, without this code among the others."""
+def test_a_code_that_fitted_nothing_is_not_blamed_and_a_late_block_is(tmp_path, monkeypatch):
+    """B stopped before it fitted a block (Ctrl-C at the warning) leaves no block of its own:
+    A resuming then says nothing. A block of A's that lands after B took over (a cluster task
+    still running when A's fit stopped) carries A's flag, so B's next resume names A."""
     st = make_store(tmp_path / "s.zarr", planted(400)[0], token_chunk=100)
+    _fit(st, A)
+    _undo(st, 2, 3)
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as mp:
+        mp.setattr(fitjob, "_run_tasks", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            _fit(st, B)
+    assert _fitted_by(st) == [A, B]
+    res, said = _fit(st, A)
+    assert said == [] and res.blocks_fitted == 2
+
+    _undo(st, 0, 1, 2, 3)  # A's job stopped with its blocks in flight; B fits them all
+    assert _fit(st, B)[1] == [] and _flags(st) == [3] * 4
+    fit = st.run("r").fit
+    late = fit.read(fields=tuple(fit.meta["fields"]), current=False)
+    monkeypatch.setattr(storefit, "build", lambda: A)  # A's task, late
+    fit.write_block(3, 300, {k: v[300:] for k, v in late.items()}, fit_id=fit.meta["fit_id"])
+    monkeypatch.undo()
+    _undo(st, 0)
+    res, said = _fit(st, B)
+    assert res.blocks_fitted == 1 and len(said) == 1 and f"(tokdyn {A})" in said[0]
+
+
+@pytest.mark.parametrize("stored, flags, says", [
+    (None, [2, 2, 2], "code not recorded"),  # a fit from before the record
+    ("0.1.0+cccccccccccc", [2, 3, 2], "code not recorded"),  # damaged: not a list
+    ([A, B], [1, 1, 1], "code not recorded"),  # written by a writer that did not say
+    (["x" * 5000, None, A, B, "y", "z"], [2, 3, 4, 5, 6, 7, 200],  # long, and a flag beyond it (not recorded, said once)
+     f"tokdyn {'x' * 40}, code not recorded, tokdyn {A}, tokdyn y and 1 more"),
+], ids=["before the record", "damaged", "unsaid", "long"])  # fmt: skip
+def test_blocks_whose_code_is_not_known_are_said_as_such(stored, flags, says, tmp_path):
+    """Kept blocks whose code the record cannot tell are code not recorded (a resume warns);
+    a long record is said in a line of bounded length, without this code among the others."""
+    n = len(flags) + 1
+    st = make_store(tmp_path / "s.zarr", planted(100 * n)[0], token_chunk=100)
     _fit(st, B)
     g = st.run("r").fit._group()
     meta = {k: v for k, v in g.attrs["tokdyn_fit"].items() if k != "fitted_by"}
     g.update_attributes({"tokdyn_fit": meta if stored is None else {**meta, "fitted_by": stored}})
-    _undo(st, 1)
+    g["done"][: n - 1] = flags
+    _undo(st, n - 1)
     res, said = _fit(st, B)
     assert res.blocks_fitted == 1 and len(said) == 1 and f"other code ({says}), and this code (tokdyn {B})" in said[0]
     assert len(said[0]) < 400
+
+
+def test_a_writer_of_its_own_marks_its_blocks_with_its_code(tmp_path):
+    """A program that writes a fit's blocks itself (`run.fit.writer`, `write_block`) marks them
+    with its code, so its own resume says nothing; a block handed over by a process of other
+    code, whose code the list does not hold, is code not known."""
+    st = make_store(tmp_path / "s.zarr", planted(100)[0], token_chunk=50)
+    run = st.run("r")
+    fields = {name: np.dtype(dt).str for name, dt in FIT_FIELDS.items()}
+    block = {name: np.ones(50, dtype=dt) for name, dt in FIT_FIELDS.items()}
+    inputs = {"n_committed": run.n_committed, "block_tokens": 50}
+    with warnings.catch_warnings(record=True) as got, pytest.MonkeyPatch.context() as mp:
+        warnings.simplefilter("always")
+        with run.fit.writer(inputs, fields, n_blocks=2) as w:
+            assert w.todo() == ([0, 1], [])
+            run.fit.write_block(0, 0, block, fit_id=w.fit_id)
+        assert _flags(st) == [2, 0]
+        with run.fit.writer(inputs, fields, n_blocks=2) as w:
+            assert w.todo() == ([1], [])
+            mp.setattr(storefit, "build", lambda: A)
+            run.fit.write_block(1, 50, block, fit_id=w.fit_id)
+    assert _flags(st) == [2, 1] and not [w for w in got if "other code" in str(w.message)]
 
 
 def test_the_command_says_the_mix_in_one_line(tmp_path, capsys, monkeypatch):

@@ -147,20 +147,20 @@ def _refit_on_a_cluster_fails(tmp_path, data, capsys, patch) -> str:
 
 
 @distributed_needed
-@pytest.mark.parametrize("answer, says", [("__import__('tokdyn_not_installed_here')", "cannot import tokdyn (ModuleNotFoundError"),
-                                          ("'0.0.1'", "runs tokdyn 0.0.1, this process "),
-                                          (f"'{tokdyn.__version__}+000000000000'",  # this version, other code
-                                           f"runs tokdyn {tokdyn.__version__}+000000000000, this process {tokdyn._version.build()}: "
-                                           "install the same tokdyn")],
-                         ids=["no tokdyn", "another version", "other code"])  # fmt: skip
-def test_a_cluster_without_this_tokdyn_is_one_line_before_the_fit_is_touched(answer, says, tmp_path, data, capsys, monkeypatch):
+@pytest.mark.parametrize("answer, who, says", [
+    ("__import__('tokdyn_not_installed_here')", "the scheduler", "cannot import tokdyn (ModuleNotFoundError"),
+    ("'0.0.1'", "the scheduler", "runs tokdyn 0.0.1, this process "),
+    (f"'{tokdyn.__version__}+000000000000'", "the worker",  # this version, other code: the scheduler, which fits nothing, passes
+     f"runs tokdyn {tokdyn.__version__}+000000000000, this process {tokdyn._version.build()}: install the same tokdyn"),
+], ids=["no tokdyn", "another version", "other code"])  # fmt: skip
+def test_a_cluster_without_this_tokdyn_is_one_line_before_the_fit_is_touched(answer, who, says, tmp_path, data, capsys, monkeypatch):
     """A cluster started from an environment without tokdyn: its scheduler failed to unpickle the
     graph ("internal error ... (a bug: please report it)"), a worker without a nanny died on its
     first block and left the fit waiting for good. Another version would fit with other code.
     Now its processes are asked first (here the answer is patched in): one line naming who and
     what to install, and a `--refit` keeps the stored fit."""
     line = _refit_on_a_cluster_fails(tmp_path, data, capsys, lambda: monkeypatch.setattr(fitjob, "_IMPORT_TOKDYN", answer))
-    assert "the scheduler of the dask cluster at" in line and says in line
+    assert line.startswith(f"tokdyn fit: error: {who} ") and " of the dask cluster at" in line and says in line
     assert tokdyn.open_store(tmp_path / "s.zarr").run("r").fit.complete  # --refit discarded nothing
 
 

@@ -125,12 +125,12 @@ def test_a_block_that_kills_its_workers_is_one_line_not_a_bug_report(tmp_path, d
         assert "internal error" not in line and "a bug" not in line
         assert "workers" in line and "died" in line and cluster.scheduler_address in line and "tokdyn fit` again" in line
         monkeypatch.setattr(fitjob, "_fit_one_block", real)
-        done_before = int(np.asarray(st.run("r").fit._group()["done"][...]).sum())
+        done_before = int(np.count_nonzero(st.run("r").fit._group()["done"][...]))
         monkeypatch.setattr(fitjob, "_fit_one_block", dying)
         with pytest.raises(ClusterError, match="died while fitting a block"):  # its own type, from the library too
             fit_run(st.run("r"), scheduler=cluster.scheduler_address, refit=True, progress=False)
         monkeypatch.setattr(fitjob, "_fit_one_block", real)
-        done_before = int(np.asarray(st.run("r").fit._group()["done"][...]).sum())
+        done_before = int(np.count_nonzero(st.run("r").fit._group()["done"][...]))
         res = fit_run(tokdyn.open_store(path, mode="r+").run("r"), scheduler=cluster.scheduler_address, progress=False)
     assert res.blocks_resumed == done_before and res.blocks_fitted == 4 - done_before
 

@@ -168,7 +168,7 @@ def test_distributed_fit_survives_a_worker_killed_mid_job(tmp_path):
 
             while time.monotonic() < deadline and not done.is_set():
                 busy = {a: ts for a, ts in client.processing().items() if ts}
-                n_done = int(fit_done().sum())
+                n_done = int(np.count_nonzero(fit_done()))
                 if busy and n_done >= 1:  # mid-job: some blocks done, a worker busy with the next
                     addr = next(iter(busy))
                     killed.update(addr=addr, blocks_done=n_done, blocks=len(fit_done()))

@@ -3,7 +3,6 @@ them without importing the package)."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from pathlib import Path
 
@@ -22,23 +21,36 @@ def _module_files(root: Path) -> list[tuple[str, Path]]:
     return sorted(out)
 
 
-@functools.cache
-def code_id() -> str | None:
+def _code_id() -> str | None:
     """The first 12 hex digits of a SHA-256 over the package's modules (each one's path in the
-    package, its length and its bytes, in path order; line ends read as ``\\n``; a module that
-    cannot be read counts as such): the version number changes at a release, this with any
-    change to the code, so two checkouts of one version that fit with other code tell themselves
-    apart. None where the package is not a folder of files (imported from a zip)."""
-    files = _module_files(Path(__file__).resolve().parent)
-    digest = hashlib.sha256()
-    for rel, path in files:
-        try:
-            data = path.read_bytes().replace(b"\r\n", b"\n")
-        except OSError:  # Python could not import it either; two such installs agree
-            data = b"\0unreadable"
-        digest.update(rel.encode("utf-8", "surrogateescape") + f"\0{len(data)}\0".encode())
-        digest.update(data)
+    package, its length and its bytes, in path order; line ends read as ``\n``; a module that
+    cannot be read counts as such), or None where the package is not a folder of files that can
+    be listed (imported from a zip)."""
+    try:
+        files = _module_files(Path(__file__).resolve().parent)
+        digest = hashlib.sha256()
+        for rel, path in files:
+            try:
+                data = path.read_bytes().replace(b"\r\n", b"\n")
+            except OSError:  # Python could not import it either; two such installs agree
+                data = b"\0unreadable"
+            digest.update(rel.encode("utf-8", "surrogateescape") + f"\0{len(data)}\0".encode())
+            digest.update(data)
+    except OSError:
+        return None
     return digest.hexdigest()[:12] if files else None
+
+
+# Read when tokdyn is imported (about 15 ms), so that it names the code this process runs, not the
+# files as they are when it is first asked (an edit or a `git pull` in between).
+_CODE_ID = _code_id()
+
+
+def code_id() -> str | None:
+    """The id of the code this process imported: the version number changes at a release, this
+    with any change to the package's modules, so two checkouts of one version that fit with
+    other code tell themselves apart. None where it could not be read (a zip import)."""
+    return _CODE_ID
 
 
 def build() -> str:

@@ -43,22 +43,10 @@ class _Parser(argparse.ArgumentParser):
             file.write(message)
 
 
-class _Version(argparse.Action):
-    """``--version``: tokdyn's version and its code's id (``tokdyn 0.1.0+1a2b3c4d5e6f``), read
-    only when asked (the id hashes the package's sources)."""
-
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):  # noqa: A002
-        super().__init__(option_strings, dest=dest, default=default, nargs=0,
-                         help=help or "print tokdyn's version and the id of its code (what a dask cluster's processes compare), and exit")  # fmt: skip
-
-    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002
-        parser._print_message(f"tokdyn {build()}\n", sys.stdout)
-        parser.exit()
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tokdyn", description="Token-level training dynamics analyzer.")
-    parser.add_argument("--version", action=_Version)
+    parser.add_argument("--version", action="version", version=f"tokdyn {build()}",
+                        help="print tokdyn's version and the id of its code (what a dask cluster's workers compare), and exit")  # fmt: skip
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _MODULES:
         module.register(sub)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from tokdyn._process import exit_with_parent, spawn_context, take_interrupts
+from tokdyn._version import __version__
 from tokdyn._version import build as tokdyn_build
 from tokdyn.errors import ClusterError, InputError, StoreError
 from tokdyn.fit.backends import resolve_backend
@@ -561,8 +562,9 @@ _SAME_CODE = "install the same tokdyn where the cluster runs (another version, o
 
 
 def _check_cluster_tokdyn(client, address: str) -> None:
-    """InputError unless the scheduler and every worker of ``client`` import tokdyn, at this
-    process's version. A cluster started from an environment without tokdyn failed in the middle
+    """InputError unless the scheduler and every worker of ``client`` import tokdyn, the workers
+    this process's version and code (`_version.build`), the scheduler, which fits nothing, its
+    version. A cluster started from an environment without tokdyn failed in the middle
     of the fit: a scheduler that could not unpickle the task graph as "internal error ... (a bug:
     please report it)", a worker without a nanny by dying on the first task and leaving the fit
     waiting for good, one with a nanny as a "KilledWorker: out of memory?". Another version
@@ -590,7 +592,8 @@ def _check_cluster_tokdyn(client, address: str) -> None:
             raise InputError(f"{who} of the dask cluster at {address} cannot import tokdyn "
                              f"({type(got).__name__}: {' '.join(str(got).split())[:150]}): install tokdyn {here} "
                              "where the cluster's scheduler and workers run, then start them again")  # fmt: skip
-        if got != here:
+        # the scheduler fits nothing: it needs this version's tasks to unpickle, not this code
+        if got != here and (who != "the scheduler" or str(got).split("+")[0] != __version__):
             raise InputError(f"{who} of the dask cluster at {address} runs tokdyn {' '.join(str(got).split())[:60]}, "
                              f"this process {here}: {_SAME_CODE}")  # fmt: skip
 

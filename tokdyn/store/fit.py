@@ -7,7 +7,8 @@ Layout::
                                 dtypes, code names, complete, backend, seconds, versions
     /runs/<name>/fit/<field>    [token], one array per result field, chunks (block_tokens,)
     /runs/<name>/fit/crc        uint32 [fit_block, field]: each block's checksums, bound to position
-    /runs/<name>/fit/done       uint8 [fit_block]: 1 once every field of that block is written
+    /runs/<name>/fit/done       uint8 [fit_block]: nonzero once every field of that block is written
+                                (1, or 2 + the index in ``fitted_by`` of the code that fitted it)
     /runs/<name>/commits/fit.lock   held by the process running the fit
 
 The store knows the layout, not the fitting: the fitter names the fields and their dtypes when
@@ -187,7 +188,8 @@ class FitResults:
         ``fit_id`` is the job's (:attr:`FitWriter.fit_id`): a block of a fit that has since been
         replaced (a worker of a failed or killed job still running when a refit started) is
         refused with a :class:`StoreError` instead of being written into the new fit, and is not
-        marked done if the fit is replaced while it is written.
+        marked done if the fit is replaced while it is written. The done flag names the code that
+        wrote the block, this process's (:func:`_done_flag`).
         """
         g = self._group()
         if g is None:
@@ -207,7 +209,7 @@ class FitResults:
                                   for name in fields]  # fmt: skip
         if fit_id is not None:  # replaced while writing: the new fit fits (and overwrites) this block itself
             self._require_fit(self.meta, fit_id, block)
-        g["done"][block] = 1
+        g["done"][block] = _done_flag(meta)
 
     def _require_fit(self, meta: Mapping, fit_id: str, block: int) -> None:
         if meta.get("fit_id") != fit_id:
@@ -240,9 +242,19 @@ def _unrecorded(meta: Mapping, inputs: Mapping) -> list[str]:
     return out
 
 
+def _done_flag(meta: Mapping) -> int:
+    """The done flag of a block this process writes: 2 + the index of its build (`_version.build`)
+    in the fit's ``fitted_by`` (the job put it there), 1 where the list does not hold it (a writer
+    that is not the fit's job, of other code) or is past a flag's 255."""
+    fitted_by, now = meta.get("fitted_by"), build()
+    if isinstance(fitted_by, list) and now in fitted_by and fitted_by.index(now) <= 253:
+        return 2 + fitted_by.index(now)
+    return 1
+
+
 def _fitted_by_text(builds: list) -> str:
-    """``fitted_by`` for a message: each entry trimmed; None is an earlier tokdyn's."""
-    return ", ".join("an earlier tokdyn, which recorded none" if b is None else f"tokdyn {' '.join(str(b).split())[:40]}"
+    """Codes of ``fitted_by`` for a message: each trimmed; None is code that was not recorded."""
+    return ", ".join("code not recorded" if b is None else f"tokdyn {' '.join(str(b).split())[:40]}"
                      for b in builds[:4]) + (f" and {len(builds) - 4} more" if len(builds) > 4 else "")  # fmt: skip
 
 
@@ -400,27 +412,34 @@ class FitWriter:
         # the flags as read first (a late block of a failed job may land meanwhile: fitted again, to the same values)
         todo = sorted(set(range(n_blocks)) - set(done) | set(damaged))
         if todo:
-            self._fitted_by_this(kept=bool(set(done) - set(damaged)))
+            self._fitted_by_this([int(flags[b]) for b in done if b not in damaged])
         return todo, damaged
 
-    def _fitted_by_this(self, *, kept: bool) -> None:
-        """Before this code fits blocks: ``fitted_by`` (the versions and codes, `_version.build`,
-        that fitted the fit's blocks) gets this one, and where blocks fitted before are kept, a
-        RuntimeWarning when any of them may come from other code, which agrees with this to the
-        solver's tolerance at best (or from a tokdyn that recorded no code: None). Not refused, as
-        another backend is: the code's id changes with any change to the package, and a long fit
-        would be lost to one outside fitting. Where no block is kept, this code alone."""
-        g, now = self.results._group(), build()
-        before = self.results.meta.get("fitted_by", [None]) if kept else []
-        before = before if isinstance(before, list) else [None]  # damaged: nothing known of who fitted them
-        others = [b for b in before if b != now]
+    def _fitted_by_this(self, kept_flags: list[int]) -> None:
+        """Before this code fits blocks: its build (`_version.build`) in ``fitted_by``, the list
+        of the codes that fitted the fit's blocks (each block's done flag, 2 + its index there,
+        names its code: :func:`_done_flag`), and a RuntimeWarning where a kept block (its flag
+        among ``kept_flags``) was fitted by other code, which agrees with this one to the solver's
+        tolerance at best, or by code not recorded (flag 1: a tokdyn before the list, or a writer
+        whose code the list did not hold). Not refused, as another backend is: the code's id changes with any
+        change to the package, and a long fit would be lost to an edit outside fitting."""
+        meta, now = self.results.meta, build()
+        fitted_by = meta.get("fitted_by")
+        if not isinstance(fitted_by, list):  # none (an earlier tokdyn's fit) or damaged: the flags there say nothing
+            fitted_by = [None] * (max(kept_flags, default=1) - 1)
+        others: list = []
+        for flag in sorted(set(kept_flags)):
+            code = fitted_by[flag - 2] if 2 <= flag < len(fitted_by) + 2 else None
+            if code != now and code not in others:
+                others.append(code)
         if others:
             warnings.warn(f"the fit of run {self.results._run.name!r} keeps blocks fitted by other code "
                           f"({_fitted_by_text(others)}), and this code (tokdyn {now}) fits the rest; refit=True "
                           "(--refit) fits every block with this one", RuntimeWarning, stacklevel=4)  # fmt: skip
-        fitted_by = before if now in before else [*before, now]
-        if fitted_by != self.results.meta.get("fitted_by"):
-            g.update_attributes({META: {**self.results.meta, "fitted_by": fitted_by}})
+        if now not in fitted_by:
+            fitted_by = [*fitted_by, now]
+        if fitted_by != meta.get("fitted_by"):
+            self.results._group().update_attributes({META: {**meta, "fitted_by": fitted_by}})
 
     @property
     def fit_id(self) -> str | None:
