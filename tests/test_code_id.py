@@ -100,12 +100,25 @@ def test_the_cluster_s_question_answers_version_and_code_and_an_older_tokdyn_its
 
 def test_a_worker_with_the_same_version_and_other_code_fits_no_block(tmp_path):
     """A block task sent by a fit whose code differs from the worker's, at one version number,
-    is refused before the store is opened (the url names nothing)."""
-    with pytest.raises(InputError, match=rf"^a worker of the dask cluster runs tokdyn {re.escape(build())}, the fit "
-                                         rf"{re.escape(OTHER)}: install the same tokdyn where the cluster runs"):  # fmt: skip
+    is refused before the store is opened (the url names nothing); out of a dask worker, it is
+    a worker process of this machine that imported tokdyn's files after an edit."""
+    with pytest.raises(InputError, match=rf"^a worker process of the fit imported tokdyn {re.escape(build())}, the fit's "
+                                         rf"process {re.escape(OTHER)}: tokdyn's files changed after"):  # fmt: skip
         fitjob._fit_one_block(0, url=str(tmp_path / "nothing.zarr"), storage_options=None, run="r", rows=None, x=None,
                               options=None, backend="numpy", device=None, block=1, n=1, batch_rows=1, fit_id="f",
                               tokdyn_version=OTHER)  # fmt: skip
+
+
+def test_a_worker_process_that_imported_other_files_fits_no_block(tmp_path, monkeypatch):
+    """`processes` starts new Pythons, which import tokdyn's files as they are then: where they
+    changed after the fit's process imported them (here its build is patched to say so), the
+    workers refuse their blocks in one line instead of marking them as code not known."""
+    st = make_store(tmp_path / "s.zarr", planted(200)[0], token_chunk=100)
+    monkeypatch.setattr(fitjob, "tokdyn_build", lambda: OTHER)
+    with pytest.raises(InputError, match=rf"^a worker process of the fit imported tokdyn {re.escape(build())}, the fit's "
+                                         rf"process {re.escape(OTHER)}"):  # fmt: skip
+        fit_run(st.run("r"), scheduler="processes", workers=1, progress=False)
+    assert not np.asarray(st.run("r").fit._group()["done"][...]).any()
 
 
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("distributed"), reason="dask.distributed is not installed")

@@ -214,7 +214,7 @@ def test_a_worker_process_without_tokdyn_is_named_instead_of_a_fit_that_waits_fo
 def test_a_block_task_checks_its_worker_s_version_before_it_reads_anything(tmp_path):
     """The check a dask task makes on its worker (here on no worker: said without an address),
     before the store is opened: the url names nothing, and the version's line comes first."""
-    with pytest.raises(InputError, match=rf"^a worker of the dask cluster runs tokdyn {re.escape(tokdyn._version.build())}, the fit 0\.0\.1: install the same tokdyn"):
+    with pytest.raises(InputError, match=rf"^a worker process of the fit imported tokdyn {re.escape(tokdyn._version.build())}, the fit's process 0\.0\.1: tokdyn's files changed"):
         fitjob._fit_one_block(0, url=str(tmp_path / "nothing.zarr"), storage_options=None, run="r", rows=None, x=None,
                               options=None, backend="numpy", device=None, block=1, n=1, batch_rows=1, fit_id="f",
                               tokdyn_version="0.0.1")  # fmt: skip

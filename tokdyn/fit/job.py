@@ -398,8 +398,8 @@ def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backe
     """Fit token block ``b``: read, fit in batches, hand the fields to the store, which marks it
     done. ``stop`` (a :class:`threading.Event`, threads only) set by the job when another block
     failed: the block is dropped between batches, unwritten (the job waits for it before it
-    returns and lets go of the fit lock). ``tokdyn_version`` (a dask.distributed task): the
-    fit's version and code (`_version.build`), which this process must run."""
+    returns and lets go of the fit lock). ``tokdyn_version`` (a dask.distributed or ``processes``
+    task): the fit's version and code (`_version.build`), which this process must run."""
     if tokdyn_version is not None:
         _check_worker_version(tokdyn_version)
     st = store if store is not None else as_store(url, mode="r+", storage_options=storage_options or None)
@@ -602,14 +602,19 @@ def _check_worker_version(wanted: str) -> None:
     """On a dask worker, before it reads a block: InputError unless it runs tokdyn ``wanted``
     (a version and code, `_version.build`). :func:`_check_cluster_tokdyn` asks the workers there
     when the fit starts; one that joins the cluster later is sent blocks too, and would fit them
-    with other code."""
+    with other code. The same in a worker process of this machine (``processes``), which imports
+    tokdyn's files as they are when it starts: an edit since the fit's process imported them."""
     if (here := tokdyn_build()) != wanted:
         try:
             from distributed import get_worker
 
             who = f"the worker {get_worker().address}"
-        except Exception:  # noqa: BLE001 - not in a worker's task: said without its address
-            who = "a worker"
+        except Exception:  # noqa: BLE001 - not a dask.distributed worker: one of this machine's processes
+            who = None
+        if who is None:  # raised out of the except: the error, with no context, goes back to the job pickled
+            raise InputError(f"a worker process of the fit imported tokdyn {here}, the fit's process {wanted}: tokdyn's "
+                             "files changed after the fit's process imported them; run `tokdyn fit` again from a new "
+                             "process (the blocks done are kept)")  # fmt: skip
         raise InputError(f"{who} of the dask cluster runs tokdyn {here}, the fit {wanted}: {_SAME_CODE}; the blocks done "
                          "are kept: run `tokdyn fit` again to fit the rest")  # fmt: skip
 
@@ -636,8 +641,8 @@ def _run_tasks(todo, task_args, *, scheduler: str, client=None, workers: int | N
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
     if client is not None:  # each task checks its worker's version: a worker may join after _check_cluster_tokdyn
         _run_distributed(tasks(tokdyn_version=tokdyn_build()), client, scheduler, progress)
-    elif scheduler == "processes":
-        if not _run_processes(tasks(), workers, progress):  # outside the except: the dead pool is let go first
+    elif scheduler == "processes":  # a new process imports tokdyn's files as they are now: checked too
+        if not _run_processes(tasks(tokdyn_version=tokdyn_build()), workers, progress):  # outside the except: the dead pool is let go first
             raise ClusterError("a worker process of the fit died while fitting a block (killed, or out of memory? "
                                "lower --workers or --batch-rows); the blocks done are kept: run `tokdyn fit` again "
                                "to fit the rest")  # fmt: skip

@@ -358,7 +358,9 @@ class FitWriter:
         not what was written there (a chunk cut short, deleted, overwritten, swapped; its
         checksums undecodable) is damaged too; fits made before checksums have none to check.
         Damaged blocks are marked not done again (and a complete fit incomplete) before this
-        returns. Without ``verify`` only the done flags are read: a readers finds damage in what
+        returns, and where blocks are left to fit this job's code is added to the record's
+        ``fitted_by`` (with a warning where kept blocks came from other code:
+        :meth:`_fitted_by_this`). Without ``verify`` only the done flags are read: a readers finds damage in what
         it reads and names ``--repair``; reading the whole fit on every plain resume made a
         no-op ``tokdyn fit`` of a complete 2M-token fit 4x slower (and one on S3 download it).
         """
