@@ -446,15 +446,16 @@ def fit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workdir
                 bad = []
                 g = zarr.open_group(store, path="runs/r", mode="r")  # below tokdyn: what is on disk
                 done = g["fit/done"][...] if "fit" in g.group_keys() and "done" in g["fit"].array_keys() else np.zeros(0)
-                if int(np.count_nonzero(done)) < prev_done:
-                    bad.append(f"{prev_done - int(np.count_nonzero(done))} done blocks lost")
-                    out["blocks_lost"] += prev_done - int(np.count_nonzero(done))
+                n_done = int(np.count_nonzero(done))  # a flag names the code that fitted the block: counted, not summed
+                if n_done < prev_done:
+                    bad.append(f"{prev_done - n_done} done blocks lost")
+                    out["blocks_lost"] += prev_done - n_done
                 for b in np.flatnonzero(done):
                     for name in FIT_FIELDS:
                         a = g[f"fit/{name}"][b * block : (b + 1) * block]
                         if not np.array_equal(a, ref[name][b * block : (b + 1) * block], equal_nan=True):
                             bad.append(f"block {b} marked done but field {name} differs from the reference")
-                prev_done = max(prev_done, int(np.count_nonzero(done)))
+                prev_done = max(prev_done, n_done)
                 if seen is None:
                     if proc.exitcode != 0:
                         bad.append(f"life {life} exited with {proc.exitcode}")

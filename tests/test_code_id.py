@@ -94,7 +94,7 @@ def test_the_cluster_s_question_answers_version_and_code_and_an_older_tokdyn_its
     process's build; a tokdyn from before the code's id answers with its version alone, which
     the check then finds different."""
     assert eval(fitjob._IMPORT_TOKDYN) == build()
-    monkeypatch.delattr(fitjob, "tokdyn_build")
+    monkeypatch.delattr(tokdyn._version, "build")
     assert eval(fitjob._IMPORT_TOKDYN) == __version__ != build()
 
 

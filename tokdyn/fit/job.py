@@ -556,7 +556,7 @@ CLUSTER_IMPORT_TIMEOUT = 60.0
 # What the cluster's processes run: the module the tasks' function lives in, imported as a task's
 # unpickling would, and its version and code (`_version.build`; an older tokdyn, without it, says
 # its version alone); eval and a string travel by value where a function of tokdyn could not.
-_IMPORT_TOKDYN = "(lambda t: getattr(t.fit.job, 'tokdyn_build', lambda: t.__version__)())(__import__('tokdyn.fit.job'))"
+_IMPORT_TOKDYN = "(lambda t: getattr(t._version, 'build', lambda: t.__version__)())(__import__('tokdyn.fit.job'))"
 # What the two checks below ask for where the answer differs.
 _SAME_CODE = "install the same tokdyn where the cluster runs (another version, or one with other changes to its code, fits with other code)"
 

@@ -242,14 +242,25 @@ def _unrecorded(meta: Mapping, inputs: Mapping) -> list[str]:
     return out
 
 
+# A block's done flag: 0 not done; DONE_UNKNOWN done by code not recorded; FIRST_CODE + i done by
+# the code fitted_by[i] (a uint8: the codes past LAST_FLAG are not recorded).
+DONE_UNKNOWN, FIRST_CODE, LAST_FLAG = 1, 2, 255
+
+
 def _done_flag(meta: Mapping) -> int:
-    """The done flag of a block this process writes: 2 + the index of its build (`_version.build`)
-    in the fit's ``fitted_by`` (the job put it there), 1 where the list does not hold it (a writer
-    that is not the fit's job, of other code) or is past a flag's 255."""
+    """The done flag of a block this process writes: the one naming its build (`_version.build`)
+    in the fit's ``fitted_by`` (the job put it there), DONE_UNKNOWN where the list does not hold
+    it (a writer that is not the fit's job, of other code) or past LAST_FLAG."""
     fitted_by, now = meta.get("fitted_by"), build()
-    if isinstance(fitted_by, list) and now in fitted_by and fitted_by.index(now) <= 253:
-        return 2 + fitted_by.index(now)
-    return 1
+    if not isinstance(fitted_by, list) or now not in fitted_by:
+        return DONE_UNKNOWN
+    flag = FIRST_CODE + fitted_by.index(now)
+    return flag if flag <= LAST_FLAG else DONE_UNKNOWN
+
+
+def _flag_code(flag: int, fitted_by: list):
+    """The build a done flag names in ``fitted_by`` (None: code not recorded)."""
+    return fitted_by[flag - FIRST_CODE] if FIRST_CODE <= flag < len(fitted_by) + FIRST_CODE else None
 
 
 def _fitted_by_text(builds: list) -> str:
@@ -360,8 +371,8 @@ class FitWriter:
         Damaged blocks are marked not done again (and a complete fit incomplete) before this
         returns, and where blocks are left to fit this job's code is added to the record's
         ``fitted_by`` (with a warning where kept blocks came from other code:
-        :meth:`_fitted_by_this`). Without ``verify`` only the done flags are read: a readers finds damage in what
-        it reads and names ``--repair``; reading the whole fit on every plain resume made a
+        :meth:`_fitted_by_this`). Without ``verify`` only the done flags are read: a readers
+        finds damage in what it reads and names ``--repair``; reading the whole fit on every plain resume made a
         no-op ``tokdyn fit`` of a complete 2M-token fit 4x slower (and one on S3 download it).
         """
         results, g = self.results, self.results._group()
@@ -419,19 +430,20 @@ class FitWriter:
 
     def _fitted_by_this(self, kept_flags: list[int]) -> None:
         """Before this code fits blocks: its build (`_version.build`) in ``fitted_by``, the list
-        of the codes that fitted the fit's blocks (each block's done flag, 2 + its index there,
-        names its code: :func:`_done_flag`), and a RuntimeWarning where a kept block (its flag
-        among ``kept_flags``) was fitted by other code, which agrees with this one to the solver's
-        tolerance at best, or by code not recorded (flag 1: a tokdyn before the list, or a writer
-        whose code the list did not hold). Not refused, as another backend is: the code's id changes with any
-        change to the package, and a long fit would be lost to an edit outside fitting."""
+        of the codes that fitted the fit's blocks (each block's done flag names its code:
+        :func:`_done_flag`), and a RuntimeWarning where a kept block (its flag among
+        ``kept_flags``) was fitted by other code, which agrees with this one to the solver's
+        tolerance at best, or by code not recorded (DONE_UNKNOWN: a tokdyn before the list, or a
+        writer whose code the list did not hold). Not refused, as another backend is: the code's
+        id changes with any change to the package, and a long fit would be lost to an edit
+        outside fitting."""
         meta, now = self.results.meta, build()
         fitted_by = meta.get("fitted_by")
         if not isinstance(fitted_by, list):  # none (an earlier tokdyn's fit) or damaged: the flags there say nothing
-            fitted_by = [None] * (max(kept_flags, default=1) - 1)
+            fitted_by = [None] * (max(kept_flags, default=DONE_UNKNOWN) - DONE_UNKNOWN)
         others: list = []
         for flag in sorted(set(kept_flags)):
-            code = fitted_by[flag - 2] if 2 <= flag < len(fitted_by) + 2 else None
+            code = _flag_code(flag, fitted_by)
             if code != now and code not in others:
                 others.append(code)
         if others:
