@@ -9,9 +9,7 @@ about sqrt(k) too narrow (what the units fix)."""
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,10 +21,9 @@ from tokdyn.errors import InputError
 from tokdyn.fit.job import fit_run
 from tokdyn.spectrum import Events, probe_units, run_events, spectrum_power_law
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("spectrum_units", ROOT / "pipelines" / "spectrum_units.py")
-units = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(units)
+import pipeline_scripts
+
+units = pipeline_scripts.load("spectrum_units")
 _power_law_events, _copies = units.power_law_events, units.copies_as_documents
 
 

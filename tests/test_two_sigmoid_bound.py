@@ -8,9 +8,6 @@ two-sigmoid sum of squares falls below it.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,10 +15,9 @@ from scipy.optimize import isotonic_regression
 
 from tokdyn.fit.models import two_sigmoid_curve
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("two_sigmoid_bound", ROOT / "pipelines" / "two_sigmoid_bound.py")
-bound = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bound)
+import pipeline_scripts
+
+bound = pipeline_scripts.load("two_sigmoid_bound")
 
 finite = dict(allow_nan=False, allow_infinity=False)
 

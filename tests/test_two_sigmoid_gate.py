@@ -8,18 +8,14 @@ and the figures it prints count the planted two-step rows that a gate would lose
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 
 from tokdyn.fit import FitOptions, fit_sigmoids
 from tokdyn.fit.synthetic import plant_sigmoids, plant_two_steps
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("two_sigmoid_gate", ROOT / "pipelines" / "two_sigmoid_gate.py")
-gate = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gate)
+import pipeline_scripts
+
+gate = pipeline_scripts.load("two_sigmoid_gate")
 
 X = np.log10(np.geomspace(10.0, 1e5, 100))
 
