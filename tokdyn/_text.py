@@ -12,6 +12,13 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
+def one_line(value, limit: int | None = None) -> str:
+    """``str(value)`` on one line: each run of whitespace (newlines, tabs) one space, the ends
+    stripped, then cut to its first ``limit`` characters (all of it where None). What a message
+    quotes of an error or a stored value."""
+    return " ".join(str(value).split())[:limit]
+
+
 def escape(ch: str) -> str:
     """One character as Python writes it in a string's escape: ``\\x07``, ``\\u202e``,
     ``\\U0001f642``."""

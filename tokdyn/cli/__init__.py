@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Sequence
 
 from .. import _process
-from .._text import visible
+from .._text import one_line, visible
 from .._version import build
 from ..errors import TokdynError
 from . import analysis, curriculum, demo, fit, probe, record, store
@@ -171,7 +171,7 @@ def _one_line_warnings(command: str) -> None:
     warnings.filterwarnings("ignore", category=RuntimeWarning, message=_NUMPY_NOISE)
 
     def show(message, category, filename, lineno, file=None, line=None):  # noqa: ARG001
-        print(f"tokdyn {command}: warning: {visible(' '.join(str(message).split()))}", file=sys.stderr)
+        print(f"tokdyn {command}: warning: {visible(one_line(message))}", file=sys.stderr)
 
     warnings.showwarning = show
 
@@ -259,7 +259,7 @@ def error_line(exc: BaseException) -> str:
                 "(a bug: please report it with the command; TOKDYN_DEBUG=1 shows the traceback)")  # fmt: skip
     # a name from a file or a store can hold a right-to-left override, which turned the rest of
     # the terminal's line around: every character that shows nothing is written as an escape
-    return visible(" ".join(text.split())) or type(exc).__name__
+    return visible(one_line(text)) or type(exc).__name__
 
 
 # OSErrors of a path that is in the way, with what they mean for a command's input or output path

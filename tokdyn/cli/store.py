@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .._text import visible
+from .._text import one_line, visible
 from ..errors import InputError, StoreError
 from ..interchange import export_npz, import_npz
 from ..store import LOSS_DTYPES
@@ -90,7 +90,7 @@ def _count(value) -> str:
         return f"{value:,}" if value else ""
     if isinstance(value, float) and value.is_integer():
         return f"{int(value):,}" if value else ""
-    text = " ".join(str(value).split())
+    text = one_line(value)
     text = text if len(text) <= 40 else text[:39] + "…"
     return visible(text)
 

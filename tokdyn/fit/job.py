@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from tokdyn._process import exit_with_parent, spawn_context, take_interrupts
+from tokdyn._text import one_line
 from tokdyn._version import __version__
 from tokdyn._version import build as tokdyn_build
 from tokdyn.errors import ClusterError, InputError, StoreError
@@ -475,9 +476,9 @@ def check_scheduler(address: str, timeout: float | None = None) -> None:
         raise InputError(f"the dask scheduler at {address} did not answer within {timeout:g} s")
     err = answer.get("error")
     if isinstance(err, OSError):
-        raise InputError(f"cannot reach the dask scheduler at {address}: {' '.join(str(err).split())}")
+        raise InputError(f"cannot reach the dask scheduler at {address}: {one_line(err)}")
     if isinstance(err, (TypeError, ValueError)):  # what dask's connect says of a scheme it cannot use here (tls without a TLS set-up)
-        raise InputError(f"cannot connect to the dask scheduler at {address}: {' '.join(str(err).split())}")
+        raise InputError(f"cannot connect to the dask scheduler at {address}: {one_line(err)}")
     reply = answer.get("reply")
     if err is not None or not (isinstance(reply, dict) and reply.get("type") == "Scheduler"):
         raise InputError(f"{address} did not answer as a dask scheduler (is it another service?)")
@@ -500,7 +501,7 @@ def _check_address(address: str) -> None:
     try:
         host, port = parse_host_port(rest)
     except ValueError as exc:
-        raise InputError(f"{expected}; got {address!r} ({' '.join(str(exc).split())})") from None
+        raise InputError(f"{expected}; got {address!r} ({one_line(exc)})") from None
     if not host or not 1 <= port <= 65535:
         raise InputError(f"{expected}; got {address!r} ({'no host' if not host else f'port {port} is not in 1..65535'})")
 
@@ -582,7 +583,7 @@ def _check_cluster_tokdyn(client, address: str) -> None:
     t.start()
     t.join(CLUSTER_IMPORT_TIMEOUT)
     if t.is_alive() or "error" in answer:  # no word on it: the fit goes on, as it did before this check
-        why = f"no answer within {CLUSTER_IMPORT_TIMEOUT:g} s" if t.is_alive() else " ".join(str(answer["error"]).split())[:150]
+        why = f"no answer within {CLUSTER_IMPORT_TIMEOUT:g} s" if t.is_alive() else one_line(answer["error"], 150)
         warnings.warn(f"could not ask the dask cluster at {address} for its tokdyn version ({why}); fitting anyway",
                       RuntimeWarning, stacklevel=4)  # fmt: skip
         return
@@ -590,11 +591,11 @@ def _check_cluster_tokdyn(client, address: str) -> None:
     for who, got in {**answer["scheduler"], **answer["workers"]}.items():
         if isinstance(got, BaseException):
             raise InputError(f"{who} of the dask cluster at {address} cannot import tokdyn "
-                             f"({type(got).__name__}: {' '.join(str(got).split())[:150]}): install tokdyn {here} "
+                             f"({type(got).__name__}: {one_line(got, 150)}): install tokdyn {here} "
                              "where the cluster's scheduler and workers run, then start them again")  # fmt: skip
         # the scheduler fits nothing: it needs this version's tasks to unpickle, not this code
         if got != here and (who != "the scheduler" or str(got).split("+")[0] != __version__):
-            raise InputError(f"{who} of the dask cluster at {address} runs tokdyn {' '.join(str(got).split())[:60]}, "
+            raise InputError(f"{who} of the dask cluster at {address} runs tokdyn {one_line(got, 60)}, "
                              f"this process {here}: {_SAME_CODE}")  # fmt: skip
 
 
@@ -701,15 +702,15 @@ def _run_distributed(tasks, client, address: str, progress: bool) -> None:
             pass
         resume = "the blocks done are kept: run `tokdyn fit` again to fit the rest"
         if isinstance(exc, KilledWorker):
-            raise ClusterError(f"the dask workers at {address} died while fitting a block ({' '.join(str(exc).split())[:200]}); "
+            raise ClusterError(f"the dask workers at {address} died while fitting a block ({one_line(exc, 200)}); "
                               f"out of memory? give the workers more, or lower --batch-rows; {resume}") from None  # fmt: skip
         if isinstance(exc, TypeError) and "_fit_one_block() got an unexpected keyword argument" in str(exc):  # an older worker
             raise InputError(f"a worker of the dask cluster at {address} runs an older tokdyn, which does not take this "
-                             f"version's tasks ({' '.join(str(exc).split())[:150]}): install the same version where the "
+                             f"version's tasks ({one_line(exc, 150)}): install the same version where the "
                              f"cluster runs; {resume}") from None  # fmt: skip
         if isinstance(exc, CancelledError):
             raise ClusterError(f"the fit's tasks on the dask scheduler at {address} were cancelled "
-                              f"({' '.join(str(exc).split())[:200]}); {resume}") from None  # fmt: skip
+                              f"({one_line(exc, 200)}); {resume}") from None  # fmt: skip
         raise
     finally:
         bar.close()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from tokdyn._text import one_line
 from tokdyn.errors import InputError
 
 __all__ = [
@@ -193,7 +194,7 @@ def _shown(value: object) -> str:
             sign = "a negative" if value < 0 else "an"
             return f"{sign} int of about {int(bits * math.log10(2)) + 1} digits"
     try:
-        text = " ".join(repr(value).split())
+        text = one_line(repr(value))
     except Exception:
         return f"a {type(value).__name__}"
     return text if len(text) <= 200 else text[:200] + "..."

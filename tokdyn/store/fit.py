@@ -32,6 +32,7 @@ import zarr
 from zarr.core.sync import sync as zarr_sync
 
 from .._checks import is_int
+from .._text import one_line
 from .._version import __version__, build
 from ..errors import InputError, StoreError, TokdynError
 from .locks import KeyLock, remove_stale_partials
@@ -265,7 +266,7 @@ def _flag_code(flag: int, fitted_by: list):
 
 def _fitted_by_text(builds: list) -> str:
     """Codes of ``fitted_by`` for a message: each trimmed; None is code that was not recorded."""
-    return ", ".join("code not recorded" if b is None else f"tokdyn {' '.join(str(b).split())[:40]}"
+    return ", ".join("code not recorded" if b is None else f"tokdyn {one_line(b, 40)}"
                      for b in builds[:4]) + (f" and {len(builds) - 4} more" if len(builds) > 4 else "")  # fmt: skip
 
 

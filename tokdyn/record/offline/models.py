@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..._text import one_line
 from ...errors import InputError
 from ...runtime import model_builder, model_kinds, register_model_builder
 from .files import read_json
@@ -154,7 +155,7 @@ def check_causal_model_type(model_type: Any) -> None:
 
 def short_error(exc: BaseException | str, limit: int = 300) -> str:
     """``exc``'s message on one line, at most about ``limit`` characters."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = one_line(exc) or type(exc).__name__
     return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
