@@ -35,8 +35,8 @@ import tokdyn.corpus
 import tokdyn.curriculum.learnability
 import tokdyn.curriculum.mixture
 import tokdyn.interchange
-from tokdyn._files import check_regular, kind_of_mode, loads_json
-from tokdyn.errors import InputError
+from tokdyn._files import check_regular, kind_of_mode, link_note, loads_json
+from tokdyn.errors import InputError, StoreError
 
 NESTED = "[" * 100_000 + "]" * 100_000
 
@@ -96,6 +96,9 @@ def _make(kind: str, path: Path, keep: list) -> str:
             path.symlink_to(target)
             return f"{{p}} is a FIFO, not a regular file (a link to {target})"
         return "{p} is a FIFO, not a regular file"
+    if kind == "FIFO in a linked folder":  # ``path`` is in a folder that is a link
+        os.mkfifo(path)
+        return f"{{p}} is a FIFO, not a regular file (at {path.resolve()})"
     if kind == "device":
         path.symlink_to("/dev/zero")  # a read would never end
         return "{p} is a device, not a regular file (a link to /dev/zero)"
@@ -107,7 +110,8 @@ def _make(kind: str, path: Path, keep: list) -> str:
     raise AssertionError(kind)
 
 
-KINDS = ["missing", "broken link", "folder", "FIFO", "link to a FIFO", "device", "socket"]
+KINDS = ["missing", "broken link", "folder", "FIFO", "link to a FIFO", "FIFO in a linked folder", "device",
+         "socket"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -117,6 +121,10 @@ def test_every_reader_refuses_what_is_not_a_regular_file_saying_what_it_is(reade
     if kind == "folder" and reader in ("text source", "tokenizer"):
         pytest.skip("a folder is a text source, and a tokenizer's when it holds tokenizer.json")
     path = tmp_path / name
+    if kind == "FIFO in a linked folder":
+        (tmp_path / "real").mkdir()
+        (tmp_path / "via").symlink_to(tmp_path / "real")
+        path = tmp_path / "via" / name
     if kind == "socket" and len(str(path)) > 100:
         pytest.skip("a socket's path is at most 107 bytes")
     keep: list = []
@@ -129,6 +137,29 @@ def test_every_reader_refuses_what_is_not_a_regular_file_saying_what_it_is(reade
     msg = str(info.value)
     assert not opened, f"{reader}: the FIFO was opened"
     assert expect in msg and what in msg and "\n" not in msg, msg
+
+
+def test_the_link_note_says_where_a_path_really_is_whichever_part_is_a_link(tmp_path):
+    (tmp_path / "real").mkdir()
+    f = tmp_path / "real" / "f"
+    f.write_text("x")
+    (tmp_path / "via").symlink_to(tmp_path / "real")
+    (tmp_path / "to_f").symlink_to(f)
+    real = str(f.resolve())
+    assert link_note(f.resolve()) == ""
+    assert link_note(tmp_path / "to_f") == f" (a link to {real})"
+    assert link_note(tmp_path / "via" / "f") == f" (at {real})"
+    assert link_note(tmp_path / "via" / ".." / "via" / "f") == f" (at {real})"
+
+
+def test_a_stores_fifo_behind_a_linked_folder_says_where_it_is(tmp_path):
+    from tokdyn.store.store import _check_store_file
+
+    (tmp_path / "real").mkdir()
+    os.mkfifo(tmp_path / "real" / "0")
+    (tmp_path / "s.zarr").symlink_to(tmp_path / "real")
+    with pytest.raises(StoreError, match=r"s\.zarr/0 is a FIFO \(at .*real/0\), not a regular file"):
+        _check_store_file(tmp_path / "s.zarr" / "0")
 
 
 def test_the_check_returns_a_regular_file_and_refuses_an_unreadable_one(tmp_path, monkeypatch):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .errors import InputError
 
-__all__ = ["write_atomically", "check_output_path", "check_regular", "kind_of_mode", "loads_json", "strict_json", "remove_store_folder",
+__all__ = ["write_atomically", "check_output_path", "check_regular", "kind_of_mode", "link_note", "loads_json", "strict_json", "remove_store_folder",
            "DEMO_STORE"]
 
 DEMO_STORE = "store.zarr"  # where `tokdyn demo --out DIR` puts its store (the CLI takes DIR for it)
@@ -86,6 +86,15 @@ def _link_target(path: str) -> str:
         return "?"
 
 
+def link_note(path: str | os.PathLike) -> str:
+    """Where ``path`` really is, for a message about what is there: `` (a link to REAL)`` where
+    its own name is a link, `` (at REAL)`` where a folder above it is one, else nothing."""
+    real = os.path.realpath(path)
+    if os.path.islink(path):
+        return f" (a link to {real})"
+    return f" (at {real})" if real != os.path.abspath(path) else ""
+
+
 def check_regular(path: str | os.PathLike, what: str, hint: str = "", *, readable: bool = True) -> Path:
     """``path`` as a :class:`Path`, or :class:`InputError` naming ``what`` and the path unless it
     is a regular file (links followed) this process may read: the one check before tokdyn opens
@@ -105,8 +114,7 @@ def check_regular(path: str | os.PathLike, what: str, hint: str = "", *, readabl
         raise InputError(f"cannot read {what} {p}: {exc.strerror or exc}") from None
     if not stat.S_ISREG(mode):
         kind = kind_of_mode(mode)
-        via = f" (a link to {os.path.realpath(p)})" if os.path.islink(p) else ""
-        raise InputError(f"{what} {p} is {kind}, not a regular file{via}{hint}")
+        raise InputError(f"{what} {p} is {kind}, not a regular file{link_note(p)}{hint}")
     if readable and not os.access(p, os.R_OK):
         raise InputError(f"cannot read {what} {p}: permission denied")
     return p

@@ -40,7 +40,7 @@ from zarr.core.group import GroupMetadata
 from zarr.core.sync import sync as zarr_sync
 from zarr.storage import LocalStore, StorePath
 
-from .._files import kind_of_mode, not_a_folder
+from .._files import kind_of_mode, link_note, not_a_folder
 from .._version import __version__
 from ..errors import (
     InputError,
@@ -149,8 +149,7 @@ def _check_store_file(path) -> None:
         return
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         kind = kind_of_mode(mode)
-        via = f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else ""
-        raise StoreError(f"{path} is {kind}{via}, not a regular file; a store holds only files and folders, and tokdyn "
+        raise StoreError(f"{path} is {kind}{link_note(path)}, not a regular file; a store holds only files and folders, and tokdyn "
                          "does not read it (a FIFO would block the read forever, a device never end)")  # fmt: skip
 
 
