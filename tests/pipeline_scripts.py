@@ -1,4 +1,4 @@
-"""The scripts under pipelines/ as modules, for the tests of their measurements."""
+"""The scripts under pipelines/ as modules, and planted rows, for the tests of their measurements."""
 
 from __future__ import annotations
 
@@ -6,6 +6,10 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+
+import numpy as np
+
+from tokdyn.fit.synthetic import plant_sigmoids, plant_two_steps
 
 PIPELINES = Path(__file__).resolve().parent.parent / "pipelines"
 
@@ -31,3 +35,11 @@ def load(name: str) -> ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+def planted_rows(x, n: int) -> np.ndarray:
+    """[2n, len(x)]: ``n`` planted single events, then ``n`` planted two-step rows, on the
+    points ``x`` (the same rows for the same ``n`` and ``x``)."""
+    one = plant_sigmoids(n, x, rng=np.random.default_rng(3)).Y
+    two = plant_two_steps(n, x, rng=np.random.default_rng(4)).Y
+    return np.concatenate([one, two])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tokdyn.fit import FitOptions, fit_sigmoids
-from tokdyn.fit.synthetic import plant_sigmoids, plant_two_steps
+from tokdyn.fit.synthetic import plant_two_steps
 
 import pipeline_scripts
 
@@ -21,9 +21,7 @@ X = np.log10(np.geomspace(10.0, 1e5, 60))
 
 
 def _rows(n=150):
-    one = plant_sigmoids(n, X, rng=np.random.default_rng(3)).Y
-    two = plant_two_steps(n, X, rng=np.random.default_rng(4)).Y
-    return np.concatenate([one, two])
+    return pipeline_scripts.planted_rows(X, n)
 
 
 def _record(Y, options):

@@ -372,9 +372,10 @@ class FitWriter:
         Damaged blocks are marked not done again (and a complete fit incomplete) before this
         returns, and where blocks are left to fit this job's code is added to the record's
         ``fitted_by`` (with a warning where kept blocks came from other code:
-        :meth:`_fitted_by_this`). Without ``verify`` only the done flags are read: a readers
-        finds damage in what it reads and names ``--repair``; reading the whole fit on every plain resume made a
-        no-op ``tokdyn fit`` of a complete 2M-token fit 4x slower (and one on S3 download it).
+        :meth:`_fitted_by_this`). Without ``verify`` only the done flags are read: a reader
+        finds damage in what it reads and names ``--repair``; reading the whole fit on every
+        plain resume made a no-op ``tokdyn fit`` of a complete 2M-token fit 4x slower (and one
+        on S3 download it).
         """
         results, g = self.results, self.results._group()
         run, meta = results._run, results.meta
