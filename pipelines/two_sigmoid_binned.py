@@ -31,7 +31,7 @@ from tokdyn.fit import block as _block
 from tokdyn.fit.backends import prepare_rows
 from tokdyn.fit.grid import start_grids
 from tokdyn.fit.lm import MODEL_TWO_SIGMOIDS
-from tokdyn.fit.models import N_PARAMS
+from tokdyn.fit.models import N_PARAMS, winning_sse
 from tokdyn.fit.sigmoid import s_min_of
 from tokdyn.fit.synthetic import plant_sigmoids, plant_two_steps
 
@@ -90,7 +90,7 @@ def compare(x, Y, label: str, polish_iters=(100, 4), repeats: int = 3) -> list[d
     fit = fit_sigmoids(x, Y, backend="numba", options=options)
     n = fit.n_points.astype(np.float64)
     simpler = np.minimum(np.minimum(fit.bic_constant, fit.bic_line), fit.bic_sigmoid)
-    T = n * np.exp((simpler - options.bic_margin - N_PARAMS[3] * np.log(n)) / n)
+    T = winning_sse(simpler, n, N_PARAMS[3], options.bic_margin)
     prep = _prepared(x, Y, options)
     p1 = _block._fit_sigmoid(_block._Solver(x, options, "numba", None), Y, prep)[0]["p"]
     xb, Yb = binned(x, Y)

@@ -33,7 +33,7 @@ import numba
 import numpy as np
 
 from tokdyn.fit import FitOptions, fit_sigmoids
-from tokdyn.fit.models import N_PARAMS
+from tokdyn.fit.models import N_PARAMS, winning_sse
 from tokdyn.fit.synthetic import plant_sigmoids, plant_two_steps
 
 REAL = Path(__file__).resolve().parent.parent / "tests" / "data" / "tiny_gpt_real.npz"
@@ -83,7 +83,7 @@ def measure(label: str, x: np.ndarray, Y: np.ndarray) -> dict:
     fit = fit_sigmoids(x, Y, backend="numba")
     n = np.isfinite(Y).sum(1).astype(np.float64)
     simpler = np.minimum(np.minimum(fit.bic_constant, fit.bic_line), fit.bic_sigmoid)
-    threshold = n * np.exp((simpler - opts.bic_margin - N_PARAMS[3] * np.log(n)) / n)
+    threshold = winning_sse(simpler, n, N_PARAMS[3], opts.bic_margin)
     three, one = np.empty(len(Y)), np.empty(len(Y))
     piece_bounds(Y[0][np.isfinite(Y[0])])  # compile outside the timing
     t0 = time.perf_counter()

@@ -32,7 +32,7 @@ from tokdyn.fit import FitOptions, fit_sigmoids
 from tokdyn.fit import block as _block
 from tokdyn.fit.backends import prepare_rows
 from tokdyn.fit.grid import start_grids
-from tokdyn.fit.models import N_PARAMS
+from tokdyn.fit.models import N_PARAMS, winning_sse
 from tokdyn.fit.sigmoid import s_min_of
 from tokdyn.fit.synthetic import plant_sigmoids, plant_two_steps
 
@@ -61,7 +61,7 @@ def gate_figures(x, Y, label: str, ks=(2, 4, 6), rs=(0.1, 0.2, 0.3)) -> list[dic
     fit = fit_sigmoids(x, Y, backend="numba", options=options)
     n = fit.n_points.astype(np.float64)
     simpler = np.minimum(np.minimum(fit.bic_constant, fit.bic_line), fit.bic_sigmoid)
-    T = n * np.exp((simpler - options.bic_margin - N_PARAMS[3] * np.log(n)) / n)
+    T = winning_sse(simpler, n, N_PARAMS[3], options.bic_margin)
     fitted = np.isfinite(fit.sse2)
     two = fit.model == 3
     steps = fit.n_iter2.astype(np.float64)

@@ -12,6 +12,7 @@ from tokdyn.fit import CLASS_CODES, FitOptions, class_loss_share, classify, fit_
 from tokdyn.fit.models import (
     bic,
     choose_model,
+    winning_sse,
     constant_fit,
     line_fit,
     order_events,
@@ -40,6 +41,18 @@ def test_choose_model_walks_up_with_margin():
         [100.0, 80.0, 75.0, np.inf],  # line; sigmoid only 5 better; two not fitted -> 1
     ])
     assert choose_model(bics, 10.0).tolist() == [2, 3, 0, 1]
+
+
+def test_winning_sse_by_hand_and_at_choose_models_bound():
+    # n = 10, lowest simpler BIC 0, margin 10, k = 7: 10 exp((0 - 10 - 7 ln 10) / 10)
+    assert winning_sse(np.array([0.0]), np.array([10]), 7, 10.0)[0] == pytest.approx(10 * math.exp(-1 - 0.7 * math.log(10)))
+    rng = np.random.default_rng(0)
+    n = rng.integers(8, 300, 500).astype(np.float64)
+    simpler = bic(rng.uniform(1e-3, 10.0, 500) * n, n, 4)  # a sigmoid's, at a mean square of 1e-3 to 10
+    T = winning_sse(simpler, n, 7, 10.0)
+    for share, two in ((1 - 1e-9, True), (1 + 1e-9, False)):
+        bics = np.stack([simpler + 50, simpler + 50, simpler, bic(T * share, n, 7)], axis=1)
+        assert np.all((choose_model(bics, 10.0) == 3) == two)
 
 
 def test_constant_and_line_by_hand():

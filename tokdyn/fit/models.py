@@ -32,6 +32,7 @@ __all__ = [
     "order_events",
     "bic",
     "choose_model",
+    "winning_sse",
     "classify",
     "class_loss_share",
     "SHARE_MIN_NET",
@@ -200,6 +201,15 @@ def choose_model(bics: np.ndarray, margin: float) -> np.ndarray:
         chosen[wins] = m
         best_simpler = np.minimum(best_simpler, bics[:, m])
     return chosen
+
+
+def winning_sse(best_simpler_bic: np.ndarray, n: np.ndarray, k: int, margin: float) -> np.ndarray:
+    """The sum of squares [B] below which a model of ``k`` parameters is chosen over simpler
+    models whose lowest BIC is ``best_simpler_bic``: :func:`bic` solved for SSE at
+    :func:`choose_model`'s bound, ``n exp((best_simpler_bic - margin - k ln n) / n)``. Where
+    that is below :func:`bic`'s floors, no sum of squares wins."""
+    n = np.asarray(n, dtype=np.float64)
+    return n * np.exp((best_simpler_bic - margin - k * np.log(n)) / n)
 
 
 # A drop is clear when it is at least this many times the scatter of the points about the fit.
