@@ -23,7 +23,7 @@ def _module_files(root: Path) -> list[tuple[str, Path]]:
 
 def _code_id() -> str | None:
     """The first 12 hex digits of a SHA-256 over the package's modules (each one's path in the
-    package, its length and its bytes, in path order; line ends read as ``\n``; a module that
+    package, its length and its bytes, in path order; line ends read as ``\\n``; a module that
     cannot be read counts as such), or None where the package is not a folder of files that can
     be listed (imported from a zip)."""
     try:
