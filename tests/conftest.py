@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import tokdyn
+from tokdyn.errors import TokdynError
 from tokdyn.model import GPTConfig, TinyGPT
 
 VOCAB, CONTEXT, N_SEQ = 257, 32, 8
@@ -82,3 +84,26 @@ def reference_losses():
         return np.concatenate(rows)
 
     return ref
+
+
+# numpy 2 writes a scalar's repr as its constructor (np.int64(5), np.float64(0.5),
+# np.str_('a')): a value taken from an array and quoted with !r in a message showed that to the
+# user ("axis_values[3] = np.int64(9007199254740993)"). Every test checks every error it makes.
+_NUMPY_REPR = re.compile(r"\bnp\.[A-Za-z_][A-Za-z0-9_]*\(")
+
+
+@pytest.fixture(autouse=True)
+def _messages_show_plain_values(monkeypatch):
+    """Every TokdynError made during a test (raised to the test, or caught and printed by the
+    CLI as its one line): its message holds no numpy repr."""
+    made = []
+    init = TokdynError.__init__
+
+    def record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(" ".join(str(a) for a in args))
+
+    monkeypatch.setattr(TokdynError, "__init__", record)
+    yield
+    shown = [m for m in made if _NUMPY_REPR.search(m)]
+    assert not shown, f"a message quotes a numpy repr (write the value with str(), or .item() first): {shown[0]}"

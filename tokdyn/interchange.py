@@ -133,8 +133,8 @@ def _check_axis_exact(ax: np.ndarray, axis: str) -> None:
         return
     with np.errstate(invalid="ignore", over="ignore"):
         bad = next(i for i in range(ax.size) if as_float[i].astype(ax.dtype) != ax[i] or not np.isfinite(as_float[i]))
-    raise InputError(f"axis_values[{bad}] = {ax[bad]!r} ({ax.dtype}) cannot be stored exactly: a store keeps axis values "
-                     f"as float64, which reads it as {as_float[bad]!r}")
+    raise InputError(f"axis_values[{bad}] = {ax[bad]} ({ax.dtype}) cannot be stored exactly: a store keeps axis values "
+                     f"as float64, which reads it as {as_float[bad]}")
 
 
 def _tokenizer_spec(arrays: dict[str, np.ndarray]) -> dict:
