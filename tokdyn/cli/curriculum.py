@@ -54,7 +54,7 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=_number, default=0.2, help="smoothing of each learning event, decades (default 0.2)")
     p.add_argument("--lead", type=_number, default=0.0, help="decades to look ahead (default 0)")
     p.add_argument("--time-scale", type=_number, default=1.0, help="pilot steps per training step (default 1)")
-    p.add_argument("--base", type=_number, nargs="+", help="baseline mixture, one weight per domain in the probe's order (default equal)")
+    p.add_argument("--base", type=_number, nargs="+", help="baseline mixture, one weight per domain in the probe's order, rescaled to sum to 1 (default equal)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("show", help="what a learnability table holds and how well it predicted held-out pilot tokens")
     p.add_argument("table", help="a .npz written by `tokdyn curriculum build`")
