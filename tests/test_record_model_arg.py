@@ -65,3 +65,21 @@ def test_a_bad_model_argument_is_one_line(what, tmp_path, bare_folder, probe_sto
     line = cli_error_line(err)
     assert code == 1 and line.startswith("tokdyn record-offline: error: ") and expected in line, line
     assert not (tmp_path / "o.zarr").exists()  # refused before any store is made
+
+
+def test_bare_state_dicts_without_a_model_name_every_way_to_give_one(tmp_path, bare_folder, probe_store, capsys):
+    """The refusal named only the Python argument (model_factory=) to a user of the command line."""
+    code, err = run_cli(["record-offline", "--checkpoints", str(bare_folder), "--out", str(tmp_path / "o.zarr"), "--run", "r",
+                         "--probe", str(probe_store), "--no-progress", "--workers", "1"], capsys)  # fmt: skip
+    line = cli_error_line(err)
+    assert code == 1 and "is a bare state dict and no model is known for it" in line, line
+    for way in ("--model JSON", "model_factory=", "manifest.json", "tokdyn_model.json", "config.json"):
+        assert way in line, (way, line)
+    # and each way it names works: a config.json beside the files (the spec's GPTConfig fields)
+    (bare_folder / "config.json").write_text(json.dumps(SPEC["config"]))
+    try:
+        assert run_cli(["record-offline", "--checkpoints", str(bare_folder), "--out", str(tmp_path / "c.zarr"), "--run", "r",
+                        "--probe", str(probe_store), "--no-progress", "--workers", "1"], capsys)[0] == 0  # fmt: skip
+    finally:
+        (bare_folder / "config.json").unlink()
+    assert list(tokdyn.open_store(tmp_path / "c.zarr").run("r").steps) == [0, 10]

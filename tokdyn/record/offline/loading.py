@@ -115,8 +115,9 @@ def _torch_load_safely(p: Path) -> Any:
         raise UnsafeFileError(
             f"{p} cannot be loaded without unpickling arbitrary Python objects (it references {found.group(1)}); "
             "tokdyn loads torch files only with torch.load(weights_only=True) and refuses to run code from a "
-            "checkpoint. If you trust it, convert it to safetensors (load it yourself, then "
-            "safetensors.torch.save_file(state_dict, ...)) or save only model.state_dict()"
+            "checkpoint. If you trust it, load it yourself and save only its tensors: torch.save(state_dict, PATH), or "
+            "safetensors.torch.save_file({k: v.clone().contiguous() for k, v in state_dict.items()}, PATH) (the clone "
+            "parts tied weights, which save_file refuses to write shared)"
         ) from None
     except Exception as exc:  # noqa: BLE001 - torch fails on damaged files with any exception type
         raise _not_a_checkpoint(p, exc) from None
@@ -275,8 +276,9 @@ def _bare_model(ref: CheckpointRef, model_factory: ModelFactory | None) -> torch
     found = _model_spec_for(ref)
     if found is None:
         raise InputError(
-            f"{ref.path} is a bare state dict and no model is known for it: pass model_factory=, add "
-            f'"model": {{"type": "tinygpt", "config": {{...}}}} to {MANIFEST}, or put tokdyn_model.json beside it'
+            f"{ref.path} is a bare state dict and no model is known for it: pass --model JSON (tokdyn record-offline) "
+            f'or model_factory= (Python), add "model": {{"type": "tinygpt", "config": {{...}}}} to {MANIFEST}, or put a '
+            f"tokdyn_model.json or config.json beside it"
         )
     return build_model(found[0], where=found[1])
 
