@@ -226,3 +226,23 @@ def test_a_refit_that_finishes_while_the_report_is_made_is_refused(store_and_pag
     assert out.read_text() == "the previous report"
     monkeypatch.setattr(report, "render_report", real)
     assert "<html" in write_report(st, out).read_text()  # the fit, now settled, is reported
+
+
+def test_a_tokenizer_for_a_probe_without_a_tokenizer_file_says_what_the_probe_has(tmp_path, capsys):
+    """A byte-level probe's refusal read "(byte, sha256 None)"."""
+    pytest.importorskip("tokenizers")
+    from tokdyn.cli import main
+    from tokdyn.tokenizer import HFTokenizer
+
+    HFTokenizer.train(["some text, " * 50], vocab_size=300).save(tmp_path / "tok.json")
+    byte = tokdyn.ProbeSet.from_tokens(np.zeros((2, 9), np.int32), tokenizer={"kind": "byte", "vocab_size": 257, "eot_id": 256})
+    index_only = tokdyn.ProbeSet(None, {"sample_id": np.arange(4, dtype=np.int32), "token_pos": np.zeros(4, np.int32)})
+    for name, probe, said in (("b", byte, "(byte-level, which the report decodes itself: leave --tokenizer out)"),
+                              ("i", index_only, "(none: an imported probe without token ids, nothing to decode)")):  # fmt: skip
+        tokdyn.open_store(tmp_path / f"{name}.zarr", probe, mode="w")
+        capsys.readouterr()
+        argv = ["report", str(tmp_path / f"{name}.zarr"), "--out", str(tmp_path / "r.html"), "--tokenizer", str(tmp_path / "tok.json")]
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is not the probe's" in err[0] and err[0].endswith(said) and "None" not in err[0], err
+    assert not (tmp_path / "r.html").exists()

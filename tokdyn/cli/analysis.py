@@ -239,8 +239,11 @@ def _report(args: argparse.Namespace) -> int:
         eot = recorded.get("eot", "auto") if recorded.get("kind") == "hf" else "auto"  # the end-of-text the probe was made with
         given = HFTokenizer.from_file(args.tokenizer, eot=None).spec()
         if given["sha256"] != recorded.get("sha256"):  # another tokenizer: said as such, not as a missing end-of-text token
-            raise InputError(f"the tokenizer given ({args.tokenizer}, sha256 {given['sha256'][:12]}) is not the probe's "
-                             f"({recorded.get('kind')}, sha256 {str(recorded.get('sha256'))[:12]})")  # fmt: skip
+            theirs = (f"{recorded.get('kind')}, sha256 {str(recorded['sha256'])[:12]}" if recorded.get("sha256")
+                      else "byte-level, which the report decodes itself: leave --tokenizer out" if recorded.get("kind") == "byte"
+                      else "none: an imported probe without token ids, nothing to decode" if not recorded.get("kind")
+                      else f"{recorded.get('kind')}, with no tokenizer file recorded")  # fmt: skip
+            raise InputError(f"the tokenizer given ({args.tokenizer}, sha256 {given['sha256'][:12]}) is not the probe's ({theirs})")
         tokenizer = HFTokenizer.from_file(args.tokenizer, eot=eot)
     out = write_report(store_path(args.store), args.out, runs=args.run or None, tokenizer=tokenizer)
     print(visible(f"wrote {out}"))
