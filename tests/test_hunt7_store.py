@@ -150,6 +150,7 @@ BAD_ROWS = [
 ]  # fmt: skip
 
 
+@pytest.mark.echoes_numpy  # a row of numpy values is refused quoting them as given
 @pytest.mark.parametrize("row", BAD_ROWS, ids=[repr(r)[:40] for r in BAD_ROWS])
 def test_row_values_the_arrays_cannot_hold_are_refused_not_truncated(store, row):
     r = store.create_run("r")
