@@ -347,9 +347,13 @@ def test_report_leaves_out_a_run_that_cannot_be_analysed_and_says_why(fitted_T, 
         w.append(np.full(n, np.nan, np.float32), step=step, warn_nonfinite=False)  # never scored
     fit_run(st.run("flat"), progress=False)
     out = tmp_path / "r.html"
+    capsys.readouterr()
     assert main(["report", str(fitted_T), "--out", str(out)]) == 0
     html = out.read_text()
     assert "Left out, flat:" in html and "run main" in html
+    # and the command says it, not only the page
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "tokdyn report: warning: left out of the analysis: run 'flat': the fit has no observed x range (every token unfit)"]
     assert main(["report", str(fitted_T), "--out", str(out), "--run", "flat"]) == 1
     err = capsys.readouterr().err
     assert "run 'flat'" in err and len(err.strip().splitlines()) == 1

@@ -9,7 +9,7 @@ import pytest
 
 import tokdyn
 from tokdyn import report
-from tokdyn.analysis import analyze_store
+from tokdyn.analysis import LeftOutWarning, analyze_store
 from tokdyn.fit.job import fit_run
 from tokdyn.fit.options import FitOptions
 
@@ -143,3 +143,19 @@ def test_log_tick_labels_of_narrow_panels_do_not_overlap(ncols, hi):
         assert len(shown) >= 2
     finally:
         plt.close(fig)
+
+
+def test_a_run_left_out_is_said_by_a_warning_and_by_the_command(store, tmp_path, capsys):
+    """`tokdyn report` wrote a report without the out-of-date run 'rec', exit 0 and not a word:
+    only the page said it, at its end."""
+    from reliability_fixtures import run_cli
+
+    with pytest.warns(LeftOutWarning) as got:
+        left = analyze_store(store, n_boot=0).failed
+    said = [str(w.message) for w in got if issubclass(w.category, LeftOutWarning)]
+    assert list(left) == ["rec"] and said == [f"left out of the analysis: {left['rec']}"], said
+    assert said[0].startswith("left out of the analysis: the fit of run 'rec' was made on")
+    code, err = run_cli(["report", store.url, "--out", str(tmp_path / "r.html")], capsys)
+    lines = err.strip().splitlines()
+    assert code == 0 and (tmp_path / "r.html").exists()
+    assert lines == [f"tokdyn report: warning: {said[0]}"], lines  # one line, the run and why

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import warnings
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 
@@ -26,8 +27,13 @@ from .spectrum import Events, run_events, spectra_by
 from .store import Run, TrajectoryStore, as_store
 from .tokenstats import TokenStats, frequency_bands, position_bands, token_stats
 
-__all__ = ["RunAnalysis", "StoreAnalysis", "RunSpectrum", "AxisRun", "analyze_run", "analyze_store", "fitted_runs",
-           "group_spectra", "run_spectrum", "axis_run", "run_order"]
+__all__ = ["LeftOutWarning", "RunAnalysis", "StoreAnalysis", "RunSpectrum", "AxisRun", "analyze_run", "analyze_store",
+           "fitted_runs", "group_spectra", "run_spectrum", "axis_run", "run_order"]
+
+
+class LeftOutWarning(UserWarning):
+    """A run :func:`analyze_store` left out of the analysis (and so of the report): damaged, out
+    of date with its rows, or with nothing to analyse; the message says which and why."""
 
 
 @dataclass
@@ -201,11 +207,15 @@ def analyze_store(
         try:
             out.append(analyze_run(r, which=which, bandwidth=bandwidth, n_boot=n_boot, groups=r.axis == "T"))
         except (InputError, StoreError) as exc:
-            if runs is not None:
-                raise type(exc)(f"run {n!r}: {exc}") from None
+            if runs is not None:  # named once: the error may already begin with the run's name
+                said = str(exc)
+                raise type(exc)(said if f"run {n!r}" in said else f"run {n!r}: {said}") from None
             failed[n] = str(exc)
     if not out:
         raise StoreError(f"no run of {st.url} could be analysed: " + "; ".join(f"{n}: {why}" for n, why in failed.items()))
+    for n, why in failed.items():  # the report says it too, but a page nobody reads to the end is no warning
+        said = why if f"run {n!r}" in why else f"run {n!r}: {why}" if n in st.runs else f"{n}: {why}"
+        warnings.warn(f"left out of the analysis: {said}", LeftOutWarning, stacklevel=2)
     return StoreAnalysis(st.url, out, [n for n in todo if n not in names and n not in failed], failed)
 
 
