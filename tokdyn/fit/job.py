@@ -296,7 +296,9 @@ def fit_run(
             client = cluster.enter_context(_connect(scheduler))
         # Workers resolve a relative path against their own working folder, not this process's.
         url = os.path.abspath(st.url) if distributed and "://" not in st.url else st.url
-        with run.fit.writer(inputs, fields, n_blocks=n_blocks, refit=refit, labels=labels) as fw:
+        finished_before = refit and bool(run.fit.meta.get("complete"))
+        with run.fit.writer(inputs, fields, n_blocks=n_blocks, refit=refit, labels=labels) as fw, \
+                _said_after_refit(finished_before):  # fmt: skip
             # blocks marked done whose stored results are damaged are fitted again, and said
             todo, repaired = fw.todo(verify=repair)
             t0 = time.perf_counter()
@@ -325,6 +327,19 @@ def fit_run(
         n_rows_left_out=n_committed - int(rows.size), n_rows_committed_since=since, class_drops=fit_class_drops(res),
         blocks_repaired=repaired,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _said_after_refit(finished_before: bool):
+    """A refit that fails after it discarded a finished fit (a damaged chunk of losses: no fit can
+    read the run until its rows are recorded again) says that the stored fit is gone, so the
+    line does not read as a failed attempt that changed nothing."""
+    try:
+        yield
+    except StoreError as exc:
+        if not finished_before:
+            raise
+        raise type(exc)(f"{exc} (the refit had discarded the finished fit stored before)") from None
 
 
 def _stored_inputs(run: Run, options: FitOptions | None, axis_min: float | None) -> tuple[FitOptions | None, float | None]:
