@@ -2,7 +2,7 @@
 
 A store or run under creation carries ``attrs[CREATING]`` (its creator) until its metadata is
 complete; a writer holds a lock key (``commits/w<j>/writer.lock`` for a token range of a run,
-``fit/writer.lock`` for a fit) while it writes. Both name the process (host, pid, start time), so
+``commits/fit.lock`` for a fit) while it writes. Both name the process (host, pid, start time), so
 a later process can tell a crashed owner (take over) from a live one (refuse: two writers would
 interleave rows).
 """
