@@ -331,12 +331,12 @@ def fit_run(
 
 @contextlib.contextmanager
 def _said_after_refit(finished_before: bool):
-    """A refit that fails after it discarded a finished fit (a damaged chunk of losses: no fit can
-    read the run until its rows are recorded again) says that the stored fit is gone, so the
-    line does not read as a failed attempt that changed nothing."""
+    """A refit that fails after it discarded a finished fit (a damaged chunk of losses, which no
+    fit can read until its rows are recorded again; a cluster that failed under it) says that the
+    stored fit is gone, so the line does not read as a failed attempt that changed nothing."""
     try:
         yield
-    except StoreError as exc:
+    except (StoreError, ClusterError) as exc:
         if not finished_before:
             raise
         raise type(exc)(f"{exc} (the refit had discarded the finished fit stored before)") from None

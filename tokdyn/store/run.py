@@ -226,15 +226,16 @@ class Run:
     def _read(self, read, what: str, *, hint: str = "", loss_chunks=None):
         """Run a chunk read; damaged chunk data (cut short, overwritten) is a StoreError naming it
         (and ``hint``: what to do about it). The store's or the machine's trouble (an OSError, out
-        of memory) is raised as it is: it is no damage. ``loss_chunks`` (rows, token chunks) that
-        the read of losses covered: the first damaged one is found and named."""
+        of memory) is raised as it is: it is no damage. ``loss_chunks``: a function giving the (rows,
+        token chunks) that a read of losses covered, called on failure only: the first damaged one
+        is found and named."""
         try:
             return read()
         except (TokdynError, OSError, MemoryError):
             raise
         except Exception as exc:  # noqa: BLE001 - codecs raise RuntimeError, ValueError, TypeError...
             which = "a chunk of it is damaged"
-            found = None if loss_chunks is None else self._damaged_loss_chunk(*loss_chunks)
+            found = None if loss_chunks is None else self._damaged_loss_chunk(*loss_chunks())
             if found is not None:
                 which = f"its chunk of row {found[0]}, token chunk {found[1]} is damaged"
             raise StoreError(f"run {self.name!r}: cannot decode {what} ({damage(exc)}); {which}"
@@ -287,7 +288,7 @@ class Run:
         lo, hi = min(idx[0], idx[-1]), max(idx[0], idx[-1]) + 1
         ca, cb = lo // tc * tc, min(self.n_tokens, -(-hi // tc) * tc)
         block = self._read(lambda: self._loss[rsl, ca:cb], f"loss[{rsl.start}:{rsl.stop}, {ca}:{cb}]",
-                           loss_chunks=(rows, range(ca // tc, -(-cb // tc))))
+                           loss_chunks=lambda: (rows, range(ca // tc, -(-cb // tc))))
         self._check_nan_counts(block, rows)
         self._check_chunks(block, rows, ca // tc)
         if idx.step != 1:
@@ -307,7 +308,7 @@ class Run:
         tokens = _indices("tokens", tokens, self.n_tokens, f"tokens of run {self.name!r}")
         if self._salt is None:
             out = self._read(lambda: self._loss.get_orthogonal_selection((rows, tokens)), f"loss[{rows.size} rows, {tokens.size} tokens]",
-                             loss_chunks=(np.unique(rows).tolist(), np.unique(tokens // self.token_chunk).tolist()))
+                             loss_chunks=lambda: (np.unique(rows).tolist(), np.unique(tokens // self.token_chunk).tolist()))
             self._check_nan_counts(out, rows.tolist())
             return out
         # Whole chunks, each checked, a few rows at a time (memory: 32 rows of one chunk).
@@ -319,7 +320,7 @@ class Run:
             for r0 in range(0, rows.size, 32):
                 rr = rows[r0 : r0 + 32]
                 block = self._read(lambda rr=rr: self._loss.get_orthogonal_selection((rr, slice(ca, cb))), f"loss[{rr.size} rows, {ca}:{cb}]",
-                                   loss_chunks=(np.unique(rr).tolist(), [c]))
+                                   loss_chunks=lambda rr=rr, c=c: (np.unique(rr).tolist(), [c]))
                 self._check_nan_counts(block, rr.tolist())
                 self._check_chunks(block, rr.tolist(), c)
                 out[r0 : r0 + 32, cols] = block[:, tokens[cols] - ca]
