@@ -304,6 +304,8 @@ def test_a_read_out_of_memory_is_not_damage_for_any_reader(tmp_path, monkeypatch
         run.fit.read(fields=("mu",))
     with pytest.raises(MemoryError):
         run.losses()
+    with pytest.raises(MemoryError):  # the probe's reader called it a damaged probe group
+        tokdyn.open_store(store).probe
 
 
 def test_a_refit_that_cannot_read_the_losses_says_it_discarded_the_finished_fit(tmp_path, capsys):

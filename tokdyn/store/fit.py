@@ -34,9 +34,9 @@ from zarr.core.sync import sync as zarr_sync
 from .._checks import is_int
 from .._text import one_line
 from .._version import __version__, build
-from ..errors import InputError, StoreError, TokdynError
+from ..errors import InputError, StoreError
 from .locks import KeyLock, remove_stale_partials
-from .schema import compressor, damage, has_keys, join, jsonable, position_crc, utc_now
+from .schema import NOT_DAMAGE, compressor, damage, has_keys, join, jsonable, position_crc, utc_now
 
 if TYPE_CHECKING:
     from .run import Run
@@ -387,7 +387,7 @@ class FitWriter:
             try:
                 whole = arr[...]
                 return {b: whole[index(b)] for b in range(n_blocks)}
-            except (TokdynError, OSError, MemoryError):  # the store's or the machine's trouble, not damage
+            except NOT_DAMAGE:
                 raise
             except Exception:  # noqa: BLE001 - a codec's error on a damaged chunk
                 pass
@@ -397,7 +397,7 @@ class FitWriter:
                     try:
                         out[b] = arr[index(b)]
                         break
-                    except (TokdynError, OSError, MemoryError):
+                    except NOT_DAMAGE:
                         raise
                     except Exception:  # noqa: BLE001 - this block's chunk is damaged
                         if attempt:

@@ -9,9 +9,9 @@ import warnings
 import numpy as np
 import zarr
 
-from ..errors import InputError, StoreError, TokdynError
+from ..errors import InputError, StoreError
 from ..probe import ProbeSet
-from .schema import compressor, damage, folders
+from .schema import NOT_DAMAGE, compressor, damage, folders
 
 __all__ = ["write_probe", "read_probe"]
 
@@ -56,7 +56,7 @@ def read_probe(g: zarr.Group) -> ProbeSet:
                     raise StoreError(f"probe array {name!r} has dtype {getattr(arr, 'dtype', None)}; tokdyn reads numbers and fixed-width strings only")
             arrays = {name: nodes[name][...] for name in names}
         tokens = nodes["tokens"][...] if "tokens" in nodes else None
-    except (TokdynError, OSError):
+    except NOT_DAMAGE:  # out of memory too: it was called a damaged probe group
         raise
     except Exception as exc:  # noqa: BLE001 - a missing array, bad metadata, a chunk codecs cannot decode
         raise StoreError(f"probe group is incomplete or damaged: {damage(exc)}") from None

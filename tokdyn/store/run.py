@@ -14,10 +14,10 @@ import zarr
 from zarr.core.sync import sync as zarr_sync
 
 from .._checks import is_int
-from ..errors import InputError, SchemaVersionError, StoreError, TokdynError
+from ..errors import InputError, SchemaVersionError, StoreError
 from .fit import FitResults
 from .locks import LOCK_NAME
-from .schema import AXES, COORDS, LOSS_DTYPES, SCHEMA_VERSION, damage, join, position_crc
+from .schema import AXES, COORDS, LOSS_DTYPES, NOT_DAMAGE, SCHEMA_VERSION, damage, join, position_crc
 from .writer import COORD_RECORD, RunWriter, run_meta_crc
 
 if TYPE_CHECKING:
@@ -231,7 +231,7 @@ class Run:
         is found and named."""
         try:
             return read()
-        except (TokdynError, OSError, MemoryError):
+        except NOT_DAMAGE:
             raise
         except Exception as exc:  # noqa: BLE001 - codecs raise RuntimeError, ValueError, TypeError...
             which = "a chunk of it is damaged"
@@ -250,7 +250,7 @@ class Run:
             for c in chunks:
                 try:
                     self._loss[int(r), int(c) * tc : min(self.n_tokens, (int(c) + 1) * tc)]
-                except (OSError, MemoryError):
+                except NOT_DAMAGE:  # the read's own failure is then the one said
                     return None
                 except Exception:  # noqa: BLE001 - as in _read
                     return int(r), int(c)

@@ -13,7 +13,7 @@ import numpy as np
 from zarr.codecs import BloscCodec, Crc32cCodec
 from zarr.core.sync import sync as zarr_sync
 
-from ..errors import InputError
+from ..errors import InputError, TokdynError
 
 __all__ = [
     "SCHEMA_VERSION", "STORE_KIND", "LOSS_DTYPES", "AXES", "CODECS", "DEFAULT_TOKEN_CHUNK", "COORD_CHUNK", "INTEGRITY", "COORDS",
@@ -163,6 +163,12 @@ def check_writer_ranges(ranges: list[tuple[int, int]], n: int, chunk: int) -> No
         pos = b
     if pos != n:
         raise InputError(f"writer token ranges end at {pos}; the probe has {n} tokens")
+
+
+# What a failed chunk read raises that is not damage to the chunk: the store's or the machine's
+# trouble (tokdyn's own refusals, an OSError, out of memory), raised as it is; anything else a
+# read raises is a codec's error on damaged data.
+NOT_DAMAGE = (TokdynError, OSError, MemoryError)
 
 
 def damage(exc: BaseException) -> str:
