@@ -5,6 +5,7 @@ naming the problem, exit 1, no traceback."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -30,9 +31,10 @@ def bare_folder(tmp_path_factory):
     return folder
 
 
-def record(folder, out, probe_store, capsys, model: str) -> tuple[int, str]:
+def record(folder, out, probe_store, capsys, model: str | None) -> tuple[int, str]:
     return run_cli(["record-offline", "--checkpoints", str(folder), "--out", str(out), "--run", "r",
-                    "--probe", str(probe_store), "--no-progress", "--workers", "1", "--model", model], capsys)  # fmt: skip
+                    "--probe", str(probe_store), "--no-progress", "--workers", "1",
+                    *([] if model is None else ["--model", model])], capsys)  # fmt: skip
 
 
 def test_a_file_and_inline_json_record_the_same_losses(tmp_path, bare_folder, probe_store, capsys):
@@ -69,17 +71,14 @@ def test_a_bad_model_argument_is_one_line(what, tmp_path, bare_folder, probe_sto
 
 def test_bare_state_dicts_without_a_model_name_every_way_to_give_one(tmp_path, bare_folder, probe_store, capsys):
     """The refusal named only the Python argument (model_factory=) to a user of the command line."""
-    code, err = run_cli(["record-offline", "--checkpoints", str(bare_folder), "--out", str(tmp_path / "o.zarr"), "--run", "r",
-                         "--probe", str(probe_store), "--no-progress", "--workers", "1"], capsys)  # fmt: skip
+    code, err = record(bare_folder, tmp_path / "o.zarr", probe_store, capsys, None)
     line = cli_error_line(err)
     assert code == 1 and "is a bare state dict and no model is known for it" in line, line
     for way in ("--model JSON", "model_factory=", "manifest.json", "tokdyn_model.json", "config.json"):
         assert way in line, (way, line)
-    # and each way it names works: a config.json beside the files (the spec's GPTConfig fields)
-    (bare_folder / "config.json").write_text(json.dumps(SPEC["config"]))
-    try:
-        assert run_cli(["record-offline", "--checkpoints", str(bare_folder), "--out", str(tmp_path / "c.zarr"), "--run", "r",
-                        "--probe", str(probe_store), "--no-progress", "--workers", "1"], capsys)[0] == 0  # fmt: skip
-    finally:
-        (bare_folder / "config.json").unlink()
+    # the way the line now adds beside --model (tested above) works: a config.json of the spec's
+    # GPTConfig fields beside the files
+    folder = shutil.copytree(bare_folder, tmp_path / "ckpts")
+    (folder / "config.json").write_text(json.dumps(SPEC["config"]))
+    assert record(folder, tmp_path / "c.zarr", probe_store, capsys, None)[0] == 0
     assert list(tokdyn.open_store(tmp_path / "c.zarr").run("r").steps) == [0, 10]

@@ -147,6 +147,12 @@ def group_spectra(run: Run, events: Events, fit: dict, *, bandwidth: float, kern
     return by
 
 
+def _of_run(name: str, why: str) -> str:
+    """``why`` led by the run it is about, unless it names that run already (a reader's errors
+    begin with it: they read "run 'a': run 'a': ...")."""
+    return why if f"run {name!r}" in why else f"run {name!r}: {why}"
+
+
 def analyze_store(
     store: TrajectoryStore | str,
     *,
@@ -207,14 +213,13 @@ def analyze_store(
         try:
             out.append(analyze_run(r, which=which, bandwidth=bandwidth, n_boot=n_boot, groups=r.axis == "T"))
         except (InputError, StoreError) as exc:
-            if runs is not None:  # named once: the error may already begin with the run's name
-                said = str(exc)
-                raise type(exc)(said if f"run {n!r}" in said else f"run {n!r}: {said}") from None
+            if runs is not None:
+                raise type(exc)(_of_run(n, str(exc))) from None
             failed[n] = str(exc)
     if not out:
         raise StoreError(f"no run of {st.url} could be analysed: " + "; ".join(f"{n}: {why}" for n, why in failed.items()))
     for n, why in failed.items():  # the report says it too, but a page nobody reads to the end is no warning
-        said = why if f"run {n!r}" in why else f"run {n!r}: {why}" if n in st.runs else f"{n}: {why}"
+        said = _of_run(n, why) if n in st.runs else f"{n}: {why}"  # or "axis D: ..."
         warnings.warn(f"left out of the analysis: {said}", LeftOutWarning, stacklevel=2)
     return StoreAnalysis(st.url, out, [n for n in todo if n not in names and n not in failed], failed)
 
