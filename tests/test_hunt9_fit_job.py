@@ -308,25 +308,27 @@ def test_a_read_out_of_memory_is_not_damage_for_any_reader(tmp_path, monkeypatch
         tokdyn.open_store(store).probe
 
 
-def test_a_refit_that_cannot_read_the_losses_says_it_discarded_the_finished_fit(tmp_path, capsys):
-    """`tokdyn fit --refit` on a run with a damaged loss chunk failed with the damage alone, and
-    the finished fit it had discarded first was gone without a word (every later reader: "the fit
-    is incomplete (interrupted?)")."""
+def test_a_refit_that_cannot_read_the_losses_keeps_the_finished_fit(tmp_path, capsys):
+    """`tokdyn fit --refit` on a run with a damaged loss chunk discarded the finished fit first,
+    then failed with the damage alone: the fit was gone without a word (every later reader: "the
+    fit is incomplete (interrupted?)"). The refit is now written beside the finished fit, which
+    is kept, read as before, and said to be kept."""
+    _, expected = _template()
     store = _copy(tmp_path / "s.zarr")
     chunk = store / "runs" / "r" / "loss" / "c" / "5" / "1"  # row 5 (fitted: not step 0), token block 1
     blob = bytearray(chunk.read_bytes())
     blob[len(blob) // 2] ^= 0xFF  # its checksum no longer holds
     chunk.write_bytes(bytes(blob))
     capsys.readouterr()
-    assert main(["fit", str(store), "--run", "r", "--refit", "--no-progress"]) == 1
-    line = cli_error_line(capsys.readouterr().err)
-    # the chunk itself is named (the message named the slice read: all rows of token block 1)
-    assert "its chunk of row 5, token chunk 1 is damaged" in line, line
-    assert line.endswith("(the refit had discarded the finished fit stored before)"), line
-    # a fit that was not finished loses nothing it had: the same failure, said as it is
-    assert main(["fit", str(store), "--run", "r", "--no-progress"]) == 1
-    line = cli_error_line(capsys.readouterr().err)
-    assert "its chunk of row 5, token chunk 1 is damaged" in line and "discarded" not in line, line
+    for command in (["--refit"], []):  # the refit, then `tokdyn fit`, which resumes it: the same failure
+        assert main(["fit", str(store), "--run", "r", *command, "--no-progress"]) == 1
+        line = cli_error_line(capsys.readouterr().err)
+        # the chunk itself is named (the message named the slice read: all rows of token block 1)
+        assert "its chunk of row 5, token chunk 1 is damaged" in line, line
+        assert line.endswith("(the fit stored before is kept)"), line
+        assert tokdyn.open_store(store).run("r").fit.complete
+        _fields_equal(read_fit(tokdyn.open_store(store), "r"), expected)
+    assert (store / "runs" / "r" / "fit_next").is_dir()  # the refit, kept to be resumed
     # every reader names it: a run's whole losses, and chosen rows and tokens across it
     run = tokdyn.open_store(store).run("r")
     for read in (run.losses, lambda: run.losses_at([0, 5, 6], [0, 150, 299])):

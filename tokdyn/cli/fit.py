@@ -20,7 +20,7 @@ def register(sub) -> None:
     p.add_argument("--backend", default="auto", choices=("auto", "numba", "numpy", "torch"), help="the solver's backend (default: auto)")
     p.add_argument("--device", help="torch device for --backend torch (e.g. cuda)")
     p.add_argument("--batch-rows", type=int, default=16384, help="tokens fitted at once inside a block (default: 16384)")
-    p.add_argument("--refit", action="store_true", help="discard a stored fit and fit again")
+    p.add_argument("--refit", action="store_true", help="fit again from scratch (a complete stored fit is kept, and read, until the new one is complete)")
     p.add_argument("--repair", action="store_true",
                    help="check every fitted block against its checksums (reads the whole fit) and fit the damaged ones again")
     p.add_argument("--no-two-step", action="store_true", help="skip the two-sigmoid fit (about 8x faster; no multi-step class)")

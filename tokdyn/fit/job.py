@@ -35,7 +35,7 @@ from tokdyn.fit.block import FIT_FIELDS, fit_block
 from tokdyn.fit.models import TWO_EVENTS, ClassDrops, class_loss_share, fit_class_drops
 from tokdyn.fit.options import CLASS_NAMES, MODEL_NAMES, STATUS_NAMES, FitOptions
 from tokdyn.fit.sigmoid import log_axis
-from tokdyn.store import Run, TrajectoryStore, as_store
+from tokdyn.store import FitWriter, Run, TrajectoryStore, as_store
 
 __all__ = ["FitSummary", "fit_run", "read_fit", "stored_options", "stored_axis_min", "fit_inputs", "fitted_inputs",
            "rows_left_out", "LOCAL_SCHEDULERS"]
@@ -219,8 +219,11 @@ def fit_run(
     batch_rows : int
         Tokens fitted at once inside a block (bounds the solver's temporaries).
     refit : bool
-        Discard any stored fit and fit again. Without it, a fit on the same inputs (rows, x,
-        options) is resumed, and one on other inputs is an error.
+        Fit again from scratch. A complete stored fit is kept, and read by everything else,
+        until the new one is complete (it is written beside it and then takes its place); a
+        refit stopped or failed leaves it as it was, and a fit on the refit's inputs resumes the
+        refit. Without it, a fit on the same inputs (rows, x, options) is resumed, and one on
+        other inputs is an error.
     repair : bool
         Read every block marked done, check it against its checksums, and fit the damaged ones
         again (:meth:`~tokdyn.store.fit.FitWriter.todo`; ``tokdyn fit --repair``): what to do
@@ -296,9 +299,8 @@ def fit_run(
             client = cluster.enter_context(_connect(scheduler))
         # Workers resolve a relative path against their own working folder, not this process's.
         url = os.path.abspath(st.url) if distributed and "://" not in st.url else st.url
-        finished_before = refit and bool(run.fit.meta.get("complete"))
         with run.fit.writer(inputs, fields, n_blocks=n_blocks, refit=refit, labels=labels) as fw, \
-                _said_after_refit(finished_before):  # fmt: skip
+                _said_after_refit(fw):  # fmt: skip
             # blocks marked done whose stored results are damaged are fitted again, and said
             todo, repaired = fw.todo(verify=repair)
             t0 = time.perf_counter()
@@ -330,16 +332,17 @@ def fit_run(
 
 
 @contextlib.contextmanager
-def _said_after_refit(finished_before: bool):
-    """A refit that fails after it discarded a finished fit (a damaged chunk of losses, which no
-    fit can read until its rows are recorded again; a cluster that failed under it) says that the
-    stored fit is gone, so the line does not read as a failed attempt that changed nothing."""
+def _said_after_refit(fw: FitWriter):
+    """A refit of a finished fit that fails (a damaged chunk of losses, which no fit can read
+    until its rows are recorded again; a cluster that failed under it) says that the finished
+    fit is kept: it was written beside it (``FitWriter.staged`` until the swap begins), and readers
+    go on reading it."""
     try:
         yield
     except (StoreError, ClusterError) as exc:
-        if not finished_before:
+        if not fw.staged:
             raise
-        raise type(exc)(f"{exc} (the refit had discarded the finished fit stored before)") from None
+        raise type(exc)(f"{exc} (the fit stored before is kept)") from None
 
 
 def _stored_inputs(run: Run, options: FitOptions | None, axis_min: float | None) -> tuple[FitOptions | None, float | None]:

@@ -9,6 +9,9 @@ Layout::
     /runs/<name>/fit/crc        uint32 [fit_block, field]: each block's checksums, bound to position
     /runs/<name>/fit/done       uint8 [fit_block]: nonzero once every field of that block is written
                                 (1, or 2 + the index in ``fitted_by`` of the code that fitted it)
+    /runs/<name>/fit_next       a refit of a complete fit, laid out as ``fit``: written beside the
+                                fit it replaces, which readers go on reading, and moved in its
+                                place once it is complete (:meth:`FitWriter.finish`)
     /runs/<name>/commits/fit.lock   held by the process running the fit
 
 The store knows the layout, not the fitting: the fitter names the fields and their dtypes when
@@ -17,10 +20,18 @@ it starts (:meth:`FitResults.start`), hands blocks over as they are fitted
 counts only once its ``done`` flag is written after its data, so a killed fit resumes with the
 blocks not marked done. The whole fit, creation of the group included, runs under an exclusive
 lock, so a second fit of the same run is refused instead of deleting the first one's group.
+
+A refit of a complete fit is written into ``fit_next`` and swapped in when it finishes: a refit
+that fails (a damaged loss chunk, a lost cluster) or is killed leaves the fit there was, whole
+and read as before, and ``tokdyn fit`` with the refit's inputs resumes it. The swap removes the
+old fit's metadata first, so that from then on readers take the complete refit
+(:meth:`FitResults._group`), and the next fit finishes a swap that was killed
+(:meth:`FitWriter._settle`).
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import uuid
 import warnings
@@ -29,7 +40,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync as zarr_sync
+from zarr.storage import LocalStore
 
 from .._checks import is_int
 from .._text import one_line
@@ -45,6 +58,8 @@ __all__ = ["FIT_SCHEMA_VERSION", "FitResults", "FitWriter"]
 
 FIT_SCHEMA_VERSION = 1
 GROUP = "fit"
+NEXT = "fit_next"  # a refit of a complete fit, until it is complete and takes GROUP's place
+GROUPS = (GROUP, NEXT)
 META = "tokdyn_fit"
 LOCK_KEY = ("commits", "fit.lock")
 
@@ -55,21 +70,39 @@ class FitResults:
     def __init__(self, run: "Run") -> None:
         self._run = run
 
-    def _group(self) -> zarr.Group | None:
+    def _at(self, name: str) -> zarr.Group | None:
+        """The group ``name`` of the run (``fit`` or ``fit_next``); None when there is none."""
         g = self._run._group
         try:
-            return g[GROUP]
+            return g[name]
         except KeyError:  # none, or its zarr.json is lost: like a creation that never finished (redone by the next fit)
             return None
         except (ValueError, TypeError, RecursionError) as exc:  # a fit group whose metadata is damaged
             raise StoreError(f"the fit of run {self._run.name!r} is damaged: {damage(exc)}") from None
 
+    def _staged(self) -> zarr.Group | None:
+        """``fit_next``, a refit written beside the fit (None: none, or not a readable group: the
+        next fit removes it)."""
+        try:
+            g = self._at(NEXT)
+        except StoreError:
+            return None
+        return g if isinstance(g, zarr.Group) else None
+
+    def _group(self) -> zarr.Group | None:
+        """The fit readers read: ``fit``; where it is gone, a swap was killed after it removed the
+        old fit's metadata, and the complete refit in ``fit_next`` is the fit."""
+        g = self._at(GROUP)
+        if g is None:
+            staged = self._staged()
+            if staged is not None and _meta_of(staged).get("complete"):
+                return staged
+        return g
+
     @property
     def meta(self) -> dict:
         """``attrs["tokdyn_fit"]`` of the fit group ({} when there is none)."""
-        g = self._group()
-        meta = g.attrs.get(META) if g is not None else None
-        return dict(meta) if isinstance(meta, Mapping) else {}
+        return _meta_of(self._group())
 
     @property
     def exists(self) -> bool:
@@ -190,12 +223,15 @@ class FitResults:
         replaced (a worker of a failed or killed job still running when a refit started) is
         refused with a :class:`StoreError` instead of being written into the new fit, and is not
         marked done if the fit is replaced while it is written. The done flag names the code that
-        wrote the block, this process's (:func:`_done_flag`).
+        wrote the block, this process's (:func:`_done_flag`). The block goes into the fit of that
+        id: the run's, or the refit being written beside it (``fit_next``); without ``fit_id``,
+        into the refit where one is being written.
         """
-        g = self._group()
+        where = self._written(fit_id)
+        g = self._at(where)
         if g is None:
             raise StoreError(f"run {self._run.name!r} has no fit group to write into; it was removed while fitting")
-        meta = self.meta
+        meta = _meta_of(g)
         if fit_id is not None:
             self._require_fit(meta, fit_id, block)
         fields = _fields(meta, g)
@@ -209,8 +245,17 @@ class FitResults:
             g["crc"][block, :] = [position_crc(salt, f"fit/{name}", (block,), np.asarray(values[name], dtype=dtypes.get(name)))
                                   for name in fields]  # fmt: skip
         if fit_id is not None:  # replaced while writing: the new fit fits (and overwrites) this block itself
-            self._require_fit(self.meta, fit_id, block)
+            self._require_fit(_meta_of(self._at(where)), fit_id, block)
         g["done"][block] = _done_flag(meta)
+
+    def _written(self, fit_id: str | None) -> str:
+        """The group a block of fit ``fit_id`` goes into: the staged refit's when it is that fit
+        (or, without an id, when there is one), otherwise the run's fit (whose id the block's is
+        then checked against)."""
+        staged = self._staged()
+        if staged is not None and (fit_id is None or _meta_of(staged).get("fit_id") == fit_id):
+            return NEXT
+        return GROUP
 
     def _require_fit(self, meta: Mapping, fit_id: str, block: int) -> None:
         if meta.get("fit_id") != fit_id:
@@ -272,29 +317,94 @@ def _fitted_by_text(builds: list) -> str:
 
 class FitWriter:
     """The job side of a fit: holds the fit lock from preparation to :meth:`finish` (use it as a
-    context manager). Blocks are written with :meth:`FitResults.write_block`."""
+    context manager). Blocks are written with :meth:`FitResults.write_block`.
+
+    It writes into the run's ``fit`` group, or, for a refit of a complete fit, into ``fit_next``
+    beside it (:attr:`staged`), which :meth:`finish` moves in its place."""
 
     def __init__(self, results: FitResults, inputs: dict, fields: dict, *, n_blocks: int, refit: bool, labels: dict) -> None:
         run = results._run
         self.results = results
         self._lock = KeyLock(run._group.store, join(run._group.path, *LOCK_KEY), what=f"the fit of run {run.name!r}",
                              if_gone="delete the key commits/fit.lock of the run and try again")  # fmt: skip
+        self._name = GROUP  # the group this fit writes: fit, or fit_next for a refit of a complete fit
         if self._lock.claim() != "self":  # no live fit: clear what a killed one left
-            remove_stale_partials(run._group.store, run._group.path, lambda stem: stem.startswith(f"{GROUP}/") or stem == "commits/fit")
+            remove_stale_partials(run._group.store, run._group.path,
+                                  lambda stem: stem.split("/", 1)[0] in GROUPS or stem == "commits/fit")  # fmt: skip
         try:
+            self._settle()
             self._prepare(jsonable(inputs, "fit inputs"), fields, n_blocks, refit, jsonable(labels, "fit labels"))
         except BaseException:
             self._lock.release()
             raise
 
+    @property
+    def staged(self) -> bool:
+        """Whether this fit is a refit written beside the complete fit it replaces."""
+        return self._name == NEXT
+
+    def _g(self) -> zarr.Group | None:
+        return self.results._at(self._name)
+
+    def _meta(self) -> dict:
+        return _meta_of(self._g())
+
+    def _settle(self) -> None:
+        """Before anything else, holding the lock: finish what a killed refit left. A complete
+        ``fit_next`` is swapped in (killed before or during its swap), or removed where it was
+        already copied into place; one that is not a readable group (its creation, or its removal
+        after a copy, killed) is removed. An unfinished one is kept for :meth:`_prepare`."""
+        run = self.results._run
+        store, path = run._group.store, join(run._group.path, NEXT)
+        staged = self.results._staged()
+        if staged is None:
+            if has_keys(store, path + "/"):
+                zarr_sync(store.delete_dir(path))
+            return
+        meta = _meta_of(staged)
+        if not meta.get("complete"):
+            return
+        try:
+            current = self.results._at(GROUP)
+        except StoreError:  # the old fit's metadata damaged: the refit replaces it all the same
+            current = None
+        if current is not None and _meta_of(current).get("fit_id") == meta.get("fit_id"):
+            zarr_sync(store.delete_dir(path))  # copied into place, its source not yet removed
+        else:
+            self._swap()
+
+    def _swap(self) -> None:
+        """Put the complete refit in ``fit_next`` in the place of ``fit``. The old fit's
+        metadata goes first: from then on readers read the refit (:meth:`FitResults._group`),
+        and a kill at any point leaves one complete fit that the next fit's :meth:`_settle`
+        swaps in. A local store renames the folder; other stores copy every key, the group's
+        metadata last, then remove the source."""
+        run = self.results._run
+        store, base = run._group.store, run._group.path
+        old, new = join(base, GROUP), join(base, NEXT)
+        self._name = GROUP  # from the first change on, the old fit is no longer kept
+        zarr_sync(store.delete(join(old, "zarr.json")))
+        zarr_sync(store.delete_dir(old))
+        root = getattr(store, "root", None)
+        if isinstance(store, LocalStore) and root is not None:
+            os.replace(os.path.join(root, new), os.path.join(root, old))
+        else:
+            zarr_sync(_copy_keys(store, new, old))
+            zarr_sync(store.delete_dir(new))
+
     def _prepare(self, inputs: dict, fields: dict, n_blocks: int, refit: bool, labels: dict) -> None:
         run = self.results._run
+        staged = self.results._staged()
+        if staged is not None and not refit and _same_inputs(_meta_of(staged), inputs, fields):
+            self._name = NEXT  # a refit that was stopped: resumed beside the fit it replaces
+            self._check_arrays(fields, n_blocks)
+            return
         meta = self.results.meta
         unrecorded = _unrecorded(meta, inputs) if meta else []
         if meta and not meta.get("complete") and ("fit_id" not in meta or unrecorded):
             refit = True  # an unfinished fit of an earlier tokdyn (no checksums, or inputs it did not record): redone whole
         if meta and not refit:
-            if all(meta.get(k) == v for k, v in inputs.items()) and meta.get("fields") == fields:
+            if _same_inputs(meta, inputs, fields):
                 self._check_arrays(fields, n_blocks)
                 return  # resume
             if unrecorded:
@@ -322,10 +432,14 @@ class FitWriter:
                 what = "other options"
             raise StoreError(f"run {run.name!r} already has a fit made with {what}; pass refit=True (--refit) to replace it")
         parent = run._group
-        if has_keys(parent.store, join(parent.path, GROUP) + "/"):  # a refit, or a creation that never finished (we hold the lock)
-            zarr_sync(parent.store.delete_dir(join(parent.path, GROUP)))
+        # A refit of a complete fit is written beside it (fit_next); any other fit replaces what
+        # is there: a refit of an unfinished fit, or a creation that never finished (we hold the lock).
+        self._name = NEXT if refit and meta.get("complete") else GROUP
+        for name in dict.fromkeys((NEXT, self._name)):
+            if has_keys(parent.store, join(parent.path, name) + "/"):
+                zarr_sync(parent.store.delete_dir(join(parent.path, name)))
         n, block = run.n_tokens, int(inputs["block_tokens"])
-        g = parent.create_group(GROUP)
+        g = parent.create_group(self._name)
         for name, dt in fields.items():
             fill = np.nan if np.dtype(dt).kind == "f" else 0
             g.create_array(name, shape=(n,), chunks=(block,), dtype=dt, fill_value=fill, dimension_names=("token",),
@@ -343,10 +457,11 @@ class FitWriter:
         """Before resuming: every array of the fit is there with its shape, dtype and chunks, so
         blocks marked done are not taken as written over a field that was deleted or replaced (a
         resume would otherwise report success over a fit nothing can read)."""
-        run, g = self.results._run, self.results._group()
-        block = int(self.results.meta["block_tokens"])
+        run, g = self.results._run, self._g()
+        meta = _meta_of(g)
+        block = int(meta["block_tokens"])
         expected = {name: ((run.n_tokens,), (block,), np.dtype(dt)) for name, dt in fields.items()}
-        if self.results._salt(self.results.meta) is not None:  # a fit made before checksums has none
+        if self.results._salt(meta) is not None:  # a fit made before checksums has none
             expected["crc"] = ((n_blocks, len(fields)), (1, len(fields)), np.dtype("uint32"))
         expected["done"] = ((n_blocks,), (1,), np.dtype("uint8"))
         for name, (shape, chunks, dt) in expected.items():
@@ -377,8 +492,8 @@ class FitWriter:
         plain resume made a no-op ``tokdyn fit`` of a complete 2M-token fit 4x slower (and one
         on S3 download it).
         """
-        results, g = self.results, self.results._group()
-        run, meta = results._run, results.meta
+        results, g = self.results, self._g()
+        run, meta = results._run, _meta_of(g)
         n, block = run.n_tokens, int(meta["block_tokens"])
         n_blocks = -(-n // block)
         def per_block(arr, index, damaged: set[int]) -> dict[int, Any]:
@@ -439,7 +554,7 @@ class FitWriter:
         writer whose code the list did not hold). Not refused, as another backend is: the code's
         id changes with any change to the package, and a long fit would be lost to an edit
         outside fitting."""
-        meta, now = self.results.meta, build()
+        meta, now = self._meta(), build()
         fitted_by = meta.get("fitted_by")
         if not isinstance(fitted_by, list):  # none (an earlier tokdyn's fit) or damaged: the flags there say nothing
             fitted_by = [None] * (max(kept_flags, default=DONE_UNKNOWN) - DONE_UNKNOWN)
@@ -455,22 +570,25 @@ class FitWriter:
         if now not in fitted_by:
             fitted_by = [*fitted_by, now]
         if fitted_by != meta.get("fitted_by"):
-            self.results._group().update_attributes({META: {**meta, "fitted_by": fitted_by}})
+            self._g().update_attributes({META: {**meta, "fitted_by": fitted_by}})
 
     @property
     def fit_id(self) -> str | None:
         """The id of the fit being written (None: one made before fits had ids); workers pass it
         to :meth:`FitResults.write_block`."""
-        return self.results.meta.get("fit_id")
+        return self._meta().get("fit_id")
 
     def finish(self, **meta: Any) -> None:
-        """Mark the fit complete, adding ``meta`` (``seconds`` adds up over resumed calls)."""
+        """Mark the fit complete, adding ``meta`` (``seconds`` adds up over resumed calls); a
+        refit written beside the old fit then takes its place (:meth:`_swap`)."""
         self._lock.check()
-        g = self.results._group()
+        g = self._g()
         old = dict(g.attrs[META])
         seconds = float(old.get("seconds", 0.0)) + float(meta.pop("seconds", 0.0))
         g.update_attributes({META: {**old, **jsonable(meta, "fit metadata"), "seconds": seconds, "complete": True,
                                     "finished": utc_now()}})  # fmt: skip
+        if self.staged:
+            self._swap()
 
     def release(self) -> None:
         self._lock.release()
@@ -480,6 +598,29 @@ class FitWriter:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _meta_of(g: zarr.Group | None) -> dict:
+    """``attrs["tokdyn_fit"]`` of fit group ``g`` ({} when there is none)."""
+    meta = g.attrs.get(META) if g is not None else None
+    return dict(meta) if isinstance(meta, Mapping) else {}
+
+
+def _same_inputs(meta: Mapping, inputs: Mapping, fields: Mapping) -> bool:
+    """Whether the fit of ``meta`` was made on ``inputs``, with result ``fields``: resumed."""
+    return all(meta.get(k) == v for k, v in inputs.items()) and meta.get("fields") == fields
+
+
+async def _copy_keys(store, source: str, target: str) -> None:
+    """Copy every key under ``source`` to the same place under ``target``, the group metadata
+    ``source/zarr.json`` last (until it lands, ``target`` is not a group: a copy cut short reads
+    as none)."""
+    prefix, group_meta = source + "/", join(source, "zarr.json")
+    keys = sorted([k async for k in store.list_prefix(prefix)], key=lambda k: k == group_meta)
+    for key in keys:
+        value = await store.get(key, prototype=default_buffer_prototype())
+        if value is not None:
+            await store.set(target + key[len(source):], value)
 
 
 def _value_text(v: Any) -> str:

@@ -17,6 +17,7 @@ import zarr
 from zarr.core.sync import sync as zarr_sync
 
 from ..errors import InputError, RunBusyError, RunExistsError, StepOrderError, StoreError
+from .fit import GROUPS as FIT_GROUPS
 from .locks import LOCK_NAME, KeyLock, remove_stale_partials
 from .schema import COORD_CHUNK, COORDS, join, position_crc
 
@@ -78,7 +79,7 @@ class RunWriter:
             return len(parts) == 4 and parts[3].isdigit() and self.token_start // tc <= int(parts[3]) < -(-self.token_stop // tc)
         if parts[0] == "commits":
             return len(parts) == 3 and parts[1] == f"w{self.index}"
-        return parts[0] != "fit" and self._is_coord_writer
+        return parts[0] not in FIT_GROUPS and self._is_coord_writer
 
     # -- the writer lock ------------------------------------------------------------------
 
