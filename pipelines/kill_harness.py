@@ -20,10 +20,16 @@ the store against an uninterrupted reference run of the same seeded job:
 store of planted events and restarted until it exits 0. After every kill, every block marked
 done must equal the uninterrupted fit's block; at the end every result field equals it.
 
+**Refitting.** ``tokdyn fit --refit --axis-min 10`` of a fitted run is killed at random instants
+and followed by ``tokdyn fit --axis-min 10`` (``--refit`` again where the kill came before the
+refit had a group) until one exits 0. After every life the run must read as one whole fit, the
+one it had or the uninterrupted refit, and once it reads the refit it must never read the old
+fit again.
+
 Children are forked from a forkserver that has imported torch and tokdyn once, so a life costs
 a fork, not an interpreter start (the kill is still a SIGKILL of a separate training process).
 
-    python pipelines/kill_harness.py --kills 120 --fit-kills 20     # the figures in docs/reliability.md
+    python pipelines/kill_harness.py --kills 120 --fit-kills 20 --refit-kills 20     # the figures in docs/reliability.md
     python pipelines/kill_harness.py --kills 12 --fit-kills 3 --seed 1 --json out.json
 """
 
@@ -220,8 +226,9 @@ def make_fit_store(path: str, job: dict = FIT_JOB) -> None:
             w.append(planted.Y[:, j].clip(0.01), step=int(step))
 
 
-def run_fit_cli(store: str, phase_path: str) -> None:
-    """One life of `tokdyn fit` (the CLI entry point, in this process)."""
+def run_fit_cli(store: str, phase_path: str, extra: tuple[str, ...] = ()) -> None:
+    """One life of `tokdyn fit` (the CLI entry point, in this process), ``extra`` its further
+    arguments."""
     import zarr
 
     import tokdyn.fit.job as job_mod
@@ -248,7 +255,7 @@ def run_fit_cli(store: str, phase_path: str) -> None:
         return update(self, new)
 
     job_mod.fit_block, store_fit.FitWriter._prepare, zarr.Group.update_attributes = fitting, preparing, committing
-    rc = main(["fit", store, "--run", "r", "--scheduler", "sync", "--no-two-step", "--no-progress", "--batch-rows", "250"])
+    rc = main(["fit", store, "--run", "r", "--scheduler", "sync", "--no-two-step", "--no-progress", "--batch-rows", "250", *extra])
     at("done")
     os._exit(rc)
 
@@ -479,22 +486,119 @@ def fit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workdir
             shutil.rmtree(root, ignore_errors=True)
 
 
+REFIT_AXIS_MIN = "10"  # the refit's window: other inputs than the fit it replaces, so old and new differ
+
+
+def refit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workdir: str | None = None, log=print) -> dict:
+    """Kill `tokdyn fit --refit --axis-min 10` of a fitted run, then `tokdyn fit --axis-min 10`
+    (which resumes the refit or finishes its swap; `--refit` again where the kill came before the
+    refit had a group), until one life is not killed. After every life the run must read as one
+    whole fit, the one it had or the uninterrupted refit, never a mix or an error, and once a
+    life reads the refit no later one may read the old fit; the last must read the refit."""
+    import zarr
+
+    from tokdyn.fit import FIT_FIELDS
+    from tokdyn.fit.job import read_fit
+
+    ctx = _context()
+    rng = np.random.default_rng(seed)
+    own = workdir is None
+    root = Path(tempfile.mkdtemp(prefix="tokdyn-refitkill-") if own else workdir)
+    phase = Phase(root / "phase", create=True)
+    refit = ("--axis-min", REFIT_AXIS_MIN)
+    try:
+        base = str(root / "base.zarr")
+        job = dict(FIT_JOB, **(job or {}))
+        make_fit_store(base, job)
+        _timed_reference(ctx, run_fit_cli, (base, str(root / "phase")))
+        old = read_fit(base, "r")
+        ref_store = str(root / "ref.zarr")
+        shutil.copytree(base, ref_store)
+        life_s = _timed_reference(ctx, run_fit_cli, (ref_store, str(root / "phase"), (*refit, "--refit")))
+        new = read_fit(ref_store, "r")
+
+        def which(store: str) -> str | None:
+            try:
+                got = read_fit(store, "r")
+            except Exception as exc:  # noqa: BLE001 - the violation is recorded with its message
+                return f"error: {exc}"
+            for name, fit in (("old", old), ("new", new)):
+                if all(np.array_equal(got[f], fit[f], equal_nan=True) for f in FIT_FIELDS):
+                    return name
+            return "a mix of the two fits"
+
+        out = {"kills": 0, "by_phase": Counter(), "lives": 0, "episodes": 0, "read_old": 0, "read_new": 0, "violations": [],
+               "reference_seconds": round(life_s, 2)}  # fmt: skip
+        while out["kills"] < n_kills:
+            store = str(root / f"ep{out['episodes']}.zarr")
+            shutil.copytree(base, store)
+            seen_new = False
+            for life in range(100):
+                g = zarr.open_group(store, path="runs/r", mode="r")  # below tokdyn: is a refit (or its result) there?
+                started = ("fit_next" in g.group_keys() and "tokdyn_fit" in g["fit_next"].attrs
+                           or g["fit"].attrs["tokdyn_fit"].get("axis_min") is not None)  # fmt: skip
+                phase.reset()
+                proc = ctx.Process(target=run_fit_cli, args=(store, str(root / "phase"), refit if started else (*refit, "--refit")))
+                proc.start()
+                seen = None
+                if out["kills"] < n_kills:
+                    deadline = time.monotonic() + rng.uniform(0.05, life_s)
+                    while proc.is_alive() and time.monotonic() < deadline:
+                        time.sleep(0.001)
+                    if proc.is_alive():
+                        seen = FIT_PHASES[phase.get(_MAIN)]
+                        proc.kill()
+                proc.join()
+                out["lives"] += 1
+                got, bad = which(store), []
+                if got not in ("old", "new"):
+                    bad.append(f"the run reads {got}")
+                elif got == "old" and seen_new:
+                    bad.append("the run reads the old fit after it had read the refit")
+                else:
+                    out[f"read_{got}"] += 1
+                    seen_new |= got == "new"
+                if seen is None:
+                    if proc.exitcode != 0:
+                        bad.append(f"life {life} exited with {proc.exitcode}")
+                    elif got != "new":
+                        bad.append(f"the finished refit reads {got}")
+                    elif "fit_next" in zarr.open_group(store, path="runs/r", mode="r").group_keys():
+                        bad.append("fit_next is left after the refit finished")
+                else:
+                    out["kills"] += 1
+                    out["by_phase"][seen] += 1
+                out["violations"] += [f"refit episode {out['episodes']} life {life} (killed {seen}): {b}" for b in bad]
+                if seen is None:
+                    break
+            out["episodes"] += 1
+            log(f"refit episode {out['episodes']}: {out['kills']} kills, {out['lives']} lives, {len(out['violations'])} violations")
+        out["by_phase"] = dict(out["by_phase"])
+        return out
+    finally:
+        phase.close()
+        if own:
+            shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=120, help="SIGKILLs of the recording job (default 120)")
     ap.add_argument("--fit-kills", type=int, default=20, help="SIGKILLs of tokdyn fit (default 20)")
+    ap.add_argument("--refit-kills", type=int, default=20, help="SIGKILLs of tokdyn fit --refit of a fitted run (default 20)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
     t0 = time.monotonic()
     log = lambda *a: print(*a, flush=True)  # noqa: E731 - progress lines reach a log file as they happen
-    res = {"record": record_harness(args.kills, seed=args.seed, log=log), "fit": fit_harness(args.fit_kills, seed=args.seed, log=log)}
+    res = {"record": record_harness(args.kills, seed=args.seed, log=log), "fit": fit_harness(args.fit_kills, seed=args.seed, log=log),
+           "refit": refit_harness(args.refit_kills, seed=args.seed, log=log)}  # fmt: skip
     res["seconds"] = round(time.monotonic() - t0, 1)
     text = json.dumps(res, indent=2)
     print(text)
     if args.json:
         Path(args.json).write_text(text)
-    return 1 if res["record"]["violations"] or res["fit"]["violations"] else 0
+    return 1 if any(res[k]["violations"] for k in ("record", "fit", "refit")) else 0
 
 
 if __name__ == "__main__":

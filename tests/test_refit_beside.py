@@ -236,3 +236,18 @@ def test_a_refit_swapped_in_reads_back_and_repair_finds_nothing_damaged(tmp_path
     res = fit_run(st.run("r"), repair=True, scheduler="sync", progress=False)
     assert res.blocks_repaired == [] and res.blocks_fitted == 0
     assert read_fit(st, "r")["n_points"].max() == len(STEPS) - 3
+
+
+def test_a_refit_killed_while_its_group_was_created_is_removed_by_the_next_fit(tmp_path):
+    """A refit killed before its group had its metadata left a ``fit_next`` that is no refit to
+    resume: the next fit removes it (as an unfinished creation of ``fit`` is made again), reads
+    on the complete fit, and a fit on the fit's own inputs finds nothing to do."""
+    st = _store(tmp_path, "local", 0)
+    run = st.run("r")
+    _fit(run, "old", refit=False)
+    run._group.create_group(fitstore.NEXT)  # its zarr.json, no tokdyn_fit yet
+    assert _staged_keys(run) and _value(run) == 1
+    inputs = {"n_committed": run.n_committed, "block_tokens": BLOCK, "options": {"which": "old"}}
+    with run.fit.writer(inputs, FIELDS, n_blocks=N // BLOCK) as fw:
+        assert not fw.staged and fw.todo() == ([], [])
+    assert not _staged_keys(run) and _value(run) == 1

@@ -44,6 +44,15 @@ def test_sigkilled_fit_resumes_equal_to_an_uninterrupted_fit(tmp_path):
     assert res["kills"] == 1 and res["blocks_lost"] == 0
 
 
+def test_sigkilled_refit_keeps_one_whole_fit_and_resumes(tmp_path):
+    """`tokdyn fit --refit` of a fitted run SIGKILLed at random instants: after every life the
+    run reads as the fit it had or the finished refit, whole (docs/reliability.md: before, a
+    killed refit left no fit to read), and `tokdyn fit` with the refit's options finishes it."""
+    res = kill_harness.refit_harness(3, seed=4, job=dict(n_tokens=2000, token_chunk=250), workdir=str(tmp_path), log=lambda *_: None)
+    assert res["violations"] == [], res["violations"]
+    assert res["kills"] == 3 and res["read_old"] >= 1 and res["read_new"] >= 1
+
+
 # -- a writer thread that fails -------------------------------------------------------------
 
 

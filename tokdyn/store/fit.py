@@ -352,16 +352,17 @@ class FitWriter:
     def _settle(self) -> None:
         """Before anything else, holding the lock: finish what a killed refit left. A complete
         ``fit_next`` is swapped in (killed before or during its swap), or removed where it was
-        already copied into place; one that is not a readable group (its creation, or its removal
-        after a copy, killed) is removed. An unfinished one is kept for :meth:`_prepare`."""
+        already copied into place; one that is not a readable group with its metadata (its creation,
+        or its removal after a copy, killed) is removed. An unfinished one is kept for
+        :meth:`_prepare`."""
         run = self.results._run
         store, path = run._group.store, join(run._group.path, NEXT)
         staged = self.results._staged()
-        if staged is None:
+        meta = _meta_of(staged)
+        if not meta:  # none, or its creation never finished (no metadata yet): there is no refit to resume
             if has_keys(store, path + "/"):
                 zarr_sync(store.delete_dir(path))
             return
-        meta = _meta_of(staged)
         if not meta.get("complete"):
             return
         try:
