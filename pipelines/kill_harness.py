@@ -437,19 +437,8 @@ def fit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workdir
             shutil.copytree(base, store)
             prev_done = 0
             for life in range(100):
-                phase.reset()
-                proc = ctx.Process(target=run_fit_cli, args=(store, str(root / "phase")))
-                proc.start()
-                seen = None
-                if out["kills"] < n_kills:
-                    deadline = time.monotonic() + rng.uniform(0.05, life_s)
-                    while proc.is_alive() and time.monotonic() < deadline:
-                        time.sleep(0.001)
-                    if proc.is_alive():
-                        seen = FIT_PHASES[phase.get(_MAIN)]
-                        proc.kill()
-                proc.join()
-                out["lives"] += 1
+                proc, seen = _fit_life(ctx, (store, str(root / "phase")), phase, out, kill=out["kills"] < n_kills,
+                                       within=rng.uniform(0.05, life_s))  # fmt: skip
                 bad = []
                 g = zarr.open_group(store, path="runs/r", mode="r")  # below tokdyn: what is on disk
                 done = g["fit/done"][...] if "fit" in g.group_keys() and "done" in g["fit"].array_keys() else np.zeros(0)
@@ -470,10 +459,7 @@ def fit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workdir
                         got = read_fit(store, "r")
                         bad += [f"field {n} differs from the uninterrupted fit" for n in FIT_FIELDS
                                 if not np.array_equal(got[n], ref[n], equal_nan=True)]  # fmt: skip
-                else:
-                    out["kills"] += 1
-                    out["by_phase"][seen] += 1
-                out["violations"] += [f"fit episode {out['episodes']} life {life} (killed {seen}): {b}" for b in bad]
+                _tally(out, "fit", life, seen, bad)
                 if seen is None:
                     break
             out["episodes"] += 1
@@ -484,6 +470,34 @@ def fit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workdir
         phase.close()
         if own:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _fit_life(ctx, args: tuple, phase: Phase, out: dict, *, kill: bool, within: float):
+    """One life of `tokdyn fit` (:func:`run_fit_cli` with ``args``), SIGKILLed ``within``
+    seconds if ``kill`` and it is still alive then; returns the process, joined, and the phase
+    it was killed in (None: not killed)."""
+    phase.reset()
+    proc = ctx.Process(target=run_fit_cli, args=args)
+    proc.start()
+    seen = None
+    if kill:
+        deadline = time.monotonic() + within
+        while proc.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if proc.is_alive():
+            seen = FIT_PHASES[phase.get(_MAIN)]
+            proc.kill()
+    proc.join()
+    out["lives"] += 1
+    return proc, seen
+
+
+def _tally(out: dict, what: str, life: int, seen: str | None, bad: list[str]) -> None:
+    """Count a life's kill (by the phase it landed in) and its violations."""
+    if seen is not None:
+        out["kills"] += 1
+        out["by_phase"][seen] += 1
+    out["violations"] += [f"{what} episode {out['episodes']} life {life} (killed {seen}): {b}" for b in bad]
 
 
 REFIT_AXIS_MIN = "10"  # the refit's window: other inputs than the fit it replaces, so old and new differ
@@ -537,19 +551,8 @@ def refit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workd
                 g = zarr.open_group(store, path="runs/r", mode="r")  # below tokdyn: is a refit (or its result) there?
                 started = ("fit_next" in g.group_keys() and "tokdyn_fit" in g["fit_next"].attrs
                            or g["fit"].attrs["tokdyn_fit"].get("axis_min") is not None)  # fmt: skip
-                phase.reset()
-                proc = ctx.Process(target=run_fit_cli, args=(store, str(root / "phase"), refit if started else (*refit, "--refit")))
-                proc.start()
-                seen = None
-                if out["kills"] < n_kills:
-                    deadline = time.monotonic() + rng.uniform(0.05, life_s)
-                    while proc.is_alive() and time.monotonic() < deadline:
-                        time.sleep(0.001)
-                    if proc.is_alive():
-                        seen = FIT_PHASES[phase.get(_MAIN)]
-                        proc.kill()
-                proc.join()
-                out["lives"] += 1
+                proc, seen = _fit_life(ctx, (store, str(root / "phase"), refit if started else (*refit, "--refit")), phase, out,
+                                       kill=out["kills"] < n_kills, within=rng.uniform(0.05, life_s))  # fmt: skip
                 got, bad = which(store), []
                 if got not in ("old", "new"):
                     bad.append(f"the run reads {got}")
@@ -565,10 +568,7 @@ def refit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workd
                         bad.append(f"the finished refit reads {got}")
                     elif "fit_next" in zarr.open_group(store, path="runs/r", mode="r").group_keys():
                         bad.append("fit_next is left after the refit finished")
-                else:
-                    out["kills"] += 1
-                    out["by_phase"][seen] += 1
-                out["violations"] += [f"refit episode {out['episodes']} life {life} (killed {seen}): {b}" for b in bad]
+                _tally(out, "refit", life, seen, bad)
                 if seen is None:
                     break
             out["episodes"] += 1
