@@ -251,3 +251,76 @@ def test_a_refit_killed_while_its_group_was_created_is_removed_by_the_next_fit(t
     with run.fit.writer(inputs, FIELDS, n_blocks=N // BLOCK) as fw:
         assert not fw.staged and fw.todo() == ([], [])
     assert not _staged_keys(run) and _value(run) == 1
+
+
+# -- what the stored fit's readers and the resume take from a refit beside it ----------------------
+
+
+def test_a_stopped_refit_on_another_backend_is_resumed_on_its_own(tmp_path, monkeypatch):
+    """A plain fit resumes a stored fit on the backend it was made on; it took that backend from
+    the old fit even where a stopped refit beside it, on another backend, was the fit asked for,
+    so the refit was never resumed (a plain fit said the old one was done)."""
+    Y = planted(600)[0]
+    st = make_store(tmp_path / "s.zarr", Y, token_chunk=200)
+    fit_run(st.run("r"), backend="numpy", scheduler="sync", progress=False)
+    real = _interrupt_at(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        fit_run(st.run("r"), axis_min=10, refit=True, scheduler="sync", progress=False)  # auto: numba
+    monkeypatch.setattr(fitjob, "fit_block", real)
+    assert st.run("r").fit.staged_meta["backend"] == "numba"
+    res = fit_run(st.run("r"), axis_min=10, scheduler="sync", progress=False)
+    assert (res.backend, res.blocks_resumed, res.blocks_fitted) == ("numba", 1, 2)
+    assert st.run("r").fit.meta["axis_min"] == 10 and not _staged_keys(st.run("r"))
+    # and the old fit's own inputs still find the old fit, on its backend, done
+    st2 = make_store(tmp_path / "t.zarr", Y, token_chunk=200)
+    fit_run(st2.run("r"), backend="numpy", scheduler="sync", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        _interrupt_at(monkeypatch, 2)
+        fit_run(st2.run("r"), axis_min=10, refit=True, scheduler="sync", progress=False)
+    monkeypatch.setattr(fitjob, "fit_block", real)
+    res = fit_run(st2.run("r"), scheduler="sync", progress=False)
+    assert (res.backend, res.blocks_fitted) == ("numpy", 0) and _staged_keys(st2.run("r"))
+
+
+def test_reads_across_a_swap_are_refused_not_mixed(tmp_path, monkeypatch):
+    """A reader that reads a fit several times (compare's slices; a read's record, then its
+    arrays) while a refit is swapped in used to mix the two fits without a word (the old fit
+    read well until the swap), or to call the refit's arrays damage and ask for --repair. Both
+    now say the fit was replaced while it was read."""
+    from tokdyn import compare
+    from tokdyn.store.fit import FitResults
+
+    Y = planted(600)[0]
+    st = make_store(tmp_path / "s.zarr", Y, token_chunk=100)
+    fit_run(st.run("r"), scheduler="sync", progress=False)
+    url = str(tmp_path / "s.zarr")
+    whole = compare.token_times(url, "r")
+    monkeypatch.setattr(compare, "SLICE_TOKENS", 200)  # three slices
+    read_tokens, calls = FitResults.read_tokens, []
+
+    def refit_after_the_first_slice(self, *args, **kwargs):
+        out = read_tokens(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            fit_run(tokdyn.open_store(url, mode="r+").run("r"), axis_min=10, refit=True, scheduler="sync", progress=False)
+        return out
+
+    monkeypatch.setattr(FitResults, "read_tokens", refit_after_the_first_slice)
+    with pytest.raises(tokdyn.errors.StoreError, match="was replaced while it was being read"):
+        compare.token_times(url, "r")
+    monkeypatch.setattr(FitResults, "read_tokens", read_tokens)
+    assert not np.array_equal(compare.token_times(url, "r").mu, whole.mu, equal_nan=True)  # the refit, read whole
+
+    checked, swapped = FitResults._checked, []
+
+    def swap_after_the_check(self, meta, current):
+        out = checked(self, meta, current)
+        if not swapped:
+            swapped.append(1)
+            fit_run(tokdyn.open_store(url, mode="r+").run("r"), refit=True, scheduler="sync", progress=False)
+        return out
+
+    monkeypatch.setattr(FitResults, "_checked", swap_after_the_check)
+    with pytest.raises(tokdyn.errors.StoreError, match="was replaced while it was being read") as info:
+        tokdyn.open_store(url).run("r").fit.read()
+    assert "--repair" not in str(info.value)

@@ -108,18 +108,19 @@ def analyze_run(
 ) -> RunAnalysis:
     """Analyse one fitted run (StoreError if it has not been fitted); ``groups=False`` skips the
     per-group spectra and the token statistics (the cheap part only)."""
-    fit = run.fit.read()  # read once: the events, the classes and the report all use it
-    events = run_events(run, which=which, fit=fit)
-    rec = reconstruct_run(run, events=events, bandwidth=bandwidth, n_boot=n_boot, seed=seed)
-    codes, counts = np.unique(fit["class_code"], return_counts=True)
-    analysis = RunAnalysis(
-        run=run.name, axis=run.axis, reconstruction=rec, events=events, fit=fit,
-        class_counts={CLASS_NAMES[int(c)]: int(n) for c, n in zip(codes, counts)},
-        class_loss_share=class_loss_share(fit["class_code"], fit["drop"]),
-    )  # fmt: skip
-    if not groups:
-        return analysis
-    analysis.by_group = group_spectra(run, rec.events, fit, bandwidth=rec.spectrum.bandwidth, kernel=rec.spectrum.kernel)
+    with run.fit.unchanged():  # the fields, then the events' options and the fitted rows: of one fit
+        fit = run.fit.read()  # read once: the events, the classes and the report all use it
+        events = run_events(run, which=which, fit=fit)
+        rec = reconstruct_run(run, events=events, bandwidth=bandwidth, n_boot=n_boot, seed=seed)
+        codes, counts = np.unique(fit["class_code"], return_counts=True)
+        analysis = RunAnalysis(
+            run=run.name, axis=run.axis, reconstruction=rec, events=events, fit=fit,
+            class_counts={CLASS_NAMES[int(c)]: int(n) for c, n in zip(codes, counts)},
+            class_loss_share=class_loss_share(fit["class_code"], fit["drop"]),
+        )  # fmt: skip
+        if not groups:
+            return analysis
+        analysis.by_group = group_spectra(run, rec.events, fit, bandwidth=rec.spectrum.bandwidth, kernel=rec.spectrum.kernel)
     if run.n_committed >= 2:
         analysis.stats = token_stats(run)
     return analysis
@@ -275,13 +276,14 @@ def run_spectrum(
     """The spectrum of a fitted run (through its reconstruction, which carries both power laws)
     and, with ``by``, the spectra of its tokens grouped by class, domain, frequency or position
     band at the same bandwidth."""
-    fit = run.fit.read()
-    events = run_events(run, which=which, fit=fit)
-    rec = reconstruct_run(run, events=events, bandwidth=bandwidth, n_boot=n_boot, placement=placement, kernel=kernel)
-    if by is None:
-        return RunSpectrum(rec)
-    # the groups of the spectrum shown: its tokens, its N, its bandwidth, kernel and placement
-    groups = group_spectra(run, rec.events, fit, bandwidth=rec.spectrum.bandwidth, kernel=kernel, placement=placement)
+    with run.fit.unchanged():  # the fields, then the events' options and the fitted rows: of one fit
+        fit = run.fit.read()
+        events = run_events(run, which=which, fit=fit)
+        rec = reconstruct_run(run, events=events, bandwidth=bandwidth, n_boot=n_boot, placement=placement, kernel=kernel)
+        if by is None:
+            return RunSpectrum(rec)
+        # the groups of the spectrum shown: its tokens, its N, its bandwidth, kernel and placement
+        groups = group_spectra(run, rec.events, fit, bandwidth=rec.spectrum.bandwidth, kernel=kernel, placement=placement)
     if by not in groups:
         raise InputError(f"by {by}: the probe has no {by} information (available: {', '.join(groups)})")
     return RunSpectrum(rec, by, groups[by])

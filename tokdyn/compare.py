@@ -176,9 +176,25 @@ def token_times(store, run: str, *, x_range: tuple[float, float] | None = None) 
 
     st = as_store(store, mode="r")
     r = st.run(run)
-    f = _open_fit(r)
-    t = _run_times(f, f.x_range if x_range is None else x_range)
+    with r.fit.unchanged():  # its record, then its fields a slice at a time: all of one fit
+        f = _open_fit(r)
+        t = _run_times(f, f.x_range if x_range is None else x_range)
     return TokenTimes(t.mu, t.drop, _class_names()[t.class_index], _token_domains(st.probe), r.axis)
+
+
+def _common_range(fa: _Fitted, fb: _Fitted, ra, rb) -> tuple[float, float]:
+    """The range both runs observed (log10 axis values), checked, with their shared probe.
+
+    Over the range both observed: a token learned past the end of one run's range shows there
+    only the start of its drop, whose seen centre lies early, and seemed learned earlier."""
+    common = (max(fa.x_range[0], fb.x_range[0]), min(fa.x_range[1], fb.x_range[1]))
+    if not common[1] > common[0]:
+        raise InputError(f"runs {ra.name!r} and {rb.name!r} observed no common range of the {ra.axis} axis (log10 "
+                         f"{fa.x_range[0]:.3g}..{fa.x_range[1]:.3g} and {fb.x_range[0]:.3g}..{fb.x_range[1]:.3g}); "
+                         "their learning times cannot be compared")  # fmt: skip
+    if ra.n_tokens != rb.n_tokens:
+        raise InputError(f"runs {ra.name!r} and {rb.name!r} have {ra.n_tokens} and {rb.n_tokens} probe tokens; they must share the probe")
+    return common
 
 
 def _token_domains(probe) -> np.ndarray | None:
@@ -237,17 +253,10 @@ def compare_runs(store, run_a: str, run_b: str, *, tolerance: float = 0.05) -> d
     if ra.axis != rb.axis:
         raise InputError(f"run {run_a!r} lies on the {ra.axis} axis and run {run_b!r} on the {rb.axis} axis; "
                          "compare needs two runs of one axis (a shift between them would mean nothing)")  # fmt: skip
-    fa, fb = _open_fit(ra), _open_fit(rb)  # the checks, then the range each observed
-    # Over the range both runs observed: a token learned past the end of one run's range shows
-    # there only the start of its drop, whose seen centre lies early, and seemed learned earlier.
-    common = (max(fa.x_range[0], fb.x_range[0]), min(fa.x_range[1], fb.x_range[1]))
-    if not common[1] > common[0]:
-        raise InputError(f"runs {run_a!r} and {run_b!r} observed no common range of the {ra.axis} axis (log10 "
-                         f"{fa.x_range[0]:.3g}..{fa.x_range[1]:.3g} and {fb.x_range[0]:.3g}..{fb.x_range[1]:.3g}); "
-                         "their learning times cannot be compared")  # fmt: skip
-    if ra.n_tokens != rb.n_tokens:
-        raise InputError(f"runs {run_a!r} and {run_b!r} have {ra.n_tokens} and {rb.n_tokens} probe tokens; they must share the probe")
-    a, b = _run_times(fa, common), _run_times(fb, common)
+    with ra.fit.unchanged(), rb.fit.unchanged():  # each run's record, then its fields a slice at a time: of one fit
+        fa, fb = _open_fit(ra), _open_fit(rb)  # the checks, then the range each observed
+        common = _common_range(fa, fb, ra, rb)
+        a, b = _run_times(fa, common), _run_times(fb, common)
     both = np.isfinite(a.mu) & np.isfinite(b.mu)
     if not both.any():
         raise InputError(f"no probe token has a positive learning event in both {run_a!r} and {run_b!r}")

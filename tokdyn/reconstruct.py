@@ -353,16 +353,17 @@ def reconstruct_run(
             warnings.warn(f"axis run {run.name!r} is out of date ({stale}): this is the axis as it was assembled; "
                           "assemble it again (assemble_axis(..., overwrite=True), or tokdyn reconstruct --axis)",
                           AxisWarning, stacklevel=2)  # fmt: skip
-    events = run_events(run, which=which) if events is None else events  # StoreError if not fitted
-    rows, x = fitted_inputs(run)  # the rows the fit was made on (after any axis_min)
-    # The mean over the tokens the events are normalised by (n_scored: the fit saw a point of
-    # theirs), never over a token the fit set aside: one token at 2e4 nats (above max_loss,
-    # unfit) made the "measured" mean a curve of that token alone, the events' share near 0.
-    scored = np.asarray(run.fit.read(fields=("n_points",))["n_points"]) > 0
-    mm = measured_mean_loss(run, rows, tokens=None if scored.all() else scored)
-    rec = reconstruct(x, mm.loss, _events_of(events, mm.tokens, scored), axis=run.axis, run=run.name, bandwidth=bandwidth,
-                      smoothing=smoothing, n_boot=n_boot, seed=seed, placement=placement, kernel=kernel, notes=mm.notes)  # fmt: skip
-    return replace(rec, n_tokens_left_out=mm.n_left_out, rows_left_out=rows_left_out(run, rows, axis_min=stored_axis_min(run)))
+    with run.fit.unchanged():  # the events, the rows, the tokens scored and the window: of one fit
+        events = run_events(run, which=which) if events is None else events  # StoreError if not fitted
+        rows, x = fitted_inputs(run)  # the rows the fit was made on (after any axis_min)
+        # The mean over the tokens the events are normalised by (n_scored: the fit saw a point of
+        # theirs), never over a token the fit set aside: one token at 2e4 nats (above max_loss,
+        # unfit) made the "measured" mean a curve of that token alone, the events' share near 0.
+        scored = np.asarray(run.fit.read(fields=("n_points",))["n_points"]) > 0
+        mm = measured_mean_loss(run, rows, tokens=None if scored.all() else scored)
+        rec = reconstruct(x, mm.loss, _events_of(events, mm.tokens, scored), axis=run.axis, run=run.name, bandwidth=bandwidth,
+                          smoothing=smoothing, n_boot=n_boot, seed=seed, placement=placement, kernel=kernel, notes=mm.notes)  # fmt: skip
+        return replace(rec, n_tokens_left_out=mm.n_left_out, rows_left_out=rows_left_out(run, rows, axis_min=stored_axis_min(run)))
 
 
 def _onto_range(at: np.ndarray, x_range: tuple[float, float]) -> np.ndarray:
@@ -437,23 +438,24 @@ def reconstruct_across(
     if stale is not None:  # its rows are not its sources' final rows any more
         raise InputError(f"{axis_run.name!r} is out of date ({stale}); assemble it again: "
                          f"assemble_axis(store, 'D', runs=..., overwrite=True)")  # fmt: skip
-    events = run_events(t_run, which=which)  # StoreError if T is not fitted
-    scored = np.asarray(t_run.fit.read(fields=("n_points",))["n_points"]) > 0  # the tokens N counts
-    rows, x = fit_inputs(axis_run)
-    steps = effective_steps(axis_run, t_run, by=by)[rows]
-    window = stored_axis_min(t_run)
-    if window is not None and np.any(steps < window):
-        raise InputError(
-            f"{int(np.sum(steps < window))} of the {steps.size} {axis_run.axis} points lie at effective steps below "
-            f"{t_run.name!r}'s fit window (from step {window:g}; the first at {steps.min():.3g}): its events would be "
-            f"extrapolated there. Refit it with a lower --axis-min"
-        )
-    # Above the T fit's last step (a trunk still being recorded, or trained short of the largest
-    # budget) the events were extrapolated as silently as below its window, and read as a rebuild.
-    # Half a checkpoint interval (at most 0.02 decades) past either end is taken, the events
-    # evaluated there: a trunk recorded at steps 0..1999 and a D budget of 2000 steps differ by
-    # 0.0002 decades, and were refused.
-    _, t_x = fitted_inputs(t_run)
+    with t_run.fit.unchanged():  # the events, the tokens scored, the window and the rows of T: of one fit
+        events = run_events(t_run, which=which)  # StoreError if T is not fitted
+        scored = np.asarray(t_run.fit.read(fields=("n_points",))["n_points"]) > 0  # the tokens N counts
+        rows, x = fit_inputs(axis_run)
+        steps = effective_steps(axis_run, t_run, by=by)[rows]
+        window = stored_axis_min(t_run)
+        if window is not None and np.any(steps < window):
+            raise InputError(
+                f"{int(np.sum(steps < window))} of the {steps.size} {axis_run.axis} points lie at effective steps below "
+                f"{t_run.name!r}'s fit window (from step {window:g}; the first at {steps.min():.3g}): its events would be "
+                f"extrapolated there. Refit it with a lower --axis-min"
+            )
+        # Above the T fit's last step (a trunk still being recorded, or trained short of the largest
+        # budget) the events were extrapolated as silently as below its window, and read as a rebuild.
+        # Half a checkpoint interval (at most 0.02 decades) past either end is taken, the events
+        # evaluated there: a trunk recorded at steps 0..1999 and a D budget of 2000 steps differ by
+        # 0.0002 decades, and were refused.
+        _, t_x = fitted_inputs(t_run)
     at = np.log10(steps)
     lo_tol, hi_tol = edge_tolerance(t_x)
     outside = (at < t_x.min() - lo_tol) | (at > t_x.max() + hi_tol)

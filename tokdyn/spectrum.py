@@ -311,7 +311,8 @@ def run_events(run, *, which: str = "two_step", fit: Mapping[str, np.ndarray] | 
     read from it as ``fit``, then :func:`events_from_fit` with the options it was fitted with)."""
     from .fit.job import stored_options
 
-    events = events_from_fit(run.fit.read() if fit is None else fit, which=which, options=stored_options(run))
+    with run.fit.unchanged():  # the fields and the options they were fitted with: of one fit
+        events = events_from_fit(run.fit.read() if fit is None else fit, which=which, options=stored_options(run))
     unit, kind = probe_units(run.store.probe)
     return replace(events, unit=unit, unit_kind=kind) if unit.shape == (events.n_tokens,) else events
 

@@ -522,8 +522,9 @@ def build_table(store, run: str, *, options: LearnabilityOptions | None = None) 
     vocab = probe.tokenizer.get("vocab_size")
     if not vocab:
         raise InputError(f"{st.url}: the probe's tokenizer spec has no vocab_size; record the pilot with a known tokenizer")
-    fit = SigmoidFit(r.fit.read(), FitOptions())  # StoreError when not (completely) fitted
-    _, x = fitted_inputs(r)
+    with r.fit.unchanged():  # the fields and the rows they were fitted on: of one fit
+        fit = SigmoidFit(r.fit.read(), FitOptions())  # StoreError when not (completely) fitted
+        _, x = fitted_inputs(r)
     events = seen_drops(fit.events(), probe.n_tokens, (float(x[0]), float(x[-1])))
     if events["token"].size == 0 or not np.any(events["delta"] > 0):
         raise StoreError(

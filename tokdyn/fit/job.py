@@ -36,6 +36,7 @@ from tokdyn.fit.models import TWO_EVENTS, ClassDrops, class_loss_share, fit_clas
 from tokdyn.fit.options import CLASS_NAMES, MODEL_NAMES, STATUS_NAMES, FitOptions
 from tokdyn.fit.sigmoid import log_axis
 from tokdyn.store import FitWriter, Run, TrajectoryStore, as_store
+from tokdyn.store.schema import jsonable
 
 __all__ = ["FitSummary", "fit_run", "read_fit", "stored_options", "stored_axis_min", "fit_inputs", "fitted_inputs",
            "rows_left_out", "LOCAL_SCHEDULERS"]
@@ -267,8 +268,12 @@ def fit_run(
     vocab = st.probe.tokenizer.get("vocab_size")
     if vocab and opts.vocab_size is None:  # the age of acquisition needs the vocabulary size
         opts = dataclasses.replace(opts, vocab_size=int(vocab))
+    block, n = run.token_chunk, run.n_tokens
+    n_blocks = -(-n // block)
+    inputs = {"rows": rows.tolist(), "n_committed": n_committed, "x": x.tolist(),
+              "options": dataclasses.asdict(opts), "block_tokens": block, "axis_min": axis_min}  # fmt: skip
     if backend == "auto" and device is None and not refit:
-        backend, device = _stored_backend(run)  # a fit is resumed (or found done) on its own backend
+        backend, device = _stored_backend(run, inputs)  # a fit is resumed (or found done) on its own backend
     backend, device = resolve_backend(backend, device)
     distributed = scheduler is not None and "://" in scheduler
     if scheduler is not None and not distributed and scheduler not in LOCAL_SCHEDULERS:
@@ -280,12 +285,8 @@ def fit_run(
     if (scheduler == "processes" or distributed) and st.url.startswith("memory://"):
         raise InputError("a memory:// store is private to this process; use scheduler='threads' or 'sync'")
 
-    block, n = run.token_chunk, run.n_tokens
-    n_blocks = -(-n // block)
-    inputs = {"rows": rows.tolist(), "n_committed": n_committed, "x": x.tolist(),
-              "options": dataclasses.asdict(opts), "block_tokens": block, "axis_min": axis_min,
-              # backends agree to solver tolerance, not to the bit: a resumed fit stays on its own
-              "backend": backend, "device": None if device is None else str(getattr(device, "type", device))}  # fmt: skip
+    # backends agree to solver tolerance, not to the bit: a resumed fit stays on its own
+    inputs.update(backend=backend, device=None if device is None else str(getattr(device, "type", device)))
     labels = {f"{what}_names": {str(k): v for k, v in names.items()}
               for what, names in (("status", STATUS_NAMES), ("class", CLASS_NAMES), ("model", MODEL_NAMES))}  # fmt: skip
     fields = {name: np.dtype(dt).str for name, dt in FIT_FIELDS.items()}
@@ -362,11 +363,18 @@ def _stored_inputs(run: Run, options: FitOptions | None, axis_min: float | None)
     return options, axis_min
 
 
-def _stored_backend(run: Run) -> tuple[str, Any]:
+def _stored_backend(run: Run, inputs: dict) -> tuple[str, Any]:
     """The backend and device of the run's stored fit where this machine has them, else ("auto",
     None). Backends agree to solver tolerance, not to the bit, so a fit is resumed on its own: a
-    plain `tokdyn fit` after `--backend numpy` said "another backend (numpy then, numba now)"."""
-    meta = _stored_meta(run)
+    plain `tokdyn fit` after `--backend numpy` said "another backend (numpy then, numba now)".
+    A stopped refit beside the fit (``run.fit.staged_meta``) made on ``inputs`` (all but the
+    backend) is the fit resumed, on its backend."""
+    try:
+        staged = run.fit.staged_meta
+    except StoreError:
+        staged = {}
+    inputs = jsonable(inputs, "fit inputs")  # as the record holds them
+    meta = staged if staged and all(staged.get(k) == v for k, v in inputs.items()) else _stored_meta(run)
     backend, device = meta.get("backend"), meta.get("device")
     try:
         resolve_backend(backend, device)

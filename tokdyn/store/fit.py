@@ -31,11 +31,13 @@ old fit's metadata first, so that from then on readers take the complete refit
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shlex
 import uuid
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -115,11 +117,38 @@ class FitResults:
         meta = self.meta
         return bool(meta.get("complete")) and meta.get("n_committed") == self._run.n_committed
 
+    @property
+    def staged_meta(self) -> dict:
+        """The record of a refit written beside the fit and not yet swapped in (``fit_next``: a
+        refit running, or one stopped, which a fit on its inputs resumes); {} when there is none."""
+        return _meta_of(self._staged())
+
+    @contextlib.contextmanager
+    def unchanged(self) -> Iterator[dict]:
+        """Several reads of the fit as reads of one fit: yields its record, and raises
+        :class:`StoreError` on leaving when the fit was replaced meanwhile (a refit that finished:
+        the fit's id changed), so that what was read of two fits is not used together. A reader
+        that reads a fit more than once (its record, its options, its rows, slices of its
+        fields) reads inside it."""
+        meta = self.meta
+        yield meta
+        self._require_unchanged(meta)
+
+    def _require_unchanged(self, meta: Mapping) -> None:
+        """:class:`StoreError` when the run's fit is no longer the one of record ``meta``."""
+        if self.meta.get("fit_id") != meta.get("fit_id"):
+            raise StoreError(f"the fit of run {self._run.name!r} was replaced while it was being read (a refit finished "
+                             "meanwhile), so what was read would mix two fits; run the command again")  # fmt: skip
+
     def check(self, *, current: bool = True) -> dict:
         """The fit's metadata; :class:`StoreError` saying what to run when there is no complete,
         current fit (with ``current=False``, a complete fit of rows the run has since added to
         will do)."""
-        r, meta = self._run, self.meta
+        return self._checked(self.meta, current)
+
+    def _checked(self, meta: dict, current: bool) -> dict:
+        """:meth:`check` of the record ``meta``."""
+        r = self._run
         if not meta:
             raise StoreError(f"run {r.name!r} has not been fitted; run `tokdyn fit {r.store.url} --run {r.name}` first")
         if not meta.get("complete"):
@@ -166,8 +195,8 @@ class FitResults:
             raise InputError(f"fields must be a list of fit field names (or None: all), got {fields!r}")  # "mu" is not ["m", "u"]
         if not (is_int(start) and is_int(stop)):  # 1.5 is no token, True no index: never cut to 1
             raise InputError(f"tokens [{start!r}, {stop!r}) must be whole numbers of tokens")
-        meta = self.check(current=current)
-        g = self._group()
+        g = self._group()  # looked up once: the record and the arrays read are one fit's, also across a swap
+        meta = self._checked(_meta_of(g), current)
         stored = _fields(meta, g)
         names = stored if fields is None else list(fields)
         unknown = [f for f in names if not isinstance(f, str) or f not in stored]
@@ -186,22 +215,26 @@ class FitResults:
         block = int(meta["block_tokens"])
         b0, b1 = start // block, -(-stop // block)
         a0, a1 = b0 * block, min(n, b1 * block)
-        crc = self._run._read(lambda: g["crc"], "fit/crc", hint=self._repair_hint())
-        if crc.shape != (-(-n // block), len(stored)):
-            raise StoreError(f"the fit of run {self._run.name!r}: fit/crc has shape {crc.shape}; the fit is damaged, refit it")
-        committed = self._run._read(lambda: crc[b0:b1], "fit/crc", hint=self._repair_hint())
-        out = {}
-        for name in names:
-            values = self._run._read(lambda name=name: g[name][a0:a1], f"fit/{name}" + ("" if whole else f"[{a0}:{a1}]"),
-                                     hint=self._repair_hint())  # fmt: skip
-            f = stored.index(name)
-            for b, a in zip(range(b0, b1), range(0, a1 - a0, block)):
-                if values.shape != (a1 - a0,) or position_crc(salt, f"fit/{name}", (b,), values[a : a + block]) != committed[b - b0, f]:
-                    raise StoreError(
-                        f"the fit of run {self._run.name!r}: chunk {b} of fit/{name} does not hold the results written "
-                        f"there; it was moved, swapped, left stale or damaged. {self._repair_hint()}"
-                    )
-            out[name] = values if (a0, a1) == (start, stop) else values[start - a0 : stop - a0].copy()
+        try:  # a fit swapped in under this read (its group's path now holds the refit) is said as such, not as damage
+            crc = self._run._read(lambda: g["crc"], "fit/crc", hint=self._repair_hint())
+            if crc.shape != (-(-n // block), len(stored)):
+                raise StoreError(f"the fit of run {self._run.name!r}: fit/crc has shape {crc.shape}; the fit is damaged, refit it")
+            committed = self._run._read(lambda: crc[b0:b1], "fit/crc", hint=self._repair_hint())
+            out = {}
+            for name in names:
+                values = self._run._read(lambda name=name: g[name][a0:a1], f"fit/{name}" + ("" if whole else f"[{a0}:{a1}]"),
+                                         hint=self._repair_hint())  # fmt: skip
+                f = stored.index(name)
+                for b, a in zip(range(b0, b1), range(0, a1 - a0, block)):
+                    if values.shape != (a1 - a0,) or position_crc(salt, f"fit/{name}", (b,), values[a : a + block]) != committed[b - b0, f]:
+                        raise StoreError(
+                            f"the fit of run {self._run.name!r}: chunk {b} of fit/{name} does not hold the results written "
+                            f"there; it was moved, swapped, left stale or damaged. {self._repair_hint()}"
+                        )
+                out[name] = values if (a0, a1) == (start, stop) else values[start - a0 : stop - a0].copy()
+        except StoreError:
+            self._require_unchanged(meta)
+            raise
         return out
 
     def _repair_hint(self) -> str:
@@ -612,16 +645,24 @@ def _same_inputs(meta: Mapping, inputs: Mapping, fields: Mapping) -> bool:
     return all(meta.get(k) == v for k, v in inputs.items()) and meta.get("fields") == fields
 
 
-async def _copy_keys(store, source: str, target: str) -> None:
-    """Copy every key under ``source`` to the same place under ``target``, the group metadata
-    ``source/zarr.json`` last (until it lands, ``target`` is not a group: a copy cut short reads
-    as none)."""
-    prefix, group_meta = source + "/", join(source, "zarr.json")
-    keys = sorted([k async for k in store.list_prefix(prefix)], key=lambda k: k == group_meta)
-    for key in keys:
+async def _copy_keys(store, source: str, target: str, *, at_once: int = 16) -> None:
+    """Copy every key under ``source`` to the same place under ``target``, ``at_once`` keys at a
+    time (an object store's round trips overlap), the group metadata ``source/zarr.json`` last:
+    until it lands, ``target`` is not a group, and a copy cut short reads as none."""
+    group_meta = join(source, "zarr.json")
+
+    async def copy(key: str) -> None:
         value = await store.get(key, prototype=default_buffer_prototype())
         if value is not None:
             await store.set(target + key[len(source):], value)
+
+    keys = [k async for k in store.list_prefix(source + "/") if k != group_meta]
+    for i in range(0, len(keys), at_once):
+        done = await asyncio.gather(*(copy(k) for k in keys[i : i + at_once]), return_exceptions=True)
+        failed = [e for e in done if isinstance(e, BaseException)]
+        if failed:  # raised once no copy of the batch is still running
+            raise failed[0]
+    await copy(group_meta)
 
 
 def _value_text(v: Any) -> str:
