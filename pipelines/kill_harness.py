@@ -36,6 +36,7 @@ a fork, not an interpreter start (the kill is still a SIGKILL of a separate trai
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import mmap
 import multiprocessing as mp
@@ -343,6 +344,21 @@ TARGETS = ["random"] * 4 + ["opening", "training", "evaluating", "writing", "wri
                            "checkpointing", "closing"]  # fmt: skip
 
 
+@contextlib.contextmanager
+def _workdir(workdir: str | None, prefix: str):
+    """A harness's folder (``workdir``, or a temporary one removed at the end) and its phase
+    channel, closed at the end."""
+    own = workdir is None
+    root = Path(tempfile.mkdtemp(prefix=prefix) if own else workdir)
+    phase = Phase(root / "phase", create=True)
+    try:
+        yield root, phase
+    finally:
+        phase.close()
+        if own:
+            shutil.rmtree(root, ignore_errors=True)
+
+
 def record_harness(n_kills: int, *, seed: int = 0, targets: list[str] | None = None, workdir: str | None = None, log=print) -> dict:
     """Kill recording lives until ``n_kills`` kills have been survived; returns the figures.
 
@@ -351,10 +367,7 @@ def record_harness(n_kills: int, *, seed: int = 0, targets: list[str] | None = N
     ctx = _context()
     rng = np.random.default_rng(seed)
     job = dict(RECORD_JOB)
-    own = workdir is None
-    root = Path(tempfile.mkdtemp(prefix="tokdyn-kill-") if own else workdir)
-    phase = Phase(root / "phase", create=True)
-    try:
+    with _workdir(workdir, "tokdyn-kill-") as (root, phase):
         ref_store = str(root / "reference.zarr")
         (root / "ref").mkdir()
         life_s = _timed_reference(ctx, train_and_record, (job, ref_store, "r", str(root / "ref"), str(root / "phase")))
@@ -402,10 +415,6 @@ def record_harness(n_kills: int, *, seed: int = 0, targets: list[str] | None = N
             log(f"episode {out['episodes']}: {out['kills']} kills, {out['lives']} lives, {len(out['violations'])} violations")
         out["by_phase"] = dict(out["by_phase"])
         return out
-    finally:
-        phase.close()
-        if own:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def fit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workdir: str | None = None, log=print) -> dict:
@@ -418,10 +427,7 @@ def fit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workdir
 
     ctx = _context()
     rng = np.random.default_rng(seed)
-    own = workdir is None
-    root = Path(tempfile.mkdtemp(prefix="tokdyn-fitkill-") if own else workdir)
-    phase = Phase(root / "phase", create=True)
-    try:
+    with _workdir(workdir, "tokdyn-fitkill-") as (root, phase):
         base = str(root / "base.zarr")
         job = dict(FIT_JOB, **(job or {}))
         make_fit_store(base, job)
@@ -466,10 +472,6 @@ def fit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workdir
             log(f"fit episode {out['episodes']}: {out['kills']} kills, {out['lives']} lives, {len(out['violations'])} violations")
         out["by_phase"] = dict(out["by_phase"])
         return out
-    finally:
-        phase.close()
-        if own:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def _fit_life(ctx, args: tuple, phase: Phase, out: dict, *, kill: bool, within: float):
@@ -516,11 +518,8 @@ def refit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workd
 
     ctx = _context()
     rng = np.random.default_rng(seed)
-    own = workdir is None
-    root = Path(tempfile.mkdtemp(prefix="tokdyn-refitkill-") if own else workdir)
-    phase = Phase(root / "phase", create=True)
     refit = ("--axis-min", REFIT_AXIS_MIN)
-    try:
+    with _workdir(workdir, "tokdyn-refitkill-") as (root, phase):
         base = str(root / "base.zarr")
         job = dict(FIT_JOB, **(job or {}))
         make_fit_store(base, job)
@@ -575,10 +574,6 @@ def refit_harness(n_kills: int, *, seed: int = 0, job: dict | None = None, workd
             log(f"refit episode {out['episodes']}: {out['kills']} kills, {out['lives']} lives, {len(out['violations'])} violations")
         out["by_phase"] = dict(out["by_phase"])
         return out
-    finally:
-        phase.close()
-        if own:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> int:
