@@ -36,6 +36,7 @@ from tokdyn.fit.models import TWO_EVENTS, ClassDrops, class_loss_share, fit_clas
 from tokdyn.fit.options import CLASS_NAMES, MODEL_NAMES, STATUS_NAMES, FitOptions
 from tokdyn.fit.sigmoid import log_axis
 from tokdyn.store import FitWriter, Run, TrajectoryStore, as_store
+from tokdyn.store.fit import made_on
 from tokdyn.store.schema import jsonable
 
 __all__ = ["FitSummary", "fit_run", "read_fit", "stored_options", "stored_axis_min", "fit_inputs", "fitted_inputs",
@@ -373,8 +374,7 @@ def _stored_backend(run: Run, inputs: dict) -> tuple[str, Any]:
         staged = run.fit.staged_meta
     except StoreError:
         staged = {}
-    inputs = jsonable(inputs, "fit inputs")  # as the record holds them
-    meta = staged if staged and all(staged.get(k) == v for k, v in inputs.items()) else _stored_meta(run)
+    meta = staged if staged and made_on(staged, jsonable(inputs, "fit inputs")) else _stored_meta(run)
     backend, device = meta.get("backend"), meta.get("device")
     try:
         resolve_backend(backend, device)

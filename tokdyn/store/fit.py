@@ -260,8 +260,7 @@ class FitResults:
         id: the run's, or the refit being written beside it (``fit_next``); without ``fit_id``,
         into the refit where one is being written.
         """
-        where = self._written(fit_id)
-        g = self._at(where)
+        where, g = self._written(fit_id)
         if g is None:
             raise StoreError(f"run {self._run.name!r} has no fit group to write into; it was removed while fitting")
         meta = _meta_of(g)
@@ -281,14 +280,14 @@ class FitResults:
             self._require_fit(_meta_of(self._at(where)), fit_id, block)
         g["done"][block] = _done_flag(meta)
 
-    def _written(self, fit_id: str | None) -> str:
-        """The group a block of fit ``fit_id`` goes into: the staged refit's when it is that fit
-        (or, without an id, when there is one), otherwise the run's fit (whose id the block's is
-        then checked against)."""
+    def _written(self, fit_id: str | None) -> tuple[str, zarr.Group | None]:
+        """The group a block of fit ``fit_id`` goes into, by name and as opened: the staged
+        refit's when it is that fit (or, without an id, when there is one), otherwise the run's
+        fit (whose id the block's is then checked against)."""
         staged = self._staged()
         if staged is not None and (fit_id is None or _meta_of(staged).get("fit_id") == fit_id):
-            return NEXT
-        return GROUP
+            return NEXT, staged
+        return GROUP, self._at(GROUP)
 
     def _require_fit(self, meta: Mapping, fit_id: str, block: int) -> None:
         if meta.get("fit_id") != fit_id:
@@ -640,9 +639,15 @@ def _meta_of(g: zarr.Group | None) -> dict:
     return dict(meta) if isinstance(meta, Mapping) else {}
 
 
+def made_on(meta: Mapping, inputs: Mapping) -> bool:
+    """Whether the fit of record ``meta`` was made on ``inputs`` (each of them as recorded:
+    JSON values)."""
+    return all(meta.get(k) == v for k, v in inputs.items())
+
+
 def _same_inputs(meta: Mapping, inputs: Mapping, fields: Mapping) -> bool:
     """Whether the fit of ``meta`` was made on ``inputs``, with result ``fields``: resumed."""
-    return all(meta.get(k) == v for k, v in inputs.items()) and meta.get("fields") == fields
+    return made_on(meta, inputs) and meta.get("fields") == fields
 
 
 async def _copy_keys(store, source: str, target: str, *, at_once: int = 16) -> None:
