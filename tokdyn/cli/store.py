@@ -4,8 +4,10 @@ losses.npz format, and removing a run."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
+from .._checks import is_real
 from .._text import one_line, visible
 from ..errors import InputError, StoreError
 from ..interchange import export_npz, import_npz
@@ -14,7 +16,7 @@ from ._common import add_run_argument, add_store_argument, open_cli_run, open_cl
 
 
 def register(sub) -> None:
-    p = sub.add_parser("info", help="runs, shapes, steps, probe fingerprint and size of a store")
+    p = sub.add_parser("info", help="runs, shapes, steps, where each fit stands, probe fingerprint and size of a store")
     add_store_argument(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_info)
@@ -74,10 +76,67 @@ def _info(args: argparse.Namespace) -> int:
         params = _count(r["attrs"].get("n_params_non_embedding"))
         params = f", {params} non-emb params" if params else ""
         print(f"run {_shown(name):<12} axis {r['axis']}  {r['shape'][0]:,} x {r['shape'][1]:,} {r['dtype']}  {span}{params}{extra}")
-    if damaged:
-        print(f"tokdyn info: error: {len(damaged)} run(s) cannot be read: {', '.join(map(_shown, damaged))}", file=sys.stderr)
+        for line in _fit_lines(f"tokdyn fit {shlex.quote(args.store)} --run {shlex.quote(name)}", r["fit"]):
+            print(f"    {visible(line)}")
+    unreadable = sorted(name for name, r in info["runs"].items() if "error" not in r and _fit_error(r["fit"]))
+    if damaged or unreadable:
+        what = [f"{len(damaged)} run(s) cannot be read: {', '.join(map(_shown, damaged))}"] if damaged else []
+        what += [f"the fit of {len(unreadable)} run(s) cannot be read: {', '.join(map(_shown, unreadable))}"] if unreadable else []
+        print(f"tokdyn info: error: {'; '.join(what)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _fit_error(fit: dict) -> bool:
+    """Whether the fit or the refit of a run's :meth:`FitResults.summary` cannot be read."""
+    return any(isinstance(fit.get(k), dict) and "error" in fit[k] for k in ("fit", "refit"))
+
+
+def _fit_lines(command: str, fit: dict) -> list[str]:
+    """What info says of a run's fit (``run.fit.summary()``): the fit readers read, and a refit
+    beside it; each with the command that goes on from where it stands."""
+    lock = fit["lock"]
+    running = lock is not None and lock["state"] in ("alive", "unknown", "self")
+    by = (f"process {lock['pid']} on {lock['host']}" + (f", since {lock['since']}" if lock.get("since") else "")
+          + (" (on another machine: it may have stopped)" if lock["state"] == "unknown" else "")) if running else ""  # fmt: skip
+    current, refit = fit["fit"], fit["refit"]
+    if current is None:
+        return [f"fit   being started by {by}" if running else f"fit   none: `{command}` fits it"]
+    lines = [f"fit   {_fit_state(current, command, running and refit is None, by)}"]
+    if refit is not None:
+        lines.append(f"refit {_fit_state(refit, command, running, by, beside=True)}")
+    return lines
+
+
+def _fit_state(g: dict, command: str, running: bool, by: str, *, beside: bool = False) -> str:
+    """One fit group's state (:func:`tokdyn.store.fit._state`) as info says it."""
+    if "error" in g:
+        return f"ERROR: {g['error']}"
+    window = g["axis_min"]
+    window = f" --axis-min {window:g}" if is_real(window) else ""
+    done = f"{_number(g['blocks_done'])} of {_number(g['blocks'])} blocks"
+    if not g["complete"]:
+        if running:
+            return f"being {'re' * beside}fitted by {by}: {done} done"
+        resume = f"`{command}{window}`, with the other options it was started with, resumes it"
+        if beside:
+            return f"stopped at {done}, beside the fit above (which readers read until it is complete): {resume}; --refit starts it over"
+        return f"stopped at {done}: {resume}"
+    if beside:  # complete, and its swap was stopped before it began
+        return "complete, not yet in the fit's place (its move was stopped): the next `tokdyn fit` of the run moves it there"
+    how = ", ".join(filter(None, [f"{_number(g['rows'])} rows" + (f" (axis >= {g['axis_min']:g})" if window else ""),
+                                  f"{_number(g['blocks'])} blocks",
+                                  " on ".join(str(v) for v in (g["backend"], g["device"]) if v is not None),
+                                  f"{g['seconds']:.1f} s" if is_real(g["seconds"]) else "",
+                                  f"finished {g['finished']}" if isinstance(g["finished"], str) else ""]))  # fmt: skip
+    if not g["current"]:
+        return f"complete but stale, made on {_number(g['n_committed'])} committed rows: `{command}{window} --refit` fits the rows since ({how})"
+    return f"complete: {how}"
+
+
+def _number(value) -> str:
+    """A count from a fit's record (any JSON value where the record is damaged) for a line."""
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else one_line(value, 20)
 
 
 def _count(value) -> str:

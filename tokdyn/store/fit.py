@@ -50,7 +50,7 @@ from .._checks import is_int
 from .._text import one_line
 from .._version import __version__, build
 from ..errors import InputError, StoreError
-from .locks import KeyLock, remove_stale_partials
+from .locks import KeyLock, owner_state, remove_stale_partials
 from .schema import NOT_DAMAGE, compressor, damage, has_keys, join, jsonable, position_crc, utc_now
 
 if TYPE_CHECKING:
@@ -122,6 +122,55 @@ class FitResults:
         """The record of a refit written beside the fit and not yet swapped in (``fit_next``: a
         refit running, or one stopped, which a fit on its inputs resumes); {} when there is none."""
         return _meta_of(self._staged())
+
+    def summary(self) -> dict:
+        """Where the run's fit stands, as ``tokdyn info`` shows it (JSON values):
+
+        - ``fit``: the fit readers read (None: none); ``refit``: a refit written beside it and
+          not yet in its place (None: none). Each is :func:`_state` of its group: ``complete``,
+          ``current`` (complete and made on the run's committed rows), ``rows`` fitted of
+          ``n_committed``, ``blocks_done`` of ``blocks``, ``axis_min``, ``backend``,
+          ``device``, ``seconds``, ``created``, ``finished``, ``tokdyn_version``; or
+          ``{"error": ...}`` where its record or its done flags cannot be read.
+        - ``lock``: the holder of the fit lock (``pid``, ``host``, ``since``, and ``state``:
+          ``alive``, ``unknown`` on another machine, ``dead`` for a fit that was killed: the next
+          fit takes its lock over), None when there is no lock.
+
+        Reads each group's record and its done flags (one byte per block): a few small reads."""
+        run, lock = self._run, self._holder()
+        try:
+            g = self._group()
+        except StoreError as exc:
+            g, fit = None, {"error": str(exc)}
+        else:
+            fit = _state(run, g) if _meta_of(g) else None
+            # a fit group without its record (no zarr.json, or none naming a fit), and no live fit
+            # making it: damaged, or a fit killed while it created the group (the record is
+            # written last). Readers take the run as not fitted; "none" would hide what is there.
+            running = lock is not None and lock["state"] != "dead"
+            if fit is None and not running and has_keys(run._group.store, join(run._group.path, GROUP) + "/"):
+                fit = {"error": f"the fit group holds no fit record ({GROUP}/zarr.json damaged, or a fit killed while it "
+                                "created the group): readers take the run as not fitted, and `tokdyn fit` fits it again"}  # fmt: skip
+        # a refit beside the fit; not when it is the fit readers read (a move cut short after it
+        # removed the old fit's record) or a copy already in place whose source is not yet removed.
+        # A group with no record (its creation cut short) is no fit, as readers take it.
+        staged = self._staged()
+        staged_meta = _meta_of(staged)
+        beside = bool(staged_meta) and staged_meta.get("fit_id") != _meta_of(g).get("fit_id")
+        return {"fit": fit, "refit": _state(run, staged) if beside else None, "lock": lock}
+
+    def _lock(self) -> KeyLock:
+        """The run's fit lock, held by the process running a fit."""
+        run = self._run
+        return KeyLock(run._group.store, join(run._group.path, *LOCK_KEY), what=f"the fit of run {run.name!r}",
+                       if_gone="delete the key commits/fit.lock of the run and try again")  # fmt: skip
+
+    def _holder(self) -> dict | None:
+        """The fit lock's holder with its ``state`` (:func:`owner_state`); None when unheld."""
+        holder = self._lock().holder()
+        if holder is None:
+            return None
+        return {**{k: holder.get(k) for k in ("pid", "host", "since")}, "state": owner_state(holder)}
 
     @contextlib.contextmanager
     def unchanged(self) -> Iterator[dict]:
@@ -357,8 +406,7 @@ class FitWriter:
     def __init__(self, results: FitResults, inputs: dict, fields: dict, *, n_blocks: int, refit: bool, labels: dict) -> None:
         run = results._run
         self.results = results
-        self._lock = KeyLock(run._group.store, join(run._group.path, *LOCK_KEY), what=f"the fit of run {run.name!r}",
-                             if_gone="delete the key commits/fit.lock of the run and try again")  # fmt: skip
+        self._lock = results._lock()
         self._name = GROUP  # the group this fit writes: fit, or fit_next for a refit of a complete fit
         if self._lock.claim() != "self":  # no live fit: clear what a killed one left
             remove_stale_partials(run._group.store, run._group.path,
@@ -637,6 +685,31 @@ def _meta_of(g: zarr.Group | None) -> dict:
     """``attrs["tokdyn_fit"]`` of fit group ``g`` ({} when there is none)."""
     meta = g.attrs.get(META) if g is not None else None
     return dict(meta) if isinstance(meta, Mapping) else {}
+
+
+def _state(run: "Run", g: zarr.Group) -> dict:
+    """What :meth:`FitResults.summary` says of fit group ``g``. Values are the record's, as
+    stored (a damaged record's may be of any JSON type: a reader of them checks)."""
+    meta = _meta_of(g)
+    block = meta.get("block_tokens")
+    if not is_int(block) or block <= 0:
+        return {"error": f"the fit's record is damaged (block_tokens {_value_text(block)})"}
+    rows = meta.get("rows")
+    out = {
+        "complete": meta.get("complete") is True,
+        "current": meta.get("complete") is True and meta.get("n_committed") == run.n_committed,
+        "rows": len(rows) if isinstance(rows, list) else None,
+        **{k: meta.get(k) for k in ("n_committed", "axis_min", "backend", "device", "seconds", "created", "finished",
+                                    "tokdyn_version")},  # fmt: skip
+        "blocks": -(-run.n_tokens // block),
+    }
+    try:
+        done = np.asarray(g["done"][...])
+    except NOT_DAMAGE:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a missing or undecodable done array: the fit is damaged
+        return {**out, "error": f"its done flags cannot be read: {damage(exc)}"}
+    return {**out, "blocks_done": int(np.count_nonzero(done))}
 
 
 def made_on(meta: Mapping, inputs: Mapping) -> bool:

@@ -399,6 +399,7 @@ class Run:
             "axis_values": self._read_coord("axis_value", k).tolist(),
             "nonfinite_losses": nonfinite,
             "attrs": {k: v for k, v in self.attrs.items() if k not in ("writers", "integrity")},
+            "fit": self.fit.summary(),
         }
 
     def writer(self, *, writer: int = 0, resume: bool = False) -> "RunWriter":
