@@ -446,6 +446,8 @@ def test_a_model_declaring_fewer_positions_than_the_probe_is_refused_before_the_
                                          r"context of 32 tokens") as info:  # fmt: skip
         TokenLossRecorder(model, _probe(context=32), str(store), "r", schedule=[0])
     _one_line(info.value)
+    # the field as the model's config spells it (GPT-2's n_positions, not the alias HF reads it by)
+    assert f"({field if field.startswith('config.') else 'config.' + field})" in str(info.value)
     assert not store.exists()  # refused before the store was made
 
 

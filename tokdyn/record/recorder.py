@@ -260,13 +260,18 @@ def model_positions(model: torch.nn.Module) -> tuple[int, str] | None:
     if (type(cfg).__module__, type(cfg).__name__) == ("tokdyn.model", "GPTConfig"):  # the tiny GPT (never imported here)
         return int(cfg.context), "config.context"  # its position table has `context` rows
     found = []
+    try:  # Hugging Face's aliases (GPT-2's max_position_embeddings reads n_positions): named as the config spells it
+        aliases = dict(getattr(cfg, "attribute_map", None) or {})
+    except Exception:  # noqa: BLE001 - a config object of any kind: no aliases it can give
+        aliases = {}
     for name in POSITION_FIELDS:
         try:
             value = cfg.get(name) if isinstance(cfg, Mapping) else getattr(cfg, name, None)
         except Exception:  # noqa: BLE001 - a config object of any kind: unreadable means undeclared
             continue
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0:
-            found.append((int(value), f"config.{name}"))
+            spelled = aliases.get(name, name)
+            found.append((int(value), f"config.{spelled if isinstance(spelled, str) else name}"))
     return min(found) if found else None
 
 
