@@ -229,3 +229,11 @@ def test_info_says_any_fit_record_in_lines_never_a_traceback(one_fit, capsys, ch
             shutil.rmtree(path)
         else:
             (path / "zarr.json").write_text(text)
+
+
+def test_a_fit_of_one_block_is_one_block(tmp_path, capsys):
+    url = tmp_path / "s.zarr"
+    store = make_store(url, planted(40)[0])  # one chunk of tokens: one fit block
+    fit_run(store.run("r"), backend="numpy", scheduler="sync", progress=False)
+    rc, lines, _ = _info(url, capsys)
+    assert rc == 0 and ", 1 block, numpy, " in lines[0]

@@ -114,7 +114,8 @@ def _fit_state(g: dict, command: str, running: bool, by: str, *, beside: bool = 
         return f"ERROR: {g['error']}"
     window = g["axis_min"]
     window = f" --axis-min {window:g}" if is_real(window) else ""
-    done = f"{_number(g['blocks_done'])} of {_number(g['blocks'])} blocks"
+    blocks = f"{_number(g['blocks'])} block{'s' * (g['blocks'] != 1)}"
+    done = f"{_number(g['blocks_done'])} of {blocks}"
     if not g["complete"]:
         if running:
             return f"being {'re' * beside}fitted by {by}: {done} done"
@@ -125,7 +126,7 @@ def _fit_state(g: dict, command: str, running: bool, by: str, *, beside: bool = 
     if beside:  # complete, and its swap was stopped before it began
         return "complete, not yet in the fit's place (its move was stopped): the next `tokdyn fit` of the run moves it there"
     how = ", ".join(filter(None, [f"{_number(g['rows'])} rows" + (f" (axis >= {g['axis_min']:g})" if window else ""),
-                                  f"{_number(g['blocks'])} blocks",
+                                  blocks,
                                   " on ".join(str(v) for v in (g["backend"], g["device"]) if v is not None),
                                   f"{g['seconds']:.1f} s" if is_real(g["seconds"]) else "",
                                   f"finished {g['finished']}" if isinstance(g["finished"], str) else ""]))  # fmt: skip
