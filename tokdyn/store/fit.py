@@ -114,8 +114,7 @@ class FitResults:
     @property
     def complete(self) -> bool:
         """Whether a fit finished and still matches the run's committed rows."""
-        meta = self.meta
-        return bool(meta.get("complete")) and meta.get("n_committed") == self._run.n_committed
+        return _current(self.meta, self._run)
 
     @property
     def staged_meta(self) -> dict:
@@ -687,6 +686,11 @@ def _meta_of(g: zarr.Group | None) -> dict:
     return dict(meta) if isinstance(meta, Mapping) else {}
 
 
+def _current(meta: Mapping, run: "Run") -> bool:
+    """Whether the fit of record ``meta`` is complete and made on ``run``'s committed rows."""
+    return bool(meta.get("complete")) and meta.get("n_committed") == run.n_committed
+
+
 def _state(run: "Run", g: zarr.Group) -> dict:
     """What :meth:`FitResults.summary` says of fit group ``g``. Values are the record's, as
     stored (a damaged record's may be of any JSON type: a reader of them checks)."""
@@ -696,8 +700,8 @@ def _state(run: "Run", g: zarr.Group) -> dict:
         return {"error": f"the fit's record is damaged (block_tokens {_value_text(block)})"}
     rows = meta.get("rows")
     out = {
-        "complete": meta.get("complete") is True,
-        "current": meta.get("complete") is True and meta.get("n_committed") == run.n_committed,
+        "complete": bool(meta.get("complete")),
+        "current": _current(meta, run),
         "rows": len(rows) if isinstance(rows, list) else None,
         **{k: meta.get(k) for k in ("n_committed", "axis_min", "backend", "device", "seconds", "created", "finished",
                                     "tokdyn_version")},  # fmt: skip
