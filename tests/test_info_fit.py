@@ -4,6 +4,7 @@ there (it is run here and must do what the line says)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
@@ -18,6 +19,7 @@ import tokdyn
 from test_store_fit import STEPS, _interrupt_at, make_store, planted
 from tokdyn.cli import main
 from tokdyn.fit import job as fitjob
+from tokdyn.fit import FitOptions
 from tokdyn.fit.job import fit_run, read_fit
 from tokdyn.store import fit as fitstore
 
@@ -77,24 +79,103 @@ def test_a_complete_fit_is_summarised_from_its_record(fitted, capsys):
     assert lines[0].startswith(f"fit   complete: {rows} rows, 5 blocks, numpy, ") and meta["finished"] in lines[0]
 
 
-def test_a_stopped_fit_and_the_command_that_resumes_it(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("options, flags", [
+    ({}, ""),
+    ({"two_step": False, "min_points": 8}, " --min-points 8 --no-two-step"),
+    ({"vocab_size": 1000}, " --vocab-size 1000"),
+])  # fmt: skip
+def test_a_stopped_fit_and_the_command_that_resumes_it(tmp_path, monkeypatch, capsys, options, flags):
+    """The command is whole: the window and every option the fit was started with (a plain
+    `tokdyn fit` of a fit made with --no-two-step is refused: other options)."""
     url = tmp_path / "s.zarr"
     store = make_store(url, planted(N)[0], token_chunk=CHUNK)
     real = _interrupt_at(monkeypatch, 3)  # two blocks written, stopped in the third
     with pytest.raises(KeyboardInterrupt):
-        fit_run(store.run("r"), axis_min=10, backend="numpy", scheduler="sync", progress=False)
+        fit_run(store.run("r"), options=FitOptions(**options), axis_min=10, backend="numpy", scheduler="sync", progress=False)
     monkeypatch.setattr(fitjob, "fit_block", real)
     f = _summary(url)["fit"]
     assert (f["complete"], f["blocks_done"], f["blocks"], f["axis_min"]) == (False, 2, 5, 10)
+    assert f["options"] == dataclasses.asdict(FitOptions(**options))
     rc, lines, _ = _info(url, capsys)
-    assert rc == 0 and len(lines) == 1 and lines[0].startswith("fit   stopped at 2 of 5 blocks: ")
-    assert f"`tokdyn fit {url} --run r --axis-min 10`" in lines[0]  # the window it was started with
+    assert rc == 0 and lines == [f"fit   stopped at 2 of 5 blocks: `tokdyn fit {url} --run r --axis-min 10{flags}` resumes it"]
     calls = {"n": 0}
     monkeypatch.setattr(fitjob, "fit_block", lambda *a, **k: (calls.__setitem__("n", calls["n"] + 1), real(*a, **k))[1])
     assert _run_named(lines[0], capsys) == 0
     assert calls["n"] == 3  # resumed: only the blocks not done
     f = _summary(url)["fit"]
     assert f["complete"] and f["current"] and f["blocks_done"] == 5
+    assert f["options"] == dataclasses.asdict(FitOptions(**options))
+
+
+def test_a_stopped_fit_with_options_no_flag_sets_names_them(tmp_path, monkeypatch, capsys):
+    """A fit started in Python with an option the command line does not set: info names it (no
+    `tokdyn fit` resumes that fit), and `tokdyn fit` itself names the options that differ."""
+    url = tmp_path / "s.zarr"
+    store = make_store(url, planted(N)[0], token_chunk=CHUNK)
+    real = _interrupt_at(monkeypatch, 3)
+    options = FitOptions(max_iter=50, two_step=False)
+    with pytest.raises(KeyboardInterrupt):
+        fit_run(store.run("r"), options=options, backend="numpy", scheduler="sync", progress=False)
+    monkeypatch.setattr(fitjob, "fit_block", real)
+    rc, lines, _ = _info(url, capsys)
+    assert rc == 0 and lines == [f"fit   stopped at 2 of 5 blocks: made with options set in Python (max_iter=50): fit_run with "
+                                 f"them resumes it; `tokdyn fit {url} --run r --no-two-step --refit` starts it over"]  # fmt: skip
+    assert main(["fit", str(url), "--run", "r", "--scheduler", "sync", "--no-progress", "--no-two-step"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "other options (max_iter 50 then, 100 now);" in err, err
+    assert fit_run(store.run("r"), options=options, backend="numpy", scheduler="sync", progress=False).blocks_fitted == 3
+    assert _run_named(lines[0], capsys) == 0  # the named refit, with the command line's options
+    f = _summary(url)["fit"]
+    assert f["complete"] and f["options"] == dataclasses.asdict(FitOptions(two_step=False))
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda m: m["options"].update(future_option=1), "other options (future_option 1 then, none now); pass the options"),
+    (lambda m: m["options"].update(min_points="8\n"), "other options (min_points '8\\n' then, 6 now); pass the options"),
+    (lambda m: m["fields"].pop("mu"), "other result fields (another tokdyn version's); pass refit=True (--refit)"),
+])  # fmt: skip
+def test_a_fit_on_other_inputs_is_refused_naming_what_differs(tmp_path, monkeypatch, capsys, change, said):
+    """A stopped fit whose record differs from this fit's inputs (a fit made by other code) is
+    refused in one line naming the difference (docs/fitting.md: "the error names what differs")."""
+    url = tmp_path / "s.zarr"
+    store = make_store(url, planted(N)[0], token_chunk=CHUNK)
+    _interrupt_at(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        fit_run(store.run("r"), backend="numpy", scheduler="sync", progress=False)
+    monkeypatch.undo()
+    path = url / "runs" / "r" / "fit" / "zarr.json"
+    meta = json.loads(path.read_text())
+    change(meta["attributes"]["tokdyn_fit"])
+    path.write_text(json.dumps(meta))
+    assert main(["fit", str(url), "--run", "r", "--backend", "numpy", "--scheduler", "sync", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"run 'r' already has a fit made with {said}" in err, err
+
+
+@settings(max_examples=80, deadline=None)
+@given(two_step=st.booleans(), min_points=st.integers(5, 10**6), vocab=st.none() | st.integers(2, 10**6),
+       probe_vocab=st.none() | st.integers(2, 10**6), max_iter=st.none() | st.integers(1, 1000))
+def test_fit_flags_give_back_the_options(two_step, min_points, vocab, probe_vocab, max_iter):
+    """fit_flags is the inverse of the command line: its flags, parsed by `tokdyn fit`'s own
+    parser and completed as fit_run completes them (the probe's vocabulary), give the options
+    back; an option no flag sets is returned, never dropped."""
+    from tokdyn.cli import build_parser
+    from tokdyn.cli.fit import _options, fit_flags
+
+    given_ = dict(two_step=two_step, min_points=min_points, vocab_size=vocab)
+    if max_iter is not None:
+        given_["max_iter"] = max_iter
+    made = FitOptions(**given_)
+    if made.vocab_size is None and probe_vocab:
+        made = dataclasses.replace(made, vocab_size=probe_vocab)  # what fit_run stores
+    flags, python = fit_flags(dataclasses.asdict(made), probe_vocab)
+    args = build_parser().parse_args(["fit", "s.zarr", *shlex.split(flags)])
+    got = _options(args)
+    if got.vocab_size is None and probe_vocab:
+        got = dataclasses.replace(got, vocab_size=probe_vocab)
+    got = dataclasses.replace(got, **python)
+    assert got == made
+    assert set(python) == ({"max_iter"} if max_iter not in (None, FitOptions().max_iter) else set())
 
 
 def test_a_stopped_refit_beside_the_fit_and_the_command_that_resumes_it(fitted, monkeypatch, capsys):
@@ -117,16 +198,20 @@ def test_a_stopped_refit_beside_the_fit_and_the_command_that_resumes_it(fitted, 
     assert got["refit"] is None and got["fit"]["axis_min"] == 10 and got["fit"]["current"]
 
 
-def test_a_stale_fit_names_the_refit_that_fits_the_new_rows(fitted, capsys):
-    tokdyn.open_store(fitted).run("r").writer(resume=True).append(planted(N, seed=1)[0][:, -1], step=int(STEPS[-1]) * 2)
-    f = _summary(fitted)["fit"]
+@pytest.mark.parametrize("options, flags", [({}, ""), ({"two_step": False}, " --no-two-step")])
+def test_a_stale_fit_names_the_refit_that_fits_the_new_rows(tmp_path, capsys, options, flags):
+    url = tmp_path / "s.zarr"
+    store = make_store(url, planted(N)[0], token_chunk=CHUNK)
+    fit_run(store.run("r"), options=FitOptions(**options), backend="numpy", scheduler="sync", progress=False)
+    tokdyn.open_store(url).run("r").writer(resume=True).append(planted(N, seed=1)[0][:, -1], step=int(STEPS[-1]) * 2)
+    f = _summary(url)["fit"]
     assert f["complete"] and not f["current"] and f["n_committed"] == len(STEPS)
-    rc, lines, _ = _info(fitted, capsys)
+    rc, lines, _ = _info(url, capsys)
     assert rc == 0 and lines[0].startswith(f"fit   complete but stale, made on {len(STEPS)} committed rows: ")
-    assert "--refit`" in lines[0]
+    assert f"`tokdyn fit {url} --run r{flags} --refit` fits the rows since (" in lines[0]  # with the fit's own options
     assert _run_named(lines[0], capsys) == 0
-    f = _summary(fitted)["fit"]
-    assert f["current"] and f["n_committed"] == len(STEPS) + 1
+    f = _summary(url)["fit"]
+    assert f["current"] and f["n_committed"] == len(STEPS) + 1 and f["options"]["two_step"] == (not flags)
 
 
 def test_a_fit_being_written_names_its_process(fitted, capsys):
@@ -194,7 +279,7 @@ def test_a_damaged_fit_is_one_line_and_exit_1(fitted, capsys, damage):
 _JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
                      | st.text(max_size=30), lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
                      max_leaves=6)  # fmt: skip
-_KEYS = ["complete", "n_committed", "rows", "axis_min", "backend", "device", "seconds", "created", "finished",
+_KEYS = ["complete", "n_committed", "rows", "axis_min", "options", "backend", "device", "seconds", "created", "finished",
          "tokdyn_version", "block_tokens", "fit_id"]  # fmt: skip
 
 

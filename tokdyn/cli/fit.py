@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+from collections.abc import Mapping
+from typing import Any
 
+from .._checks import is_int
 from ..fit import FitOptions, fit_run
 from ..fit.models import unfit_reasons
 from ..errors import InputError
@@ -94,3 +98,28 @@ def _options(args: argparse.Namespace) -> FitOptions:
             raise InputError(f"{option} {value}: {why}") from None
         given[name] = value
     return FitOptions(two_step=not args.no_two_step, **given)
+
+
+def fit_flags(options: Any, vocab_size: Any = None) -> tuple[str, dict]:
+    """What a fit made with ``options`` (its record's: any JSON value where it is damaged) takes
+    on the command line: the flags of ``tokdyn fit`` that give those options (`` --no-two-step
+    --min-points 8``), and the options no flag sets, where they are not a plain ``tokdyn fit``'s
+    (name -> value: options set in Python). ``vocab_size`` is the probe's tokenizer's, which a
+    plain fit takes (:func:`~tokdyn.fit.job.fit_run`). The inverse of :func:`_options`."""
+    plain = dataclasses.asdict(FitOptions())
+    if is_int(vocab_size) and vocab_size > 0:
+        plain["vocab_size"] = int(vocab_size)
+    stored = options if isinstance(options, Mapping) else {}
+    flags, others = [], {}
+    for name in sorted({str(k) for k in stored} | set(plain)):
+        value = stored.get(name)
+        if value == plain.get(name):  # as the fit's writer compares them to resume it
+            continue
+        if name == "two_step" and value is False:
+            flags.append("--no-two-step")
+        elif name in ("min_points", "vocab_size") and is_int(value):
+            flags.append(f"--{name.replace('_', '-')} {int(value)}")
+        else:
+            others[name] = value
+    return "".join(f" {f}" for f in flags), others
+

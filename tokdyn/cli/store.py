@@ -12,6 +12,7 @@ from .._text import one_line, visible
 from ..errors import InputError, StoreError
 from ..interchange import export_npz, import_npz
 from ..store import LOSS_DTYPES
+from .fit import fit_flags
 from ._common import add_run_argument, add_store_argument, open_cli_run, open_cli_store, print_json, store_path
 
 
@@ -76,7 +77,8 @@ def _info(args: argparse.Namespace) -> int:
         params = _count(r["attrs"].get("n_params_non_embedding"))
         params = f", {params} non-emb params" if params else ""
         print(f"run {_shown(name):<12} axis {r['axis']}  {r['shape'][0]:,} x {r['shape'][1]:,} {r['dtype']}  {span}{params}{extra}")
-        for line in _fit_lines(f"tokdyn fit {shlex.quote(args.store)} --run {shlex.quote(name)}", r["fit"]):
+        command = f"tokdyn fit {shlex.quote(args.store)} --run {shlex.quote(name)}"
+        for line in _fit_lines(command, r["fit"], p["tokenizer"].get("vocab_size")):
             print(f"    {visible(line)}")
     unreadable = sorted(name for name, r in info["runs"].items() if "error" not in r and _fit_error(r["fit"]))
     if damaged or unreadable:
@@ -92,9 +94,10 @@ def _fit_error(fit: dict) -> bool:
     return any(isinstance(fit.get(k), dict) and "error" in fit[k] for k in ("fit", "refit"))
 
 
-def _fit_lines(command: str, fit: dict) -> list[str]:
+def _fit_lines(command: str, fit: dict, vocab_size=None) -> list[str]:
     """What info says of a run's fit (``run.fit.summary()``): the fit readers read, and a refit
-    beside it; each with the command that goes on from where it stands."""
+    beside it; each with the command that goes on from where it stands (``vocab_size``: the
+    probe's tokenizer's, which a plain ``tokdyn fit`` takes)."""
     lock = fit["lock"]
     running = lock is not None and lock["state"] in ("alive", "unknown", "self")
     by = (f"process {lock['pid']} on {lock['host']}" + (f", since {lock['since']}" if lock.get("since") else "")
@@ -102,27 +105,31 @@ def _fit_lines(command: str, fit: dict) -> list[str]:
     current, refit = fit["fit"], fit["refit"]
     if current is None:
         return [f"fit   being started by {by}" if running else f"fit   none: `{command}` fits it"]
-    lines = [f"fit   {_fit_state(current, command, running and refit is None, by)}"]
+    lines = [f"fit   {_fit_state(current, command, vocab_size, running and refit is None, by)}"]
     if refit is not None:
-        lines.append(f"refit {_fit_state(refit, command, running, by, beside=True)}")
+        lines.append(f"refit {_fit_state(refit, command, vocab_size, running, by, beside=True)}")
     return lines
 
 
-def _fit_state(g: dict, command: str, running: bool, by: str, *, beside: bool = False) -> str:
+def _fit_state(g: dict, command: str, vocab_size, running: bool, by: str, *, beside: bool = False) -> str:
     """One fit group's state (:func:`tokdyn.store.fit._state`) as info says it."""
     if "error" in g:
         return f"ERROR: {g['error']}"
     window = g["axis_min"]
     window = f" --axis-min {window:g}" if is_real(window) else ""
+    flags, python = fit_flags(g["options"], vocab_size)
+    command += window + flags  # the fit's own window and options, as `tokdyn fit` takes them
+    python = ", ".join(f"{_shown(k)}={one_line(repr(v), 40)}" for k, v in python.items())  # options no flag sets
     blocks = f"{_number(g['blocks'])} block{'s' * (g['blocks'] != 1)}"
     done = f"{_number(g['blocks_done'])} of {blocks}"
     if not g["complete"]:
         if running:
             return f"being {'re' * beside}fitted by {by}: {done} done"
-        resume = f"`{command}{window}`, with the other options it was started with, resumes it"
+        resume = (f"`{command}` resumes it" if not python else
+                  f"made with options set in Python ({python}): fit_run with them resumes it")  # fmt: skip
         if beside:
             return f"stopped at {done}, beside the fit above (which readers read until it is complete): {resume}; --refit starts it over"
-        return f"stopped at {done}: {resume}"
+        return f"stopped at {done}: {resume}" + (f"; `{command} --refit` starts it over" if python else "")
     if beside:  # complete, and its swap was stopped before it began
         return "complete, not yet in the fit's place (its move was stopped): the next `tokdyn fit` of the run moves it there"
     how = ", ".join(filter(None, [f"{_number(g['rows'])} rows" + (f" (axis >= {g['axis_min']:g})" if window else ""),
@@ -131,7 +138,8 @@ def _fit_state(g: dict, command: str, running: bool, by: str, *, beside: bool = 
                                   f"{g['seconds']:.1f} s" if is_real(g["seconds"]) else "",
                                   f"finished {g['finished']}" if isinstance(g["finished"], str) else ""]))  # fmt: skip
     if not g["current"]:
-        return f"complete but stale, made on {_number(g['n_committed'])} committed rows: `{command}{window} --refit` fits the rows since ({how})"
+        python = f", or fit_run with its options set in Python ({python}) and refit=True" if python else ""
+        return f"complete but stale, made on {_number(g['n_committed'])} committed rows: `{command} --refit` fits the rows since{python} ({how})"
     return f"complete: {how}"
 
 

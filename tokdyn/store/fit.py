@@ -128,8 +128,9 @@ class FitResults:
         - ``fit``: the fit readers read (None: none); ``refit``: a refit written beside it and
           not yet in its place (None: none). Each is :func:`_state` of its group: ``complete``,
           ``current`` (complete and made on the run's committed rows), ``rows`` fitted of
-          ``n_committed``, ``blocks_done`` of ``blocks``, ``axis_min``, ``backend``,
-          ``device``, ``seconds``, ``created``, ``finished``, ``tokdyn_version``; or
+          ``n_committed``, ``blocks_done`` of ``blocks``, ``axis_min``, ``options`` (the fit's
+          :class:`~tokdyn.fit.FitOptions` as stored), ``backend``, ``device``, ``seconds``,
+          ``created``, ``finished``, ``tokdyn_version``; or
           ``{"error": ...}`` where its record or its done flags cannot be read.
         - ``lock``: the holder of the fit lock (``pid``, ``host``, ``since``, and ``state``:
           ``alive``, ``unknown`` on another machine, ``dead`` for a fit that was killed: the next
@@ -509,7 +510,14 @@ class FitWriter:
                     f"pass that backend (--backend, --device) to resume it, or refit=True (--refit) to replace it"
                 )
             else:
-                what = "other options"
+                options = _differences(meta.get("options"), inputs.get("options"))
+                if options:
+                    raise StoreError(
+                        f"run {run.name!r} already has a fit made with other options ({options}); pass the options it "
+                        "was made with to resume it, or refit=True (--refit) to replace it"
+                    )
+                what = ("other result fields (another tokdyn version's)" if meta.get("fields") != fields
+                        else f"other inputs ({_differences(meta, inputs, inputs) or 'as stored'})")  # fmt: skip
             raise StoreError(f"run {run.name!r} already has a fit made with {what}; pass refit=True (--refit) to replace it")
         parent = run._group
         # A refit of a complete fit is written beside it (fit_next); any other fit replaces what
@@ -703,7 +711,7 @@ def _state(run: "Run", g: zarr.Group) -> dict:
         "complete": bool(meta.get("complete")),
         "current": _current(meta, run),
         "rows": len(rows) if isinstance(rows, list) else None,
-        **{k: meta.get(k) for k in ("n_committed", "axis_min", "backend", "device", "seconds", "created", "finished",
+        **{k: meta.get(k) for k in ("n_committed", "axis_min", "options", "backend", "device", "seconds", "created", "finished",
                                     "tokdyn_version")},  # fmt: skip
         "blocks": -(-run.n_tokens // block),
     }
@@ -747,11 +755,23 @@ async def _copy_keys(store, source: str, target: str, *, at_once: int = 16) -> N
     await copy(group_meta)
 
 
-def _value_text(v: Any) -> str:
-    """A stored number for a message (``none`` for None; anything else, damaged, as its repr)."""
+def _differences(then: Any, now: Mapping, keys: Iterable[str] | None = None) -> str:
+    """Where record ``then`` (stored: of any JSON type where damaged) differs from ``now``, in
+    ``keys`` (default: the keys of either), as ``min_points 8 then, 6 now; two_step False then,
+    True now``; "" where it does not."""
+    then, now = (d if isinstance(d, Mapping) else {} for d in (then, now))
+    keys = sorted({str(k) for k in (*then, *now)} if keys is None else keys)
+    return "; ".join(f"{one_line(k, 40)} {_value_text(then.get(k), 40)} then, {_value_text(now.get(k), 40)} now"
+                     for k in keys if then.get(k) != now.get(k))  # fmt: skip
+
+
+def _value_text(v: Any, limit: int | None = None) -> str:
+    """A stored number for a message (``none`` for None; anything else, damaged, as its repr,
+    cut to ``limit`` characters with an ellipsis)."""
     if v is None:
         return "none"
-    return f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else repr(v)
+    text = f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else repr(v)
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _fields(meta: Mapping, g: zarr.Group | None) -> list[str]:
