@@ -64,7 +64,7 @@ def answers(root: Path, tmp: Path, *, report: bool = False) -> dict[str, tuple]:
     # the first line tells blocks done and seconds, and a block whose done flag was damaged is
     # fitted again and said ("fitted again: ..."); then the classes found
     lines = [ln for ln in text.splitlines() if not ln.startswith("  fitted again: ")]
-    out["fit"] = (code, [re.sub(r"\d+ blocks fitted.*", "", lines[0]), *lines[1:]] if code == 0 and lines else text, err)
+    out["fit"] = (code, [re.sub(r"\d+ blocks? fitted.*", "", lines[0]), *lines[1:]] if code == 0 and lines else text, err)
     if report:
         code, _, err = run_command(["report", str(root), "--out", str(tmp / "report.html")])
         out["report"] = (code, None, err)

@@ -95,7 +95,7 @@ def test_a_resume_fits_again_a_done_block_whose_stored_results_are_damaged(pick,
         out = capsys.readouterr().out
         if changed:
             assert f"fitted again: 1 block marked done whose stored results were damaged (block {block})" in out, out
-        assert "1 blocks fitted, 2 already done" in out, out
+        assert "1 block fitted, 2 already done" in out, out
         _fields_equal(read_fit(tokdyn.open_store(store), "r"), expected)  # every reader reads it again
 
 

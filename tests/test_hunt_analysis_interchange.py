@@ -171,3 +171,18 @@ def test_a_float16_step_axis_imports_without_a_warning(tmp_path):
         warnings.simplefilter("error")  # an overflow in a cast was printed to the user
         import_npz(tmp_path / "a.npz", tmp_path / "s.zarr", run="r")
     assert np.array_equal(tokdyn.open_store(tmp_path / "s.zarr").run("r").steps, [1, 10, 100, 2048])
+
+
+def test_per_token_bytes_are_refused_with_what_to_do(tmp_path, capsys):
+    """numpy's bytes strings (`S`) are not the unicode strings the store holds: refused in one
+    line that says so, and the same labels as unicode are imported."""
+    from tokdyn.cli import main
+
+    base = dict(axis_values=np.array([1.0, 2.0]), loss_matrix=np.ones((2, 2), np.float32), axis_name=np.array(["T"]))
+    np.savez(tmp_path / "a.npz", **base, lab=np.array([b"ab0", b"ab1"]))
+    assert main(["import-npz", str(tmp_path / "a.npz"), str(tmp_path / "s.zarr")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unsupported dtype |S3" in err and "these are bytes: decode them, e.g. arr.astype(str)" in err
+    assert not (tmp_path / "s.zarr").exists()
+    np.savez(tmp_path / "b.npz", **base, lab=np.array([b"ab0", b"ab1"]).astype(str))
+    assert main(["import-npz", str(tmp_path / "b.npz"), str(tmp_path / "s.zarr")]) == 0

@@ -64,6 +64,30 @@ def test_an_unfitted_run_names_the_command_that_fits_it(tmp_path, capsys):
     assert tokdyn.open_store(url).run("r").fit.complete
 
 
+@pytest.mark.parametrize("rows", [0, 1, 4, 5, 6])
+def test_an_unfitted_run_with_few_rows_says_what_it_lacks(tmp_path, capsys, rows):
+    """Step 0 and rows + 1 more: info names a command only where it fits the run, and the
+    command it names fits it."""
+    url = tmp_path / "s.zarr"
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.arange(N, dtype=np.int32), "token_pos": np.ones(N, np.int32)})
+    w = tokdyn.open_store(url, probe, mode="w").create_run("r", capacity=8, token_chunk=CHUNK).writer()
+    for j, step in enumerate([0, 10, 100, 1000, 3000, 10_000, 30_000][: rows + 1]):
+        w.append(planted(N)[0][:, j], step=step)
+    rc, lines, _ = _info(url, capsys)
+    said = {0: "the run has 0 rows at a positive axis value (the rows a fit takes); a fit needs 5 at least: record more",
+            1: "the run has 1 row at a positive axis value (the rows a fit takes); a fit needs 5 at least: record more",
+            4: "the run has 4 rows at a positive axis value (the rows a fit takes); a fit needs 5 at least: record more",
+            5: "the run has 5 rows at a positive axis value (the rows a fit takes), fewer than a fit takes by default (6): "
+               f"`tokdyn fit {url} --run r --min-points 5` fits it",
+            6: f"`tokdyn fit {url} --run r` fits it"}  # fmt: skip
+    assert rc == 0 and lines == [f"fit   none: {said[rows]}"]
+    rc = main(["fit", str(url), "--backend", "numpy", "--scheduler", "sync", "--no-progress"])
+    assert (rc == 0) == (rows >= 6)  # a plain fit: refused with fewer rows
+    capsys.readouterr()
+    if rows == 5:
+        assert _run_named(lines[0], capsys) == 0 and _summary(url)["fit"]["complete"]
+
+
 def test_a_complete_fit_is_summarised_from_its_record(fitted, capsys):
     run = tokdyn.open_store(fitted, mode="r").run("r")
     meta = run.fit.meta
@@ -77,27 +101,30 @@ def test_a_complete_fit_is_summarised_from_its_record(fitted, capsys):
     rc, lines, _ = _info(fitted, capsys)
     assert rc == 0 and len(lines) == 1
     assert lines[0].startswith(f"fit   complete: {rows} rows, 5 blocks, numpy, ") and meta["finished"] in lines[0]
+    assert fit_run(tokdyn.open_store(fitted).run("r"), scheduler="sync", progress=False).blocks_fitted == 0
+    assert tokdyn.open_store(fitted, mode="r").run("r").fit.meta == meta  # a fit found done: its record as it was
 
 
-@pytest.mark.parametrize("options, flags", [
-    ({}, ""),
-    ({"two_step": False, "min_points": 8}, " --min-points 8 --no-two-step"),
-    ({"vocab_size": 1000}, " --vocab-size 1000"),
+@pytest.mark.parametrize("options, axis_min, flags", [
+    ({}, 10, " --axis-min 10"),
+    ({"two_step": False, "min_points": 8}, 10, " --axis-min 10 --min-points 8 --no-two-step"),
+    ({"vocab_size": 1000}, 1234.5678, " --axis-min 1234.5678 --vocab-size 1000"),  # not 1234.57: another window
+    ({}, -0.5, " --axis-min=-0.5"),
 ])  # fmt: skip
-def test_a_stopped_fit_and_the_command_that_resumes_it(tmp_path, monkeypatch, capsys, options, flags):
-    """The command is whole: the window and every option the fit was started with (a plain
-    `tokdyn fit` of a fit made with --no-two-step is refused: other options)."""
+def test_a_stopped_fit_and_the_command_that_resumes_it(tmp_path, monkeypatch, capsys, options, axis_min, flags):
+    """The command is whole: the window, to the last digit, and every option the fit was
+    started with (a plain `tokdyn fit` of a fit made with --no-two-step is refused: other options)."""
     url = tmp_path / "s.zarr"
     store = make_store(url, planted(N)[0], token_chunk=CHUNK)
     real = _interrupt_at(monkeypatch, 3)  # two blocks written, stopped in the third
     with pytest.raises(KeyboardInterrupt):
-        fit_run(store.run("r"), options=FitOptions(**options), axis_min=10, backend="numpy", scheduler="sync", progress=False)
+        fit_run(store.run("r"), options=FitOptions(**options), axis_min=axis_min, backend="numpy", scheduler="sync", progress=False)
     monkeypatch.setattr(fitjob, "fit_block", real)
     f = _summary(url)["fit"]
-    assert (f["complete"], f["blocks_done"], f["blocks"], f["axis_min"]) == (False, 2, 5, 10)
+    assert (f["complete"], f["blocks_done"], f["blocks"], f["axis_min"]) == (False, 2, 5, axis_min)
     assert f["options"] == dataclasses.asdict(FitOptions(**options))
     rc, lines, _ = _info(url, capsys)
-    assert rc == 0 and lines == [f"fit   stopped at 2 of 5 blocks: `tokdyn fit {url} --run r --axis-min 10{flags}` resumes it"]
+    assert rc == 0 and lines == [f"fit   stopped at 2 of 5 blocks: `tokdyn fit {url} --run r{flags}` resumes it"]
     calls = {"n": 0}
     monkeypatch.setattr(fitjob, "fit_block", lambda *a, **k: (calls.__setitem__("n", calls["n"] + 1), real(*a, **k))[1])
     assert _run_named(lines[0], capsys) == 0
@@ -255,25 +282,68 @@ def test_a_refit_whose_move_was_stopped_is_said_and_moved_by_the_next_fit(fitted
     assert not (fitted / "runs" / "r" / "fit_next").exists()
 
 
-@pytest.mark.parametrize("damage", ["record", "record gone", "done", "block_tokens"])
-def test_a_damaged_fit_is_one_line_and_exit_1(fitted, capsys, damage):
+@pytest.mark.parametrize("damage", ["record", "record gone", "block_tokens", "done of a stopped fit"])
+def test_a_damaged_fit_is_one_line_exit_1_and_the_command_it_names_mends_it(fitted, capsys, monkeypatch, damage):
     fit = fitted / "runs" / "r" / "fit"
     if damage == "record":
         (fit / "zarr.json").write_text("{not json")
     elif damage == "record gone":  # readers take the run as not fitted: info says it is damaged
         (fit / "zarr.json").unlink()
-    elif damage == "done":
-        for chunk in (fit / "done").rglob("c/*"):
-            if chunk.is_file():
-                chunk.write_bytes(b"\x00garbage")
-    else:
+    elif damage == "block_tokens":
         meta = json.loads((fit / "zarr.json").read_text())
         meta["attributes"]["tokdyn_fit"]["block_tokens"] = "many"
         (fit / "zarr.json").write_text(json.dumps(meta))
-    assert "error" in _summary(fitted)["fit"]
+    else:  # a stopped fit's done flags: which blocks to resume is unknown
+        _interrupt_at(monkeypatch, 3)
+        with pytest.raises(KeyboardInterrupt):
+            fit_run(tokdyn.open_store(fitted).run("r"), refit=True, backend="numpy", scheduler="sync", progress=False)
+        monkeypatch.undo()
+        fit = fitted / "runs" / "r" / "fit_next"
+        for chunk in (fit / "done").rglob("c/*"):
+            if chunk.is_file():
+                chunk.write_bytes(b"\x00garbage")
+    both = _summary(fitted)
+    assert any(isinstance(g, dict) and "error" in g for g in (both["fit"], both["refit"]))
     rc, lines, err = _info(fitted, capsys)
-    assert rc == 1 and len(lines) == 1 and lines[0].startswith("fit   ERROR: ")
+    assert rc == 1 and any(line.startswith(("fit   ERROR: ", "refit ERROR: ")) for line in lines), lines
     assert err.count("\n") == 1 and err.startswith("tokdyn info: error: the fit of 1 run(s) cannot be read: r")
+    assert main(["info", str(fitted), "--json"]) == 1  # the same exit code as the lines
+    capsys.readouterr()
+    assert _run_named(next(line for line in lines if "ERROR" in line), capsys) == 0  # the command it names
+    got = _summary(fitted)
+    assert got["fit"]["complete"] and got["fit"]["current"] and got["refit"] is None
+    assert read_fit(tokdyn.open_store(fitted, mode="r"), "r")["mu"].shape == (N,)  # readers read it
+
+
+@pytest.mark.parametrize("gone", ["mu", "crc"])
+def test_a_fit_array_gone_is_read_as_needing_the_refit_it_names(tmp_path, capsys, gone):
+    """A complete fit whose field (or checksums) folder is gone: a reader named `--repair`,
+    which refuses a missing array ("refit it"); it names the refit, with the fit's window and
+    options, and that refit mends it."""
+    url = tmp_path / "s.zarr"
+    store = make_store(url, planted(N)[0], token_chunk=CHUNK)
+    fit_run(store.run("r"), options=FitOptions(two_step=False), axis_min=10, backend="numpy", scheduler="sync", progress=False)
+    shutil.rmtree(url / "runs" / "r" / "fit" / gone)
+    with pytest.raises(tokdyn.StoreError) as exc:
+        read_fit(tokdyn.open_store(url, mode="r"), "r")
+    said = str(exc.value)
+    assert f"fit/{gone} cannot be read" in said and f"`tokdyn fit {url} --run r --axis-min 10 --no-two-step --refit`" in said, said
+    assert _run_named(said, capsys) == 0
+    f = _summary(url)["fit"]
+    assert f["complete"] and f["axis_min"] == 10 and f["options"]["two_step"] is False
+    assert read_fit(tokdyn.open_store(url, mode="r"), "r")["mu"].shape == (N,)
+
+
+def test_a_complete_fit_whose_done_flags_are_damaged_reads_and_is_complete(fitted, capsys):
+    """No reader of a complete fit reads its done flags: info does not call it damaged."""
+    for chunk in (fitted / "runs" / "r" / "fit" / "done").rglob("c/*"):
+        if chunk.is_file():
+            chunk.write_bytes(b"\x00garbage")
+    f = _summary(fitted)["fit"]
+    assert f["complete"] and f["blocks_done"] is None
+    rc, lines, _ = _info(fitted, capsys)
+    assert rc == 0 and lines[0].startswith("fit   complete: ")
+    read_fit(tokdyn.open_store(fitted, mode="r"), "r")
 
 
 _JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
@@ -318,7 +388,9 @@ def test_info_says_any_fit_record_in_lines_never_a_traceback(one_fit, capsys, ch
 
 def test_a_fit_of_one_block_is_one_block(tmp_path, capsys):
     url = tmp_path / "s.zarr"
-    store = make_store(url, planted(40)[0])  # one chunk of tokens: one fit block
-    fit_run(store.run("r"), backend="numpy", scheduler="sync", progress=False)
+    make_store(url, planted(40)[0])  # one chunk of tokens: one fit block
+    assert main(["fit", str(url), "--backend", "numpy", "--scheduler", "sync", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert ", 1 block fitted, 0 already done, " in out and not re.search(r"\b1 tokens\b", out), out
     rc, lines, _ = _info(url, capsys)
     assert rc == 0 and ", 1 block, numpy, " in lines[0]

@@ -3,6 +3,7 @@ text that shows every character: one rule for the report's page and the commands
 
 from __future__ import annotations
 
+import shlex
 import unicodedata
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -69,3 +70,37 @@ def say(line: str) -> None:
     """Print a progress line whose paths and names are a user's: with every character visible (a
     newline in a folder's name printed a line of its own)."""
     print(visible(line))
+
+
+def exact(value) -> str:
+    """A number in the fewest digits that read back as it: ``10``, ``1234.5678``, ``1179648``
+    (``:g`` gives 1234.57 and 1.17965e+06: a command that passes one on, such as ``--axis-min``,
+    would pass another number)."""
+    v = float(value)
+    for digits in range(6, 17):
+        text = f"{v:.{digits}g}"
+        if float(text) == v:
+            return text
+    return f"{v:.17g}"
+
+
+def command_line(*words) -> str:
+    """A command as a shell line that gives each word back to it: each word quoted where the
+    shell would split or read it (:func:`shlex.quote`). A word ``(option, value)`` is written
+    ``option=value`` where the value begins with ``-``, which argparse would take for an option
+    (``--run -lr3e-4`` is refused); a positional word (a store) goes through :func:`positional`."""
+    out = []
+    for word in words:
+        if isinstance(word, tuple):
+            option, value = word[0], str(word[1])
+            out.append(f"{option}={shlex.quote(value)}" if value.startswith("-") else f"{option} {shlex.quote(value)}")
+        else:
+            out.append(shlex.quote(str(word)))
+    return " ".join(out)
+
+
+def positional(path) -> str:
+    """A path as a command's positional word: ``./-x.zarr`` for ``-x.zarr``, which argparse
+    would take for an option; anything else as it is."""
+    path = str(path)
+    return f"./{path}" if path.startswith("-") else path

@@ -20,11 +20,11 @@ from collections.abc import Sequence
 import json
 import math
 import os
-import shlex
 import warnings
 
 import numpy as np
 
+from ._text import command_line
 from .errors import InputError, ProbeMismatchError, RunExistsError, StoreError
 from .store import Run, TrajectoryStore, as_store
 
@@ -251,7 +251,7 @@ def _check_replaceable(st: TrajectoryStore, name: str, axis: str) -> None:
         return
     if what is not None:
         raise InputError(f"run {name!r} of {st.url} is {what}, which assembling axis {axis} would delete; give the axis "
-                         f"run another name, or delete that run first (tokdyn delete-run STORE --run {shlex.quote(name)}, or "
+                         f"run another name, or delete that run first ({command_line('tokdyn', 'delete-run', 'STORE', ('--run', name))}, or "
                          f"tokdyn.open_store(STORE, mode='r+').delete_run({name!r}))")  # fmt: skip
 
 

@@ -99,7 +99,8 @@ def _read_npz(path: str | os.PathLike, *, matrix: bool) -> dict[str, np.ndarray]
             raise InputError(f"per-token array {key!r} has shape {v.shape}; expected ({n},) like loss_matrix rows")
         if v.dtype.kind not in "iufbU" or (v.dtype.kind == "f" and v.dtype.itemsize > 8):
             raise InputError(f"per-token array {key!r} has unsupported dtype {v.dtype} (numbers of at most 64 bits, "
-                             "booleans or strings)")
+                             "booleans or unicode strings" + ("; these are bytes: decode them, e.g. arr.astype(str)" if v.dtype.kind == "S" else "")
+                             + ")")  # fmt: skip
         if not key.isidentifier() or key == "tokens":
             raise InputError(f"per-token array name {key!r} is not allowed (use a Python identifier other than 'tokens')")
     # the probe's own numbers: the analyses read them as integers (the same check as ProbeSet's)

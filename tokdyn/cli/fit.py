@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._checks import is_int
+from .._text import exact
 from ..fit import FitOptions, fit_run
 from ..fit.models import unfit_reasons
 from ..errors import InputError
@@ -50,8 +51,8 @@ def _fit(args: argparse.Namespace) -> int:
         print_json(res.summary())
         return 0
     print(f"fitted run {res.run!r}: {res.n_tokens:,} tokens on {res.n_points} points"
-          f"{'' if args.axis_min is None else f' (axis values >= {args.axis_min:g})'}, "
-          f"{res.blocks_fitted} blocks fitted, {res.blocks_resumed} already done, "
+          f"{'' if args.axis_min is None else f' (axis values >= {exact(args.axis_min)})'}, "
+          f"{res.blocks_fitted} block{'s' * (res.blocks_fitted != 1)} fitted, {res.blocks_resumed} already done, "
           f"{res.seconds:.1f} s ({res.backend}, {res.scheduler})")  # fmt: skip
     if res.blocks_repaired:  # a resume that found blocks marked done but damaged
         k = len(res.blocks_repaired)
@@ -66,7 +67,7 @@ def _fit(args: argparse.Namespace) -> int:
     total = sum(res.class_counts.values())
     drops = res.class_drops  # shares, or nats where they would mean nothing
     for name, count in sorted(res.class_counts.items(), key=lambda kv: -kv[1]):
-        print(f"  {name:<16} {count:>9,} tokens ({count / total:6.1%})  {drops.describe(name)}")
+        print(f"  {name:<16} {count:>9,} token{'s' * (count != 1)} ({count / total:6.1%})  {drops.describe(name)}")
         kinds = drops.multi_step_kinds_text() if name == "multi_step" else ""  # two drops, or a drop and a rise
         if kinds:
             print(f"    {kinds}")

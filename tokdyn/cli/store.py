@@ -4,14 +4,15 @@ losses.npz format, and removing a run."""
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 
 from .._checks import is_real
-from .._text import one_line, visible
+from .._text import command_line, exact, one_line, positional, visible
 from ..errors import InputError, StoreError
 from ..interchange import export_npz, import_npz
 from ..store import LOSS_DTYPES
+from ..fit import FitOptions
+from ..fit.options import MIN_FIT_POINTS
 from .fit import fit_flags
 from ._common import add_run_argument, add_store_argument, open_cli_run, open_cli_store, print_json, store_path
 
@@ -55,9 +56,10 @@ def _info(args: argparse.Namespace) -> int:
     """Exits 1 when a run cannot be read (it is listed with its error)."""
     info = open_cli_store(args.store).info()
     damaged = sorted(name for name, r in info["runs"].items() if "error" in r)
-    if args.json:
+    unreadable = sorted(name for name, r in info["runs"].items() if "error" not in r and _fit_error(r["fit"]))
+    if args.json:  # the same exit code as the lines: 1 where a run or its fit cannot be read
         print_json(info)
-        return 1 if damaged else 0
+        return 1 if damaged or unreadable else 0
     p = info["probe"]
     size = info["size_bytes"]
     print(f"store      {visible(info['url'])}")
@@ -77,10 +79,10 @@ def _info(args: argparse.Namespace) -> int:
         params = _count(r["attrs"].get("n_params_non_embedding"))
         params = f", {params} non-emb params" if params else ""
         print(f"run {_shown(name):<12} axis {r['axis']}  {r['shape'][0]:,} x {r['shape'][1]:,} {r['dtype']}  {span}{params}{extra}")
-        command = f"tokdyn fit {shlex.quote(args.store)} --run {shlex.quote(name)}"
-        for line in _fit_lines(command, r["fit"], p["tokenizer"].get("vocab_size")):
+        command = command_line("tokdyn", "fit", positional(args.store), ("--run", name))
+        fittable = sum(v > 0 for v in values)  # the rows a fit takes (step 0 has no place on a log axis)
+        for line in _fit_lines(command, r["fit"], r["shape"][0], fittable, p["tokenizer"].get("vocab_size")):
             print(f"    {visible(line)}")
-    unreadable = sorted(name for name, r in info["runs"].items() if "error" not in r and _fit_error(r["fit"]))
     if damaged or unreadable:
         what = [f"{len(damaged)} run(s) cannot be read: {', '.join(map(_shown, damaged))}"] if damaged else []
         what += [f"the fit of {len(unreadable)} run(s) cannot be read: {', '.join(map(_shown, unreadable))}"] if unreadable else []
@@ -94,29 +96,44 @@ def _fit_error(fit: dict) -> bool:
     return any(isinstance(fit.get(k), dict) and "error" in fit[k] for k in ("fit", "refit"))
 
 
-def _fit_lines(command: str, fit: dict, vocab_size=None) -> list[str]:
+def _fit_lines(command: str, fit: dict, committed: int, fittable: int, vocab_size=None) -> list[str]:
     """What info says of a run's fit (``run.fit.summary()``): the fit readers read, and a refit
-    beside it; each with the command that goes on from where it stands (``vocab_size``: the
+    beside it; each with the command that goes on from where it stands (``committed``: the
+    run's committed rows, ``fittable`` of them at a positive axis value; ``vocab_size``: the
     probe's tokenizer's, which a plain ``tokdyn fit`` takes)."""
     lock = fit["lock"]
     running = lock is not None and lock["state"] in ("alive", "unknown", "self")
-    by = (f"process {lock['pid']} on {lock['host']}" + (f", since {lock['since']}" if lock.get("since") else "")
+    host = lock["host"] if running and isinstance(lock.get("host"), str) else "a host it did not name"
+    by = (f"process {lock['pid']} on {host}" + (f", since {lock['since']}" if lock.get("since") else "")
           + (" (on another machine: it may have stopped)" if lock["state"] == "unknown" else "")) if running else ""  # fmt: skip
     current, refit = fit["fit"], fit["refit"]
     if current is None:
-        return [f"fit   being started by {by}" if running else f"fit   none: `{command}` fits it"]
-    lines = [f"fit   {_fit_state(current, command, vocab_size, running and refit is None, by)}"]
-    if refit is not None:
-        lines.append(f"refit {_fit_state(refit, command, vocab_size, running, by, beside=True)}")
+        return [f"fit   being started by {by}" if running else f"fit   none: {_unfitted(command, fittable)}"]
+    lines = [f"fit   {_fit_state(current, command, committed, vocab_size, running, by)}"]
+    if refit is not None:  # the lock's holder works on the fit while it is unfinished (a --repair), else on the refit
+        fit_done = "error" not in current and bool(current["complete"])
+        lines.append(f"refit {_fit_state(refit, command, committed, vocab_size, running and fit_done, by, beside=True)}")
     return lines
 
 
-def _fit_state(g: dict, command: str, vocab_size, running: bool, by: str, *, beside: bool = False) -> str:
+def _unfitted(command: str, rows: int) -> str:
+    """What fits a run that has no fit, with ``rows`` rows a fit takes: the command, or what the
+    run lacks (a fit needs min_points observed points)."""
+    least, default = MIN_FIT_POINTS, FitOptions().min_points
+    if rows >= default:
+        return f"`{command}` fits it"
+    has = f"{rows} row{'s' * (rows != 1)} at a positive axis value (the rows a fit takes)"
+    if rows >= least:
+        return f"the run has {has}, fewer than a fit takes by default ({default}): `{command} --min-points {rows}` fits it"
+    return f"the run has {has}; a fit needs {least} at least: record more"
+
+
+def _fit_state(g: dict, command: str, committed: int, vocab_size, running: bool, by: str, *, beside: bool = False) -> str:
     """One fit group's state (:func:`tokdyn.store.fit._state`) as info says it."""
-    if "error" in g:
-        return f"ERROR: {g['error']}"
+    if "error" in g:  # with what mends it, where the error does not say it
+        return f"ERROR: {g['error']}" + ("" if "`tokdyn fit" in g["error"] else f"; `{command} --refit` fits it again")
     window = g["axis_min"]
-    window = f" --axis-min {window:g}" if is_real(window) else ""
+    window = f" {command_line(('--axis-min', exact(window)))}" if is_real(window) else ""
     flags, python = fit_flags(g["options"], vocab_size)
     command += window + flags  # the fit's own window and options, as `tokdyn fit` takes them
     python = ", ".join(f"{_shown(k)}={one_line(repr(v), 40)}" for k, v in python.items())  # options no flag sets
@@ -124,15 +141,22 @@ def _fit_state(g: dict, command: str, vocab_size, running: bool, by: str, *, bes
     done = f"{_number(g['blocks_done'])} of {blocks}"
     if not g["complete"]:
         if running:
-            return f"being {'re' * beside}fitted by {by}: {done} done"
-        resume = (f"`{command}` resumes it" if not python else
-                  f"made with options set in Python ({python}): fit_run with them resumes it")  # fmt: skip
-        if beside:
-            return f"stopped at {done}, beside the fit above (which readers read until it is complete): {resume}; --refit starts it over"
-        return f"stopped at {done}: {resume}" + (f"; `{command} --refit` starts it over" if python else "")
+            return f"being {'written' if beside else 'fitted'} by {by}: {done} done"
+        # made on fewer rows than the run has now: a resume is refused (other rows), a refit covers them
+        stale = g["n_committed"] != committed
+        made = f", made on {_number(g['n_committed'])} of the run's {committed:,} committed rows" if stale else ""
+        where = ", beside the fit above (which readers read until it is complete)" if beside else ""
+        if python:  # no command line gives its options
+            go = (f"made with options set in Python ({python}): fit_run with them "
+                  f"{'and refit=True fits every row' if stale else 'resumes it'}; `{command} --refit` starts it over")  # fmt: skip
+        elif stale:
+            go = f"`{command} --refit` starts it over on every row"
+        else:
+            go = f"`{command}` resumes it" + ("; --refit starts it over" if beside else "")
+        return f"stopped at {done}{made}{where}: {go}"
     if beside:  # complete, and its swap was stopped before it began
         return "complete, not yet in the fit's place (its move was stopped): the next `tokdyn fit` of the run moves it there"
-    how = ", ".join(filter(None, [f"{_number(g['rows'])} rows" + (f" (axis >= {g['axis_min']:g})" if window else ""),
+    how = ", ".join(filter(None, [f"{_number(g['rows'])} rows" + (f" (axis >= {exact(g['axis_min'])})" if window else ""),
                                   blocks,
                                   " on ".join(str(v) for v in (g["backend"], g["device"]) if v is not None),
                                   f"{g['seconds']:.1f} s" if is_real(g["seconds"]) else "",

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from tokdyn._process import exit_with_parent, spawn_context, take_interrupts
-from tokdyn._text import one_line
+from tokdyn._text import exact, one_line
 from tokdyn._version import __version__
 from tokdyn._version import build as tokdyn_build
 from tokdyn.errors import ClusterError, InputError, StoreError
@@ -65,12 +65,12 @@ def fit_inputs(run: Run, *, axis_min: float | None = None, n_committed: int | No
         keep &= av >= lo
         if keep.sum() < 2:
             raise InputError(
-                f"run {run.name!r} has {int(keep.sum())} rows at axis values >= {lo:g} (its axis runs "
+                f"run {run.name!r} has {int(keep.sum())} row{'s' * (keep.sum() != 1)} at axis values >= {exact(lo)} (its axis runs "
                 f"{av.min():g} .. {av.max():g}); a fit needs more: lower axis_min (--axis-min)"
             )
     rows = np.flatnonzero(keep)
     if rows.size < 2:
-        raise InputError(f"run {run.name!r} has {rows.size} rows with a positive axis value; a fit needs more")
+        raise InputError(f"run {run.name!r} has {rows.size} row{'s' * (rows.size != 1)} with a positive axis value; a fit needs more")
     try:
         return rows, log_axis(av[rows])
     except InputError as exc:
@@ -90,7 +90,7 @@ def rows_left_out(run: Run, rows, *, axis_min: float | None = None, n_committed:
         return None
     parts = []
     for which, why in ((out & (av <= 0), "no place on a log axis"),
-                       (out & (av > 0), "before the fit window, --axis-min " + ("?" if axis_min is None else f"{axis_min:g}"))):
+                       (out & (av > 0), "before the fit window, --axis-min " + ("?" if axis_min is None else exact(axis_min)))):
         n = int(np.count_nonzero(which))
         if n:
             parts.append(f"{n:,} row{'s' * (n != 1)} at {_axis_span(run.axis, av[which])} ({why})")
@@ -261,7 +261,7 @@ def fit_run(
     if not isinstance(opts, FitOptions):
         raise InputError(f"options must be a FitOptions, got {type(opts).__name__}")
     if rows.size < opts.min_points:  # every token would be unfit (too_few_points), reported as a success
-        window = "" if axis_min is None else f" at axis values >= {axis_min:g}"
+        window = "" if axis_min is None else f" at axis values >= {exact(axis_min)}"
         raise InputError(
             f"run {run.name!r} has {rows.size} rows to fit{window}; a fit needs at least min_points={opts.min_points}"
             f" (--min-points, 5 at least){'' if axis_min is None else '; or lower axis_min (--axis-min)'}"
@@ -314,7 +314,8 @@ def fit_run(
                     task_args["store"] = st  # share the open store (and a memory:// one) with the threads
                 _run_tasks(todo, task_args, scheduler=scheduler, client=client, workers=workers, progress=progress)
             seconds = time.perf_counter() - t0
-            fw.finish(backend=backend, seconds=seconds)
+            if todo or not fw.complete:  # a fit found complete is left as it was (its finish time, its seconds)
+                fw.finish(backend=backend, seconds=seconds)
             # read under the fit lock: once it is released, a refit may replace these results
             # (the fit's own rows, also where a recorder appended more meanwhile: the next reader is told to refit)
             res = run.fit.read(fields=("status", "class_code", "drop", *TWO_EVENTS), current=False)

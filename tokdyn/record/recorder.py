@@ -24,7 +24,6 @@ import logging
 import os
 import queue
 import random
-import shlex
 import threading
 import time
 import warnings
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .._text import command_line
 from ..errors import InputError, RunExistsError, StepOrderError, StoreError, TokdynError, WriterError
 from ..probe import ProbeSet
 from ..runtime import count_parameters
@@ -453,7 +453,7 @@ class TokenLossRecorder:
                 empty = False
             # a recorder that failed at its first row (a model whose vocabulary is too small) left it
             left = (" with no committed row (a recorder that failed before its first?); pass resume=True to record "
-                    f"into it, or delete it: tokdyn delete-run {shlex.quote(store.url)} --run {shlex.quote(run)} (or "
+                    f"into it, or delete it: {command_line('tokdyn', 'delete-run', store.url, ('--run', run))} (or "
                     f"tokdyn.open_store({store.url!r}, mode='r+').delete_run({run!r}))") if empty else \
                 "; pass resume=True to continue it"  # fmt: skip
             raise RunExistsError(f"run {run!r} already exists in {store.url}{left}")

@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shlex
 import uuid
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -47,7 +46,7 @@ from zarr.core.sync import sync as zarr_sync
 from zarr.storage import LocalStore
 
 from .._checks import is_int
-from .._text import one_line
+from .._text import command_line, exact, one_line
 from .._version import __version__, build
 from ..errors import InputError, StoreError
 from .locks import KeyLock, owner_state, remove_stale_partials
@@ -149,8 +148,9 @@ class FitResults:
             # written last). Readers take the run as not fitted; "none" would hide what is there.
             running = lock is not None and lock["state"] != "dead"
             if fit is None and not running and has_keys(run._group.store, join(run._group.path, GROUP) + "/"):
+                command = command_line("tokdyn", "fit", run.store.url, ("--run", run.name))
                 fit = {"error": f"the fit group holds no fit record ({GROUP}/zarr.json damaged, or a fit killed while it "
-                                "created the group): readers take the run as not fitted, and `tokdyn fit` fits it again"}  # fmt: skip
+                                f"created the group): readers take the run as not fitted, and `{command}` fits it again"}  # fmt: skip
         # a refit beside the fit; not when it is the fit readers read (a move cut short after it
         # removed the old fit's record) or a copy already in place whose source is not yet removed.
         # A group with no record (its creation cut short) is no fit, as readers take it.
@@ -199,15 +199,13 @@ class FitResults:
         """:meth:`check` of the record ``meta``."""
         r = self._run
         if not meta:
-            raise StoreError(f"run {r.name!r} has not been fitted; run `tokdyn fit {r.store.url} --run {r.name}` first")
+            raise StoreError(f"run {r.name!r} has not been fitted; run `{command_line('tokdyn', 'fit', r.store.url, ('--run', r.name))}` first")
         if not meta.get("complete"):
             raise StoreError(f"the fit of run {r.name!r} is incomplete (interrupted?); run `tokdyn fit` again to finish it")
         if current and meta.get("n_committed") != r.n_committed:
-            window = meta.get("axis_min")  # the refit keeps the fit's window
-            window = f" --axis-min {window:g}" if isinstance(window, (int, float)) and not isinstance(window, bool) else ""
             raise StoreError(
                 f"the fit of run {r.name!r} was made on {meta.get('n_committed')} rows; the run now has {r.n_committed}. "
-                f"Refit it: `tokdyn fit {r.store.url} --run {r.name}{window} --refit`"
+                f"Refit it: `{self._refit_command(meta)}`"
             )
         return meta
 
@@ -265,13 +263,15 @@ class FitResults:
         b0, b1 = start // block, -(-stop // block)
         a0, a1 = b0 * block, min(n, b1 * block)
         try:  # a fit swapped in under this read (its group's path now holds the refit) is said as such, not as damage
-            crc = self._run._read(lambda: g["crc"], "fit/crc", hint=self._repair_hint())
+            crc = self._array(g, "crc", meta)
             if crc.shape != (-(-n // block), len(stored)):
-                raise StoreError(f"the fit of run {self._run.name!r}: fit/crc has shape {crc.shape}; the fit is damaged, refit it")
+                raise StoreError(f"the fit of run {self._run.name!r}: fit/crc has shape {crc.shape}; the fit is damaged, "
+                                 f"refit it: `{self._refit_command(meta)}`")  # fmt: skip
             committed = self._run._read(lambda: crc[b0:b1], "fit/crc", hint=self._repair_hint())
             out = {}
             for name in names:
-                values = self._run._read(lambda name=name: g[name][a0:a1], f"fit/{name}" + ("" if whole else f"[{a0}:{a1}]"),
+                array = self._array(g, name, meta)
+                values = self._run._read(lambda: array[a0:a1], f"fit/{name}" + ("" if whole else f"[{a0}:{a1}]"),
                                          hint=self._repair_hint())  # fmt: skip
                 f = stored.index(name)
                 for b, a in zip(range(b0, b1), range(0, a1 - a0, block)):
@@ -286,9 +286,35 @@ class FitResults:
             raise
         return out
 
+    def _array(self, g: zarr.Group, name: str, meta: Mapping) -> zarr.Array:
+        """Array ``name`` of fit group ``g``; one that is gone or whose metadata cannot be read is
+        a StoreError naming the refit (a repair fits blocks again into the arrays there are)."""
+        try:
+            array = g[name]
+        except NOT_DAMAGE:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a missing key, undecodable metadata
+            array, why = None, damage(exc)
+        else:
+            why = "it is not an array"
+        if not isinstance(array, zarr.Array):
+            raise StoreError(f"the fit of run {self._run.name!r} is damaged: fit/{name} cannot be read ({why}); "
+                             f"refit it: `{self._refit_command(meta)}`")  # fmt: skip
+        return array
+
+    def _refit_command(self, meta: Mapping) -> str:
+        """The command that refits the run with the window of the fit of record ``meta``, and
+        without the two-sigmoid fit where it was left out (info names every option: the store
+        does not know the command line's defaults)."""
+        window = meta.get("axis_min")
+        window = [("--axis-min", exact(window))] if isinstance(window, (int, float)) and not isinstance(window, bool) else []
+        options = meta.get("options")
+        two_step = ["--no-two-step"] if isinstance(options, Mapping) and options.get("two_step") is False else []
+        return command_line("tokdyn", "fit", self._run.store.url, ("--run", self._run.name), *window, *two_step, "--refit")
+
     def _repair_hint(self) -> str:
         """The command that fits a checksummed fit's damaged blocks again, shell-quoted."""
-        command = shlex.join(["tokdyn", "fit", self._run.store.url, "--run", self._run.name, "--repair"])
+        command = command_line("tokdyn", "fit", self._run.store.url, ("--run", self._run.name), "--repair")
         return f"Fit the damaged blocks again: `{command}` (or all of it: --refit)"
 
     def _salt(self, meta: Mapping) -> str | None:
@@ -480,7 +506,12 @@ class FitWriter:
             self._name = NEXT  # a refit that was stopped: resumed beside the fit it replaces
             self._check_arrays(fields, n_blocks)
             return
-        meta = self.results.meta
+        try:
+            meta = self.results.meta
+        except StoreError:  # the fit's metadata damaged: a refit is made in its place; a fit says so
+            if not refit:
+                raise
+            meta = {}
         unrecorded = _unrecorded(meta, inputs) if meta else []
         if meta and not meta.get("complete") and ("fit_id" not in meta or unrecorded):
             refit = True  # an unfinished fit of an earlier tokdyn (no checksums, or inputs it did not record): redone whole
@@ -561,7 +592,7 @@ class FitWriter:
             # rewriting one through it would scatter it over chunks the others do not use
             if not isinstance(arr, zarr.Array) or arr.shape != shape or np.dtype(arr.dtype) != dt or tuple(arr.chunks) != chunks:
                 raise StoreError(f"the fit of run {run.name!r} is damaged: fit/{name} is missing or is not a {dt} array of "
-                                 f"shape {shape} in chunks of {chunks}; refit it (`tokdyn fit --refit`)")  # fmt: skip
+                                 f"shape {shape} in chunks of {chunks}; refit it (`{self.results._refit_command(meta)}`)")  # fmt: skip
 
     def todo(self, *, verify: bool = False) -> tuple[list[int], list[int]]:
         """The blocks this fit must fit, and of them those it fits again: ``(todo, damaged)``.
@@ -661,6 +692,11 @@ class FitWriter:
             self._g().update_attributes({META: {**meta, "fitted_by": fitted_by}})
 
     @property
+    def complete(self) -> bool:
+        """Whether the fit being written is marked complete (a fit found done: nothing to write)."""
+        return bool(self._meta().get("complete"))
+
+    @property
     def fit_id(self) -> str | None:
         """The id of the fit being written (None: one made before fits had ids); workers pass it
         to :meth:`FitResults.write_block`."""
@@ -719,7 +755,9 @@ def _state(run: "Run", g: zarr.Group) -> dict:
         done = np.asarray(g["done"][...])
     except NOT_DAMAGE:
         raise
-    except Exception as exc:  # noqa: BLE001 - a missing or undecodable done array: the fit is damaged
+    except Exception as exc:  # noqa: BLE001 - a missing or undecodable done array
+        if out["complete"]:  # read by no reader of a complete fit, and rewritten by a refit
+            return {**out, "blocks_done": None}
         return {**out, "error": f"its done flags cannot be read: {damage(exc)}"}
     return {**out, "blocks_done": int(np.count_nonzero(done))}
 
@@ -770,7 +808,7 @@ def _value_text(v: Any, limit: int | None = None) -> str:
     cut to ``limit`` characters with an ellipsis)."""
     if v is None:
         return "none"
-    text = f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else repr(v)
+    text = (str(v) if isinstance(v, int) else exact(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else repr(v)
     return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 

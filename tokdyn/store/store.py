@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import stat
 import uuid
 import warnings
@@ -40,6 +39,7 @@ from zarr.core.group import GroupMetadata
 from zarr.core.sync import sync as zarr_sync
 from zarr.storage import LocalStore, StorePath
 
+from .._text import command_line
 from .._files import kind_of_mode, link_note, not_a_folder
 from .._version import __version__
 from ..errors import (
@@ -423,7 +423,7 @@ class TrajectoryStore:
         except KeyError:  # no group metadata: a creation killed while writing it leaves nothing else
             if has_keys(self._group.store, join(self._group.path, "runs", name) + "/"):
                 raise StoreError(f"run {name!r} in {self.url} is damaged (its zarr.json is missing) but holds data; "
-                                 f"it is not replaced: delete it (tokdyn delete-run {shlex.quote(self.url)} --run {shlex.quote(name)}), or use another run name") from None  # fmt: skip
+                                 f"it is not replaced: delete it ({command_line('tokdyn', 'delete-run', self.url, ('--run', name))}), or use another run name") from None  # fmt: skip
             creator = None
         except (ValueError, TypeError, RecursionError):
             creator = None
