@@ -134,6 +134,81 @@ def test_a_stopped_fit_and_the_command_that_resumes_it(tmp_path, monkeypatch, ca
     assert f["options"] == dataclasses.asdict(FitOptions(**options))
 
 
+def test_a_stopped_fit_made_on_fewer_rows_names_the_refit(tmp_path, monkeypatch, capsys):
+    """A stopped fit, then a row recorded: resuming it is refused (other rows), so info names
+    the refit, which covers every row."""
+    url = tmp_path / "s.zarr"
+    store = make_store(url, planted(N)[0], token_chunk=CHUNK)
+    real = _interrupt_at(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        fit_run(store.run("r"), options=FitOptions(two_step=False), backend="numpy", scheduler="sync", progress=False)
+    monkeypatch.setattr(fitjob, "fit_block", real)
+    tokdyn.open_store(url).run("r").writer(resume=True).append(planted(N, seed=1)[0][:, -1], step=int(STEPS[-1]) * 2)
+    rc, lines, _ = _info(url, capsys)
+    assert rc == 0 and lines == [f"fit   stopped at 2 of 5 blocks, made on {len(STEPS)} of the run's {len(STEPS) + 1} committed rows: "
+                                 f"`tokdyn fit {url} --run r --no-two-step --refit` starts it over on every row"]  # fmt: skip
+    assert _run_named(lines[0], capsys) == 0
+    f = _summary(url)["fit"]
+    assert f["current"] and f["n_committed"] == len(STEPS) + 1 and f["options"]["two_step"] is False
+
+
+def test_commands_named_for_a_run_or_store_beginning_with_a_dash_run(tmp_path, monkeypatch, capsys):
+    """argparse takes `--run -lr3e-4` and a store `-s.zarr` for options: the commands named
+    write `--run=-lr3e-4` and `./-s.zarr`, and they run; a reader's message quotes a name with
+    a space."""
+    monkeypatch.chdir(tmp_path)
+    name = "-lr 3e-4"
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.arange(N, dtype=np.int32), "token_pos": np.ones(N, np.int32)})
+    st = tokdyn.open_store("-s.zarr", probe, mode="w")
+    w = st.create_run(name, capacity=len(STEPS), token_chunk=CHUNK).writer()
+    for j, step in enumerate(STEPS):
+        w.append(planted(N)[0][:, j], step=int(step))
+    with pytest.raises(tokdyn.StoreError) as exc:  # a reader's message: the command, quoted
+        st.run(name).fit.read()
+    said = re.search(r"`(tokdyn fit [^`]*)`", str(exc.value)).group(1)
+    assert f"--run='{name}'" in said and shlex.split(said)[-1] == f"--run={name}"
+    assert main(["info", "--", "-s.zarr"]) == 0
+    line = next(line.strip() for line in capsys.readouterr().out.splitlines() if line.startswith("    fit"))
+    assert line == f"fit   none: `tokdyn fit ./-s.zarr --run='{name}'` fits it"
+    assert _run_named(line, capsys) == 0
+    assert tokdyn.open_store("-s.zarr", mode="r").run(name).fit.complete
+    shutil.rmtree(tmp_path / "-s.zarr" / "runs" / name / "fit" / "mu")  # a reader names the refit
+    with pytest.raises(tokdyn.StoreError) as exc:
+        tokdyn.open_store("-s.zarr", mode="r").run(name).fit.read()
+    said = str(exc.value)
+    assert f"`tokdyn fit ./-s.zarr --run='{name}' --refit`" in said, said
+    assert _run_named(said, capsys) == 0 and tokdyn.open_store("-s.zarr", mode="r").run(name).fit.read()["mu"].shape == (N,)
+
+
+def test_a_repair_beside_a_stopped_refit_is_said_as_the_fit_being_fitted(fitted, monkeypatch, capsys):
+    """A --repair makes the fit unfinished while it holds the lock: the fit is the one being
+    fitted, and the stopped refit beside it is said as stopped (not as being written)."""
+    _interrupt_at(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        fit_run(tokdyn.open_store(fitted).run("r"), axis_min=10, refit=True, backend="numpy", scheduler="sync", progress=False)
+    monkeypatch.undo()
+    run = tokdyn.open_store(fitted).run("r")
+    g = run._group["fit"]
+    g.update_attributes({"tokdyn_fit": {**g.attrs["tokdyn_fit"], "complete": False}})  # as todo(verify=True) leaves it
+    g["done"][1] = 0
+    lock = run.fit._lock()
+    lock.claim()
+    try:
+        rc, lines, _ = _info(fitted, capsys)
+    finally:
+        lock.release()
+    assert rc == 0 and lines[0].startswith("fit   being fitted by process ") and lines[0].endswith(": 4 of 5 blocks done")
+    assert lines[1].startswith("refit stopped at 2 of 5 blocks, beside the fit above")
+    # a refit writing beside a complete fit (whose record is damaged, so an ERROR line): it is the one being written
+    g.update_attributes({"tokdyn_fit": {**g.attrs["tokdyn_fit"], "complete": True, "block_tokens": "many"}})
+    lock.claim()
+    try:
+        rc, lines, _ = _info(fitted, capsys)
+    finally:
+        lock.release()
+    assert rc == 1 and lines[0].startswith("fit   ERROR: ") and lines[1].startswith("refit being written by process "), lines
+
+
 def test_a_stopped_fit_with_options_no_flag_sets_names_them(tmp_path, monkeypatch, capsys):
     """A fit started in Python with an option the command line does not set: info names it (no
     `tokdyn fit` resumes that fit), and `tokdyn fit` itself names the options that differ."""
@@ -145,12 +220,15 @@ def test_a_stopped_fit_with_options_no_flag_sets_names_them(tmp_path, monkeypatc
         fit_run(store.run("r"), options=options, backend="numpy", scheduler="sync", progress=False)
     monkeypatch.setattr(fitjob, "fit_block", real)
     rc, lines, _ = _info(url, capsys)
-    assert rc == 0 and lines == [f"fit   stopped at 2 of 5 blocks: made with options set in Python (max_iter=50): fit_run with "
-                                 f"them resumes it; `tokdyn fit {url} --run r --no-two-step --refit` starts it over"]  # fmt: skip
+    call = "fit_run(run, options=FitOptions(max_iter=50, two_step=False))"
+    assert rc == 0 and lines == [f"fit   stopped at 2 of 5 blocks: made with options set in Python (max_iter): {call} "
+                                 f"resumes it; `tokdyn fit {url} --run r --no-two-step --refit` starts it over"]  # fmt: skip
     assert main(["fit", str(url), "--run", "r", "--scheduler", "sync", "--no-progress", "--no-two-step"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "other options (max_iter 50 then, 100 now);" in err, err
-    assert fit_run(store.run("r"), options=options, backend="numpy", scheduler="sync", progress=False).blocks_fitted == 3
+    namespace = {"run": store.run("r"), "FitOptions": FitOptions,
+                 "fit_run": lambda *a, **k: fit_run(*a, **k, backend="numpy", scheduler="sync", progress=False)}
+    assert eval(call, namespace).blocks_fitted == 3  # the call named resumes it
     assert _run_named(lines[0], capsys) == 0  # the named refit, with the command line's options
     f = _summary(url)["fit"]
     assert f["complete"] and f["options"] == dataclasses.asdict(FitOptions(two_step=False))
@@ -195,7 +273,9 @@ def test_fit_flags_give_back_the_options(two_step, min_points, vocab, probe_voca
     made = FitOptions(**given_)
     if made.vocab_size is None and probe_vocab:
         made = dataclasses.replace(made, vocab_size=probe_vocab)  # what fit_run stores
-    flags, python = fit_flags(dataclasses.asdict(made), probe_vocab)
+    flags, python, missing = fit_flags(dataclasses.asdict(made), probe_vocab)
+    assert missing == []
+    assert fitstore.FLAG_DEFAULTS == {k: v for k, v in dataclasses.asdict(FitOptions()).items() if k in fitstore.FLAG_DEFAULTS}
     args = build_parser().parse_args(["fit", "s.zarr", *shlex.split(flags)])
     got = _options(args)
     if got.vocab_size is None and probe_vocab:
@@ -322,16 +402,78 @@ def test_a_fit_array_gone_is_read_as_needing_the_refit_it_names(tmp_path, capsys
     options, and that refit mends it."""
     url = tmp_path / "s.zarr"
     store = make_store(url, planted(N)[0], token_chunk=CHUNK)
-    fit_run(store.run("r"), options=FitOptions(two_step=False), axis_min=10, backend="numpy", scheduler="sync", progress=False)
+    fit_run(store.run("r"), options=FitOptions(two_step=False, min_points=8), axis_min=10, backend="numpy", scheduler="sync",
+            progress=False)  # fmt: skip
     shutil.rmtree(url / "runs" / "r" / "fit" / gone)
     with pytest.raises(tokdyn.StoreError) as exc:
         read_fit(tokdyn.open_store(url, mode="r"), "r")
     said = str(exc.value)
-    assert f"fit/{gone} cannot be read" in said and f"`tokdyn fit {url} --run r --axis-min 10 --no-two-step --refit`" in said, said
+    assert f"fit/{gone} cannot be read" in said and f"`tokdyn fit {url} --run r --axis-min 10 --min-points 8 --no-two-step --refit`" in said, said
     assert _run_named(said, capsys) == 0
     f = _summary(url)["fit"]
-    assert f["complete"] and f["axis_min"] == 10 and f["options"]["two_step"] is False
+    assert f["complete"] and f["axis_min"] == 10 and f["options"]["two_step"] is False and f["options"]["min_points"] == 8
     assert read_fit(tokdyn.open_store(url, mode="r"), "r")["mu"].shape == (N,)
+
+
+@pytest.mark.parametrize("damage", ["block_tokens", "record"])
+def test_the_command_that_mends_a_damaged_fit_keeps_its_window_and_options(tmp_path, capsys, damage):
+    """Where the damaged record still gives the fit's window and options, the refit info names
+    takes them (it dropped them, and the refit fitted another window with other options)."""
+    url = tmp_path / "s.zarr"
+    store = make_store(url, planted(N)[0], token_chunk=CHUNK)
+    fit_run(store.run("r"), options=FitOptions(two_step=False, min_points=8), axis_min=10, backend="numpy", scheduler="sync",
+            progress=False)  # fmt: skip
+    path = url / "runs" / "r" / "fit" / "zarr.json"
+    if damage == "record":  # nothing of it can be read: the plain refit, named by the store's error
+        path.write_text("{not json")
+        flags = ""
+    else:
+        meta = json.loads(path.read_text())
+        meta["attributes"]["tokdyn_fit"]["block_tokens"] = "many"
+        path.write_text(json.dumps(meta))
+        flags = " --axis-min 10 --min-points 8 --no-two-step"
+    rc, lines, _ = _info(url, capsys)
+    assert rc == 1 and lines[0].startswith("fit   ERROR: ") and f"`tokdyn fit {url} --run r{flags} --refit`" in lines[0], lines
+    assert _run_named(lines[0], capsys) == 0
+    f = _summary(url)["fit"]
+    assert f["complete"] and f["current"]
+    assert (f["axis_min"], f["options"]["two_step"], f["options"]["min_points"]) == ((10, False, 8) if flags else (None, True, 6))
+
+
+@pytest.mark.parametrize("record", ["earlier", "options damaged", "no fit_id"])
+def test_a_stopped_fit_of_an_earlier_tokdyn_or_a_damaged_record_names_what_fits_it(tmp_path, monkeypatch, capsys, record):
+    """A stopped fit whose record lacks an option this tokdyn records (an earlier one's), or
+    its fit id, is redone whole by a plain fit; one whose options are not a mapping needs
+    --refit. Neither is said as options set in Python."""
+    url = tmp_path / "s.zarr"
+    store = make_store(url, planted(N)[0], token_chunk=CHUNK)
+    _interrupt_at(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        fit_run(store.run("r"), axis_min=10, backend="numpy", scheduler="sync", progress=False)
+    monkeypatch.undo()
+    path = url / "runs" / "r" / "fit" / "zarr.json"
+    meta = json.loads(path.read_text())
+    m = meta["attributes"]["tokdyn_fit"]
+    if record == "earlier":
+        del m["options"]["min_points_two"]
+        said, go = "made by an earlier tokdyn (its record has no min_points_two): ", "fits it again whole"
+    elif record == "no fit_id":
+        del m["fit_id"]
+        said, go = "made by an earlier tokdyn: ", "fits it again whole"
+    else:
+        m["options"] = [1]
+        said, go = "its record's options are damaged: ", "starts it over"
+    path.write_text(json.dumps(meta))
+    rc, lines, _ = _info(url, capsys)
+    refit = " --refit" if go == "starts it over" else ""
+    assert rc == 0 and lines == [f"fit   stopped at 2 of 5 blocks: {said}`tokdyn fit {url} --run r --axis-min 10{refit}` {go}"], lines
+    calls = {"n": 0}
+    real = fitjob.fit_block
+    monkeypatch.setattr(fitjob, "fit_block", lambda *a, **k: (calls.__setitem__("n", calls["n"] + 1), real(*a, **k))[1])
+    assert _run_named(lines[0], capsys) == 0
+    assert calls["n"] == 5  # whole
+    f = _summary(url)["fit"]
+    assert f["complete"] and f["current"] and f["axis_min"] == 10
 
 
 def test_a_complete_fit_whose_done_flags_are_damaged_reads_and_is_complete(fitted, capsys):
@@ -346,7 +488,7 @@ def test_a_complete_fit_whose_done_flags_are_damaged_reads_and_is_complete(fitte
     read_fit(tokdyn.open_store(fitted, mode="r"), "r")
 
 
-_JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.just(10**400) | st.floats(allow_nan=False, allow_infinity=False)
                      | st.text(max_size=30), lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
                      max_leaves=6)  # fmt: skip
 _KEYS = ["complete", "n_committed", "rows", "axis_min", "options", "backend", "device", "seconds", "created", "finished",
@@ -379,6 +521,10 @@ def test_info_says_any_fit_record_in_lines_never_a_traceback(one_fit, capsys, ch
         assert all(line.isprintable() for line in lines)
         assert (rc == 1) == ("ERROR:" in "".join(lines)) and (rc == 0 or err.count("\n") == 1)
         json.dumps(tokdyn.open_store(one_fit, mode="r").info())
+        try:  # a reader: the fit, or one error line
+            read_fit(tokdyn.open_store(one_fit, mode="r"), "r", fields=["mu"])
+        except (tokdyn.StoreError, tokdyn.InputError) as exc:
+            assert "\n" not in str(exc)
     finally:
         if staged:
             shutil.rmtree(path)

@@ -25,6 +25,11 @@ def is_real(v) -> bool:
     return True
 
 
+def is_finite(v) -> bool:
+    """A finite real number (:func:`is_real`, not NaN or infinite)."""
+    return is_real(v) and math.isfinite(float(v))
+
+
 def is_whole(v) -> bool:
     """A whole number: an int, a numpy integer, or a float such as 100.0 (not a bool, not 10.7)."""
     return is_real(v) and math.isfinite(float(v)) and float(v).is_integer()

@@ -84,19 +84,21 @@ def exact(value) -> str:
     return f"{v:.17g}"
 
 
-def command_line(*words) -> str:
-    """A command as a shell line that gives each word back to it: each word quoted where the
-    shell would split or read it (:func:`shlex.quote`). A word ``(option, value)`` is written
-    ``option=value`` where the value begins with ``-``, which argparse would take for an option
-    (``--run -lr3e-4`` is refused); a positional word (a store) goes through :func:`positional`."""
-    out = []
-    for word in words:
-        if isinstance(word, tuple):
-            option, value = word[0], str(word[1])
-            out.append(f"{option}={shlex.quote(value)}" if value.startswith("-") else f"{option} {shlex.quote(value)}")
-        else:
-            out.append(shlex.quote(str(word)))
-    return " ".join(out)
+def command_line(command: str, store, *options) -> str:
+    """A command as a shell line that gives each word back to it: ``command`` (``tokdyn fit``),
+    then ``store`` as its positional word (:func:`positional`), then ``options``: a flag
+    (``--refit``) as it is, a pair ``(option, value)`` as :func:`option_word` writes it. Each
+    word is quoted where the shell would split or read it (:func:`shlex.quote`)."""
+    words = [command, shlex.quote(positional(store))]
+    words += [option_word(*o) if isinstance(o, tuple) else shlex.quote(str(o)) for o in options]
+    return " ".join(words)
+
+
+def option_word(option: str, value) -> str:
+    """``--option VALUE``, quoted; ``--option=VALUE`` where the value begins with ``-``, which
+    argparse would take for an option (``--run -lr3e-4`` is refused)."""
+    value = str(value)
+    return f"{option}={shlex.quote(value)}" if value.startswith("-") else f"{option} {shlex.quote(value)}"
 
 
 def positional(path) -> str:

@@ -187,7 +187,7 @@ def analyze_store(
                 failed[f"axis {axis}"] = str(exc)
                 continue
             if why is not None:
-                failed[found] = f"out of date ({why}); `{command_line('tokdyn', 'reconstruct', st.url, ('--axis', axis))}` assembles it again"
+                failed[found] = f"out of date ({why}); `{command_line('tokdyn reconstruct', st.url, ('--axis', axis))}` assembles it again"
             elif found is not None and found in done:
                 names.append(found)
     else:
@@ -199,14 +199,14 @@ def analyze_store(
                 st.run(n).fit.check()  # what is missing and what to run: not fitted, unfinished, or stale
         missing = [n for n in runs if n not in done]
         if missing:  # (check found nothing wrong: the run changed meanwhile)
-            raise StoreError(f"run(s) {missing} have no complete, current fit; run `{command_line('tokdyn', 'fit', st.url)} --run NAME`")
+            raise StoreError(f"run(s) {missing} have no complete, current fit; run `{command_line('tokdyn fit', st.url)} --run NAME`")
         names = list(runs)
     if not names:
         if failed:  # an axis run left out: its reason, not advice to fit what is fitted
             raise StoreError(f"no run of {st.url} can be analysed: " + "; ".join(f"{n}: {why}" for n, why in failed.items()))
         raise StoreError(
             f"{st.url} has no fitted run to analyse (runs: {', '.join(st.runs) or 'none'}); "
-            f"run `{command_line('tokdyn', 'fit', st.url)} --run NAME` first"
+            f"run `{command_line('tokdyn fit', st.url)} --run NAME` first"
         )
     out = []
     for n in names:
@@ -321,7 +321,7 @@ def axis_run(store: TrajectoryStore | str, axis: str, *, runs: list[str] | None 
     need = FitOptions().min_points
     if run.n_committed < need:  # the fit's own error named an option (--min-points) reconstruct does not take
         n, least = run.n_committed, MIN_FIT_POINTS
-        how = (f"record more runs, or fit it on {n} (`{command_line('tokdyn', 'fit', st.url, ('--run', run.name), ('--min-points', n))}`) "
+        how = (f"record more runs, or fit it on {n} (`{command_line('tokdyn fit', st.url, ('--run', run.name), ('--min-points', n))}`) "
                "and reconstruct the axis again, which then uses that fit" if n >= least else
                f"record {least - n} more run{'s' * (least - n != 1)} at least ({need - n} for the default fit; a fit takes "
                f"{least} points at the fewest) and reconstruct the axis again")  # fmt: skip

@@ -251,7 +251,7 @@ def _check_replaceable(st: TrajectoryStore, name: str, axis: str) -> None:
         return
     if what is not None:
         raise InputError(f"run {name!r} of {st.url} is {what}, which assembling axis {axis} would delete; give the axis "
-                         f"run another name, or delete that run first ({command_line('tokdyn', 'delete-run', 'STORE', ('--run', name))}, or "
+                         f"run another name, or delete that run first ({command_line('tokdyn delete-run', 'STORE', ('--run', name))}, or "
                          f"tokdyn.open_store(STORE, mode='r+').delete_run({name!r}))")  # fmt: skip
 
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from collections.abc import Mapping
-from typing import Any
-
-from .._checks import is_int
-from .._text import exact
+from .._checks import is_finite, is_int
+from .._text import exact, one_line
 from ..fit import FitOptions, fit_run
 from ..fit.models import unfit_reasons
 from ..errors import InputError
+from ..store.fit import fit_flags as store_fit_flags
 from ._common import add_run_argument, add_store_argument, at_least, open_cli_run, print_json
 
 
@@ -101,26 +99,21 @@ def _options(args: argparse.Namespace) -> FitOptions:
     return FitOptions(two_step=not args.no_two_step, **given)
 
 
-def fit_flags(options: Any, vocab_size: Any = None) -> tuple[str, dict]:
-    """What a fit made with ``options`` (its record's: any JSON value where it is damaged) takes
-    on the command line: the flags of ``tokdyn fit`` that give those options (`` --no-two-step
-    --min-points 8``), and the options no flag sets, where they are not a plain ``tokdyn fit``'s
-    (name -> value: options set in Python). ``vocab_size`` is the probe's tokenizer's, which a
-    plain fit takes (:func:`~tokdyn.fit.job.fit_run`). The inverse of :func:`_options`."""
+def fit_flags(options, vocab_size=None) -> tuple[str, dict, list]:
+    """:func:`tokdyn.store.fit.fit_flags` against every option's default (FitOptions'): the flags
+    that give a fit's options, those no flag sets, and those its record lacks."""
+    return store_fit_flags(options, vocab_size, dataclasses.asdict(FitOptions()))
+
+
+def fit_run_call(options, vocab_size=None, axis_min=None) -> str:
+    """The Python call that resumes a fit made with ``options`` (its record's) and window
+    ``axis_min``: ``fit_run(run, options=FitOptions(max_iter=50, two_step=False), axis_min=10)``,
+    naming each option that is not its default (nor the probe's ``vocab_size``)."""
     plain = dataclasses.asdict(FitOptions())
     if is_int(vocab_size) and vocab_size > 0:
         plain["vocab_size"] = int(vocab_size)
-    stored = options if isinstance(options, Mapping) else {}
-    flags, others = [], {}
-    for name in sorted({str(k) for k in stored} | set(plain)):
-        value = stored.get(name)
-        if value == plain.get(name):  # as the fit's writer compares them to resume it
-            continue
-        if name == "two_step" and value is False:
-            flags.append("--no-two-step")
-        elif name in ("min_points", "vocab_size") and is_int(value):
-            flags.append(f"--{name.replace('_', '-')} {int(value)}")
-        else:
-            others[name] = value
-    return "".join(f" {f}" for f in flags), others
+    given = ", ".join(f"{k}={one_line(repr(v), 40)}" for k, v in sorted(options.items(), key=lambda kv: str(kv[0]))
+                      if v != plain.get(k))  # fmt: skip
+    window = f", axis_min={exact(axis_min)}" if is_finite(axis_min) else ""
+    return f"fit_run(run{f', options=FitOptions({given})' if given else ''}{window})"
 

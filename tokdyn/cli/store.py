@@ -6,14 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .._checks import is_real
-from .._text import command_line, exact, one_line, positional, visible
+from .._checks import is_finite, is_real
+from .._text import command_line, exact, one_line, option_word, visible
 from ..errors import InputError, StoreError
 from ..interchange import export_npz, import_npz
 from ..store import LOSS_DTYPES
 from ..fit import FitOptions
 from ..fit.options import MIN_FIT_POINTS
-from .fit import fit_flags
+from .fit import fit_flags, fit_run_call
 from ._common import add_run_argument, add_store_argument, open_cli_run, open_cli_store, print_json, store_path
 
 
@@ -79,7 +79,7 @@ def _info(args: argparse.Namespace) -> int:
         params = _count(r["attrs"].get("n_params_non_embedding"))
         params = f", {params} non-emb params" if params else ""
         print(f"run {_shown(name):<12} axis {r['axis']}  {r['shape'][0]:,} x {r['shape'][1]:,} {r['dtype']}  {span}{params}{extra}")
-        command = command_line("tokdyn", "fit", positional(args.store), ("--run", name))
+        command = command_line("tokdyn fit", args.store, ("--run", name))
         fittable = sum(v > 0 for v in values)  # the rows a fit takes (step 0 has no place on a log axis)
         for line in _fit_lines(command, r["fit"], r["shape"][0], fittable, p["tokenizer"].get("vocab_size")):
             print(f"    {visible(line)}")
@@ -111,8 +111,8 @@ def _fit_lines(command: str, fit: dict, committed: int, fittable: int, vocab_siz
         return [f"fit   being started by {by}" if running else f"fit   none: {_unfitted(command, fittable)}"]
     lines = [f"fit   {_fit_state(current, command, committed, vocab_size, running, by)}"]
     if refit is not None:  # the lock's holder works on the fit while it is unfinished (a --repair), else on the refit
-        fit_done = "error" not in current and bool(current["complete"])
-        lines.append(f"refit {_fit_state(refit, command, committed, vocab_size, running and fit_done, by, beside=True)}")
+        repaired = "error" not in current and not current["complete"]
+        lines.append(f"refit {_fit_state(refit, command, committed, vocab_size, running and not repaired, by, beside=True)}")
     return lines
 
 
@@ -130,13 +130,13 @@ def _unfitted(command: str, rows: int) -> str:
 
 def _fit_state(g: dict, command: str, committed: int, vocab_size, running: bool, by: str, *, beside: bool = False) -> str:
     """One fit group's state (:func:`tokdyn.store.fit._state`) as info says it."""
+    window = g.get("axis_min")
+    window = f" {option_word('--axis-min', exact(window))}" if is_finite(window) else ""
+    options = g.get("options")
+    flags, python, missing = fit_flags(options, vocab_size)
+    command += window + flags  # the fit's own window and options, as `tokdyn fit` takes them
     if "error" in g:  # with what mends it, where the error does not say it
         return f"ERROR: {g['error']}" + ("" if "`tokdyn fit" in g["error"] else f"; `{command} --refit` fits it again")
-    window = g["axis_min"]
-    window = f" {command_line(('--axis-min', exact(window)))}" if is_real(window) else ""
-    flags, python = fit_flags(g["options"], vocab_size)
-    command += window + flags  # the fit's own window and options, as `tokdyn fit` takes them
-    python = ", ".join(f"{_shown(k)}={one_line(repr(v), 40)}" for k, v in python.items())  # options no flag sets
     blocks = f"{_number(g['blocks'])} block{'s' * (g['blocks'] != 1)}"
     done = f"{_number(g['blocks_done'])} of {blocks}"
     if not g["complete"]:
@@ -146,9 +146,15 @@ def _fit_state(g: dict, command: str, committed: int, vocab_size, running: bool,
         stale = g["n_committed"] != committed
         made = f", made on {_number(g['n_committed'])} of the run's {committed:,} committed rows" if stale else ""
         where = ", beside the fit above (which readers read until it is complete)" if beside else ""
-        if python:  # no command line gives its options
-            go = (f"made with options set in Python ({python}): fit_run with them "
-                  f"{'and refit=True fits every row' if stale else 'resumes it'}; `{command} --refit` starts it over")  # fmt: skip
+        if not isinstance(options, dict):
+            go = f"its record's options are damaged: `{command} --refit` starts it over"
+        elif missing or g.get("fit_id") is None:  # the writer redoes such a fit whole (it cannot check its inputs)
+            lacks = f" (its record has no {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})" if missing else ""
+            go = f"made by an earlier tokdyn{lacks}: `{command}` fits it again whole"
+        elif python:  # no command line gives its options
+            call = fit_run_call(options, vocab_size, g.get("axis_min"))
+            go = (f"made with options set in Python ({', '.join(python)}): {call}"
+                  f"{' with refit=True fits every row' if stale else ' resumes it'}; `{command} --refit` starts it over")  # fmt: skip
         elif stale:
             go = f"`{command} --refit` starts it over on every row"
         else:
@@ -162,7 +168,8 @@ def _fit_state(g: dict, command: str, committed: int, vocab_size, running: bool,
                                   f"{g['seconds']:.1f} s" if is_real(g["seconds"]) else "",
                                   f"finished {g['finished']}" if isinstance(g["finished"], str) else ""]))  # fmt: skip
     if not g["current"]:
-        python = f", or fit_run with its options set in Python ({python}) and refit=True" if python else ""
+        python = (f", or {fit_run_call(options, vocab_size, g.get('axis_min'))} with refit=True, with the options set in "
+                  f"Python ({', '.join(python)})" if python and isinstance(options, dict) else "")  # fmt: skip
         return f"complete but stale, made on {_number(g['n_committed'])} committed rows: `{command} --refit` fits the rows since{python} ({how})"
     return f"complete: {how}"
 

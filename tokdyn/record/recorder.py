@@ -453,7 +453,7 @@ class TokenLossRecorder:
                 empty = False
             # a recorder that failed at its first row (a model whose vocabulary is too small) left it
             left = (" with no committed row (a recorder that failed before its first?); pass resume=True to record "
-                    f"into it, or delete it: {command_line('tokdyn', 'delete-run', store.url, ('--run', run))} (or "
+                    f"into it, or delete it: {command_line('tokdyn delete-run', store.url, ('--run', run))} (or "
                     f"tokdyn.open_store({store.url!r}, mode='r+').delete_run({run!r}))") if empty else \
                 "; pass resume=True to continue it"  # fmt: skip
             raise RunExistsError(f"run {run!r} already exists in {store.url}{left}")

@@ -45,7 +45,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync as zarr_sync
 from zarr.storage import LocalStore
 
-from .._checks import is_int
+from .._checks import is_finite, is_int
 from .._text import command_line, exact, one_line
 from .._version import __version__, build
 from ..errors import InputError, StoreError
@@ -79,7 +79,8 @@ class FitResults:
         except KeyError:  # none, or its zarr.json is lost: like a creation that never finished (redone by the next fit)
             return None
         except (ValueError, TypeError, RecursionError) as exc:  # a fit group whose metadata is damaged
-            raise StoreError(f"the fit of run {self._run.name!r} is damaged: {damage(exc)}") from None
+            command = command_line("tokdyn fit", self._run.store.url, ("--run", self._run.name), "--refit")
+            raise StoreError(f"the fit of run {self._run.name!r} is damaged: {damage(exc)}; refit it: `{command}`") from None
 
     def _staged(self) -> zarr.Group | None:
         """``fit_next``, a refit written beside the fit (None: none, or not a readable group: the
@@ -127,10 +128,12 @@ class FitResults:
         - ``fit``: the fit readers read (None: none); ``refit``: a refit written beside it and
           not yet in its place (None: none). Each is :func:`_state` of its group: ``complete``,
           ``current`` (complete and made on the run's committed rows), ``rows`` fitted of
-          ``n_committed``, ``blocks_done`` of ``blocks``, ``axis_min``, ``options`` (the fit's
-          :class:`~tokdyn.fit.FitOptions` as stored), ``backend``, ``device``, ``seconds``,
-          ``created``, ``finished``, ``tokdyn_version``; or
-          ``{"error": ...}`` where its record or its done flags cannot be read.
+          ``n_committed``, ``blocks_done`` of ``blocks`` (None for a complete fit whose done
+          flags cannot be read: no reader of it reads them), ``axis_min``, ``options`` (the
+          fit's :class:`~tokdyn.fit.FitOptions` as stored), ``backend``, ``device``,
+          ``seconds``, ``created``, ``finished``, ``tokdyn_version``, ``fit_id``; or
+          ``{"error": ...}`` (with ``axis_min`` and ``options`` as stored) where its record, or
+          an unfinished fit's done flags, cannot be read.
         - ``lock``: the holder of the fit lock (``pid``, ``host``, ``since``, and ``state``:
           ``alive``, ``unknown`` on another machine, ``dead`` for a fit that was killed: the next
           fit takes its lock over), None when there is no lock.
@@ -148,7 +151,7 @@ class FitResults:
             # written last). Readers take the run as not fitted; "none" would hide what is there.
             running = lock is not None and lock["state"] != "dead"
             if fit is None and not running and has_keys(run._group.store, join(run._group.path, GROUP) + "/"):
-                command = command_line("tokdyn", "fit", run.store.url, ("--run", run.name))
+                command = command_line("tokdyn fit", run.store.url, ("--run", run.name))
                 fit = {"error": f"the fit group holds no fit record ({GROUP}/zarr.json damaged, or a fit killed while it "
                                 f"created the group): readers take the run as not fitted, and `{command}` fits it again"}  # fmt: skip
         # a refit beside the fit; not when it is the fit readers read (a move cut short after it
@@ -199,9 +202,10 @@ class FitResults:
         """:meth:`check` of the record ``meta``."""
         r = self._run
         if not meta:
-            raise StoreError(f"run {r.name!r} has not been fitted; run `{command_line('tokdyn', 'fit', r.store.url, ('--run', r.name))}` first")
+            raise StoreError(f"run {r.name!r} has not been fitted; run `{command_line('tokdyn fit', r.store.url, ('--run', r.name))}` first")
         if not meta.get("complete"):
-            raise StoreError(f"the fit of run {r.name!r} is incomplete (interrupted?); run `tokdyn fit` again to finish it")
+            raise StoreError(f"the fit of run {r.name!r} is incomplete (interrupted?); `{self._fit_command(meta)}` "
+                             "finishes it (`tokdyn info` names the command for a fit made on fewer rows or in Python)")
         if current and meta.get("n_committed") != r.n_committed:
             raise StoreError(
                 f"the fit of run {r.name!r} was made on {meta.get('n_committed')} rows; the run now has {r.n_committed}. "
@@ -259,7 +263,11 @@ class FitResults:
         if salt is None:  # fits made before position-bound checksums have none to compare
             return {name: self._run._read(lambda name=name: g[name][start:stop], f"fit/{name}" + ("" if whole else f"[{start}:{stop}]"))
                     for name in names}  # fmt: skip
-        block = int(meta["block_tokens"])
+        block = meta.get("block_tokens")
+        if not is_int(block) or block <= 0:  # the blocks the checksums are by
+            raise StoreError(f"the fit of run {self._run.name!r} is damaged: its record's block_tokens is "
+                             f"{_value_text(block, 40)}; refit it: `{self._refit_command(meta)}`")  # fmt: skip
+        block = int(block)
         b0, b1 = start // block, -(-stop // block)
         a0, a1 = b0 * block, min(n, b1 * block)
         try:  # a fit swapped in under this read (its group's path now holds the refit) is said as such, not as damage
@@ -303,18 +311,21 @@ class FitResults:
         return array
 
     def _refit_command(self, meta: Mapping) -> str:
-        """The command that refits the run with the window of the fit of record ``meta``, and
-        without the two-sigmoid fit where it was left out (info names every option: the store
-        does not know the command line's defaults)."""
+        """The command that refits the run with the window and the options (those a flag sets)
+        of the fit of record ``meta``."""
+        return self._fit_command(meta, "--refit")
+
+    def _fit_command(self, meta: Mapping, *more: str) -> str:
+        """``tokdyn fit`` of the run with the window and the options (those a flag sets) of the
+        fit of record ``meta``, and ``more``."""
         window = meta.get("axis_min")
-        window = [("--axis-min", exact(window))] if isinstance(window, (int, float)) and not isinstance(window, bool) else []
-        options = meta.get("options")
-        two_step = ["--no-two-step"] if isinstance(options, Mapping) and options.get("two_step") is False else []
-        return command_line("tokdyn", "fit", self._run.store.url, ("--run", self._run.name), *window, *two_step, "--refit")
+        window = [("--axis-min", exact(window))] if is_finite(window) else []
+        flags, _, _ = fit_flags(meta.get("options"), self._run.store.probe.tokenizer.get("vocab_size"))
+        return command_line("tokdyn fit", self._run.store.url, ("--run", self._run.name), *window, *flags.split(), *more)
 
     def _repair_hint(self) -> str:
         """The command that fits a checksummed fit's damaged blocks again, shell-quoted."""
-        command = command_line("tokdyn", "fit", self._run.store.url, ("--run", self._run.name), "--repair")
+        command = command_line("tokdyn fit", self._run.store.url, ("--run", self._run.name), "--repair")
         return f"Fit the damaged blocks again: `{command}` (or all of it: --refit)"
 
     def _salt(self, meta: Mapping) -> str | None:
@@ -739,16 +750,18 @@ def _state(run: "Run", g: zarr.Group) -> dict:
     """What :meth:`FitResults.summary` says of fit group ``g``. Values are the record's, as
     stored (a damaged record's may be of any JSON type: a reader of them checks)."""
     meta = _meta_of(g)
+    given = {k: meta.get(k) for k in ("axis_min", "options")}  # what a command that mends it takes, damaged or not
     block = meta.get("block_tokens")
     if not is_int(block) or block <= 0:
-        return {"error": f"the fit's record is damaged (block_tokens {_value_text(block)})"}
+        return {**given, "error": f"the fit's record is damaged (block_tokens {_value_text(block)})"}
     rows = meta.get("rows")
     out = {
         "complete": bool(meta.get("complete")),
         "current": _current(meta, run),
         "rows": len(rows) if isinstance(rows, list) else None,
-        **{k: meta.get(k) for k in ("n_committed", "axis_min", "options", "backend", "device", "seconds", "created", "finished",
-                                    "tokdyn_version")},  # fmt: skip
+        **given,
+        **{k: meta.get(k) for k in ("n_committed", "backend", "device", "seconds", "created", "finished", "tokdyn_version",
+                                    "fit_id")},  # fmt: skip
         "blocks": -(-run.n_tokens // block),
     }
     try:
@@ -791,6 +804,41 @@ async def _copy_keys(store, source: str, target: str, *, at_once: int = 16) -> N
         if failed:  # raised once no copy of the batch is still running
             raise failed[0]
     await copy(group_meta)
+
+
+# The options `tokdyn fit` sets by a flag, each with the value a fit made without its flag takes:
+# FitOptions' defaults (tests/test_info_fit.py holds them to it), and the probe's vocabulary size.
+FLAG_DEFAULTS = {"two_step": True, "min_points": 6, "vocab_size": None}
+
+
+def fit_flags(options: Any, vocab_size: Any = None, defaults: Mapping | None = None) -> tuple[str, dict, list]:
+    """What a fit made with ``options`` (its record's: any JSON value where it is damaged) takes
+    on the command line, ``(flags, others, missing)``:
+
+    - ``flags``: those of ``tokdyn fit`` that give its options (`` --min-points 8 --no-two-step``;
+      the inverse of the command line's parsing);
+    - ``others``: the options it was made with that no flag sets (name -> value), where they are
+      not ``defaults``' (every option's default; None: not looked for);
+    - ``missing``: the options ``defaults`` names that its record lacks (made by an earlier tokdyn).
+
+    ``vocab_size``: the probe's tokenizer's, which a fit without ``--vocab-size`` takes. Values are
+    compared as the fit's writer compares them to resume it (``==``)."""
+    plain = {**(defaults or {}), **FLAG_DEFAULTS}
+    if is_int(vocab_size) and vocab_size > 0:
+        plain["vocab_size"] = int(vocab_size)
+    stored = options if isinstance(options, Mapping) else {}
+    flags, others = [], {}
+    for name, value in sorted(stored.items(), key=lambda kv: str(kv[0])):
+        if value == plain.get(name):
+            continue
+        if name == "two_step" and value is False:
+            flags.append("--no-two-step")
+        elif name in ("min_points", "vocab_size") and is_int(value):
+            flags.append(f"--{name.replace('_', '-')} {int(value)}")
+        elif defaults is not None:
+            others[name] = value
+    missing = [k for k in (defaults or {}) if isinstance(options, Mapping) and k not in stored]
+    return "".join(f" {f}" for f in flags), others, missing
 
 
 def _differences(then: Any, now: Mapping, keys: Iterable[str] | None = None) -> str:

@@ -423,7 +423,7 @@ class TrajectoryStore:
         except KeyError:  # no group metadata: a creation killed while writing it leaves nothing else
             if has_keys(self._group.store, join(self._group.path, "runs", name) + "/"):
                 raise StoreError(f"run {name!r} in {self.url} is damaged (its zarr.json is missing) but holds data; "
-                                 f"it is not replaced: delete it ({command_line('tokdyn', 'delete-run', self.url, ('--run', name))}), or use another run name") from None  # fmt: skip
+                                 f"it is not replaced: delete it ({command_line('tokdyn delete-run', self.url, ('--run', name))}), or use another run name") from None  # fmt: skip
             creator = None
         except (ValueError, TypeError, RecursionError):
             creator = None
