@@ -211,4 +211,4 @@ def test_a_stale_window_fit_says_how_to_refit_it_with_its_window(tmp_path, capsy
         assert main(argv) == 1
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "was made on" in err, err
-        assert f"--run main --axis-min {WARMUP:g} --refit" in err, err
+        assert f"--run main --axis-min {WARMUP:g} --no-two-step --refit" in err, err  # its window and options

@@ -65,7 +65,7 @@ def _fit(args: argparse.Namespace) -> int:
     total = sum(res.class_counts.values())
     drops = res.class_drops  # shares, or nats where they would mean nothing
     for name, count in sorted(res.class_counts.items(), key=lambda kv: -kv[1]):
-        print(f"  {name:<16} {count:>9,} token{'s' * (count != 1)} ({count / total:6.1%})  {drops.describe(name)}")
+        print(f"  {name:<16} {count:>9,} token{'s' * (int(count) != 1)} ({count / total:6.1%})  {drops.describe(name)}")
         kinds = drops.multi_step_kinds_text() if name == "multi_step" else ""  # two drops, or a drop and a rise
         if kinds:
             print(f"    {kinds}")

@@ -63,9 +63,10 @@ def fit_inputs(run: Run, *, axis_min: float | None = None, n_committed: int | No
     if axis_min is not None:
         lo = _axis_min(axis_min)
         keep &= av >= lo
-        if keep.sum() < 2:
+        kept = int(keep.sum())
+        if kept < 2:
             raise InputError(
-                f"run {run.name!r} has {int(keep.sum())} row{'s' * (keep.sum() != 1)} at axis values >= {exact(lo)} (its axis runs "
+                f"run {run.name!r} has {kept} row{'s' * (kept != 1)} at axis values >= {exact(lo)} (its axis runs "
                 f"{av.min():g} .. {av.max():g}); a fit needs more: lower axis_min (--axis-min)"
             )
     rows = np.flatnonzero(keep)
