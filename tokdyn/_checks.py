@@ -32,4 +32,4 @@ def is_finite(v) -> bool:
 
 def is_whole(v) -> bool:
     """A whole number: an int, a numpy integer, or a float such as 100.0 (not a bool, not 10.7)."""
-    return is_real(v) and math.isfinite(float(v)) and float(v).is_integer()
+    return is_finite(v) and float(v).is_integer()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+
 from .._checks import is_finite, is_int
 from .._text import exact, one_line
 from ..fit import FitOptions, fit_run
