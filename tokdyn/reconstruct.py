@@ -384,7 +384,7 @@ def _events_of(events: Events, kept: np.ndarray, scored: np.ndarray) -> Events:
         raise InputError(f"events of {events.n_tokens} tokens for a run of {kept.size}: not the run's fit")
     if np.array_equal(kept, scored):
         return events
-    return replace(events.for_tokens(kept), n_scored=int(kept.sum()))
+    return replace(events.for_tokens(kept), n_scored=None, scored=kept)
 
 
 # the most a point may lie past the measured steps (decades): 0.02 is 5 % of a step, which holds

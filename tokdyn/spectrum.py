@@ -83,6 +83,11 @@ class Events:
         where the probe does not tell documents apart).
     unit_kind : str
         What a unit is, for messages: ``"token"`` (default), ``"document"``, ``"window"``.
+    scored : bool array [N] or None
+        Which tokens N counts, where it is known (:func:`events_from_fit`: the tokens the fit
+        observed at least once); ``n_scored`` is then their number. A rate per token of a group
+        of tokens (:meth:`n_scored_of`) divides by the group's scored tokens: a token never
+        observed has no event, and counting it made its group's rate read low.
     """
 
     token: np.ndarray
@@ -96,6 +101,7 @@ class Events:
     n_scored: int | None = None
     unit: np.ndarray | None = field(default=None, compare=False)
     unit_kind: str = "token"
+    scored: np.ndarray | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         arrays = {name: np.asarray(getattr(self, name)) for name in ("token", "mu", "s", "delta")}
@@ -123,7 +129,15 @@ class Events:
         object.__setattr__(self, "well_fitted", wf)
         object.__setattr__(self, "x_range", (lo, hi))
         object.__setattr__(self, "n_tokens", int(self.n_tokens))
-        scored = self.n_tokens if self.n_scored is None else int(self.n_scored)
+        if self.scored is not None:
+            mask = np.asarray(self.scored)
+            if mask.shape != (self.n_tokens,) or mask.dtype != bool:
+                raise InputError(f"Events.scored: expected a bool array of length n_tokens={self.n_tokens}, got "
+                                 f"{mask.dtype} of shape {mask.shape}")  # fmt: skip
+            if self.n_scored is not None and int(self.n_scored) != int(mask.sum()):
+                raise InputError(f"Events.n_scored ({self.n_scored}) is not the number of tokens scored ({int(mask.sum())})")
+            object.__setattr__(self, "scored", mask)
+        scored = (self.n_tokens if self.scored is None else int(self.scored.sum())) if self.n_scored is None else int(self.n_scored)
         if not 1 <= scored <= self.n_tokens:
             raise InputError(f"Events.n_scored must lie in [1, n_tokens={self.n_tokens}], got {self.n_scored}")
         object.__setattr__(self, "n_scored", scored)
@@ -150,7 +164,7 @@ class Events:
         if m.shape != self.mu.shape:
             raise InputError(f"Events.subset: mask must have shape {self.mu.shape}, got {m.shape}")
         return Events(self.token[m], self.mu[m], self.s[m], self.delta[m], self.n_tokens, self.x_range, self.well_fitted[m],
-                      self.resolution, self.n_scored, self.unit, self.unit_kind)  # fmt: skip
+                      self.resolution, self.n_scored, self.unit, self.unit_kind, self.scored)  # fmt: skip
 
     def units(self) -> tuple[np.ndarray, int]:
         """The unit index of each token [N] (0 .. G-1) and the number of units G."""
@@ -160,10 +174,19 @@ class Events:
 
     def for_tokens(self, token_mask: np.ndarray) -> "Events":
         """The events of the tokens where ``token_mask [N]`` is true."""
+        return self.subset(self._token_mask(token_mask, "for_tokens")[self.token])
+
+    def n_scored_of(self, token_mask: np.ndarray) -> int:
+        """How many of the tokens where ``token_mask [N]`` is true are scored (all of them where
+        :attr:`scored` is not known)."""
+        t = self._token_mask(token_mask, "n_scored_of")
+        return int(np.count_nonzero(t if self.scored is None else t & self.scored))
+
+    def _token_mask(self, token_mask: np.ndarray, name: str) -> np.ndarray:
         t = np.asarray(token_mask, bool)
         if t.shape != (self.n_tokens,):
-            raise InputError(f"Events.for_tokens: mask must have shape ({self.n_tokens},), got {t.shape}")
-        return self.subset(t[self.token])
+            raise InputError(f"Events.{name}: mask must have shape ({self.n_tokens},), got {t.shape}")
+        return t
 
     def curve(self, x: np.ndarray) -> np.ndarray:
         """The events' share of the mean loss at x [G]: ``(1/N) sum_i delta_i sigma(-(x-mu_i)/s_i)``.
@@ -302,7 +325,7 @@ def events_from_fit(
         x_range=(float(x_first), float(x_last)),
         well_fitted=np.concatenate([good1, good2, good2]),
         # never-scored tokens (no observed point) are in neither the measured mean nor N
-        n_scored=int(np.count_nonzero(np.asarray(fit["n_points"]) > 0)) if "n_points" in fit else None,
+        scored=np.asarray(fit["n_points"]) > 0 if "n_points" in fit else None,
     )
 
 

@@ -166,12 +166,10 @@ class DomainRates:
     """
 
     def __init__(self, domains, x: np.ndarray, rates: np.ndarray) -> None:
-        x, rates = np.asarray(x, np.float64), np.asarray(rates, np.float64)
-        self.domains = tuple(str(d) for d in domains)
-        if len(set(self.domains)) != len(self.domains):  # a schedule's columns are looked up by name
-            raise InputError(f"domain names must be distinct, got {list(self.domains)}")
-        if x.ndim != 1 or x.size < 2 or np.any(np.diff(x) <= 0):
-            raise InputError("x must be an increasing grid of at least 2 points")
+        self.domains = _domain_names(domains)
+        x, rates = _floats("x", x), _floats("rates", rates)
+        if x.ndim != 1 or x.size < 2 or not np.all(np.isfinite(x)) or np.any(np.diff(x) <= 0):
+            raise InputError("x must be an increasing grid of at least 2 finite points")
         if rates.shape != (x.size, len(self.domains)):
             raise InputError(f"rates must have shape {(x.size, len(self.domains))} (grid x domains), got {rates.shape}")
         if not np.all(np.isfinite(rates)):
@@ -210,6 +208,7 @@ class DomainRates:
         """
         from ..spectrum import _event_bootstrap, learning_time_spectrum
 
+        domains = _domain_names(domains)
         dom = np.asarray(token_domain)
         if dom.shape != (events.n_tokens,):
             raise InputError(f"token_domain must have one entry per probe token ({events.n_tokens}), got shape {dom.shape}")
@@ -222,10 +221,14 @@ class DomainRates:
         if dom.size and (dom.dtype.kind not in "iu" or dom.min() < 0 or dom.max() >= len(domains)):
             raise InputError(f"token_domain must hold indices into the {len(domains)} domains, got values "
                              f"{dom.min()}..{dom.max()} ({dom.dtype})")  # fmt: skip
-        counts = np.bincount(dom.astype(np.int64), minlength=len(domains)) if dom.size else np.zeros(len(domains), int)
-        empty = [str(domains[k]) for k in range(len(domains)) if counts[k] == 0]
+        # a domain's rate is per token of it that the pilot scored (one never observed, e.g. a
+        # loss of NaN at every row, has no event: counted, it made its domain read as slower)
+        scored = [events.n_scored_of(dom == k) for k in range(len(domains))]
+        empty = [str(domains[k]) for k in range(len(domains)) if scored[k] == 0]
         if empty:  # its rate would read 0: a domain nobody measured would be deferred to the floor
-            raise InputError(f"domain(s) {empty} have no probe tokens: the pilot says nothing about when they are learned, "
+            tokens = any(np.any(dom == k) for k in range(len(domains)) if scored[k] == 0)
+            none = "no probe token with a recorded loss at a row the pilot's fit took" if tokens else "no probe tokens"
+            raise InputError(f"domain(s) {empty} have {none}: the pilot says nothing about when they are learned, "
                              "and a schedule would hold them at the floor as if they had nothing to learn; record a pilot "
                              "whose probe has tokens of every domain (tokdyn.curriculum.mixture_probe), or leave those "
                              "domains out of the mixture")  # fmt: skip
@@ -242,15 +245,15 @@ class DomainRates:
         boots = np.zeros((len(unit_mults), n_grid, len(domains)))  # a domain without events: 0 in every resample
         for k in range(len(domains)):
             in_k = dom == k
-            n_k = int(in_k.sum())
             sub = events.for_tokens(in_k)
-            if n_k == 0 or len(sub) == 0:
+            if len(sub) == 0:
                 continue
             spec = learning_time_spectrum(sub, bandwidth=h, kernel="event", grid=n_grid)  # per scored token
-            rates[:, k] = spec.density * events.n_scored / n_k
+            rates[:, k] = spec.density * events.n_scored / scored[k]
             # a resample's rate is per token of the domain *it* drew: resampling whole units moves
             # that count too, and a fixed one would count its swing (1/sqrt(units)) as noise
-            drawn = unit_mults @ np.bincount(unit[in_k], minlength=n_units)
+            counted = in_k if events.scored is None else in_k & events.scored
+            drawn = unit_mults @ np.bincount(unit[counted], minlength=n_units)
             resampled = (m[unit] for m in unit_mults)
             for b, sb in enumerate(_event_bootstrap(sub, spec, resampled, len(unit_mults))):
                 boots[b, :, k] = sb.density * events.n_scored / drawn[b] if drawn[b] > 0 else np.nan  # none drawn: no rate
@@ -277,13 +280,20 @@ class DomainRates:
         """From per-domain loss curves ``losses [S, D]`` at ``steps [S]`` (>= 1): the fall
         ``-dL_k/dlog10 step`` between points, with its sign, smoothed by a Gaussian of ``width``
         decades, then clipped at 0 (noise that goes up and down cancels)."""
-        s, loss = np.asarray(steps, np.float64), np.asarray(losses, np.float64)
-        if s.ndim != 1 or loss.shape != (s.size, len(domains)) or s.size < 2 or np.any(s < 1) or np.any(np.diff(s) <= 0):
+        domains = _domain_names(domains)
+        s, loss = _floats("steps", steps), _floats("losses", losses)
+        if s.ndim != 1 or loss.shape != (s.size, len(domains)) or s.size < 2 or not np.all(np.isfinite(s)) \
+                or np.any(s < 1) or np.any(np.diff(s) <= 0):  # fmt: skip
             raise InputError("steps must be increasing, >= 1, and losses of shape [steps, domains]")
+        if not (is_real(width) and math.isfinite(width) and width >= 0):
+            raise InputError(f"width must be >= 0 decades, got {width!r}")
         lx = np.log10(s)
         mid, r = (lx[1:] + lx[:-1]) / 2, -np.diff(loss, axis=0) / np.diff(lx)[:, None]
-        x = np.linspace(lx[0], lx[-1], 241) if grid is None else np.asarray(grid, np.float64)
-        k = np.exp(-0.5 * ((x[:, None] - mid[None, :]) / max(width, 1e-6)) ** 2) * np.diff(lx)[None, :]
+        x = np.linspace(lx[0], lx[-1], 241) if grid is None else _floats("grid", grid)
+        # each grid point's Gaussian weights over the midpoints, scaled by the largest (in logs): a
+        # narrow width left a point between two midpoints with weights that were all 0 (rates 0/0)
+        z = -0.5 * ((x[:, None] - mid[None, :]) / max(width, 1e-6)) ** 2
+        k = np.exp(z - z.max(axis=1, keepdims=True)) * np.diff(lx)[None, :]
         # signed falls, smoothed, then clipped (by the constructor): a rise and a fall of the
         # same size (noise about a flat curve) cancel instead of leaving a phantom rate
         return cls(domains, x, (k @ r) / k.sum(1, keepdims=True))
@@ -316,6 +326,26 @@ class DomainRates:
         return out
 
 
+def _domain_names(domains) -> tuple[str, ...]:
+    """``domains`` as one or more distinct names (a schedule's columns are looked up by name)."""
+    if isinstance(domains, (str, bytes)) or not hasattr(domains, "__iter__"):  # "ab" is not the domains 'a' and 'b'
+        raise InputError(f"domains must be a sequence of domain names, got {domains!r}")
+    names = tuple(str(d) for d in domains)
+    if not names:
+        raise InputError("domains: a mixture needs one domain at least, got none")
+    if len(set(names)) != len(names):
+        raise InputError(f"domain names must be distinct, got {list(names)}")
+    return names
+
+
+def _floats(name: str, values) -> np.ndarray:
+    """``values`` as a float64 array, or one :class:`InputError` naming ``name``."""
+    try:
+        return np.asarray(values, np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be numbers, got {values!r}"[:200]) from None
+
+
 class MixtureSchedule:
     """Domain weights step by step (module docstring), from :class:`DomainRates`.
 
@@ -331,13 +361,14 @@ class MixtureSchedule:
         if not isinstance(rates, DomainRates):
             raise InputError(f"rates must be DomainRates, got {type(rates).__name__}")
         d = len(rates.domains)
-        b = np.full(d, 1.0 / d) if base is None else np.asarray(base, np.float64)
+        b = np.full(d, 1.0 / d) if base is None else _floats("base", base)
         if b.shape != (d,) or not np.all(np.isfinite(b)) or np.any(b < 0) or not np.isclose(b.sum(), 1.0):
             raise InputError(f"base must be {d} weights >= 0 summing to 1, got {np.asarray(base).tolist()}")
         self.rates, self.config, self.base = rates, config, b
         xs = config.xs()
         r = self.rates.at(xs)  # r_k(x_t) of every step [steps, D], whole arrays
         self.table_ = self._weights(r)  # (steps, D)
+        self.table_.setflags(write=False)  # what weights() hands out and the fingerprint covers
         self._enrichment_ = self._enrichment(r)  # from the same rates: interpolated once
         if rates.unshrunk is not None:  # what the rates would allow before their noise was shrunk away
             best, unbounded = self._best(rates.unshrunk, xs)
@@ -357,9 +388,13 @@ class MixtureSchedule:
         # some domain falls) for a small T: those rows in logs, shifted by their largest term
         bad = ~np.isfinite(total[:, 0]) | ((total[:, 0] == 0) & ((r > 0) & (self.base > 0)).any(axis=1))
         if bad.any():
-            with np.errstate(divide="ignore"):
-                logq = np.log(self.base) + np.log(r[bad]) / c.temperature
-            e = np.exp(logq - logq.max(axis=1, keepdims=True))
+            # log q = log base + log r / T, times T (the order is the same), less its largest: u <= 0,
+            # and exp(u / T) is 1 at the largest and falls to 0, never inf - inf (NaN: a subnormal T
+            # made log r / T infinite for every domain, and such rows took the baseline mixture)
+            with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+                u = c.temperature * np.log(self.base) + np.log(r[bad])
+                u = u - u.max(axis=1, keepdims=True)
+                e = np.exp(np.where(u < 0, u / c.temperature, 0.0))
             q[bad], total[bad] = e, e.sum(axis=1, keepdims=True)
         q = np.where(total > 0, q / np.where(total > 0, total, 1.0), self.base)
         return c.floor * self.base + (1.0 - c.floor) * q
@@ -374,9 +409,10 @@ class MixtureSchedule:
         return h.hexdigest()[:16]
 
     def weights(self, step: int) -> np.ndarray:
-        """Domain weights ``[D]`` (sum 1) for update ``step``."""
+        """Domain weights ``[D]`` (sum 1) for update ``step`` (a copy: the schedule's own table is
+        read-only)."""
         self.config.x(step)  # range check
-        return self.table_[int(step)]
+        return self.table_[int(step)].copy()
 
     def enrichment(self) -> dict:
         """``schedule``: the enrichment E of these weights; ``best``: the most any schedule with
@@ -493,7 +529,7 @@ def load_mixture_schedule(path) -> MixtureSchedule:
         raise InputError(f"cannot read the mixture schedule {path}: {exc.strerror or exc}") from None
     if not isinstance(d, dict) or d.get("kind") != "tokdyn-mixture-schedule":
         raise InputError(f"{path}: not a tokdyn mixture schedule (kind {d.get('kind') if isinstance(d, dict) else None!r})")
-    if d.get("schema_version") != 1:
+    if type(d.get("schema_version")) is not int or d["schema_version"] != 1:  # True and 1.0 are not 1
         raise InputError(f"{path}: mixture schedule schema version {d.get('schema_version')!r}; this tokdyn reads 1")
     try:
         r, config, base = d["rates"], d["config"], d["base"]

@@ -101,11 +101,35 @@ def run_pilot(
     return stats
 
 
-def mixture_probe(dataset, *, per_domain: int, domains, tokenizer: dict, seed: int = 0) -> ProbeSet:
+def _domains_of(dataset, domains) -> tuple[str, ...]:
+    """The names of ``dataset``'s domains in the order of its ``domain_ids``: its own
+    (``dataset.domains``), which ``domains``, where given, must equal. A probe token is labelled
+    by the dataset's domain id, and the schedule and the sampler look domains up by name: other
+    names, or the same in another order, gave each domain another's tokens, without an error."""
+    own = getattr(dataset, "domains", None)
+    own = None if own is None else tuple(str(d) for d in own)
+    if domains is None:
+        if own is None:
+            raise InputError("the dataset does not name its domains: pass domains=, its names in the order of its domain ids")
+        return own
+    if isinstance(domains, (str, bytes)) or not hasattr(domains, "__iter__"):
+        raise InputError(f"domains must be a sequence of domain names, got {domains!r}")
+    names = tuple(str(d) for d in domains)
+    if own is not None and names != own:
+        raise InputError(f"domains {list(names)} are not the dataset's domains {list(own)} in its order (a probe token is "
+                         "labelled by the dataset's domain id): leave domains out to take the dataset's")  # fmt: skip
+    if len(names) != len(dataset.counts):
+        raise InputError(f"domains has {len(names)} names; the dataset has {len(dataset.counts)} domains")
+    return names
+
+
+def mixture_probe(dataset, *, per_domain: int, domains=None, tokenizer: dict, seed: int = 0) -> ProbeSet:
     """A probe of ``per_domain`` training windows of each domain of a
     :class:`~tokdyn.data.MixtureDataset`, labelled by domain (``probe.token_arrays["domain"]``
-    is the index into ``domains``); ``doc_offset`` is the sample index in the pool."""
+    is the index into ``domains``: the dataset's domains, which ``domains``, where given, must
+    be, in their order); ``doc_offset`` is the sample index in the pool."""
     per_domain, seed = _count("per_domain", per_domain), _seed("seed", seed)
+    domains = _domains_of(dataset, domains)
     rng = np.random.default_rng(seed)
     picks = []
     for k, n in enumerate(dataset.counts):
@@ -144,9 +168,11 @@ class PilotSplit:
         scale = np.divide(want, have, out=np.zeros_like(want), where=have > 0)
         return p * scale[domain_ids]
 
-    def probe(self, dataset, *, per_domain: int, domains, tokenizer: dict) -> ProbeSet:
-        """``per_domain`` held-out windows of each domain, spread evenly over its held-out tail."""
+    def probe(self, dataset, *, per_domain: int, domains=None, tokenizer: dict) -> ProbeSet:
+        """``per_domain`` held-out windows of each domain, spread evenly over its held-out tail
+        (labelled as by :func:`mixture_probe`)."""
         per_domain = _count("per_domain", per_domain)
+        domains = _domains_of(dataset, domains)
         picks = []
         for k in range(len(dataset.counts)):
             idx = np.flatnonzero(self.held & (dataset.domain_ids == k))
@@ -191,7 +217,7 @@ def run_mixture_pilot(
     store: str | os.PathLike,
     *,
     dataset,
-    domains,
+    domains=None,
     batches,
     model_config: GPTConfig,
     train_config: TrainConfig,
