@@ -135,8 +135,8 @@ def levenberg_marquardt(
         down to fit: a trust region, used by variable projection from the start grid); it
         widens up to RADIUS_MAX times after well-predicted steps it cut short.
     shrink_min : least factor by which a successful step shrinks the damping.
-    flat_converged : also converged when a nearly undamped step (lam <= 1) predicts a gain of
-        at most ftol (rounding in a projected sum of squares can hide a last real gain). That
+    flat_converged : also converged when a nearly undamped step (lam <= 1), not cut short by
+        the trust region, predicts a gain of at most ftol (rounding in a projected sum of squares can hide a last real gain). That
         step is not taken, nor counted: its gain is below the tolerance, and the compiled
         solver (:mod:`tokdyn.fit.varpro`) stops there without evaluating it.
     row_data : more per-row arrays [B, ...] that ``evaluate`` takes after the parameters
@@ -181,6 +181,7 @@ def levenberg_marquardt(
         diag = M[:, diag_idx, diag_idx]
         M[:, diag_idx, diag_idx] = ops.where(fixed, ops.ones_like(Dl), diag + Dl)
         h, ok = cholesky_solve(ops, M, -g * freef)
+        capped = ops.zeros_like(sse) > 0  # whether the trust region cut the step short
         if step_max is not None:  # scale the step down into the trust region
             over = ops.rowmax(ops.abs(h) / (step_max * radius[:, None]))  # [B, 1]
             capped = over[:, 0] > 1.0
@@ -193,7 +194,8 @@ def levenberg_marquardt(
 
         step_ok = active & ok & ops.isfinite(sse_t)
         if flat_converged:  # at the optimum to ftol already: the step is not taken
-            flat = active & ok & (lam <= 1.0) & (pred >= 0) & (pred <= ftol * sse)
+            # (not a step the trust region cut short: its gain is small for being short)
+            flat = active & ok & ~capped & (lam <= 1.0) & (pred >= 0) & (pred <= ftol * sse)
             step_ok = step_ok & ~flat
         better = step_ok & (sse_t < sse)
         actred = sse - sse_t

@@ -348,7 +348,8 @@ def _sigmoid_lm_kernel(X, YC, W, TH, LO, HI, SM, MEAN, FLOOR,
             BLOCK_K)
         # at the optimum to ftol already (a nearly undamped step predicts no real gain):
         # converged, the step neither taken nor counted
-        flat = active & ok & (lam <= 1.0) & (pred >= 0) & (pred <= ftol * F)
+        # (not a step the trust region cut short: its gain is small for being short)
+        flat = active & ok & ~capped & (lam <= 1.0) & (pred >= 0) & (pred <= ftol * F)
         step_ok = active & ok & _finite(F_t) & ~flat
         better = step_ok & (F_t < F)
         actred = F - F_t

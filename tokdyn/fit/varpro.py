@@ -1005,8 +1005,11 @@ def _vp_lm(P, xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t,
             pred -= 2.0 * out[gi + a] * h[a] + h[a] * v
         # At the optimum to the tolerance already: a nearly undamped step predicts no more
         # than ftol (rounding in the projected sums may make its trial look like no gain), so
-        # the step is neither evaluated nor taken.
-        if ok and lam <= 1.0 and 0.0 <= pred <= ftol * sse:
+        # the step is neither evaluated nor taken. Not a step the trust region cut short: its
+        # gain is small for being short (a two-sigmoid start whose second event sat between
+        # two points had its Newton step cut to 1e-3 of itself, and stopped "converged" at
+        # the start, at 4 times the optimum's sum of squares).
+        if ok and not capped and lam <= 1.0 and 0.0 <= pred <= ftol * sse:
             return sse, it, LM_CONVERGED
         sse_t = _vp_value(P, xo, yc, n, syy, th_t, buf, out_t, bnd, mean)
         better = ok and math.isfinite(sse_t) and sse_t < sse
@@ -1087,7 +1090,7 @@ def _vp_lm2(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, s
         pred = 0.0 - (2.0 * g0 * h0 + h0 * v)
         v = (0.0 + a10 * h0) + a11 * h1
         pred -= 2.0 * g1 * h1 + h1 * v
-        if ok and lam <= 1.0 and 0.0 <= pred <= ftol * sse:
+        if ok and not capped and lam <= 1.0 and 0.0 <= pred <= ftol * sse:
             return sse, it, LM_CONVERGED
         th[0], th[1] = u0, u1
         sse_t = _vp_sigmoid(xo, yc, n, syy, th, buf, out_t, floor, mean)
@@ -1204,7 +1207,7 @@ def _vp_lm4(xo, yc, n, syy, th, lo, hi, max_iter, ftol, xtol, buf, out, out_t, s
             v += out[11 + 4 * a] * h3
             ha = h0 if a == 0 else (h1 if a == 1 else (h2 if a == 2 else h3))
             pred -= 2.0 * out[4 + a] * ha + ha * v
-        if ok and lam <= 1.0 and 0.0 <= pred <= ftol * sse:
+        if ok and not capped and lam <= 1.0 and 0.0 <= pred <= ftol * sse:
             return sse, it, LM_CONVERGED
         th[0], th[1], th[2], th[3] = u0, u1, u2, u3
         sse_t = _two_value(xo, yc, n, syy, th, buf, out_t, bnd, mean)
