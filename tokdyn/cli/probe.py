@@ -8,7 +8,7 @@ import os
 import tempfile
 
 from .._files import check_output_path, not_a_folder
-from .._text import labels, visible
+from .._text import labels, option_word, visible
 from ..corpus import source_kind
 from ..errors import InputError
 from ..store import open_store
@@ -96,7 +96,7 @@ def _probe(args: argparse.Namespace) -> int:
     if added[0] or added[1]:  # the post-processor's template ([CLS] ... [SEP], <s> ...): in every document, said
         where = " and ".join(f"{' '.join(t)} {side}" for t, side in zip(added, ("before", "after")) if t)
         print(f"  adds       {visible(where)} every document (the tokenizer's post-processor): in the probe and in a training stream")
-    print(visible(f"next: tokdyn record-offline --checkpoints DIR --out {args.out} --run NAME, or in a training loop "
+    print(visible(f"next: tokdyn record-offline --checkpoints DIR {option_word('--out', args.out)} --run NAME, or in a training loop "
                   f"TokenLossRecorder(model, tokdyn.open_store({args.out!r}).probe, {args.out!r}, NAME, schedule=...)"))  # fmt: skip
     return 0
 

@@ -169,6 +169,27 @@ def token_losses(
     return out
 
 
+def _stepping(optimizer) -> torch.optim.Optimizer:
+    """The optimizer whose ``step()`` makes the update, which ``attach`` hooks: ``optimizer``, or
+    the one a wrapper without hooks of its own holds. accelerate's ``AcceleratedOptimizer`` is a
+    ``torch.optim.Optimizer`` that never ran its ``__init__`` (hooking it raised AttributeError
+    from inside torch, after the step-0 row was written); it steps ``.optimizer`` once per real
+    update, skipping the steps of gradient accumulation, which is what a row's step counts."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise InputError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    seen = set()
+    while not hasattr(optimizer, "_optimizer_step_post_hooks") and id(optimizer) not in seen:
+        seen.add(id(optimizer))
+        inner = next((getattr(optimizer, name) for name in ("optimizer", "_optimizer")
+                      if isinstance(getattr(optimizer, name, None), torch.optim.Optimizer)), None)  # fmt: skip
+        if inner is None:
+            raise InputError(f"the optimizer {type(optimizer).__name__} has no step hooks (a wrapper that never ran "
+                             "torch.optim.Optimizer.__init__) and holds no optimizer that has: pass the optimizer whose "
+                             "step() updates the weights")  # fmt: skip
+        optimizer = inner
+    return optimizer
+
+
 def _tensors_of(optimizer) -> list:
     """The tensors an optimizer updates (its parameter groups'; also accelerate's and
     Lightning's wrappers, which expose ``param_groups``)."""
@@ -565,8 +586,7 @@ class TokenLossRecorder:
         ``start_step`` its rate is unknown (NaN): the update that made those weights is done,
         and the optimizer already holds the next one's rate.
         """
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise InputError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        optimizer = _stepping(optimizer)
         if isinstance(start_step, bool) or not isinstance(start_step, (int, np.integer)) or start_step < 0:
             raise InputError(f"start_step counts the optimizer updates already done: an integer >= 0, got {start_step!r}")
         if self._closed:

@@ -27,7 +27,7 @@ from .files import check_regular_tree, read_json
 
 __all__ = ["CheckpointRef", "discover_checkpoints", "held_step", "recorded_step", "order_refs", "manifest_axis", "MANIFEST", "KINDS",
            "MODEL_DTYPE_NAMES", "STEP_KEYS", "step_value", "trainer_state_coords", "drop_unfinished", "hf_weight_files",
-           "is_adapter_folder"]
+           "is_adapter_folder", "file_kind"]
 
 MANIFEST = "manifest.json"
 MODEL_DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes models may run in (loading maps them to torch's)
@@ -35,6 +35,7 @@ TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 SAFETENSORS_SUFFIXES = (".safetensors",)
 KINDS = ("torch", "safetensors", "hf")
 _ENTRY_KEYS = {"path", "step", "tokens_seen", "axis_value", "lr", "kind", "model"}
+_MANIFEST_KEYS = {"checkpoints", "axis", "model"}
 _INT = re.compile(r"\d+")
 # The integer after "step": not step100k (100 thousand, or not a step), nor step_1.5k (1500, not 1).
 _STEP_INT = re.compile(r"step[_\-=]?(\d+)(?![a-z0-9]|\.\d)", re.IGNORECASE)
@@ -172,7 +173,7 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
     axis = axis or "T"
     if axis != "T":
         raise InputError(f"an axis-{axis} sweep needs {root / MANIFEST} giving each checkpoint's axis_value")
-    entries, skipped_dirs, adapters, in_progress = [], [], [], []
+    entries, skipped_dirs, adapters, in_progress, dcp = [], [], [], [], []
     for p in sorted(root.iterdir()):
         if p.name.startswith(".") or _TRAINING_STATE.match(p.name):
             continue
@@ -185,6 +186,8 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
                 adapters.append(p.name)
             elif p.is_dir() and _holds_weights(p):
                 skipped_dirs.append(p.name)
+            elif p.is_dir() and _is_dcp(p):
+                dcp.append(p.name)
             continue
         entries.append((p, kind))
     found, unnamed = [], []
@@ -200,6 +203,13 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
         warnings.warn(
             f"{root}: {in_progress} are named as saves still being written (or left by a save that died) and were not "
             "recorded; once the save completes under its final name, --resume (resume=True) records it",
+            stacklevel=2,
+        )
+    if dcp:
+        warnings.warn(
+            f"{root}: sub-folders {dcp} are torch.distributed.checkpoint saves (.metadata and .distcp files), which tokdyn "
+            "does not read, and were skipped; convert each into one file (torch.distributed.checkpoint.format_utils."
+            "dcp_to_torch_save(folder, 'step_N.pt')) and record those",
             stacklevel=2,
         )
     if adapters:
@@ -252,6 +262,14 @@ _NO_STEP = (
     f"({', '.join(STEP_KEYS)}; an HF folder's trainer_state.json)"
 )
 _NO_STEP_FIX = f"Rename them (e.g. step_000100.pt), move them out, or list every checkpoint with its \"step\" in {MANIFEST}"
+
+
+def _is_dcp(folder: Path) -> bool:
+    """Whether ``folder`` is a torch.distributed.checkpoint save (torchtitan's ``step-50/``)."""
+    try:
+        return (folder / ".metadata").is_file() and any(q.suffix == ".distcp" for q in folder.iterdir())
+    except OSError:
+        return False
 
 
 def _holds_weights(folder: Path) -> bool:
@@ -404,6 +422,17 @@ def _drop_copies(refs: list[CheckpointRef], root: Path) -> list[CheckpointRef]:
     return [r for r in refs if id(r) not in dropped]
 
 
+def file_kind(p: Path) -> str | None:
+    """``"safetensors"`` or ``"torch"`` by the name of file ``p``, in any case (``step_20.PT``),
+    and ``.pth.tar`` (PyTorch's ImageNet example) as torch; None for other names. Such files were
+    skipped without a word beside the ones recorded."""
+    suffixes = [x.lower() for x in p.suffixes[-2:]]
+    suffix = suffixes[-1] if suffixes else ""
+    if suffix == ".tar" and len(suffixes) == 2 and suffixes[0] in TORCH_SUFFIXES:
+        return "torch"
+    return "safetensors" if suffix in SAFETENSORS_SUFFIXES else "torch" if suffix in TORCH_SUFFIXES else None
+
+
 def _kind_of(p: Path) -> str | None:
     """The kind of checkpoint at ``p`` (None: not one). A checkpoint that is not made of regular
     files (a FIFO, a device, a link to one) is an :class:`InputError`: reading it could block
@@ -413,10 +442,9 @@ def _kind_of(p: Path) -> str | None:
             return None
         check_regular_tree(p)
         return "hf"
-    if p.suffix in SAFETENSORS_SUFFIXES + TORCH_SUFFIXES:
+    if (kind := file_kind(p)) is not None:
         check_regular(p, "checkpoint")
-        return "safetensors" if p.suffix in SAFETENSORS_SUFFIXES else "torch"
-    return None
+    return kind
 
 
 def _last_int(p: Path) -> int | None:
@@ -512,6 +540,8 @@ def _read_manifest(path: Path, axis: str | None) -> list[CheckpointRef]:
     doc = read_json(path, "manifest")
     if not isinstance(doc, Mapping) or not isinstance(doc.get("checkpoints"), list) or not doc["checkpoints"]:
         raise InputError(f'{path}: a manifest is {{"checkpoints": [{{"path": ..., "step": ...}}, ...]}} with at least one entry')
+    if unknown := set(doc) - _MANIFEST_KEYS:  # "Axis" dropped made a D sweep a T run, its steps read from names
+        raise InputError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(_MANIFEST_KEYS)}")
     axis = axis or doc.get("axis", "T")
     if axis not in AXES:
         raise InputError(f"{path}: axis must be one of {AXES}, got {axis!r}")
@@ -523,6 +553,11 @@ def _read_manifest(path: Path, axis: str | None) -> list[CheckpointRef]:
             raise InputError(f'{where}: expected an object with "path", got {e!r}')
         if unknown := set(e) - _ENTRY_KEYS:
             raise InputError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_ENTRY_KEYS)}")
+        # a key of the other kind of axis would be dropped: a value given is a value used
+        other, needs = ("axis_value", 'a D or M sweep ("axis": "D" or "M")') if axis == "T" else ("step", "an axis-T run")
+        if other in e:
+            raise InputError(f'{where}: "{other}" applies to {needs}; this manifest is of axis {axis}'
+                             f"{' (--axis)' if axis != doc.get('axis', 'T') else ''}")  # fmt: skip
         if not isinstance(e["path"], str) or not e["path"] or "\0" in e["path"]:
             raise InputError(f'{where}: "path" must be a non-empty string (a file or folder name), got {e["path"]!r}')
         if e.get("kind") and e["kind"] not in KINDS:
@@ -543,6 +578,9 @@ def _read_manifest(path: Path, axis: str | None) -> list[CheckpointRef]:
         else:
             if "axis_value" not in e:
                 raise InputError(f'{where}: an axis-{axis} manifest needs "axis_value" in every entry')
+            if is_real(e["axis_value"]) and e["axis_value"] < 0:  # a fit leaves it out as no place on a log axis
+                raise InputError(f'{where}: "axis_value" {e["axis_value"]!r} is negative; an axis-{axis} value counts '
+                                 f'{"training tokens" if axis == "D" else "parameters"}')  # fmt: skip
             step = 0  # ordinal, assigned by _order
         try:
             refs.append(

@@ -26,7 +26,7 @@ import torch
 
 from ..._files import check_regular
 from ...errors import InputError, UnsafeFileError
-from .discovery import (MANIFEST, MODEL_DTYPE_NAMES, SAFETENSORS_SUFFIXES, STEP_KEYS, CheckpointRef, held_step, is_adapter_folder,
+from .discovery import (MANIFEST, MODEL_DTYPE_NAMES, STEP_KEYS, CheckpointRef, file_kind, held_step, is_adapter_folder,
                         recorded_step)
 from .files import check_regular_tree, read_json
 from .models import HF_LOCK, build_model, check_causal_model_type, import_transformers, json_type, model_spec_beside, short_error
@@ -57,7 +57,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """
     p = Path(path)
     check_regular(p, "checkpoint")
-    if p.suffix in SAFETENSORS_SUFFIXES:
+    if file_kind(p) == "safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -237,7 +237,7 @@ def _state_dict_of(ref: CheckpointRef) -> dict[str, torch.Tensor]:
     """:func:`read_state_dict` of ``ref``'s file, checking a step read from its name against the
     one a torch file records (Lightning's ``global_step``, ...), from the same single read."""
     p = ref.path
-    if p.suffix in SAFETENSORS_SUFFIXES or ref.step_from != "name":
+    if file_kind(p) == "safetensors" or ref.step_from != "name":
         return read_state_dict(p)
     obj = read_torch_file(p)
     found = recorded_step(obj, STEP_KEYS[:3])  # not "step": its meaning varies
