@@ -33,9 +33,10 @@ from tokdyn.errors import InputError
 STEPS = np.unique(np.round(np.geomspace(10, 100_000, 24)).astype(np.int64))
 
 
-def planted(path, tokens, mu, *, vocab, delta=3.0, run="pilot", seed=0) -> str:
+def planted(path, tokens, mu, *, vocab, delta=3.0, run="pilot", seed=0, unrecorded=None) -> str:
     """A fitted pilot whose probe windows are ``tokens [S, C+1]``; target i learned at ``mu[i]``
-    (``delta`` nats, width 0.1 decades), NaN: flat."""
+    (``delta`` nats, width 0.1 decades), NaN: flat; the targets ``unrecorded`` (a bool mask) have
+    a loss of NaN at every step."""
     rng = np.random.default_rng(seed)
     probe = tokdyn.ProbeSet.from_tokens(np.asarray(tokens), tokenizer={"kind": "byte", "vocab_size": vocab})
     mu = np.asarray(mu, float)
@@ -44,8 +45,10 @@ def planted(path, tokens, mu, *, vocab, delta=3.0, run="pilot", seed=0) -> str:
     st = tokdyn.open_store(str(path), probe, mode="w")
     with st.create_run(run, capacity=len(STEPS)).writer() as w:
         for j, s in enumerate(STEPS):
-            w.append((1 + d / (1 + np.exp((x[j] - m) / 0.1)) + 0.02 * rng.standard_normal(mu.size)).astype(np.float32),
-                     step=int(s))  # fmt: skip
+            row = 1 + d / (1 + np.exp((x[j] - m) / 0.1)) + 0.02 * rng.standard_normal(mu.size)
+            if unrecorded is not None:
+                row[unrecorded] = np.nan
+            w.append(row.astype(np.float32), step=int(s), warn_nonfinite=False)
     tokdyn.fit_run(tokdyn.open_store(str(path), mode="r+").run(run), progress=False)
     return str(path)
 
@@ -281,10 +284,13 @@ def test_a_holdout_that_cannot_split_the_pilot_names_the_option(tmp_path, capsys
     assert code == 0
 
 
-def test_a_planted_pilot_gives_the_docs_estimates_by_hand(tmp_path):
+@pytest.mark.parametrize("unrecorded_share", [0.0, 0.3])
+def test_a_planted_pilot_gives_the_docs_estimates_by_hand(tmp_path, unrecorded_share):
     """Targets learned at a time set by the token and its predecessor; every estimate of the
     table built from the fitted pilot is the docs' formula computed here key by key, and the
-    order-1 estimates are the planted times."""
+    order-1 estimates are the planted times. Targets never recorded (NaN at every step) count in
+    no estimate and no key's count (they were counted as drops of 0: their keys read as less
+    learnable)."""
     from tokdyn.curriculum import build_table
     from tokdyn.curriculum.learnability import LearnabilityOptions
 
@@ -294,15 +300,16 @@ def test_a_planted_pilot_gives_the_docs_estimates_by_hand(tmp_path):
     S, C = tok.shape[0], tok.shape[1] - 1
     mu = np.array([[np.nan if tok[s, p] == 2 and tok[s, p - 1] == 2 else 1.8 + 0.4 * tok[s, p] + 0.3 * tok[s, p - 1]
                     for p in range(1, C + 1)] for s in range(S)]).reshape(-1)  # fmt: skip
-    p = planted(tmp_path / "p.zarr", tok, mu, vocab=V)
+    seen = rng.uniform(size=mu.size) >= unrecorded_share
+    p = planted(tmp_path / "p.zarr", tok, mu, vocab=V, unrecorded=~seen)
     t = build_table(p, "pilot", options=LearnabilityOptions(order=3, prior=5.0, min_count=3, holdout=0))
     # the targets by hand: each planted event lies well inside the observed range 1..5, so its
     # seen drop is its 3 nats (to the fit's noise) and its time the planted one
     d = np.where(np.isfinite(mu), 3.0, 0.0)
     w = d.copy()
-    has = np.isfinite(mu)
+    has = np.isfinite(mu) & seen
     ctx = [(tok[s, q], tok[s, q - 1], tok[s, q - 2] if q >= 2 else V) for s in range(S) for q in range(1, C + 1)]
-    w_bar, mu_g, d_g = w[has].mean(), np.average(mu[has], weights=w[has]), d.mean()
+    w_bar, mu_g, d_g = w[has].mean(), np.average(mu[has], weights=w[has]), d[seen].mean()
     assert t.mu_global == pytest.approx(mu_g, abs=0.01) and t.delta_global == pytest.approx(d_g, abs=0.02)
 
     def estimates(width, parent):
@@ -312,6 +319,7 @@ def test_a_planted_pilot_gives_the_docs_estimates_by_hand(tmp_path):
         out = {}
         for k, idx in groups.items():
             idx = np.array(idx)
+            idx = idx[seen[idx]]
             pd, pm = parent(k)
             h = idx[has[idx]]
             out[k] = ((d[idx].sum() + 5 * pd) / (idx.size + 5), (np.sum(w[h] * mu[h]) + 5 * w_bar * pm) / (w[h].sum() + 5 * w_bar),
@@ -323,8 +331,9 @@ def test_a_planted_pilot_gives_the_docs_estimates_by_hand(tmp_path):
     e3 = estimates(3, lambda k: e2[k[:2]][:2])
     for order, e in ((1, e1), (2, e2), (3, e3)):
         lev = t.levels[order - 1]
-        want = {sum(int(k[j]) * (V + 1) ** j for j in range(order)): v for k, v in e.items() if order == 1 or v[2] >= 3}
+        want = {sum(int(k[j]) * (V + 1) ** j for j in range(order)): v for k, v in e.items() if v[2] >= (1 if order == 1 else 3)}
         assert sorted(want) == lev["keys"].tolist()
+        assert lev["count"].tolist() == [want[k][2] for k in sorted(want)]
         got = {int(k): (float(dd), float(mm)) for k, dd, mm in zip(lev["keys"], lev["delta"], lev["mu"])}
         for k, (wd, wm, _) in want.items():
             assert got[k][0] == pytest.approx(wd, abs=0.02) and got[k][1] == pytest.approx(wm, abs=0.01), (order, k)
@@ -332,7 +341,7 @@ def test_a_planted_pilot_gives_the_docs_estimates_by_hand(tmp_path):
     t1 = build_table(p, "pilot", options=LearnabilityOptions(order=1, prior=0.0, min_count=1, holdout=0))
     tgt = tok[:, 1:].reshape(-1)
     for k, m in zip(t1.levels[0]["keys"].tolist(), t1.levels[0]["mu"].tolist()):
-        assert m == pytest.approx(np.nanmean(mu[tgt == k]), abs=0.01)
+        assert m == pytest.approx(np.nanmean(mu[(tgt == k) & seen]), abs=0.01)
 
 
 @pytest.mark.parametrize("bad", [dict(lr=float("inf")), dict(lr=float("nan")), dict(steps=2.5), dict(seed=True),

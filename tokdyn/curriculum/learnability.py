@@ -9,7 +9,9 @@ one or two tokens (docs/method.md, "Reshaping training"):
   drops seen inside the pilot's observed range (:func:`seen_drops`: 0 for a token with no event;
   an event fitted outside the range, or a pair that cancels, adds nothing), ``mu`` = the
   drop-weighted mean learning time of its events with a positive drop (NaN when the token's
-  drops sum to <= 0);
+  drops sum to <= 0); a token the pilot's fit never observed (its loss NaN at every row) has
+  ``delta`` NaN and counts in no estimate (counted as a drop of 0, it made its keys read as
+  less learnable);
 - **keys** (:func:`context_keys`): order 1 is the target id, order 2 adds the previous token,
   order 3 the one before; a target whose window has no such token uses the id ``V`` (no token);
 - **estimates** per key: mean ``delta`` per occurrence, drop-weighted mean ``mu``, each shrunk
@@ -160,12 +162,13 @@ def context_keys(tokens: torch.Tensor, *, order: int, vocab_size: int) -> list[t
     return keys
 
 
-def token_targets(events: Mapping[str, np.ndarray], n_tokens: int) -> dict[str, np.ndarray]:
+def token_targets(events: Mapping[str, np.ndarray], n_tokens: int, scored: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per-token targets ``[n_tokens]`` from learning events (``token``, ``mu``, ``delta``:
     ``SigmoidFit.events()``, or better :func:`seen_drops` of them, as :func:`build_table` does).
 
-    ``delta``: sum of the token's event drops (0 without events); ``weight``: that sum clipped at
-    0 (a drop undone by a rise of the same token carries no weight); ``mu``: the
+    ``delta``: sum of the token's event drops (0 without events; NaN for a token not ``scored``,
+    ``[n_tokens]`` bool, the tokens the fit observed: default every token); ``weight``: that sum
+    clipped at 0 (a drop undone by a rise of the same token carries no weight); ``mu``: the
     positive-drop-weighted mean learning time of its events (NaN when its weight is 0).
     """
     tok = np.asarray(events["token"], dtype=np.int64)
@@ -181,7 +184,12 @@ def token_targets(events: Mapping[str, np.ndarray], n_tokens: int) -> dict[str, 
     d = np.bincount(tok, weights=delta, minlength=n_tokens)
     p = np.bincount(tok, weights=pos, minlength=n_tokens)
     wmu = np.bincount(tok, weights=pos * mu, minlength=n_tokens)
-    w = np.clip(d, 0.0, None)
+    if scored is not None:
+        scored = np.asarray(scored, bool)
+        if scored.shape != (n_tokens,):
+            raise InputError(f"scored must be one bool per token ({n_tokens}), got shape {scored.shape}")
+        d = np.where(scored, d, np.nan)  # never observed: no target (a drop of 0 would say "nothing to learn")
+    w = np.clip(np.nan_to_num(d), 0.0, None)
     with np.errstate(invalid="ignore", divide="ignore"):
         m = np.where((w > 0) & (p > 0), wmu / p, np.nan)
     return {"delta": d, "mu": m, "weight": np.where(np.isfinite(m), w, 0.0)}
@@ -293,7 +301,8 @@ class LearnabilityTable:
     def fit(cls, tokens: np.ndarray, targets: Mapping[str, np.ndarray], *, vocab_size: int,
             options: LearnabilityOptions | None = None, meta: Mapping[str, Any] | None = None) -> "LearnabilityTable":  # fmt: skip
         """Fit the table on pilot windows ``tokens [S, C+1]`` and per-target ``targets``
-        (:func:`token_targets`: ``delta``, ``mu``, ``weight``, each ``[S*C]``, row-major)."""
+        (:func:`token_targets`: ``delta``, ``mu``, ``weight``, each ``[S*C]``, row-major; a
+        ``delta`` of NaN marks a token that was not observed, which no estimate counts)."""
         opts = options or LearnabilityOptions()
         keys, d, m, w = _pilot_arrays(tokens, targets, vocab_size=vocab_size, order=opts.order)
         return _fit_arrays(keys, d, m, w, vocab_size=vocab_size, options=opts, meta=meta)
@@ -531,7 +540,7 @@ def build_table(store, run: str, *, options: LearnabilityOptions | None = None) 
             f"run {run!r} is fitted but has no learning event with a positive loss drop; a pilot needs tokens that "
             "were learned (train it longer, or on more steps of the schedule)"
         )
-    targets = token_targets(events, probe.n_tokens)
+    targets = token_targets(events, probe.n_tokens, scored=np.asarray(fit.n_points) > 0)
     meta = {
         "tokenizer": dict(probe.tokenizer),
         "pilot": {
@@ -571,7 +580,9 @@ def holdout_check(keys: list[np.ndarray], delta: np.ndarray, mu: np.ndarray, wei
     held = np.repeat(held, sequence_length)
     fit = _fit_arrays([k[~held] for k in keys], delta[~held], mu[~held], weight[~held], vocab_size=vocab_size, options=options)
     p_mu, p_delta, level = (t.numpy() for t in fit._lookup_keys([torch.from_numpy(k[held]) for k in keys]))
-    d_true, m_true = delta[held], mu[held]
+    seen = np.isfinite(delta[held])  # the held-out tokens the pilot observed: the others have no target
+    p_mu, p_delta, level = p_mu[seen], p_delta[seen], level[seen]
+    d_true, m_true = delta[held][seen], mu[held][seen]
     has = np.isfinite(m_true)
 
     def rho(a, b) -> float:
@@ -579,7 +590,7 @@ def holdout_check(keys: list[np.ndarray], delta: np.ndarray, mu: np.ndarray, wei
 
     return {
         "holdout": options.holdout,
-        "n_tokens": int(held.sum()),
+        "n_tokens": int(seen.sum()),
         "n_tokens_with_event": int(has.sum()),
         "delta_spearman": rho(p_delta, d_true),
         "delta_mae": float(np.mean(np.abs(p_delta - d_true))),
@@ -647,21 +658,26 @@ def _pilot_arrays(tokens, targets, *, vocab_size: int, order: int):
 
 def _fit_arrays(keys, delta, mu, weight, *, vocab_size: int, options: LearnabilityOptions, meta=None) -> LearnabilityTable:
     """The table from flat per-token keys and targets (see the module docstring)."""
-    if delta.size == 0:
-        raise InputError("no pilot tokens to fit the learnability table on")
-    has = np.isfinite(mu) & (weight > 0)
+    counted = np.isfinite(delta)  # NaN: a token the pilot never observed, in no estimate
+    if not counted.any():
+        raise InputError("no pilot tokens to fit the learnability table on" if delta.size == 0 else
+                         "no pilot token has a recorded loss to fit the learnability table on")  # fmt: skip
+    has = counted & np.isfinite(mu) & (weight > 0)
     if not has.any():
         raise InputError("no pilot token has a learning event with a positive loss drop")
+    delta = np.where(counted, delta, 0.0)
     w = np.where(has, weight, 0.0)
     wmu = np.where(has, w * np.nan_to_num(mu), 0.0)
-    d_glob = float(delta.mean())
+    d_glob = float(delta.sum() / counted.sum())
     mu_glob = float(wmu.sum() / w.sum())
     w_bar = float(w[has].mean())  # drop of a typical learned token: the prior's weight per pseudo-occurrence
     prior = options.prior
     base = vocab_size + 1
     levels, parent = [], None
     for k, key in enumerate(keys, 1):
-        uniq, inv, count = np.unique(key, return_inverse=True, return_counts=True)
+        uniq, inv = np.unique(key, return_inverse=True)
+        inv = inv.reshape(-1)
+        count = np.bincount(inv, weights=counted, minlength=uniq.size).astype(np.int64)  # the tokens observed
         s_d = np.bincount(inv, weights=delta)
         s_w = np.bincount(inv, weights=w)
         s_wmu = np.bincount(inv, weights=wmu)
