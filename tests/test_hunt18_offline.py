@@ -352,7 +352,8 @@ def test_the_command_line_says_what_it_can_do_instead_of_forward(tmp_path, capsy
 
 # == 5. a model or a parallelism named after the step ==================================================
 
-_GLUED = ["gpt2", "tp2", "pp4", "mp8", "dp16", "llama3", "t5", "zero3", "fsdp2", "qwen2", "phi3", "a100", "h100"]
+_GLUED = ["gpt2", "tp2", "pp4", "mp8", "dp16", "llama3", "t5", "zero3", "fsdp2", "qwen2", "phi3", "a100", "h100",
+          "ddp4", "world8", "world_8", "fold3", "a6000", "v100", "l40s", "mi300x"]
 
 
 @pytest.mark.parametrize("name,step", [
@@ -361,6 +362,7 @@ _GLUED = ["gpt2", "tp2", "pp4", "mp8", "dp16", "llama3", "t5", "zero3", "fsdp2",
     ("gpt2_tp4.pt", None), ("llama3_zero3.pt", None), ("gpt2_final.pt", None), ("llama3_best.pt", None),
     ("gpt2_model1000.pt", 1000), ("llama2_it1000.pt", 1000), ("run-1_model500.pt", 500), ("exp1_model500.pt", 500),
     ("qwen2.5_ckpt_300.pt", 300), ("gpt_1000.pt", 1000), ("llama-500.pt", 500),
+    ("ckpt_1000_world8.pt", 1000), ("ckpt_1000_ddp4.pt", 1000), ("ckpt_1000_a6000.pt", 1000), ("fold3_ckpt_200.pt", 200),
 ])  # fmt: skip
 def test_the_step_of_a_name_with_a_model_or_parallelism_in_it(name, step):
     """A model or a parallelism with its number (gpt2, llama3, tp2) is never the step, wherever it

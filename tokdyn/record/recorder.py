@@ -352,7 +352,8 @@ class TokenLossRecorder:
     device : torch.device or str, optional
         Where the probe forwards run; defaults to the model's device.
     dtype : {"float32", "float16", "float64"}, optional
-        Storage dtype of the losses: float32 for a new run; a resumed run keeps its own, and
+        Storage dtype of the losses (computed in float32 whatever the model's precision, so
+        float64 holds no more than float32): float32 for a new run; a resumed run keeps its own, and
         asking for another is an error (nothing is rounded silently).
     batch_size : int
         Probe sequences per forward.

@@ -64,7 +64,7 @@ _NOT_A_STEP = re.compile(
     r"|[a-z]*\d+(?:\.\d+)*e[-+]?\d+"  # a number in e-notation: 3e-4, lr1e-3
     r"|[a-z]*\d+(?:\.\d+)+[a-z]*"  # a decimal or a dotted version: 0.5, 1.4b, 1.2.3, step1.5k (not step 1)
     r"|(?:version|v|bf|fp|float|half|int|uint|of"  # a version, a dtype, and another counter (plural too: epochs_3, tokens_500):
-    r"|(?:epoch|ep|seed|rank|run|shard|part|gpu|node|worker|token|tok|sample|example|seq|sequence)s?)[_-]?\d+(?:\.\d+)*"
+    r"|(?:epoch|ep|seed|rank|run|shard|part|gpu|node|worker|world|fold|token|tok|sample|example|seq|sequence)s?)[_-]?\d+(?:\.\d+)*"
     # a hyperparameter in the name: the context, batch, width, depth (ctx2048, bs32, seqlen_512,
     # d_model768, layers12, heads_8, lr3 of lr3e-4, warmup2000)
     r"|(?:ctx|context|seqlen|seq_len|len|bs|batch_size|bsz|mbs|gbs|dim|d_model|dmodel|hidden|width|depth|vocab|emb|embd"
@@ -72,7 +72,8 @@ _NOT_A_STEP = re.compile(
     # a model or a parallelism named in the name: ckpt-1000_gpt2.pt is step 1000, not 2 (nor is the
     # 3 of llama3_best.pt a step: such a name has none)
     r"|(?:gpt|llama|qwen|phi|bert|opt|gemma|mistral|mixtral|falcon|bloom|olmo|pythia"
-    r"|tp|pp|dp|mp|cp|zero|fsdp)\d+(?:\.\d+)*|m?t5|[ah]100|h200"  # glued (gpt_1000 is step 1000 of a "gpt")
+    r"|tp|pp|dp|ddp|mp|cp|zero|fsdp)\d+(?:\.\d+)*|m?t5|[ah]100|h200|a6000|a40|a10g?|v100|l40s?|mi\d{3}x?"  # glued
+    # (gpt_1000 is step 1000 of a "gpt"; a GPU: ckpt_1000_a6000.pt was step 6000)
     r"|checkpoint\d+"  # fairseq's end-of-epoch checkpoint: checkpoint3.pt is epoch 3 (checkpoint_3_5000.pt: update 5000)
     r"|[a-z]*\d+[a-z][a-z0-9]*"  # letters after digits: a size (70m, 7b, 100k) or a hash (3f2a9c)
     r")(?![a-z0-9])",
