@@ -41,3 +41,25 @@ def test_the_two_sigmoid_fit_of_noisy_lines_leaves_its_start():
     f = fit_sigmoids(X, Y, backend="numba")
     assert np.count_nonzero(f.n_iter2 == 0) <= 3
     assert np.count_nonzero(f.sse2 > f.sse * (1 + 1e-6)) <= 2, np.sort(f.sse2 / f.sse)[-5:]
+
+
+@pytest.mark.parametrize("noise", [0.0, 1e-10, 1e-8, 1e-7, 1e-3])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_sigmoids_sum_of_squares_is_its_residuals_on_a_near_exact_fit(noise, dtype):
+    """numba's sigmoid SSE was the projected ``syy - d c``: on a near-exact fit it lost its
+    digits to cancellation (0 at noise 1e-8, with standard errors of 0 under "converged"; 40 %
+    off at 1e-7). It is the sum of the residuals of the fitted curve, as numpy's is."""
+    x = np.linspace(0, 4, 50)
+    rng = np.random.default_rng(0)
+    Y = (1.5 + 4 / (1 + np.exp((x[None] - np.array([[1.5], [2.0], [2.5]])) / 0.3))
+         + rng.normal(0, 1, (3, 50)) * noise).astype(dtype)  # fmt: skip
+    f = fit_sigmoids(x, Y, backend="numba")
+    curve = f.linf[:, None] + (f.l0 - f.linf)[:, None] / (1 + np.exp((x[None] - f.mu[:, None]) / f.s[:, None]))
+    direct = ((curve - Y.astype(np.float64)) ** 2).sum(axis=1)
+    # (to the rounding of the curve itself: 1e-16 of the levels, squared with the residual)
+    assert np.allclose(f.sse, direct, rtol=1e-3, atol=1e-25), (f.sse, direct)
+    if noise > 0 or dtype == np.float32:  # a fit that is not exact has errors
+        assert np.all(f.mu_se > 0) and np.all(f.s_se > 0)
+    if noise >= 1e-8:  # (below, both stop somewhere in the rounding of an exact fit)
+        ref = fit_sigmoids(x, Y, backend="numpy")
+        assert np.allclose(f.sse, ref.sse, rtol=1e-3, atol=1e-25)

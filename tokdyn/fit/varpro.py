@@ -1270,6 +1270,11 @@ def _varpro_chunk(P, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, shrink_mi
                  np.zeros(P))
 
 
+# Below this share of a row's sum of squares about its mean, a projected sum of squares has
+# lost more than 1e-8 of itself to rounding (float64 keeps 1e-16 of syy): the residuals are summed.
+_PROJECTED_EXACT = 1e-8
+
+
 @njit(**_KERNEL)
 def _varpro_rows(P, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, shrink_min, first, last,
                  p_out, sse, se, cov_ok, n_iter, status, nl, xo, yc, idx, buf, out, out_t, th,
@@ -1316,7 +1321,10 @@ def _varpro_rows(P, x, Y, p0, lo, hi, max_iter, ftol, xtol, step_max, shrink_min
             pb[6] = th[3]
         # the full model's J^T J at the optimum (two sigmoids: one direct evaluation)
         if P == 4:
-            sse[b] = s
+            # the projected sum (syy - d c) loses its digits to cancellation on a near-exact fit
+            # (clipped at 0: standard errors of 0 under "converged"): there, the residuals' own
+            sse[b] = s if s > _PROJECTED_EXACT * syy else _full_two_sums(
+                xo, yc, out[1], out[2], th[0], math.exp(-th[1]), 0.0, th[0], math.exp(-th[1]), n)[0]
             _sigmoid_normal_matrix(out, n, A)
         else:
             sse[b] = _two_normal_matrix(xo, yc, n, mean, pb, A)
