@@ -153,3 +153,48 @@ def test_the_record_command_tokdyn_probe_names_runs_as_printed(tmp_path, capsys,
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("next: ")][0]
     argv = shlex.split(line[len("next: "):].split(", or in a training loop")[0])
     assert argv[:4] == ["tokdyn", "record-offline", "--checkpoints", "DIR"] and argv[4:6] == ["--out", "my runs.zarr"]
+
+
+# -- a store created by another process at the same moment ------------------------------------------
+
+
+def test_a_store_another_process_is_creating_this_moment_is_waited_for(tmp_path):
+    """A script launched twice at once: the second saw the first's store folder before its creation
+    marker and said "no tokdyn store" (1 time in 8). A location that holds something but no store
+    is watched a moment for a creation in progress: here another process's, 0.2 s after the folder
+    appeared. What follows is the store, or the creation in progress said as such, never "no store"."""
+    import subprocess
+    import sys
+
+    from tokdyn.errors import RunBusyError
+
+    url = tmp_path / "s.zarr"
+    url.mkdir()
+    (url / "probe").mkdir()  # what a creator has made before its marker
+    probe = make_probe(n_sequences=2)
+    np.save(tmp_path / "tokens.npy", probe.tokens)
+    creator = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time, numpy as np, tokdyn; from tokdyn.store.store import TrajectoryStore; "
+        f"p = tokdyn.ProbeSet.from_tokens(np.load({str(tmp_path / 'tokens.npy')!r})); print('ready', flush=True); "
+        f"time.sleep(0.2); TrajectoryStore.create({str(url)!r}, p, overwrite=True); print('created')")],
+        stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert creator.stdout.readline().strip() == "ready"
+        try:
+            st = tokdyn.open_store(url, probe, mode="a")
+            assert st.probe.fingerprint == probe.fingerprint
+        except RunBusyError as exc:
+            assert "is being created by process" in str(exc)
+    finally:
+        out, _ = creator.communicate(timeout=120)
+    assert "created" in out
+
+
+def test_a_location_that_never_becomes_a_store_is_still_refused(tmp_path):
+    from tokdyn.errors import NotAStoreError
+
+    (tmp_path / "s.zarr").mkdir()
+    (tmp_path / "s.zarr" / "notes.txt").write_text("mine")
+    with pytest.raises(NotAStoreError):
+        tokdyn.open_store(tmp_path / "s.zarr", make_probe(n_sequences=2), mode="a")
+    assert (tmp_path / "s.zarr" / "notes.txt").read_text() == "mine"

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 import uuid
 import warnings
 from collections.abc import Mapping, Sequence
@@ -583,22 +584,33 @@ def open_store(
             raise InputError("creating a store needs a probe")
         return TrajectoryStore.create(url, probe, overwrite=True, storage_options=storage_options)
     if mode == "a":
-        try:
-            store = TrajectoryStore.open(url, mode="r+", storage_options=storage_options)
-        except NotAStoreError:
-            if probe is None:
-                raise
-            if _aborted_creation(url, storage_options):  # a creator killed half-way: start again
-                return TrajectoryStore.create(url, probe, overwrite=True, storage_options=storage_options)
-            if _exists_nonempty(url, storage_options):
-                raise
-            return TrajectoryStore.create(url, probe, storage_options=storage_options)
+        for attempt in range(_CREATION_POLLS + 1):
+            try:
+                store = TrajectoryStore.open(url, mode="r+", storage_options=storage_options)
+                break
+            except NotAStoreError:
+                if probe is None:
+                    raise
+                if _aborted_creation(url, storage_options):  # a creator killed half-way: start again
+                    return TrajectoryStore.create(url, probe, overwrite=True, storage_options=storage_options)
+                if not _exists_nonempty(url, storage_options):
+                    return TrajectoryStore.create(url, probe, storage_options=storage_options)
+                if attempt == _CREATION_POLLS:
+                    raise
+                # another process may be creating it this moment, its creation marker not yet
+                # written (a script launched twice at once got "no tokdyn store" 1 time in 8)
+                time.sleep(_CREATION_POLL_S)
     else:
         store = TrajectoryStore.open(url, mode=mode, storage_options=storage_options)
     if probe is not None:
         store.check_probe(probe)
         store._probe = store._probe or probe
     return store
+
+
+# How long a location that holds something but no store (yet) is watched for a creation in
+# progress before it is said to be no store: 10 looks, 50 ms apart.
+_CREATION_POLLS, _CREATION_POLL_S = 10, 0.05
 
 
 def _aborted_creation(url: str | os.PathLike, storage_options: Mapping | None) -> bool:
