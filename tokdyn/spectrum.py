@@ -134,10 +134,12 @@ class Events:
             if mask.shape != (self.n_tokens,) or mask.dtype != bool:
                 raise InputError(f"Events.scored: expected a bool array of length n_tokens={self.n_tokens}, got "
                                  f"{mask.dtype} of shape {mask.shape}")  # fmt: skip
-            if self.n_scored is not None and int(self.n_scored) != int(mask.sum()):
-                raise InputError(f"Events.n_scored ({self.n_scored}) is not the number of tokens scored ({int(mask.sum())})")
+            n = int(np.count_nonzero(mask))
+            if self.n_scored is not None and int(self.n_scored) != n:
+                raise InputError(f"Events.n_scored ({self.n_scored}) is not the number of tokens scored ({n})")
             object.__setattr__(self, "scored", mask)
-        scored = (self.n_tokens if self.scored is None else int(self.scored.sum())) if self.n_scored is None else int(self.n_scored)
+            object.__setattr__(self, "n_scored", n)
+        scored = self.n_tokens if self.n_scored is None else int(self.n_scored)
         if not 1 <= scored <= self.n_tokens:
             raise InputError(f"Events.n_scored must lie in [1, n_tokens={self.n_tokens}], got {self.n_scored}")
         object.__setattr__(self, "n_scored", scored)
@@ -176,11 +178,15 @@ class Events:
         """The events of the tokens where ``token_mask [N]`` is true."""
         return self.subset(self._token_mask(token_mask, "for_tokens")[self.token])
 
-    def n_scored_of(self, token_mask: np.ndarray) -> int:
-        """How many of the tokens where ``token_mask [N]`` is true are scored (all of them where
+    def scored_in(self, token_mask: np.ndarray) -> np.ndarray:
+        """The tokens ``[N]`` where ``token_mask`` is true that are scored (all of them where
         :attr:`scored` is not known)."""
-        t = self._token_mask(token_mask, "n_scored_of")
-        return int(np.count_nonzero(t if self.scored is None else t & self.scored))
+        t = self._token_mask(token_mask, "scored_in")
+        return t if self.scored is None else t & self.scored
+
+    def n_scored_of(self, token_mask: np.ndarray) -> int:
+        """How many of the tokens where ``token_mask [N]`` is true are scored."""
+        return int(np.count_nonzero(self.scored_in(token_mask)))
 
     def _token_mask(self, token_mask: np.ndarray, name: str) -> np.ndarray:
         t = np.asarray(token_mask, bool)

@@ -1,10 +1,10 @@
-"""What the curriculum's readers share: the pilot run's axis check."""
+"""What the curriculum's readers share: the pilot run's axis check, and domain names."""
 
 from __future__ import annotations
 
 from ..errors import InputError
 
-__all__ = ["require_step_axis"]
+__all__ = ["require_step_axis", "domain_names"]
 
 _AXIS_WORDS = {"D": "data budget: log10 tokens", "M": "model size: log10 non-embedding parameters"}
 
@@ -21,3 +21,15 @@ def require_step_axis(run, what: str) -> None:
         raise InputError(f"run {run.name!r} lies on the {axis} axis ({_AXIS_WORDS.get(axis, 'not training steps')}), "
                          f"not on training steps; {what} needs a pilot recorded along one training run (axis T)")  # fmt: skip
 
+
+
+def domain_names(domains) -> tuple[str, ...]:
+    """``domains`` as one or more distinct names (a schedule's columns are looked up by name)."""
+    if isinstance(domains, (str, bytes)) or not hasattr(domains, "__iter__"):  # "ab" is not the domains 'a' and 'b'
+        raise InputError(f"domains must be a sequence of domain names, got {domains!r}")
+    names = tuple(str(d) for d in domains)
+    if not names:
+        raise InputError("domains: a mixture needs one domain at least, got none")
+    if len(set(names)) != len(names):
+        raise InputError(f"domain names must be distinct, got {list(names)}")
+    return names

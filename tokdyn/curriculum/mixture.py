@@ -50,8 +50,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .._checks import is_int, is_real, is_whole
+from .._checks import is_finite, is_int, is_real, is_whole
 from ..errors import InputError
+from ._common import domain_names as _domain_names
 
 __all__ = ["MixtureConfig", "DomainRates", "MixtureSchedule", "enrichment_verdict", "ContextSchedule", "PilotEvents",
            "pilot_events", "load_mixture_schedule", "mixture_sampler", "MAX_MIXTURE_STEPS"]
@@ -142,8 +143,7 @@ class MixtureConfig:
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise InputError(f"{name} must be > 0, got {v!r}")
-        if not (math.isfinite(self.width) and self.width >= 0):
-            raise InputError(f"width must be >= 0 decades, got {self.width!r}")
+        _check_width(self.width)
         if not math.isfinite(self.lead):
             raise InputError(f"lead must be finite, got {self.lead!r}")
 
@@ -212,8 +212,7 @@ class DomainRates:
         dom = np.asarray(token_domain)
         if dom.shape != (events.n_tokens,):
             raise InputError(f"token_domain must have one entry per probe token ({events.n_tokens}), got shape {dom.shape}")
-        if not (math.isfinite(width) and width >= 0):
-            raise InputError(f"width must be >= 0 decades, got {width!r}")
+        _check_width(width)
         if not (math.isfinite(significance) and significance >= 0):
             raise InputError(f"significance must be a finite number of standard errors >= 0, got {significance!r}")
         if not (isinstance(n_boot, (int, np.integer)) and not isinstance(n_boot, bool) and 2 <= n_boot <= 10_000):
@@ -223,7 +222,8 @@ class DomainRates:
                              f"{dom.min()}..{dom.max()} ({dom.dtype})")  # fmt: skip
         # a domain's rate is per token of it that the pilot scored (one never observed, e.g. a
         # loss of NaN at every row, has no event: counted, it made its domain read as slower)
-        scored = [events.n_scored_of(dom == k) for k in range(len(domains))]
+        counted = [events.scored_in(dom == k) for k in range(len(domains))]
+        scored = [int(np.count_nonzero(c)) for c in counted]
         empty = [str(domains[k]) for k in range(len(domains)) if scored[k] == 0]
         if empty:  # its rate would read 0: a domain nobody measured would be deferred to the floor
             tokens = any(np.any(dom == k) for k in range(len(domains)) if scored[k] == 0)
@@ -252,8 +252,7 @@ class DomainRates:
             rates[:, k] = spec.density * events.n_scored / scored[k]
             # a resample's rate is per token of the domain *it* drew: resampling whole units moves
             # that count too, and a fixed one would count its swing (1/sqrt(units)) as noise
-            counted = in_k if events.scored is None else in_k & events.scored
-            drawn = unit_mults @ np.bincount(unit[counted], minlength=n_units)
+            drawn = unit_mults @ np.bincount(unit[counted[k]], minlength=n_units)
             resampled = (m[unit] for m in unit_mults)
             for b, sb in enumerate(_event_bootstrap(sub, spec, resampled, len(unit_mults))):
                 boots[b, :, k] = sb.density * events.n_scored / drawn[b] if drawn[b] > 0 else np.nan  # none drawn: no rate
@@ -285,8 +284,7 @@ class DomainRates:
         if s.ndim != 1 or loss.shape != (s.size, len(domains)) or s.size < 2 or not np.all(np.isfinite(s)) \
                 or np.any(s < 1) or np.any(np.diff(s) <= 0):  # fmt: skip
             raise InputError("steps must be increasing, >= 1, and losses of shape [steps, domains]")
-        if not (is_real(width) and math.isfinite(width) and width >= 0):
-            raise InputError(f"width must be >= 0 decades, got {width!r}")
+        _check_width(width)
         lx = np.log10(s)
         mid, r = (lx[1:] + lx[:-1]) / 2, -np.diff(loss, axis=0) / np.diff(lx)[:, None]
         x = np.linspace(lx[0], lx[-1], 241) if grid is None else _floats("grid", grid)
@@ -326,16 +324,10 @@ class DomainRates:
         return out
 
 
-def _domain_names(domains) -> tuple[str, ...]:
-    """``domains`` as one or more distinct names (a schedule's columns are looked up by name)."""
-    if isinstance(domains, (str, bytes)) or not hasattr(domains, "__iter__"):  # "ab" is not the domains 'a' and 'b'
-        raise InputError(f"domains must be a sequence of domain names, got {domains!r}")
-    names = tuple(str(d) for d in domains)
-    if not names:
-        raise InputError("domains: a mixture needs one domain at least, got none")
-    if len(set(names)) != len(names):
-        raise InputError(f"domain names must be distinct, got {list(names)}")
-    return names
+def _check_width(width) -> None:
+    """One :class:`InputError` unless ``width`` (decades of smoothing) is a finite number >= 0."""
+    if not (is_finite(width) and width >= 0):
+        raise InputError(f"width must be >= 0 decades, got {width!r}")
 
 
 def _floats(name: str, values) -> np.ndarray:

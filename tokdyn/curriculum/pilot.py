@@ -23,6 +23,7 @@ from ..errors import InputError
 from ..model import GPTConfig
 from ..probe import ProbeSet
 from ..train import TrainConfig, record_tiny_run
+from ._common import domain_names
 
 __all__ = ["pilot_probe", "run_pilot", "mixture_probe", "run_mixture_pilot", "PilotSplit", "split_pilot_pool"]
 
@@ -112,9 +113,7 @@ def _domains_of(dataset, domains) -> tuple[str, ...]:
         if own is None:
             raise InputError("the dataset does not name its domains: pass domains=, its names in the order of its domain ids")
         return own
-    if isinstance(domains, (str, bytes)) or not hasattr(domains, "__iter__"):
-        raise InputError(f"domains must be a sequence of domain names, got {domains!r}")
-    names = tuple(str(d) for d in domains)
+    names = domain_names(domains)
     if own is not None and names != own:
         raise InputError(f"domains {list(names)} are not the dataset's domains {list(own)} in its order (a probe token is "
                          "labelled by the dataset's domain id): leave domains out to take the dataset's")  # fmt: skip

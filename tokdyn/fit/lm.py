@@ -136,9 +136,10 @@ def levenberg_marquardt(
         widens up to RADIUS_MAX times after well-predicted steps it cut short.
     shrink_min : least factor by which a successful step shrinks the damping.
     flat_converged : also converged when a nearly undamped step (lam <= 1), not cut short by
-        the trust region, predicts a gain of at most ftol (rounding in a projected sum of squares can hide a last real gain). That
-        step is not taken, nor counted: its gain is below the tolerance, and the compiled
-        solver (:mod:`tokdyn.fit.varpro`) stops there without evaluating it.
+        the trust region, predicts a gain of at most ftol (rounding in a projected sum of
+        squares can hide a last real gain). That step is not taken, nor counted: its gain is
+        below the tolerance, and the compiled solver (:mod:`tokdyn.fit.varpro`) stops there
+        without evaluating it.
     row_data : more per-row arrays [B, ...] that ``evaluate`` takes after the parameters
         (``evaluate(x, Y, W, p, *row_data)``); they follow the working set like Y and W.
     """
