@@ -561,7 +561,7 @@ def _viewer_data(st: TrajectoryStore, a: RunAnalysis, decode):
     Y = r.losses_at(rows, toks).astype(np.float64)  # [K, shown tokens]
     xf = np.linspace(x[0], x[-1], CURVE_POINTS)
     cc = f["class_code"]
-    mu = np.where(cc == CLASS_CODES["multi_step"], f["mu1"], f["mu"])
+    mu = _learning_time(f)
     timed = np.isin(cc, [CLASS_CODES["learned"], CLASS_CODES["multi_step"]]) & (mu >= f["x_first"]) & (mu <= f["x_last"])
     drop = f["drop"]
     dmax = float(np.nanquantile(np.abs(drop[np.isfinite(drop)]), 0.98)) if np.isfinite(drop).any() else 1.0
@@ -1157,7 +1157,7 @@ def _fig_trajectories(st: TrajectoryStore, a: RunAnalysis, per_class: int = 3, d
             _axis_x(ax, a.axis, x)
             ax.xaxis.set_tick_params(labelbottom=True)
     after = _table(["class", "colour", "the token (highlighted) after the text before it", "fitted model"], legend_rows)
-    return Figure(fig, "Example tokens of each class: loss at each recorded step and the fitted model",
+    return Figure(fig, f"Example tokens of each class: loss at each recorded {_axis_name(a.axis)} and the fitted model",
                   f"Each panel shows up to {per_class} tokens drawn at random from one class (how many tokens the class "
                   f"holds is in its title). Dots: the token's loss at each recorded {_axis_name(a.axis)}; line: the model "
                   f"the fit chose for it (a constant, a line, a sigmoid or two sigmoids in log {_axis_name(a.axis)}), "
@@ -1403,6 +1403,17 @@ def _listed(words: list[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
+def _learning_time(f: dict) -> np.ndarray:
+    """[N] each token's learning time, log10 axis units: ``mu``, and for a multi-step token its
+    first drop (``delta > 0``; the two events are in time order, ``mu1 <= mu2``), NaN where
+    neither event is a drop. (The first event read "learned" at the rise of a token that got
+    worse, then better.)"""
+    multi = f["class_code"] == CLASS_CODES["multi_step"]
+    d1, d2 = np.asarray(f["delta1"]), np.asarray(f["delta2"])
+    first_drop = np.where(d1 > 0, f["mu1"], np.where(d2 > 0, f["mu2"], np.nan))
+    return np.where(multi, first_drop, f["mu"])
+
+
 def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     import matplotlib.pyplot as plt
 
@@ -1410,7 +1421,7 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
         return None
     ta = st.probe.token_arrays
     f = a.fit
-    mu = np.where(f["class_code"] == CLASS_CODES["multi_step"], f["mu1"], f["mu"])
+    mu = _learning_time(f)
     learned = np.isin(f["class_code"], [CLASS_CODES["learned"], CLASS_CODES["multi_step"]]) & np.isfinite(mu)
     inside = learned & (mu >= f["x_first"]) & (mu <= f["x_last"])
     panels = []  # what the probe can say about each token
@@ -1465,8 +1476,12 @@ def _fig_cartography(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     if s is None:
         return None
     fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(12.5, 4.2), gridspec_kw={"width_ratios": [2.2, 1, 1]}, layout="constrained")
-    n = s.confidence.size
-    sel = np.random.default_rng(0).choice(n, min(n, 20000), replace=False)
+    scored = s.scored  # tokens with a loss at some step: padding has no confidence and no forgetting
+    pool = np.flatnonzero(scored)
+    n = pool.size
+    if n == 0:
+        return None
+    sel = np.random.default_rng(0).choice(pool, min(n, 20000), replace=False)
     codes = a.fit["class_code"][sel]
     for code, name in CLASS_NAMES.items():
         m = codes == code
@@ -1476,7 +1491,7 @@ def _fig_cartography(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     ax0.set_ylabel("confidence (mean gold probability)")
     ax0.set_title("dataset cartography", fontsize=10)
     ax0.legend(fontsize=7, markerscale=4, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, title="class", title_fontsize=7)
-    fe = s.forgetting_events
+    fe = s.forgetting_events[scored]
     ax1.hist(fe, bins=np.arange(fe.max() + 2) - 0.5, color="#d62728")
     from matplotlib.ticker import MaxNLocator
 
@@ -1494,12 +1509,17 @@ def _fig_cartography(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     steps = st.run(a.run).steps
     early, late = _row_text(float(steps[s.early_row])), _row_text(float(steps[s.late_row]))
     shown = f"{sel.size:,} tokens drawn at random of {n:,}" if sel.size < n else f"all {n:,} tokens"
+    noun = _axis_name(a.axis)
+    left_out = scored.size - n
+    if left_out:
+        shown += f"; {left_out:,} probe token{'s' * (left_out != 1)} with no recorded loss left out here and in the middle"
     return Figure(fig, "Per-token statistics from the literature: cartography, forgetting, Rho-1",
                   f"Left, dataset cartography ({shown}): each token's mean probability of the correct token over the "
-                  f"recorded steps (confidence) against its standard deviation (variability), coloured by class. Middle: "
+                  f"recorded {noun}s (confidence) against its standard deviation (variability), coloured by class. Middle: "
                   f"how often each token went from learned (loss below {s.learned_loss:.2f} nats, probability above 1/2) "
-                  f"at one recorded step to not learned at the next. Right, Rho-1 classes: each token's loss at step "
-                  f"{early} (the recorded step nearest the middle of the log axis) and at step {late} (the last), each "
-                  f"called high (H) or low (L) against {s.threshold:.2f} nats, the median of all tokens' losses at those "
-                  f"two steps. Because that threshold is a median of both steps pooled, H->H and L->L hold equally many "
-                  f"tokens by construction; H->L are the tokens learned between the two steps, L->H those that got worse.")  # fmt: skip
+                  f"at one recorded {noun} to not learned at the next. Right, Rho-1 classes: each token's loss at {noun} "
+                  f"{early} (the recorded {noun} nearest the middle of the log axis) and at {noun} {late} (the last), each "
+                  f"called high (H) or low (L) against {s.threshold:.2f} nats, the median of the losses at those two "
+                  f"{noun}s of every token with a loss at both. Because that threshold is a median of both {noun}s pooled, H->H and L->L "
+                  f"hold equally many tokens by construction (up to ties at the threshold); H->L are the tokens learned between "
+                  f"the two {noun}s, L->H those that got worse.")  # fmt: skip

@@ -526,11 +526,16 @@ class Spectrum:
         }  # fmt: skip
 
 
+# Points of a spectrum's grid a bandwidth: linear interpolation between them misses the peak of
+# one Gaussian of that width by at most (1/6)^2 / 8, 0.35 %.
+GRID_PER_BANDWIDTH = 6
+
+
 def learning_time_spectrum(
     events: Events,
     *,
     bandwidth: str | float = "auto",
-    grid: int = 256,
+    grid: int | None = None,
     bins: int | None = None,
     weights: np.ndarray | None = None,
     placement: str = "mu",
@@ -557,7 +562,10 @@ def learning_time_spectrum(
     events : Events
     bandwidth : rule or decades, see :func:`select_bandwidth`.
     grid : points of the returned grid, which spans the observed range (the spectrum is 0
-        outside it: nothing was seen there).
+        outside it: nothing was seen there); default :data:`GRID_PER_BANDWIDTH` points a
+        bandwidth, at least 256, so that :meth:`Spectrum.at` (linear interpolation) reads rho
+        within about 0.4 % of its peak anywhere (a fixed 256 points over 12 decades at a
+        bandwidth of 0.01 read a peak 57 % low).
     bins : histogram bins over the observed range (default: one per bandwidth, at least 8);
         with ``kernel="event"`` each bin holds the part of each event's drop seen inside it.
     weights : [E] optional multiplicities of the events (a bootstrap resample).
@@ -570,8 +578,8 @@ def learning_time_spectrum(
     """
     if len(events) == 0:
         raise InputError("no learning events: the spectrum is empty (no token's fit gave a sigmoid)")
-    if not (isinstance(grid, int) and grid >= 8):
-        raise InputError(f"grid must be an int >= 8, got {grid!r}")
+    if not (grid is None or (isinstance(grid, int) and not isinstance(grid, bool) and grid >= 8)):
+        raise InputError(f"grid must be None (automatic) or an int >= 8, got {grid!r}")
     _check_kernel(kernel)
     if kernel == "event" and placement != "mu":
         raise InputError(f"placement={placement!r} moves point masses and applies to kernel='delta' only: the event "
@@ -579,6 +587,8 @@ def learning_time_spectrum(
     h = select_bandwidth(events, bandwidth, placement=placement, kernel=kernel)
     lo_obs, hi_obs = events.x_range
     w = None if weights is None else _check_weights(weights, len(events))
+    if grid is None:
+        grid = max(256, int(math.ceil(GRID_PER_BANDWIDTH * (hi_obs - lo_obs) / h)) + 1)
     x = np.linspace(lo_obs, hi_obs, grid)
     if bins is None:
         bins = max(8, int(round((hi_obs - lo_obs) / h)))

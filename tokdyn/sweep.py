@@ -291,9 +291,10 @@ def branched_decay_sweep(
             for step in range(last):
                 for name, b, frac, tag in (sp for sp in specs if cfg.branch_start(sp[1], sp[2]) == step):
                     t = time.perf_counter()
-                    lr_end, seconds = _branch(model, opt, batches, probe, store, cfg, name, b, frac, tag, base,
-                                              tokens_per_step=int(tokens_per_step), loss_fn=loss_fn, device=device,
-                                              on_step=on_step)  # fmt: skip
+                    with _forked_rng(model):  # the branch's dropout draws leave the trunk's random stream as it was
+                        lr_end, seconds = _branch(model, opt, batches, probe, store, cfg, name, b, frac, tag, base,
+                                                  tokens_per_step=int(tokens_per_step), loss_fn=loss_fn, device=device,
+                                                  on_step=on_step)  # fmt: skip
                     final_lr[name] = lr_end
                     t_record += seconds
                     t_train += time.perf_counter() - t - seconds
@@ -312,6 +313,16 @@ def branched_decay_sweep(
                       branch_starts=[cfg.branch_start(b) for b in cfg.budgets], final_lr_frac=[final_lr[n] for n in names],
                       lr_area=[cfg.branch_area(b) for b in cfg.budgets], train_seconds=round(t_train, 2),
                       record_seconds=round(t_record, 2), steps_trained=n_steps, calibration=cal_names)  # fmt: skip
+
+
+def _forked_rng(model: torch.nn.Module):
+    """The torch random state (CPU, and the CUDA devices ``model`` is on) restored on leaving: a
+    branch is a copy that never feeds back into the trunk, so it must not move the trunk's stream
+    either (with dropout, adding a calibration branch changed the trunk after it and every later
+    D point)."""
+    cuda = {p.device.index if p.device.index is not None else torch.cuda.current_device()
+            for p in model.parameters() if p.device.type == "cuda"}  # fmt: skip
+    return torch.random.fork_rng(devices=sorted(cuda))
 
 
 def _branch(trunk_model, trunk_opt, batches, probe, store, cfg, name, budget, frac, tag, base, *, tokens_per_step, loss_fn,

@@ -30,7 +30,12 @@ RHO1_CLASSES = ("H->H", "H->L", "L->H", "L->L")
 
 @dataclass(frozen=True)
 class TokenStats:
-    """Per-token arrays [N] (``rho1`` holds codes into :data:`RHO1_CLASSES`) and their settings."""
+    """Per-token arrays [N] (``rho1`` holds codes into :data:`RHO1_CLASSES`) and their settings.
+
+    ``scored`` [N] marks the tokens with a finite loss at some row read; the others (padding, a
+    token never recorded) have no confidence, no Rho-1 class, and are left out of every count
+    and mean of :meth:`summary` (their 0 forgetting events made them read "never forgotten").
+    """
 
     confidence: np.ndarray
     variability: np.ndarray
@@ -40,6 +45,14 @@ class TokenStats:
     late_row: int
     threshold: float
     learned_loss: float
+    scored: np.ndarray | None = None  # [N] bool; None: every token
+
+    def __post_init__(self):
+        n = self.forgetting_events.shape
+        mask = np.ones(n, bool) if self.scored is None else np.asarray(self.scored, bool)
+        if mask.shape != n:
+            raise InputError(f"TokenStats.scored: expected a bool array of shape {n}, got {mask.shape}")
+        object.__setattr__(self, "scored", mask)
 
     def rho1_shares(self) -> dict[str, float]:
         """Fraction of tokens in each Rho-1 class."""
@@ -48,12 +61,12 @@ class TokenStats:
         return {name: float(c / total) if total else float("nan") for name, c in zip(RHO1_CLASSES, counts)}
 
     def summary(self) -> dict:
-        fe = self.forgetting_events
+        fe = self.forgetting_events[self.scored]  # over the scored tokens: NaN where there are none
         return {
             "confidence_mean": float(np.nanmean(self.confidence)),
             "variability_mean": float(np.nanmean(self.variability)),
-            "forgetting_events_mean": float(fe.mean()),
-            "tokens_ever_forgotten": float((fe > 0).mean()),
+            "forgetting_events_mean": float(fe.mean()) if fe.size else float("nan"),
+            "tokens_ever_forgotten": float((fe > 0).mean()) if fe.size else float("nan"),
             "rho1_shares": self.rho1_shares(),
             "early_row": self.early_row, "late_row": self.late_row,
             "threshold": self.threshold, "learned_loss": self.learned_loss,
@@ -78,9 +91,9 @@ def token_stats(
     early_row, late_row : rows (checkpoints) compared for Rho-1; default: the row before
         ``late_row`` nearest the middle of the log axis up to it (a partly trained model, as
         Rho-1 compares) and the last row. Negative indices count from the end.
-    threshold : loss (nats) separating high from low for Rho-1; default the median of all
-        token losses at the two rows (NaN when neither row has a finite loss: then no token
-        gets a class).
+    threshold : loss (nats) separating high from low for Rho-1; default the median of the
+        losses at the two rows, pooled, of the tokens with a finite loss at both (the tokens
+        classed; NaN when there are none: then no token gets a class).
     learned_loss : loss (nats) below which a token counts as learned for forgetting events.
     """
     import dask.array as da
@@ -120,14 +133,19 @@ def token_stats(
     learned = L < learned_loss  # NaN compares False: a missing point is never "learned"
     forgets = (learned[:-1] & ~learned[1:] & da.isfinite(L[1:])).sum(axis=0)
     early, late = L[rows[0]], L[rows[1]]
-    conf, var, fe, early, late = da.compute(da.nanmean(p, axis=0), da.nanstd(p, axis=0), forgets, early, late)
-    both = np.concatenate([early, late])
-    # the median of the two rows' losses; NaN when no token has a finite loss at either (then no
+    scored = da.isfinite(L).any(axis=0)
+    conf, var, fe, early, late, scored = da.compute(da.nanmean(p, axis=0), da.nanstd(p, axis=0), forgets, early, late, scored)
+    # pooled over the tokens with a loss at both rows, the ones classed: a token with one of them
+    # missing moved the median, and H->H and L->L then no longer held equally many tokens
+    pair = np.isfinite(early) & np.isfinite(late)
+    both = np.concatenate([early[pair], late[pair]])
+    # the median of the two rows' losses; NaN when no token has a finite loss at both (then no
     # token gets a class: this used to say "threshold must be a finite loss, got None")
     thr = (float(np.nanmedian(both)) if np.isfinite(both).any() else float("nan")) if threshold is None else float(threshold)
     code = np.where(early >= thr, 0, 2) + np.where(late >= thr, 0, 1)  # H->H 0, H->L 1, L->H 2, L->L 3
     code = np.where(np.isfinite(early) & np.isfinite(late), code, -1).astype(np.int8)
-    return TokenStats(np.asarray(conf), np.asarray(var), np.asarray(fe, np.int32), code, rows[0], rows[1], thr, float(learned_loss))
+    return TokenStats(np.asarray(conf), np.asarray(var), np.asarray(fe, np.int32), code, rows[0], rows[1], thr,
+                      float(learned_loss), np.asarray(scored, bool))  # fmt: skip
 
 
 def frequency_bands(token_id: np.ndarray, n_bands: int = 4) -> tuple[np.ndarray, list[str]]:

@@ -319,7 +319,7 @@ def fit_run(
                 fw.finish(backend=backend, seconds=seconds)
             # read under the fit lock: once it is released, a refit may replace these results
             # (the fit's own rows, also where a recorder appended more meanwhile: the next reader is told to refit)
-            res = run.fit.read(fields=("status", "class_code", "drop", *TWO_EVENTS), current=False)
+            res = run.fit.read(fields=("status", "class_code", "drop", "n_points", *TWO_EVENTS), current=False)
             since = run.n_committed - n_committed
     fitted = sum(min(block, n - b * block) for b in todo)  # tokens fitted by this call
     status_counts = {STATUS_NAMES[c]: int(v) for c, v in zip(*np.unique(res["status"], return_counts=True))}

@@ -450,20 +450,33 @@ TWO_EVENTS = ("delta1", "mu1", "delta2", "mu2")
 def fit_class_drops(fields) -> ClassDrops:
     """:func:`class_drops` of a fit's fields (a mapping of ``class_code``, ``drop`` and, where
     they were read, the two events of :data:`TWO_EVENTS`)."""
-    return class_drops(fields["class_code"], fields["drop"], **{k: fields.get(k) for k in TWO_EVENTS})
+    n_points = fields.get("n_points")
+    scored = None if n_points is None else np.asarray(n_points) > 0
+    return class_drops(fields["class_code"], fields["drop"], scored=scored, **{k: fields.get(k) for k in TWO_EVENTS})
 
 
-def class_drops(class_code: np.ndarray, drop: np.ndarray, *, delta1=None, mu1=None, delta2=None, mu2=None) -> ClassDrops:
+def class_drops(class_code: np.ndarray, drop: np.ndarray, *, scored=None, delta1=None, mu1=None, delta2=None,
+                mu2=None) -> ClassDrops:  # fmt: skip
     """Each class's fitted loss drop in nats per probe token (``drop`` summed over the class's
-    tokens, NaN as 0, over all tokens), its share of the net drop, and whether shares mean
-    something (:data:`SHARE_MIN_NET`): the one rule by which the report, ``tokdyn fit`` and the
-    demo say what each class carried. With the two-sigmoid events (``delta1``, ``mu1``,
-    ``delta2``, ``mu2``; ``delta > 0`` a drop) the ``multi_step`` class is also split by their
-    signs, in time order (:attr:`ClassDrops.multi_step_kinds`)."""
+    tokens, NaN as 0, divided by the scored tokens), its share of the net drop, and whether
+    shares mean something (:data:`SHARE_MIN_NET`): the one rule by which the report, ``tokdyn
+    fit`` and the demo say what each class carried.
+
+    ``scored`` [N] (bool, default all): the tokens observed at least once (a fit's ``n_points >
+    0``), the N of the measured mean loss, so the classes' drops add up to the fall of that mean
+    (divided by every token, a probe half padding read half the fall). With the two-sigmoid
+    events (``delta1``, ``mu1``, ``delta2``, ``mu2``; ``delta > 0`` a drop) the ``multi_step``
+    class is also split by their signs, in time order (:attr:`ClassDrops.multi_step_kinds`)."""
     shares = class_loss_share(class_code, drop)  # checks the arrays
     code, drop = np.asarray(class_code), np.asarray(drop, np.float64)
     drop = np.where(np.isfinite(drop), drop, 0.0)
-    n = max(drop.size, 1)
+    if scored is None:
+        n = max(drop.size, 1)
+    else:
+        scored = np.asarray(scored)
+        if scored.shape != drop.shape or scored.dtype != bool:
+            raise InputError(f"scored: expected a bool array of shape {drop.shape}, got {scored.dtype} {scored.shape}")
+        n = max(int(np.count_nonzero(scored)), 1)
     nats = {name: float(drop[code == c].sum() / n) for c, name in CLASS_NAMES.items() if (code == c).any()}
     net, gross = sum(nats.values()), sum(abs(v) for v in nats.values())
     kinds = {}
