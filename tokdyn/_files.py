@@ -157,7 +157,7 @@ def write_atomically(path: str | os.PathLike, write: Callable, *, binary: bool =
     _refuse_special(path, what)
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{temporary_prefix(path.name)}.", suffix=".tmp")
         with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as fh:
             write(fh)
             fh.flush()
@@ -211,6 +211,11 @@ def _refuse_not_an_output(path: str | os.PathLike, what: str) -> None:
     if os.fspath(path) == "-":  # as given: Path("./-") is "-" too
         raise InputError(f"cannot write the {what} to -: tokdyn writes results to files, never to standard output; "
                          "name a file (./- for a file named -)")  # fmt: skip
+    refuse_inside_zarr(path, what)
+
+
+def refuse_inside_zarr(path: str | os.PathLike, what: str) -> None:
+    """:class:`InputError` where ``path`` lies inside a zarr hierarchy (see :func:`_refuse_not_an_output`)."""
     p = Path(path)
     if "://" in os.fspath(path):  # a URL (a store on S3): no local folders above it
         return
@@ -240,6 +245,13 @@ def _refuse_special(p: Path, what: str) -> None:
         where = f"it is {kinds[os.lstat]}" if os.lstat in kinds else f"it is a link to {kinds[os.stat]}"
         raise InputError(f"cannot write the {what} to {p}: {where}, not a regular file, which writing the file would "
                          "replace; give the path of a file")  # fmt: skip
+
+
+def temporary_prefix(name: str, limit: int = 100) -> str:
+    """``name`` cut to at most ``limit`` bytes of UTF-8 (whole characters), for the name of a
+    temporary file beside it: a whole name of 242 bytes or more, with mkstemp's 8 characters and
+    a suffix, was too long for the file system, and the file was never written."""
+    return name.encode("utf-8", "surrogateescape")[:limit].decode("utf-8", "ignore")
 
 
 def _umask() -> int:

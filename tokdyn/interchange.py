@@ -526,7 +526,9 @@ def export_npz(run: Run, out: str | os.PathLike) -> Path:
                          "the run cannot be exported without losing one of them (rename the probe's arrays)")  # fmt: skip
     out = Path(out)
     if out.suffix != ".npz":
-        raise InputError(f"output must end in .npz, got {out}")
+        # (".npz" alone is a hidden file with no suffix: "must end in .npz, got .npz")
+        why = "a name before .npz" if out.name == ".npz" else "a name that ends in .npz"
+        raise InputError(f"output must be a file with {why}, got {out}")
     if not out.parent.exists():
         raise InputError(f"output folder does not exist: {out.parent}")
     layout = _layout(r)
@@ -628,7 +630,7 @@ def _layout(r: Run) -> dict:
         if dt is not None and (dt.kind == "U" or dt.itemsize <= 8):
             out["token_arrays"][key] = dt
     name = raw.get("axis_name")
-    if isinstance(name, list) and len(name) == 2 and isinstance(name[1], list) and len(name[1]) <= 8 and all(isinstance(d, int) and d == 1 for d in name[1]):
+    if isinstance(name, list) and len(name) == 2 and isinstance(name[1], list) and len(name[1]) <= 8 and all(type(d) is int and d == 1 for d in name[1]):  # (a bool is an int: [true] failed in reshape)
         dt = _layout_dtype(name[0], "US", 4096)
         if dt is not None and dt.itemsize:
             out["axis_name"] = (dt, tuple(name[1]))
@@ -681,7 +683,7 @@ def _axis_name_as_imported(axis: str, layout) -> np.ndarray:
         dtype, shape = layout
         try:
             return np.array(axis.encode("ascii") if dtype.kind == "S" else axis, dtype=dtype).reshape(shape)
-        except (ValueError, UnicodeError):
+        except (ValueError, TypeError, UnicodeError):
             pass
     return np.array([axis])
 

@@ -89,15 +89,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if closed:  # its product is a store or a file: what it prints about it goes nowhere, as before
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - closed in the finally below
     restore = _printable_stdout()
+    plain_stdout = sys.stdout
+    sys.stdout = _GuardedStdout(plain_stdout)
     _process.QUIET_RESOURCE_TRACKER = True  # this process is the command: a killed worker's leak is no news
     try:
         with warnings.catch_warnings():
             _one_line_warnings(args.command)
             check_paths(_actions(parser, path), args)
-            return int(args.func(args) or 0)
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()  # a full disk behind a redirected stdout fails here, not at exit unseen
+            return code
     except BrokenPipeError:  # `tokdyn spectrum ... | head`: the reader left; say nothing
         _quiet_stdout()
         return 141  # as a process killed by SIGPIPE
+    except _StdoutFailed as failed:  # the work may be done: say which part failed, not "[Errno 28]" alone
+        settle_io()
+        sys.stdout = plain_stdout
+        _quiet_stdout()
+        print(f"tokdyn {args.command}: error: cannot write to standard output ({failed.exc.strerror or failed.exc}); "
+              "what the command wrote to stores and files before that is kept", file=sys.stderr)  # fmt: skip
+        return 1
     except KeyboardInterrupt:
         settle_io()
         print(f"tokdyn {args.command}: interrupted", file=sys.stderr)
@@ -109,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tokdyn {args.command}: error: {error_line(exc)}", file=sys.stderr)
         return 1
     finally:
+        if isinstance(sys.stdout, _GuardedStdout):
+            sys.stdout = plain_stdout
         restore()
         if closed:
             sys.stdout.close()
@@ -195,6 +208,43 @@ def _printable_stdout():
             pass
 
     return restore
+
+
+class _StdoutFailed(Exception):
+    """Standard output could not be written (not a broken pipe): ``exc`` the OSError."""
+
+    def __init__(self, exc: OSError) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+class _GuardedStdout:
+    """``sys.stdout`` for a command's run: an OSError writing it (a redirect to a full disk,
+    ``> /dev/full``) is :class:`_StdoutFailed`, which :func:`main` says as that, not as the
+    command's own failure ("error: [Errno 28] No space left on device" after an import that
+    had been made). A broken pipe stays a BrokenPipeError (the reader left: exit 141)."""
+
+    def __init__(self, out) -> None:
+        self._out = out
+
+    def write(self, text):
+        try:
+            return self._out.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _StdoutFailed(exc) from None
+
+    def flush(self):
+        try:
+            return self._out.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _StdoutFailed(exc) from None
+
+    def __getattr__(self, name):
+        return getattr(self._out, name)
 
 
 def _unwritten(exc: OSError, what: str) -> int:

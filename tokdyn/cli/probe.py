@@ -7,7 +7,7 @@ import contextlib
 import os
 import tempfile
 
-from .._files import check_output_path, not_a_folder
+from .._files import check_output_path, not_a_folder, temporary_prefix
 from .._text import labels, option_word, visible
 from ..corpus import source_kind
 from ..errors import InputError
@@ -186,7 +186,7 @@ def _held_out_tmp(held: str) -> str:
     """A new temporary file beside ``held`` (the keys are written there, then moved into place)."""
     folder, name = os.path.split(os.path.abspath(held))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=f".{temporary_prefix(name)}.", suffix=".tmp", dir=folder)
     except OSError as exc:
         raise InputError(f"--held-out {held}: cannot write in {folder}: {exc.strerror or exc}") from None
     os.close(fd)

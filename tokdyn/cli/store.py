@@ -4,9 +4,11 @@ losses.npz format, and removing a run."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .._checks import is_finite, is_real
+from .._files import check_output_path
 from .._text import command_line, exact, one_line, option_word, visible
 from ..errors import InputError, StoreError
 from ..interchange import export_npz, import_npz
@@ -63,7 +65,7 @@ def _info(args: argparse.Namespace) -> int:
     p = info["probe"]
     size = info["size_bytes"]
     print(f"store      {visible(info['url'])}")
-    print(f"schema     v{info['schema_version']}" + (f", {size / 1e6:.2f} MB on disk" if size is not None else ""))
+    print(f"schema     v{info['schema_version']}, " + (f"{size / 1e6:.2f} MB on disk" if size is not None else "size on disk unknown"))
     print(f"probe      {p['fingerprint']}  {p['n_tokens']:,} tokens" + (f" = {p['n_sequences']} x {p['context']}" if p["context"] else " (index-only)"))
     if not info["runs"]:
         print("runs       none")
@@ -199,6 +201,8 @@ def _import_npz(args: argparse.Namespace) -> int:
         raise InputError(f"{args.store} is a memory:// store, which lives only while this command runs: the imported run "
                          "would be lost when it exits; give a path or a lasting URL (s3://...)")  # fmt: skip
     store = store_path(args.store)  # a folder holding a store (the demo's) as every store command takes it
+    if "://" not in store and not os.path.lexists(store):  # a new local store: its folder must exist, before any work
+        check_output_path(store, what="store", folder_ok=True)
     run = import_npz(args.input, store, run=args.run, dtype=args.dtype)
     print(f"imported {_shown(args.input)} as run {run.name!r} (axis {run.axis}, {run.n_committed} x {run.n_tokens:,}) "
           f"into {_shown(store)}")  # fmt: skip

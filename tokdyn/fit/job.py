@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from tokdyn._checks import is_finite
 from tokdyn._process import exit_with_parent, spawn_context, take_interrupts
 from tokdyn._text import exact, one_line
 from tokdyn._version import __version__
@@ -131,7 +132,7 @@ def stored_axis_min(run: Run) -> float | None:
     v = run.fit.meta.get("axis_min")
     if v is None:
         return None
-    if not (isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)):
+    if not (isinstance(v, (int, float)) and not isinstance(v, bool) and is_finite(v)):
         raise StoreError(f"the fit of run {run.name!r} records axis_min {v!r}, not a number; it is damaged, refit it (--refit)")
     return float(v)
 

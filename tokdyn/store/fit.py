@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import uuid
 import warnings
@@ -206,6 +207,10 @@ class FitResults:
         if not meta.get("complete"):
             raise StoreError(f"the fit of run {r.name!r} is incomplete (interrupted?); `{self._fit_command(meta)}` "
                              "finishes it (`tokdyn info` names the command for a fit made on fewer rows or in Python)")
+        bad = _damaged_record(meta)
+        if bad:
+            raise StoreError(f"the fit record of run {r.name!r} is damaged ({bad}); refit it: "
+                             f"`{command_line('tokdyn fit', r.store.url, ('--run', r.name), '--refit')}`")  # fmt: skip
         if current and meta.get("n_committed") != r.n_committed:
             raise StoreError(
                 f"the fit of run {r.name!r} was made on {meta.get('n_committed')} rows; the run now has {r.n_committed}. "
@@ -860,9 +865,37 @@ def _value_text(v: Any, limit: int | None = None) -> str:
     return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _damaged_record(meta: Mapping) -> str | None:
+    """What is wrong with the types of a fit record's entries that readers use (``options`` a
+    mapping, ``fields`` a list of names, ``axis_min`` a finite number or null), or None. A record
+    still valid JSON but edited or damaged (``"options": null``) was a TypeError, reported as a
+    bug in tokdyn, while ``tokdyn info`` called the fit complete."""
+    if "options" in meta and not isinstance(meta["options"], Mapping):
+        return f"options is {type(meta['options']).__name__}, not a mapping"
+    if meta.get("fields") is not None and not _names(meta["fields"]):
+        return "fields does not name the result fields"
+    v = meta.get("axis_min")
+    if v is not None:
+        try:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+        except OverflowError:
+            ok = False
+        if not ok:
+            return f"axis_min is {one_line(v)[:40]}, not a finite number"
+    return None
+
+
 def _fields(meta: Mapping, g: zarr.Group | None) -> list[str]:
     """The result fields of a fit: as its metadata names them (fits written before the metadata
     named them: the group's arrays)."""
     if meta.get("fields"):
+        if not _names(meta["fields"]):
+            raise StoreError("a fit record is damaged (its fields do not name the result fields); refit it (tokdyn fit --refit)")
         return list(meta["fields"])
+
+
+def _names(fields) -> bool:
+    """Whether a fit record's ``fields`` names fields: a mapping of names to dtypes, or (older
+    records) a list of names."""
+    return isinstance(fields, (Mapping, list)) and all(isinstance(k, str) for k in fields)
     return sorted(k for k in g.array_keys() if k not in ("done", "crc")) if g is not None else []

@@ -63,5 +63,6 @@ def read_probe(g: zarr.Group) -> ProbeSet:
     try:
         return ProbeSet(tokens, arrays, domains=a.get("domains", ()), documents=a.get("documents", ()), tokenizer=a.get("tokenizer", {}),
                         stored=True)  # its names were checked when it was made (a store made before that still opens)
-    except InputError as exc:  # a stored probe that no longer passes the checks a new one must
+    except (InputError, TypeError, ValueError) as exc:  # a stored probe that no longer passes the checks a new one must
+        # (or whose attributes are not of their kind: "domains": null was a TypeError, reported as a bug)
         raise StoreError(f"the store's probe group is damaged: {exc}") from None

@@ -41,7 +41,7 @@ from zarr.core.sync import sync as zarr_sync
 from zarr.storage import LocalStore, StorePath
 
 from .._text import command_line
-from .._files import kind_of_mode, link_note, not_a_folder
+from .._files import kind_of_mode, link_note, not_a_folder, refuse_inside_zarr
 from .._version import __version__
 from ..errors import (
     InputError,
@@ -113,6 +113,55 @@ def _put_back(folder: tuple[str, int] | None) -> None:
         os.chmod(folder[0], folder[1] & 0o7777)
     except OSError:
         pass
+
+
+def _refuse_nested(url: str | os.PathLike) -> None:
+    """A new local store inside a zarr hierarchy (another store, a run's folder) is an
+    :class:`InputError`: the outer store owns its folders (a refit of the outer run deleted a
+    store imported into its fit folder, and the outer store read it as a damaged run)."""
+    path = os.fspath(url)
+    if path != "-" and "://" not in path:
+        refuse_inside_zarr(path, "store")
+
+
+class _StoreExistsError(StoreError):
+    """:meth:`TrajectoryStore.create` found a store (or another zarr node) where it would make one."""
+
+
+class StoreCreatedMeanwhileError(_StoreExistsError):
+    """:meth:`TrajectoryStore.create` lost to another process creating the same store."""
+
+
+class _CreatedMeanwhile(zarr.errors.ContainsGroupError):
+    """Another process claimed the location of a new store first (:func:`_claim_store`)."""
+
+
+def _claim_store(url: str | os.PathLike, storage_options: Mapping | None) -> zarr.Group:
+    """The root group of a new store with its creation marker, claimed exclusively: its
+    zarr.json is written only where none is (one atomic create on a local disk), as a run's name
+    is claimed. Of two processes creating one store at once exactly one goes on; the other gets
+    :class:`_CreatedMeanwhile` and deletes nothing (zarr's "w-" looked, then wrote: both went
+    on, and the loser's clean-up deleted the store the winner was filling, which it then
+    reported made). Anything at the location, a group or not, is ``ContainsGroupError``."""
+    path = os.fspath(url)
+    if "://" in path:
+        store: Any = zarr.storage.FsspecStore.from_url(path, storage_options=dict(storage_options or {}), read_only=False)
+    else:
+        store = zarr_sync(RegularFilesStore.open(root=path, mode="a"))
+    if any(zarr_sync(store.exists(k)) for k in ("zarr.json", ".zgroup", ".zarray")):  # a zarr node, of either format
+        raise zarr.errors.ContainsGroupError(path)
+    marker = {**owner(), "token": uuid.uuid4().hex}
+    doc = GroupMetadata(attributes={CREATING: marker}).to_buffer_dict(default_buffer_prototype())["zarr.json"]
+    zarr_sync(StorePath(store, "zarr.json").set_if_not_exists(doc))
+    try:
+        group = zarr.open_group(store=store, mode="r+")
+        mine = (group.attrs.get(CREATING) or {}).get("token") == marker["token"]
+    except (KeyError, ValueError, TypeError, AttributeError, RecursionError, FileNotFoundError,
+            zarr.errors.GroupNotFoundError, zarr.errors.NodeTypeValidationError):  # fmt: skip
+        mine = False  # the other's zarr.json half-written, or already replaced
+    if not mine:
+        raise _CreatedMeanwhile(path)
+    return group
 
 
 def _open_group(url: str | os.PathLike, mode: str, storage_options: Mapping | None = None, **kwargs) -> zarr.Group:
@@ -188,7 +237,11 @@ class TrajectoryStore:
         self.url = url
         self.writable = writable
         self.storage_options: dict = dict(storage_options or {})
-        self.probe_fingerprint: str = meta["probe_fingerprint"]
+        fingerprint = meta.get("probe_fingerprint")
+        if not isinstance(fingerprint, str):
+            raise StoreError(f"{url}: the store's metadata is damaged (its probe_fingerprint is "
+                             f"{'missing' if fingerprint is None else type(fingerprint).__name__}, not a string)")  # fmt: skip
+        self.probe_fingerprint: str = fingerprint
         self._probe: ProbeSet | None = None
         self.created = False  # made by this object (create, or open_store mode "a"/"w" on nothing)
         self._folder_before: tuple[str, int] | None = None  # a local folder that was there before create()
@@ -204,16 +257,23 @@ class TrajectoryStore:
             raise InputError(f"probe must be a ProbeSet, got {type(probe).__name__}")
         check_url(url)
         url = local_url(url)
+        _refuse_nested(url)
         existed = _existing_folder(url)
         try:  # the group is born with a marker naming its creator, so a killed creation is recognised
-            group = _open_group(url, "w" if overwrite else "w-", storage_options, attributes={CREATING: owner()})
+            if overwrite:
+                group = _open_group(url, "w", storage_options, attributes={CREATING: owner()})
+            else:
+                group = _claim_store(url, storage_options)
         except (OSError, zarr.errors.ContainsGroupError, zarr.errors.ContainsArrayError) as exc:
             there = not_a_folder(url)
             if there:  # a file, FIFO or link to nothing where the store's folder would be, or above it
                 raise StoreError(f"cannot make a store at {url} ({there}); give a new path") from None
             if isinstance(exc, OSError) and not isinstance(exc, (FileExistsError, NotADirectoryError)):
                 raise  # a permission denied, a full disk: said as such by the caller
-            raise StoreError(f"{url} already exists; open it, or pass overwrite=True to replace it") from None
+            if isinstance(exc, _CreatedMeanwhile):
+                raise StoreCreatedMeanwhileError(f"{url} was created by another process at the same moment; open it "
+                                                 "(open_store with mode 'a' waits for it and opens it)") from None  # fmt: skip
+            raise _StoreExistsError(f"{url} already exists; open it, or pass overwrite=True to replace it") from None
         try:
             write_probe(group.create_group("probe"), probe)
             group.create_group("runs")
@@ -521,11 +581,21 @@ class TrajectoryStore:
     # -- description ----------------------------------------------------------------------
 
     def size_bytes(self) -> int | None:
-        """Bytes the store takes on its storage (None where the backend cannot say)."""
+        """Bytes the store takes on its storage (None where the backend cannot say, or a folder
+        of a local store cannot be listed: rglob skipped it without a word, and a fit folder
+        readable but not listable read as 0.02 MB of 0.07)."""
         st = self._group.store
         root = getattr(st, "root", None)
         if root is not None:
-            return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+            failed: list[OSError] = []
+            total = 0
+            for folder, _, files in os.walk(root, onerror=failed.append):
+                for name in files:
+                    try:
+                        total += os.lstat(os.path.join(folder, name)).st_size
+                    except OSError as exc:
+                        failed.append(exc)
+            return None if failed else total
         fs = getattr(st, "fs", None)
         if fs is not None:
             try:
@@ -584,19 +654,27 @@ def open_store(
             raise InputError("creating a store needs a probe")
         return TrajectoryStore.create(url, probe, overwrite=True, storage_options=storage_options)
     if mode == "a":
-        for attempt in range(_CREATION_POLLS + 1):
+        polls, start = 0, time.monotonic()
+        while True:
             try:
                 store = TrajectoryStore.open(url, mode="r+", storage_options=storage_options)
                 break
             except NotAStoreError:
                 if probe is None:
                     raise
-                if _aborted_creation(url, storage_options):  # a creator killed half-way: start again
-                    return TrajectoryStore.create(url, probe, overwrite=True, storage_options=storage_options)
-                if not _exists_nonempty(url, storage_options):
-                    return TrajectoryStore.create(url, probe, storage_options=storage_options)
-                if attempt == _CREATION_POLLS:
-                    raise
+                try:
+                    if _aborted_creation(url, storage_options):  # a creator killed half-way: start again
+                        return TrajectoryStore.create(url, probe, overwrite=True, storage_options=storage_options)
+                    if not _exists_nonempty(url, storage_options):
+                        return TrajectoryStore.create(url, probe, storage_options=storage_options)
+                except (RunBusyError, _StoreExistsError):
+                    # another process is creating it (its probe being written): wait for it, then open it
+                    if time.monotonic() - start > _CREATION_WAIT_S:
+                        raise
+                else:
+                    polls += 1
+                    if polls > _CREATION_POLLS:
+                        raise
                 # another process may be creating it this moment, its creation marker not yet
                 # written (a script launched twice at once got "no tokdyn store" 1 time in 8)
                 time.sleep(_CREATION_POLL_S)
@@ -610,7 +688,8 @@ def open_store(
 
 # How long a location that holds something but no store (yet) is watched for a creation in
 # progress before it is said to be no store: 10 looks, 50 ms apart.
-_CREATION_POLLS, _CREATION_POLL_S = 10, 0.05
+# A creation in progress in a live process (its marker written) is waited for up to 30 s.
+_CREATION_POLLS, _CREATION_POLL_S, _CREATION_WAIT_S = 10, 0.05, 30.0
 
 
 def _aborted_creation(url: str | os.PathLike, storage_options: Mapping | None) -> bool:
