@@ -892,10 +892,10 @@ def _fields(meta: Mapping, g: zarr.Group | None) -> list[str]:
         if not _names(meta["fields"]):
             raise StoreError("a fit record is damaged (its fields do not name the result fields); refit it (tokdyn fit --refit)")
         return list(meta["fields"])
+    return sorted(k for k in g.array_keys() if k not in ("done", "crc")) if g is not None else []
 
 
 def _names(fields) -> bool:
     """Whether a fit record's ``fields`` names fields: a mapping of names to dtypes, or (older
     records) a list of names."""
     return isinstance(fields, (Mapping, list)) and all(isinstance(k, str) for k in fields)
-    return sorted(k for k in g.array_keys() if k not in ("done", "crc")) if g is not None else []
