@@ -140,7 +140,7 @@ CLI_CASES: dict[str, tuple[Callable[[Path, Path], list[str]], str]] = {
     "import with an unknown axis name": (lambda t, s: ["import-npz", str(_npz(t / "n.npz", axis_name=np.array(["Q"]))), str(s)], r"axis_name"),
     "import into a store of another probe": (lambda t, s: ["import-npz", str(_npz(t / "n.npz", loss_matrix=np.ones((30, 3), np.float32))), str(s)], r"npz has 30 tokens; the store's probe has 48"),
     "import over an existing run": (lambda t, s: ["import-npz", str(_npz(t / "r.npz")), str(s), "--run", "r"], r"run 'r' already exists"),
-    "import into a path that cannot be written": (lambda t, s: ["import-npz", str(_npz(t / "n.npz")), str(_write(t / "f", b"x") / "s.zarr")], r"f, above it, is a regular file, not a folder"),
+    "import into a path that cannot be written": (lambda t, s: ["import-npz", str(_npz(t / "n.npz")), str(_write(t / "f", b"x") / "s.zarr")], r"f is a file, not a folder"),
     "record-offline from a folder that does not exist": (lambda t, s: ["record-offline", "--checkpoints", str(t / "nope"), "--out", str(s), "--run", "o", "--no-progress"], r"nope"),
     "record-offline of a pickle that would run code": (lambda t, s: (_pickle_exploit(t / "ck", t / "pwned"), ["record-offline", "--checkpoints", str(t / "ck"), "--out", str(s), "--run", "o", "--no-progress", "--workers", "1"])[1], r"step_10\.pt.*weights_only=True"),
     "record-offline of a truncated checkpoint": (lambda t, s: (_truncated_checkpoint(t / "ck"), ["record-offline", "--checkpoints", str(t / "ck"), "--out", str(s), "--run", "o", "--no-progress", "--workers", "1"])[1], r"step_10\.pt"),

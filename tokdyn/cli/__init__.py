@@ -244,6 +244,8 @@ class _GuardedStdout:
             raise _StdoutFailed(exc) from None
 
     def __getattr__(self, name):
+        if name == "_out":  # an instance made without __init__ (a copy): no endless lookup of _out
+            raise AttributeError(name)
         return getattr(self._out, name)
 
 
