@@ -91,6 +91,16 @@ def test_token_statistics_are_those_of_the_scored_tokens(tmp_path_factory, seed,
     assert b["rho1_shares"] == a["rho1_shares"]
 
 
+def test_a_forgetting_across_a_missing_point_is_counted_as_without_that_row(tmp_path):
+    """By hand: token 0 learned (0.1) at step 8, missing at 16, not learned (2.0) at 32: one
+    forgetting, as with the row of step 16 removed; token 1 learned, missing, learned: none;
+    token 2 not learned, missing, learned, not learned: one."""
+    Y = np.array([[0.1, np.nan, 2.0, 2.0], [0.1, np.nan, 0.2, 0.3], [3.0, np.nan, 0.1, 3.0]], np.float32)
+    with_gap = token_stats(_store(tmp_path / "a.zarr", Y, [8, 16, 32, 64]).run("r"), early_row=0)
+    without = token_stats(_store(tmp_path / "b.zarr", Y[:, [0, 2, 3]], [8, 32, 64]).run("r"), early_row=0)
+    assert with_gap.forgetting_events.tolist() == [1, 0, 1] == without.forgetting_events.tolist()
+
+
 def test_rho1_threshold_is_the_median_of_the_tokens_it_classes(tmp_path):
     """Tokens with a loss at only one of the two rows get no class, so they do not move the
     median: H->H and L->L then hold equally many tokens (no ties), as the report says."""
@@ -194,3 +204,30 @@ def test_the_example_tokens_of_a_d_axis_are_at_each_data_budget(tmp_path):
     fit_run(run, progress=False, scheduler="sync")
     fig = _fig_trajectories(st, analyze_run(st.run(run.name), n_boot=0))
     assert "recorded data budget" in fig.title and "step" not in fig.title
+
+
+def test_seeds_stand_in_only_where_another_seed_has_the_loss(tmp_path):
+    """Two seeds of a budget: seed 0 misses tokens 0-3, seed 1 tokens 2-5. Tokens 0-1 and 4-5
+    are filled by the other seed, 2-3 stay NaN; each warning says so, not "stand in" for all."""
+    import warnings
+
+    from tokdyn.axes import AxisWarning
+
+    n = 12
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.arange(n, dtype=np.int32), "token_pos": np.ones(n, np.int32)})
+    st = tokdyn.open_store(tmp_path / "m.zarr", probe, mode="w")
+    for j, b in enumerate([100, 1000, 10000]):
+        for seed, missing in enumerate((slice(0, 4), slice(2, 6))):
+            y = np.full(n, 3.0 - j + 0.1 * seed, np.float32)
+            if j == 1:
+                y[missing] = np.nan
+            w = st.create_run(f"d{j}s{seed}", capacity=1, attrs={"data_budget": b}).writer()
+            w.append(y, step=10, warn_nonfinite=False)
+            w.release()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        row = assemble_axis(st, "D", repeats="mean").losses()[1]
+    said = [str(w.message) for w in caught if issubclass(w.category, AxisWarning)]
+    assert len(said) == 2 and all("stand in for 2 of them, the rest stay NaN" in m for m in said), said
+    assert np.isnan(row[2:4]).all() and np.allclose(row[[0, 1]], 2.1) and np.allclose(row[[4, 5]], 2.0)
+    assert np.allclose(row[6:], 2.05)

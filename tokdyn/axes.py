@@ -209,15 +209,19 @@ def assemble_axis(
         w = out.writer()
         for k, v in enumerate(distinct):
             group = [r for r, rv in zip(sources, values) if rv == v]
-            rows = []
-            for r in group:
-                last = r.n_committed - 1
-                rows.append(r.losses(rows=slice(last, last + 1))[0])
-                lost = int(np.count_nonzero(np.isnan(rows[-1])))
+            rows = [r.losses(rows=slice(r.n_committed - 1, r.n_committed))[0] for r in group]
+            nan = np.stack([np.isnan(row) for row in rows])  # [seeds, N]
+            for j, r in enumerate(group):
+                lost = int(np.count_nonzero(nan[j]))
                 if lost:  # a diverged run, a lost chunk: said here, where a mean of seeds would hide it
-                    then = "; the other seeds' losses stand in for them" if len(group) > 1 else ""
+                    # (only where another seed has the loss: "stand in" was said also where every seed missed it)
+                    filled = int(np.count_nonzero(nan[j] & ~nan.all(axis=0)))
+                    then = ("" if len(group) == 1 else "; the other seeds' losses stand in for all of them" if filled == lost
+                            else f"; the other seeds' losses stand in for {filled:,} of them, the rest stay NaN (no seed "
+                                 "has them)")  # fmt: skip
+                    step = int(r.coord("step")[r.n_committed - 1])
                     warnings.warn(f"run {r.name!r}: {lost:,} of the {r.n_tokens:,} losses of its final row (step "
-                                  f"{int(r.coord('step')[last]):,}) are NaN{then}", AxisWarning, stacklevel=2)  # fmt: skip
+                                  f"{step:,}) are NaN{then}", AxisWarning, stacklevel=2)  # fmt: skip
             if len(rows) == 1:
                 row = rows[0]
             else:

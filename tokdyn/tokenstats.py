@@ -4,7 +4,7 @@
   gold-token probability ``p = exp(-loss)``, ``variability`` = its standard deviation.
 - **Forgetting events** (Toneva et al. 2019): how often a token goes from *learned* (loss below
   ``learned_loss`` nats, default ln 2: the gold token has p > 1/2, so it is the model's top
-  choice) at one checkpoint to not learned at the next.
+  choice) at one checkpoint to not learned at the next one where it has a loss.
 - **Rho-1 classes** (Lin et al. 2024): each token's loss at an early and a late checkpoint,
   each called high or low against ``threshold`` nats: H->H, H->L, L->H, L->L.
 
@@ -130,8 +130,10 @@ def token_stats(
     # in float64, with nanstd's temporaries, held 2-3 GB a thread for a 200-row run
     L = run.to_dask().rechunk({1: STATS_SLICE}).astype(np.float64)
     p = da.exp(-L)
-    learned = L < learned_loss  # NaN compares False: a missing point is never "learned"
-    forgets = (learned[:-1] & ~learned[1:] & da.isfinite(L[1:])).sum(axis=0)
+    # every row of a slice of tokens in one block: a forgetting is counted between observed
+    # points, across a missing one (a token learned at step 8, missing at 16, not learned at 32
+    # was forgotten once, as without the row of step 16; comparing neighbouring rows lost it)
+    forgets = L.rechunk({0: -1}).map_blocks(_forgetting_events, float(learned_loss), drop_axis=0, dtype=np.int64)
     early, late = L[rows[0]], L[rows[1]]
     scored = da.isfinite(L).any(axis=0)
     conf, var, fe, early, late, scored = da.compute(da.nanmean(p, axis=0), da.nanstd(p, axis=0), forgets, early, late, scored)
@@ -146,6 +148,20 @@ def token_stats(
     code = np.where(np.isfinite(early) & np.isfinite(late), code, -1).astype(np.int8)
     return TokenStats(np.asarray(conf), np.asarray(var), np.asarray(fe, np.int32), code, rows[0], rows[1], thr,
                       float(learned_loss), np.asarray(scored, bool))  # fmt: skip
+
+
+def _forgetting_events(L: np.ndarray, learned_loss: float) -> np.ndarray:
+    """[N] of losses [K, N]: how often each token goes from learned (loss below
+    ``learned_loss``) at one observed point to not learned at its next observed point (NaN
+    points are skipped)."""
+    count = np.zeros(L.shape[1], np.int64)
+    state = np.full(L.shape[1], -1, np.int8)  # at the last observed point: -1 none yet, 0 not learned, 1 learned
+    for row in L:
+        seen = np.isfinite(row)
+        now = row < learned_loss
+        count += seen & (state == 1) & ~now
+        state = np.where(seen, now.astype(np.int8), state)
+    return count
 
 
 def frequency_bands(token_id: np.ndarray, n_bands: int = 4) -> tuple[np.ndarray, list[str]]:
