@@ -84,7 +84,7 @@ def test_a_store_that_loses_the_claim_deletes_nothing(tmp_path):
     with pytest.raises(StoreError, match="already exists"):
         TrajectoryStore.create(tmp_path / "s.zarr", probe)
     shutil.rmtree(tmp_path / "t.zarr", ignore_errors=True)
-    _claim_store(str(tmp_path / "t.zarr"), None)  # another process's claim, its probe not yet written
+    _claim_store(str(tmp_path / "t.zarr"), None, {"pid": 1, "token": "other"})  # another process's claim, its probe not yet written
     with pytest.raises(StoreError, match="already exists"):
         TrajectoryStore.create(tmp_path / "t.zarr", probe)
     with pytest.raises(StoreCreatedMeanwhileError):  # claimed between the look and the claim
@@ -246,3 +246,77 @@ def test_a_store_with_a_folder_that_cannot_be_listed_has_no_size_not_a_smaller_o
 
     monkeypatch.setattr(os, "scandir", refuse)
     assert st.size_bytes() is None
+
+
+def test_two_threads_creating_one_store_both_get_it(tmp_path, monkeypatch):
+    """A creation marker of this very process was read as abandoned (its pid is alive: this
+    one), so a second thread replaced the store the first was writing, which the first then
+    reported made. The second thread now waits for it."""
+    import threading
+    import time
+
+    from tokdyn.store import store as S
+
+    real = S.write_probe
+
+    def slow(group, probe):  # the first thread is still writing its probe when the second arrives
+        time.sleep(1.0)
+        return real(group, probe)
+
+    monkeypatch.setattr(S, "write_probe", slow)
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.zeros(4, np.int32), "token_pos": np.arange(1, 5, dtype=np.int32)})
+    got = {}
+
+    def make(name):
+        try:
+            got[name] = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="a")
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            got[name] = exc
+
+    first = threading.Thread(target=make, args=("a",))
+    first.start()
+    time.sleep(0.3)
+    second = threading.Thread(target=make, args=("b",))
+    second.start()
+    first.join()
+    second.join()
+    assert all(isinstance(v, tokdyn.TrajectoryStore) for v in got.values()), got
+    assert tokdyn.open_store(tmp_path / "s.zarr", mode="r").probe.n_tokens == 4
+
+
+def test_a_zarr_group_of_another_tool_is_refused_at_once_not_waited_for(tmp_path):
+    import time
+
+    import zarr
+
+    zarr.open_group(str(tmp_path / "other.zarr"), mode="w", zarr_format=2)  # a v2 group: .zgroup, no zarr.json
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.zeros(4, np.int32), "token_pos": np.arange(1, 5, dtype=np.int32)})
+    t = time.monotonic()
+    with pytest.raises(StoreError):
+        tokdyn.open_store(tmp_path / "other.zarr", probe, mode="a")
+    assert time.monotonic() - t < 10  # not the 30 s wait for a creation in progress
+    assert not (tmp_path / "other.zarr" / "zarr.json").exists()
+
+
+def test_a_file_gone_while_the_size_is_summed_is_no_failure(fitted, monkeypatch):
+    """zarr writes a file under a temporary name, then renames it; a refit swaps folders: a file
+    listed then gone is not a folder that cannot be read ("size on disk unknown")."""
+    st = tokdyn.open_store(fitted, mode="r")
+    lstat = os.lstat
+    gone = []
+
+    def vanishing(path, *a, **k):
+        if not gone and os.fspath(path).endswith("zarr.json"):
+            gone.append(path)
+            raise FileNotFoundError(2, "No such file or directory", os.fspath(path))
+        return lstat(path, *a, **k)
+
+    monkeypatch.setattr(os, "lstat", vanishing)
+    assert st.size_bytes() is not None and gone
+
+
+def test_import_npz_reads_a_new_store_under_home_as_the_library_does(tmp_path, capsys, monkeypatch):
+    npz = write_npz(tmp_path / "l.npz")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["import-npz", str(npz), "~/new.zarr"]) == 0
+    assert tokdyn.open_store(tmp_path / "new.zarr", mode="r").runs == ["l"]

@@ -1282,7 +1282,7 @@ def _fig_class_changes(a: RunAnalysis, drops: dict[str, float]) -> Figure:
            f"together ({gross:.3f}), so they nearly cancel")  # fmt: skip
     return Figure(fig, "How much each class's loss fell or rose",
                   f"For each class of tokens: how far its tokens' fitted loss fell between the first and the last recorded "
-                  f"point, summed over the class and divided by the number of probe tokens (nats per probe token; "
+                  f"point, summed over the class and divided by the number of probe tokens with a recorded loss (nats per probe token; "
                   f"negative: it rose), so the bars add up to the fall of the mean loss ({net:+.3f} nats). Shares of the "
                   f"loss drop are not shown for this run: {why}, and a class's share of the net drop would read hundreds "
                   f"or thousands of percent. The share of the tokens each class holds is beside its name."

@@ -319,7 +319,8 @@ def _forked_rng(model: torch.nn.Module):
     """The torch random state (CPU, and the CUDA devices ``model`` is on) restored on leaving: a
     branch is a copy that never feeds back into the trunk, so it must not move the trunk's stream
     either (with dropout, adding a calibration branch changed the trunk after it and every later
-    D point)."""
+    D point). Other accelerators' generators (MPS) are not forked: there a branch's dropout draws
+    still move the trunk's."""
     cuda = {p.device.index if p.device.index is not None else torch.cuda.current_device()
             for p in model.parameters() if p.device.type == "cuda"}  # fmt: skip
     return torch.random.fork_rng(devices=sorted(cuda))

@@ -201,8 +201,9 @@ def _import_npz(args: argparse.Namespace) -> int:
         raise InputError(f"{args.store} is a memory:// store, which lives only while this command runs: the imported run "
                          "would be lost when it exits; give a path or a lasting URL (s3://...)")  # fmt: skip
     store = store_path(args.store)  # a folder holding a store (the demo's) as every store command takes it
-    if "://" not in store and not os.path.lexists(store):  # a new local store: its folder must exist, before any work
-        check_output_path(store, what="store", folder_ok=True)
+    local = os.path.expanduser(store)  # as the store's own path is read ('~/new.zarr' given quoted)
+    if "://" not in store and not os.path.lexists(local):  # a new local store: its folder must exist, before any work
+        check_output_path(local, what="store", folder_ok=True)
     run = import_npz(args.input, store, run=args.run, dtype=args.dtype)
     print(f"imported {_shown(args.input)} as run {run.name!r} (axis {run.axis}, {run.n_committed} x {run.n_tokens:,}) "
           f"into {_shown(store)}")  # fmt: skip

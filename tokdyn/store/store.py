@@ -136,7 +136,12 @@ class _CreatedMeanwhile(zarr.errors.ContainsGroupError):
     """Another process claimed the location of a new store first (:func:`_claim_store`)."""
 
 
-def _claim_store(url: str | os.PathLike, storage_options: Mapping | None) -> zarr.Group:
+# the tokens of the store creations in progress in this process (its threads): a creation marker
+# of this process is abandoned only when its token is not here
+_CREATING_HERE: set[str] = set()
+
+
+def _claim_store(url: str | os.PathLike, storage_options: Mapping | None, marker: Mapping) -> zarr.Group:
     """The root group of a new store with its creation marker, claimed exclusively: its
     zarr.json is written only where none is (one atomic create on a local disk), as a run's name
     is claimed. Of two processes creating one store at once exactly one goes on; the other gets
@@ -150,7 +155,6 @@ def _claim_store(url: str | os.PathLike, storage_options: Mapping | None) -> zar
         store = zarr_sync(RegularFilesStore.open(root=path, mode="a"))
     if any(zarr_sync(store.exists(k)) for k in ("zarr.json", ".zgroup", ".zarray")):  # a zarr node, of either format
         raise zarr.errors.ContainsGroupError(path)
-    marker = {**owner(), "token": uuid.uuid4().hex}
     doc = GroupMetadata(attributes={CREATING: marker}).to_buffer_dict(default_buffer_prototype())["zarr.json"]
     zarr_sync(StorePath(store, "zarr.json").set_if_not_exists(doc))
     try:
@@ -162,6 +166,15 @@ def _claim_store(url: str | os.PathLike, storage_options: Mapping | None) -> zar
     if not mine:
         raise _CreatedMeanwhile(path)
     return group
+
+
+def _tokdyn_at(url: str | os.PathLike, storage_options: Mapping | None) -> bool:
+    """Whether ``url`` holds a tokdyn store or a creation of one (a zarr group of tokdyn's)."""
+    try:
+        attrs = _open_group(url, "r", storage_options).attrs
+        return "tokdyn" in attrs or CREATING in attrs
+    except Exception:  # noqa: BLE001 - unreadable or not a group: not one of ours
+        return False
 
 
 def _open_group(url: str | os.PathLike, mode: str, storage_options: Mapping | None = None, **kwargs) -> zarr.Group:
@@ -259,11 +272,21 @@ class TrajectoryStore:
         url = local_url(url)
         _refuse_nested(url)
         existed = _existing_folder(url)
+        token = uuid.uuid4().hex
+        _CREATING_HERE.add(token)  # a thread of this process finding the marker waits for it, never replaces it
+        try:
+            return cls._create(url, probe, overwrite, storage_options, existed, token)
+        finally:
+            _CREATING_HERE.discard(token)
+
+    @classmethod
+    def _create(cls, url, probe, overwrite, storage_options, existed, token) -> "TrajectoryStore":
         try:  # the group is born with a marker naming its creator, so a killed creation is recognised
+            marker = {**owner(), "token": token}
             if overwrite:
-                group = _open_group(url, "w", storage_options, attributes={CREATING: owner()})
+                group = _open_group(url, "w", storage_options, attributes={CREATING: marker})
             else:
-                group = _claim_store(url, storage_options)
+                group = _claim_store(url, storage_options, marker)
         except (OSError, zarr.errors.ContainsGroupError, zarr.errors.ContainsArrayError) as exc:
             there = not_a_folder(url)
             if there:  # a file, FIFO or link to nothing where the store's folder would be, or above it
@@ -271,7 +294,7 @@ class TrajectoryStore:
             if isinstance(exc, OSError) and not isinstance(exc, (FileExistsError, NotADirectoryError)):
                 raise  # a permission denied, a full disk: said as such by the caller
             if isinstance(exc, _CreatedMeanwhile):
-                raise StoreCreatedMeanwhileError(f"{url} was created by another process at the same moment; open it "
+                raise StoreCreatedMeanwhileError(f"{url} was created by another process or thread at the same moment; open it "
                                                  "(open_store with mode 'a' waits for it and opens it)") from None  # fmt: skip
             raise _StoreExistsError(f"{url} already exists; open it, or pass overwrite=True to replace it") from None
         try:
@@ -589,12 +612,16 @@ class TrajectoryStore:
         if root is not None:
             failed: list[OSError] = []
             total = 0
-            for folder, _, files in os.walk(root, onerror=failed.append):
+            def fail(exc: OSError) -> None:  # a file or folder gone meanwhile (a write's rename, a refit's swap) is no failure
+                if not isinstance(exc, FileNotFoundError):
+                    failed.append(exc)
+
+            for folder, _, files in os.walk(root, onerror=fail):
                 for name in files:
                     try:
                         total += os.lstat(os.path.join(folder, name)).st_size
                     except OSError as exc:
-                        failed.append(exc)
+                        fail(exc)
             return None if failed else total
         fs = getattr(st, "fs", None)
         if fs is not None:
@@ -667,8 +694,14 @@ def open_store(
                         return TrajectoryStore.create(url, probe, overwrite=True, storage_options=storage_options)
                     if not _exists_nonempty(url, storage_options):
                         return TrajectoryStore.create(url, probe, storage_options=storage_options)
-                except (RunBusyError, _StoreExistsError):
+                except (RunBusyError, StoreCreatedMeanwhileError):
                     # another process is creating it (its probe being written): wait for it, then open it
+                    if time.monotonic() - start > _CREATION_WAIT_S:
+                        raise
+                except _StoreExistsError:
+                    if not _tokdyn_at(url, storage_options):  # a zarr node of another tool: no wait
+                        raise
+                    # a tokdyn store made meanwhile, between the look above and the claim: open it
                     if time.monotonic() - start > _CREATION_WAIT_S:
                         raise
                 else:
@@ -701,7 +734,12 @@ def _aborted_creation(url: str | os.PathLike, storage_options: Mapping | None) -
         return False
     if "tokdyn" in attrs or CREATING not in attrs:
         return False
-    refuse_if_live(attrs[CREATING], f"store {url} is being created")
+    marker = attrs[CREATING]
+    if refuse_if_live(marker, f"store {url} is being created") == "self" and isinstance(marker, Mapping) \
+            and marker.get("token") in _CREATING_HERE:  # fmt: skip
+        # another thread of this process is creating it (a pool of imports): replacing it deleted
+        # the store that thread then reported made
+        raise RunBusyError(f"store {url} is being created by another thread of this process")
     return True
 
 
