@@ -307,10 +307,14 @@ class Run:
         rows = _indices("rows", rows, k, f"committed rows of run {self.name!r}")
         tokens = _indices("tokens", tokens, self.n_tokens, f"tokens of run {self.name!r}")
         if self._salt is None:
-            out = self._read(lambda: self._loss.get_orthogonal_selection((rows, tokens)), f"loss[{rows.size} rows, {tokens.size} tokens]",
-                             loss_chunks=lambda: (np.unique(rows).tolist(), np.unique(tokens // self.token_chunk).tolist()))
-            self._check_nan_counts(out, rows.tolist())
-            return out
+            # each row and token read once: a token asked for twice counted its recorded NaN twice,
+            # "2 losses read as missing where 1 non-finite were recorded" (a run without checksums)
+            ur, r_at = np.unique(rows, return_inverse=True)
+            ut, t_at = np.unique(tokens, return_inverse=True)
+            out = self._read(lambda: self._loss.get_orthogonal_selection((ur, ut)), f"loss[{ur.size} rows, {ut.size} tokens]",
+                             loss_chunks=lambda: (ur.tolist(), np.unique(ut // self.token_chunk).tolist()))
+            self._check_nan_counts(out, ur.tolist())
+            return out[np.ix_(r_at.ravel(), t_at.ravel())]
         # Whole chunks, each checked, a few rows at a time (memory: 32 rows of one chunk).
         out, tc = np.empty((rows.size, tokens.size), self.dtype), self.token_chunk
         chunk_of = tokens // tc
