@@ -1461,7 +1461,7 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
                    frameon=False, fontsize=8)  # fmt: skip
     left_out = int(learned.sum() - inside.sum())
     return Figure(fig, "When tokens are learned, against how frequent they are and where they stand",
-                  f"Each of the {int(inside.sum()):,} learned or multi-step tokens (for multi-step tokens, the first event) "
+                  f"Each of the {int(inside.sum()):,} learned or multi-step tokens (for multi-step tokens, the first drop) "
                   f"placed by its learning time μ (y) against, left, how often its token id occurs in the probe, and "
                   f"right, its position in its sequence. Colour: tokens per hexagon (colour bar, log scale). Red: the "
                   f"median learning time in each tenth of the tokens along x. A falling median means that tokens further "
