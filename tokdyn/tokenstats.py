@@ -143,9 +143,9 @@ def token_stats(
     both = np.concatenate([early[pair], late[pair]])
     # the median of the two rows' losses; NaN when no token has a finite loss at both (then no
     # token gets a class: this used to say "threshold must be a finite loss, got None")
-    thr = (float(np.nanmedian(both)) if np.isfinite(both).any() else float("nan")) if threshold is None else float(threshold)
+    thr = (float(np.median(both)) if both.size else float("nan")) if threshold is None else float(threshold)
     code = np.where(early >= thr, 0, 2) + np.where(late >= thr, 0, 1)  # H->H 0, H->L 1, L->H 2, L->L 3
-    code = np.where(np.isfinite(early) & np.isfinite(late), code, -1).astype(np.int8)
+    code = np.where(pair, code, -1).astype(np.int8)
     return TokenStats(np.asarray(conf), np.asarray(var), np.asarray(fe, np.int32), code, rows[0], rows[1], thr,
                       float(learned_loss), np.asarray(scored, bool))  # fmt: skip
 

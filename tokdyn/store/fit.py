@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import uuid
 import warnings
@@ -875,13 +874,8 @@ def _damaged_record(meta: Mapping) -> str | None:
     if meta.get("fields") is not None and not _names(meta["fields"]):
         return "fields does not name the result fields"
     v = meta.get("axis_min")
-    if v is not None:
-        try:
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
-        except OverflowError:
-            ok = False
-        if not ok:
-            return f"axis_min is {one_line(v)[:40]}, not a finite number"
+    if v is not None and not is_finite(v):
+        return f"axis_min is {one_line(v)[:40]}, not a finite number"
     return None
 
 

@@ -115,25 +115,12 @@ def _put_back(folder: tuple[str, int] | None) -> None:
         pass
 
 
-def _refuse_nested(url: str | os.PathLike) -> None:
-    """A new local store inside a zarr hierarchy (another store, a run's folder) is an
-    :class:`InputError`: the outer store owns its folders (a refit of the outer run deleted a
-    store imported into its fit folder, and the outer store read it as a damaged run)."""
-    path = os.fspath(url)
-    if path != "-" and "://" not in path:
-        refuse_inside_zarr(path, "store")
-
-
 class _StoreExistsError(StoreError):
     """:meth:`TrajectoryStore.create` found a store (or another zarr node) where it would make one."""
 
 
 class StoreCreatedMeanwhileError(_StoreExistsError):
     """:meth:`TrajectoryStore.create` lost to another process creating the same store."""
-
-
-class _CreatedMeanwhile(zarr.errors.ContainsGroupError):
-    """Another process claimed the location of a new store first (:func:`_claim_store`)."""
 
 
 # the tokens of the store creations in progress in this process (its threads): a creation marker
@@ -145,7 +132,7 @@ def _claim_store(url: str | os.PathLike, storage_options: Mapping | None, marker
     """The root group of a new store with its creation marker, claimed exclusively: its
     zarr.json is written only where none is (one atomic create on a local disk), as a run's name
     is claimed. Of two processes creating one store at once exactly one goes on; the other gets
-    :class:`_CreatedMeanwhile` and deletes nothing (zarr's "w-" looked, then wrote: both went
+    :class:`StoreCreatedMeanwhileError` and deletes nothing (zarr's "w-" looked, then wrote: both went
     on, and the loser's clean-up deleted the store the winner was filling, which it then
     reported made). Anything at the location, a group or not, is ``ContainsGroupError``."""
     path = os.fspath(url)
@@ -155,17 +142,30 @@ def _claim_store(url: str | os.PathLike, storage_options: Mapping | None, marker
         store = zarr_sync(RegularFilesStore.open(root=path, mode="a"))
     if any(zarr_sync(store.exists(k)) for k in ("zarr.json", ".zgroup", ".zarray")):  # a zarr node, of either format
         raise zarr.errors.ContainsGroupError(path)
-    doc = GroupMetadata(attributes={CREATING: marker}).to_buffer_dict(default_buffer_prototype())["zarr.json"]
-    zarr_sync(StorePath(store, "zarr.json").set_if_not_exists(doc))
+    _write_creation_marker(store, "zarr.json", marker)
     try:
         group = zarr.open_group(store=store, mode="r+")
-        mine = (group.attrs.get(CREATING) or {}).get("token") == marker["token"]
+        mine = _made_by(group, marker)
     except (KeyError, ValueError, TypeError, AttributeError, RecursionError, FileNotFoundError,
             zarr.errors.GroupNotFoundError, zarr.errors.NodeTypeValidationError):  # fmt: skip
         mine = False  # the other's zarr.json half-written, or already replaced
     if not mine:
-        raise _CreatedMeanwhile(path)
+        raise StoreCreatedMeanwhileError(f"{path} was created by another process or thread at the same moment; open it "
+                                         "(open_store with mode 'a' waits for it and opens it)")  # fmt: skip
     return group
+
+
+def _write_creation_marker(store, key: str, marker: Mapping) -> None:
+    """The zarr.json of a group holding the creation ``marker``, written at ``key`` only where
+    none is (one atomic create on a local disk): how a new store or run is claimed."""
+    doc = GroupMetadata(attributes={CREATING: marker}).to_buffer_dict(default_buffer_prototype())["zarr.json"]
+    zarr_sync(StorePath(store, key).set_if_not_exists(doc))
+
+
+def _made_by(group, marker: Mapping) -> bool:
+    """Whether ``group`` is a group holding the creation ``marker`` (its token), read back after
+    :func:`_write_creation_marker`."""
+    return isinstance(group, zarr.Group) and (group.attrs.get(CREATING) or {}).get("token") == marker["token"]
 
 
 def _tokdyn_at(url: str | os.PathLike, storage_options: Mapping | None) -> bool:
@@ -270,7 +270,9 @@ class TrajectoryStore:
             raise InputError(f"probe must be a ProbeSet, got {type(probe).__name__}")
         check_url(url)
         url = local_url(url)
-        _refuse_nested(url)
+        # a new store inside a zarr hierarchy (another store, a run's folder) is refused: the outer
+        # store owns its folders (a refit of the outer run deleted a store imported into its fit folder)
+        refuse_inside_zarr(url, "store")
         existed = _existing_folder(url)
         token = uuid.uuid4().hex
         _CREATING_HERE.add(token)  # a thread of this process finding the marker waits for it, never replaces it
@@ -293,9 +295,6 @@ class TrajectoryStore:
                 raise StoreError(f"cannot make a store at {url} ({there}); give a new path") from None
             if isinstance(exc, OSError) and not isinstance(exc, (FileExistsError, NotADirectoryError)):
                 raise  # a permission denied, a full disk: said as such by the caller
-            if isinstance(exc, _CreatedMeanwhile):
-                raise StoreCreatedMeanwhileError(f"{url} was created by another process or thread at the same moment; open it "
-                                                 "(open_store with mode 'a' waits for it and opens it)") from None  # fmt: skip
             raise _StoreExistsError(f"{url} already exists; open it, or pass overwrite=True to replace it") from None
         try:
             write_probe(group.create_group("probe"), probe)
@@ -475,12 +474,10 @@ class TrajectoryStore:
         ``ContainsGroupError``, nor (had both writes landed) a run whose metadata the other's
         overwrote."""
         marker = {**owner(), "token": uuid.uuid4().hex}
-        doc = GroupMetadata(attributes={CREATING: marker}).to_buffer_dict(default_buffer_prototype())["zarr.json"]
-        key = join(self._group.path, "runs", name, "zarr.json")
-        zarr_sync(StorePath(self._group.store, key).set_if_not_exists(doc))
+        _write_creation_marker(self._group.store, join(self._group.path, "runs", name, "zarr.json"), marker)
         try:
             g = self._group[f"runs/{name}"]
-            mine = isinstance(g, zarr.Group) and (g.attrs.get(CREATING) or {}).get("token") == marker["token"]
+            mine = _made_by(g, marker)
         except (KeyError, ValueError, TypeError, AttributeError, RecursionError):
             mine = False
         if not mine:
@@ -694,15 +691,12 @@ def open_store(
                         return TrajectoryStore.create(url, probe, overwrite=True, storage_options=storage_options)
                     if not _exists_nonempty(url, storage_options):
                         return TrajectoryStore.create(url, probe, storage_options=storage_options)
-                except (RunBusyError, StoreCreatedMeanwhileError):
-                    # another process is creating it (its probe being written): wait for it, then open it
-                    if time.monotonic() - start > _CREATION_WAIT_S:
-                        raise
-                except _StoreExistsError:
-                    if not _tokdyn_at(url, storage_options):  # a zarr node of another tool: no wait
-                        raise
-                    # a tokdyn store made meanwhile, between the look above and the claim: open it
-                    if time.monotonic() - start > _CREATION_WAIT_S:
+                except (RunBusyError, _StoreExistsError) as exc:
+                    # another process is creating it (its probe being written), or made it between
+                    # the look above and the claim: wait for it, then open it; a zarr node of
+                    # another tool is no creation, and is not waited for
+                    foreign = type(exc) is _StoreExistsError and not _tokdyn_at(url, storage_options)
+                    if foreign or time.monotonic() - start > _CREATION_WAIT_S:
                         raise
                 else:
                     polls += 1
