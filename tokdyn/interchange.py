@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._checks import log_tie
 from ._files import check_regular, loads_json, write_atomically
 from .errors import InputError, NotAStoreError, ProbeMismatchError, RunExistsError, StoreError, UnsafeFileError
 from .probe import ProbeSet, check_token_arrays, vocab_size_of
@@ -43,7 +44,8 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Load and validate a ``losses.npz``; returns its arrays.
 
     Raises :class:`UnsafeFileError` for object (pickled) arrays and :class:`InputError` for a
-    missing key, wrong shapes, non-float losses, unsorted axis values, or reserved per-token
+    missing key, wrong shapes, non-float losses, unsorted axis values (or two a fit's log axis
+    cannot tell apart: :func:`tokdyn._checks.log_tie`), or reserved per-token
     arrays (``sample_id``, ``token_pos``, ``token_id``) that are not whole numbers >= 0 (and
     token ids below the vocabulary size of ``probe_tokenizer`` when it gives one).
     """
@@ -89,6 +91,12 @@ def _read_npz(path: str | os.PathLike, *, matrix: bool) -> dict[str, np.ndarray]
     _check_axis_exact(ax, _axis_name(name) if name.size == 1 and name.dtype.kind in "US" else "")
     if name.size != 1 or name.dtype.kind not in "US" or _axis_name(name) not in AXES:
         raise InputError(f"axis_name must be one string among {AXES}, got {name!r}")
+    tie = log_tie(ax)  # one point to a fit (x = log10 of the axis values), which refuses the run: refused now
+    # (after the exactness check: values a float64 cannot tell apart at all are said as such)
+    if tie is not None:
+        raise InputError(f"axis_values[{tie}] = {ax[tie]} and axis_values[{tie + 1}] = {ax[tie + 1]} are too close to tell "
+                         f"apart on a log scale: both give log10 = {float(np.log10(float(ax[tie])))!r} in float64, so no "
+                         "fit could use the run (tokdyn fit refuses it); make them distinct, or leave one of the two out")  # fmt: skip
     for key, v in arrays.items():
         if key in _REQUIRED:
             continue

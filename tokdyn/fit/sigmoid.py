@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tokdyn._checks import log_tie
 from tokdyn.errors import InputError
 from tokdyn.fit.options import FitOptions
 
@@ -270,8 +271,8 @@ def log_axis(axis_values) -> np.ndarray:
             f"{float(a[i + 1])!r}"
         )
     x = np.log10(a)
-    if x.size > 1 and not np.all(np.diff(x) > 0):  # neighbours within float64's rounding
-        i = int(np.argmin(np.diff(x) > 0))
+    i = log_tie(a)  # neighbours within float64's rounding (the test import-npz makes too)
+    if i is not None:
         raise InputError(
             f"axis values {float(a[i])!r} and {float(a[i + 1])!r} are too close to tell apart "
             f"on a log scale: both give log10 = {float(x[i])!r} in float64"

@@ -1,0 +1,90 @@
+"""import-npz refuses at import what no later command could use: axis values a fit's log axis
+cannot tell apart (the fit's own test, shared)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tokdyn.cli import main
+from tokdyn.errors import InputError
+from tokdyn.fit import log_axis
+from tokdyn.fit.job import fit_inputs
+from tokdyn.interchange import import_npz
+
+from reliability_fixtures import cli_error_line
+
+N = 6  # tokens of every file here
+
+
+def _arrays(k: int = 3, **over) -> dict[str, np.ndarray]:
+    base = {"axis_values": np.array([1.0, 10.0, 100.0, 1e3, 1e4, 1e5][:k]),
+            "loss_matrix": np.arange(N * k, dtype=np.float32).reshape(N, k) / 7, "axis_name": np.array(["D"])}  # fmt: skip
+    return {**base, **over}
+
+
+def _cli(argv, capsys) -> tuple[int, str]:
+    code = main([str(a) for a in argv])
+    _, err = capsys.readouterr()
+    return code, err
+
+
+def _fit_refuses(values: np.ndarray) -> bool:
+    """Whether the fit's own axis check (log_axis, on the positive values a fit takes) refuses."""
+    try:
+        log_axis(values[values > 0])
+    except InputError as exc:
+        assert "too close to tell apart" in str(exc), exc
+        return True
+    return False
+
+
+# -- axis values a fit cannot tell apart ----------------------------------------------------------
+
+
+def test_axis_values_one_point_on_a_log_axis_are_refused_by_the_command_line(tmp_path, capsys):
+    """1e15 + 1 is 1e15 (1 + 1e-15): its log10 is 15 + 4.3e-16, nearer 15.0 than the next float
+    (15 + 1.8e-15), so both are log10 15.0, one point to a fit. import-npz took the file and
+    only `tokdyn fit` refused the run."""
+    np.savez(tmp_path / "close.npz", **_arrays(4, axis_values=np.array([1.0, 10.0, 1e15, 1e15 + 1])))
+    code, err = _cli(["import-npz", tmp_path / "close.npz", tmp_path / "s.zarr"], capsys)
+    line = cli_error_line(err)
+    assert code == 1 and "axis_values[2] = 1000000000000000.0 and axis_values[3] = 1000000000000001.0" in line, line
+    assert "too close to tell apart on a log scale" in line and "log10 = 15.0" in line and "tokdyn fit" in line
+    assert not (tmp_path / "s.zarr").exists()  # refused before any store
+
+
+@st.composite
+def axes(draw):
+    """Increasing axis values, some planted 1 to 3 floats after another (one point on a log axis
+    where the value is far from 1), maybe with a 0 (step 0) in front."""
+    base = sorted(draw(st.lists(st.floats(1e-6, 1e18), min_size=2, max_size=4, unique=True)))
+    values = list(base)
+    for v in draw(st.lists(st.sampled_from(base), max_size=2)):
+        values.append(float(np.nextafter(v, np.inf) if draw(st.booleans()) else v * (1 + draw(st.integers(1, 3)) * 2.0**-52)))
+    if draw(st.booleans()):
+        values.append(0.0)
+    return np.unique(np.array(values, np.float64)), draw(st.sampled_from("TDM"))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(drawn=axes())
+def test_import_refuses_exactly_the_axis_values_the_fit_refuses(drawn, tmp_path_factory):
+    """The two stages agree: import-npz refuses a file iff the fit's log_axis refuses its positive
+    axis values, and every run it makes gives a fit its inputs."""
+    values, axis = drawn
+    d = tmp_path_factory.mktemp("ax")
+    np.savez(d / "in.npz", **_arrays(values.size, axis_values=values, axis_name=np.array([axis]),
+                                     loss_matrix=np.ones((N, values.size), np.float32)))  # fmt: skip
+    refused = _fit_refuses(values)
+    try:
+        run = import_npz(d / "in.npz", d / "s.zarr", run="r")
+    except InputError as exc:
+        assert refused, f"refused what the fit takes: {values.tolist()}: {exc}"
+        assert "too close to tell apart" in str(exc) and not (d / "s.zarr").exists()
+        return
+    assert not refused, f"imported {values.tolist()}, which the fit refuses"
+    if np.count_nonzero(values > 0) >= 2:
+        rows, x = fit_inputs(run)
+        assert np.array_equal(rows, np.flatnonzero(values > 0)) and np.all(np.diff(x) > 0)
