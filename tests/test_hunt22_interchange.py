@@ -1,12 +1,15 @@
 """import-npz refuses at import what no later command could use: axis values a fit's log axis
-cannot tell apart (the fit's own test, shared)."""
+cannot tell apart (the fit's own test, shared), a ``doc_id`` past the document keys the file
+names (every index field checked against what it indexes)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import tokdyn
 from tokdyn.cli import main
 from tokdyn.errors import InputError
 from tokdyn.fit import log_axis
@@ -88,3 +91,40 @@ def test_import_refuses_exactly_the_axis_values_the_fit_refuses(drawn, tmp_path_
     if np.count_nonzero(values > 0) >= 2:
         rows, x = fit_inputs(run)
         assert np.array_equal(rows, np.flatnonzero(values > 0)) and np.all(np.diff(x) > 0)
+
+
+# -- index fields against what they index ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("field, names_member", [("doc_id", "probe_documents"), ("domain", "probe_domains")])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n_names=st.integers(1, 4), index=st.lists(st.integers(-2, 6), min_size=N, max_size=N))
+def test_an_index_field_must_index_the_names_the_file_gives(field, names_member, n_names, index, tmp_path_factory):
+    """doc_id indexes probe_documents as domain indexes probe_domains: a doc_id past the document
+    keys (or negative) named no document, and was imported without a word."""
+    d = tmp_path_factory.mktemp("idx")
+    names = np.array([f"n{i}.py" for i in range(n_names)])
+    np.savez(d / "in.npz", **_arrays(**{field: np.array(index), names_member: names}))
+    inside = all(0 <= i < n_names for i in index)
+    try:
+        import_npz(d / "in.npz", d / "s.zarr", run="r")
+    except InputError as exc:
+        assert not inside, exc
+        assert f"probe array {field!r} holds indices {min(index)}..{max(index)}, but there are {n_names}" in str(exc)
+        assert not (d / "s.zarr").exists()
+        return
+    assert inside, f"imported {field} {index} with {n_names} names"
+    probe = tokdyn.open_store(d / "s.zarr", mode="r").probe
+    assert probe.token_arrays[field].tolist() == index
+
+
+def test_an_index_field_without_names_is_a_label_and_a_stored_probe_still_opens():
+    """Unnamed, doc_id is a label (any whole numbers); a probe read back from a store written
+    before the check (stored=True) is not held to it; a new probe built in code is."""
+    arrays = {"sample_id": np.arange(N), "token_pos": np.zeros(N, int), "doc_id": np.array([0, 7, 7, 9, 9, 9])}
+    assert tokdyn.ProbeSet(None, arrays).token_arrays["doc_id"].max() == 9
+    assert tokdyn.ProbeSet(None, arrays, documents=("a", "b"), stored=True).documents == ("a", "b")
+    with pytest.raises(InputError, match="'doc_id' holds indices 0..9, but there are 2 document keys"):
+        tokdyn.ProbeSet(None, arrays, documents=("a", "b"))
+    with pytest.raises(InputError, match="'doc_id' holds indices 0..2, but there are 1 document keys"):
+        tokdyn.ProbeSet.from_tokens(np.ones((3, 3), int), doc_id=np.array([0, 1, 2]), documents=["a.txt"])

@@ -249,7 +249,7 @@ def probes(draw):
     documents = draw(st.lists(_names, max_size=4, unique=True))
     tokenizer = draw(st.dictionaries(_names, _json, max_size=4))
     vocab = draw(st.sampled_from([2, 257, 50_304, 2**31 - 1]))
-    probe = tokdyn.ProbeSet.from_tokens(rng.integers(0, vocab, (s, c + 1)), doc_id=rng.integers(0, 3, s),
+    probe = tokdyn.ProbeSet.from_tokens(rng.integers(0, vocab, (s, c + 1)), doc_id=rng.integers(0, len(documents) or 3, s),
                                         domain=rng.integers(0, len(domains) or 3, s), domains=domains, documents=documents, tokenizer=tokenizer)  # fmt: skip
     extra = {}
     if draw(st.booleans()):

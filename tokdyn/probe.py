@@ -173,6 +173,20 @@ def _check_whole(v: np.ndarray, expected: str, limit: int) -> None:
         raise InputError(f"{expected}; got values up to {_num(hi)}")
 
 
+def _check_index(v: np.ndarray | None, name: str, names: Sequence[str], what: str) -> None:
+    """One :class:`InputError` unless the probe array ``name`` (``v``, None when the probe has
+    none) holds integer indices into ``names`` (``what`` they are, for the message); anything
+    goes when ``names`` is empty."""
+    if v is None or not len(names):
+        return
+    if v.dtype.kind not in "iu":
+        raise InputError(f"probe array {name!r} indexes {len(names)} {what}; expected integers, got {v.dtype}")
+    lo, hi = int(v.min()), int(v.max())
+    if lo < 0 or hi >= len(names):
+        raise InputError(f"probe array {name!r} holds indices {lo}..{hi}, but there are {len(names)} {what} "
+                         f"(indices 0..{len(names) - 1})")  # fmt: skip
+
+
 def _bound(limit: int) -> str:
     """``2**31`` for a power of two, else the number (``2**63 - 64`` for a limit just below one)."""
     b = limit.bit_length()
@@ -266,16 +280,12 @@ class ProbeSet:
                 if name in arrays and not np.array_equal(arrays[name], want()):
                     raise InputError(f"probe array {name!r} does not match the probe tokens (token i is position i % C + 1 "
                                      f"of sequence i // C, and its id tokens[i // C, i % C + 1])")  # fmt: skip
-        # domain indexes the domain names: out of range, its tokens would fall into no group, or
-        # into another's (silently). (doc_id may index documents a probe does not name: unchecked.)
-        v, names = arrays.get("domain"), domains
-        if v is not None and len(names):
-            if v.dtype.kind not in "iu":
-                raise InputError(f"probe array 'domain' indexes {len(names)} names; expected integers, got {v.dtype}")
-            lo, hi = int(v.min()), int(v.max())
-            if lo < 0 or hi >= len(names):
-                raise InputError(f"probe array 'domain' holds indices {lo}..{hi}, but there are {len(names)} names "
-                                 f"(indices 0..{len(names) - 1})")  # fmt: skip
+        # domain indexes the domain names, doc_id the document keys, where the probe names them:
+        # out of range, a token's domain would be no group or another's (silently), its document
+        # none or another's. (Unnamed, they are labels only: unchecked.) A stored probe's doc_id
+        # is not held to it, so a store written before it was checked still opens.
+        for name, names, what in (("domain", domains, "names"), *((("doc_id", documents, "document keys"),) if not stored else ())):
+            _check_index(arrays.get(name), name, names, what)
         if t is not None:
             object.__setattr__(self, "tokens", t.astype(np.int32, copy=False))  # checked: every id fits
         object.__setattr__(self, "token_arrays", arrays)
