@@ -1,8 +1,15 @@
 """import-npz refuses at import what no later command could use: axis values a fit's log axis
 cannot tell apart (the fit's own test, shared), a ``doc_id`` past the document keys the file
-names (every index field checked against what it indexes)."""
+names (every index field checked against what it indexes); a zip member that zipfile cannot read
+(encrypted, an unknown compression method, a damaged LZMA stream) is one error line, not an
+internal error."""
 
 from __future__ import annotations
+
+import io
+import struct
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,3 +135,73 @@ def test_an_index_field_without_names_is_a_label_and_a_stored_probe_still_opens(
         tokdyn.ProbeSet(None, arrays, documents=("a", "b"))
     with pytest.raises(InputError, match="'doc_id' holds indices 0..2, but there are 1 document keys"):
         tokdyn.ProbeSet.from_tokens(np.ones((3, 3), int), doc_id=np.array([0, 1, 2]), documents=["a.txt"])
+
+
+# -- zip members zipfile cannot read ---------------------------------------------------------------
+
+
+def _savez(path: Path, method: int = zipfile.ZIP_STORED) -> Path:
+    """_arrays() (with a per-token array) as an npz whose members use zip ``method``."""
+    arrays = _arrays(extra=np.linspace(0, 1, N))
+    with zipfile.ZipFile(path, "w", compression=method) as zf:
+        for key, value in arrays.items():
+            b = io.BytesIO()
+            np.save(b, value)
+            zf.writestr(f"{key}.npy", b.getvalue())
+    return path
+
+
+def _patch_headers(path: Path, local: tuple[int, bytes], central: tuple[int, bytes]) -> Path:
+    """Every local and central header of ``path`` with the bytes given at those offsets."""
+    data = bytearray(path.read_bytes())
+    for sig, (off, value) in ((b"PK\x03\x04", local), (b"PK\x01\x02", central)):
+        at = data.find(sig)
+        while at >= 0:
+            data[at + off : at + off + len(value)] = value
+            at = data.find(sig, at + 4)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _damage(path: Path, member: str, where: str) -> Path:
+    """``path`` with ``member``'s compressed data damaged: at its start, the byte an LZMA member
+    gives the size of its properties in; in its middle, 8 bytes."""
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(member)
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    at, count = (start + 2, 1) if where == "start" else (start + info.compress_size // 2, 8)
+    data[at : at + count] = bytes(b ^ 0x5A for b in data[at : at + count])
+    path.write_bytes(bytes(data))
+    return path
+
+
+CASES = {  # each: the file, and what its line must say
+    "encrypted": (lambda p: _patch_headers(_savez(p), (6, b"\x01\x00"), (8, b"\x01\x00")), "is encrypted"),
+    "method 99": (lambda p: _patch_headers(_savez(p), (8, struct.pack("<H", 99)), (10, struct.pack("<H", 99))),
+                  "compressed with zip method 99"),
+    "lzma header damaged": (lambda p: _damage(_savez(p, zipfile.ZIP_LZMA), "extra.npy", "start"), "not a readable npz file"),
+    "lzma data damaged": (lambda p: _damage(_savez(p, zipfile.ZIP_LZMA), "extra.npy", "middle"), "not a readable npz file"),
+    "lzma matrix damaged": (lambda p: _damage(_savez(p, zipfile.ZIP_LZMA), "loss_matrix.npy", "start"), "not a readable npz file"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_member_zipfile_cannot_read_is_one_line_and_no_store(tmp_path, capsys, case):
+    """zipfile's own errors (a RuntimeError for a password, NotImplementedError for a method it
+    lacks, lzma's LZMAError) were 'internal error in tokdyn ... a bug'."""
+    make, says = CASES[case]
+    path = make(tmp_path / "in.npz")
+    code, err = _cli(["import-npz", path, tmp_path / "s.zarr"], capsys)
+    line = cli_error_line(err)
+    assert code == 1 and says in line and str(path) in line and "internal error" not in line, line
+    assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize("method", [zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA])
+def test_other_zip_methods_zipfile_reads_still_import(tmp_path, method):
+    """The same arrays, stored with bzip2 or LZMA, import as the plain file does."""
+    run = import_npz(_savez(tmp_path / "in.npz", method), tmp_path / "s.zarr", run="r")
+    want = _arrays()
+    assert np.array_equal(run.losses(), want["loss_matrix"].T) and np.array_equal(run.axis_values, want["axis_values"])
+    assert np.array_equal(tokdyn.open_store(tmp_path / "s.zarr", mode="r").probe.token_arrays["extra"], np.linspace(0, 1, N))

@@ -22,7 +22,6 @@ import json
 import os
 import warnings
 import zipfile
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +69,9 @@ def _read_npz(path: str | os.PathLike, *, matrix: bool) -> dict[str, np.ndarray]
         if "pickle" in str(exc).lower() or "object" in str(exc).lower():
             raise _pickled(p) from None
         raise InputError(f"{p} is not a readable npz file: {exc}") from None
-    except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a damaged member: zipfile, zlib, bz2, lzma... each its own error
+        if isinstance(exc, MemoryError):
+            raise
         raise InputError(f"{p} is not a readable npz file: {exc}") from None
     missing = [k for k in _REQUIRED if k not in arrays]
     if missing:
@@ -186,12 +187,20 @@ def _member_headers(p: Path) -> dict[str, tuple[tuple[int, ...], np.dtype, tuple
                     raise InputError(f"{p}: member {info.filename!r} is not an array; an npz holds .npy members only")
                 if info.filename[:-4] in out:  # np.load would take the last, after the first was checked
                     raise InputError(f"{p}: member {info.filename!r} appears twice; which one is meant is ambiguous")
-                with zf.open(info) as fh:
+                if info.flag_bits & 0x1:  # zipfile asks for a password (a RuntimeError quoting its ZipInfo)
+                    raise InputError(f"{p}: member {info.filename!r} is encrypted; tokdyn reads an npz as np.savez writes "
+                                     "it, without a password: save the arrays again")  # fmt: skip
+                try:
+                    fh = zf.open(info)
+                except NotImplementedError:  # a method this Python's zipfile has no decompressor for
+                    raise InputError(f"{p}: member {info.filename!r} is compressed with zip method {info.compress_type}, which "
+                                     "Python's zipfile cannot read: save the arrays again with np.savez or np.savez_compressed") from None  # fmt: skip
+                with fh:
                     shape, _, dtype = _npy_header(fh, p, info.filename)
                     out[info.filename[:-4]] = (shape, dtype, _member_holds(info, fh.tell()))
-    except InputError:  # already says what is wrong (an InputError is a ValueError too)
+    except (InputError, MemoryError):  # already says what is wrong (an InputError is a ValueError too)
         raise
-    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, TypeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a damaged member: zipfile, zlib, bz2, lzma... each its own error
         if isinstance(exc, ValueError) and "object" in str(exc).lower():
             raise _pickled(p) from None
         raise InputError(f"{p} is not a readable npz file: {type(exc).__name__}: {exc}") from None
