@@ -17,10 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import tokdyn
+from tokdyn._checks import log_tie
 from tokdyn.cli import main
 from tokdyn.errors import InputError, RunExistsError
 from tokdyn.interchange import export_npz, import_npz
@@ -271,6 +272,9 @@ def recorded_runs(draw):
     steps = sorted(draw(st.lists(st.integers(0, 2**62), min_size=k, max_size=k, unique=True)))
     values = [None] * k if axis == "T" and draw(st.booleans()) else \
         sorted(draw(st.lists(st.floats(1e-3, 1e12), min_size=k, max_size=k, unique=True)))  # fmt: skip
+    # values a fit's log axis cannot tell apart (999999999999.9999 and 1e12, drawn about 1 time in
+    # 1,000) are no run a fit can use, and import-npz refuses them
+    assume(log_tie([float(s) if v is None else v for s, v in zip(steps, values)]) is None)
     losses = np.array(draw(st.lists(st.floats(0, 70_000, width=32) | st.just(float("nan")), min_size=n * k, max_size=n * k)))
     return probe, axis, draw(st.sampled_from(["float16", "float32", "float64"])), steps, values, losses.reshape(k, n)
 
