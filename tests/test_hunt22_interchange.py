@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import struct
+import tracemalloc
 import zipfile
 from pathlib import Path
 
@@ -205,3 +206,49 @@ def test_other_zip_methods_zipfile_reads_still_import(tmp_path, method):
     want = _arrays()
     assert np.array_equal(run.losses(), want["loss_matrix"].T) and np.array_equal(run.axis_values, want["axis_values"])
     assert np.array_equal(tokdyn.open_store(tmp_path / "s.zarr", mode="r").probe.token_arrays["extra"], np.linspace(0, 1, N))
+
+
+@pytest.mark.parametrize("method", [zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA], ids=["bzip2", "lzma"])
+def test_a_bzip2_or_lzma_member_claiming_more_than_it_holds_is_refused_before_any_store(tmp_path, capsys, method):
+    """bzip2 inflates zeros a million-fold, so the zip directory's size of such a member is its
+    word alone: a 700-byte file whose directory claimed the 20,000,000 bytes its header declared
+    (5,000,000 tokens) built that probe (hundreds of MB) before the data was found missing. The
+    data is counted before anything is made."""
+    n = 5_000_000
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": "<f4", "fortran_order": False, "shape": (n, 1)})
+    path = tmp_path / "claims.npz"
+    with zipfile.ZipFile(path, "w", compression=method) as zf:
+        for key, value in {"axis_values": np.array([1.0]), "axis_name": np.array(["T"])}.items():
+            b = io.BytesIO()
+            np.save(b, value)
+            zf.writestr(f"{key}.npy", b.getvalue())
+        zf.writestr("loss_matrix.npy", head.getvalue() + bytes(64))
+    _patch_size(path, "loss_matrix.npy", len(head.getvalue()) + 4 * n)
+    with zipfile.ZipFile(path) as zf:
+        assert zf.getinfo("loss_matrix.npy").file_size == len(head.getvalue()) + 4 * n  # the directory claims it all
+    tracemalloc.start()
+    try:
+        code, err = _cli(["import-npz", path, tmp_path / "s.zarr"], capsys)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    line = cli_error_line(err)
+    assert code == 1 and "loss_matrix is cut short: its data ends after 64 of the 20,000,000 bytes" in line, line
+    # (78 MiB held before: the probe; the LZMA decompressor's own buffers are about 8 MiB)
+    assert peak < 16 * 2**20, f"{peak / 2**20:.0f} MiB held for a file of {path.stat().st_size} bytes"
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def _patch_size(path: Path, member: str, size: int) -> None:
+    """``path`` with the uncompressed size its central directory gives ``member`` set to ``size``."""
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        at = zf.start_dir
+    while True:
+        name_len, extra, comment = struct.unpack("<HHH", data[at + 28 : at + 34])
+        if data[at + 46 : at + 46 + name_len].decode() == member:
+            data[at + 24 : at + 28] = struct.pack("<I", size)
+            break
+        at += 46 + name_len + extra + comment
+    path.write_bytes(bytes(data))
