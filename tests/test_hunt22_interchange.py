@@ -2,7 +2,8 @@
 cannot tell apart (the fit's own test, shared), a ``doc_id`` past the document keys the file
 names (every index field checked against what it indexes); a zip member that zipfile cannot read
 (encrypted, an unknown compression method, a damaged LZMA stream) is one error line, not an
-internal error."""
+internal error; a bzip2 or LZMA member whose zip directory claims more data than it holds is
+refused before a probe is built for its declared size."""
 
 from __future__ import annotations
 
