@@ -1422,8 +1422,13 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     ta = st.probe.token_arrays
     f = a.fit
     mu = _learning_time(f)
-    learned = np.isin(f["class_code"], [CLASS_CODES["learned"], CLASS_CODES["multi_step"]]) & np.isfinite(mu)
+    # every learned or multi-step token is shown, censored or without a drop: the three counts
+    # add up to the class counts (a multi-step token whose two events are both rises has no
+    # learning time, and was in neither the figure nor its "left out")
+    of_class = np.isin(f["class_code"], [CLASS_CODES["learned"], CLASS_CODES["multi_step"]])
+    learned = of_class & np.isfinite(mu)
     inside = learned & (mu >= f["x_first"]) & (mu <= f["x_last"])
+    no_drop = _no_drop_text(int((of_class & ~learned).sum()))
     panels = []  # what the probe can say about each token
     if "token_id" in ta:
         _, inverse, counts = np.unique(np.asarray(ta["token_id"]), return_inverse=True, return_counts=True)
@@ -1435,7 +1440,8 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     if not inside.any():  # empty axes with ticks 0 to 1 on "log scale" axes: nothing a reader can use
         return Figure(None, "No figure of when tokens are learned against how frequent they are and where they stand",
                       f"no token of this run is learned or multi-step with its (first) event inside the recorded range "
-                      f"({int(learned.sum()):,} such token{'s' * (int(learned.sum()) != 1)} with an event outside it, censored)")  # fmt: skip
+                      f"({int(learned.sum()):,} such token{'s' * (int(learned.sum()) != 1)} with an event outside it, censored"
+                      f"{'; ' + no_drop if no_drop else ''})")  # fmt: skip
     fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels) + 0.8, 4.0), sharey=True, squeeze=False, layout="constrained")
     hb, medians = None, []
     for ax, (v, label, log10) in zip(axes[0], panels):
@@ -1466,7 +1472,15 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
                   f"right, its position in its sequence. Colour: tokens per hexagon (colour bar, log scale). Red: the "
                   f"median learning time in each tenth of the tokens along x. A falling median means that tokens further "
                   f"right are learned earlier. Left out: {left_out:,} tokens whose event time lies outside the recorded "
-                  f"range (censored).")  # fmt: skip
+                  f"range (censored){' and ' + no_drop if no_drop else ''}.")  # fmt: skip
+
+
+def _no_drop_text(n: int) -> str:
+    """The multi-step tokens with no learning time, for a caption's "left out", or nothing."""
+    if not n:
+        return ""
+    return (f"{n:,} multi-step token{'s' * (n != 1)} whose two events are both rises (no drop, so no learning "
+            f"time)")
 
 
 def _fig_cartography(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
@@ -1513,12 +1527,19 @@ def _fig_cartography(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     left_out = scored.size - n
     if left_out:
         shown += f"; {left_out:,} probe token{'s' * (left_out != 1)} with no recorded loss left out here and in the middle"
+    # the Rho-1 shares are of the tokens with a loss at both rows: the scored tokens missing one
+    # of them are left out of the bars, and said (they were left out without a word)
+    classed = int(np.count_nonzero(s.rho1 >= 0))
+    unclassed = n - classed
+    rho1_of = f"{classed:,} token{'s' * (classed != 1)} with a loss at both"
+    if unclassed:
+        rho1_of += f"; {unclassed:,} with a recorded loss but none at one of them left out"
     return Figure(fig, "Per-token statistics from the literature: cartography, forgetting, Rho-1",
                   f"Left, dataset cartography ({shown}): each token's mean probability of the correct token over the "
                   f"recorded {noun}s (confidence) against its standard deviation (variability), coloured by class. Middle: "
                   f"how often each token went from learned (loss below {s.learned_loss:.2f} nats, probability above 1/2) "
                   f"at one recorded {noun} to not learned at the next. Right, Rho-1 classes: each token's loss at {noun} "
-                  f"{early} (the recorded {noun} nearest the middle of the log axis) and at {noun} {late} (the last), each "
+                  f"{early} (the recorded {noun} nearest the middle of the log axis) and at {noun} {late} (the last; {rho1_of}), each "
                   f"called high (H) or low (L) against {s.threshold:.2f} nats, the median of the losses at those two "
                   f"{noun}s of every token with a loss at both. Because that threshold is a median of both {noun}s pooled, H->H and L->L "
                   f"hold equally many tokens by construction (up to ties at the threshold); H->L are the tokens learned between "
