@@ -1,6 +1,6 @@
 """Invariances of the analysis downstream of the fit (hunt 22), checked on planted stores: every
 figure's count of the tokens it shows and of those it leaves out adds up to the tokens it is
-about."""
+about; padding (a pad id, never scored) changes no frequency band."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tokdyn
 from tokdyn.analysis import analyze_run
@@ -46,10 +48,10 @@ def planted_all_classes(seed: int = 0, n_each: int = 8) -> np.ndarray:
     return np.concatenate([Y, pad, late])
 
 
-def make_store(path, Y, steps=STEPS, name="r"):
+def make_store(path, Y, steps=STEPS, name="r", token_id=None):
     n = len(Y)
     arrays = {"sample_id": np.arange(n, dtype=np.int32), "token_pos": (np.arange(n) % 7 + 1).astype(np.int32),
-              "token_id": (np.arange(n) % 9).astype(np.int32)}  # fmt: skip
+              "token_id": (np.arange(n) % 9).astype(np.int32) if token_id is None else token_id}  # fmt: skip
     store = tokdyn.open_store(path, tokdyn.ProbeSet(None, arrays), mode="w")
     run = store.create_run(name, capacity=len(steps))
     with run.writer() as w:
@@ -121,3 +123,60 @@ def test_the_cartography_figure_counts_every_probe_token(all_classes):
     both = int((np.isfinite(Y[:, a.stats.early_row]) & np.isfinite(Y[:, a.stats.late_row])).sum())
     assert _count(r"([\d,]+) tokens? with a loss at both", cap) == both
     assert _count(r"([\d,]+) with a recorded loss but none at one of them left out", cap) == scored - both == 4
+
+
+# -- padding is no occurrence of a token id -----------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 300), n_pad=st.integers(1, 300),
+       pad_id=st.sampled_from([0, 1, 7, 10**6]), n_bands=st.integers(1, 6))  # fmt: skip
+def test_frequency_bands_of_a_padded_probe_are_those_of_its_scored_tokens(seed, n, n_pad, pad_id, n_bands):
+    """An imported probe right-padded with a pad id (never scored) counted that id at every
+    padded position: the pad id became the most frequent token, the quantile edges moved and
+    real tokens changed band (18 % of them at a quarter padding). Banded over the scored tokens,
+    every real token has the band and label it has without the padding, the padding none."""
+    from tokdyn.tokenstats import frequency_bands, id_counts
+
+    rng = np.random.default_rng(seed)
+    tid = rng.zipf(1.5, n) % 50
+    where = np.sort(rng.choice(n + n_pad, n_pad, replace=False))
+    scored = np.ones(n + n_pad, bool)
+    scored[where] = False
+    padded = np.full(n + n_pad, pad_id)
+    padded[scored] = tid
+    band0, labels0 = frequency_bands(tid, n_bands)
+    band1, labels1 = frequency_bands(padded, n_bands, scored=scored)
+    assert labels1 == labels0
+    np.testing.assert_array_equal(band1[scored], band0)
+    assert (band1[~scored] == -1).all()
+    counts = id_counts(padded, scored)
+    np.testing.assert_array_equal(counts[scored], [np.count_nonzero(tid == t) for t in tid])  # by hand
+    assert (counts[~scored] == 0).all()
+
+
+def test_padding_changes_no_spectrum_by_frequency_and_no_learning_time_figure(tmp_path):
+    """The same tokens with and without padding (a pad id, no loss anywhere) give the same
+    spectra by frequency band and the same figure of learning time against frequency."""
+    from tokdyn.report import _fig_time_vs_token
+
+    Y = planted_all_classes(seed=1)[:64]
+    tid = (np.arange(64) * 7 % 13).astype(np.int32)
+    n_pad = 40
+    Yp = np.concatenate([Y, np.full((n_pad, Y.shape[1]), np.nan, np.float32)])
+    tidp = np.concatenate([tid, np.full(n_pad, 3, np.int32)])  # the pad id is also a real token's
+    out = []
+    for name, L, t in (("plain", Y, tid), ("padded", Yp, tidp)):
+        store = make_store(tmp_path / f"{name}.zarr", L, token_id=t)
+        fit_run(store.run("r"), progress=False, scheduler="sync")
+        a = analyze_run(store.run("r"), n_boot=0)
+        out.append((store, a))
+    (s0, a0), (s1, a1) = out
+    assert a0.by_group["frequency"].keys() == a1.by_group["frequency"].keys()
+    for label, sp in a0.by_group["frequency"].items():
+        np.testing.assert_allclose(a1.by_group["frequency"][label].density, sp.density, rtol=1e-9, atol=1e-12)
+    f0, f1 = _fig_time_vs_token(s0, a0), _fig_time_vs_token(s1, a1)
+    assert f1.caption == f0.caption
+    hb0 = f0.fig.axes[0].collections[0].get_offsets()
+    hb1 = f1.fig.axes[0].collections[0].get_offsets()
+    np.testing.assert_allclose(np.asarray(hb1), np.asarray(hb0))

@@ -23,7 +23,7 @@ from .fit.job import fit_run, stored_axis_min
 from .fit.models import ClassDrops, class_loss_share, fit_class_drops
 from .fit.options import CLASS_NAMES, MIN_FIT_POINTS, FitOptions
 from .reconstruct import Reconstruction, reconstruct_run
-from .spectrum import Events, run_events, spectra_by
+from .spectrum import Events, fit_scored, run_events, spectra_by
 from .store import Run, TrajectoryStore, as_store
 from .tokenstats import TokenStats, frequency_bands, position_bands, token_stats
 
@@ -141,8 +141,8 @@ def group_spectra(run: Run, events: Events, fit: dict, *, bandwidth: float, kern
     by = {"class": split(fit["class_code"], CLASS_NAMES)}
     if "domain" in ta and probe.domains:
         by["domain"] = split(np.asarray(ta["domain"]), list(probe.domains))
-    if "token_id" in ta:
-        by["frequency"] = split(*frequency_bands(np.asarray(ta["token_id"])))
+    if "token_id" in ta:  # counted over the scored tokens (observed at least once): padding's pad id is no occurrence
+        by["frequency"] = split(*frequency_bands(np.asarray(ta["token_id"]), scored=fit_scored(fit)))
     if "token_pos" in ta:
         by["position"] = split(*position_bands(np.asarray(ta["token_pos"]), probe.context))
     return by

@@ -39,9 +39,9 @@ from .fit.models import FLAT_NATS, SHARE_MIN_NET, two_sigmoid_curve, unfit_reaso
 from .fit.options import CLASS_CODES, CLASS_NAMES, STATUS_NAMES
 from .fit.sigmoid import sigmoid_curve
 from .fit.job import fitted_inputs
-from .spectrum import POWER_LAW_R2
+from .spectrum import POWER_LAW_R2, fit_scored
 from .store import TrajectoryStore, as_store
-from .tokenstats import RHO1_CLASSES, frequency_bands, position_bands
+from .tokenstats import RHO1_CLASSES, frequency_bands, id_counts, position_bands
 
 __all__ = ["write_report", "render_report", "check_writable"]
 
@@ -1333,7 +1333,7 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
             shown[k] = (min(6, len(spectra)), len(spectra))
             spectra = dict(sorted(spectra.items(), key=lambda kv: -abs(kv[1].total_drop))[:6])
         lines = []
-        order = _group_order(st, k)
+        order = _group_order(st, k, a.fit)
         for label, sp in spectra.items():
             color, style = _group_style(k, label, order)
             lines += ax.plot(sp.x, sp.density, color=color, linestyle=style, lw=1.2)
@@ -1367,14 +1367,15 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
                   "means those tokens are learned at different times." + _legend_note(legends))  # fmt: skip
 
 
-def _group_order(st: TrajectoryStore, kind: str) -> list[str]:
+def _group_order(st: TrajectoryStore, kind: str, fit: dict) -> list[str]:
     """Every label of group ``kind`` the probe has, in the probe's order, named as
-    :func:`tokdyn.spectrum.spectra_by` names them (two domains of one name: ``name [index]``)."""
+    :func:`tokdyn.spectrum.spectra_by` names them (two domains of one name: ``name [index]``);
+    frequency bands of the tokens ``fit`` scored, as :func:`tokdyn.analysis.group_spectra` bands them."""
     probe, ta = st.probe, st.probe.token_arrays
     if kind == "domain":
         names = [str(d) for d in probe.domains]
     elif kind == "frequency" and "token_id" in ta:
-        names = [str(b) for b in frequency_bands(np.asarray(ta["token_id"]))[1]]
+        names = [str(b) for b in frequency_bands(np.asarray(ta["token_id"]), scored=fit_scored(fit))[1]]
     elif kind == "position" and "token_pos" in ta:
         names = [str(b) for b in position_bands(np.asarray(ta["token_pos"]), probe.context)[1]]
     else:
@@ -1430,9 +1431,9 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     inside = learned & (mu >= f["x_first"]) & (mu <= f["x_last"])
     no_drop = _no_drop_text(int((of_class & ~learned).sum()))
     panels = []  # what the probe can say about each token
-    if "token_id" in ta:
-        _, inverse, counts = np.unique(np.asarray(ta["token_id"]), return_inverse=True, return_counts=True)
-        panels.append((np.log10(counts[inverse]), "occurrences of the token id in the probe (log scale)", True))
+    if "token_id" in ta:  # among the scored tokens: padding's pad id is no occurrence of a real token's id
+        counts = id_counts(np.asarray(ta["token_id"]), fit_scored(f))
+        panels.append((np.log10(np.maximum(counts, 1)), "occurrences of the token id in the probe (log scale)", True))
     if "token_pos" in ta:
         panels.append((np.log2(np.maximum(np.asarray(ta["token_pos"]), 1)), "position in the sequence (log scale)", False))
     if not panels:
