@@ -1253,20 +1253,37 @@ def _fig_classes(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     return _fig_class_shares(a) if meaningful else _fig_class_changes(a, drops)
 
 
+def _scored_class_counts(a: RunAnalysis) -> tuple[dict[str, int], str]:
+    """Each class's count of the tokens with a recorded loss (:func:`tokdyn.spectrum.fit_scored`),
+    and a sentence for a caption on the tokens with none, or "". A token never scored (padding,
+    a token never recorded) is in no class's share of the tokens, as it is in no drop per token:
+    counted, as class unfit, it shrank every class's share, and a class then read as losing
+    more loss per token than the average token."""
+    codes, scored = np.asarray(a.fit["class_code"]), fit_scored(a.fit)
+    if scored is None or scored.all():
+        return {c: n for c, n in a.class_counts.items() if n}, ""
+    c, n = np.unique(codes[scored], return_counts=True)
+    left = int(np.count_nonzero(~scored))
+    return ({CLASS_NAMES[int(k)]: int(v) for k, v in zip(c, n)},
+            f" Left out of the shares of the tokens: {left:,} probe token{'s' * (left != 1)} with no recorded loss "
+            f"(of {codes.size:,}).")  # fmt: skip
+
+
 def _fig_class_changes(a: RunAnalysis, drops: dict[str, float]) -> Figure:
     """The classes' loss changes in nats per probe token, where shares of the net drop would mean
     nothing (the classes' falls and rises nearly cancel, or the loss rose)."""
     import matplotlib.pyplot as plt
 
-    names = [c for c in CLASS_NAMES.values() if a.class_counts.get(c, 0)]
-    total = sum(a.class_counts.values())
+    held, unscored = _scored_class_counts(a)
+    names = [c for c in CLASS_NAMES.values() if held.get(c, 0)]
+    total = sum(held.values())
     vals = [drops.get(c, 0.0) for c in names]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.6), layout="constrained")
     y = np.arange(len(names))
     ax.barh(y, vals, 0.6, color=[CLASS_COLORS[c] for c in names])
     for yi, v in zip(y, vals):
         ax.text(v, yi, f" {v:.3f} " if v >= 0 else f"{v:.3f} ", va="center", ha="left" if v >= 0 else "right", fontsize=8)
-    ax.set_yticks(y, [f"{c} ({a.class_counts.get(c, 0) / total:.0%} of tokens)" for c in names])
+    ax.set_yticks(y, [f"{c} ({held.get(c, 0) / total:.0%} of tokens)" for c in names])
     ax.invert_yaxis()
     ax.axvline(0, color="k", lw=0.5)
     span = max(abs(v) for v in vals) if vals and max(abs(v) for v in vals) > 0 else 1.0
@@ -1286,16 +1303,17 @@ def _fig_class_changes(a: RunAnalysis, drops: dict[str, float]) -> Figure:
                   f"negative: it rose), so the bars add up to the fall of the mean loss ({net:+.3f} nats). Shares of the "
                   f"loss drop are not shown for this run: {why}, and a class's share of the net drop would read hundreds "
                   f"or thousands of percent. The share of the tokens each class holds is beside its name."
-                  + _multi_step_text(a))  # fmt: skip
+                  + unscored + _multi_step_text(a))  # fmt: skip
 
 
 def _fig_class_shares(a: RunAnalysis) -> Figure:
     import matplotlib.pyplot as plt
 
-    names = [c for c in CLASS_NAMES.values() if a.class_counts.get(c, 0)]
+    held, unscored = _scored_class_counts(a)
+    names = [c for c in CLASS_NAMES.values() if held.get(c, 0)]
     share = [a.class_loss_share.get(c, 0.0) * 100 for c in names]
-    total = sum(a.class_counts.values())
-    count = [a.class_counts.get(c, 0) / total * 100 for c in names]
+    total = sum(held.values())
+    count = [held.get(c, 0) / total * 100 for c in names]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.6), layout="constrained")
     y = np.arange(len(names))
     ax.barh(y - 0.2, share, 0.4, color=[CLASS_COLORS[c] for c in names], label="share of the loss drop (class colour)")
@@ -1314,7 +1332,7 @@ def _fig_class_shares(a: RunAnalysis) -> Figure:
                   "For each class of tokens: its share of the total loss drop between the first and the last recorded "
                   "point (coloured bar; tokens whose loss rose, forgotten, count negatively, so the shares add up to "
                   "100%), and its share of the tokens (grey). A class whose coloured bar is longer than its grey one "
-                  "lost more loss per token than the average token." + _multi_step_text(a))  # fmt: skip
+                  "lost more loss per token than the average token." + unscored + _multi_step_text(a))  # fmt: skip
 
 
 def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
