@@ -48,11 +48,13 @@ def planted_all_classes(seed: int = 0, n_each: int = 8) -> np.ndarray:
     return np.concatenate([Y, pad, late])
 
 
-def make_store(path, Y, steps=STEPS, name="r", token_id=None):
+def make_store(path, Y, steps=STEPS, name="r", token_id=None, domain=None, domains=()):
     n = len(Y)
     arrays = {"sample_id": np.arange(n, dtype=np.int32), "token_pos": (np.arange(n) % 7 + 1).astype(np.int32),
               "token_id": (np.arange(n) % 9).astype(np.int32) if token_id is None else token_id}  # fmt: skip
-    store = tokdyn.open_store(path, tokdyn.ProbeSet(None, arrays), mode="w")
+    if domain is not None:
+        arrays["domain"] = domain
+    store = tokdyn.open_store(path, tokdyn.ProbeSet(None, arrays, domains=domains), mode="w")
     run = store.create_run(name, capacity=len(steps))
     with run.writer() as w:
         for j, s in enumerate(steps):
@@ -207,3 +209,39 @@ def test_padding_changes_no_class_share_of_the_tokens(padded_pair):
         assert not any("unfit" in t for t in labels(f1))
         assert _count(r"([\d,]+) probe tokens? with no recorded loss", f1.caption) == len(a1.fit["class_code"]) - len(a0.fit["class_code"]) == 40
         assert "no recorded loss" not in f0.caption
+
+
+def test_the_group_figure_counts_the_groups_it_leaves_out(tmp_path):
+    """Groups with fewer than 10 events have no curve. With 3 of 8 domains that small the
+    caption read "The domain panel shows every domain": the drawn and left-out groups of each
+    panel now add up to the groups the probe's scored tokens fall in."""
+    from tokdyn.report import _fig_groups
+
+    Y = planted_all_classes(seed=2)
+    n = len(Y)
+    dom = (np.arange(n) % 5).astype(np.int32)
+    dom[:3], dom[3:5], dom[5] = 5, 6, 7  # three domains of 3, 2 and 1 tokens
+    store = make_store(tmp_path / "g.zarr", Y, domain=dom, domains=[f"d{i}" for i in range(8)])
+    fit_run(store.run("r"), progress=False, scheduler="sync")
+    with pytest.warns(Warning):  # the measured mean leaves out the tokens missing a loss
+        a = analyze_run(store.run("r"), n_boot=0)
+    cap = _fig_groups(store, a).caption
+    assert len(a.by_group["domain"]) == 5
+    assert "shows every domain." not in cap
+    assert _count(r"([\d,]+) of the 8 domains", cap) == 8 - len(a.by_group["domain"])
+    for kind, noun in (("class", "class"), ("frequency", "frequency band"), ("position", "position band")):
+        m = re.search(rf"([\d,]+) of the ([\d,]+) {noun}", cap)
+        drawn = len(a.by_group[kind])
+        # the groups the scored tokens fall in, counted here from the planted arrays and the fit
+        scored = np.isfinite(Y).any(axis=1)
+        if kind == "class":
+            held = np.unique(a.fit["class_code"][scored]).size
+        elif kind == "position":
+            held = np.unique(np.floor(np.log2(np.arange(n)[scored] % 7 + 1))).size
+        else:
+            held = np.unique(np.bincount(np.arange(n)[scored] % 9)[np.arange(n)[scored] % 9]).size
+        left = int(m.group(1)) if m else 0
+        if m:
+            assert int(m.group(2)) == held, (kind, cap)
+        if kind != "frequency":  # quantile bands may merge counts: at most one band per count
+            assert drawn + left == held, (kind, drawn, left, held, cap)

@@ -33,7 +33,7 @@ from ._version import build
 from ._files import check_output_path, write_atomically
 from ._fonts import LABEL_CHARS, drawable, legend_labels, use_fallback_fonts
 from ._text import visible
-from .analysis import RunAnalysis, StoreAnalysis, analyze_store, run_order
+from .analysis import RunAnalysis, StoreAnalysis, analyze_store, group_codes, run_order
 from .errors import InputError, StoreError, TokdynError
 from .fit.models import FLAT_NATS, SHARE_MIN_NET, two_sigmoid_curve, unfit_reasons
 from .fit.options import CLASS_CODES, CLASS_NAMES, STATUS_NAMES
@@ -1368,8 +1368,9 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     dom = ""
     if "domain" in shown:
         n, total = shown["domain"]
-        dom = (f" The domain panel shows the {n} of {total} domains that carry the largest loss drop." if n < total
-               else " The domain panel shows every domain.")  # fmt: skip
+        dom = (f" The domain panel shows the {n} of {total} domains with 10 events or more that carry the largest loss "
+               f"drop." if n < total else " The domain panel shows every domain with 10 events or more.")  # fmt: skip
+    dom += _groups_left_out_text(st, a)
     if any(len(drawable(visible(label))) > LABEL_CHARS for label in legends):
         dom += f" Names longer than {LABEL_CHARS} characters (an escape counts its characters) are cut in the middle (…) in the legends."
     nouns = {"class": "class", "domain": "domain", "frequency": "token frequency", "position": "position"}
@@ -1383,6 +1384,26 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
                   "bandwidth, same normalisation), so the curves of a panel add up to the whole spectrum, less groups "
                   f"with fewer than 10 events, which are left out.{dom}{missing} A peak that moves from band to band "
                   "means those tokens are learned at different times." + _legend_note(legends))  # fmt: skip
+
+
+def _groups_left_out_text(st: TrajectoryStore, a: RunAnalysis) -> str:
+    """How many of each kind's groups with a scored token the group figure leaves out (fewer
+    than 10 events), for its caption, or "": the groups drawn and left out add up to the groups
+    the probe's scored tokens fall in (a domain panel with 3 of 8 domains left out read "shows
+    every domain")."""
+    nouns = {"class": ("class", "classes"), "domain": ("domain", "domains"),
+             "frequency": ("frequency band", "frequency bands"), "position": ("position band", "position bands")}  # fmt: skip
+    scored = fit_scored(a.fit)
+    parts = []
+    for kind, (codes, labels) in group_codes(st.probe, a.fit).items():
+        if kind not in a.by_group:
+            continue
+        c = np.asarray(codes) if scored is None else np.asarray(codes)[scored]
+        held = int(np.unique(c[np.isin(c, list(labels if isinstance(labels, dict) else range(len(labels))))]).size)
+        left = held - len(a.by_group[kind])
+        if left > 0:
+            parts.append(f"{left:,} of the {held:,} {nouns[kind][held != 1]}")
+    return f" Left out, with fewer than 10 events: {_listed(parts)}." if parts else ""
 
 
 def _group_order(st: TrajectoryStore, kind: str, fit: dict) -> list[str]:
