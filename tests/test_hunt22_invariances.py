@@ -245,3 +245,22 @@ def test_the_group_figure_counts_the_groups_it_leaves_out(tmp_path):
             assert int(m.group(2)) == held, (kind, cap)
         if kind != "frequency":  # quantile bands may merge counts: at most one band per count
             assert drawn + left == held, (kind, drawn, left, held, cap)
+
+
+def test_the_mean_loss_figure_counts_the_padding_it_leaves_out(padded_pair, all_classes):
+    """The mean-loss figure said "the loss averaged over all 64 probe tokens" of a probe of 104,
+    40 of them padding: the tokens in the mean and those left out now add up to the probe's."""
+    from tokdyn.report import _fig_reconstruction
+
+    (s0, a0), (s1, a1) = padded_pair
+    cap0, cap1 = _fig_reconstruction(s0, a0).caption, _fig_reconstruction(s1, a1).caption
+    assert "no recorded loss" not in cap0
+    n_mean = _count(r"averaged over all ([\d,]+) probe tokens", cap1)
+    assert n_mean + _count(r"([\d,]+) probe tokens? with no recorded loss left out", cap1) == len(a1.fit["class_code"])
+    # and beside tokens that miss a loss at some points (the other form of the sentence)
+    store, a, Y = all_classes
+    cap = _fig_reconstruction(store, a).caption
+    kept = _count(r"the same ([\d,]+) probe tokens", cap)
+    some = _count(r"([\d,]+) tokens? that miss a loss at some", cap)
+    never = _count(r"([\d,]+) probe tokens? with no recorded loss left out", cap)
+    assert kept + some + never == len(Y), cap

@@ -409,15 +409,19 @@ def _left_out_notes(a: RunAnalysis) -> str:
     return "".join(f"<p class=meta>Run {_e(a.run)}: {_e(line)}</p>" for line in lines)
 
 
-def _measured_tokens_text(rec, name: str) -> str:
-    """Which tokens and points the measured mean loss is over, for a caption."""
+def _measured_tokens_text(rec, name: str, unscored: int = 0) -> str:
+    """Which tokens and points the measured mean loss is over, for a caption (``unscored``: the
+    probe tokens with no recorded loss, padding, in no mean: counted, so that the tokens in the
+    mean and those left out add up to the probe's)."""
     unmeasured = int(np.count_nonzero(~np.isfinite(rec.mean_loss)))
+    never = f"; {unscored:,} probe token{'s' * (unscored != 1)} with no recorded loss left out" if unscored else ""
     if not (rec.n_tokens_left_out or unmeasured):
-        return f"all {rec.spectrum.n_tokens:,} probe tokens at each recorded {name}"
+        scored = " with a recorded loss" if unscored else ""
+        return f"all {rec.spectrum.n_tokens:,} probe tokens{scored} at each recorded {name}{never}"
     left = [f"{rec.n_tokens_left_out:,} token{'s' * (rec.n_tokens_left_out != 1)} that miss a loss at some"] if rec.n_tokens_left_out else []
     left += [f"{unmeasured} {name}{'s' * (unmeasured != 1)} where most tokens have none, with no measured point"] if unmeasured else []
     return (f"the same {rec.spectrum.n_tokens:,} probe tokens at each measured {name} (left out: {' and '.join(left)}; "
-            f"the lines under the table of scores say which)")
+            f"the lines under the table of scores say which{never})")
 
 
 def _class_help(o: dict) -> dict[str, str]:
@@ -932,7 +936,7 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
         _legend_below(ax1, ncol=3)
     name = _axis_name(a.axis)
     return Figure(fig, "The mean probe loss and how fast it falls, measured and rebuilt from the tokens",
-                  f"Left: the loss averaged over {_measured_tokens_text(rec, name)}. "
+                  f"Left: the loss averaged over {_measured_tokens_text(rec, name, _n_unscored(a))}. "
                   f"Right: how fast it falls, -dL/dlog10 a in nats per tenfold increase of the {name} (a is the {name}): "
                   f"black, measured from the mean loss (a local quadratic, smoothing {rec.smoothing:.3f} decades); blue, "
                   f"the sum of every token's fitted learning event(s); red dashed, rebuilt from the learning-time spectrum "
@@ -1251,6 +1255,12 @@ def _chosen_curve(f: dict, t: int, xf: np.ndarray) -> np.ndarray:
 def _fig_classes(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     drops, meaningful = _class_drops(a)
     return _fig_class_shares(a) if meaningful else _fig_class_changes(a, drops)
+
+
+def _n_unscored(a: RunAnalysis) -> int:
+    """How many of run ``a``'s probe tokens have no recorded loss (padding, never recorded)."""
+    scored = fit_scored(a.fit)
+    return 0 if scored is None else int(np.count_nonzero(~scored))
 
 
 def _scored_class_counts(a: RunAnalysis) -> tuple[dict[str, int], str]:
