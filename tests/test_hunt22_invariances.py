@@ -1,6 +1,8 @@
 """Invariances of the analysis downstream of the fit (hunt 22), checked on planted stores: every
-figure's count of the tokens it shows and of those it leaves out adds up to the tokens it is
-about; padding (a pad id, never scored) changes no frequency band."""
+figure's count of the tokens (or groups) it shows and of those it leaves out adds up to the
+tokens (or groups) it is about (the learning-time figure, cartography and Rho-1, the class
+figure, the group figure, the mean-loss figure), and padding (a pad id, never scored) changes no
+frequency band, no class share of the tokens and no figure's points."""
 
 from __future__ import annotations
 
