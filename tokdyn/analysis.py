@@ -23,7 +23,7 @@ from .fit.job import fit_run, stored_axis_min
 from .fit.models import ClassDrops, class_loss_share, fit_class_drops
 from .fit.options import CLASS_NAMES, MIN_FIT_POINTS, FitOptions
 from .reconstruct import Reconstruction, reconstruct_run
-from .spectrum import Events, run_events, spectra_by
+from .spectrum import Events, fit_scored, run_events, spectra_by
 from .store import Run, TrajectoryStore, as_store
 from .tokenstats import TokenStats, frequency_bands, position_bands, token_stats
 
@@ -135,17 +135,23 @@ def group_spectra(run: Run, events: Events, fit: dict, *, bandwidth: float, kern
     the groups are parts of (a reconstruction's: :attr:`Reconstruction.events`, which leaves out
     the tokens its measured mean left out and is normalised by the tokens kept), or the group
     spectra do not add up to it."""
-    probe = run.store.probe
-    ta = probe.token_arrays
     split = partial(spectra_by, events, bandwidth=bandwidth, kernel=kernel, placement=placement)
-    by = {"class": split(fit["class_code"], CLASS_NAMES)}
+    return {kind: split(codes, labels) for kind, (codes, labels) in group_codes(run.store.probe, fit).items()}
+
+
+def group_codes(probe, fit: dict) -> dict:
+    """``{kind: (codes [N], labels)}`` of each grouping :func:`group_spectra` splits by that the
+    probe has (class always; domain, frequency and position where it has that information):
+    codes index the labels, -1 is no group (a token never scored has no frequency band)."""
+    ta = probe.token_arrays
+    out = {"class": (np.asarray(fit["class_code"]), CLASS_NAMES)}
     if "domain" in ta and probe.domains:
-        by["domain"] = split(np.asarray(ta["domain"]), list(probe.domains))
-    if "token_id" in ta:
-        by["frequency"] = split(*frequency_bands(np.asarray(ta["token_id"])))
+        out["domain"] = (np.asarray(ta["domain"]), list(probe.domains))
+    if "token_id" in ta:  # counted over the scored tokens (observed at least once): padding's pad id is no occurrence
+        out["frequency"] = frequency_bands(np.asarray(ta["token_id"]), scored=fit_scored(fit))
     if "token_pos" in ta:
-        by["position"] = split(*position_bands(np.asarray(ta["token_pos"]), probe.context))
-    return by
+        out["position"] = position_bands(np.asarray(ta["token_pos"]), probe.context)
+    return out
 
 
 def _of_run(name: str, why: str) -> str:

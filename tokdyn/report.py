@@ -33,15 +33,15 @@ from ._version import build
 from ._files import check_output_path, write_atomically
 from ._fonts import LABEL_CHARS, drawable, legend_labels, use_fallback_fonts
 from ._text import visible
-from .analysis import RunAnalysis, StoreAnalysis, analyze_store, run_order
+from .analysis import RunAnalysis, StoreAnalysis, analyze_store, group_codes, run_order
 from .errors import InputError, StoreError, TokdynError
 from .fit.models import FLAT_NATS, SHARE_MIN_NET, two_sigmoid_curve, unfit_reasons
 from .fit.options import CLASS_CODES, CLASS_NAMES, STATUS_NAMES
 from .fit.sigmoid import sigmoid_curve
 from .fit.job import fitted_inputs
-from .spectrum import POWER_LAW_R2
+from .spectrum import POWER_LAW_R2, fit_scored
 from .store import TrajectoryStore, as_store
-from .tokenstats import RHO1_CLASSES, frequency_bands, position_bands
+from .tokenstats import RHO1_CLASSES, frequency_bands, id_counts, position_bands
 
 __all__ = ["write_report", "render_report", "check_writable"]
 
@@ -409,15 +409,19 @@ def _left_out_notes(a: RunAnalysis) -> str:
     return "".join(f"<p class=meta>Run {_e(a.run)}: {_e(line)}</p>" for line in lines)
 
 
-def _measured_tokens_text(rec, name: str) -> str:
-    """Which tokens and points the measured mean loss is over, for a caption."""
+def _measured_tokens_text(rec, name: str, unscored: int = 0) -> str:
+    """Which tokens and points the measured mean loss is over, for a caption (``unscored``: the
+    probe tokens with no recorded loss, padding, in no mean: counted, so that the tokens in the
+    mean and those left out add up to the probe's)."""
     unmeasured = int(np.count_nonzero(~np.isfinite(rec.mean_loss)))
+    never = f"; {unscored:,} probe token{'s' * (unscored != 1)} with no recorded loss left out" if unscored else ""
     if not (rec.n_tokens_left_out or unmeasured):
-        return f"all {rec.spectrum.n_tokens:,} probe tokens at each recorded {name}"
+        scored = " with a recorded loss" if unscored else ""
+        return f"all {rec.spectrum.n_tokens:,} probe tokens{scored} at each recorded {name}{never}"
     left = [f"{rec.n_tokens_left_out:,} token{'s' * (rec.n_tokens_left_out != 1)} that miss a loss at some"] if rec.n_tokens_left_out else []
     left += [f"{unmeasured} {name}{'s' * (unmeasured != 1)} where most tokens have none, with no measured point"] if unmeasured else []
     return (f"the same {rec.spectrum.n_tokens:,} probe tokens at each measured {name} (left out: {' and '.join(left)}; "
-            f"the lines under the table of scores say which)")
+            f"the lines under the table of scores say which{never})")
 
 
 def _class_help(o: dict) -> dict[str, str]:
@@ -932,7 +936,7 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
         _legend_below(ax1, ncol=3)
     name = _axis_name(a.axis)
     return Figure(fig, "The mean probe loss and how fast it falls, measured and rebuilt from the tokens",
-                  f"Left: the loss averaged over {_measured_tokens_text(rec, name)}. "
+                  f"Left: the loss averaged over {_measured_tokens_text(rec, name, _n_unscored(a))}. "
                   f"Right: how fast it falls, -dL/dlog10 a in nats per tenfold increase of the {name} (a is the {name}): "
                   f"black, measured from the mean loss (a local quadratic, smoothing {rec.smoothing:.3f} decades); blue, "
                   f"the sum of every token's fitted learning event(s); red dashed, rebuilt from the learning-time spectrum "
@@ -1253,20 +1257,43 @@ def _fig_classes(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     return _fig_class_shares(a) if meaningful else _fig_class_changes(a, drops)
 
 
+def _n_unscored(a: RunAnalysis) -> int:
+    """How many of run ``a``'s probe tokens have no recorded loss (padding, never recorded)."""
+    scored = fit_scored(a.fit)
+    return 0 if scored is None else int(np.count_nonzero(~scored))
+
+
+def _scored_class_counts(a: RunAnalysis) -> tuple[dict[str, int], str]:
+    """Each class's count of the tokens with a recorded loss (:func:`tokdyn.spectrum.fit_scored`),
+    and a sentence for a caption on the tokens with none, or "". A token never scored (padding,
+    a token never recorded) is in no class's share of the tokens, as it is in no drop per token:
+    counted, as class unfit, it shrank every class's share, and a class then read as losing
+    more loss per token than the average token."""
+    codes, scored = np.asarray(a.fit["class_code"]), fit_scored(a.fit)
+    if scored is None or scored.all():
+        return {c: n for c, n in a.class_counts.items() if n}, ""
+    c, n = np.unique(codes[scored], return_counts=True)
+    left = int(np.count_nonzero(~scored))
+    return ({CLASS_NAMES[int(k)]: int(v) for k, v in zip(c, n)},
+            f" Left out of the shares of the tokens: {left:,} probe token{'s' * (left != 1)} with no recorded loss "
+            f"(of {codes.size:,}).")  # fmt: skip
+
+
 def _fig_class_changes(a: RunAnalysis, drops: dict[str, float]) -> Figure:
     """The classes' loss changes in nats per probe token, where shares of the net drop would mean
     nothing (the classes' falls and rises nearly cancel, or the loss rose)."""
     import matplotlib.pyplot as plt
 
-    names = [c for c in CLASS_NAMES.values() if a.class_counts.get(c, 0)]
-    total = sum(a.class_counts.values())
+    held, unscored = _scored_class_counts(a)
+    names = [c for c in CLASS_NAMES.values() if held.get(c, 0)]
+    total = sum(held.values())
     vals = [drops.get(c, 0.0) for c in names]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.6), layout="constrained")
     y = np.arange(len(names))
     ax.barh(y, vals, 0.6, color=[CLASS_COLORS[c] for c in names])
     for yi, v in zip(y, vals):
         ax.text(v, yi, f" {v:.3f} " if v >= 0 else f"{v:.3f} ", va="center", ha="left" if v >= 0 else "right", fontsize=8)
-    ax.set_yticks(y, [f"{c} ({a.class_counts.get(c, 0) / total:.0%} of tokens)" for c in names])
+    ax.set_yticks(y, [f"{c} ({held.get(c, 0) / total:.0%} of tokens)" for c in names])
     ax.invert_yaxis()
     ax.axvline(0, color="k", lw=0.5)
     span = max(abs(v) for v in vals) if vals and max(abs(v) for v in vals) > 0 else 1.0
@@ -1286,16 +1313,17 @@ def _fig_class_changes(a: RunAnalysis, drops: dict[str, float]) -> Figure:
                   f"negative: it rose), so the bars add up to the fall of the mean loss ({net:+.3f} nats). Shares of the "
                   f"loss drop are not shown for this run: {why}, and a class's share of the net drop would read hundreds "
                   f"or thousands of percent. The share of the tokens each class holds is beside its name."
-                  + _multi_step_text(a))  # fmt: skip
+                  + unscored + _multi_step_text(a))  # fmt: skip
 
 
 def _fig_class_shares(a: RunAnalysis) -> Figure:
     import matplotlib.pyplot as plt
 
-    names = [c for c in CLASS_NAMES.values() if a.class_counts.get(c, 0)]
+    held, unscored = _scored_class_counts(a)
+    names = [c for c in CLASS_NAMES.values() if held.get(c, 0)]
     share = [a.class_loss_share.get(c, 0.0) * 100 for c in names]
-    total = sum(a.class_counts.values())
-    count = [a.class_counts.get(c, 0) / total * 100 for c in names]
+    total = sum(held.values())
+    count = [held.get(c, 0) / total * 100 for c in names]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.6), layout="constrained")
     y = np.arange(len(names))
     ax.barh(y - 0.2, share, 0.4, color=[CLASS_COLORS[c] for c in names], label="share of the loss drop (class colour)")
@@ -1314,7 +1342,7 @@ def _fig_class_shares(a: RunAnalysis) -> Figure:
                   "For each class of tokens: its share of the total loss drop between the first and the last recorded "
                   "point (coloured bar; tokens whose loss rose, forgotten, count negatively, so the shares add up to "
                   "100%), and its share of the tokens (grey). A class whose coloured bar is longer than its grey one "
-                  "lost more loss per token than the average token." + _multi_step_text(a))  # fmt: skip
+                  "lost more loss per token than the average token." + unscored + _multi_step_text(a))  # fmt: skip
 
 
 def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
@@ -1333,7 +1361,7 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
             shown[k] = (min(6, len(spectra)), len(spectra))
             spectra = dict(sorted(spectra.items(), key=lambda kv: -abs(kv[1].total_drop))[:6])
         lines = []
-        order = _group_order(st, k)
+        order = _group_order(st, k, a.fit)
         for label, sp in spectra.items():
             color, style = _group_style(k, label, order)
             lines += ax.plot(sp.x, sp.density, color=color, linestyle=style, lw=1.2)
@@ -1350,8 +1378,9 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     dom = ""
     if "domain" in shown:
         n, total = shown["domain"]
-        dom = (f" The domain panel shows the {n} of {total} domains that carry the largest loss drop." if n < total
-               else " The domain panel shows every domain.")  # fmt: skip
+        dom = (f" The domain panel shows the {n} of {total} domains with 10 events or more that carry the largest loss "
+               f"drop." if n < total else " The domain panel shows every domain with 10 events or more.")  # fmt: skip
+    dom += _groups_left_out_text(st, a)
     if any(len(drawable(visible(label))) > LABEL_CHARS for label in legends):
         dom += f" Names longer than {LABEL_CHARS} characters (an escape counts its characters) are cut in the middle (…) in the legends."
     nouns = {"class": "class", "domain": "domain", "frequency": "token frequency", "position": "position"}
@@ -1367,14 +1396,35 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
                   "means those tokens are learned at different times." + _legend_note(legends))  # fmt: skip
 
 
-def _group_order(st: TrajectoryStore, kind: str) -> list[str]:
+def _groups_left_out_text(st: TrajectoryStore, a: RunAnalysis) -> str:
+    """How many of each kind's groups with a scored token the group figure leaves out (fewer
+    than 10 events), for its caption, or "": the groups drawn and left out add up to the groups
+    the probe's scored tokens fall in (a domain panel with 3 of 8 domains left out read "shows
+    every domain")."""
+    nouns = {"class": ("class", "classes"), "domain": ("domain", "domains"),
+             "frequency": ("frequency band", "frequency bands"), "position": ("position band", "position bands")}  # fmt: skip
+    scored = fit_scored(a.fit)
+    parts = []
+    for kind, (codes, labels) in group_codes(st.probe, a.fit).items():
+        if kind not in a.by_group:
+            continue
+        c = np.asarray(codes) if scored is None else np.asarray(codes)[scored]
+        held = int(np.unique(c[np.isin(c, list(labels if isinstance(labels, dict) else range(len(labels))))]).size)
+        left = held - len(a.by_group[kind])
+        if left > 0:
+            parts.append(f"{left:,} of the {held:,} {nouns[kind][held != 1]}")
+    return f" Left out, with fewer than 10 events: {_listed(parts)}." if parts else ""
+
+
+def _group_order(st: TrajectoryStore, kind: str, fit: dict) -> list[str]:
     """Every label of group ``kind`` the probe has, in the probe's order, named as
-    :func:`tokdyn.spectrum.spectra_by` names them (two domains of one name: ``name [index]``)."""
+    :func:`tokdyn.spectrum.spectra_by` names them (two domains of one name: ``name [index]``);
+    frequency bands of the tokens ``fit`` scored, as :func:`tokdyn.analysis.group_spectra` bands them."""
     probe, ta = st.probe, st.probe.token_arrays
     if kind == "domain":
         names = [str(d) for d in probe.domains]
     elif kind == "frequency" and "token_id" in ta:
-        names = [str(b) for b in frequency_bands(np.asarray(ta["token_id"]))[1]]
+        names = [str(b) for b in frequency_bands(np.asarray(ta["token_id"]), scored=fit_scored(fit))[1]]
     elif kind == "position" and "token_pos" in ta:
         names = [str(b) for b in position_bands(np.asarray(ta["token_pos"]), probe.context)[1]]
     else:
@@ -1422,12 +1472,17 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     ta = st.probe.token_arrays
     f = a.fit
     mu = _learning_time(f)
-    learned = np.isin(f["class_code"], [CLASS_CODES["learned"], CLASS_CODES["multi_step"]]) & np.isfinite(mu)
+    # every learned or multi-step token is shown, censored or without a drop: the three counts
+    # add up to the class counts (a multi-step token whose two events are both rises has no
+    # learning time, and was in neither the figure nor its "left out")
+    of_class = np.isin(f["class_code"], [CLASS_CODES["learned"], CLASS_CODES["multi_step"]])
+    learned = of_class & np.isfinite(mu)
     inside = learned & (mu >= f["x_first"]) & (mu <= f["x_last"])
+    no_drop = _no_drop_text(int((of_class & ~learned).sum()))
     panels = []  # what the probe can say about each token
-    if "token_id" in ta:
-        _, inverse, counts = np.unique(np.asarray(ta["token_id"]), return_inverse=True, return_counts=True)
-        panels.append((np.log10(counts[inverse]), "occurrences of the token id in the probe (log scale)", True))
+    if "token_id" in ta:  # among the scored tokens: padding's pad id is no occurrence of a real token's id
+        counts = id_counts(np.asarray(ta["token_id"]), fit_scored(f))
+        panels.append((np.log10(np.maximum(counts, 1)), "occurrences of the token id in the probe (log scale)", True))
     if "token_pos" in ta:
         panels.append((np.log2(np.maximum(np.asarray(ta["token_pos"]), 1)), "position in the sequence (log scale)", False))
     if not panels:
@@ -1435,7 +1490,8 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     if not inside.any():  # empty axes with ticks 0 to 1 on "log scale" axes: nothing a reader can use
         return Figure(None, "No figure of when tokens are learned against how frequent they are and where they stand",
                       f"no token of this run is learned or multi-step with its (first) event inside the recorded range "
-                      f"({int(learned.sum()):,} such token{'s' * (int(learned.sum()) != 1)} with an event outside it, censored)")  # fmt: skip
+                      f"({int(learned.sum()):,} such token{'s' * (int(learned.sum()) != 1)} with an event outside it, censored"
+                      f"{'; ' + no_drop if no_drop else ''})")  # fmt: skip
     fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels) + 0.8, 4.0), sharey=True, squeeze=False, layout="constrained")
     hb, medians = None, []
     for ax, (v, label, log10) in zip(axes[0], panels):
@@ -1466,7 +1522,15 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
                   f"right, its position in its sequence. Colour: tokens per hexagon (colour bar, log scale). Red: the "
                   f"median learning time in each tenth of the tokens along x. A falling median means that tokens further "
                   f"right are learned earlier. Left out: {left_out:,} tokens whose event time lies outside the recorded "
-                  f"range (censored).")  # fmt: skip
+                  f"range (censored){' and ' + no_drop if no_drop else ''}.")  # fmt: skip
+
+
+def _no_drop_text(n: int) -> str:
+    """The multi-step tokens with no learning time, for a caption's "left out", or nothing."""
+    if not n:
+        return ""
+    return (f"{n:,} multi-step token{'s' * (n != 1)} whose two events are both rises (no drop, so no learning "
+            f"time)")
 
 
 def _fig_cartography(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
@@ -1513,12 +1577,19 @@ def _fig_cartography(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
     left_out = scored.size - n
     if left_out:
         shown += f"; {left_out:,} probe token{'s' * (left_out != 1)} with no recorded loss left out here and in the middle"
+    # the Rho-1 shares are of the tokens with a loss at both rows: the scored tokens missing one
+    # of them are left out of the bars, and said (they were left out without a word)
+    classed = int(np.count_nonzero(s.rho1 >= 0))
+    unclassed = n - classed
+    rho1_of = f"{classed:,} token{'s' * (classed != 1)} with a loss at both"
+    if unclassed:
+        rho1_of += f"; {unclassed:,} with a recorded loss but none at one of them left out"
     return Figure(fig, "Per-token statistics from the literature: cartography, forgetting, Rho-1",
                   f"Left, dataset cartography ({shown}): each token's mean probability of the correct token over the "
                   f"recorded {noun}s (confidence) against its standard deviation (variability), coloured by class. Middle: "
                   f"how often each token went from learned (loss below {s.learned_loss:.2f} nats, probability above 1/2) "
                   f"at one recorded {noun} to not learned at the next. Right, Rho-1 classes: each token's loss at {noun} "
-                  f"{early} (the recorded {noun} nearest the middle of the log axis) and at {noun} {late} (the last), each "
+                  f"{early} (the recorded {noun} nearest the middle of the log axis) and at {noun} {late} (the last; {rho1_of}), each "
                   f"called high (H) or low (L) against {s.threshold:.2f} nats, the median of the losses at those two "
                   f"{noun}s of every token with a loss at both. Because that threshold is a median of both {noun}s pooled, H->H and L->L "
                   f"hold equally many tokens by construction (up to ties at the threshold); H->L are the tokens learned between "

@@ -33,6 +33,7 @@ __all__ = [
     "PowerLaw",
     "events_from_fit",
     "run_events",
+    "fit_scored",
     "probe_units",
     "select_bandwidth",
     "learning_time_spectrum",
@@ -331,8 +332,14 @@ def events_from_fit(
         x_range=(float(x_first), float(x_last)),
         well_fitted=np.concatenate([good1, good2, good2]),
         # never-scored tokens (no observed point) are in neither the measured mean nor N
-        scored=np.asarray(fit["n_points"]) > 0 if "n_points" in fit else None,
+        scored=fit_scored(fit),
     )
+
+
+def fit_scored(fit: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """[N] the tokens a fit saw observed at least once (``n_points > 0``), or None where its
+    fields do not say (every token). A token never scored, such as padding, is in no count."""
+    return np.asarray(fit["n_points"]) > 0 if "n_points" in fit else None
 
 
 def run_events(run, *, which: str = "two_step", fit: Mapping[str, np.ndarray] | None = None) -> Events:

@@ -23,7 +23,7 @@ from ._checks import is_int, is_real as _is_number
 from .errors import InputError, StoreError
 from .store import Run
 
-__all__ = ["TokenStats", "RHO1_CLASSES", "token_stats", "frequency_bands", "position_bands"]
+__all__ = ["TokenStats", "RHO1_CLASSES", "token_stats", "id_counts", "frequency_bands", "position_bands"]
 
 RHO1_CLASSES = ("H->H", "H->L", "L->H", "L->L")
 
@@ -164,19 +164,40 @@ def _forgetting_events(L: np.ndarray, learned_loss: float) -> np.ndarray:
     return count
 
 
-def frequency_bands(token_id: np.ndarray, n_bands: int = 4) -> tuple[np.ndarray, list[str]]:
-    """Band [N] of each token by how often its id occurs in the probe (quantiles of log count).
-
-    Returns band codes 0 (rarest) .. n_bands-1 (most frequent) and a label per band.
-    """
+def id_counts(token_id: np.ndarray, scored: np.ndarray | None = None) -> np.ndarray:
+    """[N] how often each token's id occurs among the ``scored`` tokens of the probe (all of
+    them where ``scored`` is None); 0 for a token not scored. Padding (a pad id at every padded
+    position of an imported probe, never scored) is no occurrence of any id: counted, it made
+    the pad id the most frequent token and moved the quantile bands of the real ones."""
     tid = np.asarray(token_id)
     if tid.ndim != 1 or tid.size == 0:
         raise InputError("token_id: expected a non-empty 1-D array")
+    mask = np.ones(tid.shape, bool) if scored is None else np.asarray(scored, bool)
+    if mask.shape != tid.shape:
+        raise InputError(f"scored: expected a bool array of shape {tid.shape}, got {mask.shape}")
+    out = np.zeros(tid.shape, np.int64)
+    if mask.any():
+        _, inverse, counts = np.unique(tid[mask], return_inverse=True, return_counts=True)
+        out[mask] = counts[inverse.reshape(-1)]
+    return out
+
+
+def frequency_bands(token_id: np.ndarray, n_bands: int = 4, scored: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
+    """Band [N] of each token by how often its id occurs in the probe (quantiles of log count).
+
+    Returns band codes 0 (rarest) .. n_bands-1 (most frequent) and a label per band. With
+    ``scored`` [N] bool, the counts and quantiles are those of the scored tokens only
+    (:func:`id_counts`), and a token not scored is in no band (code -1): never-scored tokens
+    are in no count, as in :func:`token_stats`.
+    """
     if not is_int(n_bands) or n_bands < 1:
         raise InputError(f"n_bands must be an int >= 1, got {n_bands!r}")
     n_bands = int(n_bands)
-    _, inverse, counts = np.unique(tid, return_inverse=True, return_counts=True)
-    freq = counts[inverse]
+    counts = id_counts(token_id, scored)
+    mask = counts > 0
+    if not mask.any():  # no token scored: no band
+        return np.full(counts.shape, -1, np.int64), []
+    freq = counts[mask]
     # Integer edges (a count is an integer: rounding an edge up moves no count across it and only
     # drops bands no count can fall in); a band holds [edges[b], edges[b+1]), the last one its top
     # edge too, and its label says so: "17-19", "20-22", never a count in two labels.
@@ -189,7 +210,9 @@ def frequency_bands(token_id: np.ndarray, n_bands: int = 4) -> tuple[np.ndarray,
     last = len(edges) - 2
     labels = [label(int(edges[b]), int(edges[b + 1]) - (b < last)) for b in range(len(edges) - 1)] if len(edges) > 1 \
         else [label(int(edges[0]), int(edges[0]))]  # fmt: skip
-    return band.astype(np.int64), labels
+    out = np.full(counts.shape, -1, np.int64)
+    out[mask] = band
+    return out, labels
 
 
 def position_bands(token_pos: np.ndarray, context: int | None) -> tuple[np.ndarray, list[str]]:
