@@ -3,6 +3,10 @@ docs/recording.md describe them. Each section is a class of inputs that gave a w
 
 1. a checkpoint name with a word and a number glued together (``final2``, ``best2``, ``L12``,
    ``e10``, ``resnet50``) was read as that step (2, 2, 12, 10, 50), beside real steps or alone;
+2. a tokenizer given as transformers takes one (a Hub name, a model folder saved with a slow
+   tokenizer's ``vocab.json``/``merges.txt`` or ``tokenizer.model``, a ``tokenizer_config.json``)
+   was "not found" or a parser's message, with nothing saying how to get the ``tokenizer.json``
+   tokdyn reads.
 """
 
 from __future__ import annotations
@@ -126,3 +130,88 @@ def test_the_command_line_says_it_in_one_line(tmp_path, capsys):
                  "--no-progress"]) == 1  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "cannot tell the step of ['L12.pt']" in err and "manifest.json" in err
+
+
+# == 2. a tokenizer as transformers takes one ======================================================
+
+
+@pytest.fixture
+def texts(tmp_path):
+    for k in range(6):
+        (tmp_path / "texts" / f"d{k % 2}").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "texts" / f"d{k % 2}" / f"{k}.txt").write_text(f"document {k} " + "import json and the rest " * 40)
+    return tmp_path / "texts"
+
+
+def _probe_error(tmp_path, texts, capsys, tokenizer) -> str:
+    from reliability_fixtures import cli_error_line
+    from tokdyn.cli import main
+
+    assert main(["probe", str(texts), "--out", str(tmp_path / "s.zarr"), "--tokenizer", str(tokenizer), "--context", "8",
+                 "--sequences", "2", "--probe-fraction", "0.5"]) == 1  # fmt: skip
+    assert not (tmp_path / "s.zarr").exists()
+    return cli_error_line(capsys.readouterr().err)
+
+
+def _slow_folder(folder: Path, bpe_json: Path) -> Path:
+    """A GPT-2 style tokenizer folder as a slow tokenizer saves it: vocab.json and merges.txt."""
+    from tokenizers import Tokenizer
+
+    folder.mkdir()
+    Tokenizer.from_file(str(bpe_json)).model.save(str(folder))
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>"}')
+    return folder
+
+
+@pytest.fixture
+def bpe_json(tmp_path, texts):
+    import tokdyn
+
+    tok = tokdyn.HFTokenizer.train((f.read_text() for f in sorted(texts.rglob("*.txt"))), vocab_size=300)
+    tok.save(tmp_path / "bpe.json")
+    return tmp_path / "bpe.json"
+
+
+def test_a_folder_with_a_slow_tokenizer_only_says_how_to_write_its_tokenizer_json(tmp_path, texts, bpe_json, capsys):
+    """It said `tokenizer file not found: FOLDER/tokenizer.json`, beside the files that make one.
+    The advice of the line works: the tokenizer.json it writes encodes as the original does."""
+    pytest.importorskip("transformers")
+    import tokdyn
+
+    folder = _slow_folder(tmp_path / "slow", bpe_json)
+    line = _probe_error(tmp_path, texts, capsys, folder)
+    assert "holds no tokenizer.json" in line and "merges.txt, vocab.json" in line
+    assert f"AutoTokenizer.from_pretrained('{folder}').save_pretrained('{folder}')" in line
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(str(folder)).save_pretrained(str(folder))  # as the line says
+    text = "import json and the rest"
+    assert tokdyn.HFTokenizer.from_file(folder).encode(text).tolist() == tokdyn.HFTokenizer.from_file(bpe_json).encode(text).tolist()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "EleutherAI/pythia-70m", "meta-llama/Llama-3.2-1B"])
+def test_a_hub_name_says_that_nothing_is_downloaded(tmp_path, texts, capsys, monkeypatch, name):
+    """`--tokenizer gpt2` said only `tokenizer file not found: gpt2`."""
+    monkeypatch.chdir(tmp_path)
+    line = _probe_error(tmp_path, texts, capsys, name)
+    assert f"tokenizer file not found: {name} (nothing is downloaded" in line
+    assert f"AutoTokenizer.from_pretrained({name!r}).save_pretrained('DIR')" in line
+
+
+@pytest.mark.parametrize("given", ["tokenizer_config.json", "vocab.json", "tokenizer.model"])
+def test_a_file_of_another_kind_says_which_file_tokdyn_reads(tmp_path, texts, bpe_json, capsys, given):
+    """A `tokenizer_config.json`, `vocab.json` or sentencepiece `tokenizer.model` was the parser's
+    own message (`Model missing. at line 1 column 2`) alone."""
+    folder = _slow_folder(tmp_path / "slow", bpe_json)
+    (folder / "tokenizer.model").write_bytes(bytes(range(256)) * 4)  # a sentencepiece model is protobuf
+    line = _probe_error(tmp_path, texts, capsys, folder / given)
+    assert line.startswith(f"tokdyn probe: error: cannot load tokenizer {folder / given}: ")
+    assert "it must be the tokenizers library's tokenizer.json" in line and f"from_pretrained('{folder}')" in line
+
+
+def test_a_damaged_tokenizer_json_is_said_as_such(tmp_path, texts, bpe_json, capsys):
+    """The advice is for files of another kind: a cut tokenizer.json keeps the parser's message alone."""
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "tokenizer.json").write_text(bpe_json.read_text()[:100])
+    line = _probe_error(tmp_path, texts, capsys, tmp_path / "cut")
+    assert "cannot load tokenizer" in line and "save_pretrained" not in line
