@@ -66,7 +66,7 @@ def test_common_checkpoint_names_give_their_step_or_none(name, step):
 
 # A word that is no step counter: letters (either case), never one of the words a step is glued to,
 # nor holding "step" (whose number is the step, section 1 of docs/recording.md "Steps").
-_COUNTING = ["iter", "iteration", "it", "ckpt", "chkpt", "model", "weights", "update", "updates", "upd", "save", "snapshot"]
+_COUNTING = ["steps", "iter", "iters", "iteration", "it", "ckpt", "chkpt", "model", "weights", "update", "updates", "upd", "save", "snapshot"]
 _WORD_GLUED = hs.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", min_size=1, max_size=8).filter(
     lambda w: w.lower() not in _COUNTING and "step" not in w.lower())  # fmt: skip
 
