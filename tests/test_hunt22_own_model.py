@@ -6,7 +6,10 @@ docs/recording.md describe them. Each section is a class of inputs that gave a w
 2. a tokenizer given as transformers takes one (a Hub name, a model folder saved with a slow
    tokenizer's ``vocab.json``/``merges.txt`` or ``tokenizer.model``, a ``tokenizer_config.json``)
    was "not found" or a parser's message, with nothing saying how to get the ``tokenizer.json``
-   tokdyn reads.
+   tokdyn reads;
+3. a training stream (``tokdyn.data.training_stream``) cast its ids to int32 unchecked: an id of
+   2**31 or more (a tokenizer of ids up to 2**32) wrapped to a negative id, a float id was cut,
+   and an id past the tokenizer's vocabulary reached the model.
 """
 
 from __future__ import annotations
@@ -215,3 +218,80 @@ def test_a_damaged_tokenizer_json_is_said_as_such(tmp_path, texts, bpe_json, cap
     (tmp_path / "cut" / "tokenizer.json").write_text(bpe_json.read_text()[:100])
     line = _probe_error(tmp_path, texts, capsys, tmp_path / "cut")
     assert "cannot load tokenizer" in line and "save_pretrained" not in line
+
+
+# == 3. the ids of a training stream ===============================================================
+
+
+class _Ids:
+    """A tokenizer as the Tokenizer protocol has it, for documents given as ids (a .bin's)."""
+
+    def __init__(self, vocab_size, eot_id):
+        self.vocab_size, self.eot_id = vocab_size, eot_id
+
+    def encode(self, text):
+        raise AssertionError("documents of ids are not encoded")
+
+
+@settings(max_examples=150, deadline=None)
+@given(docs=hs.lists(hs.lists(hs.integers(-3, 2**32 + 5), min_size=0, max_size=6), min_size=1, max_size=4),
+       vocab=hs.sampled_from([None, 100, 2**31, 2**33]), eot=hs.sampled_from([None, 0, 99]),
+       dtype=hs.sampled_from(["int64", "uint32"]))  # fmt: skip
+def test_a_training_stream_holds_every_id_as_it_is_or_refuses_the_document(docs, vocab, eot, dtype):
+    """The stream is the documents' ids, each followed by the end-of-text (unless it ends in it),
+    unchanged; an id outside [0, min(vocab, 2**31)) is one InputError naming its document. Ids of
+    2**31 to 2**32 were wrapped to negative ones, silently."""
+    from tokdyn.corpus import Document
+    from tokdyn.data import training_stream
+
+    top = min(vocab or 2**31, 2**31)
+    if dtype == "uint32":
+        docs = [[i for i in d if 0 <= i < 2**32] for d in docs]
+    documents = [Document(f"doc{k}", "d", tokens=np.array(d, dtype)) for k, d in enumerate(docs)]
+    want = [i for d in docs for i in ([*d] if d and d[-1] == eot else [*d, *([] if eot is None else [eot])])]
+    bad = next((k for k, d in enumerate(docs) if any(not 0 <= i < top for i in d)), None)
+    eot_bad = eot is not None and not eot < top
+    if bad is None and not eot_bad:
+        stream = training_stream(documents, _Ids(vocab, eot))
+        assert stream.dtype == np.int32 and stream.tolist() == want
+        return
+    with pytest.raises(InputError) as info:
+        training_stream(documents, _Ids(vocab, eot))
+    line = str(info.value)
+    assert "\n" not in line and f"outside [0, {top})" in line
+    if bad is not None and (not eot_bad or bad == 0):
+        assert line.startswith(f"document 'doc{bad}': ")
+
+
+def test_a_hashing_tokenizer_of_ids_past_int32_is_refused_naming_the_document():
+    """A tokenizer whose ids are a hash of each word (crc32: up to 2**32 - 1, no vocabulary size):
+    the stream held -1294967296 for the id 3,000,000,000. Ids below 2**31 pass as they are."""
+    import zlib
+
+    from tokdyn.corpus import Document
+    from tokdyn.data import training_stream
+
+    class Hashing(_Ids):
+        def encode(self, text):
+            return np.array([zlib.crc32(w.encode()) for w in text.split()], np.int64)
+
+    small = [w for w in ("a", "b", "c", "d", "e", "f") if zlib.crc32(w.encode()) < 2**31]
+    large = next(w for w in ("a", "b", "c", "d", "e", "f") if zlib.crc32(w.encode()) >= 2**31)
+    ids = [zlib.crc32(w.encode()) for w in small]
+    assert training_stream([Document("k1", "d", " ".join(small))], Hashing(None, None)).tolist() == ids
+    with pytest.raises(InputError, match=rf"^document 'k2': token ids \d+\.\.{zlib.crc32(large.encode())}, outside "
+                                         r"\[0, 2147483648\) \(a training stream holds token ids as int32, below 2\*\*31\)$"):  # fmt: skip
+        training_stream([Document("k1", "d", " ".join(small)), Document("k2", "d", f"{small[0]} {large}")], Hashing(None, None))
+
+
+def test_a_tokenizer_of_float_ids_is_refused():
+    """A tokenizer object whose encode gives floats: 1.7 was the id 1."""
+    from tokdyn.corpus import Document
+    from tokdyn.data import training_stream
+
+    class Floats(_Ids):
+        def encode(self, text):
+            return np.array([1.7, 2.0])
+
+    with pytest.raises(InputError, match=r"^document 'k': the tokenizer gives float64 values, not integer token ids"):
+        training_stream([Document("k", "d", "ab")], Floats(10, None))
