@@ -9,11 +9,15 @@ docs/recording.md describe them. Each section is a class of inputs that gave a w
    tokdyn reads;
 3. a training stream (``tokdyn.data.training_stream``) cast its ids to int32 unchecked: an id of
    2**31 or more (a tokenizer of ids up to 2**32) wrapped to a negative id, a float id was cut,
-   and an id past the tokenizer's vocabulary reached the model.
+   and an id past the tokenizer's vocabulary reached the model;
+4. ``random_batches`` refused a stream of exactly one window ("65 tokens is shorter than one
+   window of 65"), gave empty batches (a NaN mean loss) for ``batch_size=0``, and said any of it
+   only at the first batch.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -295,3 +299,39 @@ def test_a_tokenizer_of_float_ids_is_refused():
 
     with pytest.raises(InputError, match=r"^document 'k': the tokenizer gives float64 values, not integer token ids"):
         training_stream([Document("k", "d", "ab")], Floats(10, None))
+
+
+# == 4. random_batches' arguments ===================================================================
+
+
+@settings(max_examples=100, deadline=None)
+@given(extra=hs.integers(0, 5), context=hs.integers(1, 8), batch_size=hs.integers(1, 5), seed=hs.integers(0, 100))
+def test_every_batch_row_is_a_window_of_the_stream(extra, context, batch_size, seed):
+    """A stream of `context + 1 + extra` tokens, one window (extra 0) too: each row of a batch is
+    `stream[a : a + context + 1]` for some start a (distinct ids make the start readable)."""
+    from tokdyn.data import random_batches
+
+    stream = np.arange(100, 100 + context + 1 + extra)
+    batches = random_batches(stream, batch_size=batch_size, context=context, seed=seed)
+    for _ in range(3):
+        batch = next(batches)
+        assert tuple(batch.shape) == (batch_size, context + 1) and batch.dtype == torch.int64
+        for row in batch.tolist():
+            a = row[0] - 100
+            assert row == stream[a : a + context + 1].tolist()
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(batch_size=0), "batch_size must be an integer >= 1, got 0"), (dict(batch_size=2.5), "batch_size must be an integer"),
+    (dict(context=0), "context must be an integer >= 1, got 0"), (dict(context=True), "context must be an integer"),
+    (dict(stream=np.arange(12).reshape(3, 4)), "stream must be a 1-D integer array"),
+    (dict(stream=np.arange(8.0)), "stream must be a 1-D integer array"),
+    (dict(stream=np.arange(4)), "training stream of 4 tokens is shorter than one window of 5"),
+])  # fmt: skip
+def test_random_batches_refuses_what_it_cannot_batch_when_called(kw, match):
+    """At the call, not at the first next(): a batch size of 0 gave empty batches (their mean loss NaN)."""
+    from tokdyn.data import random_batches
+
+    args = dict(stream=np.arange(8), batch_size=2, context=4) | kw
+    with pytest.raises(InputError, match=re.escape(match)):
+        random_batches(args.pop("stream"), **args)

@@ -239,9 +239,23 @@ def prepare_probe(
 
 
 def random_batches(stream: np.ndarray, *, batch_size: int, context: int, seed: int = 0, device: str | torch.device = "cpu") -> Iterator[torch.Tensor]:
-    """Endless batches ``[batch_size, context + 1]`` of random windows of ``stream``."""
-    if stream.ndim != 1 or stream.size < context + 2:
+    """Endless batches ``[batch_size, context + 1]`` of random windows of ``stream``.
+
+    ``batch_size`` and ``context`` are integers >= 1 (a batch size of 0 gave empty batches, whose
+    mean loss is NaN), and ``stream`` a 1-D array of at least one window (a stream of exactly one
+    was refused as "shorter than one window")."""
+    for name, value in (("batch_size", batch_size), ("context", context)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise InputError(f"{name} must be an integer >= 1, got {value!r}")
+    stream = np.asarray(stream)
+    if stream.ndim != 1 or stream.dtype.kind not in "iu":
+        raise InputError(f"stream must be a 1-D integer array of token ids, got {stream.dtype} {stream.shape}")
+    if stream.size < context + 1:
         raise InputError(f"training stream of {stream.size} tokens is shorter than one window of {context + 1}")
+    return _random_windows(stream, batch_size, context, seed, device)  # checked here, at the call, not at the first batch
+
+
+def _random_windows(stream: np.ndarray, batch_size: int, context: int, seed: int, device) -> Iterator[torch.Tensor]:
     data = torch.from_numpy(stream.astype(np.int64))
     g = torch.Generator().manual_seed(seed)
     offs = torch.arange(context + 1)
