@@ -205,6 +205,14 @@ def test_a_hub_name_says_that_nothing_is_downloaded(tmp_path, texts, capsys, mon
     assert f"AutoTokenizer.from_pretrained({name!r}).save_pretrained('DIR')" in line
 
 
+def test_a_missing_folder_inside_one_that_exists_is_not_taken_for_a_hub_name(tmp_path, texts, capsys, monkeypatch):
+    """`checkpoints/step33` (a typo for step32) is a path that is not there, said as such."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    line = _probe_error(tmp_path, texts, capsys, "checkpoints/step33")
+    assert line.endswith("tokenizer file not found: checkpoints/step33")
+
+
 @pytest.mark.parametrize("given", ["tokenizer_config.json", "vocab.json", "tokenizer.model"])
 def test_a_file_of_another_kind_says_which_file_tokdyn_reads(tmp_path, texts, bpe_json, capsys, given):
     """A `tokenizer_config.json`, `vocab.json` or sentencepiece `tokenizer.model` was the parser's

@@ -137,8 +137,10 @@ class HFTokenizer:
                 slow = sorted(q.name for q in p.parent.glob("*") if q.name in _SLOW_FILES)
                 raise InputError(f"{p.parent} holds no tokenizer.json" + (f" (only {', '.join(slow)}, a slow tokenizer's files)" if slow else "")
                                  + f"; {_WRITE_JSON.format(folder=p.parent)}")  # fmt: skip
-        elif not os.path.lexists(p) and p.suffix.lower() not in (".json", ".model", ".txt") and _HUB_NAME.fullmatch(str(path)):
-            # `--tokenizer gpt2` or `EleutherAI/pythia-70m`, as transformers takes them
+        elif (not os.path.lexists(p) and p.suffix.lower() not in (".json", ".model", ".txt") and _HUB_NAME.fullmatch(str(path))
+              and not (len(p.parts) == 2 and os.path.isdir(p.parts[0]))):  # fmt: skip
+            # `--tokenizer gpt2` or `EleutherAI/pythia-70m`, as transformers takes them (not a
+            # mistyped folder in a folder that exists: `checkpoints/step33`)
             raise InputError(f"tokenizer file not found: {path} (nothing is downloaded: a Hugging Face Hub tokenizer is "
                              f"saved locally first, AutoTokenizer.from_pretrained({str(path)!r}).save_pretrained('DIR'), "
                              "and DIR given)")  # fmt: skip
