@@ -205,6 +205,15 @@ def test_a_hub_name_says_that_nothing_is_downloaded(tmp_path, texts, capsys, mon
     assert f"AutoTokenizer.from_pretrained({name!r}).save_pretrained('DIR')" in line
 
 
+def test_a_folder_without_tokenizer_files_asks_for_the_tokenizer(tmp_path, texts, capsys):
+    """A checkpoint folder with weights alone: no advice to convert files that are not there."""
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "config.json").write_text("{}")
+    line = _probe_error(tmp_path, texts, capsys, tmp_path / "ck")
+    assert line.endswith(f"{tmp_path / 'ck'} holds no tokenizer.json nor a slow tokenizer's files; give the tokenizer.json "
+                         "the model was trained with, or the folder that holds it")  # fmt: skip
+
+
 def test_a_missing_folder_inside_one_that_exists_is_not_taken_for_a_hub_name(tmp_path, texts, capsys, monkeypatch):
     """`checkpoints/step33` (a typo for step32) is a path that is not there, said as such."""
     monkeypatch.chdir(tmp_path)

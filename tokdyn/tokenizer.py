@@ -135,8 +135,9 @@ class HFTokenizer:
             p = p / "tokenizer.json"
             if not os.path.lexists(p):  # a model folder with a slow tokenizer's files only
                 slow = sorted(q.name for q in p.parent.glob("*") if q.name in _SLOW_FILES)
-                raise InputError(f"{p.parent} holds no tokenizer.json" + (f" (only {', '.join(slow)}, a slow tokenizer's files)" if slow else "")
-                                 + f"; {_WRITE_JSON.format(folder=p.parent)}")  # fmt: skip
+                raise InputError(f"{p.parent} holds no tokenizer.json" + (
+                    f" (only {', '.join(slow)}, a slow tokenizer's files); {_WRITE_JSON.format(folder=p.parent)}" if slow
+                    else " nor a slow tokenizer's files; give the tokenizer.json the model was trained with, or the folder that holds it"))  # fmt: skip
         elif (not os.path.lexists(p) and p.suffix.lower() not in (".json", ".model", ".txt") and _HUB_NAME.fullmatch(str(path))
               and not (len(p.parts) == 2 and os.path.isdir(p.parts[0]))):  # fmt: skip
             # `--tokenizer gpt2` or `EleutherAI/pythia-70m`, as transformers takes them (not a
