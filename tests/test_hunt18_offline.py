@@ -358,7 +358,7 @@ _GLUED = ["gpt2", "tp2", "pp4", "mp8", "dp16", "llama3", "t5", "zero3", "fsdp2",
 
 @pytest.mark.parametrize("name,step", [
     ("ckpt-1000_gpt2.pt", 1000), ("ckpt_1000_tp2.pt", 1000), ("gpt2_ckpt_1000.pt", 1000), ("llama3-8b_500_tp2_pp4.pt", 500),
-    ("ckpt1000_tp2.pt", 1000), ("iter500_gpt2.pt", 500), ("step100_tp2.pt", 100), ("a7.safetensors", 7), ("model100.pt", 100),
+    ("ckpt1000_tp2.pt", 1000), ("iter500_gpt2.pt", 500), ("step100_tp2.pt", 100), ("a_7.safetensors", 7), ("model100.pt", 100),
     ("gpt2_tp4.pt", None), ("llama3_zero3.pt", None), ("gpt2_final.pt", None), ("llama3_best.pt", None),
     ("gpt2_model1000.pt", 1000), ("llama2_it1000.pt", 1000), ("run-1_model500.pt", 500), ("exp1_model500.pt", 500),
     ("qwen2.5_ckpt_300.pt", 300), ("gpt_1000.pt", 1000), ("llama-500.pt", 500),

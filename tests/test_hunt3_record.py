@@ -89,7 +89,7 @@ def test_a_name_without_a_step_gives_none(name):
 
 @pytest.mark.parametrize("name,step", [("step1000", 1000), ("checkpoint-500", 500), ("epoch=0-step=100.ckpt", 100),
                                        ("epoch=1-step=200-v1.ckpt", 200), ("step100_bf16.pt", 100), ("model_100.bin", 100),
-                                       ("ckpt-7.safetensors", 7), ("a7.safetensors", 7), ("iter_0001000.pt", 1000),
+                                       ("ckpt-7.safetensors", 7), ("a_7.safetensors", 7), ("iter_0001000.pt", 1000),
                                        ("1000.pt", 1000), ("checkpoint-300-v1.ckpt", 300), ("model_100_bf16.pt", 100),
                                        ("pythia-70m-deduped-143000.pt", 143000), ("gpt2-124M-1000.pt", 1000),
                                        ("ckpt_100_epoch=3.pt", 100), ("llama-v2-7b-100.pt", 100)])  # fmt: skip

@@ -99,17 +99,17 @@ def test_two_checkpoints_with_one_step_is_an_error(tmp_path):
 
 def test_manifest_wins_and_is_validated(tmp_path):
     (tmp_path / "weights").mkdir()
-    for n in ("final.pt", "a7.safetensors", "b.pt"):
+    for n in ("final.pt", "a_7.safetensors", "b.pt"):
         (tmp_path / "weights" / n).write_bytes(b"")
     entries = [
         {"path": "weights/final.pt", "step": 5000, "tokens_seen": 5000 * 64, "lr": 1e-4},
-        {"path": "weights/a7.safetensors", "tokens_seen": 7 * 64},  # step from the name
+        {"path": "weights/a_7.safetensors", "tokens_seen": 7 * 64},  # step from the name
         {"path": str(tmp_path / "weights" / "b.pt"), "step": 0, "model": {"type": "tinygpt", "config": {"n_embd": 8}}},
     ]
     (tmp_path / "manifest.json").write_text(json.dumps({"checkpoints": entries, "model": SPEC}))
     refs = discover_checkpoints(tmp_path)
     assert [(r.step, r.path.name, r.kind, r.tokens_seen) for r in refs] == [
-        (0, "b.pt", "torch", None), (7, "a7.safetensors", "safetensors", 448), (5000, "final.pt", "torch", 320000)
+        (0, "b.pt", "torch", None), (7, "a_7.safetensors", "safetensors", 448), (5000, "final.pt", "torch", 320000)
     ]  # fmt: skip
     assert refs[2].lr == 1e-4
     assert refs[0].model == {"type": "tinygpt", "config": {"n_embd": 8}} and refs[1].model == SPEC

@@ -63,20 +63,41 @@ def load_documents(source: str = "stdlib", *, text_field: str = "text", domain_f
 
 def training_stream(docs: Sequence[Document], tokenizer: Tokenizer) -> np.ndarray:
     """All documents' tokens joined by ``tokenizer.eot_id`` (a tokenizer without one: joined as
-    they are), as int32."""
-    parts = []
+    they are), as int32.
+
+    Every id must be an integer in ``[0, vocab_size)`` and below 2**31, checked before the cast:
+    an id past int32 (a tokenizer of ids up to 2**32) wrapped to a negative one, a float id was
+    cut to its integer part, and an id past the vocabulary (a ``.bin`` of another tokenizer's ids)
+    reached the model. Otherwise one :class:`InputError` naming the first such document."""
+    parts, owners = [], []  # owners: the document of each part, None for an end-of-text
     eot_id = getattr(tokenizer, "eot_id", None)
     eot = np.array([] if eot_id is None else [eot_id], np.int64)
     for d in docs:
-        ids = document_tokens(d, tokenizer)
+        ids = np.asarray(document_tokens(d, tokenizer))
         parts.append(ids)
+        owners.append(d)
         if not (len(ids) and ids[-1] == eot_id):  # a .bin document may end in its own
             parts.append(eot)
+            owners.append(None)  # the tokenizer's end-of-text
     if not parts:
         raise InputError("no training documents")
+    vocab = getattr(tokenizer, "vocab_size", None)
+    top = min(vocab, _ID_LIMIT) if vocab is not None else _ID_LIMIT
+    for ids, doc in zip(parts, owners):
+        if ids.size and (ids.dtype.kind not in "iu" or int(ids.min()) < 0 or int(ids.max()) >= top):
+            what = f"document {doc.key!r}" if doc is not None else f"the tokenizer's end-of-text id {eot_id}"
+            if ids.dtype.kind not in "iu":
+                raise InputError(f"{what}: the tokenizer gives {ids.dtype} values, not integer token ids; encode() must "
+                                 "return integers")  # fmt: skip
+            why = (f"the tokenizer's vocabulary of {vocab}" if top == vocab
+                   else "a training stream holds token ids as int32, below 2**31")  # fmt: skip
+            raise InputError(f"{what}: token ids {int(ids.min())}..{int(ids.max())}, outside [0, {top}) ({why})"
+                             + ("; pre-tokenized documents (a .bin) need the tokenizer that made them"
+                                if doc is not None and doc.tokens is not None else ""))  # fmt: skip
     return np.concatenate(parts).astype(np.int32)
 
 
+_ID_LIMIT = 2**31  # a training stream's ids are int32
 # The ids a uint16 token can hold: 0 .. 65,535.
 _UINT16_IDS = 1 << 16
 
@@ -218,9 +239,23 @@ def prepare_probe(
 
 
 def random_batches(stream: np.ndarray, *, batch_size: int, context: int, seed: int = 0, device: str | torch.device = "cpu") -> Iterator[torch.Tensor]:
-    """Endless batches ``[batch_size, context + 1]`` of random windows of ``stream``."""
-    if stream.ndim != 1 or stream.size < context + 2:
+    """Endless batches ``[batch_size, context + 1]`` of random windows of ``stream``.
+
+    ``batch_size`` and ``context`` are integers >= 1 (a batch size of 0 gave empty batches, whose
+    mean loss is NaN), and ``stream`` a 1-D array of at least one window (a stream of exactly one
+    was refused as "shorter than one window")."""
+    for name, value in (("batch_size", batch_size), ("context", context)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise InputError(f"{name} must be an integer >= 1, got {value!r}")
+    stream = np.asarray(stream)
+    if stream.ndim != 1 or stream.dtype.kind not in "iu":
+        raise InputError(f"stream must be a 1-D integer array of token ids, got {stream.dtype} {stream.shape}")
+    if stream.size < context + 1:
         raise InputError(f"training stream of {stream.size} tokens is shorter than one window of {context + 1}")
+    return _random_windows(stream, batch_size, context, seed, device)  # checked here, at the call, not at the first batch
+
+
+def _random_windows(stream: np.ndarray, batch_size: int, context: int, seed: int, device) -> Iterator[torch.Tensor]:
     data = torch.from_numpy(stream.astype(np.int64))
     g = torch.Generator().manual_seed(seed)
     offs = torch.arange(context + 1)

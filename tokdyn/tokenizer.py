@@ -133,11 +133,27 @@ class HFTokenizer:
         p = Path(path)
         if p.is_dir():
             p = p / "tokenizer.json"
+            if not os.path.lexists(p):  # a model folder with a slow tokenizer's files only
+                slow = sorted(q.name for q in p.parent.glob("*") if q.name in _SLOW_FILES)
+                raise InputError(f"{p.parent} holds no tokenizer.json" + (
+                    f" (only {', '.join(slow)}, a slow tokenizer's files); {_WRITE_JSON.format(folder=p.parent)}" if slow
+                    else " nor a slow tokenizer's files; give the tokenizer.json the model was trained with, or the folder that holds it"))  # fmt: skip
+        elif (not os.path.lexists(p) and p.suffix.lower() not in (".json", ".model", ".txt") and _HUB_NAME.fullmatch(str(path))
+              and not (len(p.parts) == 2 and os.path.isdir(p.parts[0]))):  # fmt: skip
+            # `--tokenizer gpt2` or `EleutherAI/pythia-70m`, as transformers takes them (not a
+            # mistyped folder in a folder that exists: `checkpoints/step33`)
+            raise InputError(f"tokenizer file not found: {path} (nothing is downloaded: a Hugging Face Hub tokenizer is "
+                             f"saved locally first, AutoTokenizer.from_pretrained({str(path)!r}).save_pretrained('DIR'), "
+                             "and DIR given)")  # fmt: skip
         check_regular(p, "tokenizer file")  # a FIFO would block the read forever
         try:
             tok = tokenizers.Tokenizer.from_file(str(p))
         except Exception as exc:  # the Rust error says what is wrong with the file
-            raise InputError(f"cannot load tokenizer {p}: {exc}") from None
+            # a file of another kind (a tokenizer_config.json, a sentencepiece model) says how to get the right one
+            other = "" if p.name == "tokenizer.json" else (
+                "; it must be the tokenizers library's tokenizer.json (not a tokenizer_config.json, vocab.json or "
+                f"sentencepiece .model): {_WRITE_JSON.format(folder=p.parent)}")  # fmt: skip
+            raise InputError(f"cannot load tokenizer {p}: {exc}{other}") from None
         declared = None
         if eot == "auto" and not any(tok.token_to_id(t) is not None for t in cls.EOT_CANDIDATES):
             # the folder's configs are opened only where they decide the end-of-text
@@ -225,6 +241,12 @@ def get_tokenizer(name: str = "byte", *, path: str | os.PathLike | None = None) 
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# What a folder saved with a slow (Python) tokenizer holds instead of a tokenizer.json.
+_SLOW_FILES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json", "merges.txt", "vocab.txt")
+_WRITE_JSON = ("write a tokenizer.json with transformers, AutoTokenizer.from_pretrained('{folder}').save_pretrained('{folder}'), "
+               "and give that")
+# A Hugging Face Hub name (gpt2, EleutherAI/pythia-70m), which a path that does not exist may be.
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(?:/[\w.-]+)?")
 
 
 def _unk_id(tokenizer, text: str) -> int | None:

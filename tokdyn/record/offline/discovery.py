@@ -54,6 +54,10 @@ _DATE = re.compile(
     r")(?!\d)",
     re.IGNORECASE,
 )
+# The words that a step's number is glued to in a name (iter500, it1000, ckpt1000, model100,
+# Megatron's iter_0001000 and the Trainer's checkpoint-500 stand apart): any other word with a
+# number glued on is no step (below).
+_COUNTS_STEPS = r"(?:steps|iter|iters|iteration|it|ckpt|chkpt|model|weights|update|updates|upd|save|snapshot)"
 # The parts of a name that hold a number but never a step. Without "step" in a name, its step is
 # the last integer left once these are dropped: Lightning's `last-v1.ckpt` is not step 1, nor
 # `model_bf16.pt` step 16, `epoch=3.ckpt` step 3 or `pythia-70m.pt` step 70.
@@ -76,6 +80,10 @@ _NOT_A_STEP = re.compile(
     # (gpt_1000 is step 1000 of a "gpt"; a GPU: ckpt_1000_a6000.pt was step 6000)
     r"|checkpoint\d+"  # fairseq's end-of-epoch checkpoint: checkpoint3.pt is epoch 3 (checkpoint_3_5000.pt: update 5000)
     r"|[a-z]*\d+[a-z][a-z0-9]*"  # letters after digits: a size (70m, 7b, 100k) or a hash (3f2a9c)
+    # letters before digits, unless the letters are a word that counts steps (ckpt1000, iter500,
+    # model100): final2, best2, L12, e10, resnet50, exp2 name a model, a layer, an epoch or a
+    # variant, never the step, so they were read as steps 2, 2, 12, 10, 50 and 2
+    r"|(?!" + _COUNTS_STEPS + r"\d)[a-z]+\d+"
     r")(?![a-z0-9])",
     re.IGNORECASE,
 )
@@ -258,7 +266,8 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
 _NO_STEP = (
     "no integer in the name that is a step (the one after 'step', else the last one that is not a version "
     "like '-v1', a dtype like 'bf16', an epoch (fairseq's checkpoint3), seed, token count, size, date, logged value, "
-    "model like 'gpt2' or 'llama3', or parallelism like 'tp2') "
+    "model like 'gpt2' or 'llama3', parallelism like 'tp2', or other word with its number glued on like 'final2' or "
+    "'L12'; only steps, iter, it, ckpt, model, weights, update, save and snapshot count steps glued: 'iter500') "
     "and none recorded in the file "
     f"({', '.join(STEP_KEYS)}; an HF folder's trainer_state.json)"
 )
@@ -453,8 +462,9 @@ def _last_int(p: Path) -> int | None:
     ``global_step-100``, ``step=100``: whatever follows, such as ``_bf16`` or Lightning's ``-v1``),
     else its last integer once the parts that hold a number but never a step are dropped
     (``checkpoint-100``, ``model_100``, ``ckpt-100-v1``, ``model_100_bf16``, ``pythia-70m-100``,
-    ``ckpt-100_gpt2``, ``ckpt_100_tp2``, ``gpt2_model100``: 100); None when no integer is left
-    (``last-v1``, ``model_bf16``, ``epoch=3``, ``final``, ``gpt2_tp4``, ``llama3_best``).
+    ``ckpt-100_gpt2``, ``ckpt_100_tp2``, ``gpt2_model100``, ``final2_100``: 100); None when no
+    integer is left (``last-v1``, ``model_bf16``, ``epoch=3``, ``final``, ``gpt2_tp4``,
+    ``llama3_best``, ``final2``, ``L12``).
 
     The parts dropped: a version (``v1``, Lightning's suffix on a clashing name), a dtype
     (``bf16``, ``fp32``, ``int8``), another counter (``epoch``, ``ep``, ``seed``, ``rank``,
@@ -464,7 +474,9 @@ def _last_int(p: Path) -> int | None:
     ``20240501_1230``), a decimal or e-notation number (``0.5``, ``3e-4``) and a part with
     letters after its digits (``70m``, ``1.4b``, ``100k``, a hash such as ``3f2a9c``), and a model
     or a parallelism with its number (``gpt2``, ``llama3``, ``qwen2.5``, ``tp2``, ``zero3``,
-    ``a100``). A decimal
+    ``a100``), and any other word with its number glued on (``final2``, ``L12``, ``e10``,
+    ``resnet50``) but one that counts steps (``iter500``, ``it500``, ``ckpt500``, ``model500``:
+    500). A decimal
     after ``step`` (``step_1.5k``) is not an integer step either.
     """
     name = p.name if p.is_dir() else p.name[: -len(p.suffix)] if p.suffix else p.name
