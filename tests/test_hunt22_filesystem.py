@@ -1,0 +1,111 @@
+"""Hunt 22: stores on real file systems."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import tokdyn
+from test_store_fit import STEPS, planted
+from tokdyn.cli import main
+from tokdyn.errors import InputError, StoreError
+from tokdyn.fit.job import fit_run, fitted_inputs, read_fit, stored_options
+
+N = 40
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """A store whose run ``r`` has a complete fit, and no writer holding it."""
+    url = tmp_path_factory.mktemp("fitted") / "s.zarr"
+    Y = planted(N)[0]
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.arange(N, dtype=np.int32), "token_pos": np.ones(N, np.int32)})
+    with tokdyn.open_store(url, probe, mode="w").create_run("r", capacity=len(STEPS)).writer() as w:
+        for j, step in enumerate(STEPS):
+            w.append(Y[:, j], step=int(step))
+    fit_run(tokdyn.open_store(url, mode="r+").run("r"), backend="numpy", scheduler="sync", progress=False)
+    return url
+
+
+def _fit_line(url, capsys) -> tuple[int, str]:
+    rc = main(["info", str(url)])
+    out, _ = capsys.readouterr()
+    return rc, next(line.strip() for line in out.splitlines() if line.strip().startswith("fit "))
+
+
+def _readers_read(url) -> bool:
+    """Whether the readers of a fit (its fields, its rows and x, its options) read it, or refuse
+    it in one line."""
+    run = tokdyn.open_store(url, mode="r").run("r")
+    try:
+        read_fit(run.store, "r", fields=["mu"])
+        fitted_inputs(run)
+        stored_options(run)
+    except (StoreError, InputError) as exc:
+        assert "\n" not in str(exc)
+        return False
+    return True
+
+
+# -- a fit record its readers refuse is no complete fit --------------------------------------------
+
+KEEP = object()  # the entry as the fit wrote it
+_KEYS = ["options", "fields", "axis_min", "n_committed", "rows", "x", "complete"]
+_VALUES = st.one_of(st.just(KEEP), st.none(), st.booleans(), st.integers(-3, 40), st.floats(allow_nan=False), st.text(max_size=4),
+                    st.lists(st.integers(-1, 40), max_size=4), st.lists(st.floats(-1, 3), max_size=3),
+                    st.dictionaries(st.text(max_size=3), st.integers(0, 9), max_size=2))  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(changes=st.dictionaries(st.sampled_from(_KEYS), _VALUES, min_size=1, max_size=3))
+@example(changes={"options": None})
+@example(changes={"fields": {}})
+@example(changes={"n_committed": "12"})
+@example(changes={"rows": None})
+@example(changes={"x": [0.0, 1.0]})
+@example(changes={"options": KEEP})  # the record as written: complete, and read
+def test_info_calls_a_fit_complete_exactly_when_its_readers_read_it(fitted, capsys, changes):
+    """Whatever a complete fit's record holds, `tokdyn info` says "complete" exactly when every
+    reader reads the fit; where they refuse it, info's line is the readers' (ERROR, exit 1) and
+    names the refit. Info called a record with ``"options": null`` complete while every reader
+    refused it."""
+    path = fitted / "runs" / "r" / "fit" / "zarr.json"
+    text = path.read_text()
+    try:
+        doc = json.loads(text)
+        meta = doc["attributes"]["tokdyn_fit"]
+        meta.update({k: v for k, v in changes.items() if v is not KEEP})
+        path.write_text(json.dumps(doc))
+        rc, line = _fit_line(fitted, capsys)
+        complete = line.startswith("fit   complete:")
+        assert complete == _readers_read(fitted), (changes, line)
+        if complete:
+            assert rc == 0
+        elif meta.get("complete") is True and line.startswith("fit   ERROR"):
+            assert rc == 1 and f"tokdyn fit {fitted} --run r" in line and "--refit" in line, line
+    finally:
+        path.write_text(text)
+
+
+def test_the_refit_info_names_for_a_damaged_record_mends_it(fitted, tmp_path, capsys):
+    url = tmp_path / "s.zarr"
+    shutil.copytree(fitted, url)
+    path = url / "runs" / "r" / "fit" / "zarr.json"
+    doc = json.loads(path.read_text())
+    doc["attributes"]["tokdyn_fit"]["options"] = None
+    path.write_text(json.dumps(doc))
+    rc, line = _fit_line(url, capsys)
+    assert rc == 1 and "damaged" in line and "options" in line
+    argv = shlex.split(re.search(r"`(tokdyn fit [^`]*)`", line).group(1))
+    assert argv[-1] == "--refit"
+    assert main(argv[1:] + ["--scheduler", "sync", "--no-progress", "--backend", "numpy"]) == 0
+    capsys.readouterr()
+    rc, line = _fit_line(url, capsys)
+    assert rc == 0 and line.startswith("fit   complete:") and _readers_read(url)
