@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -109,3 +110,43 @@ def test_the_refit_info_names_for_a_damaged_record_mends_it(fitted, tmp_path, ca
     capsys.readouterr()
     rc, line = _fit_line(url, capsys)
     assert rc == 0 and line.startswith("fit   complete:") and _readers_read(url)
+
+
+# -- a run that is a link ----------------------------------------------------------------------------
+
+
+def _listing(root) -> dict:
+    """Every path under ``root`` (links not followed) with its size, mtime and mode."""
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = os.path.join(folder, name)
+            s = os.lstat(p)
+            out[os.path.relpath(p, root)] = (s.st_size, s.st_mtime_ns, s.st_mode)
+    return out
+
+
+@pytest.mark.parametrize("api", [False, True])
+def test_deleting_a_run_that_is_a_link_removes_the_link_not_what_it_leads_to(fitted, tmp_path, capsys, api):
+    """A run of another store linked into this one: delete-run deleted the other store's run
+    metadata through the link (that store then read its run as damaged), then failed with
+    "Cannot call rmtree on a symbolic link". Now the link goes, and the other store is as it was."""
+    here, other = tmp_path / "here.zarr", tmp_path / "other.zarr"
+    shutil.copytree(fitted, here)
+    shutil.copytree(fitted, other)
+    os.symlink(other / "runs" / "r", here / "runs" / "linked")
+    before = _listing(other)
+    assert tokdyn.open_store(here, mode="r").runs == ["linked", "r"]
+    if api:
+        st_ = tokdyn.open_store(here, mode="r+")
+        assert st_.linked_run("linked") == os.path.realpath(other / "runs" / "r") and st_.linked_run("r") is None
+        st_.delete_run("linked")
+    else:
+        assert main(["delete-run", str(here), "--run", "linked"]) == 0
+        out, err = capsys.readouterr()
+        assert err == "" and f"a link to {os.path.realpath(other / 'runs' / 'r')}, which is left as it is" in out
+    assert not os.path.lexists(here / "runs" / "linked")
+    assert _listing(other) == before
+    assert tokdyn.open_store(here, mode="r").runs == ["r"]
+    for url in (here, other):  # both stores read their run as before
+        assert _readers_read(url)

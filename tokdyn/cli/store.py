@@ -223,6 +223,8 @@ def _delete_run(args: argparse.Namespace) -> int:
         held = f"{run.n_committed:,} rows x {run.n_tokens:,} tokens" + (", fitted" if run.fit.exists else "")
     except StoreError as exc:  # a damaged run: deleted all the same (what it is said first)
         held = f"damaged: {exc}"
+    link = st.linked_run(args.run)
+    held += f"; a link to {link}, which is left as it is" if link is not None else ""
     st.delete_run(args.run)
     print(f"deleted run {_shown(args.run)} from {visible(st.url)} ({visible(held)})")
     return 0

@@ -534,9 +534,20 @@ class TrajectoryStore:
         _put_back(before)
         return True
 
+    def linked_run(self, name: str) -> str | None:
+        """Where the folder of run ``name`` leads when it is a link (a run of another store, or
+        of a folder elsewhere, linked into this one), else None (a folder of this store, or a
+        store that is not local)."""
+        root = getattr(self._group.store, "root", None)
+        path = os.path.join(root, join(self._group.path, "runs", name)) if root is not None else None
+        return os.path.realpath(path) if path is not None and os.path.islink(path) else None
+
     def delete_run(self, name: str) -> None:
         """Remove run ``name`` and everything stored under it (its fit too), damaged or not (a
         run whose metadata is lost or unreadable could not be deleted, and blocked its name).
+        A run whose folder is a link (:meth:`linked_run`) is removed as a link: what it leads to
+        is another store's, and is left as it is (deleting through the link removed the other
+        store's run metadata, then failed).
 
         :class:`RunNotFoundError` where there is no such run; :class:`RunBusyError`, removing
         nothing, while another live process creates it, records into it or fits it (its
@@ -564,6 +575,9 @@ class TrajectoryStore:
             if holder is not None:
                 refuse_if_live(holder, f"run {name!r} of {self.url} is being written ({rel(key)})",
                                if_gone=f"remove the lock {rel(key)} and delete it again")  # fmt: skip
+        if self.linked_run(name) is not None:  # the link alone: its locks are taken in the other store by its own writers
+            os.unlink(os.path.join(store.root, where))
+            return
         try:
             writers = len(self.run(name).writers)
         except StoreError:  # damaged: the locks found are all there is to take
