@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import pathlib
 import re
 import shlex
 import shutil
@@ -150,3 +152,43 @@ def test_deleting_a_run_that_is_a_link_removes_the_link_not_what_it_leads_to(fit
     assert tokdyn.open_store(here, mode="r").runs == ["r"]
     for url in (here, other):  # both stores read their run as before
         assert _readers_read(url)
+
+
+# -- a store file that cannot be read while an export writes ---------------------------------------
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EIO])
+def test_an_unreadable_store_chunk_in_an_export_is_said_by_its_path(fitted, tmp_path, capsys, monkeypatch, code):
+    """A loss chunk that may not be read (or whose disk fails) while export-npz writes its file:
+    the line said "cannot write the losses.npz to OUT: Permission denied", sending the user after
+    a folder they can write. Now it names the chunk, and no file (nor temporary file) is left."""
+    chunk = os.path.join(str(fitted), "runs", "r", "loss", "c", "3", "0")
+    assert os.path.isfile(chunk)
+    read_bytes = pathlib.Path.read_bytes
+
+    def failing(self):
+        if os.fspath(self) == chunk:
+            raise OSError(code, os.strerror(code), os.fspath(self))
+        return read_bytes(self)
+
+    monkeypatch.setattr(pathlib.Path, "read_bytes", failing)
+    out = tmp_path / "o.npz"
+    assert main(["export-npz", str(fitted), str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and os.path.join("runs", "r", "loss", "c", "3", "0") in err, err
+    assert "cannot write" not in err and os.strerror(code).lower() in err.lower()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_folder_that_cannot_be_written_is_still_said_as_the_output(fitted, tmp_path, monkeypatch):
+    """The other side: a failure of the output itself still names the output."""
+    import tempfile
+
+    def refuse(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / ".o.npz.x.tmp"))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    from tokdyn.interchange import export_npz
+
+    with pytest.raises(InputError, match=r"cannot write the losses.npz to .*o\.npz: Permission denied"):
+        export_npz(tokdyn.open_store(fitted, mode="r").run("r"), tmp_path / "o.npz")
