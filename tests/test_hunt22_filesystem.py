@@ -1,4 +1,6 @@
-"""Hunt 22: stores on real file systems."""
+"""Hunt 22: stores on real file systems. A fit record its readers refuse is not called complete
+by `tokdyn info`; a run that is a link is deleted as a link; a store file that cannot be read
+while an export writes is said by its own path; a read-only store is read and never written."""
 
 from __future__ import annotations
 
@@ -9,6 +11,10 @@ import pathlib
 import re
 import shlex
 import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +27,7 @@ from tokdyn.cli import main
 from tokdyn.errors import InputError, StoreError
 from tokdyn.fit.job import fit_run, fitted_inputs, read_fit, stored_options
 
+ROOT = Path(__file__).resolve().parents[1]
 N = 40
 
 
@@ -192,3 +199,65 @@ def test_an_output_folder_that_cannot_be_written_is_still_said_as_the_output(fit
 
     with pytest.raises(InputError, match=r"cannot write the losses.npz to .*o\.npz: Permission denied"):
         export_npz(tokdyn.open_store(fitted, mode="r").run("r"), tmp_path / "o.npz")
+
+
+# -- a read-only store: read, never written ----------------------------------------------------------
+
+_READ_ONLY = textwrap.dedent("""
+    import json, sys
+    from tokdyn.cli import main
+    from contextlib import redirect_stderr, redirect_stdout
+    import io
+    results = []
+    for argv in json.loads(sys.argv[1]):
+        err = io.StringIO()
+        with redirect_stdout(io.StringIO()), redirect_stderr(err):
+            rc = main(argv)
+        results.append([rc, err.getvalue()])
+    print(json.dumps(results))
+""")
+
+
+def _read_only_runner(store) -> list[str] | None:
+    """A command prefix that runs a process for which ``store`` is read-only as a file system
+    makes it: a read-only bind mount of it (EROFS), where this process may mount (root in a
+    container), else None."""
+    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("mount")):
+        return None
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {shlex.quote(str(store))} {shlex.quote(str(store))} && "
+                            f"mount -o remount,bind,ro {shlex.quote(str(store))}"], capture_output=True)  # fmt: skip
+    if probe.returncode:
+        return None
+    q = shlex.quote(str(store))
+    return ["unshare", "-m", "sh", "-c", f'mount --bind {q} {q} && mount -o remount,bind,ro {q} && exec "$@"', "sh"]
+
+
+@pytest.mark.slow
+def test_a_read_only_store_is_read_by_every_reader_and_refused_by_every_writer_in_one_line(fitted, tmp_path):
+    """Every command that reads a store reads it on a read-only file system and writes nothing
+    into it (listing, sizes and mtimes unchanged); every command that writes it ends in one line
+    saying the file system is read-only and naming the store, with nothing half-written."""
+    store = tmp_path / "s.zarr"
+    shutil.copytree(fitted, store)
+    prefix = _read_only_runner(store)
+    if prefix is None:
+        pytest.skip("needs a read-only bind mount (root, with unshare and mount)")
+    tokdyn.interchange.export_npz(tokdyn.open_store(store, mode="r").run("r"), tmp_path / "in.npz")
+    out = tmp_path / "out"
+    out.mkdir()
+    reads = [["info", str(store)], ["info", str(store), "--json"], ["spectrum", str(store)], ["reconstruct", str(store)],
+             ["report", str(store), "--out", str(out / "r.html")], ["export-npz", str(store), str(out / "e.npz")]]  # fmt: skip
+    writes = [["fit", str(store), "--run", "r", "--refit", "--scheduler", "sync"], ["delete-run", str(store), "--run", "r"],
+              ["import-npz", str(tmp_path / "in.npz"), str(store), "--run", "again"]]  # fmt: skip
+    before = _listing(store)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([*prefix, sys.executable, "-c", _READ_ONLY, json.dumps(reads + writes)], capture_output=True, text=True,
+                       env=env, timeout=500)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    results = json.loads(p.stdout.strip().splitlines()[-1])
+    for argv, (rc, err) in zip(reads, results[: len(reads)]):
+        assert rc == 0 and err == "", (argv, err)
+    for argv, (rc, err) in zip(writes, results[len(reads) :]):
+        assert rc == 1 and err.count("\n") == 1 and "read-only file system" in err and str(store) in err, (argv, err)
+    assert _listing(store) == before
+    assert {p.name for p in out.iterdir()} == {"r.html", "e.npz"}
