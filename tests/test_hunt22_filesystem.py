@@ -161,6 +161,30 @@ def test_deleting_a_run_that_is_a_link_removes_the_link_not_what_it_leads_to(fit
         assert _readers_read(url)
 
 
+def test_a_run_that_is_a_link_leading_nowhere_is_listed_said_and_deleted(fitted, tmp_path, capsys):
+    """A linked run whose folder was moved or deleted: info left it out without a word (exit 0),
+    readers said there was no such run, and an import under its name said the run "was created by
+    another process at the same time". Now each says it is a link leading nowhere, naming where,
+    nothing is written where it leads, and delete-run removes the link."""
+    here, gone = tmp_path / "here.zarr", tmp_path / "moved-away" / "runs" / "r"
+    shutil.copytree(fitted, here)
+    os.symlink(gone, here / "runs" / "b")
+    said = f"is a link to {gone}, which is not there"
+    assert tokdyn.open_store(here, mode="r").runs == ["b", "r"]
+    assert main(["info", str(here)]) == 1
+    out, err = capsys.readouterr()
+    assert "run b" in out and said in out and err.count("\n") == 1
+    tokdyn.interchange.export_npz(tokdyn.open_store(here, mode="r").run("r"), tmp_path / "r.npz")
+    for argv in (["spectrum", str(here), "--run", "b"], ["import-npz", str(tmp_path / "r.npz"), str(here), "--run", "b"]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err and "tokdyn delete-run" in err, (argv, err)
+    assert not os.path.lexists(tmp_path / "moved-away")
+    assert main(["delete-run", str(here), "--run", "b"]) == 0
+    assert f"a link to {gone}, which is not there" in capsys.readouterr().out
+    assert not os.path.lexists(here / "runs" / "b") and tokdyn.open_store(here, mode="r").runs == ["r"]
+
+
 # -- a store file that cannot be read while an export writes ---------------------------------------
 
 

@@ -379,8 +379,28 @@ class TrajectoryStore:
 
     @property
     def runs(self) -> list[str]:
-        """Names of the runs in the store, sorted."""
-        return folders(self._group.store, join(self._group.path, "runs"))  # a run whose zarr.json is lost too
+        """Names of the runs in the store, sorted: a run whose zarr.json is lost too, and a run
+        that is a link leading nowhere (its folder moved or deleted), which read as damaged: it
+        was left out, so info said nothing of it and readers said there was no such run."""
+        names = folders(self._group.store, join(self._group.path, "runs"))
+        return sorted({*names, *self._broken_links()})
+
+    def _broken_link_error(self, name: str) -> StoreError:
+        """What every reader and creator of run ``name``, a link leading nowhere, says."""
+        return StoreError(f"run {name!r} in {self.url} is a link to {self.linked_run(name)}, which is not there (moved or "
+                          f"deleted): link the run's folder again, or delete the link "
+                          f"({command_line('tokdyn delete-run', self.url, ('--run', name))})")  # fmt: skip
+
+    def _broken_links(self) -> list[str]:
+        """Names under ``runs`` of a local store that are links leading nowhere."""
+        root = getattr(self._group.store, "root", None)
+        if root is None:
+            return []
+        try:
+            with os.scandir(os.path.join(root, join(self._group.path, "runs"))) as entries:
+                return [e.name for e in entries if e.is_symlink() and not os.path.exists(e.path) and not e.name.endswith(".partial")]
+        except OSError:  # no runs folder (a damaged store: said where it is read), or one that cannot be listed
+            return []
 
     def run(self, name: str) -> "Run":
         """A read view of run ``name``."""
@@ -388,6 +408,8 @@ class TrajectoryStore:
         try:
             g = self._group[f"runs/{name}"]
         except KeyError:
+            if name in self._broken_links():
+                raise self._broken_link_error(name) from None
             if name in self.runs:
                 raise StoreError(f"run {name!r} in {self.url} is damaged: its group metadata (runs/{name}/zarr.json) is missing") from None
             raise RunNotFoundError(f"no run {name!r} in {self.url}; runs: {', '.join(self.runs) or 'none'}") from None
@@ -433,6 +455,8 @@ class TrajectoryStore:
         if name in self.runs:
             if self.has_run(name):
                 raise RunExistsError(f"run {name!r} already exists in {self.url}; resume it or choose another name")
+            if name in self._broken_links():  # its claim wrote through the link, and read as another process's run
+                raise self._broken_link_error(name)
             self._discard_aborted_run(name)
         if axis not in AXES:
             raise InputError(f"axis must be one of {AXES}, got {axis!r}")
