@@ -225,6 +225,47 @@ def test_an_output_folder_that_cannot_be_written_is_still_said_as_the_output(fit
         export_npz(tokdyn.open_store(fitted, mode="r").run("r"), tmp_path / "o.npz")
 
 
+# -- a file of the store replaced by a folder ----------------------------------------------------------
+
+FOLDERS = {"loss chunk": "runs/r/loss/c/3/0", "fit chunk": "runs/r/fit/mu/c/0", "run metadata": "runs/r/zarr.json",
+           "commit record": "runs/r/commits/w0/zarr.json", "store metadata": "zarr.json", "probe metadata": "probe/zarr.json"}  # fmt: skip
+
+
+@pytest.mark.parametrize("what", FOLDERS)
+def test_a_store_file_replaced_by_a_folder_is_named_by_every_command(fitted, tmp_path, capsys, what):
+    """A chunk or metadata file of the store replaced by a folder: zarr read it as absent ("chunk
+    files of this row are missing", "no tokdyn store", a fit said to need --repair), and a write
+    to it failed as "[Errno 21] Is a directory: '...partial' -> ...". Each command now either
+    reads what it needs without it or names that folder, in one line."""
+    url = tmp_path / "s.zarr"
+    shutil.copytree(fitted, url)
+    key = url / FOLDERS[what]
+    key.unlink()
+    key.mkdir()
+    for argv in (["info", str(url)], ["spectrum", str(url)], ["export-npz", str(url), str(tmp_path / "o.npz")]):
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code in (0, 1) and err.count("\n") == code, (argv, err)
+        if code and argv[0] != "info":  # (info lists a run it cannot read, with the reason, on stdout)
+            assert f"{key} is a folder where the store keeps a file" in err and "Errno" not in err, (argv, err)
+
+
+def test_a_fit_chunk_replaced_by_a_folder_is_named_by_the_repair_and_mended_once_removed(fitted, tmp_path, capsys):
+    url = tmp_path / "s.zarr"
+    shutil.copytree(fitted, url)
+    key = url / "runs" / "r" / "fit" / "mu" / "c" / "0"
+    key.unlink()
+    key.mkdir()
+    repair = ["fit", str(url), "--run", "r", "--repair", "--scheduler", "sync", "--no-progress", "--backend", "numpy"]
+    assert main(repair) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{key} is a folder where the store keeps a file" in err and "Errno" not in err, err
+    key.rmdir()
+    assert main(repair) == 0
+    capsys.readouterr()
+    assert _readers_read(url)
+
+
 # -- a read-only store: read, never written ----------------------------------------------------------
 
 _READ_ONLY = textwrap.dedent("""

@@ -191,8 +191,12 @@ def _open_group(url: str | os.PathLike, mode: str, storage_options: Mapping | No
 class RegularFilesStore(LocalStore):
     """zarr's local store, reading only regular files: a key that is a FIFO would block the read
     forever and one that is a link to a device (``/dev/zero``) would never end, so either is a
-    :class:`StoreError` naming it (a store holds files and folders only). Missing keys and
-    folders are left to zarr, which reads them as absent."""
+    :class:`StoreError` naming it (a store holds files and folders only). Missing keys are left
+    to zarr, which reads them as absent. A key that is a folder (a chunk or a metadata file
+    replaced by one) is a :class:`StoreError` naming it, read or written: zarr read it as
+    absent, said as "chunk files of this row are missing" (the file is there, as a folder), and
+    its write failed as "[Errno 21] Is a directory: '...partial' -> ...", so a `--repair` named
+    for it never mended it."""
 
     async def get(self, key: str, prototype=None, byte_range=None):
         _check_store_file(self.root / key)
@@ -204,13 +208,25 @@ class RegularFilesStore(LocalStore):
             _check_store_file(self.root / key)
         return await super().get_partial_values(prototype, key_ranges)
 
+    async def _set(self, key: str, value, exclusive: bool = False) -> None:
+        if os.path.isdir(self.root / key):
+            raise _folder_error(self.root / key)
+        return await super()._set(key, value, exclusive)
+
+
+def _folder_error(path) -> StoreError:
+    return StoreError(f"{path} is a folder where the store keeps a file (a chunk or metadata, replaced by a folder); tokdyn "
+                      "neither reads nor replaces it: remove that folder, and the store then reads the file as missing")  # fmt: skip
+
 
 def _check_store_file(path) -> None:
     try:
         mode = os.stat(path).st_mode
     except OSError:  # missing, a name too long, ...: zarr's own read says it
         return
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+    if stat.S_ISDIR(mode):
+        raise _folder_error(path)
+    if not stat.S_ISREG(mode):
         kind = kind_of_mode(mode)
         raise StoreError(f"{path} is {kind}{link_note(path)}, not a regular file; a store holds only files and folders, and tokdyn "
                          "does not read it (a FIFO would block the read forever, a device never end)")  # fmt: skip
@@ -588,7 +604,8 @@ class TrajectoryStore:
         rel = (lambda key: key[len(self._group.path) + 1 :]) if self._group.path else (lambda key: key)  # noqa: E731
         try:
             creator = self._group[f"runs/{name}"].attrs.get(CREATING)
-        except (KeyError, ValueError, TypeError, RecursionError, zarr.errors.NodeTypeValidationError):  # damaged: no creator to ask
+        except (KeyError, ValueError, TypeError, RecursionError, StoreError,
+                zarr.errors.NodeTypeValidationError):  # damaged: no creator to ask  # fmt: skip
             creator = None
         if creator is not None:
             refuse_if_live(creator, f"run {name!r} of {self.url} is being created",
