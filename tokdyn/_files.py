@@ -150,22 +150,33 @@ def write_atomically(path: str | os.PathLike, write: Callable, *, binary: bool =
     there), is flushed to disk, then renamed over ``path`` (``os.replace``: a link at ``path``
     is replaced, not written through). A reader never sees a half-written file, and on any error
     the temporary file is removed and nothing else is touched. :class:`InputError` naming ``what``
-    and the file when the folder cannot be written.
+    and the file when the folder cannot be written. An OSError of ``write`` that names a file (a
+    write to ``fh`` names none) is of a file it reads as it goes, a store's chunk that may not be
+    read or whose disk fails, and is raised as it is, naming that file: it was said as "cannot
+    write the losses.npz to out.npz: Permission denied", which sent the user after a folder they
+    could write.
     """
     _refuse_not_an_output(path, what)
     path = Path(path)
     _refuse_special(path, what)
-    tmp = None
+    tmp = read_failed = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{temporary_prefix(path.name)}.", suffix=".tmp")
         with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as fh:
-            write(fh)
+            try:
+                write(fh)
+            except OSError as exc:
+                if exc.filename is not None:  # a write to fh names no file: one the callback read
+                    read_failed = exc
+                raise
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # what open() would give (mkstemp's is 0600)
         os.replace(tmp, path)
         tmp = None
     except OSError as exc:
+        if exc is read_failed:
+            raise  # an input's (the store's), said by its own path
         why = exc.strerror or str(exc)
         if exc.errno == errno.ENOENT and not path.parent.is_dir():  # the folder, not the file, is missing: name it
             why = f"folder {path.parent} does not exist"

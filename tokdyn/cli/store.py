@@ -218,11 +218,14 @@ def _export_npz(args: argparse.Namespace) -> int:
 
 def _delete_run(args: argparse.Namespace) -> int:
     st = open_cli_store(args.store, mode="r+")
+    link = st.linked_run(args.run)
     try:
         run = st.run(args.run)
         held = f"{run.n_committed:,} rows x {run.n_tokens:,} tokens" + (", fitted" if run.fit.exists else "")
     except StoreError as exc:  # a damaged run: deleted all the same (what it is said first)
-        held = f"damaged: {exc}"
+        held = f"damaged: {exc}" if link is None or os.path.exists(link) else f"a link to {link}, which is not there"
+    if link is not None and os.path.exists(link):
+        held += f"; a link to {link}, which is left as it is"
     st.delete_run(args.run)
     print(f"deleted run {_shown(args.run)} from {visible(st.url)} ({visible(held)})")
     return 0

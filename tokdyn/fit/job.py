@@ -37,7 +37,7 @@ from tokdyn.fit.models import TWO_EVENTS, ClassDrops, class_loss_share, fit_clas
 from tokdyn.fit.options import CLASS_NAMES, MODEL_NAMES, STATUS_NAMES, FitOptions
 from tokdyn.fit.sigmoid import log_axis
 from tokdyn.store import FitWriter, Run, TrajectoryStore, as_store
-from tokdyn.store.fit import made_on
+from tokdyn.store.fit import made_on, recorded_inputs
 from tokdyn.store.schema import jsonable
 
 __all__ = ["FitSummary", "fit_run", "read_fit", "stored_options", "stored_axis_min", "fit_inputs", "fitted_inputs",
@@ -110,20 +110,7 @@ def fitted_inputs(run: Run) -> tuple[np.ndarray, np.ndarray]:
     """The rows and ``x`` the stored fit of ``run`` was made on (those of :func:`fit_inputs`
     with the fit's ``axis_min``): what its results describe. :class:`StoreError` when the run has
     no complete, current fit."""
-    meta = run.fit.check()
-    try:
-        rows = np.asarray(meta["rows"])
-        x = np.asarray(meta["x"], dtype=np.float64)
-    except (KeyError, TypeError, ValueError):
-        raise StoreError(f"the fit of run {run.name!r} does not record its rows and x; it is damaged, refit it (--refit)") from None
-    ok = (rows.dtype.kind in "iu" and rows.ndim == 1 and rows.shape == x.shape and rows.size >= 2 and np.all(np.diff(rows) > 0)
-          and rows[0] >= 0 and rows[-1] < run.n_committed)  # fmt: skip
-    if ok:  # the rows' own axis values give the same x (committed rows never change)
-        av = run.axis_values[rows]
-        ok = bool(np.all(av > 0)) and np.allclose(x, np.log10(av), rtol=0, atol=1e-9)
-    if not ok:
-        raise StoreError(f"the fit of run {run.name!r} records rows and x that do not fit the run; it is damaged, refit it (--refit)")
-    return rows, x
+    return recorded_inputs(run, run.fit.check())
 
 
 def stored_axis_min(run: Run) -> float | None:

@@ -217,6 +217,18 @@ class FitResults:
             )
         return meta
 
+    def refusal(self, meta: Mapping) -> str | None:
+        """The line every reader refuses the complete fit of record ``meta`` with, made on
+        whatever rows (a stale fit is said apart), or None where they read it: a damaged entry
+        (:meth:`check`), or rows and x that do not fit the run (:func:`recorded_inputs`). What
+        ``tokdyn info`` says of such a fit, which it called complete (``"options": null``) while
+        every reader refused it."""
+        try:
+            recorded_inputs(self._run, self._checked(dict(meta), current=False))
+        except StoreError as exc:
+            return str(exc)
+        return None
+
     @property
     def fields(self) -> list[str]:
         """Names of the stored result fields."""
@@ -768,6 +780,10 @@ def _state(run: "Run", g: zarr.Group) -> dict:
                                     "fit_id")},  # fmt: skip
         "blocks": -(-run.n_tokens // block),
     }
+    if out["complete"]:  # one its readers refuse is no complete fit
+        why = run.fit.refusal(meta)
+        if why is not None:
+            return {**out, "error": why}
     try:
         done = np.asarray(g["done"][...])
     except NOT_DAMAGE:
@@ -866,17 +882,42 @@ def _value_text(v: Any, limit: int | None = None) -> str:
 
 def _damaged_record(meta: Mapping) -> str | None:
     """What is wrong with the types of a fit record's entries that readers use (``options`` a
-    mapping, ``fields`` a list of names, ``axis_min`` a finite number or null), or None. A record
-    still valid JSON but edited or damaged (``"options": null``) was a TypeError, reported as a
-    bug in tokdyn, while ``tokdyn info`` called the fit complete."""
+    mapping, ``fields`` a list of names, ``axis_min`` a finite number or null, ``n_committed`` a
+    count), or None. A record still valid JSON but edited or damaged (``"options": null``) was a
+    TypeError, reported as a bug in tokdyn. ``fields`` empty in a fit with checksums read the
+    group's arrays in name order, as for a fit made before records named them, and the
+    checksums (kept in the record's order) then failed as damaged blocks, naming a repair;
+    ``n_committed`` a string was said as "made on 8 rows; the run now has 8"."""
     if "options" in meta and not isinstance(meta["options"], Mapping):
         return f"options is {type(meta['options']).__name__}, not a mapping"
-    if meta.get("fields") is not None and not _names(meta["fields"]):
+    fields = meta.get("fields")
+    if fields is not None and not (_names(fields) and (fields or meta.get("fit_id") is None)):  # checksums go by its order
         return "fields does not name the result fields"
+    if "n_committed" in meta and not (is_int(meta["n_committed"]) and meta["n_committed"] >= 0):
+        return f"n_committed is {_value_text(meta['n_committed'], 40)}, not a count of rows"
     v = meta.get("axis_min")
     if v is not None and not is_finite(v):
         return f"axis_min is {one_line(v)[:40]}, not a finite number"
     return None
+
+
+def recorded_inputs(run: "Run", meta: Mapping) -> tuple[np.ndarray, np.ndarray]:
+    """The rows and ``x`` the complete fit of record ``meta`` was made on, as its record holds
+    them; :class:`StoreError` where they do not fit ``run`` (rows increasing, at least two, among
+    its committed rows, each ``x`` the log10 of its row's axis value)."""
+    try:
+        rows = np.asarray(meta["rows"])
+        x = np.asarray(meta["x"], dtype=np.float64)
+    except (KeyError, TypeError, ValueError):
+        raise StoreError(f"the fit of run {run.name!r} does not record its rows and x; it is damaged, refit it (--refit)") from None
+    ok = (rows.dtype.kind in "iu" and rows.ndim == 1 and rows.shape == x.shape and rows.size >= 2 and np.all(np.diff(rows) > 0)
+          and rows[0] >= 0 and rows[-1] < run.n_committed)  # fmt: skip
+    if ok:  # the rows' own axis values give the same x (committed rows never change)
+        av = run.axis_values[rows]
+        ok = bool(np.all(av > 0)) and np.allclose(x, np.log10(av), rtol=0, atol=1e-9)
+    if not ok:
+        raise StoreError(f"the fit of run {run.name!r} records rows and x that do not fit the run; it is damaged, refit it (--refit)")
+    return rows, x
 
 
 def _fields(meta: Mapping, g: zarr.Group | None) -> list[str]:

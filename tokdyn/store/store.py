@@ -191,8 +191,12 @@ def _open_group(url: str | os.PathLike, mode: str, storage_options: Mapping | No
 class RegularFilesStore(LocalStore):
     """zarr's local store, reading only regular files: a key that is a FIFO would block the read
     forever and one that is a link to a device (``/dev/zero``) would never end, so either is a
-    :class:`StoreError` naming it (a store holds files and folders only). Missing keys and
-    folders are left to zarr, which reads them as absent."""
+    :class:`StoreError` naming it (a store holds files and folders only). Missing keys are left
+    to zarr, which reads them as absent. A key that is a folder (a chunk or a metadata file
+    replaced by one) is a :class:`StoreError` naming it, read or written: zarr read it as
+    absent, said as "chunk files of this row are missing" (the file is there, as a folder), and
+    its write failed as "[Errno 21] Is a directory: '...partial' -> ...", so a `--repair` named
+    for it never mended it."""
 
     async def get(self, key: str, prototype=None, byte_range=None):
         _check_store_file(self.root / key)
@@ -204,13 +208,25 @@ class RegularFilesStore(LocalStore):
             _check_store_file(self.root / key)
         return await super().get_partial_values(prototype, key_ranges)
 
+    async def _set(self, key: str, value, exclusive: bool = False) -> None:
+        if os.path.isdir(self.root / key):
+            raise _folder_error(self.root / key)
+        return await super()._set(key, value, exclusive)
+
+
+def _folder_error(path) -> StoreError:
+    return StoreError(f"{path} is a folder where the store keeps a file (a chunk or metadata, replaced by a folder); tokdyn "
+                      "neither reads nor replaces it: remove that folder, and the store then reads the file as missing")  # fmt: skip
+
 
 def _check_store_file(path) -> None:
     try:
         mode = os.stat(path).st_mode
     except OSError:  # missing, a name too long, ...: zarr's own read says it
         return
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+    if stat.S_ISDIR(mode):
+        raise _folder_error(path)
+    if not stat.S_ISREG(mode):
         kind = kind_of_mode(mode)
         raise StoreError(f"{path} is {kind}{link_note(path)}, not a regular file; a store holds only files and folders, and tokdyn "
                          "does not read it (a FIFO would block the read forever, a device never end)")  # fmt: skip
@@ -379,8 +395,28 @@ class TrajectoryStore:
 
     @property
     def runs(self) -> list[str]:
-        """Names of the runs in the store, sorted."""
-        return folders(self._group.store, join(self._group.path, "runs"))  # a run whose zarr.json is lost too
+        """Names of the runs in the store, sorted: a run whose zarr.json is lost too, and a run
+        that is a link leading nowhere (its folder moved or deleted), which read as damaged: it
+        was left out, so info said nothing of it and readers said there was no such run."""
+        names = folders(self._group.store, join(self._group.path, "runs"))
+        return sorted({*names, *self._broken_links()})
+
+    def _broken_link_error(self, name: str) -> StoreError:
+        """What every reader and creator of run ``name``, a link leading nowhere, says."""
+        return StoreError(f"run {name!r} in {self.url} is a link to {self.linked_run(name)}, which is not there (moved or "
+                          f"deleted): link the run's folder again, or delete the link "
+                          f"({command_line('tokdyn delete-run', self.url, ('--run', name))})")  # fmt: skip
+
+    def _broken_links(self) -> list[str]:
+        """Names under ``runs`` of a local store that are links leading nowhere."""
+        root = getattr(self._group.store, "root", None)
+        if root is None:
+            return []
+        try:
+            with os.scandir(os.path.join(root, join(self._group.path, "runs"))) as entries:
+                return [e.name for e in entries if e.is_symlink() and not os.path.exists(e.path) and not e.name.endswith(".partial")]
+        except OSError:  # no runs folder (a damaged store: said where it is read), or one that cannot be listed
+            return []
 
     def run(self, name: str) -> "Run":
         """A read view of run ``name``."""
@@ -388,6 +424,8 @@ class TrajectoryStore:
         try:
             g = self._group[f"runs/{name}"]
         except KeyError:
+            if name in self._broken_links():
+                raise self._broken_link_error(name) from None
             if name in self.runs:
                 raise StoreError(f"run {name!r} in {self.url} is damaged: its group metadata (runs/{name}/zarr.json) is missing") from None
             raise RunNotFoundError(f"no run {name!r} in {self.url}; runs: {', '.join(self.runs) or 'none'}") from None
@@ -433,6 +471,8 @@ class TrajectoryStore:
         if name in self.runs:
             if self.has_run(name):
                 raise RunExistsError(f"run {name!r} already exists in {self.url}; resume it or choose another name")
+            if name in self._broken_links():  # its claim wrote through the link, and read as another process's run
+                raise self._broken_link_error(name)
             self._discard_aborted_run(name)
         if axis not in AXES:
             raise InputError(f"axis must be one of {AXES}, got {axis!r}")
@@ -534,9 +574,20 @@ class TrajectoryStore:
         _put_back(before)
         return True
 
+    def linked_run(self, name: str) -> str | None:
+        """Where the folder of run ``name`` leads when it is a link (a run of another store, or
+        of a folder elsewhere, linked into this one), else None (a folder of this store, or a
+        store that is not local)."""
+        root = getattr(self._group.store, "root", None)
+        path = os.path.join(root, join(self._group.path, "runs", name)) if root is not None else None
+        return os.path.realpath(path) if path is not None and os.path.islink(path) else None
+
     def delete_run(self, name: str) -> None:
         """Remove run ``name`` and everything stored under it (its fit too), damaged or not (a
         run whose metadata is lost or unreadable could not be deleted, and blocked its name).
+        A run whose folder is a link (:meth:`linked_run`) is removed as a link: what it leads to
+        is another store's, and is left as it is (deleting through the link removed the other
+        store's run metadata, then failed).
 
         :class:`RunNotFoundError` where there is no such run; :class:`RunBusyError`, removing
         nothing, while another live process creates it, records into it or fits it (its
@@ -553,7 +604,8 @@ class TrajectoryStore:
         rel = (lambda key: key[len(self._group.path) + 1 :]) if self._group.path else (lambda key: key)  # noqa: E731
         try:
             creator = self._group[f"runs/{name}"].attrs.get(CREATING)
-        except (KeyError, ValueError, TypeError, RecursionError, zarr.errors.NodeTypeValidationError):  # damaged: no creator to ask
+        except (KeyError, ValueError, TypeError, RecursionError, StoreError,
+                zarr.errors.NodeTypeValidationError):  # damaged: no creator to ask  # fmt: skip
             creator = None
         if creator is not None:
             refuse_if_live(creator, f"run {name!r} of {self.url} is being created",
@@ -564,6 +616,9 @@ class TrajectoryStore:
             if holder is not None:
                 refuse_if_live(holder, f"run {name!r} of {self.url} is being written ({rel(key)})",
                                if_gone=f"remove the lock {rel(key)} and delete it again")  # fmt: skip
+        if self.linked_run(name) is not None:  # the link alone: its locks are taken in the other store by its own writers
+            os.unlink(os.path.join(store.root, where))
+            return
         try:
             writers = len(self.run(name).writers)
         except StoreError:  # damaged: the locks found are all there is to take
