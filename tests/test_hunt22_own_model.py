@@ -61,6 +61,9 @@ _CONVENTIONS = [
     ("L12", None), ("ckpt_L12.pt", None), ("ckpt_e3.pt", None), ("e10.pt", None), ("resnet50.pt", None),
     ("vit16.pt", None), ("mnist2.pt", None), ("exp2_ckpt.pt", None), ("try3.pt", None), ("gpt2-124M.pt", None),
     ("ckpt_100_final2.pt", 100), ("L12_step300.pt", 300), ("exp2_1000.pt", 1000), ("resnet50-2500.pt", 2500),
+    # Composer / LLM Foundry (ep{epoch}-ba{batch}-rank{rank}.pt), and short spellings of a step
+    ("ep0-ba1000-rank0.pt", 1000), ("ep1-ba2000.pt", 2000), ("batch1000.pt", 1000), ("s1000.pt", 1000),
+    ("gs1000.pt", 1000), ("stp1000.pt", 1000), ("checkpoint_e5_s1000.pt", 1000),
 ]  # fmt: skip
 
 
@@ -73,7 +76,8 @@ def test_common_checkpoint_names_give_their_step_or_none(name, step):
 
 # A word that is no step counter: letters (either case), never one of the words a step is glued to,
 # nor holding "step" (whose number is the step, section 1 of docs/recording.md "Steps").
-_COUNTING = ["steps", "iter", "iters", "iteration", "it", "ckpt", "chkpt", "model", "weights", "update", "updates", "upd", "save", "snapshot"]
+_COUNTING = ["steps", "stp", "s", "gs", "iter", "iters", "iteration", "it", "ba", "batch", "batches", "ckpt", "chkpt", "model",
+             "weights", "update", "updates", "upd", "save", "snapshot"]  # written here, not read from the code
 _WORD_GLUED = hs.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", min_size=1, max_size=8).filter(
     lambda w: w.lower() not in _COUNTING and "step" not in w.lower())  # fmt: skip
 

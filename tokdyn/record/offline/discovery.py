@@ -55,9 +55,11 @@ _DATE = re.compile(
     re.IGNORECASE,
 )
 # The words that a step's number is glued to in a name (iter500, it1000, ckpt1000, model100,
-# Megatron's iter_0001000 and the Trainer's checkpoint-500 stand apart): any other word with a
-# number glued on is no step (below).
-_COUNTS_STEPS = r"(?:steps|iter|iters|iteration|it|ckpt|chkpt|model|weights|update|updates|upd|save|snapshot)"
+# Composer's ep0-ba1000-rank0.pt, s1000, gs1000; Megatron's iter_0001000 and the Trainer's
+# checkpoint-500 stand apart): any other word with a number glued on is no step (below).
+_COUNTING_WORDS = ("steps", "stp", "s", "gs", "iter", "iters", "iteration", "it", "ba", "batch", "batches", "ckpt", "chkpt",
+                   "model", "weights", "update", "updates", "upd", "save", "snapshot")  # fmt: skip
+_COUNTS_STEPS = "(?:" + "|".join(_COUNTING_WORDS) + ")"
 # The parts of a name that hold a number but never a step. Without "step" in a name, its step is
 # the last integer left once these are dropped: Lightning's `last-v1.ckpt` is not step 1, nor
 # `model_bf16.pt` step 16, `epoch=3.ckpt` step 3 or `pythia-70m.pt` step 70.
@@ -267,7 +269,7 @@ _NO_STEP = (
     "no integer in the name that is a step (the one after 'step', else the last one that is not a version "
     "like '-v1', a dtype like 'bf16', an epoch (fairseq's checkpoint3), seed, token count, size, date, logged value, "
     "model like 'gpt2' or 'llama3', parallelism like 'tp2', or other word with its number glued on like 'final2' or "
-    "'L12'; only steps, iter, it, ckpt, model, weights, update, save and snapshot count steps glued: 'iter500') "
+    f"'L12'; only {', '.join(_COUNTING_WORDS)} count steps glued: 'iter500', 'ba500') "
     "and none recorded in the file "
     f"({', '.join(STEP_KEYS)}; an HF folder's trainer_state.json)"
 )
