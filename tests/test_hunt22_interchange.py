@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tokdyn
+from tokdyn._checks import log_tie
 from tokdyn.cli import main
 from tokdyn.errors import InputError
 from tokdyn.fit import log_axis
@@ -65,6 +66,19 @@ def test_axis_values_one_point_on_a_log_axis_are_refused_by_the_command_line(tmp
     assert code == 1 and "axis_values[2] = 1000000000000000.0 and axis_values[3] = 1000000000000001.0" in line, line
     assert "too close to tell apart on a log scale" in line and "log10 = 15.0" in line and "tokdyn fit" in line
     assert not (tmp_path / "s.zarr").exists()  # refused before any store
+
+
+@pytest.mark.parametrize("values, tie", [
+    ([1.0, 10.0, 1e15, 1e15 + 1], 2),  # 15 + 4.3e-16 rounds to 15.0 (the next float is 15 + 1.8e-15)
+    ([1e15, 1e15 + 1000], None),  # 15 + 4.3e-13: hundreds of floats apart
+    ([0.0, 1e15, 1e15 + 1], 1),  # the 0 no fit takes: the tie is among the positive values
+    ([1e300, np.nextafter(1e300, np.inf)], 0),  # neighbouring floats: 300 + 5e-17 rounds to 300.0
+    ([1.0, np.nextafter(1.0, np.inf)], None),  # 0 and 9.6e-17: log10 near 0 has room (floats are dense there)
+    ([1.0, 2.0, 3.0], None), ([7.0], None), ([], None),
+])  # fmt: skip
+def test_log_tie_finds_the_pairs_float64_gives_one_log10(values, tie):
+    """The test the fit and the import share, against log10s worked out by hand."""
+    assert log_tie(np.array(values)) == tie
 
 
 @st.composite
@@ -137,6 +151,46 @@ def test_an_index_field_without_names_is_a_label_and_a_stored_probe_still_opens(
         tokdyn.ProbeSet(None, arrays, documents=("a", "b"))
     with pytest.raises(InputError, match="'doc_id' holds indices 0..2, but there are 1 document keys"):
         tokdyn.ProbeSet.from_tokens(np.ones((3, 3), int), doc_id=np.array([0, 1, 2]), documents=["a.txt"])
+
+
+def test_a_document_index_of_whole_floats_is_taken_as_before_and_a_domain_of_floats_is_not(tmp_path):
+    """Before doc_id was checked, a file's doc_id of whole-number floats imported (from_tokens
+    takes them too); it still does, held to the keys as integers are. A domain was never taken
+    as floats, and is not."""
+    files = {"floats": np.array([0.0, 0, 1, 1, 1, 1]), "fraction": np.array([0.0, 0, 1, 1, 1, 1.5])}
+    for name, doc_id in files.items():
+        np.savez(tmp_path / f"{name}.npz", **_arrays(doc_id=doc_id, probe_documents=np.array(["a.py", "b.py"])))
+    import_npz(tmp_path / "floats.npz", tmp_path / "f.zarr", run="r")
+    assert tokdyn.open_store(tmp_path / "f.zarr", mode="r").probe.token_arrays["doc_id"].tolist() == [0, 0, 1, 1, 1, 1]
+    with pytest.raises(InputError, match="'doc_id' indexes 2 document keys: it must hold whole numbers.*not whole"):
+        import_npz(tmp_path / "fraction.npz", tmp_path / "g.zarr", run="r")
+    np.savez(tmp_path / "dom.npz", **_arrays(domain=np.array([0.0, 0, 1, 1, 1, 1]), probe_domains=np.array(["x", "y"])))
+    with pytest.raises(InputError, match="'domain' indexes 2 names; expected integers, got float64"):
+        import_npz(tmp_path / "dom.npz", tmp_path / "h.zarr", run="r")
+
+
+def test_a_store_whose_doc_id_passes_its_keys_exports_with_a_warning_naming_the_way_back(tmp_path, capsys):
+    """A store an older tokdyn wrote with doc_id past its document keys still opens and exports,
+    but its file no longer imports: export says so first, in one warning line, and the import's
+    line says the same way out; taking it (the keys left out) imports the file."""
+    old = tokdyn.ProbeSet(None, {"sample_id": np.arange(N), "token_pos": np.zeros(N, int),
+                                 "doc_id": np.array([0, 0, 5, 5, 5, 5])}, documents=("a.py", "b.py"), stored=True)  # fmt: skip
+    st = tokdyn.open_store(tmp_path / "old.zarr", old, mode="a")
+    with st.create_run("r").writer() as w:
+        for i, step in enumerate([1, 10, 100]):
+            w.append(np.arange(N, dtype=np.float32) / (i + 1), step=step)
+    code, err = _cli(["export-npz", tmp_path / "old.zarr", "--run", "r", tmp_path / "out.npz"], capsys)
+    assert code == 0, err
+    assert len(err.strip().splitlines()) == 1 and "warning: the store's probe gives doc_id values 0..5 past its 2 " \
+        "document keys" in err and "leave the keys out" in err  # fmt: skip
+    code, err = _cli(["import-npz", tmp_path / "out.npz", tmp_path / "new.zarr", "--run", "r"], capsys)
+    line = cli_error_line(err)
+    assert code == 1 and "'doc_id' holds indices 0..5, but there are 2 document keys" in line and "leave the keys out" in line
+    assert not (tmp_path / "new.zarr").exists()
+    with np.load(tmp_path / "out.npz") as f:  # the way out the line names: the keys left out
+        np.savez(tmp_path / "mended.npz", **{k: f[k] for k in f.files if k != "probe_documents"})
+    import_npz(tmp_path / "mended.npz", tmp_path / "new.zarr", run="r")
+    assert tokdyn.open_store(tmp_path / "new.zarr", mode="r").probe.token_arrays["doc_id"].tolist() == [0, 0, 5, 5, 5, 5]
 
 
 # -- zip members zipfile cannot read ---------------------------------------------------------------

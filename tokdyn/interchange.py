@@ -29,7 +29,7 @@ import numpy as np
 from ._checks import log_tie
 from ._files import check_regular, loads_json, write_atomically
 from .errors import InputError, NotAStoreError, ProbeMismatchError, RunExistsError, StoreError, UnsafeFileError
-from .probe import ProbeSet, check_token_arrays, vocab_size_of
+from .probe import DOC_ID_FIX, ProbeSet, check_token_arrays, vocab_size_of
 from .store import AXES, LOSS_DTYPES, Run, RunWriter, TrajectoryStore, open_store
 from .store.schema import check_run_name
 
@@ -562,6 +562,7 @@ def export_npz(run: Run, out: str | os.PathLike) -> Path:
         raise InputError(f"output must be a file with {why}, got {out}")
     if not out.parent.exists():
         raise InputError(f"output folder does not exist: {out.parent}")
+    _warn_past_documents(st.probe)
     layout = _layout(r)
     axis_values = _axis_values_as_imported(r, layout.get("axis_values"))
     k, stored = axis_values.size, r.dtype  # the rows written: those committed when their axis values were read
@@ -591,6 +592,20 @@ def export_npz(run: Run, out: str | os.PathLike) -> Path:
 
     # never a half-written file under the final name, never written through a planted link
     return write_atomically(out, write, binary=True, what="losses.npz")
+
+
+def _warn_past_documents(probe: ProbeSet) -> None:
+    """A warning where the probe's ``doc_id`` indexes past its document keys (a store written
+    before they were checked): the file is written as the store holds it, and import-npz refuses
+    it until the keys are given or left out, which the warning says first."""
+    doc_id, documents = probe.token_arrays.get("doc_id"), probe.documents
+    if doc_id is None or not len(documents) or not np.size(doc_id):
+        return
+    lo, hi = float(np.min(doc_id)), float(np.max(doc_id))
+    if lo < 0 or hi >= len(documents):
+        warnings.warn(f"the store's probe gives doc_id values {lo:g}..{hi:g} past its {len(documents)} document keys (a store "
+                      f"written before tokdyn checked them): the file holds them as stored, and import-npz refuses it "
+                      f"until you {DOC_ID_FIX}", stacklevel=2)  # fmt: skip
 
 
 # Tokens converted and written at once by export: 16,384 tokens x 200 rows of float32 is 13 MB.

@@ -173,18 +173,28 @@ def _check_whole(v: np.ndarray, expected: str, limit: int) -> None:
         raise InputError(f"{expected}; got values up to {_num(hi)}")
 
 
-def _check_index(v: np.ndarray | None, name: str, names: Sequence[str], what: str) -> None:
+# What to do with document indices past the document keys a probe names (a file of another
+# probe's keys; a store written before they were checked exports such a file).
+DOC_ID_FIX = ("give a key for every document the doc_id values index (probe_documents), or leave the keys out (doc_id is "
+              "then a label)")
+
+
+def _check_index(v: np.ndarray | None, name: str, names: Sequence[str], what: str, *, whole_floats: bool = False,
+                 fix: str = "") -> None:
     """One :class:`InputError` unless the probe array ``name`` (``v``, None when the probe has
-    none) holds integer indices into ``names`` (``what`` they are, for the message); anything
-    goes when ``names`` is empty."""
-    if v is None or not len(names):
+    none) holds integer indices into ``names`` (``what`` they are, for the message; ``fix`` what
+    to do, appended), whole-number floats too where ``whole_floats`` (as a document index was
+    taken before it was checked); anything goes when ``names`` is empty."""
+    if v is None or not len(names) or not v.size:
         return
-    if v.dtype.kind not in "iu":
+    if whole_floats and v.dtype.kind == "f":
+        _check_whole(v, f"probe array {name!r} indexes {len(names)} {what}: it must hold whole numbers", 2**63)
+    elif v.dtype.kind not in "iu":
         raise InputError(f"probe array {name!r} indexes {len(names)} {what}; expected integers, got {v.dtype}")
     lo, hi = int(v.min()), int(v.max())
     if lo < 0 or hi >= len(names):
         raise InputError(f"probe array {name!r} holds indices {lo}..{hi}, but there are {len(names)} {what} "
-                         f"(indices 0..{len(names) - 1})")  # fmt: skip
+                         f"(indices 0..{len(names) - 1}){fix}")  # fmt: skip
 
 
 def _bound(limit: int) -> str:
@@ -284,8 +294,10 @@ class ProbeSet:
         # out of range, a token's domain would be no group or another's (silently), its document
         # none or another's. (Unnamed, they are labels only: unchecked.) A stored probe's doc_id
         # is not held to it, so a store written before it was checked still opens.
-        for name, names, what in (("domain", domains, "names"), *((("doc_id", documents, "document keys"),) if not stored else ())):
-            _check_index(arrays.get(name), name, names, what)
+        _check_index(arrays.get("domain"), "domain", domains, "names")
+        if not stored:
+            _check_index(arrays.get("doc_id"), "doc_id", documents, "document keys", whole_floats=True,
+                         fix=f"; {DOC_ID_FIX}")  # fmt: skip
         if t is not None:
             object.__setattr__(self, "tokens", t.astype(np.int32, copy=False))  # checked: every id fits
         object.__setattr__(self, "token_arrays", arrays)
