@@ -185,6 +185,23 @@ def test_a_run_that_is_a_link_leading_nowhere_is_listed_said_and_deleted(fitted,
     assert not os.path.lexists(here / "runs" / "b") and tokdyn.open_store(here, mode="r").runs == ["r"]
 
 
+def test_a_hidden_folder_or_link_under_runs_is_no_run(fitted, tmp_path, capsys):
+    """A name no run can have (a hidden folder a file browser or notebook left, ``.old``; a hidden
+    link leading nowhere) under ``runs/``: listed, it made ``tokdyn info`` fail on its name
+    ("run name must be ... a leading dot") with no run shown, and ``spectrum`` ask for ``--run``
+    among two runs. It is no run: the store lists and reads its one run."""
+    here = tmp_path / "here.zarr"
+    shutil.copytree(fitted, here)
+    (here / "runs" / ".ipynb_checkpoints").mkdir()
+    (here / "runs" / ".ipynb_checkpoints" / "notes.txt").write_text("x")
+    os.symlink(tmp_path / "nowhere", here / "runs" / ".old")
+    assert tokdyn.open_store(here, mode="r").runs == ["r"]
+    assert main(["info", str(here)]) == 0
+    out = capsys.readouterr().out
+    assert "run r" in out and ".old" not in out and "ipynb" not in out
+    assert main(["spectrum", str(here), "--json"]) == 0, capsys.readouterr().err
+
+
 # -- a store file that cannot be read while an export writes ---------------------------------------
 
 

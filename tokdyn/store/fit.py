@@ -217,14 +217,21 @@ class FitResults:
             )
         return meta
 
-    def refusal(self, meta: Mapping) -> str | None:
-        """The line every reader refuses the complete fit of record ``meta`` with, made on
-        whatever rows (a stale fit is said apart), or None where they read it: a damaged entry
-        (:meth:`check`), or rows and x that do not fit the run (:func:`recorded_inputs`). What
-        ``tokdyn info`` says of such a fit, which it called complete (``"options": null``) while
-        every reader refused it."""
+    def refusal(self, meta: Mapping, group: zarr.Group | None = None) -> str | None:
+        """The line every reader refuses the complete fit of record ``meta`` (in fit group
+        ``group``, the run's fit by default) with, made on whatever rows (a stale fit is said
+        apart), or None where they read it: a damaged entry (:meth:`check`), rows and x that do
+        not fit the run (:func:`recorded_inputs`), or ``fields`` that are not the result arrays the
+        group holds (a reader asking for ``mu`` was told there is none, or met checksums in
+        another order). What ``tokdyn info`` says of such a fit, which it called complete
+        (``"options": null``) while every reader refused it."""
         try:
             recorded_inputs(self._run, self._checked(dict(meta), current=False))
+            g = self._group() if group is None else group
+            named = meta.get("fields")
+            if named and g is not None and set(named) != {k for k in g.array_keys() if k not in ("done", "crc")}:
+                raise StoreError(f"the fit of run {self._run.name!r} is damaged: its record's fields are not the result arrays "
+                                 "it holds; refit it (tokdyn fit --refit)")  # fmt: skip
         except StoreError as exc:
             return str(exc)
         return None
@@ -781,7 +788,7 @@ def _state(run: "Run", g: zarr.Group) -> dict:
         "blocks": -(-run.n_tokens // block),
     }
     if out["complete"]:  # one its readers refuse is no complete fit
-        why = run.fit.refusal(meta)
+        why = run.fit.refusal(meta, g)
         if why is not None:
             return {**out, "error": why}
     try:
@@ -884,14 +891,14 @@ def _damaged_record(meta: Mapping) -> str | None:
     """What is wrong with the types of a fit record's entries that readers use (``options`` a
     mapping, ``fields`` a list of names, ``axis_min`` a finite number or null, ``n_committed`` a
     count), or None. A record still valid JSON but edited or damaged (``"options": null``) was a
-    TypeError, reported as a bug in tokdyn. ``fields`` empty in a fit with checksums read the
+    TypeError, reported as a bug in tokdyn. ``fields`` empty or null in a fit with checksums read the
     group's arrays in name order, as for a fit made before records named them, and the
     checksums (kept in the record's order) then failed as damaged blocks, naming a repair;
     ``n_committed`` a string was said as "made on 8 rows; the run now has 8"."""
     if "options" in meta and not isinstance(meta["options"], Mapping):
         return f"options is {type(meta['options']).__name__}, not a mapping"
     fields = meta.get("fields")
-    if fields is not None and not (_names(fields) and (fields or meta.get("fit_id") is None)):  # checksums go by its order
+    if fields is not None and not _names(fields) or not fields and meta.get("fit_id") is not None:  # checksums go by its order
         return "fields does not name the result fields"
     if "n_committed" in meta and not (is_int(meta["n_committed"]) and meta["n_committed"] >= 0):
         return f"n_committed is {_value_text(meta['n_committed'], 40)}, not a count of rows"

@@ -214,6 +214,15 @@ class RegularFilesStore(LocalStore):
         return await super()._set(key, value, exclusive)
 
 
+def _can_be_run_name(name: str) -> bool:
+    """Whether run ``name`` is one a reader can open by name (:func:`check_run_name`)."""
+    try:
+        check_run_name(name)
+    except InputError:
+        return False
+    return True
+
+
 def _folder_error(path) -> StoreError:
     return StoreError(f"{path} is a folder where the store keeps a file (a chunk or metadata, replaced by a folder); tokdyn "
                       "neither reads nor replaces it: remove that folder, and the store then reads the file as missing")  # fmt: skip
@@ -397,9 +406,11 @@ class TrajectoryStore:
     def runs(self) -> list[str]:
         """Names of the runs in the store, sorted: a run whose zarr.json is lost too, and a run
         that is a link leading nowhere (its folder moved or deleted), which read as damaged: it
-        was left out, so info said nothing of it and readers said there was no such run."""
+        was left out, so info said nothing of it and readers said there was no such run. A name
+        no run can have (a hidden folder or link, ``.old``, ``.ipynb_checkpoints``) is no run: it
+        is left out (listed, it made ``tokdyn info`` fail on its name, and no run was shown)."""
         names = folders(self._group.store, join(self._group.path, "runs"))
-        return sorted({*names, *self._broken_links()})
+        return sorted(n for n in {*names, *self._broken_links()} if _can_be_run_name(n))
 
     def _broken_link_error(self, name: str) -> StoreError:
         """What every reader and creator of run ``name``, a link leading nowhere, says."""
