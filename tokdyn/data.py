@@ -17,7 +17,7 @@ import torch
 from .corpus import (Document, bin_documents, source_kind, iter_texts, jsonl_documents, relabel_documents, split_digest, split_documents, stdlib_documents,
                      stdlib_mixture_documents, text_documents)  # fmt: skip
 from .errors import InputError
-from .probe import ProbeSet, build_probe, document_tokens
+from .probe import _ID_LIMIT, ProbeSet, build_probe, document_tokens  # _ID_LIMIT: ids are int32, in a probe as in a stream
 from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, check_bpe_vocab
 
 __all__ = ["Corpus", "prepare_corpus", "ProbeSplit", "prepare_probe", "training_copies", "resolve_tokenizer", "load_documents", "training_stream", "random_batches", "WindowDataset",
@@ -97,7 +97,6 @@ def training_stream(docs: Sequence[Document], tokenizer: Tokenizer) -> np.ndarra
     return np.concatenate(parts).astype(np.int32)
 
 
-_ID_LIMIT = 2**31  # a training stream's ids are int32
 # The ids a uint16 token can hold: 0 .. 65,535.
 _UINT16_IDS = 1 << 16
 
