@@ -50,7 +50,7 @@ from .._text import command_line, exact, one_line
 from .._version import __version__, build
 from ..errors import InputError, StoreError
 from .locks import KeyLock, owner_state, remove_stale_partials
-from .schema import NOT_DAMAGE, compressor, damage, has_keys, join, jsonable, position_crc, utc_now
+from .schema import NOT_DAMAGE, compressor, damage, folders, has_keys, join, jsonable, position_crc, utc_now
 
 if TYPE_CHECKING:
     from .run import Run
@@ -229,7 +229,9 @@ class FitResults:
             recorded_inputs(self._run, self._checked(dict(meta), current=False))
             g = self._group() if group is None else group
             named = meta.get("fields")
-            if named and g is not None and set(named) != {k for k in g.array_keys() if k not in ("done", "crc")}:
+            # the group's folders, listed without parsing each array's metadata (one damaged is
+            # said by the reads that open it, in one line: parsing it here raised its error raw)
+            if named and g is not None and set(named) != set(folders(g.store, g.path)) - {"done", "crc"}:
                 raise StoreError(f"the fit of run {self._run.name!r} is damaged: its record's fields are not the result arrays "
                                  "it holds; refit it (tokdyn fit --refit)")  # fmt: skip
         except StoreError as exc:
