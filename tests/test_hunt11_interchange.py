@@ -65,17 +65,22 @@ def _cli(argv, capsys) -> tuple[int, str, str]:
 # -- a header declaring more than its member holds --------------------------------------------
 
 
-def _claiming(path: Path, n: int, *, compressed: bool) -> Path:
-    """A losses.npz whose loss_matrix header declares ``[n, 1]`` float32 but whose data is 64 bytes."""
+def _claiming_header(n: int) -> bytes:
+    """The ``.npy`` header of a ``[n, 1]`` float32 loss_matrix."""
     head = io.BytesIO()
     np.lib.format.write_array_header_1_0(head, {"descr": "<f4", "fortran_order": False, "shape": (n, 1)})
-    method = zipfile.ZIP_DEFLATED if compressed else zipfile.ZIP_STORED
+    return head.getvalue()
+
+
+def _claiming(path: Path, n: int, *, method: int) -> Path:
+    """A losses.npz, its members compressed by zip ``method``, whose loss_matrix header declares
+    ``[n, 1]`` float32 but whose data is 64 bytes."""
     with zipfile.ZipFile(path, "w", compression=method) as zf:
         for key, value in {"axis_values": np.array([1.0]), "axis_name": np.array(["T"])}.items():
             b = io.BytesIO()
             np.save(b, value)
             zf.writestr(f"{key}.npy", b.getvalue())
-        zf.writestr("loss_matrix.npy", head.getvalue() + bytes(64))
+        zf.writestr("loss_matrix.npy", _claiming_header(n) + bytes(64))
     return path
 
 
@@ -109,12 +114,12 @@ def _import_peak(path, tmp_path, capsys):
     return code, cli_error_line(err), peak
 
 
-@pytest.mark.parametrize("compressed", [False, True], ids=["stored", "compressed"])
-def test_a_header_declaring_more_than_its_member_holds_is_refused_before_any_store(tmp_path, capsys, compressed):
+@pytest.mark.parametrize("method", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED], ids=["stored", "compressed"])
+def test_a_header_declaring_more_than_its_member_holds_is_refused_before_any_store(tmp_path, capsys, method):
     """A 600-byte file declaring 5,000,000 tokens built a 5,000,000-token probe (and wrote its
     store) before its data was found missing; 2e8 tokens took 1.7 GB and 12 s, 2e9 would have
     taken the machine. The zip directory says how much each member holds: refused from it."""
-    path = _claiming(tmp_path / "claims.npz", 5_000_000, compressed=compressed)
+    path = _claiming(tmp_path / "claims.npz", 5_000_000, method=method)
     code, line, peak = _import_peak(path, tmp_path, capsys)
     assert code == 1 and "loss_matrix is cut short" in line and "20,000,000 bytes its header declares" in line, line
     assert peak < 8 * 2**20, f"{peak / 2**20:.0f} MiB held for a file of {path.stat().st_size} bytes"
@@ -124,7 +129,7 @@ def test_a_header_declaring_more_than_its_member_holds_is_refused_before_any_sto
 def test_a_zip_directory_claiming_more_than_deflate_can_hold_is_refused(tmp_path, capsys):
     """The directory's size is the member's word; a deflated member holds at most ~1032 bytes per
     stored byte, so a directory claiming more is refused from the bound as well."""
-    path = _lie_about_size(_claiming(tmp_path / "lie.npz", 5_000_000, compressed=True), "loss_matrix.npy", 2**31)
+    path = _lie_about_size(_claiming(tmp_path / "lie.npz", 5_000_000, method=zipfile.ZIP_DEFLATED), "loss_matrix.npy", 2**31)
     code, line, peak = _import_peak(path, tmp_path, capsys)
     assert code == 1 and "cut short" in line and "compressed data cannot hold" in line, line
     assert peak < 8 * 2**20 and not (tmp_path / "s.zarr").exists()

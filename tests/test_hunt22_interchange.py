@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import struct
-import tracemalloc
 import zipfile
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from tokdyn.fit.job import fit_inputs
 from tokdyn.interchange import import_npz
 
 from reliability_fixtures import cli_error_line
+from test_hunt11_interchange import _claiming, _claiming_header, _import_peak, _lie_about_size
 
 N = 6  # tokens of every file here
 
@@ -270,40 +270,12 @@ def test_a_bzip2_or_lzma_member_claiming_more_than_it_holds_is_refused_before_an
     (5,000,000 tokens) built that probe (hundreds of MB) before the data was found missing. The
     data is counted before anything is made."""
     n = 5_000_000
-    head = io.BytesIO()
-    np.lib.format.write_array_header_1_0(head, {"descr": "<f4", "fortran_order": False, "shape": (n, 1)})
-    path = tmp_path / "claims.npz"
-    with zipfile.ZipFile(path, "w", compression=method) as zf:
-        for key, value in {"axis_values": np.array([1.0]), "axis_name": np.array(["T"])}.items():
-            b = io.BytesIO()
-            np.save(b, value)
-            zf.writestr(f"{key}.npy", b.getvalue())
-        zf.writestr("loss_matrix.npy", head.getvalue() + bytes(64))
-    _patch_size(path, "loss_matrix.npy", len(head.getvalue()) + 4 * n)
+    declared = len(_claiming_header(n)) + 4 * n
+    path = _lie_about_size(_claiming(tmp_path / "claims.npz", n, method=method), "loss_matrix.npy", declared)
     with zipfile.ZipFile(path) as zf:
-        assert zf.getinfo("loss_matrix.npy").file_size == len(head.getvalue()) + 4 * n  # the directory claims it all
-    tracemalloc.start()
-    try:
-        code, err = _cli(["import-npz", path, tmp_path / "s.zarr"], capsys)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    line = cli_error_line(err)
+        assert zf.getinfo("loss_matrix.npy").file_size == declared  # the directory claims it all
+    code, line, peak = _import_peak(path, tmp_path, capsys)
     assert code == 1 and "loss_matrix is cut short: its data ends after 64 of the 20,000,000 bytes" in line, line
     # (78 MiB held before: the probe; the LZMA decompressor's own buffers are about 8 MiB)
     assert peak < 16 * 2**20, f"{peak / 2**20:.0f} MiB held for a file of {path.stat().st_size} bytes"
     assert not (tmp_path / "s.zarr").exists()
-
-
-def _patch_size(path: Path, member: str, size: int) -> None:
-    """``path`` with the uncompressed size its central directory gives ``member`` set to ``size``."""
-    data = bytearray(path.read_bytes())
-    with zipfile.ZipFile(path) as zf:
-        at = zf.start_dir
-    while True:
-        name_len, extra, comment = struct.unpack("<HHH", data[at + 28 : at + 34])
-        if data[at + 46 : at + 46 + name_len].decode() == member:
-            data[at + 24 : at + 28] = struct.pack("<I", size)
-            break
-        at += 46 + name_len + extra + comment
-    path.write_bytes(bytes(data))

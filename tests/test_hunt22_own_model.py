@@ -25,27 +25,14 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hs
-from torch import nn
 
 import tokdyn
 from tokdyn.errors import InputError
-from tokdyn.record.offline import discovery
 from tokdyn.record.offline.discovery import discover_checkpoints
 
-V = 40
+from test_hunt5_offline_steps import _STEP, V, _net, _step_of  # the step helpers and tiny model of the name rules' tests
+
 _EXT = hs.sampled_from([".pt", ".ckpt", ".safetensors", ".bin", ".pth", ""])
-_SEP = hs.sampled_from(["-", "_", "."])
-# Steps; not those that read as a date (20100901): a date in a name is never its step.
-_STEP = hs.integers(0, 10**9).filter(lambda n: discovery._DATE.fullmatch(str(n)) is None)
-
-
-def _step_of(name: str) -> int | None:
-    return discovery._last_int(Path("/nonexistent") / name)
-
-
-def _net(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Embedding(V, 4), nn.Linear(4, V))
 
 
 # == 1. a word with a number glued on is not a step ==============================================
