@@ -900,7 +900,7 @@ def _damaged_record(meta: Mapping) -> str | None:
     if "options" in meta and not isinstance(meta["options"], Mapping):
         return f"options is {type(meta['options']).__name__}, not a mapping"
     fields = meta.get("fields")
-    if fields is not None and not _names(fields) or not fields and meta.get("fit_id") is not None:  # checksums go by its order
+    if (fields is not None and not _names(fields)) or (not fields and meta.get("fit_id") is not None):  # checksums go by its order
         return "fields does not name the result fields"
     if "n_committed" in meta and not (is_int(meta["n_committed"]) and meta["n_committed"] >= 0):
         return f"n_committed is {_value_text(meta['n_committed'], 40)}, not a count of rows"

@@ -418,13 +418,18 @@ class TrajectoryStore:
                           f"deleted): link the run's folder again, or delete the link "
                           f"({command_line('tokdyn delete-run', self.url, ('--run', name))})")  # fmt: skip
 
+    def _local_runs(self) -> str | None:
+        """The ``runs`` folder of a local store on disk, or None (a store that is not local)."""
+        root = getattr(self._group.store, "root", None)
+        return None if root is None else os.path.join(root, join(self._group.path, "runs"))
+
     def _broken_links(self) -> list[str]:
         """Names under ``runs`` of a local store that are links leading nowhere."""
-        root = getattr(self._group.store, "root", None)
-        if root is None:
+        runs = self._local_runs()
+        if runs is None:
             return []
         try:
-            with os.scandir(os.path.join(root, join(self._group.path, "runs"))) as entries:
+            with os.scandir(runs) as entries:
                 return [e.name for e in entries if e.is_symlink() and not os.path.exists(e.path) and not e.name.endswith(".partial")]
         except OSError:  # no runs folder (a damaged store: said where it is read), or one that cannot be listed
             return []
@@ -589,8 +594,8 @@ class TrajectoryStore:
         """Where the folder of run ``name`` leads when it is a link (a run of another store, or
         of a folder elsewhere, linked into this one), else None (a folder of this store, or a
         store that is not local)."""
-        root = getattr(self._group.store, "root", None)
-        path = os.path.join(root, join(self._group.path, "runs", name)) if root is not None else None
+        runs = self._local_runs()
+        path = None if runs is None else os.path.join(runs, name)
         return os.path.realpath(path) if path is not None and os.path.islink(path) else None
 
     def delete_run(self, name: str) -> None:
