@@ -20,7 +20,7 @@ from ._text import command_line
 from .axes import assemble_axis, axis_run_problem, find_axis_run
 from .errors import InputError, StoreError
 from .fit.job import fit_run, stored_axis_min
-from .fit.models import ClassDrops, class_loss_share, fit_class_drops
+from .fit.models import ClassDrops, class_loss_share, fit_class_drops, scored_counts
 from .fit.options import CLASS_NAMES, MIN_FIT_POINTS, FitOptions
 from .reconstruct import Reconstruction, reconstruct_run
 from .spectrum import Events, fit_scored, run_events, spectra_by
@@ -43,7 +43,7 @@ class RunAnalysis:
     reconstruction: Reconstruction
     events: Events
     fit: dict  # read_fit fields
-    class_counts: dict
+    class_counts: dict  # of the tokens with a recorded loss (n_points > 0), as FitSummary's
     class_loss_share: dict
     by_group: dict = field(default_factory=dict)  # {"class": {label: Spectrum}, "domain": ..., ...}
     stats: TokenStats | None = None
@@ -58,6 +58,8 @@ class RunAnalysis:
     def summary(self) -> dict:
         out = {"run": self.run, "axis": self.axis, **self.reconstruction.summary(),
                "class_counts": self.class_counts, "class_loss_share": self.class_loss_share}  # fmt: skip
+        if "n_points" in self.fit:  # the tokens in no class: class_counts and these add up to the probe's
+            out["n_unscored"] = int(np.count_nonzero(np.asarray(self.fit["n_points"]) <= 0))
         if self.stats is not None:
             out["token_stats"] = self.stats.summary()
         return out
@@ -112,10 +114,9 @@ def analyze_run(
         fit = run.fit.read()  # read once: the events, the classes and the report all use it
         events = run_events(run, which=which, fit=fit)
         rec = reconstruct_run(run, events=events, bandwidth=bandwidth, n_boot=n_boot, seed=seed)
-        codes, counts = np.unique(fit["class_code"], return_counts=True)
         analysis = RunAnalysis(
             run=run.name, axis=run.axis, reconstruction=rec, events=events, fit=fit,
-            class_counts={CLASS_NAMES[int(c)]: int(n) for c, n in zip(codes, counts)},
+            class_counts=scored_counts(fit)[0],  # of the scored tokens: padding is in no class
             class_loss_share=class_loss_share(fit["class_code"], fit["drop"]),
         )  # fmt: skip
         if not groups:

@@ -35,8 +35,8 @@ from ._fonts import LABEL_CHARS, drawable, legend_labels, use_fallback_fonts
 from ._text import visible
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store, group_codes, run_order
 from .errors import InputError, StoreError, TokdynError
-from .fit.models import FLAT_NATS, SHARE_MIN_NET, two_sigmoid_curve, unfit_reasons
-from .fit.options import CLASS_CODES, CLASS_NAMES, STATUS_NAMES
+from .fit.models import FLAT_NATS, SHARE_MIN_NET, scored_counts, two_sigmoid_curve, unfit_reasons
+from .fit.options import CLASS_CODES, CLASS_NAMES
 from .fit.sigmoid import sigmoid_curve
 from .fit.job import fitted_inputs
 from .spectrum import POWER_LAW_R2, fit_scored
@@ -353,8 +353,7 @@ def _multi_step_text(a: RunAnalysis) -> str:
 
 def _unfit_text(a: RunAnalysis, options: dict | None) -> str:
     """" Not fitted (class unfit): ..." where the fit left tokens unfit, naming each cause."""
-    codes, counts = np.unique(np.asarray(a.fit["status"]), return_counts=True)
-    why = unfit_reasons({STATUS_NAMES[int(c)]: int(n) for c, n in zip(codes, counts)}, options)
+    why = unfit_reasons(scored_counts(a.fit)[1], options)  # padding (no recorded loss) is no unfit token
     return f" Not fitted (class unfit): {_e('; '.join(why))}." if why else ""
 
 
@@ -1123,11 +1122,13 @@ def _fig_trajectories(st: TrajectoryStore, a: RunAnalysis, per_class: int = 3, d
     r = st.run(a.run)
     rows, x = fitted_inputs(r)
     f = a.fit
-    classes = [c for c in CLASS_NAMES.values() if (f["class_code"] == CLASS_CODES[c]).any()]
+    scored = fit_scored(f)  # a token never scored (padding) is in no class: no panel draws it
+    code = np.where(True if scored is None else scored, np.asarray(f["class_code"]), -1)
+    classes = [c for c in CLASS_NAMES.values() if (code == CLASS_CODES[c]).any()]
     rng = np.random.default_rng(0)
     picks = {}
     for c in classes:
-        idx = np.flatnonzero(f["class_code"] == CLASS_CODES[c])
+        idx = np.flatnonzero(code == CLASS_CODES[c])
         picks[c] = np.sort(rng.choice(idx, min(per_class, idx.size), replace=False))
     tokens = np.unique(np.concatenate(list(picks.values())))
     Y = r.losses_at(rows, tokens).astype(np.float64)  # [K, picked]
@@ -1167,7 +1168,7 @@ def _fig_trajectories(st: TrajectoryStore, a: RunAnalysis, per_class: int = 3, d
                   f"the fit chose for it (a constant, a line, a sigmoid or two sigmoids in log {_axis_name(a.axis)}), "
                   f"drawn clipped at 0 nats (fitted levels are at least 0, but a line extended past the recorded range, or a "
                   f"store fitted by an older tokdyn, can go below zero). Colours are per panel: the table below gives each coloured token's text in context, "
-                  f"and the model with its event time(s).", after)  # fmt: skip
+                  f"and the model with its event time(s).{_scored_class_counts(a)[1]}", after)  # fmt: skip
 
 
 CONTEXT_TOKENS = 24  # tokens of text shown before an example token

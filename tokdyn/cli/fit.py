@@ -63,7 +63,7 @@ def _fit(args: argparse.Namespace) -> int:
         k = res.n_rows_committed_since
         print(f"  not covered: {k:,} row{'s' * (k != 1)} the run committed while this fit ran; the fit is already stale: "
               f"refit to include {'them' if k != 1 else 'it'} (--refit)")  # fmt: skip
-    total = sum(res.class_counts.values())
+    total = sum(res.class_counts.values())  # the scored tokens, as the report counts them (padding apart, below)
     drops = res.class_drops  # shares, or nats where they would mean nothing
     for name, count in sorted(res.class_counts.items(), key=lambda kv: -kv[1]):
         print(f"  {name:<16} {count:>9,} token{'s' * (int(count) != 1)} ({count / total:6.1%})  {drops.describe(name)}")
@@ -74,6 +74,10 @@ def _fit(args: argparse.Namespace) -> int:
         print(f"  no shares of the loss drop: {drops.reason}, so they would mean nothing")
     for why in unfit_reasons(res.status_counts, options):  # what "unfit" stands for here
         print(f"  unfit: {why}")
+    if res.n_unscored:  # padding: no loss at any fitted row, so in no class, no share and no mean above
+        k = res.n_unscored
+        print(f"  not in the classes above: {k:,} of the {res.n_tokens:,} probe tokens with no recorded loss "
+              f"(padding, or never recorded){' in the fitted rows' if res.axis_min is not None else ''}")
     return 0
 
 

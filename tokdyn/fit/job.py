@@ -33,7 +33,7 @@ from tokdyn._version import build as tokdyn_build
 from tokdyn.errors import ClusterError, InputError, StoreError
 from tokdyn.fit.backends import resolve_backend
 from tokdyn.fit.block import FIT_FIELDS, fit_block
-from tokdyn.fit.models import TWO_EVENTS, ClassDrops, class_loss_share, fit_class_drops
+from tokdyn.fit.models import TWO_EVENTS, ClassDrops, class_loss_share, fit_class_drops, scored_counts
 from tokdyn.fit.options import CLASS_NAMES, MODEL_NAMES, STATUS_NAMES, FitOptions
 from tokdyn.fit.sigmoid import log_axis
 from tokdyn.store import FitWriter, Run, TrajectoryStore, as_store
@@ -156,9 +156,10 @@ class FitSummary:
     fits_per_s: float
     backend: str
     scheduler: str
-    status_counts: dict
-    class_counts: dict
+    status_counts: dict  # of the tokens with a recorded loss (n_points > 0): with n_unscored, n_tokens
+    class_counts: dict  # likewise: padding (no recorded loss) is in no class, and counted in n_unscored
     class_loss_share: dict
+    n_unscored: int = 0  # probe tokens with no recorded loss in the fitted rows (padding, never recorded)
     axis_min: float | None = None  # rows below this axis value were left out
     rows_left_out: str | None = None  # the committed rows not fitted and why (rows_left_out()), None: none
     n_rows_left_out: int = 0
@@ -310,12 +311,11 @@ def fit_run(
             res = run.fit.read(fields=("status", "class_code", "drop", "n_points", *TWO_EVENTS), current=False)
             since = run.n_committed - n_committed
     fitted = sum(min(block, n - b * block) for b in todo)  # tokens fitted by this call
-    status_counts = {STATUS_NAMES[c]: int(v) for c, v in zip(*np.unique(res["status"], return_counts=True))}
-    class_counts = {CLASS_NAMES[c]: int(v) for c, v in zip(*np.unique(res["class_code"], return_counts=True))}
+    class_counts, status_counts, unscored = scored_counts(res)  # of the scored tokens: padding is in no class
     return FitSummary(
         run=run.name, n_tokens=n, n_points=int(rows.size), blocks=n_blocks, blocks_fitted=len(todo),
         blocks_resumed=n_blocks - len(todo), seconds=seconds, fits_per_s=fitted / seconds if fitted else 0.0,
-        backend=backend, scheduler=scheduler, status_counts=status_counts, class_counts=class_counts,
+        backend=backend, scheduler=scheduler, status_counts=status_counts, class_counts=class_counts, n_unscored=unscored,
         class_loss_share=class_loss_share(res["class_code"], res["drop"]), axis_min=axis_min,
         rows_left_out=rows_left_out(run, rows, axis_min=axis_min, n_committed=n_committed),
         n_rows_left_out=n_committed - int(rows.size), n_rows_committed_since=since, class_drops=fit_class_drops(res),

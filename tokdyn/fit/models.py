@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tokdyn.errors import InputError
-from tokdyn.fit.options import CLASS_CODES, CLASS_NAMES, STATUS_CODES, FitOptions
+from tokdyn.fit.options import CLASS_CODES, CLASS_NAMES, STATUS_CODES, STATUS_NAMES, FitOptions
 from tokdyn.fit.sigmoid import Z_CLIP, sigmoid_curve
 
 __all__ = [
@@ -453,6 +453,20 @@ def fit_class_drops(fields) -> ClassDrops:
     n_points = fields.get("n_points")
     scored = None if n_points is None else np.asarray(n_points) > 0
     return class_drops(fields["class_code"], fields["drop"], scored=scored, **{k: fields.get(k) for k in TWO_EVENTS})
+
+
+def scored_counts(fields) -> tuple[dict[str, int], dict[str, int], int]:
+    """Each class's and each status's count of the tokens a fit scored (``n_points > 0``, all
+    tokens where ``fields`` lacks it), and how many it never scored: the one count by which
+    ``tokdyn fit``, :class:`~tokdyn.fit.job.FitSummary` and the report say the classes. A token
+    with no recorded loss (an imported probe's padding, a token never recorded) is in no class
+    and no status: counted as ``unfit`` with "too few points", it shrank every class's share of
+    the tokens (a probe 40 % padding read 40 % unfit)."""
+    code, status = np.asarray(fields["class_code"]), np.asarray(fields["status"])
+    n_points = fields.get("n_points")
+    scored = np.ones(code.shape, bool) if n_points is None else np.asarray(n_points) > 0
+    count = lambda names, a: {names[int(c)]: int(n) for c, n in zip(*np.unique(a[scored], return_counts=True))}  # noqa: E731
+    return count(CLASS_NAMES, code), count(STATUS_NAMES, status), int(np.count_nonzero(~scored))
 
 
 def class_drops(class_code: np.ndarray, drop: np.ndarray, *, scored=None, delta1=None, mu1=None, delta2=None,

@@ -1,0 +1,99 @@
+"""Hunt 23, the items earlier hunts noticed and left alone: padding (tokens with no recorded
+loss) counted as class unfit by ``tokdyn fit``'s table, its JSON and the report's example
+tokens; ..."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from test_hunt22_invariances import make_store, planted_all_classes
+from tokdyn.cli import main
+from tokdyn.fit import CLASS_CODES
+from tokdyn.fit.models import scored_counts
+from tokdyn.fit.options import CLASS_NAMES, STATUS_CODES, STATUS_NAMES
+
+# -- padding is in no class: tokdyn fit's table, its JSON, the report --------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 60), n_pad=st.integers(0, 60))
+def test_padding_changes_no_class_or_status_count(seed, n, n_pad):
+    """Padding (no observed point: class unfit, status too_few_points) inserted anywhere among a
+    fit's tokens changes no class's or status's count, only the count of tokens never scored;
+    the counts and it add up to the tokens."""
+    rng = np.random.default_rng(seed)
+    code = rng.integers(0, len(CLASS_NAMES), n)
+    status = rng.integers(0, len(STATUS_NAMES), n)
+    n_points = rng.integers(1, 40, n)
+    plain = scored_counts({"class_code": code, "status": status, "n_points": n_points})
+    where = np.sort(rng.choice(n + n_pad, n_pad, replace=False))
+    keep = np.ones(n + n_pad, bool)
+    keep[where] = False
+    pad = lambda a, v: np.insert(np.asarray(a), where - np.arange(n_pad), v)  # noqa: E731
+    padded = {"class_code": pad(code, CLASS_CODES["unfit"]), "status": pad(status, STATUS_CODES["too_few_points"]),
+              "n_points": pad(n_points, 0)}  # fmt: skip
+    assert np.array_equal(padded["class_code"][keep], code)
+    classes, statuses, unscored = scored_counts(padded)
+    assert (classes, statuses, unscored) == (plain[0], plain[1], n_pad)
+    assert sum(classes.values()) + unscored == sum(statuses.values()) + unscored == n + n_pad
+
+
+@pytest.fixture(scope="module")
+def padded_cli(tmp_path_factory):
+    """``tokdyn fit`` (text and --json) of the same tokens without and with 30 padding tokens."""
+    tmp = tmp_path_factory.mktemp("padcli")
+    Y = planted_all_classes(seed=2, n_each=3)[:24]  # every class but unfit, no padding
+    Yp = np.insert(Y, [0, 5, 5, 24] * 6 + [10] * 6, np.nan, axis=0)  # 30 padding tokens, spread
+    out = {}
+    for name, L in (("plain", Y), ("padded", Yp)):
+        make_store(tmp / f"{name}.zarr", L)
+        out[name] = tmp / f"{name}.zarr"
+    return out
+
+
+def _fit_cli(capsys, path, *extra):
+    assert main(["fit", str(path), "--scheduler", "sync", "--no-progress", "--backend", "numpy", *extra]) == 0
+    return capsys.readouterr().out
+
+
+def test_fit_table_counts_padding_apart(padded_cli, capsys):
+    """``tokdyn fit`` gave each class's "% of tokens" over every probe token, padding counted as
+    unfit (a probe 30 of 54 padding read "unfit 30 tokens (55.6%)" and every class's share
+    shrank), while the report's class figure counts the scored tokens. The table of a padded
+    probe is now the table of the same tokens unpadded, the padding said on a line of its own;
+    the JSON's class and status counts are those of the scored tokens, plus n_unscored."""
+    plain = _fit_cli(capsys, padded_cli["plain"]).splitlines()
+    padded = _fit_cli(capsys, padded_cli["padded"]).splitlines()
+    assert padded[1:-1] == plain[1:]  # the first line gives the tokens and seconds
+    assert padded[-1] == "  not in the classes above: 30 of the 54 probe tokens with no recorded loss (padding, or never recorded)"
+    assert not any(re.match(r"\s+unfit\b", line) for line in padded)
+    s0 = json.loads(_fit_cli(capsys, padded_cli["plain"], "--json"))
+    s1 = json.loads(_fit_cli(capsys, padded_cli["padded"], "--json"))
+    assert (s1["class_counts"], s1["status_counts"]) == (s0["class_counts"], s0["status_counts"])
+    assert (s0["n_unscored"], s1["n_unscored"]) == (0, 30)
+    assert sum(s1["class_counts"].values()) + s1["n_unscored"] == s1["n_tokens"] == 54
+
+
+def test_report_example_tokens_draw_no_padding(padded_cli):
+    """The report's example-tokens figure drew an unfit panel of padding tokens (no dot, no
+    curve: never scored) titled "unfit (30 tokens)"; no panel draws padding now, and the caption
+    counts the tokens left out. The summary's unfit sentence leaves padding out likewise."""
+    import tokdyn
+    from tokdyn.analysis import analyze_run
+    from tokdyn.report import _fig_trajectories, _unfit_text
+
+    store = tokdyn.open_store(str(padded_cli["padded"]))
+    a = analyze_run(store.run("r"), n_boot=0, groups=False)
+    fig = _fig_trajectories(store, a)
+    titles = [ax.get_title() for ax in fig.fig.axes if ax.get_title()]
+    assert titles and not any(t.startswith("unfit") for t in titles)
+    assert sum(int(re.search(r"\(([\d,]+) tokens?\)", t).group(1)) for t in titles) == 24
+    assert "30 probe tokens with no recorded loss (of 54)" in fig.caption
+    assert a.class_counts.get("unfit", 0) == 0 and a.summary()["n_unscored"] == 30
+    assert _unfit_text(a, None) == ""
