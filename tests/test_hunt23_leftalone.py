@@ -97,3 +97,86 @@ def test_report_example_tokens_draw_no_padding(padded_cli):
     assert "30 probe tokens with no recorded loss (of 54)" in fig.caption
     assert a.class_counts.get("unfit", 0) == 0 and a.summary()["n_unscored"] == 30
     assert _unfit_text(a, None) == ""
+
+
+# -- axis values one point on a log axis: said at append (the row kept), refused by an axis -----
+
+
+def _probe(n=4):
+    import tokdyn
+
+    return tokdyn.ProbeSet(None, {"sample_id": np.zeros(n, np.int32), "token_pos": np.arange(1, n + 1, dtype=np.int32),
+                                  "token_id": np.arange(n, dtype=np.int32)})  # fmt: skip
+
+
+@settings(max_examples=25, deadline=None)
+@given(start=st.sampled_from([1.0, 7.0, 1e6, 1e13, 1e14, 1e15, 2.0**53, 1e17]),
+       steps=st.lists(st.sampled_from([1.0, 2.0, 3.0, 64.0, 1e3, 1e6, "x2"]), min_size=1, max_size=6),
+       batch=st.booleans())  # fmt: skip
+def test_a_tied_axis_value_is_kept_and_said_where_the_fit_would_refuse(tmp_path_factory, start, steps, batch):
+    """The writer took axis values a fit's log axis cannot tell apart (1e15 and 1e15 + 1: log10
+    15.0 both) without a word; the run was recorded to its end and only tokdyn fit refused it.
+    Every row is still committed (a recording loses no row, even under ``-W error``), and a
+    warning names each row exactly where the fit refuses the axis."""
+    import tokdyn
+    from tokdyn.fit.sigmoid import log_axis
+    from tokdyn.errors import InputError
+
+    values = [start]
+    for s in steps:
+        v = values[-1] * 2 if s == "x2" else values[-1] + s
+        if v > values[-1]:  # a step float64 cannot hold is no new value
+            values.append(v)
+    store = tokdyn.open_store(tmp_path_factory.mktemp("tie") / "s.zarr", _probe(), mode="w")
+    w = store.create_run("r", capacity=len(values)).writer()
+    import warnings
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        if batch:
+            w.append_rows(np.ones((len(values), 4)), [{"step": i, "axis_value": v} for i, v in enumerate(values)])
+        else:
+            for i, v in enumerate(values):
+                w.append(np.ones(4), step=i, axis_value=v)
+    said = [str(m.message) for m in said if "log axis" in str(m.message)]
+    run = store.run("r")
+    assert run.n_committed == len(values) and list(run.axis_values[: len(values)]) == values
+    tied = [i for i in range(1, len(values)) if np.log10(values[i]) == np.log10(values[i - 1])]
+    assert [int(re.search(r"of step (\d+)", m).group(1)) for m in said] == tied
+    try:
+        log_axis(np.asarray(values))
+        refused = False
+    except InputError:
+        refused = True
+    assert refused == bool(tied)
+
+
+def test_a_tied_axis_value_under_warnings_as_errors_loses_no_row(tmp_path):
+    import warnings
+
+    import tokdyn
+
+    store = tokdyn.open_store(tmp_path / "s.zarr", _probe(), mode="w")
+    w = store.create_run("r", capacity=2).writer()
+    w.append(np.ones(4), step=0, axis_value=1e15)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="the row is kept"):
+            w.append(np.full(4, 2.0), step=1, axis_value=1e15 + 1)
+    run = store.run("r")
+    assert run.n_committed == 2 and run.axis_values[1] == 1e15 + 1
+    np.testing.assert_array_equal(run.losses()[1], 2.0)
+
+
+def test_an_axis_of_tied_budgets_is_refused_before_any_run(tmp_path):
+    """``assemble_axis`` (``tokdyn reconstruct --axis D``) made an axis run of data budgets 1e15
+    and 1e15 + 1, which tokdyn fit then refused; it knows every value first, so it refuses as
+    import-npz does, naming the runs, and writes nothing."""
+    from test_axes_report import budget_store
+    from tokdyn.axes import assemble_axis
+    from tokdyn.errors import InputError
+
+    st, _ = budget_store(tmp_path / "a.zarr", budgets=[1e5, 1e15, 1e15 + 1])
+    with pytest.raises(InputError, match=r"runs 'd1' \(data_budget = 1000000000000000.0\) and 'd2' .* too close to tell apart"):
+        assemble_axis(st, "D")
+    assert "axis-D" not in st.runs

@@ -24,6 +24,7 @@ import warnings
 
 import numpy as np
 
+from ._checks import log_tie
 from ._text import command_line
 from .errors import InputError, ProbeMismatchError, RunExistsError, StoreError
 from .store import Run, TrajectoryStore, as_store
@@ -189,6 +190,13 @@ def assemble_axis(
         )
     if len(distinct) < MIN_AXIS_RUNS:
         raise InputError(f"axis {axis} needs at least {MIN_AXIS_RUNS} distinct {attr} values, got {len(distinct)}")
+    tie = log_tie(distinct)  # one point to a fit (x = log10 of the axis values), which would refuse the axis run
+    if tie is not None:
+        a, b = distinct[tie], distinct[tie + 1]
+        names = lambda v: ", ".join(repr(r.name) for r, rv in zip(sources, values) if rv == v)  # noqa: E731
+        raise InputError(f"runs {names(a)} ({attr} = {a!r}) and {names(b)} ({attr} = {b!r}) are too close to tell apart on "
+                         f"a log scale: both give log10 = {float(np.log10(a))!r} in float64, so no fit could use axis {axis} "
+                         "(tokdyn fit refuses it); name runs whose values differ, or leave one of them out")  # fmt: skip
     if name in st.runs:
         if not overwrite:
             raise RunExistsError(f"run {name!r} already exists in {st.url}; pass overwrite=True to rebuild it "

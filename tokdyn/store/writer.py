@@ -16,6 +16,7 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync as zarr_sync
 
+from .._checks import log_tie
 from ..errors import InputError, RunBusyError, RunExistsError, StepOrderError, StoreError
 from .fit import GROUPS as FIT_GROUPS
 from .locks import LOCK_NAME, KeyLock, remove_stale_partials
@@ -160,7 +161,7 @@ class RunWriter:
         # store's arrays cannot hold is refused, never truncated (step 1.7 was stored as 1), and an
         # axis value not after the row before's is refused (step 2**53 + 1 rounds to 2**53's).
         last, last_av = self.last_step, self._last_axis_value()
-        checked = []
+        checked, tied = [], []
         for r in rows:
             row = check_row(r)
             step, av = row["step"], row["axis_value"]
@@ -174,6 +175,8 @@ class RunWriter:
                     f"axis value {av!r} of step {step} is not after {last_av!r}, the axis value of the row before in run "
                     f"{self.run.name!r}; a run's axis values strictly increase (the fit, import-npz and the axes read them so)"
                 )
+            if self._is_coord_writer and last_av is not None and log_tie([last_av, av]) is not None:
+                tied.append((step, av, last_av))  # kept (a recording loses no row), and said once committed
             last, last_av = step, av
             checked.append(row)
         given = values
@@ -227,6 +230,11 @@ class RunWriter:
         if self._is_coord_writer:
             self._last_av = (self.rows, last_av)
         self.overflowed += overflowed
+        for step, av, before in tied:  # after the commit: a warning turned error (-W error) loses no row
+            warnings.warn(f"run {self.run.name!r}: axis value {av!r} of step {step} and {before!r} of the row before are one "
+                          f"point on a fit's log axis (log10 = {float(np.log10(av))!r} both, in float64); the row is kept, "
+                          "but tokdyn fit refuses this run: record rows at axis values a log scale tells apart",
+                          RuntimeWarning, stacklevel=3)  # fmt: skip
         return range(k0, k0 + k)
 
     def _last_axis_value(self) -> float | None:
