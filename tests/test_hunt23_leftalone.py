@@ -180,3 +180,53 @@ def test_an_axis_of_tied_budgets_is_refused_before_any_run(tmp_path):
     with pytest.raises(InputError, match=r"runs 'd1' \(data_budget = 1000000000000000.0\) and 'd2' .* too close to tell apart"):
         assemble_axis(st, "D")
     assert "axis-D" not in st.runs
+
+
+# -- a store replaced (mode="w") where a file cannot be deleted: said by its path ----------------
+
+
+def test_replacing_a_store_that_cannot_be_deleted_names_the_file_by_its_path(tmp_path, monkeypatch):
+    """``open_store(path, probe, mode="w")`` over a store on a read-only file system said
+    ``[Errno 30] Read-only file system: 'zarr.json'`` (zarr's rmtree walks by folder handle and
+    names the file alone), and ``tokdyn``'s line then named ``zarr.json``, no store. The error
+    names the file by its path inside the store now, whichever file it is."""
+    import errno
+    import os
+    import shutil
+
+    import tokdyn
+
+    store = tmp_path / "s.zarr"
+    tokdyn.open_store(store, _probe(), mode="w")
+
+    def refuse(name, *a, **k):
+        raise OSError(errno.EROFS, "Read-only file system", name)
+
+    monkeypatch.setattr(shutil.os, "unlink", refuse)
+    with pytest.raises(OSError) as got:
+        tokdyn.open_store(store, _probe(), mode="w")
+    monkeypatch.undo()
+    assert got.value.errno == errno.EROFS and os.path.isabs(got.value.filename), got.value
+    assert os.path.commonpath([got.value.filename, store]) == str(store) and os.path.basename(got.value.filename) == "zarr.json"
+    assert tokdyn.open_store(store).probe.n_tokens == 4  # nothing deleted
+
+
+def test_replacing_a_store_on_a_read_only_mount_names_the_store(tmp_path):
+    """The same on a real read-only bind mount (skipped where this process cannot mount)."""
+    import subprocess
+    import sys
+
+    import tokdyn
+    from test_hunt22_filesystem import ROOT, _read_only_runner
+
+    store = tmp_path / "s.zarr"
+    tokdyn.open_store(store, _probe(), mode="w")
+    prefix = _read_only_runner(store)
+    if prefix is None:
+        pytest.skip("needs a read-only bind mount (root, with unshare and mount)")
+    code = ("import tokdyn, sys\ntry:\n    tokdyn.open_store(sys.argv[1], tokdyn.open_store(sys.argv[1]).probe, mode='w')\n"
+            "except OSError as e:\n    print(e.filename)\n")  # fmt: skip
+    p = subprocess.run([*prefix, sys.executable, "-c", code, str(store)], capture_output=True, text=True, timeout=120,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().startswith(str(store) + "/"), p.stdout

@@ -19,6 +19,7 @@ import math
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -278,6 +279,22 @@ def _umask() -> int:
     return 0o022
 
 
+def rmtree_named(path: str | os.PathLike) -> None:
+    """``shutil.rmtree``, whose error names the file by its path: rmtree walks by folder handle,
+    and its OSError named a file by its name alone (``Read-only file system: 'zarr.json'``, for
+    ``open_store(path, probe, mode="w")`` on a read-only store), which says nothing of where."""
+
+    def named(where, exc):
+        if isinstance(exc, OSError) and exc.filename is not None and os.fspath(exc.filename) != os.fspath(where):
+            raise type(exc)(exc.errno, exc.strerror, os.fspath(where)) from None
+        raise exc
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=lambda func, where, exc: named(where, exc))
+    else:
+        shutil.rmtree(path, onerror=lambda func, where, info: named(where, info[1]))
+
+
 def remove_store_folder(path: str | os.PathLike, *, what: str = "store") -> None:
     """Delete the store an earlier run of a pipeline left at ``path``, to make it again.
 
@@ -291,7 +308,7 @@ def remove_store_folder(path: str | os.PathLike, *, what: str = "store") -> None
     trash = path.parent / f".{path.name}.removing"
     if os.path.lexists(trash):
         if trash.is_dir() and not trash.is_symlink():
-            shutil.rmtree(trash)
+            rmtree_named(trash)
         else:
             trash.unlink()
     if not os.path.lexists(path):
@@ -302,4 +319,4 @@ def remove_store_folder(path: str | os.PathLike, *, what: str = "store") -> None
         raise InputError(f"{path} is {kind}, not the {what} an earlier run left, which this run makes again: "
                          "move it, or give another output folder")  # fmt: skip
     os.replace(path, trash)
-    shutil.rmtree(trash)
+    rmtree_named(trash)

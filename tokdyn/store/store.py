@@ -41,7 +41,7 @@ from zarr.core.sync import sync as zarr_sync
 from zarr.storage import LocalStore, StorePath
 
 from .._text import command_line
-from .._files import kind_of_mode, link_note, not_a_folder, refuse_inside_zarr
+from .._files import kind_of_mode, link_note, not_a_folder, refuse_inside_zarr, rmtree_named
 from .._version import __version__
 from ..errors import (
     InputError,
@@ -212,6 +212,16 @@ class RegularFilesStore(LocalStore):
         if os.path.isdir(self.root / key):
             raise _folder_error(self.root / key)
         return await super()._set(key, value, exclusive)
+
+    async def delete_dir(self, prefix: str) -> None:
+        # zarr's rmtree named a file it could not delete by its name alone ("Read-only file
+        # system: 'zarr.json'", replacing a read-only store): named by its path here
+        self._check_writable()
+        path = self.root / prefix
+        if path.is_dir():
+            rmtree_named(path)
+        else:
+            await super().delete_dir(prefix)
 
 
 def _can_be_run_name(name: str) -> bool:
