@@ -230,3 +230,95 @@ def test_replacing_a_store_on_a_read_only_mount_names_the_store(tmp_path):
                        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().startswith(str(store) + "/"), p.stdout
+
+
+# -- a count given as a float is refused, never cut to an int -----------------------------------
+
+
+def _windows(v):
+    from tokdyn.data import WindowDataset
+
+    return WindowDataset(np.arange(40), context=v)
+
+
+def _mixture(v):
+    from tokdyn.data import DomainCorpus, MixtureDataset
+    from tokdyn.tokenizer import ByteTokenizer
+
+    return MixtureDataset(DomainCorpus(("a",), (np.arange(40),), (np.arange(40),), ByteTokenizer(), {}), context=v)
+
+
+def _val_windows(name):
+    def call(v):
+        from tokdyn.data import DomainCorpus
+        from tokdyn.tokenizer import ByteTokenizer
+
+        corpus = DomainCorpus(("a", "b"), (np.arange(40),) * 2, (np.arange(60),) * 2, ByteTokenizer(), {})
+        return corpus.val_windows(**{"context": 4, "per_domain": 3, name: v})
+
+    return call
+
+
+def _create_run(name):
+    def call(v, tmp_path):
+        import tokdyn
+
+        st = tokdyn.open_store(tmp_path / "s.zarr", _probe(8), mode="a")
+        return st.create_run(f"r{len(st.runs)}", **{name: v})
+
+    return call
+
+
+def _corpus(v):
+    from tokdyn.data import prepare_domains
+
+    docs = [tokdyn_document(d, i) for d in "ab" for i in range(6)]
+    return prepare_domains(docs, max_train_tokens=v, min_tokens=1)
+
+
+def tokdyn_document(domain, i):
+    from tokdyn.corpus import Document
+
+    return Document(text=f"text {i} of domain {domain} " * 20, domain=domain, key=f"{domain}{i}")
+
+
+COUNTS = {"WindowDataset context": _windows, "MixtureDataset context": _mixture,
+          "val_windows context": _val_windows("context"), "val_windows per_domain": _val_windows("per_domain"),
+          "create_run capacity": _create_run("capacity"), "create_run token_chunk": _create_run("token_chunk"),
+          "prepare_domains max_train_tokens": _corpus}  # fmt: skip
+
+
+@pytest.mark.parametrize("where", sorted(COUNTS))
+@pytest.mark.parametrize("value", [2.5, 8.0, np.float64(8.0), True, "8", 0])
+def test_a_count_given_as_a_float_is_refused_not_cut(where, value, tmp_path):
+    """``WindowDataset(stream, context=2.5)`` made windows of 2 tokens + 1 without a word (and
+    ``MixtureDataset``, a run's ``capacity`` and ``token_chunk``, ``max_train_tokens``
+    likewise cut a float by ``int()``; ``val_windows(context=2.5)`` was numpy's TypeError). Each
+    is one InputError naming its parameter; the same value as an int (numpy's too) is taken."""
+    from tokdyn.errors import InputError
+
+    call = COUNTS[where]
+    run = (lambda v: call(v, tmp_path)) if where.startswith("create_run") else call
+    name = where.split()[-1]
+    shown = re.escape(repr(value.item() if isinstance(value, np.generic) else value))
+    with pytest.raises(InputError, match=rf"^{name} must be (an integer >= 1|a positive multiple .*), got {shown}$"):
+        run(value)
+    for good in (8, np.int64(8)):
+        run(good)
+
+
+def test_a_recorder_batch_or_queue_size_given_as_a_float_is_refused(tiny_model, tmp_path):
+    """The recorder's ``batch_size=2.5`` was evaluated in batches of 2, and record_offline's
+    ``batch_size`` and ``workers`` cut likewise; each is refused by name, before any store."""
+    from offline_fixtures import make_probe
+    from tokdyn.errors import InputError
+    from tokdyn.record import TokenLossRecorder, record_offline
+
+    probe = make_probe()
+    for kw in (dict(batch_size=2.5), dict(queue_size=4.0), dict(batch_size="8")):
+        with pytest.raises(InputError, match=rf"^{next(iter(kw))} must be an integer >= 1"):
+            TokenLossRecorder(tiny_model, probe, tmp_path / "s.zarr", "r", schedule=[0, 1], **kw)
+    for kw in (dict(batch_size=2.5), dict(workers=1.5)):
+        with pytest.raises(InputError, match=rf"^{next(iter(kw))} must be an integer >= 1"):
+            record_offline(tmp_path / "none", tmp_path / "s.zarr", "r", probe=probe, **kw)
+    assert not (tmp_path / "s.zarr").exists()

@@ -1,13 +1,15 @@
 """Type checks of settings given as numbers, shared by the stages that take them: ``True`` is no
 count, ``"3"`` no prior, and an int past 1e308 no float; and what a fit's log axis can tell apart
 (:func:`log_tie`), shared by the fit and the stages that take axis values for it. Imports nothing
-of tokdyn."""
+of tokdyn but its errors."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+
+from .errors import InputError
 
 
 def is_int(v) -> bool:
@@ -35,6 +37,15 @@ def is_finite(v) -> bool:
 def is_whole(v) -> bool:
     """A whole number: an int, a numpy integer, or a float such as 100.0 (not a bool, not 10.7)."""
     return is_finite(v) and float(v).is_integer()
+
+
+def check_count(name: str, v, minimum: int = 1) -> int:
+    """``v`` as an int >= ``minimum``, or one :class:`InputError` naming ``name``: a float is
+    never cut to an int (``context=2.5`` made windows of 2 tokens without a word), and a bool or a
+    string ("8") is no count."""
+    if not is_int(v) or v < minimum:
+        raise InputError(f"{name} must be an integer >= {minimum}, got {v.item() if isinstance(v, np.generic) else v!r}")
+    return int(v)
 
 
 def log_tie(values) -> int | None:

@@ -16,6 +16,7 @@ import torch
 
 from .corpus import (Document, bin_documents, source_kind, iter_texts, jsonl_documents, relabel_documents, split_digest, split_documents, stdlib_documents,
                      stdlib_mixture_documents, text_documents)  # fmt: skip
+from ._checks import check_count, is_finite
 from .errors import InputError
 from .probe import _ID_LIMIT, ProbeSet, build_probe, document_tokens  # _ID_LIMIT: ids are int32, in a probe as in a stream
 from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, check_bpe_vocab
@@ -243,9 +244,7 @@ def random_batches(stream: np.ndarray, *, batch_size: int, context: int, seed: i
     ``batch_size`` and ``context`` are integers >= 1 (a batch size of 0 gave empty batches, whose
     mean loss is NaN), and ``stream`` a 1-D array of at least one window (a stream of exactly one
     was refused as "shorter than one window")."""
-    for name, value in (("batch_size", batch_size), ("context", context)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise InputError(f"{name} must be an integer >= 1, got {value!r}")
+    batch_size, context = check_count("batch_size", batch_size), check_count("context", context)
     stream = np.asarray(stream)
     if stream.ndim != 1 or stream.dtype.kind not in "iu":
         raise InputError(f"stream must be a 1-D integer array of token ids, got {stream.dtype} {stream.shape}")
@@ -276,12 +275,11 @@ class WindowDataset(torch.utils.data.Dataset):
         stream = np.asarray(stream)
         if stream.ndim != 1 or stream.dtype.kind not in "iu":
             raise InputError(f"stream must be a 1-D integer array of token ids, got {stream.dtype} {stream.shape}")
-        if int(context) < 1:
-            raise InputError(f"context must be >= 1, got {context}")
+        context = check_count("context", context)
         if stream.size < context + 1:
             raise InputError(f"training stream of {stream.size} tokens is shorter than one window of {context + 1}")
         self.stream = stream
-        self.context = int(context)
+        self.context = context
 
     def __len__(self) -> int:
         return (self.stream.size - 1) // self.context
@@ -321,6 +319,9 @@ class DomainCorpus:
         it (non-overlapping while the stream is long enough): int64 ``[D, per_domain, C+1]``.
         ``offset`` (in [0, 1)) shifts every start by that share of the spacing: 0.5 gives the
         windows between those of 0 (another sample of the same held-out documents)."""
+        context, per_domain = check_count("context", context), check_count("per_domain", per_domain)
+        if not is_finite(offset) or not 0 <= offset < 1:
+            raise InputError(f"offset must be a number in [0, 1) (a share of the spacing of the windows), got {offset!r}")
         out = np.empty((len(self.domains), per_domain, context + 1), np.int64)
         for k, stream in enumerate(self.val):
             n = stream.size - context
@@ -388,6 +389,8 @@ def prepare_domains(
     stream to that many tokens (small runs and tests).
     """
     _check_tokenizer_options(tokenizer, vocab_size)
+    if max_train_tokens is not None:  # a float (1e5) was cut by int() at the first domain, after the tokenizer's training
+        max_train_tokens = check_count("max_train_tokens", max_train_tokens)
     if isinstance(source, (str, os.PathLike)):
         source = os.fspath(source)
         _check_domain_source(source, text_field=text_field, domain_field=domain_field, mapping=mapping)
@@ -411,7 +414,7 @@ def prepare_domains(
             continue
         a, b = training_stream(tr, tok), training_stream(va, tok)
         if max_train_tokens is not None:
-            a = a[: int(max_train_tokens)]
+            a = a[:max_train_tokens]
         if min(a.size, b.size) < min_tokens:
             counts[name] = {"train": len(tr), "val": len(va), "left_out": f"fewer than {min_tokens} tokens on one side"}
             continue
@@ -472,8 +475,8 @@ class MixtureDataset(torch.utils.data.Dataset):
 
     def __init__(self, corpus: DomainCorpus, *, context: int) -> None:
         self.domains = tuple(corpus.domains)
-        self.parts = [WindowDataset(s, context=context) for s in corpus.train]
-        self.context = int(context)
+        self.context = check_count("context", context)
+        self.parts = [WindowDataset(s, context=self.context) for s in corpus.train]
         self.counts = np.array([len(p) for p in self.parts], np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)])
         self.domain_ids = np.repeat(np.arange(len(self.parts)), self.counts)

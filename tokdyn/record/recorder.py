@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .._text import command_line
+from .._checks import check_count
 from ..errors import InputError, RunExistsError, StepOrderError, StoreError, TokdynError, WriterError
 from ..probe import ProbeSet
 from ..runtime import count_parameters
@@ -405,8 +406,7 @@ class TokenLossRecorder:
                              "make one with `tokdyn probe`, or import a losses.npz that carries probe_tokens")  # fmt: skip
         if dtype is not None and dtype not in LOSS_DTYPES:
             raise InputError(f"dtype must be one of {LOSS_DTYPES}, got {dtype!r}")
-        if int(batch_size) < 1 or int(queue_size) < 1:
-            raise InputError(f"batch_size and queue_size must be >= 1, got {batch_size} and {queue_size}")
+        batch_size, queue_size = check_count("batch_size", batch_size), check_count("queue_size", queue_size)
         if not 0 <= float(commit_every) < float("inf"):
             raise InputError(f"commit_every must be a finite number of seconds >= 0, got {commit_every}")
         check_model_context(model, probe.context)  # before the store or run is made
@@ -415,7 +415,7 @@ class TokenLossRecorder:
         self.model = model
         self.probe = probe
         self.forward = forward or default_forward
-        self.batch_size = int(batch_size)
+        self.batch_size = batch_size
         self.device = torch.device(device) if device is not None else _model_device(model)
         self.rank, self.world_size = _dist_position(rank, world_size)
         if isinstance(store, TrajectoryStore):

@@ -40,6 +40,7 @@ from zarr.core.group import GroupMetadata
 from zarr.core.sync import sync as zarr_sync
 from zarr.storage import LocalStore, StorePath
 
+from .._checks import check_count
 from .._text import command_line
 from .._files import kind_of_mode, link_note, not_a_folder, refuse_inside_zarr, rmtree_named
 from .._version import __version__
@@ -504,8 +505,7 @@ class TrajectoryStore:
             raise InputError(f"axis must be one of {AXES}, got {axis!r}")
         if dtype not in LOSS_DTYPES:
             raise InputError(f"dtype must be one of {LOSS_DTYPES}, got {dtype!r}")
-        if int(capacity) < 1:
-            raise InputError(f"capacity must be >= 1, got {capacity}")
+        cap = check_count("capacity", capacity)
         n = self.probe.n_tokens
         chunk = self._token_chunk(token_chunk)
         compressors = compressor(codec)
@@ -513,7 +513,6 @@ class TrajectoryStore:
         check_writer_ranges(ranges, n, chunk)
         run_attrs = jsonable(dict(attrs or {}), "run attrs")
         g = self._claim_run_name(name)
-        cap = int(capacity)
         g.create_array(
             "loss", shape=(cap, n), chunks=(1, chunk), dtype=dtype, fill_value=np.nan,
             dimension_names=("checkpoint", "token"), compressors=compressors,
@@ -670,8 +669,8 @@ class TrajectoryStore:
         if token_chunk is None:
             token_chunk = max(c, (DEFAULT_TOKEN_CHUNK // c) * c)
             return min(token_chunk, -(-n // c) * c)
-        token_chunk = int(token_chunk)
-        if token_chunk < 1 or token_chunk % c:
+        token_chunk = check_count("token_chunk", token_chunk)  # a float is never cut to an int
+        if token_chunk % c:
             raise InputError(f"token_chunk must be a positive multiple of the probe context {c}, got {token_chunk}")
         return token_chunk
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ..._files import not_a_folder
+from ..._checks import check_count
 from ...errors import InputError, NotAStoreError, RunExistsError, StoreError, TokdynError
 from ...probe import ProbeSet
 from ...runtime import resolve_device
@@ -112,13 +113,13 @@ def record_offline(
     if forward is not None and not callable(forward):
         raise InputError(f"forward must be a callable forward(model, input_ids) -> logits, got a {type(forward).__name__}")
     device = resolve_device(device)  # before any work: a device that can hold weights
+    workers = _worker_count(workers, device)  # before the store is opened, as the other options
     ts = _open_target_store(store, probe)
     try:
         existing = _run_to_resume(ts, run, resume=resume, axis=axis)
         refs, axis, source = _checkpoint_refs(checkpoints, axis or (existing.axis if existing is not None else None))
         if existing is not None and existing.axis != axis:
             raise InputError(f"run {run!r} has axis {existing.axis}; the checkpoints form an axis-{axis} sweep")
-        workers = _worker_count(workers, device)
         _check_checkpoint_tokenizer(refs, ts.probe)
         tokens = _probe_tokens(ts, device)
         rows = _RunRows(ts, run, existing, axis=axis, capacity=len(refs), dtype=dtype, source=source, run_attrs=run_attrs)
@@ -183,8 +184,7 @@ def _check_options(*, dtype: str, model_dtype: str | None, batch_size: int, axis
         raise InputError(f"dtype must be one of {LOSS_DTYPES}, got {dtype!r}")
     if model_dtype is not None and model_dtype not in MODEL_DTYPES:
         raise InputError(f"model_dtype must be one of {tuple(MODEL_DTYPES)} or None, got {model_dtype!r}")
-    if int(batch_size) < 1:
-        raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    check_count("batch_size", batch_size)
     if axis is not None and axis not in AXES:
         raise InputError(f"axis must be one of {AXES}, got {axis!r}")
 
@@ -258,10 +258,7 @@ def _bad_ref(r: Any) -> CheckpointRef:
 def _worker_count(workers: int | None, device: torch.device) -> int:
     if workers is None:
         workers = min(4, os.cpu_count() or 1) if device.type == "cpu" else 2
-    workers = int(workers)
-    if workers < 1:
-        raise InputError(f"workers must be >= 1, got {workers}")
-    return workers
+    return check_count("workers", workers)
 
 
 def _threads_per_worker(workers: int, device: torch.device) -> int:
