@@ -322,3 +322,38 @@ def test_a_recorder_batch_or_queue_size_given_as_a_float_is_refused(tiny_model, 
         with pytest.raises(InputError, match=rf"^{next(iter(kw))} must be an integer >= 1"):
             record_offline(tmp_path / "none", tmp_path / "s.zarr", "r", probe=probe, **kw)
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_fit_of_a_complete_fit_on_a_read_only_store_says_it_is_complete(padded_cli, tmp_path):
+    """``tokdyn fit`` of a store on a read-only file system whose fit is complete said only
+    "read-only file system ... work on a copy in a writable place": a researcher copied a store
+    to learn its fit was done. The line now also says the fit is complete and which commands
+    read it; a --refit, or a store with no fit, is said as before (skipped where this process
+    cannot mount)."""
+    import json as json_
+    import shutil
+    import subprocess
+    import sys
+
+    import tokdyn
+    from test_hunt22_filesystem import _READ_ONLY, ROOT, _read_only_runner
+    from tokdyn.fit.job import fit_run
+
+    store, unfitted = tmp_path / "s.zarr", tmp_path / "u.zarr"
+    shutil.copytree(padded_cli["padded"], unfitted)
+    shutil.copytree(padded_cli["padded"], store)
+    if tokdyn.open_store(store).run("r").fit.complete is False:
+        fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False, scheduler="sync", backend="numpy")
+    prefix = _read_only_runner(tmp_path)
+    if prefix is None:
+        pytest.skip("needs a read-only bind mount (root, with unshare and mount)")
+    base = ["--scheduler", "sync", "--no-progress", "--backend", "numpy"]
+    argvs = [["fit", str(store), *base], ["fit", str(store), *base, "--refit"], ["fit", str(unfitted), *base]]
+    p = subprocess.run([*prefix, sys.executable, "-c", _READ_ONLY, json_.dumps(argvs)], capture_output=True, text=True,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    (rc0, err0), (rc1, err1), (rc2, err2) = json_.loads(p.stdout.strip().splitlines()[-1])
+    for rc, err in ((rc0, err0), (rc1, err1), (rc2, err2)):
+        assert rc == 1 and err.count("\n") == 1 and err.startswith("tokdyn fit: error: read-only file system: "), err
+    assert "the fit of run 'r' is complete already: `tokdyn info`" in err0
+    assert "complete already" not in err1 and "complete already" not in err2

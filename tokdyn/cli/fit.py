@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import math
 
 from .._checks import is_finite, is_int
 from .._text import exact, one_line
 from ..fit import FitOptions, fit_run
 from ..fit.models import unfit_reasons
-from ..errors import InputError
+from ..errors import InputError, StoreError
 from ..store.fit import fit_flags as store_fit_flags
 from ._common import add_run_argument, add_store_argument, at_least, open_cli_run, print_json
 
@@ -43,9 +44,18 @@ def _fit(args: argparse.Namespace) -> int:
         raise InputError("--refit fits every block again, --repair only the damaged ones: give one of them")
     options = _options(args)  # the options checked before the store is opened, each named as typed
     run = open_cli_run(args.store, args.run, mode="r+")
-    res = fit_run(run, options=options, backend=args.backend, device=args.device, scheduler=args.scheduler,
-                  workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, repair=args.repair, progress=not args.no_progress,
-                  axis_min=args.axis_min)  # fmt: skip
+    try:
+        res = fit_run(run, options=options, backend=args.backend, device=args.device, scheduler=args.scheduler,
+                      workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, repair=args.repair,
+                      progress=not args.no_progress, axis_min=args.axis_min)  # fmt: skip
+    except OSError as exc:  # a read-only store: its fit lock cannot be taken, even to find the fit done
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and exc.filename and not (args.refit or args.repair) \
+                and _readable(run):  # fmt: skip
+            from . import _unwritable
+
+            raise StoreError(f"{_unwritable(exc)}; the fit of run {run.name!r} is complete already: `tokdyn info`, "
+                             "`tokdyn report` and `tokdyn spectrum` read it without writing") from None  # fmt: skip
+        raise
     if args.json:
         print_json(res.summary())
         return 0
@@ -79,6 +89,14 @@ def _fit(args: argparse.Namespace) -> int:
         print(f"  not in the classes above: {k:,} of the {res.n_tokens:,} probe tokens with no recorded loss "
               f"(padding, or never recorded){' in the fitted rows' if res.axis_min is not None else ''}")
     return 0
+
+
+def _readable(run) -> bool:
+    """Whether the readers read the fit of ``run`` as it is (complete, on the committed rows)."""
+    try:
+        return run.fit.complete and run.fit.refusal(run.fit.meta) is None
+    except Exception:  # noqa: BLE001 - a record that cannot be read: no fit to point at
+        return False
 
 
 def _options(args: argparse.Namespace) -> FitOptions:
