@@ -1,6 +1,9 @@
-"""Hunt 23, the items earlier hunts noticed and left alone: padding (tokens with no recorded
-loss) counted as class unfit by ``tokdyn fit``'s table, its JSON and the report's example
-tokens; ..."""
+"""Hunt 23, the items earlier hunts noticed and left alone, and what lies around them: padding
+(tokens with no recorded loss) counted as class unfit by ``tokdyn fit``'s table, its JSON and
+the report's example tokens; axis values one point on a fit's log axis, said at append (the row
+kept) and refused by an axis run; a store replaced on a read-only file system named by a bare
+``zarr.json``; ``tokdyn fit`` of a complete fit on a read-only store; counts given as floats
+cut to ints by the Python API."""
 
 from __future__ import annotations
 

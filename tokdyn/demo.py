@@ -207,8 +207,10 @@ def _run_demo(out: Path, lock: KeyLock, *, steps, n_points, n_probe_sequences, c
         "n_params_non_embedding": run.attrs.get("n_params_non_embedding"),
         "final_train_loss": stats["final_train_loss"],
         "recorder_seconds_in_training_thread": stats["record_seconds"],
-        "fit": {k: fit[k] for k in ("n_tokens", "n_points", "backend", "scheduler", "status_counts", "class_counts", "class_loss_share")},
-        "tokens_fitted": int(fit["n_tokens"]) - int(fit["class_counts"].get("unfit", 0)),
+        "fit": {k: fit[k] for k in ("n_tokens", "n_points", "backend", "scheduler", "status_counts", "class_counts", "class_loss_share",
+                                    "n_unscored")},
+        # the class counts are of the scored tokens (FitSummary): those never scored are no fitted token either
+        "tokens_fitted": sum(fit["class_counts"].values()) - int(fit["class_counts"].get("unfit", 0)),
         "reconstruction": {
             "axis": "T",
             "events": "two_step",
