@@ -343,9 +343,9 @@ def test_fit_of_a_complete_fit_on_a_read_only_store_says_it_is_complete(padded_c
     from tokdyn.fit.job import fit_run
 
     store, unfitted = tmp_path / "s.zarr", tmp_path / "u.zarr"
-    shutil.copytree(padded_cli["padded"], unfitted)
-    shutil.copytree(padded_cli["padded"], store)
-    if tokdyn.open_store(store).run("r").fit.complete is False:
+    make_store(unfitted, planted_all_classes(seed=3, n_each=2))  # never fitted
+    shutil.copytree(padded_cli["padded"], store)  # fitted here, or already by the table's test
+    if not tokdyn.open_store(store).run("r").fit.complete:
         fit_run(tokdyn.open_store(store, mode="r+").run("r"), progress=False, scheduler="sync", backend="numpy")
     prefix = _read_only_runner(tmp_path)
     if prefix is None:
@@ -360,3 +360,28 @@ def test_fit_of_a_complete_fit_on_a_read_only_store_says_it_is_complete(padded_c
         assert rc == 1 and err.count("\n") == 1 and err.startswith("tokdyn fit: error: read-only file system: "), err
     assert "the fit of run 'r' is complete already: `tokdyn info`" in err0
     assert "complete already" not in err1 and "complete already" not in err2
+
+
+@pytest.mark.parametrize("batch", [-1, 0, 2.5, True])
+def test_a_learnability_batch_that_is_no_count_is_refused(batch):
+    """``LearnabilityTable.predict(windows, batch=-1)`` returned its arrays unfilled (np.empty:
+    whatever memory held, as predicted mu and drops), and ``SampleSchedule(..., batch=-1)``
+    binned no window and then said "no sample has a positive predicted loss drop"; 0 and 2.5
+    were range()'s errors. Each is one InputError naming batch; batch=1 gives batch=8192's."""
+    from test_curriculum import HAND, V, _table
+    from tokdyn.curriculum import CurriculumConfig
+    from tokdyn.curriculum.schedule import SampleSchedule
+    from tokdyn.errors import InputError
+
+    windows = np.random.default_rng(2).integers(0, 5, size=(40, 6))
+    tab = _table(HAND, mu_global=1.0, delta_global=0.5)
+    cfg = CurriculumConfig(total_steps=1000, width=0.4, floor=0.3)
+    with pytest.raises(InputError, match=rf"^batch must be an integer >= 1, got {re.escape(repr(batch))}$"):
+        tab.predict(windows, batch=batch)
+    with pytest.raises(InputError, match=rf"^batch must be an integer >= 1, got {re.escape(repr(batch))}$"):
+        SampleSchedule(tab, windows, cfg, tokenizer=V, bin_width=0.5, batch=batch)
+    one, whole = tab.predict(windows, batch=1), tab.predict(windows)
+    for k in ("mu", "delta", "level"):
+        np.testing.assert_array_equal(one[k], whole[k])
+    a, b = SampleSchedule(tab, windows, cfg, tokenizer=V, bin_width=0.5, batch=1), SampleSchedule(tab, windows, cfg, tokenizer=V, bin_width=0.5)
+    np.testing.assert_array_equal(a.hist, b.hist)

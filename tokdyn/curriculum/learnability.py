@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._checks import is_int as _is_int, is_real as _is_real
+from .._checks import check_count, is_int as _is_int, is_real as _is_real
 from .._version import __version__
 from ..errors import InputError, StoreError, UnsafeFileError
 from ..store.schema import jsonable, utc_now  # numpy scalars and arrays as JSON, one InputError otherwise
@@ -338,6 +338,7 @@ class LearnabilityTable:
     def predict(self, tokens: np.ndarray, *, batch: int = 16384) -> dict[str, np.ndarray]:
         """Host-side :meth:`lookup` of windows ``tokens [N, L]`` in batches: numpy ``mu``,
         ``delta`` (float32) and ``level`` (int8), each ``[N, L-1]``."""
+        batch = check_count("batch", batch)  # -1 returned the unfilled arrays, 2.5 was range()'s TypeError
         arr = np.asarray(tokens)
         if arr.ndim != 2 or arr.shape[1] < 2:
             raise InputError(f"tokens must have shape [N, L] with L >= 2, got {arr.shape}")

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._checks import is_real, is_whole
+from .._checks import check_count, is_real, is_whole
 from ..errors import InputError
 from .learnability import LearnabilityTable
 
@@ -188,6 +188,7 @@ class SampleSchedule:
             raise InputError(f"config must be a CurriculumConfig, got {type(config).__name__}")
         if not (math.isfinite(bin_width) and bin_width > 0):
             raise InputError(f"bin_width must be > 0, got {bin_width!r}")
+        batch = check_count("batch", batch)  # -1 binned no window: said as "no sample has a positive predicted loss drop"
         table.check_tokenizer(tokenizer)
         w = windows.windows() if hasattr(windows, "windows") else np.asarray(windows)
         if w.ndim != 2 or w.shape[0] < 1 or w.shape[1] < 2:
