@@ -385,3 +385,27 @@ def test_a_learnability_batch_that_is_no_count_is_refused(batch):
         np.testing.assert_array_equal(one[k], whole[k])
     a, b = SampleSchedule(tab, windows, cfg, tokenizer=V, bin_width=0.5, batch=1), SampleSchedule(tab, windows, cfg, tokenizer=V, bin_width=0.5)
     np.testing.assert_array_equal(a.hist, b.hist)
+
+
+@pytest.mark.parametrize("call", [
+    lambda v: __import__("tokdyn.schedule").schedule.pythia_schedule(100, every=v),
+    lambda v: __import__("tokdyn.schedule").schedule.geometric_schedule(100, v + 1),
+    lambda v: __import__("tokdyn.probe").probe.build_probe([tokdyn_document("a", 0)], _byte(), context=v, n_sequences=2),
+    lambda v: __import__("tokdyn.probe").probe.build_probe([tokdyn_document("a", 0)], _byte(), context=8, n_sequences=v),
+], ids=["pythia every", "geometric n", "build_probe context", "build_probe n_sequences"])  # fmt: skip
+def test_a_schedule_or_probe_count_given_as_a_float_is_refused(call):
+    """``pythia_schedule(every=2.5)`` gave steps 2.5, 5.0, ... (cut to 2, 5 where stored);
+    ``geometric_schedule(100, 10.5)`` and ``build_probe(context=8.5)`` or ``n_sequences=4.5``
+    were numpy's and slicing's TypeErrors. Each is one InputError; the int is taken."""
+    from tokdyn.errors import InputError
+
+    with pytest.raises(InputError, match="an integer"):
+        call(2.5)
+    got = call(2)
+    assert (got.n_tokens if hasattr(got, "n_tokens") else len(got)) >= 2
+
+
+def _byte():
+    from tokdyn.tokenizer import ByteTokenizer
+
+    return ByteTokenizer()

@@ -36,6 +36,7 @@ from functools import cached_property
 import numpy as np
 
 from .corpus import Document
+from ._checks import check_count
 from .errors import InputError
 from .tokenizer import Tokenizer
 
@@ -450,10 +451,8 @@ def build_probe(
     (``seed``), then kept in document order. Fewer windows than asked is an error that says how
     many the documents hold.
     """
-    if context < 1:
-        raise InputError(f"context must be >= 1, got {context}")
-    if n_sequences < 1:
-        raise InputError(f"n_sequences must be >= 1, got {n_sequences}")
+    # counts, never cut (context=8.5 and n_sequences=4.5 were numpy's and slicing's TypeErrors)
+    context, n_sequences = check_count("context", context), check_count("n_sequences", n_sequences)
     if not docs:
         raise InputError("no probe documents")
     w = context + 1

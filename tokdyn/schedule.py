@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from ._checks import check_count, is_int
 from .errors import InputError
 
 __all__ = ["geometric_schedule", "pythia_schedule", "explicit_schedule", "make_schedule"]
@@ -23,8 +24,8 @@ def geometric_schedule(last: int, n: int, *, first: int = 0) -> np.ndarray:
     ``first`` (0 by default, the untrained model) and ``last`` are always included.
     """
     _check_range(first, last)
-    if n < 2:
-        raise InputError(f"a geometric schedule needs n >= 2 points, got {n}")
+    if not is_int(n) or n < 2:  # 10.5 was numpy's TypeError
+        raise InputError(f"a geometric schedule needs n >= 2 points (an integer), got {n}")
     lo = max(first, 1)
     steps = np.round(np.geomspace(lo, last, n)).astype(np.int64) if last > lo else np.array([lo])
     return _finish(np.concatenate([[first, last], steps]))
@@ -33,8 +34,7 @@ def geometric_schedule(last: int, n: int, *, first: int = 0) -> np.ndarray:
 def pythia_schedule(last: int, *, every: int = 1000, first: int = 0) -> np.ndarray:
     """Pythia's grid: ``first``, then 1, 2, 4, ... up to ``every``, then every ``every`` steps."""
     _check_range(first, last)
-    if every < 1:
-        raise InputError(f"every must be >= 1, got {every}")
+    every = check_count("every", every)  # 2.5 gave steps 2.5, 5.0, ...
     powers = 2 ** np.arange(0, int(np.log2(every)) + 1)
     steps = np.concatenate([[first, last], powers, np.arange(every, last + 1, every)])
     return _finish(steps[(steps >= first) & (steps <= last)])
