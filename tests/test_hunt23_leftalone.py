@@ -409,3 +409,23 @@ def _byte():
     from tokdyn.tokenizer import ByteTokenizer
 
     return ByteTokenizer()
+
+
+def test_tokens_set_aside_for_their_losses_stay_unfit_beside_padding(tmp_path, capsys):
+    """A token set aside for its losses (log-probabilities: below 0) has no counted point
+    (``n_points`` 0), as padding has none: it is still an unfit token, said as such by
+    ``tokdyn fit``, the report's summary and its class figure, while the padding is counted apart."""
+    from tokdyn.analysis import analyze_run
+    from tokdyn.report import _fig_trajectories, _scored_class_counts, _unfit_text
+
+    Y = planted_all_classes(seed=4, n_each=3)  # 24 tokens of every class, 5 padding, 3 missing the last step
+    Y[:3] = -Y[:3]  # log-probabilities
+    store = make_store(tmp_path / "s.zarr", Y)
+    out = _fit_cli(capsys, tmp_path / "s.zarr")
+    assert re.search(r"\n  unfit\s+3 tokens \(", out) and "unfit: 3 tokens set aside whole" in out, out
+    assert "not in the classes above: 5 of the 32 probe tokens with no recorded loss" in out
+    a = analyze_run(store.run("r"), n_boot=0, groups=False)
+    held, caption = _scored_class_counts(a)
+    assert held["unfit"] == a.class_counts["unfit"] == 3 and "5 probe tokens with no recorded loss (of 32)" in caption
+    assert "Not fitted (class unfit): 3 tokens set aside whole" in _unfit_text(a, None)
+    assert any(ax.get_title() == "unfit (3 tokens)" for ax in _fig_trajectories(store, a).fig.axes)

@@ -20,7 +20,7 @@ from ._text import command_line
 from .axes import assemble_axis, axis_run_problem, find_axis_run
 from .errors import InputError, StoreError
 from .fit.job import fit_run, stored_axis_min
-from .fit.models import ClassDrops, class_loss_share, fit_class_drops, scored_counts
+from .fit.models import ClassDrops, class_loss_share, fit_class_drops, never_scored, scored_counts
 from .fit.options import CLASS_NAMES, MIN_FIT_POINTS, FitOptions
 from .reconstruct import Reconstruction, reconstruct_run
 from .spectrum import Events, fit_scored, run_events, spectra_by
@@ -59,7 +59,7 @@ class RunAnalysis:
         out = {"run": self.run, "axis": self.axis, **self.reconstruction.summary(),
                "class_counts": self.class_counts, "class_loss_share": self.class_loss_share}  # fmt: skip
         if "n_points" in self.fit:  # the tokens in no class: class_counts and these add up to the probe's
-            out["n_unscored"] = int(np.count_nonzero(np.asarray(self.fit["n_points"]) <= 0))
+            out["n_unscored"] = int(np.count_nonzero(never_scored(self.fit)))
         if self.stats is not None:
             out["token_stats"] = self.stats.summary()
         return out

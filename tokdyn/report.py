@@ -35,7 +35,7 @@ from ._fonts import LABEL_CHARS, drawable, legend_labels, use_fallback_fonts
 from ._text import visible
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store, group_codes, run_order
 from .errors import InputError, StoreError, TokdynError
-from .fit.models import FLAT_NATS, SHARE_MIN_NET, scored_counts, two_sigmoid_curve, unfit_reasons
+from .fit.models import FLAT_NATS, SHARE_MIN_NET, never_scored, scored_counts, two_sigmoid_curve, unfit_reasons
 from .fit.options import CLASS_CODES, CLASS_NAMES
 from .fit.sigmoid import sigmoid_curve
 from .fit.job import fitted_inputs
@@ -1122,8 +1122,9 @@ def _fig_trajectories(st: TrajectoryStore, a: RunAnalysis, per_class: int = 3, d
     r = st.run(a.run)
     rows, x = fitted_inputs(r)
     f = a.fit
-    scored = fit_scored(f)  # a token never scored (padding) is in no class: no panel draws it
-    code = np.where(True if scored is None else scored, np.asarray(f["class_code"]), -1)
+    # a token with no recorded loss (padding) is in no class: no panel draws it (one set aside for
+    # its losses is unfit, and drawn)
+    code = np.where(never_scored(f), -1, np.asarray(f["class_code"]))
     classes = [c for c in CLASS_NAMES.values() if (code == CLASS_CODES[c]).any()]
     rng = np.random.default_rng(0)
     picks = {}
@@ -1265,16 +1266,16 @@ def _n_unscored(a: RunAnalysis) -> int:
 
 
 def _scored_class_counts(a: RunAnalysis) -> tuple[dict[str, int], str]:
-    """Each class's count of the tokens with a recorded loss (:func:`tokdyn.spectrum.fit_scored`),
+    """Each class's count of the tokens with a recorded loss (:func:`tokdyn.fit.models.never_scored`),
     and a sentence for a caption on the tokens with none, or "". A token never scored (padding,
     a token never recorded) is in no class's share of the tokens, as it is in no drop per token:
     counted, as class unfit, it shrank every class's share, and a class then read as losing
     more loss per token than the average token."""
-    codes, scored = np.asarray(a.fit["class_code"]), fit_scored(a.fit)
-    if scored is None or scored.all():
+    codes, never = np.asarray(a.fit["class_code"]), never_scored(a.fit)
+    if not never.any():
         return {c: n for c, n in a.class_counts.items() if n}, ""
-    c, n = np.unique(codes[scored], return_counts=True)
-    left = int(np.count_nonzero(~scored))
+    c, n = np.unique(codes[~never], return_counts=True)
+    left = int(np.count_nonzero(never))
     return ({CLASS_NAMES[int(k)]: int(v) for k, v in zip(c, n)},
             f" Left out of the shares of the tokens: {left:,} probe token{'s' * (left != 1)} with no recorded loss "
             f"(of {codes.size:,}).")  # fmt: skip

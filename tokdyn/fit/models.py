@@ -35,6 +35,8 @@ __all__ = [
     "winning_sse",
     "classify",
     "class_loss_share",
+    "never_scored",
+    "scored_counts",
     "SHARE_MIN_NET",
     "unfit_reasons",
     "ClassDrops",
@@ -455,16 +457,25 @@ def fit_class_drops(fields) -> ClassDrops:
     return class_drops(fields["class_code"], fields["drop"], scored=scored, **{k: fields.get(k) for k in TWO_EVENTS})
 
 
+def never_scored(fields) -> np.ndarray:
+    """[N] the tokens of a fit with no recorded loss in its rows (an imported probe's padding, a
+    token never recorded): no observed point (``n_points == 0``) and not set aside for its losses
+    (``invalid_input``, whose points the fit counts as none: those tokens had losses, and are
+    ``unfit``). None of them where ``fields`` lacks ``n_points`` or ``status``."""
+    code = np.asarray(fields["class_code"])
+    if "n_points" not in fields or "status" not in fields:
+        return np.zeros(code.shape, bool)
+    return (np.asarray(fields["n_points"]) <= 0) & (np.asarray(fields["status"]) != STATUS_CODES["invalid_input"])
+
+
 def scored_counts(fields) -> tuple[dict[str, int], dict[str, int], int]:
-    """Each class's and each status's count of the tokens a fit scored (``n_points > 0``, all
-    tokens where ``fields`` lacks it), and how many it never scored: the one count by which
-    ``tokdyn fit``, :class:`~tokdyn.fit.job.FitSummary` and the report say the classes. A token
-    with no recorded loss (an imported probe's padding, a token never recorded) is in no class
-    and no status: counted as ``unfit`` with "too few points", it shrank every class's share of
-    the tokens (a probe 40 % padding read 40 % unfit)."""
+    """Each class's and each status's count of a fit's tokens with a recorded loss, and how many
+    have none (:func:`never_scored`): the one count by which ``tokdyn fit``,
+    :class:`~tokdyn.fit.job.FitSummary` and the report say the classes. A token with no recorded
+    loss is in no class and no status: counted as ``unfit`` with "too few points", it shrank
+    every class's share of the tokens (a probe 40 % padding read 40 % unfit)."""
     code, status = np.asarray(fields["class_code"]), np.asarray(fields["status"])
-    n_points = fields.get("n_points")
-    scored = np.ones(code.shape, bool) if n_points is None else np.asarray(n_points) > 0
+    scored = ~never_scored(fields)
     count = lambda names, a: {names[int(c)]: int(n) for c, n in zip(*np.unique(a[scored], return_counts=True))}  # noqa: E731
     return count(CLASS_NAMES, code), count(STATUS_NAMES, status), int(np.count_nonzero(~scored))
 
