@@ -98,3 +98,61 @@ def test_reordering_the_domains_reorders_rates_and_weights_with_their_names(perm
     np.testing.assert_allclose(sb.table_[:, new], sa.table_, rtol=1e-12, atol=1e-15)
     assert sb.enrichment()["schedule"] == pytest.approx(sa.enrichment()["schedule"], rel=1e-12)
 
+
+# -- the A/B read-out ---------------------------------------------------------------------
+
+
+def _ab_runs(cfg, ladders: dict, ends: dict) -> list[dict]:
+    """Runs of the ladder ``ladders[seed]`` (one loss per rung) and a ``mixture`` arm ending at
+    ``ends[seed]``; both domains at the mixture's loss."""
+    curve = [[3.0, 3.1]] * cfg.eval_points
+    runs = []
+    for s in cfg.seeds:
+        for b, loss in zip(cfg.ladder, ladders[s]):
+            runs.append({"seed": s, "arm": "base", "budget": b, "final_mixture": loss, "final": [loss, loss], "curve": curve,
+                         "draws_sha256": "x"})  # fmt: skip
+        runs.append({"seed": s, "arm": "mixture", "budget": 1.0, "final_mixture": ends[s], "final": [ends[s]] * 2,
+                     "curve": curve, "draws_sha256": "y"})  # fmt: skip
+    return runs
+
+
+def test_a_seed_whose_ladder_cannot_be_read_is_named_not_called_outside_it():
+    """Seed 3's 0.9x rung ended above its 0.8x one (noise at a small size), and its arm, worse
+    than both, has no budget to read there: its speed-up was NaN, left out of the mean, and the
+    line called it "outside the ladder", as if it had a figure; the seed left out is the one on
+    which the arm did worst, so the mean read better than the runs. It is named as left out."""
+    from tokdyn.curriculum.ab import MixtureABConfig, headline_lines, summarize_runs
+
+    cfg = MixtureABConfig(seeds=(0, 1, 2, 3), arms=("mixture",), ladder=(0.8, 0.9, 1.0), steps=40, eval_points=4)
+    ladders = {s: (3.3, 3.2, 3.1) for s in (0, 1, 2)} | {3: (3.2, 3.25, 3.1)}
+    res = summarize_runs(_ab_runs(cfg, ladders, {0: 3.15, 1: 3.16, 2: 3.14, 3: 3.3}), cfg, ("a", "b"))
+    c = res["comparison"]["mixture"]
+    assert c["speedup"]["n"] == 3 and c["speedup"]["n_left_out"] == 1
+    assert c["outside_ladder"] == [] and c["unreadable"] == [3]
+    res.update(enrichment_verdict="-", aa_batches_identical={"identical": True})
+    line = [x for x in headline_lines(res) if x.startswith("mixture")][0]
+    assert line.endswith("n=3; the ladder has no budget for the arm's loss (a rung no lower than the one below it) on "
+                         "seeds [3], left out"), line
+
+
+@pytest.mark.parametrize("n_seeds", [1, 2])
+def test_the_positive_control_of_one_seed_claims_no_interval(n_seeds):
+    """From one seed the control has no interval: the line printed "(95% CI +nan% .. +nan%) -> NOT
+    detected: the interval reaches 0" of an interval that does not exist; it says there is none.
+    From two seeds it is read as before."""
+    from tokdyn.curriculum.ab import MixtureABConfig, headline_lines, summarize_runs
+
+    seeds = tuple(range(n_seeds))
+    cfg = MixtureABConfig(seeds=seeds, arms=("mixture",), ladder=(0.8, 0.9, 1.0), steps=40, eval_points=4)
+    lad = lambda b, s: 3.0 - 0.4 * np.log(b) + 0.001 * s  # noqa: E731  (linear in log budget: the control reads -11.1 %)
+    res = summarize_runs(_ab_runs(cfg, {s: [lad(b, s) for b in cfg.ladder] for s in seeds}, {s: 3.0 for s in seeds}), cfg,
+                         ("a", "b"))  # fmt: skip
+    res.update(enrichment_verdict="-", aa_batches_identical={"identical": True})
+    line = [x for x in headline_lines(res) if x.startswith("positive control")][0]
+    assert res["positive_control"]["speedup"]["mean"] == pytest.approx(1 - 1 / 0.9)
+    if n_seeds == 1:
+        assert "nan" not in line and "interval reaches 0" not in line and "no interval from one seed" in line, line
+        assert not res["positive_control"]["detected"]
+    else:
+        assert line.endswith("-> detected"), line
+
