@@ -156,3 +156,29 @@ def test_the_positive_control_of_one_seed_claims_no_interval(n_seeds):
     else:
         assert line.endswith("-> detected"), line
 
+
+# -- domain names as the lines show them --------------------------------------------------
+
+
+def test_names_that_show_nothing_at_their_edges_are_quoted():
+    """An empty name, one of spaces, one with a space at an end or a comma (the lines' separators)
+    showed as nothing or as two names: a schedule of domains '' and ' ' printed
+    "step 1:  0.50,   0.50", and 'code' beside 'code ' as "code 0.50, code  0.50"."""
+    from tokdyn._text import labels
+
+    assert labels(["", " "]) == ["''", "' '"]
+    assert labels(["code", "code ", "\tx"]) == ["code", "'code '", "\\tx"]  # a tab shows as its escape
+    assert labels(["a, b", "c"]) == ["'a, b'", "c"]
+    assert labels(["code", "prose text", "caf\u00e9"]) == ["code", "prose text", "caf\u00e9"]  # shown as before
+
+
+def test_a_schedule_of_domains_named_by_spaces_tells_them_apart(tmp_path, capsys):
+    from test_hunt18_curriculum import _pilot
+
+    from tokdyn.cli import main
+
+    rng = np.random.default_rng(1)
+    store = _pilot(tmp_path / "p.zarr", rng.uniform(2.0, 3.0, 40), rng.uniform(3.0, 4.0, 40), domains=("", " "))
+    assert main(["curriculum", "schedule", store, "--run", "pilot", "--steps", "1000", "--out", str(tmp_path / "m.json")]) == 0
+    step = next(line for line in capsys.readouterr().out.splitlines() if "step   1000" in line)
+    assert step.startswith("  step   1000: '' 0.") and ", ' ' 0." in step, step
