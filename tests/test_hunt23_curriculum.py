@@ -182,3 +182,31 @@ def test_a_schedule_of_domains_named_by_spaces_tells_them_apart(tmp_path, capsys
     assert main(["curriculum", "schedule", store, "--run", "pilot", "--steps", "1000", "--out", str(tmp_path / "m.json")]) == 0
     step = next(line for line in capsys.readouterr().out.splitlines() if "step   1000" in line)
     assert step.startswith("  step   1000: '' 0.") and ", ' ' 0." in step, step
+
+
+# -- a schedule file as its reader takes it -------------------------------------------------
+
+
+@pytest.mark.parametrize("weights", [[], [[0.5, 0.5]] * 3, "x"])
+def test_a_schedule_file_claiming_more_steps_than_it_holds_is_refused_before_any_work(tmp_path, monkeypatch, weights):
+    """A 35 kB file whose config says 10,000,000 steps and whose weights hold none made the reader
+    compute every step's weights (12 s and 1.4 GB for two domains, more with more domains) before
+    it found that they were not the file's. The file's rows are counted first: the work is
+    bounded by what the file holds."""
+    import json
+
+    from tokdyn.curriculum import mixture
+
+    rates = DomainRates(["a", "b"], np.array([0.0, 3.0]), np.array([[1.0, 0.0], [0.0, 1.0]]))
+    path = MixtureSchedule(rates, MixtureConfig(total_steps=3)).save(tmp_path / "m.json")
+    d = json.loads(open(path).read())
+    d["config"]["total_steps"] = mixture.MAX_MIXTURE_STEPS
+    d["weights"] = weights
+    (tmp_path / "big.json").write_text(json.dumps(d))
+
+    def never(self, r):
+        raise AssertionError("the schedule's weights were computed for a file that does not hold them")
+
+    monkeypatch.setattr(mixture.MixtureSchedule, "_weights", never)
+    with pytest.raises(InputError, match=r"big.json: .*weights"):
+        mixture.load_mixture_schedule(tmp_path / "big.json")

@@ -570,10 +570,16 @@ def load_mixture_schedule(path) -> MixtureSchedule:
         for key, v in config.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise TypeError(f"config {key} is not a number: {v!r}")
-        sched = MixtureSchedule(DomainRates.from_dict(r), MixtureConfig(**config), base=base)
-        if list(d["domains"]) != list(sched.domains):
-            raise ValueError(f"its domains {d['domains']} are not its rates' {list(sched.domains)}")
-        weights = np.asarray(d["weights"], np.float64)
+        cfg, rates = MixtureConfig(**config), DomainRates.from_dict(r)
+        if list(d["domains"]) != list(rates.domains):
+            raise ValueError(f"its domains {d['domains']} are not its rates' {list(rates.domains)}")
+        # the file's rows before the schedule's: a config of 10,000,000 steps over a file holding
+        # none made the reader compute them all (seconds and GBs, more with more domains) to refuse it
+        weights = _floats("its weights", d["weights"])
+        if weights.shape != (cfg.total_steps, len(rates.domains)):
+            raise ValueError(f"its weights have shape {list(weights.shape)}; its config and domains say "
+                             f"[{cfg.total_steps}, {len(rates.domains)}] (steps, domains)")  # fmt: skip
+        sched = MixtureSchedule(rates, cfg, base=base)
     except InputError as exc:
         raise InputError(f"{path}: not a valid mixture schedule: {exc}") from None
     except (KeyError, TypeError, ValueError, IndexError) as exc:
