@@ -210,3 +210,43 @@ def test_a_schedule_file_claiming_more_steps_than_it_holds_is_refused_before_any
     monkeypatch.setattr(mixture.MixtureSchedule, "_weights", never)
     with pytest.raises(InputError, match=r"big.json: .*weights"):
         mixture.load_mixture_schedule(tmp_path / "big.json")
+
+
+# -- what a schedule hands out --------------------------------------------------------------
+
+
+def test_probabilities_handed_out_do_not_change_the_schedule_or_its_sampler():
+    """``SampleSchedule.probabilities(step)`` handed out the array it caches: a loop that zeroed a
+    sample or rescaled the row it was given changed what the schedule, and the sampler drawing
+    from it at that step, gave next (the mixture's weights were fixed so in hunt 20)."""
+    from test_curriculum import HAND, V, _table
+
+    from tokdyn.curriculum import CurriculumConfig, CurriculumSampler, SampleSchedule
+
+    windows = np.random.default_rng(2).integers(0, 5, size=(40, 6))
+    sched = SampleSchedule(_table(HAND), windows, CurriculumConfig(total_steps=100, floor=0.2), tokenizer=V)
+    fresh = SampleSchedule(_table(HAND), windows, CurriculumConfig(total_steps=100, floor=0.2), tokenizer=V)
+    sampler = CurriculumSampler(sched, samples_per_step=64, seed=0)
+    want = CurriculumSampler(fresh, samples_per_step=64, seed=0).draws(7)
+    p = sched.probabilities(7)
+    p[:20] = 0.0
+    p /= p.sum()
+    np.testing.assert_array_equal(sched.probabilities(7), fresh.probabilities(7))
+    np.testing.assert_array_equal(sampler.draws(7), want)
+
+
+def test_an_enrichment_handed_out_does_not_change_the_schedule(tmp_path):
+    """``enrichment()`` shared its noise record and its list of unfed domains with the schedule:
+    editing the answer changed what ``save`` wrote."""
+    import json
+
+    from test_curriculum_v2 import _copied_domains
+
+    ev, dom = _copied_domains(0)
+    sched = MixtureSchedule(DomainRates.from_events(ev, dom, ("a", "b")), MixtureConfig(total_steps=10), base=[1.0, 0.0])
+    e = sched.enrichment()
+    e["noise"]["n_units"] = 1
+    e["zero_base"].append("x")
+    saved = json.loads(open(sched.save(tmp_path / "m.json")).read())["enrichment"]
+    assert saved["noise"]["n_units"] == 16 and saved["zero_base"] == ["b"]
+    assert sched.enrichment()["noise"]["n_units"] == 16 and sched.enrichment()["zero_base"] == ["b"]

@@ -455,7 +455,8 @@ class MixtureSchedule:
         ``best`` and ``unbounded`` of their rates before the differences within noise were
         shrunk away, and ``noise``, over what."""
         e = self._enrichment_
-        return {**e, "per_step": e["per_step"].tolist()}
+        # its lists and dicts copied too: editing the answer's noise record changed the saved file's
+        return {**{k: type(v)(v) if isinstance(v, (dict, list)) else v for k, v in e.items()}, "per_step": e["per_step"].tolist()}
 
     def _enrichment(self, r: np.ndarray) -> dict:
         """:meth:`enrichment` at the step rates ``r [steps, D]``, with ``per_step`` an array."""
