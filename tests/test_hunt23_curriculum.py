@@ -250,3 +250,25 @@ def test_an_enrichment_handed_out_does_not_change_the_schedule(tmp_path):
     saved = json.loads(open(sched.save(tmp_path / "m.json")).read())["enrichment"]
     assert saved["noise"]["n_units"] == 16 and saved["zero_base"] == ["b"]
     assert sched.enrichment()["noise"]["n_units"] == 16 and sched.enrichment()["zero_base"] == ["b"]
+
+
+def test_a_v1_arm_that_diverged_after_reaching_the_target_is_no_speed_up():
+    """The v1 read-out skipped an arm's NaN evaluations, so an arm that reached the baseline's
+    final loss at step 15 and then diverged (NaN at the end) read +50 %, unflagged; and one
+    diverged seed (its NaN speed-up) made every seed's mean and interval NaN. A seed whose arm or
+    baseline ended not finite is named (``diverged``) and left out of the mean, counted, as in
+    the mixture measurement."""
+    from tokdyn.curriculum.experiment import compare_curves, summarize
+
+    steps = [10, 20, 30]
+    base = {s: {"steps": steps, "val_loss": [3.0, 2.5, 2.0]} for s in range(3)}
+    arm = {0: {"steps": steps, "val_loss": [3.0, 2.0, 1.9]}, 1: {"steps": steps, "val_loss": [3.0, 1.0, float("nan")]},
+           2: {"steps": steps, "val_loss": [2.9, 2.0, 1.8]}}  # fmt: skip
+    c = compare_curves(base, arm)
+    assert c["diverged"] == [1] and np.isnan(c["per_seed"]["speedup"][1]) and np.isnan(c["per_seed"]["auc_ratio"][1])
+    assert c["speedup"]["n"] == 2 and c["speedup"]["n_left_out"] == 1
+    assert c["speedup"]["mean"] == pytest.approx(1 - 20 / 30)  # seeds 0 and 2 both reach 2.0 at step 20
+    got, want = summarize([0.1, float("nan"), 0.3]), summarize([0.1, 0.3])
+    assert got["n_left_out"] == 1 and want["n_left_out"] == 0
+    assert {k: got[k] for k in ("mean", "sd", "ci95", "n")} == {k: want[k] for k in ("mean", "sd", "ci95", "n")}
+    assert want["mean"] == pytest.approx(0.2) and want["n"] == 2
