@@ -99,6 +99,29 @@ def test_reordering_the_domains_reorders_rates_and_weights_with_their_names(perm
     assert sb.enrichment()["schedule"] == pytest.approx(sa.enrichment()["schedule"], rel=1e-12)
 
 
+
+@settings(max_examples=10, deadline=None)
+@given(copies=st.integers(2, 4), seed=st.integers(0, 2**16))
+def test_a_probe_copied_within_its_documents_keeps_its_rates(copies, seed):
+    """Every token of the probe repeated ``copies`` times in its own document says nothing new:
+    the rates per token, their resampled errors (a document's copies are drawn together) and
+    hence the shrunk rates are the same."""
+    rng = np.random.default_rng(seed)
+    n = 60
+    unit, mu, delta = np.arange(n) // 3, rng.uniform(0.5, 2.5, n), rng.uniform(0.1, 2, n)
+    dom = rng.permutation(np.arange(n) % 2)
+
+    def events(k):
+        m = n * k
+        ev = Events(token=np.arange(m), mu=np.tile(mu, k), s=np.full(m, 0.2), delta=np.tile(delta, k), n_tokens=m,
+                    x_range=(0.0, 3.0))  # fmt: skip
+        return replace(ev, unit=np.tile(unit, k), unit_kind="document"), np.tile(dom, k)
+
+    one, many = (DomainRates.from_events(*events(k), ("a", "b")) for k in (1, copies))
+    np.testing.assert_allclose(many.unshrunk.rates, one.unshrunk.rates, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(many.rates, one.rates, rtol=1e-9, atol=1e-12)
+
+
 # -- the A/B read-out ---------------------------------------------------------------------
 
 
