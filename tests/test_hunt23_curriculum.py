@@ -295,3 +295,20 @@ def test_a_v1_arm_that_diverged_after_reaching_the_target_is_no_speed_up():
     assert got["n_left_out"] == 1 and want["n_left_out"] == 0
     assert {k: got[k] for k in ("mean", "sd", "ci95", "n")} == {k: want[k] for k in ("mean", "sd", "ci95", "n")}
     assert want["mean"] == pytest.approx(0.2) and want["n"] == 2
+
+
+def test_a_probe_naming_a_domain_it_has_no_token_of_says_which(tmp_path, capsys):
+    """A probe labelled with domains 'a' and 'b' whose tokens are all of 'a' (b was in the
+    training data, not in the probe) was told it "holds one domain (a); a mixture schedule needs
+    a probe of two or more labelled domains", which it is; the line names 'b' as the domain with
+    no probe tokens, as the library says."""
+    from test_hunt20_curriculum import _pilot
+
+    from reliability_fixtures import cli_error_line, run_cli
+
+    mu = np.random.default_rng(0).uniform(2, 3, 40)
+    store = _pilot(tmp_path / "p.zarr", mu, np.zeros(40, int), ("a", "b"), np.zeros(40, bool))
+    code, err = run_cli(["curriculum", "schedule", store, "--run", "pilot", "--steps", "100", "--out", str(tmp_path / "m.json")],
+                        capsys)  # fmt: skip
+    line = cli_error_line(err)
+    assert code == 1 and "domain(s) ['b'] have no probe tokens" in line, line
