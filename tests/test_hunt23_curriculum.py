@@ -312,3 +312,17 @@ def test_a_probe_naming_a_domain_it_has_no_token_of_says_which(tmp_path, capsys)
                         capsys)  # fmt: skip
     line = cli_error_line(err)
     assert code == 1 and "domain(s) ['b'] have no probe tokens" in line, line
+
+
+def test_the_v1_line_of_one_seed_claims_no_interval():
+    """From one seed (or one left after a diverged one) the v1 line printed "(95% CI +nan% ..
+    +nan%; ...)" and "AUC ratio ... (nan .. nan)"; it says that one seed gives no interval."""
+    from tokdyn.curriculum.experiment import arm_line, compare_curves
+
+    steps = [10, 20, 30]
+    one = compare_curves({0: {"steps": steps, "val_loss": [3.0, 2.5, 2.0]}}, {0: {"steps": steps, "val_loss": [3.0, 2.0, 1.9]}})
+    line = arm_line("sample", one)
+    assert "nan" not in line and "no interval from one seed" in line and "+33.3%" in line, line
+    two = compare_curves({s: {"steps": steps, "val_loss": [3.0, 2.5, 2.0]} for s in (0, 1)},
+                         {s: {"steps": steps, "val_loss": [3.0, 2.0, 1.9 - s]} for s in (0, 1)})  # fmt: skip
+    assert "(95% CI +33.3% .. +33.3%; per seed +33.3%, +33.3%)" in arm_line("sample", two)

@@ -40,7 +40,7 @@ from .sampler import CurriculumSampler
 from .schedule import CurriculumConfig, SampleSchedule
 from .weights import TokenWeights
 
-__all__ = ["ABConfig", "ARMS", "run_ab", "steps_to_reach", "compare_curves", "summarize", "plot_curves", "weight_diagnostics"]
+__all__ = ["ABConfig", "ARMS", "run_ab", "arm_line", "steps_to_reach", "compare_curves", "summarize", "plot_curves", "weight_diagnostics"]
 
 # arm name -> (how the curriculum is applied, which kernel width)
 ARMS: dict[str, tuple[str, str | None]] = {
@@ -196,11 +196,7 @@ def run_ab(out: str | Path, config: ABConfig = ABConfig(), *, corpus: Corpus | N
                      what="results")  # strict JSON (a seed's NaN is null), never half written
     plot_curves(results, out / "curves.png")
     for arm, c in comparison.items():
-        s, a = c["speedup"], c["auc_ratio"]
-        gone = f"; diverged on seeds {c['diverged']}, left out" if c["diverged"] else ""
-        log(f"      {arm:<12} speed-up {s['mean']:+.1%} (95% CI {s['ci95'][0]:+.1%} .. {s['ci95'][1]:+.1%}; per seed "
-            f"{', '.join(f'{x:+.1%}' for x in c['per_seed']['speedup'])}{'; upper bound: not reached' if c['not_reached'] else ''}{gone}), "
-            f"AUC ratio {a['mean']:.4f} ({a['ci95'][0]:.4f} .. {a['ci95'][1]:.4f})")  # fmt: skip
+        log(f"      {arm_line(arm, c)}")
     log(f"done in {results['total_seconds']:.0f} s; wrote {out / 'results.json'} and {out / 'curves.png'}")
     return results
 
@@ -252,6 +248,20 @@ def weight_diagnostics(schedule: SampleSchedule, weights: TokenWeights, ds: Wind
             out[f"{name}_effective_share"].append(share)
             out[f"{name}_max_over_uniform"].append(top)
     return out
+
+
+def arm_line(arm: str, c: dict) -> str:
+    """One arm's read-out (:func:`compare_curves`) as the log line: speed-up and AUC ratio with
+    their intervals, or, from fewer than two seeds, that there is none (it printed "+nan%")."""
+    s, a = c["speedup"], c["auc_ratio"]
+    per_seed = ", ".join(f"{x:+.1%}" for x in c["per_seed"]["speedup"])
+    flags = ("; upper bound: not reached" if c["not_reached"] else "") + \
+            (f"; diverged on seeds {c['diverged']}, left out" if c.get("diverged") else "")  # fmt: skip
+    if s["n"] < 2:
+        return (f"{arm:<12} speed-up {s['mean']:+.1%} (n={s['n']}: no interval from {'one seed' if s['n'] else 'no seed'}; "
+                f"per seed {per_seed}{flags}), AUC ratio {a['mean']:.4f}")  # fmt: skip
+    return (f"{arm:<12} speed-up {s['mean']:+.1%} (95% CI {s['ci95'][0]:+.1%} .. {s['ci95'][1]:+.1%}; per seed {per_seed}{flags}), "
+            f"AUC ratio {a['mean']:.4f} ({a['ci95'][0]:.4f} .. {a['ci95'][1]:.4f})")  # fmt: skip
 
 
 def steps_to_reach(steps, losses, target: float) -> tuple[float, bool]:
