@@ -326,3 +326,18 @@ def test_the_v1_line_of_one_seed_claims_no_interval():
     two = compare_curves({s: {"steps": steps, "val_loss": [3.0, 2.5, 2.0]} for s in (0, 1)},
                          {s: {"steps": steps, "val_loss": [3.0, 2.0, 1.9 - s]} for s in (0, 1)})  # fmt: skip
     assert "(95% CI +33.3% .. +33.3%; per seed +33.3%, +33.3%)" in arm_line("sample", two)
+
+
+def test_a_positive_control_seed_with_no_budget_to_read_is_said():
+    """Seed 2's full baseline ended above its 0.8x one: its control has no budget to read and
+    was left out of the control's mean and interval with nothing said; the line says so."""
+    from tokdyn.curriculum.ab import MixtureABConfig, headline_lines, summarize_runs
+
+    cfg = MixtureABConfig(seeds=(0, 1, 2), arms=("mixture",), ladder=(0.8, 0.9, 1.0), steps=40, eval_points=4)
+    lad = lambda b, s: 3.0 - 0.4 * np.log(b) + 0.001 * s  # noqa: E731
+    ladders = {s: [lad(b, s) for b in cfg.ladder] for s in (0, 1)} | {2: (3.2, 3.25, 3.3)}
+    res = summarize_runs(_ab_runs(cfg, ladders, {0: 3.0, 1: 3.0, 2: 3.1}), cfg, ("a", "b"))
+    assert res["positive_control"]["speedup"]["n"] == 2 and res["positive_control"]["speedup"]["n_left_out"] == 1
+    res.update(enrichment_verdict="-", aa_batches_identical={"identical": True})
+    line = [x for x in headline_lines(res) if x.startswith("positive control")][0]
+    assert line.endswith("; no budget to read on seeds [2], left out"), line

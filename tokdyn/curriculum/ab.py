@@ -676,6 +676,7 @@ def summarize_runs(runs: list[dict], cfg: MixtureABConfig, domains) -> dict:
             ls = [lo for b, lo in zip(cfg.ladder, ladder[s]) if b != 0.9]
             vals.append(speedup(rest, ls, ladder[s][i], used=1.0)[0])
         control = {"expected": 1 - 1 / 0.9, "speedup": paired_bootstrap(vals), "per_seed": vals,
+                   "unreadable": [s for s, v in zip(seeds, vals) if not math.isfinite(v)],
                    "matched_budget": paired_bootstrap([1 / (1 - v) for v in vals])}  # fmt: skip
         c = control["speedup"]["ci95"]
         control["detected"] = bool(c[0] <= control["expected"] <= c[1] and c[1] < 0)
@@ -709,7 +710,8 @@ def headline_lines(res: dict) -> list[str]:
                 verdict = f"NOT detected: the true value lies outside the interval (read-out bias {s['mean'] - c['expected']:+.2%})"
             else:
                 verdict = "NOT detected: the interval reaches 0"
-            lines.append(f"{head}{s['mean']:+.1%} (95% CI {s['ci95'][0]:+.2%} .. {s['ci95'][1]:+.2%}) -> {verdict}")
+            gone = f"; no budget to read on seeds {c['unreadable']}, left out" if c.get("unreadable") else ""
+            lines.append(f"{head}{s['mean']:+.1%} (95% CI {s['ci95'][0]:+.2%} .. {s['ci95'][1]:+.2%}) -> {verdict}{gone}")
     if res.get("aa"):
         a = res["aa"]
         lines.append(f"A/A: draws identical {a['draws_identical']}, final loss difference {a['max_abs_final_loss_diff']:.1e} "
