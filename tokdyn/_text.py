@@ -59,11 +59,13 @@ def labels(names) -> list[str]:
     """Each of ``names`` as :func:`visible` shows it, unless two different names would show the
     same (a domain ``"a\\n"`` holding a newline and one holding a backslash and ``n``): then
     those are shown as Python writes them (``repr``), quoted and with their backslashes doubled,
-    so weights or rows printed beside them are told apart."""
+    so weights or rows printed beside them are told apart. So is a name that shows nothing at an
+    end or holds a line's separator: empty, with whitespace at an end, or with a comma (domains
+    ``''`` and ``' '`` printed as ``step 1:  0.50,   0.50``)."""
     names = [str(n) for n in names]
     shown = [visible(n) for n in names]
     clash = {v for v in shown if len({n for n, w in zip(names, shown) if w == v}) > 1}
-    return [repr(n) if v in clash else v for n, v in zip(names, shown)]
+    return [repr(n) if v in clash or not v or v != v.strip() or "," in v else v for n, v in zip(names, shown)]
 
 
 def say(line: str) -> None:

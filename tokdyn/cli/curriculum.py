@@ -191,9 +191,8 @@ def _schedule(args: argparse.Namespace) -> int:
     from ..curriculum.mixture import DomainRates, MixtureConfig, MixtureSchedule, enrichment_verdict, pilot_events
 
     pe = pilot_events(store_path(args.store), args.run)
-    present = np.unique(pe.token_domain)
-    if present.size < 2:
-        raise InputError(f"the pilot's probe holds one domain ({pe.domains[int(present[0])] if pe.domains else 'unlabelled'}); "
+    if len(pe.domains) < 2:  # a probe naming two domains with tokens of one: from_events names the other
+        raise InputError(f"the pilot's probe holds one domain ({pe.domains[0] if pe.domains else 'unlabelled'}); "
                          "a mixture schedule needs a probe of two or more labelled domains (tokdyn.curriculum.mixture_probe)")  # fmt: skip
     cfg = MixtureConfig(total_steps=args.steps, floor=args.floor, temperature=args.temperature, width=args.width,
                         lead=args.lead, time_scale=args.time_scale)  # fmt: skip

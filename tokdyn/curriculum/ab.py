@@ -633,7 +633,7 @@ def summarize_runs(runs: list[dict], cfg: MixtureABConfig, domains) -> dict:
     full = cfg.ladder.index(1.0)
     arms = {}
     for arm in cfg.arms:
-        sp, auc, outside, diverged, dom_sp, finals, diffs = [], [], [], [], [], [], []
+        sp, auc, outside, diverged, unreadable, dom_sp, finals, diffs = [], [], [], [], [], [], [], []
         for s in seeds:
             r = by.get((s, arm, 1.0))
             if r is None:
@@ -647,6 +647,11 @@ def summarize_runs(runs: list[dict], cfg: MixtureABConfig, domains) -> dict:
             if not (np.isfinite(r["final_mixture"]) and np.all(np.isfinite(ladder[s]))):
                 diverged.append(s)
                 v, a, dom = float("nan"), float("nan"), [float("nan")] * len(domains)
+            elif not math.isfinite(v):
+                # the ladder's segment at the arm's loss does not fall (a rung no lower than the one
+                # below it): no budget to read, so no speed-up; it was called "outside the ladder",
+                # and the seed left out of the mean unnamed is the one where the arm did worst
+                unreadable.append(s)
             elif not inside:
                 outside.append(s)
             sp.append(v)
@@ -659,7 +664,7 @@ def summarize_runs(runs: list[dict], cfg: MixtureABConfig, domains) -> dict:
         d = np.array(dom_sp)
         arms[arm] = {"speedup": paired_bootstrap(sp), "auc_ratio": paired_bootstrap(auc),
                      "per_seed": {"speedup": sp, "auc_ratio": auc, "final_mixture": finals},
-                     "outside_ladder": outside, "diverged": diverged,
+                     "outside_ladder": outside, "diverged": diverged, "unreadable": unreadable,
                      "domain_speedup": {dom: paired_bootstrap(d[:, k]) for k, dom in enumerate(domains)},
                      "final_loss_diff": paired_bootstrap(diffs)}  # fmt: skip
     control = None
@@ -671,6 +676,7 @@ def summarize_runs(runs: list[dict], cfg: MixtureABConfig, domains) -> dict:
             ls = [lo for b, lo in zip(cfg.ladder, ladder[s]) if b != 0.9]
             vals.append(speedup(rest, ls, ladder[s][i], used=1.0)[0])
         control = {"expected": 1 - 1 / 0.9, "speedup": paired_bootstrap(vals), "per_seed": vals,
+                   "unreadable": [s for s, v in zip(seeds, vals) if not math.isfinite(v)],
                    "matched_budget": paired_bootstrap([1 / (1 - v) for v in vals])}  # fmt: skip
         c = control["speedup"]["ci95"]
         control["detected"] = bool(c[0] <= control["expected"] <= c[1] and c[1] < 0)
@@ -693,14 +699,19 @@ def headline_lines(res: dict) -> list[str]:
     c = res.get("positive_control")
     if c:
         s = c["speedup"]
-        if c["detected"]:
-            verdict = "detected"
-        elif s["ci95"][1] < 0:  # seen, but the read-out is off by more than its interval: say by how much
-            verdict = f"NOT detected: the true value lies outside the interval (read-out bias {s['mean'] - c['expected']:+.2%})"
+        head = f"positive control (0.9x baseline as a full run; true {c['expected']:+.1%}): "
+        if s["n"] < 2:  # no interval to judge it by (its ci95 is NaN): not "NOT detected: the interval reaches 0"
+            lines.append(head + (f"{s['mean']:+.1%}, n=1 (no interval from one seed, so not judged)" if s["n"] else
+                                 "no seed's ladder could be read, so not judged"))  # fmt: skip
         else:
-            verdict = "NOT detected: the interval reaches 0"
-        lines.append(f"positive control (0.9x baseline as a full run; true {c['expected']:+.1%}): {s['mean']:+.1%} "
-                     f"(95% CI {s['ci95'][0]:+.2%} .. {s['ci95'][1]:+.2%}) -> {verdict}")  # fmt: skip
+            if c["detected"]:
+                verdict = "detected"
+            elif s["ci95"][1] < 0:  # seen, but the read-out is off by more than its interval: say by how much
+                verdict = f"NOT detected: the true value lies outside the interval (read-out bias {s['mean'] - c['expected']:+.2%})"
+            else:
+                verdict = "NOT detected: the interval reaches 0"
+            gone = f"; no budget to read on seeds {c['unreadable']}, left out" if c.get("unreadable") else ""
+            lines.append(f"{head}{s['mean']:+.1%} (95% CI {s['ci95'][0]:+.2%} .. {s['ci95'][1]:+.2%}) -> {verdict}{gone}")
     if res.get("aa"):
         a = res["aa"]
         lines.append(f"A/A: draws identical {a['draws_identical']}, final loss difference {a['max_abs_final_loss_diff']:.1e} "
@@ -721,8 +732,10 @@ def headline_lines(res: dict) -> list[str]:
 def _diverged_note(c: dict) -> str:
     """``; diverged on seeds [..] (left out)`` for an arm whose loss, or its baseline's, was not
     finite on some seeds (they have no speed-up; the mean and its interval are of the others)."""
-    bad = c.get("diverged") or []
-    return f"; loss not finite (diverged) on seeds {bad}, left out" if bad else ""
+    bad, unread = c.get("diverged") or [], c.get("unreadable") or []
+    return ((f"; loss not finite (diverged) on seeds {bad}, left out" if bad else "")
+            + (f"; the ladder has no budget for the arm's loss (a rung no lower than the one below it) on seeds {unread}, "
+               "left out" if unread else ""))  # fmt: skip
 
 
 def plot_mixture(res: dict, path: Path) -> None:

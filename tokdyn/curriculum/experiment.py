@@ -40,7 +40,7 @@ from .sampler import CurriculumSampler
 from .schedule import CurriculumConfig, SampleSchedule
 from .weights import TokenWeights
 
-__all__ = ["ABConfig", "ARMS", "run_ab", "steps_to_reach", "compare_curves", "summarize", "plot_curves", "weight_diagnostics"]
+__all__ = ["ABConfig", "ARMS", "run_ab", "arm_line", "steps_to_reach", "compare_curves", "summarize", "plot_curves", "weight_diagnostics"]
 
 # arm name -> (how the curriculum is applied, which kernel width)
 ARMS: dict[str, tuple[str, str | None]] = {
@@ -196,10 +196,7 @@ def run_ab(out: str | Path, config: ABConfig = ABConfig(), *, corpus: Corpus | N
                      what="results")  # strict JSON (a seed's NaN is null), never half written
     plot_curves(results, out / "curves.png")
     for arm, c in comparison.items():
-        s, a = c["speedup"], c["auc_ratio"]
-        log(f"      {arm:<12} speed-up {s['mean']:+.1%} (95% CI {s['ci95'][0]:+.1%} .. {s['ci95'][1]:+.1%}; per seed "
-            f"{', '.join(f'{x:+.1%}' for x in c['per_seed']['speedup'])}{'; upper bound: not reached' if c['not_reached'] else ''}), "
-            f"AUC ratio {a['mean']:.4f} ({a['ci95'][0]:.4f} .. {a['ci95'][1]:.4f})")  # fmt: skip
+        log(f"      {arm_line(arm, c)}")
     log(f"done in {results['total_seconds']:.0f} s; wrote {out / 'results.json'} and {out / 'curves.png'}")
     return results
 
@@ -253,6 +250,20 @@ def weight_diagnostics(schedule: SampleSchedule, weights: TokenWeights, ds: Wind
     return out
 
 
+def arm_line(arm: str, c: dict) -> str:
+    """One arm's read-out (:func:`compare_curves`) as the log line: speed-up and AUC ratio with
+    their intervals, or, from fewer than two seeds, that there is none (it printed "+nan%")."""
+    s, a = c["speedup"], c["auc_ratio"]
+    per_seed = ", ".join(f"{x:+.1%}" for x in c["per_seed"]["speedup"])
+    flags = ("; upper bound: not reached" if c["not_reached"] else "") + \
+            (f"; diverged on seeds {c['diverged']}, left out" if c.get("diverged") else "")  # fmt: skip
+    if s["n"] < 2:
+        return (f"{arm:<12} speed-up {s['mean']:+.1%} (n={s['n']}: no interval from {'one seed' if s['n'] else 'no seed'}; "
+                f"per seed {per_seed}{flags}), AUC ratio {a['mean']:.4f}")  # fmt: skip
+    return (f"{arm:<12} speed-up {s['mean']:+.1%} (95% CI {s['ci95'][0]:+.1%} .. {s['ci95'][1]:+.1%}; per seed {per_seed}{flags}), "
+            f"AUC ratio {a['mean']:.4f} ({a['ci95'][0]:.4f} .. {a['ci95'][1]:.4f})")  # fmt: skip
+
+
 def steps_to_reach(steps, losses, target: float) -> tuple[float, bool]:
     """First step at which the curve ``losses`` (at ``steps``) falls to ``target``, interpolating
     linearly between evaluations (an evaluation that is NaN or inf is skipped); ``(last step,
@@ -279,34 +290,45 @@ def compare_curves(baseline: dict[int, dict], arm: dict[int, dict]) -> dict:
     seeds = sorted(set(baseline) & set(arm))
     if not seeds:
         raise InputError("no seed was run for both the baseline and the arm")
-    speed, auc, missed = [], [], []
+    speed, auc, missed, diverged = [], [], [], []
     for s in seeds:
         b, a = baseline[s], arm[s]
         target = b["val_loss"][-1]
+        if not (math.isfinite(target) and math.isfinite(a["val_loss"][-1])):
+            # a run that diverged is no faster run: its NaN evaluations were skipped, so an arm
+            # that reached the target and then diverged read as a speed-up; named, left out
+            diverged.append(s)
+            speed.append(float("nan"))
+            auc.append(float("nan"))
+            continue
         steps_b, _ = steps_to_reach(b["steps"], b["val_loss"], target)
         steps_a, reached = steps_to_reach(a["steps"], a["val_loss"], target)
-        # a baseline that diverged (NaN final loss) or reached its loss at step 0 gives no
-        # speed-up to read: NaN, not 0 (it was 0.0, "no effect", or a ZeroDivisionError)
+        # a baseline that reached its loss at step 0 gives no speed-up to read: NaN, not a
+        # ZeroDivisionError (a diverged one read 0.0, "no effect")
         speed.append(1.0 - steps_a / steps_b if steps_b > 0 else float("nan"))
         auc.append(float(np.trapezoid(a["val_loss"], a["steps"]) / np.trapezoid(b["val_loss"], b["steps"])))
         if not reached:
             missed.append(s)
-    return {"seeds": seeds, "per_seed": {"speedup": speed, "auc_ratio": auc}, "not_reached": missed,
+    return {"seeds": seeds, "per_seed": {"speedup": speed, "auc_ratio": auc}, "not_reached": missed, "diverged": diverged,
             "speedup": summarize(speed), "auc_ratio": summarize(auc)}  # fmt: skip
 
 
 def summarize(values) -> dict:
-    """Mean, standard deviation and a 95 % Student-t interval of the mean over seeds."""
+    """Mean, standard deviation and a 95 % Student-t interval of the mean over seeds; values that
+    are not finite (a seed that diverged, or had no speed-up to read) are left out and counted
+    in ``n_left_out`` (one NaN made every figure NaN)."""
     from scipy.stats import t as student_t
 
     v = np.asarray(values, float)
+    left_out = int((~np.isfinite(v)).sum())
+    v = v[np.isfinite(v)]
     n = v.size
     mean = float(v.mean()) if n else float("nan")
     if n < 2:
-        return {"mean": mean, "sd": float("nan"), "ci95": [float("nan"), float("nan")], "n": n}
+        return {"mean": mean, "sd": float("nan"), "ci95": [float("nan"), float("nan")], "n": n, "n_left_out": left_out}
     sd = float(v.std(ddof=1))
     half = float(student_t.ppf(0.975, n - 1) * sd / math.sqrt(n))
-    return {"mean": mean, "sd": sd, "ci95": [mean - half, mean + half], "n": n}
+    return {"mean": mean, "sd": sd, "ci95": [mean - half, mean + half], "n": n, "n_left_out": left_out}
 
 
 def plot_curves(results: dict, path: Path) -> None:

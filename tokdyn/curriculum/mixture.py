@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -103,7 +103,38 @@ def pilot_events(store, run: str) -> PilotEvents:
     domain = ta.get("domain")
     if domain is None or not probe.domains or np.asarray(domain).dtype.kind not in "iu":
         domain = np.zeros(probe.n_tokens, np.int64)  # not labelled by domain (an imported losses.npz): one domain
-    return PilotEvents(events, np.asarray(domain), np.asarray(ta["token_pos"]), tuple(probe.domains))
+    domain = np.asarray(domain)
+    return PilotEvents(_units_by_domain(events, ta["sample_id"], domain), domain, np.asarray(ta["token_pos"]), tuple(probe.domains))
+
+
+_FINER = {"document": ("window", "token"), "window": ("token",)}  # the sampling units below each
+
+
+def _units_by_domain(events, sample_id, domain: np.ndarray):
+    """``events`` whose sampling units (:meth:`DomainRates.from_events` resamples them) give
+    every domain two at least: the probe's own (documents where it tells them apart), and for a
+    domain whose scored tokens lie in one of them, its windows (``sample_id``), else its tokens.
+
+    A domain that is one document drew the same rate in every resample of documents: its error
+    read 0, and its whole difference from the others, noise included, was kept as real."""
+    unit, _ = events.units()
+    n = events.n_tokens
+    levels = [(unit, events.unit_kind)]
+    for kind in _FINER.get(events.unit_kind, ()):
+        codes = np.unique(np.asarray(sample_id), return_inverse=True)[1].reshape(-1) if kind == "window" else np.arange(n)
+        if codes.shape == (n,):
+            levels.append((codes.astype(np.int64), kind))
+    chosen = np.zeros(n, np.int64)  # the level each token's domain is resampled at
+    for k in np.unique(domain):
+        scored = events.scored_in(domain == k)
+        at = next((i for i, (codes, _) in enumerate(levels) if np.unique(codes[scored]).size >= 2), len(levels) - 1)
+        chosen[domain == k] = at
+    if not chosen.any():
+        return events  # every domain has two units of the probe's own kind at least
+    picked = np.choose(chosen, [codes for codes, _ in levels])
+    joint = np.unique(chosen * (n + 1) + picked, return_inverse=True)[1].reshape(-1)  # (level, unit): distinct codes
+    kinds = {levels[i][1] for i in np.unique(chosen)}
+    return replace(events, unit=joint.astype(np.int64), unit_kind=kinds.pop() if len(kinds) == 1 else "sampling unit")
 
 
 @dataclass(frozen=True)
@@ -232,14 +263,20 @@ class DomainRates:
                              "and a schedule would hold them at the floor as if they had nothing to learn; record a pilot "
                              "whose probe has tokens of every domain (tokdyn.curriculum.mixture_probe), or leave those "
                              "domains out of the mixture")  # fmt: skip
+        shrink = significance > 0 and len(domains) > 1
+        unit, n_units = events.units()  # a unit's tokens (a document's, a window's) share its multiplicity
+        single = [str(domains[k]) for k in range(len(domains)) if np.unique(unit[counted[k]]).size < 2]
+        if shrink and single:  # every resample draws its one unit or none: the same rate, an error of 0
+            raise InputError(f"domain(s) {single} have their scored probe tokens in one {events.unit_kind}: resampling "
+                             f"{events.unit_kind}s cannot show the noise of their rate, which would be kept as exact, "
+                             f"noise included; record a pilot probe with two or more {events.unit_kind}s of each domain, "
+                             "or keep the raw rates (DomainRates.from_events(..., significance=0))")  # fmt: skip
         h = max(_LOGISTIC_SD * width, _MIN_SMOOTHING)
         lo, hi = events.x_range
         n_grid = max(241, int(math.ceil((hi - lo) / (h / 4))) + 1)  # 4 points per h at least
         x = np.linspace(lo, hi, n_grid)
         rates = np.zeros((n_grid, len(domains)))
-        shrink = significance > 0 and len(domains) > 1
         rng = np.random.default_rng(seed)
-        unit, n_units = events.units()  # a unit's tokens (a document's, a window's) share its multiplicity
         # [n_boot, units] Poisson(1) counts (uint8: they stay far below 256), token arrays made one at a time
         unit_mults = np.minimum(rng.poisson(1.0, (n_boot if shrink else 0, n_units)), 255).astype(np.uint8)
         boots = np.zeros((len(unit_mults), n_grid, len(domains)))  # a domain without events: 0 in every resample
@@ -418,7 +455,8 @@ class MixtureSchedule:
         ``best`` and ``unbounded`` of their rates before the differences within noise were
         shrunk away, and ``noise``, over what."""
         e = self._enrichment_
-        return {**e, "per_step": e["per_step"].tolist()}
+        # its lists and dicts copied too: editing the answer's noise record changed the saved file's
+        return {**{k: type(v)(v) if isinstance(v, (dict, list)) else v for k, v in e.items()}, "per_step": e["per_step"].tolist()}
 
     def _enrichment(self, r: np.ndarray) -> dict:
         """:meth:`enrichment` at the step rates ``r [steps, D]``, with ``per_step`` an array."""
@@ -533,10 +571,16 @@ def load_mixture_schedule(path) -> MixtureSchedule:
         for key, v in config.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise TypeError(f"config {key} is not a number: {v!r}")
-        sched = MixtureSchedule(DomainRates.from_dict(r), MixtureConfig(**config), base=base)
-        if list(d["domains"]) != list(sched.domains):
-            raise ValueError(f"its domains {d['domains']} are not its rates' {list(sched.domains)}")
-        weights = np.asarray(d["weights"], np.float64)
+        cfg, rates = MixtureConfig(**config), DomainRates.from_dict(r)
+        if list(d["domains"]) != list(rates.domains):
+            raise ValueError(f"its domains {d['domains']} are not its rates' {list(rates.domains)}")
+        # the file's rows before the schedule's: a config of 10,000,000 steps over a file holding
+        # none made the reader compute them all (seconds and GBs, more with more domains) to refuse it
+        weights = _floats("its weights", d["weights"])
+        if weights.shape != (cfg.total_steps, len(rates.domains)):
+            raise ValueError(f"its weights have shape {list(weights.shape)}; its config and domains say "
+                             f"[{cfg.total_steps}, {len(rates.domains)}] (steps, domains)")  # fmt: skip
+        sched = MixtureSchedule(rates, cfg, base=base)
     except InputError as exc:
         raise InputError(f"{path}: not a valid mixture schedule: {exc}") from None
     except (KeyError, TypeError, ValueError, IndexError) as exc:

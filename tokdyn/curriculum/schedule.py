@@ -235,11 +235,12 @@ class SampleSchedule:
         """Sampling probabilities at ``step``: float64 ``[N]``, summing to 1, each ``>= floor / N``.
 
         With ``floor > 0`` a step at which no sample scores (a narrow kernel far from every
-        predicted ``mu``) is uniform; with ``floor == 0`` it is an :class:`InputError`.
+        predicted ``mu``) is uniform; with ``floor == 0`` it is an :class:`InputError`. A copy:
+        editing it changes neither the schedule nor a sampler drawing from it.
         """
         step = self.config.check_step(step)
         if self._cache is not None and self._cache[0] == step:
-            return self._cache[1]
+            return self._cache[1].copy()  # a copy: a caller that edits its row changed the schedule's next answer
         q = self.config.sharpen(self.scores(step))
         total = q.sum()
         f, n = self.config.floor, self.n_samples
@@ -256,8 +257,9 @@ class SampleSchedule:
             p = np.full(n, 1.0 / n)
         else:
             p = f / n + (1.0 - f) * (q / total)
+        p.setflags(write=False)
         self._cache = (step, p)
-        return p
+        return p.copy()
 
     def fingerprint(self) -> str:
         """Identifies the schedule (config, samples, table) in a sampler's state."""
