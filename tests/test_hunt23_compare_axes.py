@@ -1,0 +1,83 @@
+"""Hunt 23 on `tokdyn compare` and the D and M axes: axis attributes that are numbers no float
+holds, and axis values a fit's log axis cannot tell apart. Planted stores of a few dozen tokens
+(hunt 18's D sweep)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tokdyn.axes import assemble_axis, effective_steps, source_runs
+from tokdyn.errors import InputError
+
+from reliability_fixtures import cli_error_line, run_cli
+from test_hunt18_axes import _d_store, _set_attr
+
+HUGE = (10**400, -(10**400))  # JSON holds them; a float does not
+
+
+@pytest.mark.parametrize("value", HUGE, ids=["e400", "minus_e400"])
+def test_a_data_budget_no_float_holds_is_one_line(tmp_path, capsys, value):
+    """A run's data_budget of 10**400 (a hand-edited zarr.json, another program's metadata) was
+    'internal error ... OverflowError' from `tokdyn reconstruct --axis D` (math.isfinite of the
+    int); it is no positive, finite number, said as such."""
+    st = _set_attr(_d_store(tmp_path / "s.zarr"), "r2", "data_budget", value)
+    with pytest.raises(InputError, match="r2.*no positive, finite 'data_budget'"):
+        assemble_axis(st, "D")
+    code, err = run_cli(["reconstruct", str(tmp_path / "s.zarr"), "--axis", "D"], capsys)
+    line = cli_error_line(err)
+    assert code == 1 and "internal error" not in line and "no positive, finite 'data_budget'" in line
+    assert len(line) < 400  # the value said short, not in its 401 digits
+
+
+def test_a_tokens_per_step_no_float_holds_tells_no_tokens_seen(tmp_path):
+    """A source without tokens_seen whose tokens_per_step is 10**400 was OverflowError from
+    assemble_axis (its step times that int); like a missing one, it tells no tokens seen, and
+    the run takes its place at its data_budget."""
+    st = _d_store(tmp_path / "s.zarr")
+    with st.create_run("r5", capacity=1, attrs={"data_budget": 32000, "tokens_per_step": 10**400, "sweep": "D",
+                                                "model_config": {"w": 1}}).writer() as w:
+        w.append(np.full(st.probe.n_tokens, 1.0, np.float32), step=3200)  # no tokens_seen
+    axis = assemble_axis(st, "D")
+    assert axis.n_committed == 6 and axis.axis_values[-1] == 32000
+
+
+@pytest.mark.parametrize("value", HUGE, ids=["e400", "minus_e400"])
+def test_a_t_runs_tokens_per_step_no_float_holds_is_refused_by_effective_steps(tmp_path, value):
+    st = _d_store(tmp_path / "s.zarr")
+    axis = assemble_axis(st, "D", runs=[f"r{i}" for i in range(5)])
+    st = _set_attr(st, "r0", "tokens_per_step", value)  # r0 read as the T run
+    with pytest.raises(InputError, match="no positive, finite 'tokens_per_step'"):
+        effective_steps(st.run(axis.name), st.run("r0"))
+
+
+@pytest.mark.parametrize("entry", [{"run": "r0"}, {"run": "r0", "data_budget": 10**400}, {"run": "r0", "data_budget": "1e3"},
+                                   {"data_budget": 1000.0}, "r0"])
+def test_a_damaged_source_entry_of_an_axis_is_said(tmp_path, entry):
+    """An axis run's sources entry without its axis value, with one no float holds or with no
+    run was KeyError, OverflowError or ValueError from source_runs (and effective_steps)."""
+    st = _d_store(tmp_path / "s.zarr")
+    axis = assemble_axis(st, "D")
+    sources = list(axis.attrs["sources"])
+    sources[0] = entry
+    st = _set_attr(st, axis.name, "sources", sources)
+    with pytest.raises(InputError, match="a source entry names no run and positive, finite data_budget"):
+        source_runs(st.run(axis.name))
+
+
+@pytest.mark.parametrize("budgets, pair", [((1000, 2000, 2**53, 2**53 + 2), "['r2'] and ['r3']"),
+                                           ((10**15, 10**15 + 1, 4000, 8000), "['r0'] and ['r1']")])
+def test_budgets_one_point_on_the_log_axis_are_refused_before_the_axis_is_written(tmp_path, capsys, budgets, pair):
+    """Two data budgets whose log10 is one float64 (2**53 and 2**53 + 2 tokens) were assembled
+    into axis-D, which `tokdyn fit` then refused ("too close to tell apart on a log scale"),
+    leaving an axis run no fit takes; the assembly now asks the fit's own test first
+    (_checks.log_tie, as import-npz does) and writes nothing."""
+    path = tmp_path / "s.zarr"
+    st = _d_store(path, budgets=(*budgets, 16000, 32000), tps=1)
+    assert np.log10(float(sorted(budgets)[-2])) == np.log10(float(sorted(budgets)[-1]))  # planted: one log10
+    with pytest.raises(InputError, match="one point on a fit's log axis"):
+        assemble_axis(st, "D")
+    assert "axis-D" not in st.runs
+    code, err = run_cli(["reconstruct", str(path), "--axis", "D"], capsys)
+    line = cli_error_line(err)
+    assert code == 1 and "one point on a fit's log axis" in line and pair in line
