@@ -7,11 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import tokdyn
+
 from tokdyn.axes import assemble_axis, effective_steps, source_runs
 from tokdyn.errors import InputError
 
+from conftest import CONTEXT, VOCAB
 from reliability_fixtures import cli_error_line, run_cli
-from test_hunt18_axes import _d_store, _set_attr
+from test_hunt18_axes import _d_store, _never_called, _set_attr
 
 HUGE = (10**400, -(10**400))  # JSON holds them; a float does not
 
@@ -81,3 +84,39 @@ def test_budgets_one_point_on_the_log_axis_are_refused_before_the_axis_is_writte
     code, err = run_cli(["reconstruct", str(path), "--axis", "D"], capsys)
     line = cli_error_line(err)
     assert code == 1 and "one point on a fit's log axis" in line and pair in line
+
+
+@pytest.mark.parametrize("attrs", [{"sweep": "D"}, {"sweep": "D", "model_config": {"w": 1}}, {"decay_lr": [0.5]},
+                                   {"data_budget": 10}, {"lr_area": 3.0}])
+def test_run_attrs_that_the_sweep_writes_itself_are_refused_before_training(tiny_model, probe, store_path, attrs):
+    """run_attrs={"sweep": "D"} (how a recorder's runs of a sweep are tagged) was kept on the
+    trunk, a T run at the largest budget whose learning rate never decayed: assemble_axis took it
+    as a D point (budgets 384, 512, 640 and the trunk's 896 with trunk_steps=14), or, without
+    trunk_steps, as a second run at the largest budget that --repeats mean averaged in."""
+    from tokdyn.sweep import DecaySweepConfig, branched_decay_sweep
+
+    cfg = DecaySweepConfig(budgets=(6, 8, 10), warmup=1, trunk_points=3, trunk_steps=14)
+    st = tokdyn.open_store(store_path, probe, mode="w")
+    with pytest.raises(InputError, match=rf"run_attrs sets \['{next(k for k in sorted(attrs) if k != 'model_config')}'\], "
+                                         "which the sweep writes on its runs itself"):
+        branched_decay_sweep(tiny_model, _never_called, probe, st, cfg, tokens_per_step=64, run_attrs=attrs)
+    assert list(st.runs) == []
+
+
+def test_a_sweep_tags_its_branches_alone_as_the_d_axis(tiny_model, probe, store_path):
+    """The runs found for axis D are the branches, at their budgets, never the trunk."""
+    import torch
+
+    from tokdyn.axes import axis_sources
+    from tokdyn.sweep import DecaySweepConfig, branched_decay_sweep
+
+    def batches(start):
+        g = torch.Generator().manual_seed(start)
+        while True:
+            yield torch.randint(0, VOCAB, (2, CONTEXT + 1), generator=g)
+
+    cfg = DecaySweepConfig(budgets=(6, 8, 10), warmup=1, trunk_points=3, trunk_steps=14)
+    st = tokdyn.open_store(store_path, probe, mode="w")
+    out = branched_decay_sweep(tiny_model, batches, probe, st, cfg, tokens_per_step=64, run_attrs={"model_config": {"w": 1}})
+    assert sorted(axis_sources(st, "D")) == out.branches == ["D00", "D01", "D02"]
+    assert assemble_axis(st, "D").axis_values[:].tolist() == [384.0, 512.0, 640.0]
