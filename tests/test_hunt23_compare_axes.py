@@ -120,3 +120,17 @@ def test_a_sweep_tags_its_branches_alone_as_the_d_axis(tiny_model, probe, store_
     out = branched_decay_sweep(tiny_model, batches, probe, st, cfg, tokens_per_step=64, run_attrs={"model_config": {"w": 1}})
     assert sorted(axis_sources(st, "D")) == out.branches == ["D00", "D01", "D02"]
     assert assemble_axis(st, "D").axis_values[:].tolist() == [384.0, 512.0, 640.0]
+
+
+def test_an_axis_with_a_budget_no_float_holds_exactly_is_up_to_date_when_assembled(tmp_path):
+    """A data_budget of 2**53 + 1 tokens is held on the axis as 2**53; the axis compared the
+    source's int with it and called itself out of date the moment it was assembled, so every
+    `tokdyn reconstruct --axis D` assembled it again (and reconstruct_across refused it). A
+    budget changed since is still seen."""
+    from tokdyn.axes import axis_run_problem
+
+    st = _d_store(tmp_path / "s.zarr", budgets=(1000, 2000, 4000, 8000, 2**53 + 1), tps=1)
+    axis = assemble_axis(st, "D")
+    assert float(axis.axis_values[-1]) == float(2**53 + 1) and axis_run_problem(axis, "D") is None
+    st = _set_attr(st, "r4", "data_budget", 2**53 + 5)
+    assert "run 'r4' has data_budget 9007199254740997 now, 9007199254740992.0 when" in axis_run_problem(st.run("axis-D"), "D")

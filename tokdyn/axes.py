@@ -372,7 +372,9 @@ def axis_run_problem(run: Run, axis: str, runs: list[str] | None = None) -> str 
             return f"run {n!r} has {now} rows now, {then} when the axis was assembled"
         if s.get("run_id") is not None and rid != s["run_id"]:  # deleted and recorded again, as many rows
             return f"run {n!r} was recorded again since the axis was assembled (another run of that name now)"
-        if isinstance(s.get(attr), (int, float)) and value != s[attr]:
+        # as the axis holds them, floats: a data_budget of 2**53 + 1 (held as 2**53) read as changed
+        # the moment it was assembled, and every later reconstruct assembled it again
+        if _positive(s.get(attr)) and not (_positive(value) and float(value) == float(s[attr])):
             return f"run {n!r} has {attr} {shown(value)} now, {shown(s[attr])} when the axis was assembled"
     return None
 
