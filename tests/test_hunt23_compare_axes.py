@@ -134,3 +134,41 @@ def test_an_axis_with_a_budget_no_float_holds_exactly_is_up_to_date_when_assembl
     assert float(axis.axis_values[-1]) == float(2**53 + 1) and axis_run_problem(axis, "D") is None
     st = _set_attr(st, "r4", "data_budget", 2**53 + 5)
     assert "run 'r4' has data_budget 9007199254740997 now, 9007199254740992.0 when" in axis_run_problem(st.run("axis-D"), "D")
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """A run of 12 tokens, each learned once (test_compare's planted run), fitted."""
+    from test_compare import _planted_run
+
+    rng = np.random.default_rng(3)
+    n = 12
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.arange(n, dtype=np.int32), "token_pos": np.ones(n, np.int32)})
+    st = tokdyn.open_store(tmp_path_factory.mktemp("tt") / "s.zarr", probe, mode="w")
+    _planted_run(st, "A", rng.uniform(2.0, 3.5, n), rng)
+    return st
+
+
+@pytest.mark.parametrize("x_range", [(6.0, 7.0), (0.0, 3.0), (3.0, 5.5), (4.0, 2.0), (3.0, 3.0), (float("nan"), 3.0),
+                                     ("1", "3"), (1.0,), (True, 3.0), 3.0])
+def test_token_times_past_the_observed_range_is_refused(fitted, x_range):
+    """token_times(x_range=(6, 7)) on a run observed over log10 steps 1..5 gave tokens a
+    "learning time" at 6-7 (from the tails of sigmoids fitted to other steps: 4 of 200 tokens
+    of test_compare's run at (10, 20)); a range past the run's, reversed, or not two numbers
+    ("1", a bare 3.0) was that or a ValueError/TypeError. Now one InputError."""
+    from tokdyn.compare import token_times
+
+    with pytest.raises(InputError, match=r"x_range must be two log10 axis values, first < last, inside the range run 'A' "
+                                         r"observed \(1\.\.5\)"):
+        token_times(fitted, "A", x_range=x_range)
+
+
+def test_token_times_inside_the_observed_range_are_taken(fitted):
+    """Inside it (its ends included, an array too), a range is taken: the whole one gives the
+    default's times bit for bit, a narrower one times inside it."""
+    from tokdyn.compare import token_times
+
+    whole, inner = token_times(fitted, "A"), token_times(fitted, "A", x_range=(1.0, 5.0))
+    np.testing.assert_array_equal(whole.mu, inner.mu)
+    narrower = token_times(fitted, "A", x_range=np.array([2.5, 4.5])).mu
+    assert np.isfinite(narrower).sum() >= 4 and np.nanmin(narrower) >= 2.5 and np.nanmax(narrower) <= 4.5
