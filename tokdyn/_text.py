@@ -3,6 +3,9 @@ text that shows every character: one rule for the report's page and the commands
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 import shlex
 import unicodedata
 
@@ -18,6 +21,21 @@ def one_line(value, limit: int | None = None) -> str:
     stripped, then cut to its first ``limit`` characters (all of it where None). What a message
     quotes of an error or a stored value."""
     return " ".join(str(value).split())[:limit]
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for an error message: short, and never failing (an int of more than
+    4300 digits has no repr; any object's may raise)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        bits = operator.index(value).bit_length()
+        if bits > 100:
+            sign = "a negative" if value < 0 else "an"
+            return f"{sign} int of about {int(bits * math.log10(2)) + 1} digits"
+    try:
+        text = one_line(repr(value))
+    except Exception:
+        return f"a {type(value).__name__}"
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def escape(ch: str) -> str:

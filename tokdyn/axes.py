@@ -24,8 +24,8 @@ import warnings
 
 import numpy as np
 
-from ._checks import log_tie
-from ._text import command_line
+from ._checks import is_finite, log_tie
+from ._text import command_line, shown
 from .errors import InputError, ProbeMismatchError, RunExistsError, StoreError
 from .store import Run, TrajectoryStore, as_store
 
@@ -173,7 +173,7 @@ def assemble_axis(
             raise StoreError(f"run {r.name!r} has no committed rows")
         v = r.attrs.get(attr)
         if not _positive(v):
-            raise InputError(f"run {r.name!r} has no positive, finite {attr!r} attribute (found {v!r}); it cannot sit on axis {axis}")
+            raise InputError(f"run {r.name!r} has no positive, finite {attr!r} attribute (found {shown(v)}); it cannot sit on axis {axis}")
         values.append(float(v))
         _check_final_row_at_budget(r)
     fixed = {_held_fixed(r, axis) for r in sources} - {repr(None)}
@@ -190,13 +190,14 @@ def assemble_axis(
         )
     if len(distinct) < MIN_AXIS_RUNS:
         raise InputError(f"axis {axis} needs at least {MIN_AXIS_RUNS} distinct {attr} values, got {len(distinct)}")
-    tie = log_tie(distinct)  # one point to a fit (x = log10 of the axis values), which would refuse the axis run
+    tie = log_tie(distinct)  # the fit's own test: two values one log10 apart are one point to it
     if tie is not None:
         a, b = distinct[tie], distinct[tie + 1]
         names = lambda v: ", ".join(repr(r.name) for r, rv in zip(sources, values) if rv == v)  # noqa: E731
         raise InputError(f"runs {names(a)} ({attr} = {a!r}) and {names(b)} ({attr} = {b!r}) are too close to tell apart on "
-                         f"a log scale: both give log10 = {float(np.log10(a))!r} in float64, so no fit could use axis {axis} "
-                         "(tokdyn fit refuses it); name runs whose values differ, or leave one of them out")  # fmt: skip
+                         f"a log scale, one point on a fit's log axis: both give log10 = {math.log10(a)!r} in float64, so "
+                         f"no fit could use axis {axis} (tokdyn fit refuses it); name runs whose values differ, or leave one "
+                         "of them out")  # fmt: skip
     if name in st.runs:
         if not overwrite:
             raise RunExistsError(f"run {name!r} already exists in {st.url}; pass overwrite=True to rebuild it "
@@ -280,7 +281,7 @@ def _final_tokens(r: Run) -> float | None:
     if seen >= 0:
         return float(seen)
     tps, step = r.attrs.get("tokens_per_step"), int(r.coord("step")[last])
-    if isinstance(tps, (int, float)) and not isinstance(tps, bool) and tps > 0 and step > 0:
+    if _positive(tps) and step > 0:
         return float(step) * float(tps)
     return None
 
@@ -313,7 +314,7 @@ def _check_final_row_at_budget(r: Run) -> None:
     a run stopped early or still being recorded sits on the axis at a budget it has not seen, and
     a budget in steps (or a row in steps) puts it decades away."""
     budget, seen = r.attrs.get("data_budget"), _final_tokens(r)
-    if seen is None or not isinstance(budget, (int, float)) or isinstance(budget, bool) or not budget > 0:
+    if seen is None or not _positive(budget):
         return
     if abs(seen - float(budget)) > BUDGET_TOLERANCE * float(budget):
         step = int(r.coord("step")[r.n_committed - 1])
@@ -373,8 +374,10 @@ def axis_run_problem(run: Run, axis: str, runs: list[str] | None = None) -> str 
             return f"run {n!r} has {now} rows now, {then} when the axis was assembled"
         if s.get("run_id") is not None and rid != s["run_id"]:  # deleted and recorded again, as many rows
             return f"run {n!r} was recorded again since the axis was assembled (another run of that name now)"
-        if isinstance(s.get(attr), (int, float)) and value != s[attr]:
-            return f"run {n!r} has {attr} {value!r} now, {s[attr]!r} when the axis was assembled"
+        # as the axis holds them, floats: a data_budget of 2**53 + 1 (held as 2**53) read as changed
+        # the moment it was assembled, and every later reconstruct assembled it again
+        if _positive(s.get(attr)) and not (_positive(value) and float(value) == float(s[attr])):
+            return f"run {n!r} has {attr} {shown(value)} now, {shown(s[attr])} when the axis was assembled"
     return None
 
 
@@ -483,10 +486,10 @@ def effective_steps(axis_run: Run, t_run: Run, *, by: str = "tokens") -> np.ndar
     if by == "tokens":
         tps = t_run.attrs.get("tokens_per_step")
         if not _positive(tps):
-            raise InputError(f"T run {t_run.name!r} has no positive, finite 'tokens_per_step' attribute (found {tps!r})")
+            raise InputError(f"T run {t_run.name!r} has no positive, finite 'tokens_per_step' attribute (found {shown(tps)})")
         return np.array([float(r.attrs["data_budget"]) / float(tps) for r in runs])
     steps, area = lr_area_table(t_run)
-    missing = [f"{r.name} ({r.attrs.get('lr_area')!r})" for r in runs if not _positive(r.attrs.get("lr_area"))]
+    missing = [f"{r.name} ({shown(r.attrs.get('lr_area'))})" for r in runs if not _positive(r.attrs.get("lr_area"))]
     if missing:
         raise InputError(f"source runs {missing} have no positive, finite 'lr_area' attribute")
     a = np.array([float(r.attrs["lr_area"]) for r in runs])
@@ -496,8 +499,9 @@ def effective_steps(axis_run: Run, t_run: Run, *, by: str = "tokens") -> np.ndar
 
 
 def _positive(v) -> bool:
-    """A number (not a bool) that is finite and > 0."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    """A number (not a bool) that is finite and > 0: an int past 1e308 is none (a float cannot
+    hold it; ``math.isfinite`` raised OverflowError on it, an "internal error" of the CLI)."""
+    return isinstance(v, (int, float)) and is_finite(v) and v > 0
 
 
 def lr_area_table(t_run: Run) -> tuple[np.ndarray, np.ndarray]:
@@ -551,6 +555,8 @@ def source_runs(axis_run: Run) -> list[Run]:
         raise InputError(f"run {axis_run.name!r} is of axis {axis_run.axis}, not an assembled D or M axis")
     by_value: dict[float, Run] = {}
     for src in sources:
+        if not isinstance(src, dict) or not _positive(src.get(attr)) or not isinstance(src.get("run"), str):
+            raise InputError(f"run {axis_run.name!r}: a source entry names no run and positive, finite {attr} ({shown(src)})")
         st = _source_store(axis_run.store, src)
         if st is None:
             raise InputError(f"run {axis_run.name!r}: a source entry names no store ({src!r})")

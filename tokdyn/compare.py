@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import is_real
+from ._text import shown
 from .errors import InputError
 from .spectrum import EVENT_FIELDS
 
@@ -170,16 +171,32 @@ def _class_names() -> np.ndarray:
 
 def token_times(store, run: str, *, x_range: tuple[float, float] | None = None) -> TokenTimes:
     """Per-token learning times of a fitted run, from what its events did inside its observed
-    range, or inside ``x_range`` (log10 axis values) when given: two runs observed over
-    different ranges are compared over the range both observed (:func:`compare_runs`)."""
+    range, or inside ``x_range`` (log10 axis values, within the observed range: an InputError
+    past it) when given: two runs observed over different ranges are compared over the range
+    both observed (:func:`compare_runs`)."""
     from .store import as_store
 
     st = as_store(store, mode="r")
     r = st.run(run)
     with r.fit.unchanged():  # its record, then its fields a slice at a time: all of one fit
         f = _open_fit(r)
-        t = _run_times(f, f.x_range if x_range is None else x_range)
+        t = _run_times(f, f.x_range if x_range is None else _inside(x_range, f.x_range, run))
     return TokenTimes(t.mu, t.drop, _class_names()[t.class_index], _token_domains(st.probe), r.axis)
+
+
+def _inside(x_range, observed: tuple[float, float], run: str) -> tuple[float, float]:
+    """``x_range`` checked: two log10 axis values, first < last, inside the range run ``run``
+    observed. Past it, its events are extrapolated: (10, 20) on a run observed over 1..5 gave
+    4 tokens a "learning time" there, from the tails of sigmoids fitted to other steps."""
+    try:
+        lo, hi = x_range
+        ok = is_real(lo) and is_real(hi) and observed[0] <= float(lo) < float(hi) <= observed[1]
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise InputError(f"x_range must be two log10 axis values, first < last, inside the range run {run!r} observed "
+                         f"({observed[0]:.6g}..{observed[1]:.6g}); got {shown(x_range)}")  # fmt: skip
+    return float(lo), float(hi)
 
 
 def _common_range(fa: _Fitted, fb: _Fitted, ra, rb) -> tuple[float, float]:

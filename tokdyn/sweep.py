@@ -51,6 +51,9 @@ from .store.schema import check_run_name
 __all__ = ["DecaySweepConfig", "DecaySweep", "branched_decay_sweep", "log_budgets", "annealing_area"]
 
 DECAY_SHAPES = ("linear", "sqrt")
+# The attributes branched_decay_sweep writes on the trunk and the branches (never the caller's run_attrs).
+SWEEP_ATTRS = ("sweep", "data_budget", "tokens_per_step", "decay_sweep", "lr_schedule", "lr_area", "budget_steps",
+               "branch_start", "decay_steps", "decay_frac", "decay_lr")
 
 
 def _steps(value, what: str, unit: str = "steps") -> int:
@@ -248,7 +251,8 @@ def branched_decay_sweep(
     tokens_per_step : tokens per update, for ``data_budget`` and ``tokens_seen``.
     prefix : branches are runs ``{prefix}00, {prefix}01, ...`` by budget; ``trunk`` names the
         trunk run (default ``{prefix}-trunk``).
-    run_attrs : extra attributes of every run (model configuration, seed, ...).
+    run_attrs : extra attributes of every run (model configuration, seed, ...); none of
+        :data:`SWEEP_ATTRS`, which the sweep writes itself (an InputError before any training).
     loss_fn : ``loss_fn(model, batch) -> scalar`` (default: next-token cross-entropy of the logits).
 
     Returns a :class:`DecaySweep`. The AdamW optimizer of a branch starts from a copy of the
@@ -270,6 +274,14 @@ def branched_decay_sweep(
     if trunk in names or trunk in cal_names:
         raise InputError(f"the trunk's name {trunk!r} is also a branch's (branches are {prefix}00, {prefix}01, ..."
                          f"{', ' + prefix + '-cal00, ...' if cal_names else ''}); give the trunk another name")  # fmt: skip
+    # What the sweep writes on its runs is its own: a run_attrs {"sweep": "D"} (as a recorder's
+    # runs are tagged) was kept on the trunk, a T run at the largest budget without a decay, and
+    # assemble_axis took it as a D point (or as a seed of the last one, with --repeats mean).
+    clash = sorted(set(dict(run_attrs or {})) & set(SWEEP_ATTRS))
+    if clash:
+        raise InputError(f"run_attrs sets {clash}, which the sweep writes on its runs itself (the branches' sweep tag "
+                         f"and data budgets, each run's learning-rate schedule; the trunk is a T run, no D point); "
+                         "leave them out")  # fmt: skip
     taken = [n for n in (trunk, *names, *cal_names) if n in store.runs]
     if taken:
         raise InputError(f"runs {taken} already exist in {store.url}; use another prefix or a fresh store")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from tokdyn._text import one_line
+from tokdyn._text import shown as _shown
 from tokdyn.errors import InputError
 
 __all__ = [
@@ -183,21 +183,6 @@ MAX_ITER_LIMIT = 10_000
 # The fewest observed points a token's sigmoid fit may be asked to take (FitOptions.min_points):
 # four parameters and one degree of freedom for the sum of squares.
 MIN_FIT_POINTS = 5
-
-
-def _shown(value: object) -> str:
-    """``repr(value)`` for an error message: short, and never failing (an int of more than
-    4300 digits has no repr; any object's may raise)."""
-    if isinstance(value, numbers.Integral) and not _is_bool(value):
-        bits = operator.index(value).bit_length()
-        if bits > 100:
-            sign = "a negative" if value < 0 else "an"
-            return f"{sign} int of about {int(bits * math.log10(2)) + 1} digits"
-    try:
-        text = one_line(repr(value))
-    except Exception:
-        return f"a {type(value).__name__}"
-    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _bad(name: str, value: object, expected: str) -> InputError:
