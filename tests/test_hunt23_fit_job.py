@@ -1,0 +1,97 @@
+"""`tokdyn fit` under interruption, concurrency and odd environments (hunt 23). Each test failed
+before its fix (docs/fitting.md, "Fitting a store")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reliability_fixtures import cli_error_line
+from test_store_fit import make_store, planted
+from tokdyn._checks import numba_setting
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tokdyn(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`python -m tokdyn ARGS` in a fresh process (numba reads its settings as it is imported)
+    under ``env`` added to this one's, with this checkout first on the path."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    full.update(env, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "tokdyn", *args], env=full, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory) -> str:
+    url = str(tmp_path_factory.mktemp("hunt23") / "s.zarr")
+    Y, _, _ = planted(40)
+    make_store(url, Y, token_chunk=20)
+    return url
+
+
+# -- numba's settings in the environment -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, value", [
+    ("NUMBA_NUM_THREADS", "0"),        # numba's import raised ValueError: a traceback before any command ran
+    ("NUMBA_NUM_THREADS", "-2"),
+    ("NUMBA_NUM_THREADS", "two"),      # numba's warning, with its traceback, then the default
+    ("NUMBA_DISABLE_JIT", "1"),        # "internal error ... <intrinsic ...> is not usable in pure-python (a bug ...)"
+    ("NUMBA_THREADING_LAYER", "fast"),  # "internal error ... The threading layer requested 'fast' is unknown"
+])  # fmt: skip
+def test_a_numba_setting_numba_refuses_is_one_line_naming_it(name, value, small_store):
+    """A researcher's shell with a numba setting numba refuses: every tokdyn command was a
+    traceback (NUMBA_NUM_THREADS=0 fails numba's import, which the CLI made before parsing), numba's
+    multi-line warning, or a fit that said "internal error ... a bug". Now one line names the
+    variable, exit 1, and the store is not touched (no fit group)."""
+    done = _tokdyn(["fit", small_store, "--run", "r", "--no-progress", "--no-two-step"], {name: value})
+    line = cli_error_line(done.stderr)
+    assert done.returncode == 1 and line.startswith(f"tokdyn: error: {name}={value!r}"), done.stderr
+    assert not (Path(small_store) / "runs" / "r" / "fit").exists()
+
+
+def test_numba_settings_it_takes_are_taken(small_store, tmp_path):
+    """The check refuses only what numba refuses: a thread count, a named layer in any case and
+    the compiler left on fit as before (the fit's own results, to the bit, on one thread)."""
+    done = _tokdyn(["fit", small_store, "--run", "r", "--no-progress", "--no-two-step", "--json"],
+                   {"NUMBA_NUM_THREADS": "1", "NUMBA_THREADING_LAYER": "WorkQueue", "NUMBA_DISABLE_JIT": "0"})  # fmt: skip
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("env, refused", [
+    ({}, None),
+    ({"NUMBA_NUM_THREADS": "1"}, None),
+    ({"NUMBA_NUM_THREADS": " 16 "}, None),  # int() takes the spaces, as numba reads it
+    ({"NUMBA_NUM_THREADS": "+3"}, None),
+    ({"NUMBA_NUM_THREADS": ""}, "NUMBA_NUM_THREADS"),
+    ({"NUMBA_NUM_THREADS": "1.5"}, "NUMBA_NUM_THREADS"),
+    ({"NUMBA_DISABLE_JIT": "0"}, None),
+    ({"NUMBA_DISABLE_JIT": "yes"}, "NUMBA_DISABLE_JIT"),
+    ({"NUMBA_DISABLE_JIT": "2"}, "NUMBA_DISABLE_JIT"),
+    ({"NUMBA_THREADING_LAYER": "OMP"}, None),  # numba lowers the name
+    ({"NUMBA_THREADING_LAYER": "safe"}, None),
+    ({"NUMBA_THREADING_LAYER": " omp"}, "NUMBA_THREADING_LAYER"),  # numba does not strip it
+])  # fmt: skip
+def test_numba_setting_reads_the_values_as_numba_does(env, refused):
+    why = numba_setting(env)
+    assert (why is None) == (refused is None) and (refused is None or why.startswith(refused)), why
+
+
+def test_a_threading_layer_this_machine_lacks_is_one_line(tmp_path):
+    """NUMBA_THREADING_LAYER=tbb without TBB installed: "internal error ... No threading layer
+    could be loaded" at the first kernel; now the backend's check says it, naming the variable."""
+    pytest.importorskip("numba")
+    import importlib.util
+
+    if importlib.util.find_spec("tbb") is not None:
+        pytest.skip("TBB is installed here")
+    url = str(tmp_path / "s.zarr")
+    make_store(url, planted(40)[0], token_chunk=20)
+    done = _tokdyn(["fit", url, "--run", "r", "--no-progress", "--no-two-step"], {"NUMBA_THREADING_LAYER": "tbb"})
+    line = cli_error_line(done.stderr)
+    assert done.returncode == 1 and line.startswith("tokdyn fit: error: numba cannot start its threads") and "'tbb'" in line
+    assert not (Path(url) / "runs" / "r" / "fit").exists()  # said before the fit group is made
