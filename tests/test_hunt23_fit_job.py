@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 import pytest
 
 from reliability_fixtures import cli_error_line
@@ -95,3 +97,28 @@ def test_a_threading_layer_this_machine_lacks_is_one_line(tmp_path):
     line = cli_error_line(done.stderr)
     assert done.returncode == 1 and line.startswith("tokdyn fit: error: numba cannot start its threads") and "'tbb'" in line
     assert not (Path(url) / "runs" / "r" / "fit").exists()  # said before the fit group is made
+
+
+def test_the_numpy_backend_fits_on_worker_processes_where_numba_refuses_the_environment(tmp_path):
+    """`fit_run(run, backend="numpy", scheduler="processes")` with NUMBA_NUM_THREADS=0: the
+    numpy backend needs no numba, but each worker process imported numba to set its threads,
+    died of numba's ValueError (its traceback on stderr) and the fit said "a worker process of
+    the fit died ... out of memory?". Now the workers leave numba alone and the fit equals the
+    same fit on this process's threads, to the bit."""
+    from tokdyn.fit import FIT_FIELDS
+    from tokdyn.fit.job import fit_run, read_fit
+
+    url = str(tmp_path / "s.zarr")
+    st = make_store(url, planted(40)[0], token_chunk=20)
+    fit_run(st.run("r"), backend="numpy", progress=False)
+    expected = read_fit(st, "r")
+    code = ("import sys, tokdyn; from tokdyn.fit import fit_run; "
+            "r = fit_run(tokdyn.open_store(sys.argv[1], mode='r+').run('r'), backend='numpy', scheduler='processes', "
+            "workers=2, refit=True, progress=False); print(r.blocks_fitted)")  # fmt: skip
+    full = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    full.update(NUMBA_NUM_THREADS="0", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", code, url], env=full, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["2"] and "Traceback" not in done.stderr, done.stderr
+    got = read_fit(url, "r")
+    for name in FIT_FIELDS:
+        assert np.array_equal(got[name], expected[name], equal_nan=True), name

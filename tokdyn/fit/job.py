@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tokdyn._checks import is_finite
+from tokdyn._checks import is_finite, numba_setting
 from tokdyn._process import exit_with_parent, spawn_context, take_interrupts
 from tokdyn._text import exact, one_line
 from tokdyn._version import __version__
@@ -753,6 +753,8 @@ def _worker_threads(threads: int, parent: int | None = None) -> None:
         take_interrupts()
     for name in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):  # a value the user set stays
         os.environ.setdefault(name, str(threads))
+    if numba_setting() is not None:  # numba refuses this environment (its backend says so before the fit):
+        return  # numpy and torch fit without it; importing it here killed every worker ("out of memory?")
     try:
         import numba
     except ImportError:
