@@ -122,3 +122,24 @@ def test_the_numpy_backend_fits_on_worker_processes_where_numba_refuses_the_envi
     got = read_fit(url, "r")
     for name in FIT_FIELDS:
         assert np.array_equal(got[name], expected[name], equal_nan=True), name
+
+
+def test_a_run_of_one_token_is_one_token_and_sync_says_it_ignores_workers(tmp_path, capsys):
+    """A run of one token was "fitted run 'r': 1 tokens"; `--scheduler sync --workers 4` fitted
+    on one thread without a word (a cluster address says it ignores --workers). Now "1 token", and
+    the warning names what sync does; the fit is the same as without --workers."""
+    from tokdyn.cli import main
+    from tokdyn.fit.job import read_fit
+
+    url = str(tmp_path / "s.zarr")
+    make_store(url, planted(1)[0])
+    assert main(["fit", url, "--run", "r", "--scheduler", "sync", "--workers", "4", "--no-progress", "--no-two-step"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("fitted run 'r': 1 token on ") and "1 tokens" not in out, out
+    assert err.splitlines() == ["tokdyn fit: warning: workers=4 is ignored: the sync scheduler fits one block at a time "
+                                "in this thread (use threads or processes for more)"], err  # fmt: skip
+    first = read_fit(url, "r")
+    assert main(["fit", url, "--run", "r", "--scheduler", "sync", "--refit", "--no-progress", "--no-two-step"]) == 0
+    assert capsys.readouterr().err == ""  # no --workers: no warning
+    for name, v in read_fit(url, "r").items():
+        assert np.array_equal(v, first[name], equal_nan=True), name

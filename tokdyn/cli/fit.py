@@ -49,7 +49,7 @@ def _fit(args: argparse.Namespace) -> int:
     if args.json:
         print_json(res.summary())
         return 0
-    print(f"fitted run {res.run!r}: {res.n_tokens:,} tokens on {res.n_points} points"
+    print(f"fitted run {res.run!r}: {res.n_tokens:,} token{'s' * (res.n_tokens != 1)} on {res.n_points} points"
           f"{'' if args.axis_min is None else f' (axis values >= {exact(args.axis_min)})'}, "
           f"{res.blocks_fitted} block{'s' * (res.blocks_fitted != 1)} fitted, {res.blocks_resumed} already done, "
           f"{res.seconds:.1f} s ({res.backend}, {res.scheduler})")  # fmt: skip

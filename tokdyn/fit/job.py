@@ -272,6 +272,9 @@ def fit_run(
     if distributed and workers is not None:
         warnings.warn(f"workers={workers} is ignored: it sets this machine's workers, and the cluster at {scheduler} "
                       "fits with its own (start more with `dask worker`)", RuntimeWarning, stacklevel=2)  # fmt: skip
+    if scheduler == "sync" and workers not in (None, 1):  # said, as for a cluster: it fitted on one thread without a word
+        warnings.warn(f"workers={workers} is ignored: the sync scheduler fits one block at a time in this thread "
+                      "(use threads or processes for more)", RuntimeWarning, stacklevel=2)  # fmt: skip
     if (scheduler == "processes" or distributed) and st.url.startswith("memory://"):
         raise InputError("a memory:// store is private to this process; use scheduler='threads' or 'sync'")
 
