@@ -143,3 +143,64 @@ def test_a_run_of_one_token_is_one_token_and_sync_says_it_ignores_workers(tmp_pa
     assert capsys.readouterr().err == ""  # no --workers: no warning
     for name, v in read_fit(url, "r").items():
         assert np.array_equal(v, first[name], equal_nan=True), name
+
+
+# -- SIGTERM ------------------------------------------------------------------------------------
+
+_SLOW_FIT = """
+import sys, time
+from pathlib import Path
+import tokdyn.fit.job as job
+from tokdyn.cli import main
+
+real, marker = job._fit_one_block, Path(sys.argv[2])
+
+def slow(b, **kw):  # each block a while: the SIGTERM lands mid-fit, after a first block is done
+    out = real(b, **kw)
+    marker.write_text(str(b))
+    time.sleep(0.3)
+    return out
+
+job._fit_one_block = slow
+sys.exit(main(["fit", sys.argv[1], "--run", "r", "--no-progress", "--no-two-step", "--workers", "1"]))
+"""
+
+
+def test_a_sigterm_stops_the_fit_as_a_ctrl_c_does_and_lets_go_of_its_lock(tmp_path):
+    """A batch system preempts a job with SIGTERM: `tokdyn fit` died at once, without a word,
+    leaving its fit lock behind, which a job requeued on another machine cannot tell from a
+    live one ("this machine cannot tell whether it still runs"). Now it stops as for a Ctrl-C:
+    one line, exit 143, the lock let go, the blocks done kept, and the resume equals an
+    uninterrupted fit."""
+    import shutil
+    import signal
+    import time
+
+    import zarr
+
+    import tokdyn
+    from tokdyn.cli import main
+    from tokdyn.fit import FitOptions
+    from tokdyn.fit.job import fit_run, read_fit
+
+    url = tmp_path / "s.zarr"
+    make_store(str(url), planted(120)[0], token_chunk=10)  # 12 blocks
+    shutil.copytree(url, tmp_path / "whole.zarr")
+    marker = tmp_path / "first-block"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    p = subprocess.Popen([sys.executable, "-c", _SLOW_FIT, str(url), str(marker)], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 143 and cli_error_line(err) == "tokdyn fit: terminated (SIGTERM)", (p.returncode, err)
+    assert not (url / "runs" / "r" / "commits" / "fit.lock").exists()  # let go: any machine may resume
+    done = zarr.open_array(url / "runs" / "r" / "fit" / "done", mode="r")[:]
+    assert 1 <= np.count_nonzero(done) < done.size  # stopped mid-fit, with its blocks done kept
+    assert main(["fit", str(url), "--run", "r", "--no-progress", "--no-two-step"]) == 0
+    fit_run(tokdyn.open_store(str(tmp_path / "whole.zarr"), mode="r+").run("r"), options=FitOptions(two_step=False), progress=False)
+    expected, got = read_fit(str(tmp_path / "whole.zarr"), "r"), read_fit(str(url), "r")
+    for name, v in expected.items():
+        assert np.array_equal(got[name], v, equal_nan=True), name

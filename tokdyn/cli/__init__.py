@@ -120,8 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tokdyn {args.command}: error: cannot write to standard output ({failed.exc.strerror or failed.exc}); "
               "what the command wrote to stores and files before that is kept", file=sys.stderr)  # fmt: skip
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         settle_io()
+        if isinstance(exc, _process.Terminated):  # a SIGTERM the command took as a Ctrl-C
+            print(f"tokdyn {args.command}: terminated (SIGTERM)", file=sys.stderr)
+            return 143
         print(f"tokdyn {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - the one boundary: every error is one line

@@ -7,6 +7,7 @@ import dataclasses
 import math
 
 from .._checks import is_finite, is_int
+from .._process import terminate_as_interrupt
 from .._text import exact, one_line
 from ..fit import FitOptions, fit_run
 from ..fit.models import unfit_reasons
@@ -43,9 +44,10 @@ def _fit(args: argparse.Namespace) -> int:
         raise InputError("--refit fits every block again, --repair only the damaged ones: give one of them")
     options = _options(args)  # the options checked before the store is opened, each named as typed
     run = open_cli_run(args.store, args.run, mode="r+")
-    res = fit_run(run, options=options, backend=args.backend, device=args.device, scheduler=args.scheduler,
-                  workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, repair=args.repair, progress=not args.no_progress,
-                  axis_min=args.axis_min)  # fmt: skip
+    with terminate_as_interrupt():  # a SIGTERM (preemption) lets go of the fit lock, as a Ctrl-C does
+        res = fit_run(run, options=options, backend=args.backend, device=args.device, scheduler=args.scheduler,
+                      workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, repair=args.repair,
+                      progress=not args.no_progress, axis_min=args.axis_min)  # fmt: skip
     if args.json:
         print_json(res.summary())
         return 0
