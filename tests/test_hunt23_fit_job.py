@@ -204,3 +204,27 @@ def test_a_sigterm_stops_the_fit_as_a_ctrl_c_does_and_lets_go_of_its_lock(tmp_pa
     expected, got = read_fit(str(tmp_path / "whole.zarr"), "r"), read_fit(str(url), "r")
     for name, v in expected.items():
         assert np.array_equal(got[name], v, equal_nan=True), name
+
+
+_NUMBA_READS = """
+import warnings
+warnings.simplefilter("error")  # numba's warning of a value it cannot parse: refused
+try:
+    import numba
+    print("ok" if numba.config.DISABLE_JIT == 0 else "refused")
+except Exception:
+    print("refused")
+"""
+
+
+@pytest.mark.parametrize("name, value", [
+    ("NUMBA_NUM_THREADS", "1"), ("NUMBA_NUM_THREADS", " 3"), ("NUMBA_NUM_THREADS", "0"), ("NUMBA_NUM_THREADS", "1e3"),
+    ("NUMBA_NUM_THREADS", ""), ("NUMBA_DISABLE_JIT", "0"), ("NUMBA_DISABLE_JIT", "1"), ("NUMBA_DISABLE_JIT", "on"),
+])  # fmt: skip
+def test_numba_setting_agrees_with_numba_itself(name, value):
+    """The independent answer: numba imported under the setting, in a fresh process, takes it
+    (no warning, no error, its compiler on) exactly where numba_setting does."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env[name] = value
+    got = subprocess.run([sys.executable, "-c", _NUMBA_READS], env=env, capture_output=True, text=True, timeout=120)
+    assert got.stdout.split() == ["ok" if numba_setting({name: value}) is None else "refused"], got.stderr
