@@ -228,3 +228,42 @@ def test_numba_setting_agrees_with_numba_itself(name, value):
     env[name] = value
     got = subprocess.run([sys.executable, "-c", _NUMBA_READS], env=env, capture_output=True, text=True, timeout=120)
     assert got.stdout.split() == ["ok" if numba_setting({name: value}) is None else "refused"], got.stderr
+
+
+# -- a scheduler address where nothing listens ------------------------------------------------------
+
+
+def test_a_port_where_nothing_listens_is_said_the_same_way_every_time():
+    """`--scheduler tcp://HOST:PORT` with no scheduler at that port: dask's connect and the
+    check's own deadline were the same, so the line was "cannot reach ... Timed out trying to
+    connect" or "did not answer within 10 s" (a server that is there but silent) at random, 5
+    times in 8 the latter. Now dask's deadline comes first: the same line every time, in about
+    the deadline; a silent server is still "did not answer"."""
+    import socket
+    import threading
+    import time
+
+    from tokdyn.errors import InputError
+    from tokdyn.fit.job import check_scheduler
+
+    pytest.importorskip("distributed")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    s.close()  # the port is free: connections to it are refused
+    for _ in range(6):
+        t0 = time.monotonic()
+        with pytest.raises(InputError) as exc:
+            check_scheduler(address, timeout=0.4)
+        assert str(exc.value).startswith(f"cannot reach the dask scheduler at {address}: Timed out trying to connect")
+        assert time.monotonic() - t0 < 5
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    held = []  # the accepted connection, kept open and unanswered
+    threading.Thread(target=lambda: held.append(silent.accept()), daemon=True).start()
+    try:
+        with pytest.raises(InputError, match="did not answer within 0.4 s"):
+            check_scheduler(f"tcp://127.0.0.1:{silent.getsockname()[1]}", timeout=0.4)
+    finally:
+        silent.close()

@@ -443,6 +443,8 @@ def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backe
 
 # Seconds a scheduler address has to answer (connect, handshake, identity) before a fit gives up.
 SCHEDULER_TIMEOUT = 10.0
+# Seconds past dask's own connect deadline before the check gives up on the connect itself.
+CONNECT_MARGIN = 2.0
 
 
 def check_scheduler(address: str, timeout: float | None = None) -> None:
@@ -473,7 +475,10 @@ def check_scheduler(address: str, timeout: float | None = None) -> None:
         if scheme in ("tcp", "tls"):
             host, port = parse_host_port(rest)
             await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(host, port), timeout)
-        comm = await asyncio.wait_for(connect(address, timeout=timeout, **Security().get_connection_args("client")), timeout)
+        # dask's own deadline first: at the same one, a port where nothing listens was said at random
+        # as "did not answer" (the outer deadline) or "cannot reach ... Timed out trying to connect"
+        comm = await asyncio.wait_for(connect(address, timeout=timeout, **Security().get_connection_args("client")),
+                                      timeout + CONNECT_MARGIN)  # fmt: skip
         try:
             await asyncio.wait_for(comm.write({"op": "identity", "reply": True}), timeout)
             return await asyncio.wait_for(comm.read(), timeout)
@@ -490,7 +495,7 @@ def check_scheduler(address: str, timeout: float | None = None) -> None:
 
     t = threading.Thread(target=ask, name="tokdyn-scheduler-check", daemon=True)
     t.start()
-    t.join(3 * timeout + 1)
+    t.join(3 * timeout + CONNECT_MARGIN + 1)
     if t.is_alive() or isinstance(answer.get("error"), (asyncio.TimeoutError, TimeoutError)):
         raise InputError(f"the dask scheduler at {address} did not answer within {timeout:g} s")
     err = answer.get("error")
