@@ -62,3 +62,40 @@ def log_tie(values) -> int | None:
         return None
     same = np.flatnonzero(~(np.diff(np.log10(a[pos])) > 0))
     return int(pos[same[0]]) if same.size else None
+
+
+# numba's threading layers by name (NUMBA_THREADING_LAYER): a specific one, or a kind it picks from
+NUMBA_LAYERS = ("default", "safe", "forksafe", "threadsafe", "tbb", "omp", "workqueue")
+
+
+def numba_setting(environ=None) -> str | None:
+    """Why numba cannot take a setting of ``environ`` (default ``os.environ``) as tokdyn runs it,
+    in one line naming the variable, or None.
+
+    numba reads them as it is imported: ``NUMBA_NUM_THREADS=0`` raised a ValueError there (a
+    traceback before any ``tokdyn`` command ran); ``NUMBA_NUM_THREADS=abc`` printed a warning
+    with numba's traceback and took the default; ``NUMBA_DISABLE_JIT=1`` (which leaves tokdyn's
+    compiled kernels uncompilable) and a threading layer numba does not know were "internal
+    error ... (a bug: please report it)" in the fit."""
+    import os
+
+    env = os.environ if environ is None else environ
+    v = env.get("NUMBA_NUM_THREADS")
+    if v is not None and not (_int_text(v) is not None and _int_text(v) >= 1):
+        return f"NUMBA_NUM_THREADS={v!r} is no number of threads for numba (an integer >= 1); set one, or unset it"
+    v = env.get("NUMBA_DISABLE_JIT")
+    if v is not None and _int_text(v) != 0:
+        return (f"NUMBA_DISABLE_JIT={v!r}: tokdyn's kernels need numba's compiler (NUMBA_DISABLE_JIT=1 turns it off; "
+                "numba takes 0 or 1); unset it")
+    v = env.get("NUMBA_THREADING_LAYER")
+    if v is not None and v.lower() not in NUMBA_LAYERS:
+        return f"NUMBA_THREADING_LAYER={v!r} is none of numba's threading layers ({', '.join(NUMBA_LAYERS)}); unset it"
+    return None
+
+
+def _int_text(v: str) -> int | None:
+    """The int that numba's ``int(value)`` reads from an environment value, or None."""
+    try:
+        return int(v)
+    except ValueError:
+        return None

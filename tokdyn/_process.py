@@ -3,6 +3,7 @@ tracebacks when a Ctrl-C comes while they start."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.context as _mp
 import os
 import signal
@@ -10,7 +11,7 @@ import sys
 import threading
 import time
 
-__all__ = ["exit_with_parent", "PARENT_POLL_S", "spawn_context", "take_interrupts"]
+__all__ = ["exit_with_parent", "PARENT_POLL_S", "spawn_context", "take_interrupts", "Terminated", "terminate_as_interrupt"]
 
 # Seconds between a worker's looks at whether the process that started it is still there.
 PARENT_POLL_S = 0.5
@@ -99,3 +100,30 @@ def take_interrupts() -> None:
     handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a pending SIGINT is discarded ...
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, handler)  # ... and the next one raises as before
+
+
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM taken as a Ctrl-C (:func:`terminate_as_interrupt`): the work stops as it does for
+    one, and the command says ``terminated`` (exit 143, as a process killed by SIGTERM)."""
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """In the main thread: a SIGTERM (a batch system's preemption, ``kill``) raises
+    :class:`Terminated` there, so the work stops as for a Ctrl-C: with the fit, its blocks in
+    flight finish or are dropped and the fit lock is let go. By default SIGTERM ended the process
+    at once, leaving its lock behind: another machine (a preempted job requeued on another
+    node) cannot tell that its holder is dead and refused to resume. Elsewhere (another thread,
+    SIGTERM ignored or handled by the embedding program) it does nothing."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum, frame):  # noqa: ARG001
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -21,13 +21,20 @@ from collections.abc import Sequence
 from .. import _process
 from .._text import one_line, visible
 from .._version import build
+from .._checks import numba_setting
 from ..errors import TokdynError
-from . import analysis, curriculum, demo, fit, probe, record, store
 from ._common import check_paths
 
 __all__ = ["main", "build_parser"]
 
-_MODULES = (demo, probe, record, store, fit, analysis, curriculum)  # the order of `tokdyn --help`
+
+def _modules() -> tuple:
+    """The commands' modules, in the order of `tokdyn --help`. Imported when the parser is built,
+    not with this package: they import numba, which raised a traceback at its import for a
+    setting it refuses (NUMBA_NUM_THREADS=0) before :func:`main` could say it in one line."""
+    from . import analysis, curriculum, demo, fit, probe, record, store
+
+    return (demo, probe, record, store, fit, analysis, curriculum)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tokdyn {build()}",
                         help="print tokdyn's version and the id of its code (what a dask cluster's workers compare), and exit")  # fmt: skip
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in _MODULES:
+    for module in _modules():
         module.register(sub)
     _numbers_in_e_notation(parser)
     return parser
@@ -66,6 +73,10 @@ def _numbers_in_e_notation(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    refused = numba_setting()  # before the commands import numba, which refuses it with a traceback
+    if refused is not None:
+        print(f"tokdyn: error: {refused}", file=sys.stderr)
+        return 1
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -109,8 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tokdyn {args.command}: error: cannot write to standard output ({failed.exc.strerror or failed.exc}); "
               "what the command wrote to stores and files before that is kept", file=sys.stderr)  # fmt: skip
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         settle_io()
+        if isinstance(exc, _process.Terminated):  # a SIGTERM the command took as a Ctrl-C
+            print(f"tokdyn {args.command}: terminated (SIGTERM)", file=sys.stderr)
+            return 143
         print(f"tokdyn {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - the one boundary: every error is one line

@@ -8,6 +8,7 @@ import errno
 import math
 
 from .._checks import is_finite, is_int
+from .._process import terminate_as_interrupt
 from .._text import exact, one_line
 from ..fit import FitOptions, fit_run
 from ..fit.models import unfit_reasons
@@ -45,9 +46,10 @@ def _fit(args: argparse.Namespace) -> int:
     options = _options(args)  # the options checked before the store is opened, each named as typed
     run = open_cli_run(args.store, args.run, mode="r+")
     try:
-        res = fit_run(run, options=options, backend=args.backend, device=args.device, scheduler=args.scheduler,
-                      workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, repair=args.repair,
-                      progress=not args.no_progress, axis_min=args.axis_min)  # fmt: skip
+        with terminate_as_interrupt():  # a SIGTERM (preemption) lets go of the fit lock, as a Ctrl-C does
+            res = fit_run(run, options=options, backend=args.backend, device=args.device, scheduler=args.scheduler,
+                          workers=args.workers, batch_rows=args.batch_rows, refit=args.refit, repair=args.repair,
+                          progress=not args.no_progress, axis_min=args.axis_min)  # fmt: skip
     except OSError as exc:  # a read-only store: its fit lock cannot be taken, even to find the fit done
         if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and exc.filename and not (args.refit or args.repair) \
                 and _readable(run):  # fmt: skip
@@ -59,7 +61,7 @@ def _fit(args: argparse.Namespace) -> int:
     if args.json:
         print_json(res.summary())
         return 0
-    print(f"fitted run {res.run!r}: {res.n_tokens:,} tokens on {res.n_points} points"
+    print(f"fitted run {res.run!r}: {res.n_tokens:,} token{'s' * (res.n_tokens != 1)} on {res.n_points} points"
           f"{'' if args.axis_min is None else f' (axis values >= {exact(args.axis_min)})'}, "
           f"{res.blocks_fitted} block{'s' * (res.blocks_fitted != 1)} fitted, {res.blocks_resumed} already done, "
           f"{res.seconds:.1f} s ({res.backend}, {res.scheduler})")  # fmt: skip

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from tokdyn._checks import numba_setting
+from tokdyn._text import one_line
 from tokdyn.errors import InputError
 from tokdyn.fit.grid import grid_start, two_start
 from tokdyn.fit.lm import MODEL_SIGMOID, LMResult, cholesky_solve, levenberg_marquardt
@@ -93,6 +95,8 @@ def resolve_backend(backend: str, device: Any = None) -> tuple[str, Any]:
         raise InputError(
             f"backend {backend!r} is not installed; available: {available_backends()}"
         )
+    if backend == "numba":
+        _require_numba_threads()
     if backend == "torch":
         import torch
 
@@ -299,6 +303,23 @@ _TORCH_CUDA_ROWS = 1 << 18
 # (numba_kernels.run_chunks), so two at once (a dask threads scheduler's workers) would only
 # oversubscribe them.
 _NUMBA_LOCK = threading.Lock()
+
+
+def _require_numba_threads() -> None:
+    """InputError unless numba takes this environment's settings (:func:`tokdyn._checks.numba_setting`)
+    and starts its threading layer: ``NUMBA_THREADING_LAYER=tbb`` without TBB installed was
+    "internal error ... No threading layer could be loaded" at the fit's first kernel."""
+    why = numba_setting()
+    if why is not None:
+        raise InputError(why)
+    from numba.np.ufunc.parallel import _launch_threads
+
+    try:
+        _launch_threads()  # once per process; numba's own first kernel call does the same
+    except ValueError as exc:
+        layer = os.environ.get("NUMBA_THREADING_LAYER")
+        raise InputError(f"numba cannot start its threads ({one_line(exc, 150)})"
+                         f"{f': NUMBA_THREADING_LAYER={layer!r} names a layer this machine lacks; unset it' if layer else ''}") from None
 
 
 def load_numba():

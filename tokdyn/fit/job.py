@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tokdyn._checks import is_finite
+from tokdyn._checks import is_finite, numba_setting
 from tokdyn._process import exit_with_parent, spawn_context, take_interrupts
 from tokdyn._text import exact, one_line
 from tokdyn._version import __version__
@@ -273,6 +273,9 @@ def fit_run(
     if distributed and workers is not None:
         warnings.warn(f"workers={workers} is ignored: it sets this machine's workers, and the cluster at {scheduler} "
                       "fits with its own (start more with `dask worker`)", RuntimeWarning, stacklevel=2)  # fmt: skip
+    if scheduler == "sync" and workers not in (None, 1):  # said, as for a cluster: it fitted on one thread without a word
+        warnings.warn(f"workers={workers} is ignored: the sync scheduler fits one block at a time in this thread "
+                      "(use threads or processes for more)", RuntimeWarning, stacklevel=2)  # fmt: skip
     if (scheduler == "processes" or distributed) and st.url.startswith("memory://"):
         raise InputError("a memory:// store is private to this process; use scheduler='threads' or 'sync'")
 
@@ -440,6 +443,8 @@ def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backe
 
 # Seconds a scheduler address has to answer (connect, handshake, identity) before a fit gives up.
 SCHEDULER_TIMEOUT = 10.0
+# Seconds past dask's own connect deadline before the check gives up on the connect itself.
+CONNECT_MARGIN = 2.0
 
 
 def check_scheduler(address: str, timeout: float | None = None) -> None:
@@ -470,7 +475,10 @@ def check_scheduler(address: str, timeout: float | None = None) -> None:
         if scheme in ("tcp", "tls"):
             host, port = parse_host_port(rest)
             await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(host, port), timeout)
-        comm = await asyncio.wait_for(connect(address, timeout=timeout, **Security().get_connection_args("client")), timeout)
+        # dask's own deadline first: at the same one, a port where nothing listens was said at random
+        # as "did not answer" (the outer deadline) or "cannot reach ... Timed out trying to connect"
+        comm = await asyncio.wait_for(connect(address, timeout=timeout, **Security().get_connection_args("client")),
+                                      timeout + CONNECT_MARGIN)  # fmt: skip
         try:
             await asyncio.wait_for(comm.write({"op": "identity", "reply": True}), timeout)
             return await asyncio.wait_for(comm.read(), timeout)
@@ -487,7 +495,7 @@ def check_scheduler(address: str, timeout: float | None = None) -> None:
 
     t = threading.Thread(target=ask, name="tokdyn-scheduler-check", daemon=True)
     t.start()
-    t.join(3 * timeout + 1)
+    t.join(3 * timeout + CONNECT_MARGIN + 1)
     if t.is_alive() or isinstance(answer.get("error"), (asyncio.TimeoutError, TimeoutError)):
         raise InputError(f"the dask scheduler at {address} did not answer within {timeout:g} s")
     err = answer.get("error")
@@ -753,6 +761,8 @@ def _worker_threads(threads: int, parent: int | None = None) -> None:
         take_interrupts()
     for name in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):  # a value the user set stays
         os.environ.setdefault(name, str(threads))
+    if numba_setting() is not None:  # numba refuses this environment (its backend says so before the fit):
+        return  # numpy and torch fit without it; importing it here killed every worker ("out of memory?")
     try:
         import numba
     except ImportError:
