@@ -68,7 +68,7 @@ def log_tie(values) -> int | None:
 NUMBA_LAYERS = ("default", "safe", "forksafe", "threadsafe", "tbb", "omp", "workqueue")
 
 
-def numba_setting(environ=None) -> str | None:
+def numba_setting(environ=None, *, compiled: bool = True) -> str | None:
     """Why numba cannot take a setting of ``environ`` (default ``os.environ``) as tokdyn runs it,
     in one line naming the variable, or None.
 
@@ -76,20 +76,27 @@ def numba_setting(environ=None) -> str | None:
     traceback before any ``tokdyn`` command ran); ``NUMBA_NUM_THREADS=abc`` printed a warning
     with numba's traceback and took the default; ``NUMBA_DISABLE_JIT=1`` (which leaves tokdyn's
     compiled kernels uncompilable) and a threading layer numba does not know were "internal
-    error ... (a bug: please report it)" in the fit."""
+    error ... (a bug: please report it)" in the fit.
+
+    ``compiled=False`` asks only what numba's import needs (the thread count), for commands that
+    import numba but need none of tokdyn's compiled kernels (``tokdyn info`` under
+    ``NUMBA_DISABLE_JIT=1``, a debugging setting, reads as before)."""
     import os
 
     env = os.environ if environ is None else environ
     v = env.get("NUMBA_NUM_THREADS")
     if v is not None and not (_int_text(v) is not None and _int_text(v) >= 1):
         return f"NUMBA_NUM_THREADS={v!r} is no number of threads for numba (an integer >= 1); set one, or unset it"
+    if not compiled:
+        return None
     v = env.get("NUMBA_DISABLE_JIT")
     if v is not None and _int_text(v) != 0:
         return (f"NUMBA_DISABLE_JIT={v!r}: tokdyn's kernels need numba's compiler (NUMBA_DISABLE_JIT=1 turns it off; "
-                "numba takes 0 or 1); unset it")
+                "numba takes 0 or 1); unset it, or fit with --backend numpy")
     v = env.get("NUMBA_THREADING_LAYER")
     if v is not None and v.lower() not in NUMBA_LAYERS:
-        return f"NUMBA_THREADING_LAYER={v!r} is none of numba's threading layers ({', '.join(NUMBA_LAYERS)}); unset it"
+        return (f"NUMBA_THREADING_LAYER={v!r} is none of numba's threading layers ({', '.join(NUMBA_LAYERS)}); unset it, "
+                "or fit with --backend numpy")
     return None
 
 

@@ -73,7 +73,7 @@ def _numbers_in_e_notation(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    refused = numba_setting()  # before the commands import numba, which refuses it with a traceback
+    refused = numba_setting(compiled=False)  # before the commands import numba, whose import fails or warns with a traceback
     if refused is not None:
         print(f"tokdyn: error: {refused}", file=sys.stderr)
         return 1
