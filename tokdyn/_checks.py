@@ -1,7 +1,7 @@
 """Type checks of settings given as numbers, shared by the stages that take them: ``True`` is no
 count, ``"3"`` no prior, and an int past 1e308 no float; and what a fit's log axis can tell apart
 (:func:`log_tie`), shared by the fit and the stages that take axis values for it. Imports nothing
-of tokdyn but its errors."""
+of tokdyn but its errors (and, to write a value in one, ``_text.shown``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from ._text import shown  # a value short and never failing: an int of 4300+ digits has no repr
 from .errors import InputError
 
 
@@ -44,7 +45,7 @@ def check_count(name: str, v, minimum: int = 1) -> int:
     never cut to an int (``context=2.5`` made windows of 2 tokens without a word), and a bool or a
     string ("8") is no count."""
     if not is_int(v) or v < minimum:
-        raise InputError(f"{name} must be an integer >= {minimum}, got {v.item() if isinstance(v, np.generic) else v!r}")
+        raise InputError(f"{name} must be an integer >= {minimum}, got {shown(v.item() if isinstance(v, np.generic) else v)}")
     return int(v)
 
 

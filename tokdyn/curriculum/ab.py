@@ -700,9 +700,10 @@ def headline_lines(res: dict) -> list[str]:
     if c:
         s = c["speedup"]
         head = f"positive control (0.9x baseline as a full run; true {c['expected']:+.1%}): "
+        gone = f"; no budget to read on seeds {c['unreadable']}, left out" if c.get("unreadable") else ""
         if s["n"] < 2:  # no interval to judge it by (its ci95 is NaN): not "NOT detected: the interval reaches 0"
             lines.append(head + (f"{s['mean']:+.1%}, n=1 (no interval from one seed, so not judged)" if s["n"] else
-                                 "no seed's ladder could be read, so not judged"))  # fmt: skip
+                                 "no seed's ladder could be read, so not judged") + gone)  # fmt: skip
         else:
             if c["detected"]:
                 verdict = "detected"
@@ -710,7 +711,6 @@ def headline_lines(res: dict) -> list[str]:
                 verdict = f"NOT detected: the true value lies outside the interval (read-out bias {s['mean'] - c['expected']:+.2%})"
             else:
                 verdict = "NOT detected: the interval reaches 0"
-            gone = f"; no budget to read on seeds {c['unreadable']}, left out" if c.get("unreadable") else ""
             lines.append(f"{head}{s['mean']:+.1%} (95% CI {s['ci95'][0]:+.2%} .. {s['ci95'][1]:+.2%}) -> {verdict}{gone}")
     if res.get("aa"):
         a = res["aa"]
