@@ -56,3 +56,17 @@ def test_a_count_check_of_a_huge_negative_int_is_one_input_error():
         check_count("capacity", -(10**5000))
     with pytest.raises(InputError, match=r"^batch must be an integer >= 1, got 2\.5$"):
         check_count("batch", np.float64(2.5))
+
+
+def test_the_observed_range_a_token_times_refusal_prints_is_taken():
+    """fc7a06b's refusal printed the observed range by .6g (4.50515..5.80618 for budgets 32000 ..
+    640000): given back as the x_range the line asks for, it was refused, since 5.80618 lies past
+    log10(640000) = 5.806179973983887 (and a rounded-down lower end before the first)."""
+    from tokdyn.compare import _inside
+    from tokdyn.errors import InputError
+
+    observed = (math.log10(32000), math.log10(640000))
+    with pytest.raises(InputError) as got:
+        _inside((5.0, 9.0), observed, "A")
+    printed = str(got.value).split("observed (")[1].split(")")[0].split("..")
+    assert _inside(tuple(float(v) for v in printed), observed, "A") == observed
