@@ -159,7 +159,7 @@ def test_token_times_past_the_observed_range_is_refused(fitted, x_range):
     from tokdyn.compare import token_times
 
     with pytest.raises(InputError, match=r"x_range must be two log10 axis values, first < last, inside the range run 'A' "
-                                         r"observed \(1\.\.5\)"):
+                                         r"observed \(1\.0\.\.5\.0\)"):
         token_times(fitted, "A", x_range=x_range)
 
 

@@ -195,7 +195,7 @@ def _inside(x_range, observed: tuple[float, float], run: str) -> tuple[float, fl
         ok = False
     if not ok:
         raise InputError(f"x_range must be two log10 axis values, first < last, inside the range run {run!r} observed "
-                         f"({observed[0]:.6g}..{observed[1]:.6g}); got {shown(x_range)}")  # fmt: skip
+                         f"({observed[0]!r}..{observed[1]!r}); got {shown(x_range)}")  # fmt: skip
     return float(lo), float(hi)
 
 
