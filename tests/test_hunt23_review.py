@@ -70,3 +70,22 @@ def test_the_observed_range_a_token_times_refusal_prints_is_taken():
         _inside((5.0, 9.0), observed, "A")
     printed = str(got.value).split("observed (")[1].split(")")[0].split("..")
     assert _inside(tuple(float(v) for v in printed), observed, "A") == observed
+
+
+def test_a_control_seed_whose_ladder_diverged_is_not_called_unreadable():
+    """A seed whose 0.9x baseline ended at NaN is "diverged" in the arms' line and, in the same
+    headline, "no budget to read" in the control's (6b36210 took every NaN control as a rung no
+    lower than the one below it)."""
+    from test_hunt23_curriculum import _ab_runs
+
+    from tokdyn.curriculum.ab import MixtureABConfig, headline_lines, summarize_runs
+
+    cfg = MixtureABConfig(seeds=(0, 1, 2), arms=("mixture",), ladder=(0.8, 0.9, 1.0), steps=40, eval_points=4)
+    lad = lambda b, s: 3.0 - 0.4 * np.log(b) + 0.001 * s  # noqa: E731
+    ladders = {s: [lad(b, s) for b in cfg.ladder] for s in (0, 1)} | {2: (3.2, float("nan"), 3.0)}
+    res = summarize_runs(_ab_runs(cfg, ladders, {0: 3.0, 1: 3.0, 2: 3.0}), cfg, ("a", "b"))
+    assert res["comparison"]["mixture"]["diverged"] == [2]
+    assert res["positive_control"]["unreadable"] == [] and res["positive_control"]["diverged"] == [2]
+    res.update(enrichment_verdict="-", aa_batches_identical={"identical": True})
+    line = [x for x in headline_lines(res) if x.startswith("positive control")][0]
+    assert "no budget to read" not in line and "diverged" in line, line
