@@ -676,7 +676,10 @@ def summarize_runs(runs: list[dict], cfg: MixtureABConfig, domains) -> dict:
             ls = [lo for b, lo in zip(cfg.ladder, ladder[s]) if b != 0.9]
             vals.append(speedup(rest, ls, ladder[s][i], used=1.0)[0])
         control = {"expected": 1 - 1 / 0.9, "speedup": paired_bootstrap(vals), "per_seed": vals,
-                   "unreadable": [s for s, v in zip(seeds, vals) if not math.isfinite(v)],
+                   # a seed whose ladder is not finite diverged (as the arms say); one whose
+                   # rungs give no budget to read is unreadable
+                   "diverged": [s for s in seeds if not np.all(np.isfinite(ladder[s]))],
+                   "unreadable": [s for s, v in zip(seeds, vals) if not math.isfinite(v) and np.all(np.isfinite(ladder[s]))],
                    "matched_budget": paired_bootstrap([1 / (1 - v) for v in vals])}  # fmt: skip
         c = control["speedup"]["ci95"]
         control["detected"] = bool(c[0] <= control["expected"] <= c[1] and c[1] < 0)
@@ -700,7 +703,8 @@ def headline_lines(res: dict) -> list[str]:
     if c:
         s = c["speedup"]
         head = f"positive control (0.9x baseline as a full run; true {c['expected']:+.1%}): "
-        gone = f"; no budget to read on seeds {c['unreadable']}, left out" if c.get("unreadable") else ""
+        gone = ((f"; loss not finite (diverged) on seeds {c['diverged']}, left out" if c.get("diverged") else "")
+                + (f"; no budget to read on seeds {c['unreadable']}, left out" if c.get("unreadable") else ""))  # fmt: skip
         if s["n"] < 2:  # no interval to judge it by (its ci95 is NaN): not "NOT detected: the interval reaches 0"
             lines.append(head + (f"{s['mean']:+.1%}, n=1 (no interval from one seed, so not judged)" if s["n"] else
                                  "no seed's ladder could be read, so not judged") + gone)  # fmt: skip
