@@ -89,3 +89,17 @@ def test_a_control_seed_whose_ladder_diverged_is_not_called_unreadable():
     res.update(enrichment_verdict="-", aa_batches_identical={"identical": True})
     line = [x for x in headline_lines(res) if x.startswith("positive control")][0]
     assert "no budget to read" not in line and "diverged" in line, line
+
+
+def test_a_v1_seed_with_no_speed_up_to_read_is_named_in_its_line():
+    """cf17008 made summarize leave out a NaN speed-up: a seed whose baseline reached its final
+    loss at step 0 (speed-up NaN, not diverged) made the mean "+nan%" before; now it drops out of
+    the mean and interval (n_left_out 1) and arm_line names no seed left out ("+50.0% (95% CI
+    +50.0% .. +50.0%; per seed +50.0%, +nan%, +50.0%)"), what bacae18 fixed for the mixture A/B."""
+    from tokdyn.curriculum.experiment import arm_line, compare_curves
+
+    steps = [0, 10, 20]
+    base = {s: {"steps": steps, "val_loss": [2.0, 2.5, 2.0] if s == 1 else [3.0, 2.5, 2.0]} for s in range(3)}
+    c = compare_curves(base, {s: {"steps": steps, "val_loss": [3.0, 2.0, 1.9]} for s in range(3)})
+    assert c["speedup"]["n"] == 2 and c["speedup"]["n_left_out"] == 1 and c["diverged"] == []
+    assert "left out" in arm_line("sample", c) and "[1]" in arm_line("sample", c), arm_line("sample", c)
