@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -27,7 +28,14 @@ def test_one_report_counts_the_tokens_with_no_recorded_loss_once(tmp_path):
     a = analyze_run(store.run("r"), n_boot=0, groups=False)
     assert a.summary()["n_unscored"] == 5
     assert "5 probe tokens with no recorded loss" in _scored_class_counts(a)[1]
-    assert _n_unscored(a) == a.summary()["n_unscored"]  # 8 != 5
+    assert _n_unscored(a) == (a.summary()["n_unscored"], 3)  # was 8: the set-aside tokens said as with no loss
+    from tokdyn.report import _fig_reconstruction
+
+    cap = _fig_reconstruction(store, a).caption  # the mean's tokens and those left out add up to the probe's
+    assert "5 probe tokens with no recorded loss and 3 tokens set aside for their losses (class unfit) left out" in cap, cap
+    kept = re.search(r"(?:all|the same) ([\d,]+) probe tokens", cap)
+    some = re.search(r"([\d,]+) tokens? that miss a loss at some", cap)
+    assert int(kept[1]) + (int(some[1]) if some else 0) + 5 + 3 == len(Y), cap
 
 
 def test_the_positive_control_from_one_readable_seed_names_those_left_out():

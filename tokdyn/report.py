@@ -408,14 +408,17 @@ def _left_out_notes(a: RunAnalysis) -> str:
     return "".join(f"<p class=meta>Run {_e(a.run)}: {_e(line)}</p>" for line in lines)
 
 
-def _measured_tokens_text(rec, name: str, unscored: int = 0) -> str:
+def _measured_tokens_text(rec, name: str, unscored: tuple[int, int] = (0, 0)) -> str:
     """Which tokens and points the measured mean loss is over, for a caption (``unscored``: the
-    probe tokens with no recorded loss, padding, in no mean: counted, so that the tokens in the
-    mean and those left out add up to the probe's)."""
+    probe tokens in no mean, as (with no recorded loss, such as padding; set aside for their
+    losses): counted, so that the tokens in the mean and those left out add up to the probe's)."""
     unmeasured = int(np.count_nonzero(~np.isfinite(rec.mean_loss)))
-    never = f"; {unscored:,} probe token{'s' * (unscored != 1)} with no recorded loss left out" if unscored else ""
+    none, aside = unscored
+    parts = [f"{none:,} probe token{'s' * (none != 1)} with no recorded loss"] if none else []
+    parts += [f"{aside:,} token{'s' * (aside != 1)} set aside for {'their' if aside != 1 else 'its'} losses (class unfit)"] if aside else []
+    never = f"; {' and '.join(parts)} left out" if parts else ""
     if not (rec.n_tokens_left_out or unmeasured):
-        scored = " with a recorded loss" if unscored else ""
+        scored = " with a recorded loss" if none and not aside else " the fit scored" if parts else ""
         return f"all {rec.spectrum.n_tokens:,} probe tokens{scored} at each recorded {name}{never}"
     left = [f"{rec.n_tokens_left_out:,} token{'s' * (rec.n_tokens_left_out != 1)} that miss a loss at some"] if rec.n_tokens_left_out else []
     left += [f"{unmeasured} {name}{'s' * (unmeasured != 1)} where most tokens have none, with no measured point"] if unmeasured else []
@@ -1259,10 +1262,16 @@ def _fig_classes(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     return _fig_class_shares(a) if meaningful else _fig_class_changes(a, drops)
 
 
-def _n_unscored(a: RunAnalysis) -> int:
-    """How many of run ``a``'s probe tokens have no recorded loss (padding, never recorded)."""
+def _n_unscored(a: RunAnalysis) -> tuple[int, int]:
+    """How many of run ``a``'s probe tokens are in no measured mean: (with no recorded loss,
+    such as padding, :func:`~tokdyn.fit.models.never_scored`; set aside for their losses, which
+    the fit scored as no point). One count said as 'no recorded loss' named the set-aside tokens,
+    which had losses, so one report gave two counts of the tokens with none."""
     scored = fit_scored(a.fit)
-    return 0 if scored is None else int(np.count_nonzero(~scored))
+    if scored is None:
+        return 0, 0
+    none = int(np.count_nonzero(never_scored(a.fit)))
+    return none, int(np.count_nonzero(~scored)) - none
 
 
 def _scored_class_counts(a: RunAnalysis) -> tuple[dict[str, int], str]:
