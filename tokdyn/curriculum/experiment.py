@@ -256,7 +256,9 @@ def arm_line(arm: str, c: dict) -> str:
     s, a = c["speedup"], c["auc_ratio"]
     per_seed = ", ".join(f"{x:+.1%}" for x in c["per_seed"]["speedup"])
     flags = ("; upper bound: not reached" if c["not_reached"] else "") + \
-            (f"; diverged on seeds {c['diverged']}, left out" if c.get("diverged") else "")  # fmt: skip
+            (f"; diverged on seeds {c['diverged']}, left out" if c.get("diverged") else "") + \
+            (f"; no speed-up to read on seeds {c['unreadable']} (the baseline at its final loss from the first "
+             "evaluation), left out" if c.get("unreadable") else "")  # fmt: skip
     if s["n"] < 2:
         return (f"{arm:<12} speed-up {s['mean']:+.1%} (n={s['n']}: no interval from {'one seed' if s['n'] else 'no seed'}; "
                 f"per seed {per_seed}{flags}), AUC ratio {a['mean']:.4f}")  # fmt: skip
@@ -290,7 +292,7 @@ def compare_curves(baseline: dict[int, dict], arm: dict[int, dict]) -> dict:
     seeds = sorted(set(baseline) & set(arm))
     if not seeds:
         raise InputError("no seed was run for both the baseline and the arm")
-    speed, auc, missed, diverged = [], [], [], []
+    speed, auc, missed, diverged, unreadable = [], [], [], [], []
     for s in seeds:
         b, a = baseline[s], arm[s]
         target = b["val_loss"][-1]
@@ -306,11 +308,13 @@ def compare_curves(baseline: dict[int, dict], arm: dict[int, dict]) -> dict:
         # a baseline that reached its loss at step 0 gives no speed-up to read: NaN, not a
         # ZeroDivisionError (a diverged one read 0.0, "no effect")
         speed.append(1.0 - steps_a / steps_b if steps_b > 0 else float("nan"))
+        if not steps_b > 0:  # named, as the mixture A/B names it: left out unnamed, the mean read as if of every seed
+            unreadable.append(s)
         auc.append(float(np.trapezoid(a["val_loss"], a["steps"]) / np.trapezoid(b["val_loss"], b["steps"])))
         if not reached:
             missed.append(s)
     return {"seeds": seeds, "per_seed": {"speedup": speed, "auc_ratio": auc}, "not_reached": missed, "diverged": diverged,
-            "speedup": summarize(speed), "auc_ratio": summarize(auc)}  # fmt: skip
+            "unreadable": unreadable, "speedup": summarize(speed), "auc_ratio": summarize(auc)}  # fmt: skip
 
 
 def summarize(values) -> dict:
