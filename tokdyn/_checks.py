@@ -43,8 +43,9 @@ def is_whole(v) -> bool:
 def check_count(name: str, v, minimum: int = 1) -> int:
     """``v`` as an int >= ``minimum``, or one :class:`InputError` naming ``name``: a float is
     never cut to an int (``context=2.5`` made windows of 2 tokens without a word), and a bool or a
-    string ("8") is no count."""
-    if not is_int(v) or v < minimum:
+    string ("8") is no count. A whole float (``8.0``, as a config file or a computation may give
+    it) is that int, as it was taken before these checks."""
+    if not (is_int(v) or is_whole(v)) or v < minimum:
         raise InputError(f"{name} must be an integer >= {minimum}, got {shown(v.item() if isinstance(v, np.generic) else v)}")
     return int(v)
 
