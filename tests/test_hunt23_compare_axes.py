@@ -64,7 +64,7 @@ def test_a_damaged_source_entry_of_an_axis_is_said(tmp_path, entry):
     sources = list(axis.attrs["sources"])
     sources[0] = entry
     st = _set_attr(st, axis.name, "sources", sources)
-    with pytest.raises(InputError, match="a source entry names no run and positive, finite data_budget"):
+    with pytest.raises(InputError, match="a source entry lacks its run's name or a positive, finite data_budget"):
         source_runs(st.run(axis.name))
 
 

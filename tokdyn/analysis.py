@@ -43,7 +43,7 @@ class RunAnalysis:
     reconstruction: Reconstruction
     events: Events
     fit: dict  # read_fit fields
-    class_counts: dict  # of the tokens with a recorded loss (n_points > 0), as FitSummary's
+    class_counts: dict  # of the tokens with a recorded loss (fit.models.never_scored), as FitSummary's
     class_loss_share: dict
     by_group: dict = field(default_factory=dict)  # {"class": {label: Spectrum}, "domain": ..., ...}
     stats: TokenStats | None = None

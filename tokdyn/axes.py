@@ -556,7 +556,7 @@ def source_runs(axis_run: Run) -> list[Run]:
     by_value: dict[float, Run] = {}
     for src in sources:
         if not isinstance(src, dict) or not _positive(src.get(attr)) or not isinstance(src.get("run"), str):
-            raise InputError(f"run {axis_run.name!r}: a source entry names no run and positive, finite {attr} ({shown(src)})")
+            raise InputError(f"run {axis_run.name!r}: a source entry lacks its run's name or a positive, finite {attr} ({shown(src)})")
         st = _source_store(axis_run.store, src)
         if st is None:
             raise InputError(f"run {axis_run.name!r}: a source entry names no store ({src!r})")

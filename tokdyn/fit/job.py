@@ -156,7 +156,7 @@ class FitSummary:
     fits_per_s: float
     backend: str
     scheduler: str
-    status_counts: dict  # of the tokens with a recorded loss (n_points > 0): with n_unscored, n_tokens
+    status_counts: dict  # of the tokens with a recorded loss (models.never_scored: set-aside tokens are unfit): with n_unscored, n_tokens
     class_counts: dict  # likewise: padding (no recorded loss) is in no class, and counted in n_unscored
     class_loss_share: dict
     n_unscored: int = 0  # probe tokens with no recorded loss in the fitted rows (padding, never recorded)

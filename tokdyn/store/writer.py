@@ -230,10 +230,12 @@ class RunWriter:
         if self._is_coord_writer:
             self._last_av = (self.rows, last_av)
         self.overflowed += overflowed
-        for step, av, before in tied:  # after the commit: a warning turned error (-W error) loses no row
+        if tied:  # after the commit: a warning turned error (-W error) loses no row; one per append, not per row
+            step, av, before = tied[0]
+            more = f" (and {len(tied) - 1} more row{'s' * (len(tied) > 2)} of this append likewise)" if len(tied) > 1 else ""
             warnings.warn(f"run {self.run.name!r}: axis value {av!r} of step {step} and {before!r} of the row before are one "
-                          f"point on a fit's log axis (log10 = {float(np.log10(av))!r} both, in float64); the row is kept, "
-                          "but tokdyn fit refuses this run: record rows at axis values a log scale tells apart",
+                          f"point on a fit's log axis (log10 = {float(np.log10(av))!r} both, in float64){more}; the rows are "
+                          "kept, but tokdyn fit refuses this run: record rows at axis values a log scale tells apart",
                           RuntimeWarning, stacklevel=3)  # fmt: skip
         return range(k0, k0 + k)
 
