@@ -39,7 +39,7 @@ from .fit.models import FLAT_NATS, SHARE_MIN_NET, never_scored, scored_counts, t
 from .fit.options import CLASS_CODES, CLASS_NAMES
 from .fit.sigmoid import sigmoid_curve
 from .fit.job import fitted_inputs
-from .spectrum import POWER_LAW_R2, fit_scored
+from .spectrum import POWER_LAW_R2, fit_scored, group_labels
 from .store import TrajectoryStore, as_store
 from .tokenstats import RHO1_CLASSES, frequency_bands, id_counts, position_bands
 
@@ -1429,7 +1429,7 @@ def _groups_left_out_text(st: TrajectoryStore, a: RunAnalysis) -> str:
 
 def _group_order(st: TrajectoryStore, kind: str, fit: dict) -> list[str]:
     """Every label of group ``kind`` the probe has, in the probe's order, named as
-    :func:`tokdyn.spectrum.spectra_by` names them (two domains of one name: ``name [index]``);
+    :func:`tokdyn.spectrum.spectra_by` names them (:func:`tokdyn.spectrum.group_labels`);
     frequency bands of the tokens ``fit`` scored, as :func:`tokdyn.analysis.group_spectra` bands them."""
     probe, ta = st.probe, st.probe.token_arrays
     if kind == "domain":
@@ -1440,7 +1440,7 @@ def _group_order(st: TrajectoryStore, kind: str, fit: dict) -> list[str]:
         names = [str(b) for b in position_bands(np.asarray(ta["token_pos"]), probe.context)[1]]
     else:
         return []
-    return [n if names.count(n) == 1 else f"{n} [{i}]" for i, n in enumerate(names)]
+    return group_labels(names)
 
 
 def _group_style(kind: str, label: str, order: list[str]) -> tuple[str, object]:

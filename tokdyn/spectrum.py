@@ -45,6 +45,7 @@ __all__ = [
     "PLACEMENTS",
     "KERNELS",
     "spectra_by",
+    "group_labels",
 ]
 
 BANDWIDTH_RULES = ("auto", "events", "widths", "silverman")
@@ -1037,14 +1038,27 @@ def spectra_by(
         raise InputError(f"group must have one code per token, shape ({events.n_tokens},), got {g.shape}")
     names = dict(enumerate(labels)) if not isinstance(labels, dict) else dict(labels)
     h = select_bandwidth(events, bandwidth, placement=placement, kernel=kernel)
-    seen = {}
-    for name in names.values():
-        seen[str(name)] = seen.get(str(name), 0) + 1
     out = {}
-    for code, name in names.items():
+    for (code, _), label in zip(names.items(), group_labels(names.values(), names.keys())):
         sub = events.for_tokens(g == code)
         if len(sub) >= max(min_events, 1):  # an empty group has no spectrum (min_events=0 raised "no learning events")
-            # two groups of one name (a probe may name two domains alike) are kept apart by their code
-            label = str(name) if seen[str(name)] == 1 else f"{name} [{code}]"
             out[label] = learning_time_spectrum(sub, bandwidth=h, placement=placement, kernel=kernel)
     return out
+
+
+def group_labels(names, codes=None) -> list[str]:
+    """The label of each group named in ``names`` (codes ``codes``, default 0, 1, ...), one per
+    group: its name, and where names read alike (a probe of an old store may name two domains
+    alike) ``name [code]``, its code added until no two labels read the same. Only the name's
+    code told them apart, so domains 'a', 'a' and 'a [1]' were labelled 'a [0]', 'a [1]' and
+    'a [1]', and one group's spectrum overwrote another's without a word."""
+    labels = [str(n) for n in names]
+    codes = list(range(len(labels))) if codes is None else list(codes)
+    for _ in range(len(labels)):  # each pass adds a code to every label that reads as another's
+        seen: dict[str, int] = {}
+        for label in labels:
+            seen[label] = seen.get(label, 0) + 1
+        if all(v == 1 for v in seen.values()):
+            break
+        labels = [f"{label} [{c}]" if seen[label] > 1 else label for label, c in zip(labels, codes)]
+    return labels
