@@ -77,3 +77,43 @@ def test_domains_of_one_document_each_claim_no_interval(tmp_path, capsys):
         v != v for v in res["spectrum_power_law"]["alpha_ci95"])  # NaN or null: no interval
     assert res["spectrum_power_law"]["resampled"] == "documents" and res["spectrum_power_law"]["n_units"] == 2
     assert set(res["groups"]) == {"a", "b"} and not any("alpha" in g for g in res["groups"].values())
+
+
+# -- names as the table prints them --------------------------------------------------------
+
+
+def _two_domain_store(path, domains) -> str:
+    """A fitted run of 16 windows of 4 tokens, alternately of the two domains ``domains``."""
+    import tokdyn
+    from test_curriculum_pilot_checks import BYTE
+    from test_hunt11_spectrum import STEPS, _sigmoids
+
+    Y = _sigmoids(np.random.default_rng(3).uniform(1.8, 3.2, 64))
+    rng = np.random.default_rng(0)
+    probe = tokdyn.ProbeSet.from_tokens(rng.integers(97, 123, size=(16, 5)), domain=np.arange(16) % 2, domains=domains,
+                                        tokenizer=BYTE)  # fmt: skip
+    s = tokdyn.open_store(str(path), probe, mode="w")
+    with s.create_run("r", capacity=len(STEPS)).writer() as w:
+        for j, step in enumerate(STEPS):
+            w.append(Y[:, j].astype(np.float32), step=int(step))
+    tokdyn.fit_run(s.run("r"), progress=False)
+    return str(path)
+
+
+@pytest.mark.parametrize("domains", [("web\n  forged      9.999   x   1.00   99", "\x1b[2Jcode"), ("", " "), ("code", "code ")])
+def test_the_by_table_shows_each_name_on_its_own_line_told_apart(tmp_path, capsys, domains):
+    """The `--by domain` table printed a domain's name as it is: a newline in it made a line of
+    its own (a forged group row), an escape sequence cleared the terminal, and domains '' and ' '
+    (or 'code' and 'code ') printed as rows no reader could tell apart. The names are shown as
+    the other commands show them (tokdyn._text.labels): escaped, quoted where they would show
+    nothing or alike."""
+    from tokdyn._text import labels
+
+    url = _two_domain_store(tmp_path / "s.zarr", domains)
+    assert main(["spectrum", url, "--by", "domain", "--boot", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out
+    table = out.split("by domain:")[1].splitlines()[1:3]
+    assert all(line.startswith("  ") and len(line.split()) >= 4 for line in table)
+    assert sorted(line[2:].rsplit(None, 4)[0] for line in table) == sorted(labels(domains))
+    assert len({line[2:].rsplit(None, 4)[0] for line in table}) == 2

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from .._text import visible
+from .._text import labels, visible
 from ..analysis import axis_run, run_spectrum
 from ..errors import InputError
 from ..reconstruct import reconstruct_run
@@ -117,8 +117,10 @@ def _group_lines(by: str, groups: dict, spec) -> list[str]:
         return [f"by {by}: no group has {GROUP_MIN_EVENTS} events or more, so none has a spectrum of its own "
                 f"(all {spec.n_events:,} events are in smaller groups)"]  # fmt: skip
     out = [f"by {by}: drop seen (nats/token; < 0: the loss rose), x of the peak (largest |rho|), events"]
+    # names as the other commands show them: a newline in a domain's name printed a row of its own
+    shown = dict(zip(groups, labels(groups)))
     for label, g in sorted(groups.items(), key=lambda kv: -kv[1].total_drop):
-        out.append(f"  {label:<28} {g.total_drop:8.3f}   x {_peak_x(g):6.2f}   {g.n_events:,}")
+        out.append(f"  {shown[label]:<28} {g.total_drop:8.3f}   x {_peak_x(g):6.2f}   {g.n_events:,}")
     if n_out > 0:
         out.append(f"  {'(groups of < ' + str(GROUP_MIN_EVENTS) + ' events)':<28} {drop_out:8.3f}   not shown   {n_out:,}")
     return out
