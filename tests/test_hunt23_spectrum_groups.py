@@ -117,3 +117,50 @@ def test_the_by_table_shows_each_name_on_its_own_line_told_apart(tmp_path, capsy
     assert all(line.startswith("  ") and len(line.split()) >= 4 for line in table)
     assert sorted(line[2:].rsplit(None, 4)[0] for line in table) == sorted(labels(domains))
     assert len({line[2:].rsplit(None, 4)[0] for line in table}) == 2
+
+
+# -- the units of the whole spectrum's interval: of the tokens it scored ------------------------
+
+
+def _one_document(path, *, padding: int) -> str:
+    """A fitted run of one document of 30 windows of 2 targets, learned at times from 2 .. 3.5,
+    and ``padding`` windows more in a document of their own that are never scored (NaN at every
+    step: an imported probe's padding)."""
+    import tokdyn
+    from test_curriculum_pilot_checks import BYTE, STEPS
+
+    rng = np.random.default_rng(7)
+    mu = rng.uniform(2, 3.5, 60)
+    noise = rng.standard_normal((len(STEPS), 60))
+    doc = np.repeat([0, 1], [30, padding])
+    probe = tokdyn.ProbeSet.from_tokens(np.random.default_rng(1).integers(97, 123, size=(30 + padding, 3)), doc_id=doc,
+                                        tokenizer=BYTE)  # fmt: skip
+    x = np.log10(STEPS)
+    store = tokdyn.open_store(str(path), probe, mode="w")
+    with store.create_run("r", capacity=len(STEPS)).writer() as w:
+        for j, step in enumerate(STEPS):
+            y = np.full(2 * (30 + padding), np.nan, np.float32)
+            y[:60] = 1 + 3 / (1 + np.exp((x[j] - mu) / 0.1)) + 0.05 * noise[j]
+            w.append(y, step=int(step))
+    tokdyn.fit_run(tokdyn.open_store(str(path), mode="r+").run("r"), progress=False)
+    return str(path)
+
+
+@pytest.mark.filterwarnings("ignore:.*non-finite losses stored as NaN")
+def test_never_scored_tokens_in_a_document_of_their_own_do_not_take_the_interval_away(tmp_path, capsys):
+    """A probe of one document is resampled by its windows (a document alone gives every
+    resample the same spectrum); with never-scored padding in a second document, the probe told
+    two documents apart, the bootstrap took documents, found the drop in one, and printed no
+    interval at all. The units are chosen among the tokens scored (the curriculum's rule,
+    tokdyn.spectrum.units_by_group): the padding changes the units and the exponent in
+    nothing (the draws of the resamples, which also number its windows, differ)."""
+    lines = {}
+    for padding in (0, 4):
+        url = _one_document(tmp_path / f"p{padding}.zarr", padding=padding)
+        assert main(["spectrum", url, "--json"]) == 0
+        lines[padding] = json.loads(capsys.readouterr().out)["spectrum_power_law"]
+    assert lines[0]["resampled"] == "windows" and lines[0]["n_units"] == 30
+    assert lines[4]["resampled"] == lines[0]["resampled"] and lines[4]["n_units"] == lines[0]["n_units"]
+    assert lines[4]["alpha"] == pytest.approx(lines[0]["alpha"], rel=1e-9) and lines[4]["alpha_ci95_why"] is None
+    (lo0, hi0), (lo4, hi4) = lines[0]["alpha_ci95"], lines[4]["alpha_ci95"]  # other draws (2 units more): alike, not equal
+    assert lo4 < lines[4]["alpha"] < hi4 and 0.5 < (hi4 - lo4) / (hi0 - lo0) < 2

@@ -46,6 +46,7 @@ __all__ = [
     "KERNELS",
     "spectra_by",
     "group_labels",
+    "units_by_group",
 ]
 
 BANDWIDTH_RULES = ("auto", "events", "widths", "silverman")
@@ -350,8 +351,12 @@ def run_events(run, *, which: str = "two_step", fit: Mapping[str, np.ndarray] | 
 
     with run.fit.unchanged():  # the fields and the options they were fitted with: of one fit
         events = events_from_fit(run.fit.read() if fit is None else fit, which=which, options=stored_options(run))
-    unit, kind = probe_units(run.store.probe)
-    return replace(events, unit=unit, unit_kind=kind) if unit.shape == (events.n_tokens,) else events
+    probe = run.store.probe
+    unit, kind = probe_units(probe)
+    if unit.shape != (events.n_tokens,):
+        return events
+    # units chosen among the tokens scored: never-scored padding in a document of its own took the interval away
+    return units_by_group(replace(events, unit=unit, unit_kind=kind), probe.token_arrays["sample_id"])
 
 
 def probe_units(probe) -> tuple[np.ndarray, str]:
@@ -370,6 +375,42 @@ def probe_units(probe) -> tuple[np.ndarray, str]:
             if 1 < groups < n or (name == "sample_id" and groups == 1):
                 return codes, kind
     return np.arange(n, dtype=np.int64), "token"
+
+
+_FINER = {"document": ("window", "token"), "window": ("token",)}  # the sampling units below each
+
+
+def units_by_group(events: Events, sample_id: np.ndarray, group: np.ndarray | None = None) -> Events:
+    """``events`` whose sampling units (what a bootstrap resamples whole: :attr:`Events.unit`)
+    give every group of tokens (``group [N]`` codes; None: the whole probe, one group) two at
+    least among its scored tokens: the probe's own (documents where it tells them apart), and for
+    a group whose scored tokens lie in one of them, its windows (``sample_id [N]``), else its
+    tokens. The one rule of the spectrum's interval (:func:`run_events`, the whole probe) and of
+    the curriculum's domain rates (:func:`tokdyn.curriculum.pilot_events`, each domain).
+
+    A domain that is one document drew the same rate in every resample of documents: its error
+    read 0, and its whole difference from the others, noise included, was kept as real. A probe of
+    one scored document beside never-scored padding in another was resampled by documents, and
+    its spectrum had no interval, where the same probe without the padding had one over windows."""
+    unit, _ = events.units()
+    n = events.n_tokens
+    group = np.zeros(n, np.int64) if group is None else np.asarray(group)
+    levels = [(unit, events.unit_kind)]
+    for kind in _FINER.get(events.unit_kind, ()):
+        codes = np.unique(np.asarray(sample_id), return_inverse=True)[1].reshape(-1) if kind == "window" else np.arange(n)
+        if codes.shape == (n,):
+            levels.append((codes.astype(np.int64), kind))
+    chosen = np.zeros(n, np.int64)  # the level each token's group is resampled at
+    for k in np.unique(group):
+        scored = events.scored_in(group == k)
+        at = next((i for i, (codes, _) in enumerate(levels) if np.unique(codes[scored]).size >= 2), len(levels) - 1)
+        chosen[group == k] = at
+    if not chosen.any():
+        return events  # every group has two units of the probe's own kind at least
+    picked = np.choose(chosen, [codes for codes, _ in levels])
+    joint = np.unique(chosen * (n + 1) + picked, return_inverse=True)[1].reshape(-1)  # (level, unit): distinct codes
+    kinds = {levels[i][1] for i in np.unique(chosen)}
+    return replace(events, unit=joint.astype(np.int64), unit_kind=kinds.pop() if len(kinds) == 1 else "sampling unit")
 
 
 def _dense_codes(unit: np.ndarray) -> bool:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -86,7 +86,7 @@ def pilot_events(store, run: str) -> PilotEvents:
     on the training-step axis T (:class:`InputError` for a D or M run: its learning times are
     log10 tokens or parameters, which a schedule would read as log10 steps).
     """
-    from ..spectrum import run_events
+    from ..spectrum import run_events, units_by_group
     from ..store import open_store
     from ._common import require_step_axis
 
@@ -104,37 +104,7 @@ def pilot_events(store, run: str) -> PilotEvents:
     if domain is None or not probe.domains or np.asarray(domain).dtype.kind not in "iu":
         domain = np.zeros(probe.n_tokens, np.int64)  # not labelled by domain (an imported losses.npz): one domain
     domain = np.asarray(domain)
-    return PilotEvents(_units_by_domain(events, ta["sample_id"], domain), domain, np.asarray(ta["token_pos"]), tuple(probe.domains))
-
-
-_FINER = {"document": ("window", "token"), "window": ("token",)}  # the sampling units below each
-
-
-def _units_by_domain(events, sample_id, domain: np.ndarray):
-    """``events`` whose sampling units (:meth:`DomainRates.from_events` resamples them) give
-    every domain two at least: the probe's own (documents where it tells them apart), and for a
-    domain whose scored tokens lie in one of them, its windows (``sample_id``), else its tokens.
-
-    A domain that is one document drew the same rate in every resample of documents: its error
-    read 0, and its whole difference from the others, noise included, was kept as real."""
-    unit, _ = events.units()
-    n = events.n_tokens
-    levels = [(unit, events.unit_kind)]
-    for kind in _FINER.get(events.unit_kind, ()):
-        codes = np.unique(np.asarray(sample_id), return_inverse=True)[1].reshape(-1) if kind == "window" else np.arange(n)
-        if codes.shape == (n,):
-            levels.append((codes.astype(np.int64), kind))
-    chosen = np.zeros(n, np.int64)  # the level each token's domain is resampled at
-    for k in np.unique(domain):
-        scored = events.scored_in(domain == k)
-        at = next((i for i, (codes, _) in enumerate(levels) if np.unique(codes[scored]).size >= 2), len(levels) - 1)
-        chosen[domain == k] = at
-    if not chosen.any():
-        return events  # every domain has two units of the probe's own kind at least
-    picked = np.choose(chosen, [codes for codes, _ in levels])
-    joint = np.unique(chosen * (n + 1) + picked, return_inverse=True)[1].reshape(-1)  # (level, unit): distinct codes
-    kinds = {levels[i][1] for i in np.unique(chosen)}
-    return replace(events, unit=joint.astype(np.int64), unit_kind=kinds.pop() if len(kinds) == 1 else "sampling unit")
+    return PilotEvents(units_by_group(events, ta["sample_id"], domain), domain, np.asarray(ta["token_pos"]), tuple(probe.domains))
 
 
 @dataclass(frozen=True)
