@@ -224,8 +224,8 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
         return [Document(key=_name_text(p.name), domain=_name_text(p.stem), text=text)]
     if not p.is_dir():  # a FIFO, a socket, a device: read as text it would hang or never end
         check_regular(p, "text source", "; give a file or a folder")
-    docs, binary, undecodable, special = [], [], [], {}
-    for f in _list_files(p, pattern, special):
+    docs, binary, undecodable, special, repeated = [], [], [], {}, {}
+    for f in _list_files(p, pattern, special, repeated):
         rel = f.relative_to(p)
         if any(part.startswith(".") for part in rel.parts):  # .git/, .DS_Store, editors' swap files
             continue
@@ -252,6 +252,11 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
         more = f" and {len(special) - 5} more" if len(special) > 5 else ""
         warnings.warn(f"{p}: skipped {len(special)} entr{'y' if len(special) == 1 else 'ies'} that are not regular files "
                       f"(no text to read): {shown}{more}", stacklevel=2)  # fmt: skip
+    if repeated:  # a link back up, or a second way to a folder: its files are documents once, under the first path
+        shown = ", ".join(f"{_name_text(f.relative_to(p).as_posix())} (-> {_name_text(first) or 'the source folder'})"
+                          for f, first in sorted(repeated.items())[:5]) + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else "")
+        warnings.warn(f"{p}: skipped {len(repeated)} link(s) to a folder read already (its files are documents once, "
+                      f"under the path named): {shown}", stacklevel=2)  # fmt: skip
     if undecodable:
         _warn_undecodable(p, undecodable, encoding)
     folders = {d.domain for d in docs if "/" in d.key}
@@ -265,11 +270,15 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
     return docs
 
 
-def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None) -> list[Path]:
+def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None,
+                repeated: dict[Path, str] | None = None) -> list[Path]:
     """The regular files (symlinks to files too) that ``root.rglob(pattern)`` finds, sorted, but
     for hidden entries (``.git/``: never entered, so a large or unreadable one costs nothing).
-    As ``rglob``, ``**`` is any run of folders but does not enter symlinked folders (a link to
-    ``..`` would loop), and a name segment (``*``, ``a``) goes through them. A folder that cannot
+    As ``rglob``, ``**`` is any run of folders and a name segment (``*``, ``a``) goes through
+    links; unlike it, ``**`` also enters a linked folder (``wiki -> /disk/wiki``: its files were
+    left out without a word), after the real tree and each real folder once: a link to a folder
+    read already (``..``, a loop; a folder of the source; a second link to one folder) is not
+    entered, and is put in ``repeated`` with the path it repeats ("" for ``root``). A folder that cannot
     be listed is an :class:`InputError` (``rglob`` skips it without a word: its documents were
     silently left out). Entries the pattern names that are neither a regular file nor a folder
     (a FIFO, a socket, a device, a broken link or a link loop: none holds a document to read,
@@ -279,6 +288,24 @@ def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None
     if not parts or Path(pattern).is_absolute():
         raise InputError(f"file pattern {pattern!r} must be relative to the folder and not empty (e.g. '*.txt')")
     found: set[Path] = set()
+    entered: dict[tuple, Path] = {}  # (device, inode, segments) of each folder '**' entered -> its path
+    links: list[tuple[Path, tuple[str, ...]]] = []  # linked folders '**' met: entered after the real tree
+
+    def _unlistable(folder: Path, exc: OSError):
+        rel = os.path.relpath(folder, root)
+        raise InputError(f"{root}: cannot list the folder {_name_text(rel)} ({(exc.strerror or 'error').lower()}); "
+                         "make it readable, or move it out of the source folder") from None  # fmt: skip
+
+    def claim(folder: Path, segments: tuple[str, ...]) -> bool:
+        """Whether '**' is to go into ``folder``: not if it was there already (a repeat, said)."""
+        try:
+            st = os.stat(folder)
+        except OSError as exc:
+            _unlistable(folder, exc)
+        first = entered.setdefault((st.st_dev, st.st_ino, segments), folder)
+        if first is not folder and repeated is not None:
+            repeated[folder] = "" if first == root else first.relative_to(root).as_posix()
+        return first is folder
 
     def select(folder: Path, segments: tuple[str, ...]) -> None:
         head, rest = segments[0], segments[1:]
@@ -286,15 +313,16 @@ def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None
             with os.scandir(folder) as it:
                 entries = [e for e in it if not e.name.startswith(".")]
         except OSError as exc:
-            rel = os.path.relpath(folder, root)
-            raise InputError(f"{root}: cannot list the folder {_name_text(rel)} ({(exc.strerror or 'error').lower()}); "
-                             "make it readable, or move it out of the source folder") from None  # fmt: skip
+            _unlistable(folder, exc)
         if head == "**":  # no folder, or one more (a real one) and still '**'
             if rest:
                 select(folder, rest)
             for e in entries:
                 if e.is_dir(follow_symlinks=False):
-                    select(Path(e.path), segments)
+                    if claim(Path(e.path), segments):
+                        select(Path(e.path), segments)
+                elif e.is_symlink() and _entry_is(e, "dir"):
+                    links.append((Path(e.path), segments))
             return
         for e in entries:
             if fnmatch.fnmatchcase(e.name, head):
@@ -305,7 +333,12 @@ def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None
                 elif rest and _entry_is(e, "dir"):
                     select(Path(e.path), rest)
 
+    claim(root, ("**", *parts))
     select(root, ("**", *parts))
+    while links:  # in rounds: a round's links claim their folders (in name order) before any is walked
+        pending, links[:] = sorted(links), []
+        for link, segments in [(link, segments) for link, segments in pending if claim(link, segments)]:
+            select(link, segments)
     return sorted(found)
 
 

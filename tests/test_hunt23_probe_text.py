@@ -1,0 +1,74 @@
+"""Hunt 23, area f: a probe built from a researcher's own text (tokdyn probe, tokdyn.corpus)."""
+
+from __future__ import annotations
+
+import warnings
+
+from tests.test_hunt14_corpus import _folder, _text
+from tokdyn.corpus import _list_files, text_documents
+
+
+def _keys(src, **kw):
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        docs = text_documents(src, **kw)
+    return sorted(d.key for d in docs), [str(w.message) for w in rec]
+
+
+# -- linked folders --------------------------------------------------------------------------
+
+
+def test_a_linked_folder_outside_the_source_is_read(tmp_path):
+    """A corpus assembled from links (data/wiki -> /big/disk/wiki): the linked folder's files were
+    left out without a word, a whole domain gone from the probe."""
+    src = _folder(tmp_path / "src")
+    (tmp_path / "disk" / "wiki" / "en").mkdir(parents=True)
+    (tmp_path / "disk" / "wiki" / "w1.txt").write_text(_text(101))
+    (tmp_path / "disk" / "wiki" / "en" / "w2.txt").write_text(_text(102))
+    (src / "wiki").symlink_to(tmp_path / "disk" / "wiki")
+    keys, said = _keys(src)
+    assert {"wiki/w1.txt", "wiki/en/w2.txt"} <= set(keys), keys
+    docs = {d.key: d for d in text_documents(src)}
+    assert docs["wiki/en/w2.txt"].domain == "wiki" and docs["wiki/w1.txt"].text == _text(101)
+    assert not said, said
+
+
+def test_reading_through_a_link_gives_the_documents_of_a_copy(tmp_path):
+    """Invariance: a folder linked in reads as the same folder copied in (keys, domains, texts)."""
+    (tmp_path / "disk" / "c" / "deep").mkdir(parents=True)
+    for i, name in enumerate(["x.txt", "deep/y.txt", "deep/z.md"]):
+        (tmp_path / "disk" / "c" / name).write_text(_text(200 + i))
+    linked, copied = _folder(tmp_path / "linked", 6), _folder(tmp_path / "copied", 6)
+    (linked / "c").symlink_to(tmp_path / "disk" / "c")
+    import shutil
+
+    shutil.copytree(tmp_path / "disk" / "c", copied / "c")
+    read = [[(d.key, d.domain, d.text) for d in text_documents(s)] for s in (linked, copied)]
+    assert read[0] == read[1] and len(read[0]) == 9
+
+
+def test_links_that_loop_or_repeat_a_folder_end_and_are_named(tmp_path):
+    """A link back up (a loop), a link to a folder of the source, two links to one outside folder,
+    and a link inside the outside folder back to itself: every folder is read once, the walk
+    ends, and each link skipped is named with the folder it repeats."""
+    src = _folder(tmp_path / "src")
+    out = tmp_path / "disk" / "o"
+    out.mkdir(parents=True)
+    (out / "o.txt").write_text(_text(300))
+    (out / "again").symlink_to(out)  # loops inside the outside folder
+    (src / "a" / "up").symlink_to("..")
+    (src / "b" / "also_a").symlink_to("../a")
+    (src / "o1").symlink_to(out)
+    (src / "o2").symlink_to(out)
+    keys, said = _keys(src)
+    assert "o1/o.txt" in keys and not any(k.startswith(("o2/", "a/up/", "b/also_a/", "o1/again/")) for k in keys), keys
+    assert len(keys) == 41
+    line = next(s for s in said if "link" in s)
+    for name, repeats in (("a/up", "the source folder"), ("b/also_a", "a"), ("o2", "o1"), ("o1/again", "o1")):
+        assert f"{name} (-> {repeats})" in line, line
+    (src / "b" / "parent").symlink_to(tmp_path)  # holds the source itself and the outside folder: both said, not read twice
+    repeated: dict = {}
+    files = _list_files(src, "*", {}, repeated)
+    assert sorted(f.relative_to(src).as_posix() for f in files) == keys
+    assert {f.relative_to(src).as_posix(): first for f, first in repeated.items()} == {
+        "a/up": "", "b/also_a": "a", "o2": "o1", "o1/again": "o1", "b/parent/src": "", "b/parent/disk/o": "o1"}
