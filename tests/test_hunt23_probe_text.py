@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
+
 from tests.test_hunt14_corpus import _folder, _text
-from tokdyn.corpus import _list_files, text_documents
+from tokdyn.corpus import _list_files, jsonl_documents, text_documents
+from tokdyn.errors import InputError
 
 
 def _keys(src, **kw):
@@ -98,3 +101,25 @@ def test_the_probe_is_the_same_whichever_way_the_file_system_spells_names(tmp_pa
             for form in ("NFC", "NFD"))  # fmt: skip
     assert [d.key for d in a.probe_documents] == [d.key for d in b.probe_documents]
     assert a.probe.fingerprint == b.probe.fingerprint
+
+
+# -- JSON lines whose records say two things -----------------------------------------------------
+
+
+@pytest.mark.parametrize("line, field", [
+    ('{"text": "benign", "text": "other"}', "text"),
+    ('{"text": "x", "domain": "web", "domain": "code"}', "domain"),
+    ('{"text": "x", "domain": "web", "domain": "web"}', "domain"),  # the same twice: still two fields
+])  # fmt: skip
+def test_a_record_naming_its_text_or_domain_twice_is_refused(tmp_path, line, field):
+    """json.loads keeps the last of two fields of one name without a word; another reader (a
+    training pipeline's) may keep the first, and train on the text this probe held out. Such a
+    record is one line naming the line and the field; a field of another name given twice, or a
+    nested object's, is not the reader's business."""
+    f = tmp_path / "c.jsonl"
+    good = ['{"text": "a", "domain": "web", "n": 1, "n": 2}', '{"text": "b", "domain": "web", "meta": {"text": 1, "text": 2}}']
+    f.write_text("\n".join([*good, line, *good]) + "\n")
+    with pytest.raises(InputError, match=rf"c\.jsonl:3: the field {field!r} is given twice"):
+        jsonl_documents(f, domain_field="domain")
+    f.write_text("\n".join(good) + "\n")
+    assert [d.text for d in jsonl_documents(f, domain_field="domain")] == ["a", "b"]

@@ -450,11 +450,19 @@ def jsonl_documents(
     or ``"3"`` and mixed into a domain of its own, silently). Without it every document's domain
     is ``"default"``.
 
+    A record that gives ``text_field`` (or ``domain_field``) twice is an :class:`InputError`:
+    ``json.loads`` keeps the last, other readers the first, so the text a training pipeline reads
+    could be another than this one held out.
+
     As with text files, what is not valid text is replaced by U+FFFD: bytes that are not UTF-8,
     and lone surrogates written as JSON escapes (``"\\ud800"``, which no encoder can write).
     """
     p = check_regular(path, "JSON lines file")
-    docs, undecodable = [], []
+    docs, undecodable, names = [], [], []
+
+    def fields(pairs: list) -> dict:  # the field names of the object built last: the record's (it closes last)
+        names[:] = [k for k, _ in pairs]
+        return dict(pairs)
     with open(p, "rb") as fh:  # each line decoded on its own, to name the lines whose bytes were not UTF-8
         lines = (line for chunk in fh for line in chunk.splitlines(keepends=True))  # at \n, \r\n and \r, as text mode
         for lineno, raw in enumerate(lines, 1):
@@ -466,9 +474,13 @@ def jsonl_documents(
             if not line.strip():
                 continue
             try:
-                rec = loads_json(line)
+                rec = loads_json(line, object_pairs_hook=fields)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
+            for name in (text_field, domain_field):  # json.loads keeps the last of the two; another reader, the first
+                if isinstance(rec, dict) and name is not None and names.count(name) > 1:
+                    raise InputError(f"{p}:{lineno}: the field {name!r} is given twice in one record; readers differ in "
+                                     "which one they keep (a training pipeline's could keep the other): give it once")  # fmt: skip
             if not isinstance(rec, dict):
                 raise InputError(f"{p}:{lineno}: expected an object with a string field {text_field!r}; "
                                  f"{_found(rec).replace('it is', 'the line is', 1)}")  # fmt: skip
