@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+import json
 import warnings
 
 import pytest
@@ -123,3 +125,28 @@ def test_a_record_naming_its_text_or_domain_twice_is_refused(tmp_path, line, fie
         jsonl_documents(f, domain_field="domain")
     f.write_text("\n".join(good) + "\n")
     assert [d.text for d in jsonl_documents(f, domain_field="domain")] == ["a", "b"]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32", "utf-8-sig"])
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_a_jsonl_saved_as_unicode_reads_as_its_utf8_twin(tmp_path, encoding, newline):
+    """Windows PowerShell's Out-File saves UTF-16 with a byte-order mark (Notepad's "Unicode"): a
+    text file so saved was read, a .jsonl was "line 1: not valid JSON (Expecting value)" for a
+    file an editor shows as valid JSON. It now reads as the same records in UTF-8 (keys, domains,
+    texts)."""
+    records = [{"text": "naïve café 🙂", "d": "x"}, {"text": ""}, {"text": "second\nline", "d": "y"}, {"text": "三", "d": "x"}]
+    lines = newline.join(json.dumps(r, ensure_ascii=False) for r in records) + newline
+    twin, saved = tmp_path / "twin.jsonl", tmp_path / "saved.jsonl"
+    twin.write_bytes(lines.encode("utf-8"))
+    bom = {"utf-16-be": codecs.BOM_UTF16_BE}.get(encoding, b"")
+    saved.write_bytes(bom + lines.encode(encoding))
+    read = [[(d.key.split(":")[1], d.domain, d.text) for d in jsonl_documents(f)] for f in (twin, saved)]
+    assert read[0] == read[1] == [("1", "default", records[0]["text"]), ("3", "default", "second\nline"), ("4", "default", "三")]
+
+
+def test_a_jsonl_of_damaged_utf16_names_its_bytes(tmp_path):
+    f = tmp_path / "saved.jsonl"
+    f.write_bytes(codecs.BOM_UTF16_LE + '{"text": "a"}\n{"text": "b'.encode("utf-16-le") + b"\x00\xd8"  # a lone surrogate
+                  + '"}\n'.encode("utf-16-le"))  # fmt: skip
+    with pytest.warns(UserWarning, match=r"not valid utf-16.*saved\.jsonl \(1 place\)"):
+        assert [d.text for d in jsonl_documents(f)] == ["a", "b\ufffd"]

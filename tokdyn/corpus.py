@@ -22,6 +22,7 @@ import codecs
 import errno
 import fnmatch
 import hashlib
+import io
 import json
 import os
 import re
@@ -371,13 +372,21 @@ def _utf16_32_bom(data: bytes) -> str | None:
     """The codec of a UTF-16 or UTF-32 text that opens with its byte-order mark (Windows tools
     save "Unicode" text so), when the whole file decodes in it; else None. Such a text is full
     of NUL bytes and was skipped as binary."""
+    codec = _wide_bom(data)
+    if codec is None:
+        return None
+    try:
+        data.decode(codec)
+    except UnicodeDecodeError:
+        return None
+    return codec
+
+
+def _wide_bom(head: bytes) -> str | None:
+    """The codec (``utf-16`` or ``utf-32``) whose byte-order mark opens ``head``, else None."""
     for bom, codec in ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
                        (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):  # fmt: skip
-        if data.startswith(bom):
-            try:
-                data.decode(codec)
-            except UnicodeDecodeError:
-                return None
+        if head.startswith(bom):
             return codec
     return None
 
@@ -455,7 +464,9 @@ def jsonl_documents(
     could be another than this one held out.
 
     As with text files, what is not valid text is replaced by U+FFFD: bytes that are not UTF-8,
-    and lone surrogates written as JSON escapes (``"\\ud800"``, which no encoder can write).
+    and lone surrogates written as JSON escapes (``"\\ud800"``, which no encoder can write). A file
+    opening with a UTF-16 or UTF-32 byte-order mark (Windows PowerShell's ``Out-File``) is read
+    in that encoding, as its UTF-8 twin would be.
     """
     p = check_regular(path, "JSON lines file")
     docs, undecodable, names = [], [], []
@@ -463,8 +474,16 @@ def jsonl_documents(
     def fields(pairs: list) -> dict:  # the field names of the object built last: the record's (it closes last)
         names[:] = [k for k, _ in pairs]
         return dict(pairs)
+
     with open(p, "rb") as fh:  # each line decoded on its own, to name the lines whose bytes were not UTF-8
-        lines = (line for chunk in fh for line in chunk.splitlines(keepends=True))  # at \n, \r\n and \r, as text mode
+        source, wide = fh, _wide_bom(fh.read(4))
+        fh.seek(0)
+        if wide:  # UTF-16 or -32 (PowerShell's Out-File): read as its UTF-8 twin would be
+            text, bad = _decode(fh.read(), wide)
+            if bad:
+                _warn_undecodable(p, [(p.name, bad)], wide, "file(s)")
+            source = io.BytesIO(text.encode("utf-8", "surrogatepass"))
+        lines = (line for chunk in source for line in chunk.splitlines(keepends=True))  # at \n, \r\n and \r, as text mode
         for lineno, raw in enumerate(lines, 1):
             if lineno == 1 and raw.startswith(codecs.BOM_UTF8):  # a byte-order mark (Windows tools) is not JSON
                 raw = raw[len(codecs.BOM_UTF8):]
