@@ -150,3 +150,27 @@ def test_a_jsonl_of_damaged_utf16_names_its_bytes(tmp_path):
                   + '"}\n'.encode("utf-16-le"))  # fmt: skip
     with pytest.warns(UserWarning, match=r"not valid utf-16.*saved\.jsonl \(1 place\)"):
         assert [d.text for d in jsonl_documents(f)] == ["a", "b\ufffd"]
+
+
+@pytest.mark.parametrize("option", ["--out", "--held-out"])
+def test_an_output_inside_a_linked_folder_of_the_source_is_refused(tmp_path, capsys, option):
+    """A linked folder is read as part of the source: the store or the held-out keys written in it
+    would be read as documents the next time (another corpus, another probe), as inside the
+    source itself; a hidden folder of it is still a place for them."""
+    from tests.reliability_fixtures import cli_error_line
+    from tokdyn.cli import main
+
+    src = _folder(tmp_path / "src", 12)
+    (tmp_path / "disk" / "wiki").mkdir(parents=True)
+    (tmp_path / "disk" / "wiki" / "w.txt").write_text(_text(99))
+    (src / "wiki").symlink_to(tmp_path / "disk" / "wiki")
+    args = ["--sequences", "2", "--context", "8", "--probe-fraction", "0.5"]
+    there = {"--out": ["--out", str(tmp_path / "disk" / "wiki" / "p.zarr")],
+             "--held-out": ["--out", str(tmp_path / "p.zarr"), "--held-out", str(tmp_path / "disk" / "wiki" / "keys.txt")]}[option]
+    assert main(["probe", str(src), *there, *args]) == 1
+    line = cli_error_line(capsys.readouterr().err)
+    assert option in line and ("inside the source" in line or "part of the source" in line), line
+    assert sorted(p.name for p in (tmp_path / "disk" / "wiki").iterdir()) == ["w.txt"]
+    hidden = {"--out": ["--out", str(tmp_path / "disk" / "wiki" / ".p.zarr")],
+              "--held-out": ["--out", str(tmp_path / "p.zarr"), "--held-out", str(tmp_path / "disk" / "wiki" / ".keys")]}[option]
+    assert main(["probe", str(src), *hidden, *args]) == 0, capsys.readouterr().err

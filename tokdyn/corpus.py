@@ -273,7 +273,7 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
 
 
 def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None,
-                repeated: dict[Path, str] | None = None) -> list[Path]:
+                repeated: dict[Path, str] | None = None, folders: list[Path] | None = None) -> list[Path]:
     """The regular files (symlinks to files too) that ``root.rglob(pattern)`` finds, sorted by
     their names in NFC (as their keys are), but
     for hidden entries (``.git/``: never entered, so a large or unreadable one costs nothing).
@@ -281,7 +281,8 @@ def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None
     links; unlike it, ``**`` also enters a linked folder (``wiki -> /disk/wiki``: its files were
     left out without a word), after the real tree and each real folder once: a link to a folder
     read already (``..``, a loop; a folder of the source; a second link to one folder) is not
-    entered, and is put in ``repeated`` with the path it repeats ("" for ``root``). A folder that cannot
+    entered, and is put in ``repeated`` with the path it repeats ("" for ``root``); the folders
+    ``**`` enters go in ``folders``. A folder that cannot
     be listed is an :class:`InputError` (``rglob`` skips it without a word: its documents were
     silently left out). Entries the pattern names that are neither a regular file nor a folder
     (a FIFO, a socket, a device, a broken link or a link loop: none holds a document to read,
@@ -308,6 +309,8 @@ def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None
         first = entered.setdefault((st.st_dev, st.st_ino, segments), folder)
         if first is not folder and repeated is not None:
             repeated[folder] = "" if first == root else first.relative_to(root).as_posix()
+        if first is folder and folders is not None:
+            folders.append(folder)
         return first is folder
 
     def select(folder: Path, segments: tuple[str, ...]) -> None:
@@ -345,6 +348,15 @@ def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None
     # in the order of the names in NFC, as their keys are: a corpus whose names a file system spells
     # decomposed (macOS) comes in the same order, so the same seed draws the same probe windows
     return sorted(found, key=lambda f: ([unicodedata.normalize("NFC", part) for part in f.relative_to(root).parts], f))
+
+
+def source_folders(path: str | os.PathLike) -> list[Path]:
+    """The folders :func:`text_documents` reads the files of, as real paths: the folder ``path``,
+    its sub-folders and the linked folders it enters, but for hidden ones (a file written in one
+    of these is a document the next time; in a hidden folder of them, never)."""
+    folders: list[Path] = []
+    _list_files(Path(path), "*", {}, {}, folders)
+    return sorted({Path(os.path.realpath(f)) for f in folders})
 
 
 def _not_a_document(p: Path) -> str:

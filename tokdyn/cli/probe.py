@@ -171,15 +171,20 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def _read_with_source(path: str, source: str) -> bool:
     """Whether ``path`` is the ``source`` or would be read with it: a file or folder under the
-    source folder, unless inside a hidden one (``.name``: never read as documents)."""
-    source, target = os.path.realpath(source), os.path.realpath(path)
-    if target == source:
+    source folder or a folder linked in it (read as part of it), unless inside a hidden one
+    (``.name``: never read as documents)."""
+    from ..corpus import source_folders
+
+    target = os.path.realpath(path)
+    if target == os.path.realpath(source):
         return True
     if not os.path.isdir(source):
         return False
-    rel = os.path.relpath(target, source)
-    parts = rel.split(os.sep)
-    return parts[0] != ".." and not any(part.startswith(".") for part in parts)
+    for folder in source_folders(source):
+        parts = os.path.relpath(target, folder).split(os.sep)
+        if parts[0] != ".." and not any(part.startswith(".") for part in parts):
+            return True
+    return False
 
 
 def _held_out_tmp(held: str) -> str:
