@@ -174,3 +174,12 @@ def test_an_output_inside_a_linked_folder_of_the_source_is_refused(tmp_path, cap
     hidden = {"--out": ["--out", str(tmp_path / "disk" / "wiki" / ".p.zarr")],
               "--held-out": ["--out", str(tmp_path / "p.zarr"), "--held-out", str(tmp_path / "disk" / "wiki" / ".keys")]}[option]
     assert main(["probe", str(src), *hidden, *args]) == 0, capsys.readouterr().err
+
+
+def test_one_entry_skipped_is_said_in_the_singular(tmp_path):
+    import os
+
+    src = _folder(tmp_path / "src", 4)
+    os.mkfifo(src / "a" / "pipe.txt")
+    _, said = _keys(src)
+    assert any("skipped 1 entry that is not a regular file (no text to read): a/pipe.txt (a FIFO)" in s for s in said), said

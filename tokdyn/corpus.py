@@ -52,6 +52,7 @@ __all__ = [
     "split_documents",
     "held_out_text",
     "read_held_out",
+    "source_folders",
 ]
 
 # Folders of the standard library left out of the default corpus: the test suite is a third of
@@ -252,8 +253,8 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
     if special:  # a document the user may think is there: said, as a binary file is
         shown = ", ".join(f"{_name_text(f.relative_to(p).as_posix())} ({kind})" for f, kind in sorted(special.items())[:5])
         more = f" and {len(special) - 5} more" if len(special) > 5 else ""
-        warnings.warn(f"{p}: skipped {len(special)} entr{'y' if len(special) == 1 else 'ies'} that are not regular files "
-                      f"(no text to read): {shown}{more}", stacklevel=2)  # fmt: skip
+        what = "entry that is not a regular file" if len(special) == 1 else "entries that are not regular files"
+        warnings.warn(f"{p}: skipped {len(special)} {what} (no text to read): {shown}{more}", stacklevel=2)
     if repeated:  # a link back up, or a second way to a folder: its files are documents once, under the first path
         shown = ", ".join(f"{_name_text(f.relative_to(p).as_posix())} (-> {_name_text(first) or 'the source folder'})"
                           for f, first in sorted(repeated.items())[:5]) + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else "")
