@@ -183,3 +183,26 @@ def test_one_entry_skipped_is_said_in_the_singular(tmp_path):
     os.mkfifo(src / "a" / "pipe.txt")
     _, said = _keys(src)
     assert any("skipped 1 entry that is not a regular file (no text to read): a/pipe.txt (a FIFO)" in s for s in said), said
+
+
+# -- token files -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, eot", [("uint16", 256), ("uint32", 256), ("uint16", 251)])
+def test_an_end_of_text_id_the_token_file_never_holds_is_said(tmp_path, dtype, eot):
+    """--bin-eot-id that never occurs (a wrong id; or the right one, read as another dtype, where
+    it never lines up) cut nothing: one document, refused as 'the source is one document ... a
+    folder of text files, or a .jsonl file', which names neither the id nor the dtype."""
+    import numpy as np
+
+    from tokdyn.corpus import bin_documents
+
+    ids = np.random.default_rng(0).integers(1, 250, 20_000).astype(np.uint16)
+    ids[::500] = 256
+    f = tmp_path / "t.bin"
+    ids.tofile(f)
+    if dtype == "uint16" and eot == 256:
+        assert len(bin_documents(f, dtype=dtype, eot_id=eot)) == 40
+        return
+    with pytest.raises(InputError, match=rf"end-of-text id {eot} does not occur in its {20_000 * 2 // np.dtype(dtype).itemsize:,} {dtype} tokens"):
+        bin_documents(f, dtype=dtype, eot_id=eot)

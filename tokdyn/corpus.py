@@ -564,7 +564,7 @@ def bin_documents(
     """Documents from a nanoGPT-style flat token file (``np.memmap`` of ``dtype``).
 
     With ``eot_id`` the stream is cut at each end-of-text token (a document = the tokens between
-    two of them); otherwise into consecutive pieces of ``doc_tokens`` tokens, so that the split
+    two of them; an id that never occurs is an :class:`InputError`); otherwise into consecutive pieces of ``doc_tokens`` tokens, so that the split
     by document still keeps probe text out of training. Each document's ``tokens`` is a read-only
     view of the mapped file (in ``dtype``), so nothing is read until it is used.
 
@@ -594,6 +594,10 @@ def bin_documents(
     _check_not_wider(p, arr)
     if eot_id is not None:
         cuts = np.flatnonzero(arr == eot_id)
+        if not cuts.size:  # one document, which no split can use: said here, with the id and the dtype
+            raise InputError(f"{p}: end-of-text id {eot_id} does not occur in its {arr.size:,} {dt} tokens, so it cuts "
+                             "nothing; give the id its documents end with (is the dtype right? --bin-dtype), or leave "
+                             f"it out to cut the file in pieces of {doc_tokens:,} tokens")  # fmt: skip
         bounds = np.concatenate([[0], cuts + 1, [arr.size]])
     else:
         if doc_tokens < 2:
