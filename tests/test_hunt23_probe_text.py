@@ -206,3 +206,23 @@ def test_an_end_of_text_id_the_token_file_never_holds_is_said(tmp_path, dtype, e
         return
     with pytest.raises(InputError, match=rf"end-of-text id {eot} does not occur in its {20_000 * 2 // np.dtype(dtype).itemsize:,} {dtype} tokens"):
         bin_documents(f, dtype=dtype, eot_id=eot)
+
+
+@pytest.mark.parametrize("where", ["in the source", "in a linked folder"])
+def test_the_trained_tokenizer_is_not_saved_where_it_would_be_read_as_a_document(tmp_path, capsys, where):
+    """--out and --held-out inside the source were refused; --save-tokenizer was not: the BPE's
+    tokenizer.json was written into the corpus and read as a document by the next run (another
+    split, another probe, another tokenizer)."""
+    from tests.reliability_fixtures import cli_error_line
+    from tokdyn.cli import main
+
+    src = _folder(tmp_path / "src", 12)
+    (tmp_path / "disk").mkdir()
+    (src / "more").symlink_to(tmp_path / "disk")
+    target = src / "tok.json" if where == "in the source" else src / "more" / "tok.json"
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    code = main(["probe", str(src), "--out", str(tmp_path / "p.zarr"), "--tokenizer", "bpe", "--save-tokenizer", str(target),
+                 "--sequences", "2", "--context", "8", "--probe-fraction", "0.5"])  # fmt: skip
+    line = cli_error_line(capsys.readouterr().err)
+    assert code == 1 and "--save-tokenizer" in line and "part of the source" in line, line
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before

@@ -143,6 +143,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
         if args.bpe_vocab is not None:
             check_bpe_vocab(args.bpe_vocab, "--bpe-vocab")
         check_output_path(args.save_tokenizer, what="tokenizer (--save-tokenizer)")
+        if os.path.exists(args.source) and _read_with_source(args.save_tokenizer, args.source):
+            raise InputError(f"--save-tokenizer {args.save_tokenizer} is part of the source {args.source}; the tokenizer "
+                             "would be read as a document the next time: give a path outside it (or in a hidden folder of it)")  # fmt: skip
     else:
         for option, value in (("--save-tokenizer", args.save_tokenizer), ("--bpe-vocab", args.bpe_vocab)):
             if value is not None:
