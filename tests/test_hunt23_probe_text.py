@@ -226,3 +226,21 @@ def test_the_trained_tokenizer_is_not_saved_where_it_would_be_read_as_a_document
     line = cli_error_line(capsys.readouterr().err)
     assert code == 1 and "--save-tokenizer" in line and "part of the source" in line, line
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("other", ["--held-out", "--out"])
+def test_the_trained_tokenizer_and_another_output_at_one_path_are_refused(tmp_path, capsys, other):
+    """--save-tokenizer and --held-out naming one file: the keys were moved over the tokenizer
+    just saved (its only copy: the store keeps its hash), exit 0. With --out, the store was made
+    and the save then failed on its folder."""
+    from tests.reliability_fixtures import cli_error_line
+    from tokdyn.cli import main
+
+    src = _folder(tmp_path / "src", 12)
+    same = str(tmp_path / "out.json")
+    outs = ["--out", str(tmp_path / "p.zarr"), "--held-out", same] if other == "--held-out" else ["--out", same]
+    code = main(["probe", str(src), *outs, "--tokenizer", "bpe", "--save-tokenizer", same,
+                 "--sequences", "2", "--context", "8", "--probe-fraction", "0.5"])  # fmt: skip
+    line = cli_error_line(capsys.readouterr().err)
+    assert code == 1 and "--save-tokenizer" in line and other in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

@@ -143,6 +143,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
         if args.bpe_vocab is not None:
             check_bpe_vocab(args.bpe_vocab, "--bpe-vocab")
         check_output_path(args.save_tokenizer, what="tokenizer (--save-tokenizer)")
+        for option, path in (("--out", args.out), ("--held-out", args.held_out)):  # one would overwrite the other
+            if path is not None and "://" not in path and os.path.realpath(path) == os.path.realpath(args.save_tokenizer):
+                raise InputError(f"--save-tokenizer {args.save_tokenizer} is the {option} path too; give each its own path")
         if os.path.exists(args.source) and _read_with_source(args.save_tokenizer, args.source):
             raise InputError(f"--save-tokenizer {args.save_tokenizer} is part of the source {args.source}; the tokenizer "
                              "would be read as a document the next time: give a path outside it (or in a hidden folder of it)")  # fmt: skip
