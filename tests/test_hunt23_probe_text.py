@@ -244,3 +244,25 @@ def test_the_trained_tokenizer_and_another_output_at_one_path_are_refused(tmp_pa
     line = cli_error_line(capsys.readouterr().err)
     assert code == 1 and "--save-tokenizer" in line and other in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+@pytest.mark.parametrize("form", ["file", "folder"])
+def test_the_held_out_keys_never_replace_the_tokenizer_they_were_made_with(tmp_path, capsys, form):
+    """--held-out naming the --tokenizer file (or the tokenizer.json of the --tokenizer folder):
+    the probe was made, then the keys were moved over the user's tokenizer, exit 0."""
+    from tests.reliability_fixtures import cli_error_line
+    from tokdyn.cli import main
+    from tokdyn.corpus import iter_texts
+    from tokdyn.tokenizer import HFTokenizer
+
+    src = _folder(tmp_path / "src", 12)
+    (tmp_path / "tok").mkdir()
+    tok = tmp_path / "tok" / "tokenizer.json"
+    HFTokenizer.train(iter_texts(text_documents(src)), vocab_size=300).save(tok)
+    saved = tok.read_bytes()
+    given = str(tok if form == "file" else tok.parent)
+    code = main(["probe", str(src), "--out", str(tmp_path / "p.zarr"), "--tokenizer", given, "--held-out", str(tok),
+                 "--sequences", "2", "--context", "8", "--probe-fraction", "0.5"])  # fmt: skip
+    line = cli_error_line(capsys.readouterr().err)
+    assert code == 1 and "--held-out" in line and "--tokenizer" in line, line
+    assert tok.read_bytes() == saved and not (tmp_path / "p.zarr").exists()

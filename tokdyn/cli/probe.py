@@ -173,6 +173,12 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise InputError(f"--held-out {held} is the --out store's path; give another file")
     if os.path.exists(args.source) and _read_with_source(held, args.source):
         raise InputError(f"--held-out {held} is part of the source {args.source}; writing the keys there would change the corpus")
+    if args.tokenizer not in ("byte", "bpe"):  # a tokenizer file, or a folder of its files (tokdyn.tokenizer.HFTokenizer)
+        tok = os.path.realpath(args.tokenizer)
+        files = [os.path.join(tok, n) for n in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")]
+        if os.path.realpath(held) in (files if os.path.isdir(tok) else [tok]):
+            raise InputError(f"--held-out {held} is a file of the --tokenizer {args.tokenizer}; writing the keys there "
+                             "would replace it: give another file")  # fmt: skip
 
 
 def _read_with_source(path: str, source: str) -> bool:
