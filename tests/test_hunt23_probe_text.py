@@ -35,7 +35,7 @@ def test_a_linked_folder_outside_the_source_is_read(tmp_path):
     assert {"wiki/w1.txt", "wiki/en/w2.txt"} <= set(keys), keys
     docs = {d.key: d for d in text_documents(src)}
     assert docs["wiki/en/w2.txt"].domain == "wiki" and docs["wiki/w1.txt"].text == _text(101)
-    assert not said, said
+    assert len(said) == 1 and f"read 2 document(s) through links that lead outside the folder: wiki (-> {tmp_path / 'disk' / 'wiki'})" in said[0], said
 
 
 def test_reading_through_a_link_gives_the_documents_of_a_copy(tmp_path):
@@ -266,3 +266,24 @@ def test_the_held_out_keys_never_replace_the_tokenizer_they_were_made_with(tmp_p
     line = cli_error_line(capsys.readouterr().err)
     assert code == 1 and "--held-out" in line and "--tokenizer" in line, line
     assert tok.read_bytes() == saved and not (tmp_path / "p.zarr").exists()
+
+
+def test_documents_read_through_links_that_leave_the_folder_are_named(tmp_path):
+    """A corpus unpacked from an archive or cloned (both keep links) can link out of itself, to a
+    file or a folder the user never meant to put in a probe store (``notes -> ~/.ssh``): its text
+    became documents without a word. It still does (a corpus assembled from links is a real one),
+    but the warning names each link that leaves the folder and where it leads."""
+    src = _folder(tmp_path / "src", 6)
+    (tmp_path / "home" / "keys").mkdir(parents=True)
+    (tmp_path / "home" / "keys" / "id").write_text("secret " * 20)
+    (tmp_path / "home" / "keys" / "id2").write_text("secret two " * 20)
+    (tmp_path / "home" / "note.txt").write_text("private " * 20)
+    (src / "b" / "inner").symlink_to(src / "a")  # a link that stays inside: not said
+    (src / "a" / "see.txt").symlink_to(src / "b" / "d0.txt")
+    (src / "keys").symlink_to(tmp_path / "home" / "keys")
+    (src / "a" / "note.txt").symlink_to(tmp_path / "home" / "note.txt")
+    keys, said = _keys(src)
+    assert {"keys/id", "keys/id2", "a/note.txt", "a/see.txt"} <= set(keys)
+    line = next(s for s in said if "outside" in s)
+    assert "3 document(s)" in line and f"keys (-> {tmp_path / 'home' / 'keys'})" in line, line
+    assert f"a/note.txt (-> {tmp_path / 'home' / 'note.txt'})" in line and "see.txt" not in line and "inner" not in line, line

@@ -227,11 +227,14 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
         return [Document(key=_name_text(p.name), domain=_name_text(p.stem), text=text)]
     if not p.is_dir():  # a FIFO, a socket, a device: read as text it would hang or never end
         check_regular(p, "text source", "; give a file or a folder")
-    docs, binary, undecodable, special, repeated = [], [], [], {}, {}
+    docs, binary, undecodable, special, repeated, outside = [], [], [], {}, {}, []
+    real_root = os.path.realpath(p)
     for f in _list_files(p, pattern, special, repeated):
         rel = f.relative_to(p)
         if any(part.startswith(".") for part in rel.parts):  # .git/, .DS_Store, editors' swap files
             continue
+        if os.path.commonpath([real_root, os.path.realpath(f)]) != real_root:  # reached through a link out of the folder
+            outside.append(rel)
         try:
             data = f.read_bytes()
         except PermissionError:
@@ -260,6 +263,12 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
                           for f, first in sorted(repeated.items())[:5]) + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else "")
         warnings.warn(f"{p}: skipped {len(repeated)} link(s) to a folder read already (its files are documents once, "
                       f"under the path named): {shown}", stacklevel=2)  # fmt: skip
+    if outside:  # an archive or a clone keeps links: one out of the corpus (notes -> ~/.ssh) is read, and named
+        links = sorted({_link_out(p, real_root, rel) for rel in outside})
+        shown = ", ".join(f"{_name_text(link)} (-> {_name_text(target)})" for link, target in links[:5])
+        warnings.warn(f"{p}: read {len(outside)} document(s) through links that lead outside the folder: {shown}"
+                      + (f" and {len(links) - 5} more" if len(links) > 5 else "")
+                      + "; make sure they are meant to be in the corpus", stacklevel=2)  # fmt: skip
     if undecodable:
         _warn_undecodable(p, undecodable, encoding)
     folders = {d.domain for d in docs if "/" in d.key}
@@ -349,6 +358,15 @@ def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None
     # in the order of the names in NFC, as their keys are: a corpus whose names a file system spells
     # decomposed (macOS) comes in the same order, so the same seed draws the same probe windows
     return sorted(found, key=lambda f: ([unicodedata.normalize("NFC", part) for part in f.relative_to(root).parts], f))
+
+
+def _link_out(root: Path, real_root: str, rel: Path) -> tuple[str, str]:
+    """The first link on the way from ``root`` to ``rel`` that leads outside ``real_root``, and where."""
+    for k in range(1, len(rel.parts) + 1):
+        target = os.path.realpath(root.joinpath(*rel.parts[:k]))
+        if os.path.commonpath([real_root, target]) != real_root:
+            return Path(*rel.parts[:k]).as_posix(), target
+    return rel.as_posix(), os.path.realpath(root / rel)
 
 
 def source_folders(path: str | os.PathLike) -> list[Path]:
