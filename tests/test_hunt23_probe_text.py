@@ -289,3 +289,27 @@ def test_documents_read_through_links_that_leave_the_folder_are_named(tmp_path):
     line = next(s for s in said if "outside" in s)
     assert "3 document(s)" in line and f"keys (-> {tmp_path / 'home' / 'keys'})" in line, line
     assert f"a/note.txt (-> {tmp_path / 'home' / 'note.txt'})" in line and "see.txt" not in line and "inner" not in line, line
+
+
+def test_a_tokenizer_kept_in_the_source_folder_is_not_read_as_a_document(tmp_path, capsys):
+    """--tokenizer my_texts/tok (the tokenizer kept beside the texts): its tokenizer.json (a
+    vocabulary and merges, as JSON text) became a document, trained on or put in the probe,
+    without a word. Refused before any work; in a hidden folder of the source it is fine."""
+    from tests.reliability_fixtures import cli_error_line
+    from tokdyn.cli import main
+    from tokdyn.corpus import iter_texts
+    from tokdyn.tokenizer import HFTokenizer
+
+    src = _folder(tmp_path / "src", 12)
+    tok = HFTokenizer.train(iter_texts(text_documents(src)), vocab_size=300)
+    for folder in ("tok", ".tok"):
+        (src / folder).mkdir()
+        tok.save(src / folder / "tokenizer.json")
+    args = ["--sequences", "2", "--context", "8", "--probe-fraction", "0.5"]
+    assert main(["probe", str(src), "--out", str(tmp_path / "p.zarr"), "--tokenizer", str(src / "tok"), *args]) == 1
+    line = cli_error_line(capsys.readouterr().err)
+    assert "--tokenizer" in line and "part of the source" in line, line
+    assert not (tmp_path / "p.zarr").exists()
+    (src / "tok" / "tokenizer.json").unlink()
+    (src / "tok").rmdir()
+    assert main(["probe", str(src), "--out", str(tmp_path / "p.zarr"), "--tokenizer", str(src / ".tok"), *args]) == 0

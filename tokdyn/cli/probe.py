@@ -153,6 +153,10 @@ def _check_arguments(args: argparse.Namespace) -> None:
         for option, value in (("--save-tokenizer", args.save_tokenizer), ("--bpe-vocab", args.bpe_vocab)):
             if value is not None:
                 raise InputError(f"{option} is for the tokenizer --tokenizer bpe trains; {args.tokenizer} is not trained here")
+    if args.tokenizer not in ("byte", "bpe") and os.path.isdir(args.source) and os.path.exists(args.tokenizer) \
+            and _read_with_source(args.tokenizer, args.source):  # fmt: skip
+        raise InputError(f"--tokenizer {args.tokenizer} is part of the source {args.source}; its files would be read as "
+                         "documents (trained on, or in the probe): move it out of the source, or into a hidden folder of it")
     out = args.out
     if "://" not in out and os.path.lexists(out):
         if not os.path.isdir(out):
