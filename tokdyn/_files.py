@@ -121,14 +121,14 @@ def check_regular(path: str | os.PathLike, what: str, hint: str = "", *, readabl
     return p
 
 
-def loads_json(text: str | bytes):
-    """``json.loads(text)``, with a document nested too deeply for Python's parser (``[[[[...``,
+def loads_json(text: str | bytes, **options):
+    """``json.loads(text, **options)``, with a document nested too deeply for Python's parser (``[[[[...``,
     some thousands deep) raised as the :class:`json.JSONDecodeError` every other malformed
     document raises, not as a :class:`RecursionError`: the one way tokdyn parses JSON it did not
     write itself (a file, an archive's member, an argument), so each reader's ``except
     ValueError`` says it in one line."""
     try:
-        return json.loads(text)
+        return json.loads(text, **options)
     except RecursionError:
         raise _NestedTooDeeply() from None
 

@@ -22,6 +22,7 @@ import codecs
 import errno
 import fnmatch
 import hashlib
+import io
 import json
 import os
 import re
@@ -51,6 +52,7 @@ __all__ = [
     "split_documents",
     "held_out_text",
     "read_held_out",
+    "source_folders",
 ]
 
 # Folders of the standard library left out of the default corpus: the test suite is a third of
@@ -205,8 +207,9 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
     is an :class:`InputError`, in a folder it is skipped with a warning naming it. In a folder,
     hidden entries (a name starting with ``.``: ``.git/``, ``.DS_Store``) are not documents.
     Domain: the first sub-folder under ``path``, or the file's stem for files directly in it.
-    Keys (relative paths) are valid Unicode in NFC, so the split is the same whichever way a
-    file system spells a name; bytes of a name that are not UTF-8 are written as ``\\xNN``.
+    Keys (relative paths) are valid Unicode in NFC, and documents come in the order of their
+    names in NFC, so the split and the probe are the same whichever way a file system spells a
+    name; bytes of a name that are not UTF-8 are written as ``\\xNN``.
     """
     p = Path(path)
     check_binary = not codecs.lookup(encoding).name.startswith(("utf-16", "utf-32"))
@@ -224,11 +227,14 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
         return [Document(key=_name_text(p.name), domain=_name_text(p.stem), text=text)]
     if not p.is_dir():  # a FIFO, a socket, a device: read as text it would hang or never end
         check_regular(p, "text source", "; give a file or a folder")
-    docs, binary, undecodable, special = [], [], [], {}
-    for f in _list_files(p, pattern, special):
+    docs, binary, undecodable, special, repeated, outside = [], [], [], {}, {}, []
+    real_root = os.path.realpath(p)
+    for f in _list_files(p, pattern, special, repeated):
         rel = f.relative_to(p)
         if any(part.startswith(".") for part in rel.parts):  # .git/, .DS_Store, editors' swap files
             continue
+        if os.path.commonpath([real_root, os.path.realpath(f)]) != real_root:  # reached through a link out of the folder
+            outside.append(rel)
         try:
             data = f.read_bytes()
         except PermissionError:
@@ -250,8 +256,19 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
     if special:  # a document the user may think is there: said, as a binary file is
         shown = ", ".join(f"{_name_text(f.relative_to(p).as_posix())} ({kind})" for f, kind in sorted(special.items())[:5])
         more = f" and {len(special) - 5} more" if len(special) > 5 else ""
-        warnings.warn(f"{p}: skipped {len(special)} entr{'y' if len(special) == 1 else 'ies'} that are not regular files "
-                      f"(no text to read): {shown}{more}", stacklevel=2)  # fmt: skip
+        what = "entry that is not a regular file" if len(special) == 1 else "entries that are not regular files"
+        warnings.warn(f"{p}: skipped {len(special)} {what} (no text to read): {shown}{more}", stacklevel=2)
+    if repeated:  # a link back up, or a second way to a folder: its files are documents once, under the first path
+        shown = ", ".join(f"{_name_text(f.relative_to(p).as_posix())} (-> {_name_text(first) or 'the source folder'})"
+                          for f, first in sorted(repeated.items())[:5]) + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else "")
+        warnings.warn(f"{p}: skipped {len(repeated)} link(s) to a folder read already (its files are documents once, "
+                      f"under the path named): {shown}", stacklevel=2)  # fmt: skip
+    if outside:  # an archive or a clone keeps links: one out of the corpus (notes -> ~/.ssh) is read, and named
+        links = sorted({_link_out(p, real_root, rel) for rel in outside})
+        shown = ", ".join(f"{_name_text(link)} (-> {_name_text(target)})" for link, target in links[:5])
+        warnings.warn(f"{p}: read {len(outside)} document(s) through links that lead outside the folder: {shown}"
+                      + (f" and {len(links) - 5} more" if len(links) > 5 else "")
+                      + "; make sure they are meant to be in the corpus", stacklevel=2)  # fmt: skip
     if undecodable:
         _warn_undecodable(p, undecodable, encoding)
     folders = {d.domain for d in docs if "/" in d.key}
@@ -265,11 +282,17 @@ def text_documents(path: str | os.PathLike, *, pattern: str = "*", encoding: str
     return docs
 
 
-def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None) -> list[Path]:
-    """The regular files (symlinks to files too) that ``root.rglob(pattern)`` finds, sorted, but
+def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None,
+                repeated: dict[Path, str] | None = None, folders: list[Path] | None = None) -> list[Path]:
+    """The regular files (symlinks to files too) that ``root.rglob(pattern)`` finds, sorted by
+    their names in NFC (as their keys are), but
     for hidden entries (``.git/``: never entered, so a large or unreadable one costs nothing).
-    As ``rglob``, ``**`` is any run of folders but does not enter symlinked folders (a link to
-    ``..`` would loop), and a name segment (``*``, ``a``) goes through them. A folder that cannot
+    As ``rglob``, ``**`` is any run of folders and a name segment (``*``, ``a``) goes through
+    links; unlike it, ``**`` also enters a linked folder (``wiki -> /disk/wiki``: its files were
+    left out without a word), after the real tree and each real folder once: a link to a folder
+    read already (``..``, a loop; a folder of the source; a second link to one folder) is not
+    entered, and is put in ``repeated`` with the path it repeats ("" for ``root``); the folders
+    ``**`` enters go in ``folders``. A folder that cannot
     be listed is an :class:`InputError` (``rglob`` skips it without a word: its documents were
     silently left out). Entries the pattern names that are neither a regular file nor a folder
     (a FIFO, a socket, a device, a broken link or a link loop: none holds a document to read,
@@ -279,6 +302,26 @@ def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None
     if not parts or Path(pattern).is_absolute():
         raise InputError(f"file pattern {pattern!r} must be relative to the folder and not empty (e.g. '*.txt')")
     found: set[Path] = set()
+    entered: dict[tuple, Path] = {}  # (device, inode, segments) of each folder '**' entered -> its path
+    links: list[tuple[Path, tuple[str, ...]]] = []  # linked folders '**' met: entered after the real tree
+
+    def _unlistable(folder: Path, exc: OSError):
+        rel = os.path.relpath(folder, root)
+        raise InputError(f"{root}: cannot list the folder {_name_text(rel)} ({(exc.strerror or 'error').lower()}); "
+                         "make it readable, or move it out of the source folder") from None  # fmt: skip
+
+    def claim(folder: Path, segments: tuple[str, ...]) -> bool:
+        """Whether '**' is to go into ``folder``: not if it was there already (a repeat, said)."""
+        try:
+            st = os.stat(folder)
+        except OSError as exc:
+            _unlistable(folder, exc)
+        first = entered.setdefault((st.st_dev, st.st_ino, segments), folder)
+        if first is not folder and repeated is not None:
+            repeated[folder] = "" if first == root else first.relative_to(root).as_posix()
+        if first is folder and folders is not None:
+            folders.append(folder)
+        return first is folder
 
     def select(folder: Path, segments: tuple[str, ...]) -> None:
         head, rest = segments[0], segments[1:]
@@ -286,15 +329,16 @@ def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None
             with os.scandir(folder) as it:
                 entries = [e for e in it if not e.name.startswith(".")]
         except OSError as exc:
-            rel = os.path.relpath(folder, root)
-            raise InputError(f"{root}: cannot list the folder {_name_text(rel)} ({(exc.strerror or 'error').lower()}); "
-                             "make it readable, or move it out of the source folder") from None  # fmt: skip
+            _unlistable(folder, exc)
         if head == "**":  # no folder, or one more (a real one) and still '**'
             if rest:
                 select(folder, rest)
             for e in entries:
                 if e.is_dir(follow_symlinks=False):
-                    select(Path(e.path), segments)
+                    if claim(Path(e.path), segments):
+                        select(Path(e.path), segments)
+                elif e.is_symlink() and _entry_is(e, "dir"):
+                    links.append((Path(e.path), segments))
             return
         for e in entries:
             if fnmatch.fnmatchcase(e.name, head):
@@ -305,8 +349,33 @@ def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None
                 elif rest and _entry_is(e, "dir"):
                     select(Path(e.path), rest)
 
+    claim(root, ("**", *parts))
     select(root, ("**", *parts))
-    return sorted(found)
+    while links:  # in rounds: a round's links claim their folders (in name order) before any is walked
+        pending, links[:] = sorted(links), []
+        for link, segments in [(link, segments) for link, segments in pending if claim(link, segments)]:
+            select(link, segments)
+    # in the order of the names in NFC, as their keys are: a corpus whose names a file system spells
+    # decomposed (macOS) comes in the same order, so the same seed draws the same probe windows
+    return sorted(found, key=lambda f: ([unicodedata.normalize("NFC", part) for part in f.relative_to(root).parts], f))
+
+
+def _link_out(root: Path, real_root: str, rel: Path) -> tuple[str, str]:
+    """The first link on the way from ``root`` to ``rel`` that leads outside ``real_root``, and where."""
+    for k in range(1, len(rel.parts) + 1):
+        target = os.path.realpath(root.joinpath(*rel.parts[:k]))
+        if os.path.commonpath([real_root, target]) != real_root:
+            return Path(*rel.parts[:k]).as_posix(), target
+    return rel.as_posix(), os.path.realpath(root / rel)
+
+
+def source_folders(path: str | os.PathLike) -> list[Path]:
+    """The folders :func:`text_documents` reads the files of, as real paths: the folder ``path``,
+    its sub-folders and the linked folders it enters, but for hidden ones (a file written in one
+    of these is a document the next time; in a hidden folder of them, never)."""
+    folders: list[Path] = []
+    _list_files(Path(path), "*", {}, {}, folders)
+    return sorted({Path(os.path.realpath(f)) for f in folders})
 
 
 def _not_a_document(p: Path) -> str:
@@ -334,13 +403,21 @@ def _utf16_32_bom(data: bytes) -> str | None:
     """The codec of a UTF-16 or UTF-32 text that opens with its byte-order mark (Windows tools
     save "Unicode" text so), when the whole file decodes in it; else None. Such a text is full
     of NUL bytes and was skipped as binary."""
+    codec = _wide_bom(data)
+    if codec is None:
+        return None
+    try:
+        data.decode(codec)
+    except UnicodeDecodeError:
+        return None
+    return codec
+
+
+def _wide_bom(head: bytes) -> str | None:
+    """The codec (``utf-16`` or ``utf-32``) whose byte-order mark opens ``head``, else None."""
     for bom, codec in ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
                        (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):  # fmt: skip
-        if data.startswith(bom):
-            try:
-                data.decode(codec)
-            except UnicodeDecodeError:
-                return None
+        if head.startswith(bom):
             return codec
     return None
 
@@ -413,13 +490,31 @@ def jsonl_documents(
     or ``"3"`` and mixed into a domain of its own, silently). Without it every document's domain
     is ``"default"``.
 
+    A record that gives ``text_field`` (or ``domain_field``) twice is an :class:`InputError`:
+    ``json.loads`` keeps the last, other readers the first, so the text a training pipeline reads
+    could be another than this one held out.
+
     As with text files, what is not valid text is replaced by U+FFFD: bytes that are not UTF-8,
-    and lone surrogates written as JSON escapes (``"\\ud800"``, which no encoder can write).
+    and lone surrogates written as JSON escapes (``"\\ud800"``, which no encoder can write). A file
+    opening with a UTF-16 or UTF-32 byte-order mark (Windows PowerShell's ``Out-File``) is read
+    in that encoding, as its UTF-8 twin would be.
     """
     p = check_regular(path, "JSON lines file")
-    docs, undecodable = [], []
+    docs, undecodable, names = [], [], []
+
+    def fields(pairs: list) -> dict:  # the field names of the object built last: the record's (it closes last)
+        names[:] = [k for k, _ in pairs]
+        return dict(pairs)
+
     with open(p, "rb") as fh:  # each line decoded on its own, to name the lines whose bytes were not UTF-8
-        lines = (line for chunk in fh for line in chunk.splitlines(keepends=True))  # at \n, \r\n and \r, as text mode
+        source, wide = fh, _wide_bom(fh.read(4))
+        fh.seek(0)
+        if wide:  # UTF-16 or -32 (PowerShell's Out-File): read as its UTF-8 twin would be
+            text, bad = _decode(fh.read(), wide)
+            if bad:
+                _warn_undecodable(p, [(p.name, bad)], wide, "file(s)")
+            source = io.BytesIO(text.encode("utf-8", "surrogatepass"))
+        lines = (line for chunk in source for line in chunk.splitlines(keepends=True))  # at \n, \r\n and \r, as text mode
         for lineno, raw in enumerate(lines, 1):
             if lineno == 1 and raw.startswith(codecs.BOM_UTF8):  # a byte-order mark (Windows tools) is not JSON
                 raw = raw[len(codecs.BOM_UTF8):]
@@ -429,9 +524,13 @@ def jsonl_documents(
             if not line.strip():
                 continue
             try:
-                rec = loads_json(line)
+                rec = loads_json(line, object_pairs_hook=fields)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
+            for name in (text_field, domain_field):  # json.loads keeps the last of the two; another reader, the first
+                if isinstance(rec, dict) and name is not None and names.count(name) > 1:
+                    raise InputError(f"{p}:{lineno}: the field {name!r} is given twice in one record; readers differ in "
+                                     "which one they keep (a training pipeline's could keep the other): give it once")  # fmt: skip
             if not isinstance(rec, dict):
                 raise InputError(f"{p}:{lineno}: expected an object with a string field {text_field!r}; "
                                  f"{_found(rec).replace('it is', 'the line is', 1)}")  # fmt: skip
@@ -483,7 +582,7 @@ def bin_documents(
     """Documents from a nanoGPT-style flat token file (``np.memmap`` of ``dtype``).
 
     With ``eot_id`` the stream is cut at each end-of-text token (a document = the tokens between
-    two of them); otherwise into consecutive pieces of ``doc_tokens`` tokens, so that the split
+    two of them; an id that never occurs is an :class:`InputError`); otherwise into consecutive pieces of ``doc_tokens`` tokens, so that the split
     by document still keeps probe text out of training. Each document's ``tokens`` is a read-only
     view of the mapped file (in ``dtype``), so nothing is read until it is used.
 
@@ -513,6 +612,10 @@ def bin_documents(
     _check_not_wider(p, arr)
     if eot_id is not None:
         cuts = np.flatnonzero(arr == eot_id)
+        if not cuts.size:  # one document, which no split can use: said here, with the id and the dtype
+            raise InputError(f"{p}: end-of-text id {eot_id} does not occur in its {arr.size:,} {dt} tokens, so it cuts "
+                             "nothing; give the id its documents end with (is the dtype right? --bin-dtype), or leave "
+                             f"it out to cut the file in pieces of {doc_tokens:,} tokens")  # fmt: skip
         bounds = np.concatenate([[0], cuts + 1, [arr.size]])
     else:
         if doc_tokens < 2:

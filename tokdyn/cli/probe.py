@@ -143,10 +143,20 @@ def _check_arguments(args: argparse.Namespace) -> None:
         if args.bpe_vocab is not None:
             check_bpe_vocab(args.bpe_vocab, "--bpe-vocab")
         check_output_path(args.save_tokenizer, what="tokenizer (--save-tokenizer)")
+        for option, path in (("--out", args.out), ("--held-out", args.held_out)):  # one would overwrite the other
+            if path is not None and "://" not in path and os.path.realpath(path) == os.path.realpath(args.save_tokenizer):
+                raise InputError(f"--save-tokenizer {args.save_tokenizer} is the {option} path too; give each its own path")
+        if os.path.exists(args.source) and _read_with_source(args.save_tokenizer, args.source):
+            raise InputError(f"--save-tokenizer {args.save_tokenizer} is part of the source {args.source}; the tokenizer "
+                             "would be read as a document the next time: give a path outside it (or in a hidden folder of it)")  # fmt: skip
     else:
         for option, value in (("--save-tokenizer", args.save_tokenizer), ("--bpe-vocab", args.bpe_vocab)):
             if value is not None:
                 raise InputError(f"{option} is for the tokenizer --tokenizer bpe trains; {args.tokenizer} is not trained here")
+    if args.tokenizer not in ("byte", "bpe") and os.path.isdir(args.source) and os.path.exists(args.tokenizer) \
+            and _read_with_source(args.tokenizer, args.source):  # fmt: skip
+        raise InputError(f"--tokenizer {args.tokenizer} is part of the source {args.source}; its files would be read as "
+                         "documents (trained on, or in the probe): move it out of the source, or into a hidden folder of it")
     out = args.out
     if "://" not in out and os.path.lexists(out):
         if not os.path.isdir(out):
@@ -167,19 +177,30 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise InputError(f"--held-out {held} is the --out store's path; give another file")
     if os.path.exists(args.source) and _read_with_source(held, args.source):
         raise InputError(f"--held-out {held} is part of the source {args.source}; writing the keys there would change the corpus")
+    if args.tokenizer not in ("byte", "bpe"):  # a tokenizer file, or a folder of its files (tokdyn.tokenizer.HFTokenizer)
+        tok = os.path.realpath(args.tokenizer)
+        files = [os.path.join(tok, n) for n in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")]
+        if os.path.realpath(held) in (files if os.path.isdir(tok) else [tok]):
+            raise InputError(f"--held-out {held} is a file of the --tokenizer {args.tokenizer}; writing the keys there "
+                             "would replace it: give another file")  # fmt: skip
 
 
 def _read_with_source(path: str, source: str) -> bool:
     """Whether ``path`` is the ``source`` or would be read with it: a file or folder under the
-    source folder, unless inside a hidden one (``.name``: never read as documents)."""
-    source, target = os.path.realpath(source), os.path.realpath(path)
-    if target == source:
+    source folder or a folder linked in it (read as part of it), unless inside a hidden one
+    (``.name``: never read as documents)."""
+    from ..corpus import source_folders
+
+    target = os.path.realpath(path)
+    if target == os.path.realpath(source):
         return True
     if not os.path.isdir(source):
         return False
-    rel = os.path.relpath(target, source)
-    parts = rel.split(os.sep)
-    return parts[0] != ".." and not any(part.startswith(".") for part in parts)
+    for folder in source_folders(source):
+        parts = os.path.relpath(target, folder).split(os.sep)
+        if parts[0] != ".." and not any(part.startswith(".") for part in parts):
+            return True
+    return False
 
 
 def _held_out_tmp(held: str) -> str:
