@@ -1,0 +1,40 @@
+"""Review of hunt 23: regressions found in the changes d164a32..9eeed40."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tokdyn.cli import main
+
+
+def _one_window(path, n: int = 120) -> str:
+    """A fitted run of a probe that is one window of ``n`` targets (no doc_id: its unit is the
+    window), every token scored."""
+    import tokdyn
+    from test_curriculum_pilot_checks import BYTE, STEPS
+
+    rng = np.random.default_rng(7)
+    mu, noise = rng.uniform(2, 3.5, n), rng.standard_normal((len(STEPS), n))
+    probe = tokdyn.ProbeSet.from_tokens(np.random.default_rng(1).integers(97, 123, size=(1, n + 1)), tokenizer=BYTE)
+    x = np.log10(STEPS)
+    store = tokdyn.open_store(str(path), probe, mode="w")
+    with store.create_run("r", capacity=len(STEPS)).writer() as w:
+        for j, step in enumerate(STEPS):
+            w.append((1 + 3 / (1 + np.exp((x[j] - mu) / 0.1)) + 0.05 * noise[j]).astype(np.float32), step=int(step))
+    tokdyn.fit_run(tokdyn.open_store(str(path), mode="r+").run("r"), progress=False)
+    return str(path)
+
+
+def test_a_probe_of_one_window_still_has_no_spectrum_interval(tmp_path, capsys):
+    """run_events took the curriculum's unit rule (units_by_group) for the whole probe to stop
+    never-scored padding taking the interval away; with it came the rule's last step, a group in
+    one window resampled by its tokens. A probe of one window (every token scored, no padding)
+    had no interval ("from 1 window(s) ... needs at least 10"); it then printed one over its 120
+    tokens as if independent, while a probe of 2 windows still got none. Before 9eeed40 (d164a32)
+    this passed."""
+    url = _one_window(tmp_path / "w.zarr")
+    assert main(["spectrum", url, "--json"]) == 0
+    line = json.loads(capsys.readouterr().out)["spectrum_power_law"]
+    assert line["resampled"] == "windows" and line["n_units"] == 1
+    assert line["alpha_ci95"] == [None, None] and "1 window" in line["alpha_ci95_why"]
