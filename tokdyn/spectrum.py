@@ -356,7 +356,8 @@ def run_events(run, *, which: str = "two_step", fit: Mapping[str, np.ndarray] | 
     if unit.shape != (events.n_tokens,):
         return events
     # units chosen among the tokens scored: never-scored padding in a document of its own took the interval away
-    return units_by_group(replace(events, unit=unit, unit_kind=kind), probe.token_arrays["sample_id"])
+    # not down to tokens: a probe of one window keeps its one unit, and no interval (as one of two windows)
+    return units_by_group(replace(events, unit=unit, unit_kind=kind), probe.token_arrays["sample_id"], tokens=False)
 
 
 def probe_units(probe) -> tuple[np.ndarray, str]:
@@ -380,12 +381,13 @@ def probe_units(probe) -> tuple[np.ndarray, str]:
 _FINER = {"document": ("window", "token"), "window": ("token",)}  # the sampling units below each
 
 
-def units_by_group(events: Events, sample_id: np.ndarray, group: np.ndarray | None = None) -> Events:
+def units_by_group(events: Events, sample_id: np.ndarray, group: np.ndarray | None = None, *,
+                   tokens: bool = True) -> Events:
     """``events`` whose sampling units (what a bootstrap resamples whole: :attr:`Events.unit`)
     give every group of tokens (``group [N]`` codes; None: the whole probe, one group) two at
     least among its scored tokens: the probe's own (documents where it tells them apart), and for
     a group whose scored tokens lie in one of them, its windows (``sample_id [N]``), else its
-    tokens. The one rule of the spectrum's interval (:func:`run_events`, the whole probe) and of
+    tokens (with ``tokens=False``, never: it stays in its one window). The one rule of the spectrum's interval (:func:`run_events`, the whole probe) and of
     the curriculum's domain rates (:func:`tokdyn.curriculum.pilot_events`, each domain).
 
     A domain that is one document drew the same rate in every resample of documents: its error
@@ -397,6 +399,8 @@ def units_by_group(events: Events, sample_id: np.ndarray, group: np.ndarray | No
     group = np.zeros(n, np.int64) if group is None else np.asarray(group)
     levels = [(unit, events.unit_kind)]
     for kind in _FINER.get(events.unit_kind, ()):
+        if kind == "token" and not tokens:
+            continue
         codes = np.unique(np.asarray(sample_id), return_inverse=True)[1].reshape(-1) if kind == "window" else np.arange(n)
         if codes.shape == (n,):
             levels.append((codes.astype(np.int64), kind))
