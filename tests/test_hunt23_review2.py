@@ -38,3 +38,22 @@ def test_a_probe_of_one_window_still_has_no_spectrum_interval(tmp_path, capsys):
     line = json.loads(capsys.readouterr().out)["spectrum_power_law"]
     assert line["resampled"] == "windows" and line["n_units"] == 1
     assert line["alpha_ci95"] == [None, None] and "1 window" in line["alpha_ci95_why"]
+
+
+def test_probe_lists_a_source_folder_once_for_its_output_checks(tmp_path, monkeypatch):
+    """The output checks of `tokdyn probe` (--out, --held-out, --save-tokenizer, --tokenizer
+    against the source) each walked the whole source tree (corpus.source_folders) since 9eeed40:
+    four walks before the corpus is read (~1.5 s each on a tree of 50,000 files). One is enough."""
+    import tokdyn.corpus
+    from tokdyn.cli import main
+
+    src = tmp_path / "src"
+    for i in range(12):
+        (src / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 3}" / f"{i}.txt").write_text(f"document {i}: " + "some words of text here. " * 20)
+    calls, walk = [], tokdyn.corpus.source_folders
+    monkeypatch.setattr(tokdyn.corpus, "source_folders", lambda p: calls.append(p) or walk(p))
+    assert main(["probe", str(src), "--out", str(tmp_path / "p.zarr"), "--held-out", str(tmp_path / "keys.txt"),
+                 "--tokenizer", "bpe", "--save-tokenizer", str(tmp_path / "tok.json"),
+                 "--sequences", "2", "--context", "8", "--probe-fraction", "0.5"]) == 0
+    assert len(calls) == 1, calls
