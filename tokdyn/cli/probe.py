@@ -116,6 +116,7 @@ def _added_per_document(split) -> tuple[list[str], list[str]]:
 def _check_arguments(args: argparse.Namespace) -> None:
     """The numbers and output paths, checked before any work (the library checks the numbers
     again, but only after reading the corpus)."""
+    _FOLDERS.clear()  # the source's folders, listed once for the checks below (a walk of the whole tree)
     if args.seed < 0:
         raise InputError(f"--seed must be an integer >= 0, got {args.seed}")
     if args.context < 1:
@@ -185,6 +186,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
                              "would replace it: give another file")  # fmt: skip
 
 
+_FOLDERS: dict[str, list] = {}  # source -> source_folders(source), for one _check_arguments
+
+
 def _read_with_source(path: str, source: str) -> bool:
     """Whether ``path`` is the ``source`` or would be read with it: a file or folder under the
     source folder or a folder linked in it (read as part of it), unless inside a hidden one
@@ -196,7 +200,9 @@ def _read_with_source(path: str, source: str) -> bool:
         return True
     if not os.path.isdir(source):
         return False
-    for folder in source_folders(source):
+    if source not in _FOLDERS:
+        _FOLDERS[source] = source_folders(source)
+    for folder in _FOLDERS[source]:
         parts = os.path.relpath(target, folder).split(os.sep)
         if parts[0] != ".." and not any(part.startswith(".") for part in parts):
             return True
