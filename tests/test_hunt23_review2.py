@@ -57,3 +57,29 @@ def test_probe_lists_a_source_folder_once_for_its_output_checks(tmp_path, monkey
                  "--tokenizer", "bpe", "--save-tokenizer", str(tmp_path / "tok.json"),
                  "--sequences", "2", "--context", "8", "--probe-fraction", "0.5"]) == 0
     assert len(calls) == 1, calls
+
+
+def test_a_file_system_without_inode_numbers_still_gives_every_folder(tmp_path, monkeypatch):
+    """corpus._list_files (9eeed40) tells folders apart by (st_dev, st_ino) to enter each once;
+    st_ino is 0 where a file system has no inode numbers (Python: "if non-zero, uniquely
+    identifies the file"; some Windows and network file systems), and every folder after the
+    first was then a 'link to a folder read already': skipped, its documents gone from the probe."""
+    import os
+    import warnings
+
+    from tokdyn.corpus import text_documents
+
+    for d in ("a", "b", "c/d"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "t.txt").write_text(f"the text of {d}. " * 20)
+    real = os.stat
+
+    def no_inode(path, *args, **kwargs):
+        st = real(path, *args, **kwargs)
+        return os.stat_result((st.st_mode, 0, *tuple(st)[2:]))
+
+    monkeypatch.setattr(os, "stat", no_inode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keys = [d.key for d in text_documents(tmp_path)]
+    assert keys == ["a/t.txt", "b/t.txt", "c/d/t.txt"]
