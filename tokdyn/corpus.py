@@ -316,7 +316,10 @@ def _list_files(root: Path, pattern: str, skipped: dict[Path, str] | None = None
             st = os.stat(folder)
         except OSError as exc:
             _unlistable(folder, exc)
-        first = entered.setdefault((st.st_dev, st.st_ino, segments), folder)
+        # st_ino 0: a file system without inode numbers (Python: "if non-zero, uniquely identifies
+        # the file"); there every folder read as the first one: told apart by its real path instead
+        ident = (st.st_dev, st.st_ino) if st.st_ino else os.path.realpath(folder)
+        first = entered.setdefault((ident, segments), folder)
         if first is not folder and repeated is not None:
             repeated[folder] = "" if first == root else first.relative_to(root).as_posix()
         if first is folder and folders is not None:
