@@ -229,11 +229,11 @@ def _sigmoids(mu, drop=2.0, s=0.12, noise=0.02, seed=0):
     return 1.0 + drop / (1 + np.exp((x[None, :] - mu[:, None]) / s)) + noise * rng.standard_normal((mu.size, x.size))
 
 
-def _fitted_store(path, Y, *, ctx=4, domain=None) -> str:
+def _fitted_store(path, Y, *, ctx=4, domain=None, domains=("a", "b")) -> str:
     n_seq = Y.shape[0] // ctx
     rng = np.random.default_rng(0)
     domain = np.arange(n_seq) % 2 if domain is None else np.asarray(domain)
-    probe = tokdyn.ProbeSet.from_tokens(rng.integers(97, 123, size=(n_seq, ctx + 1)), domain=domain, domains=("a", "b"),
+    probe = tokdyn.ProbeSet.from_tokens(rng.integers(97, 123, size=(n_seq, ctx + 1)), domain=domain, domains=domains,
                                         tokenizer=BYTE)  # fmt: skip
     s = tokdyn.open_store(str(path), probe, mode="w")
     with s.create_run("r", capacity=len(STEPS)).writer() as w:

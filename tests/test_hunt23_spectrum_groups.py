@@ -84,20 +84,9 @@ def test_domains_of_one_document_each_claim_no_interval(tmp_path, capsys):
 
 def _two_domain_store(path, domains) -> str:
     """A fitted run of 16 windows of 4 tokens, alternately of the two domains ``domains``."""
-    import tokdyn
-    from test_curriculum_pilot_checks import BYTE
-    from test_hunt11_spectrum import STEPS, _sigmoids
+    from test_hunt11_spectrum import _fitted_store, _sigmoids
 
-    Y = _sigmoids(np.random.default_rng(3).uniform(1.8, 3.2, 64))
-    rng = np.random.default_rng(0)
-    probe = tokdyn.ProbeSet.from_tokens(rng.integers(97, 123, size=(16, 5)), domain=np.arange(16) % 2, domains=domains,
-                                        tokenizer=BYTE)  # fmt: skip
-    s = tokdyn.open_store(str(path), probe, mode="w")
-    with s.create_run("r", capacity=len(STEPS)).writer() as w:
-        for j, step in enumerate(STEPS):
-            w.append(Y[:, j].astype(np.float32), step=int(step))
-    tokdyn.fit_run(s.run("r"), progress=False)
-    return str(path)
+    return _fitted_store(path, _sigmoids(np.random.default_rng(3).uniform(1.8, 3.2, 64)), domains=domains)
 
 
 @pytest.mark.parametrize("domains", [("web\n  forged      9.999   x   1.00   99", "\x1b[2Jcode"), ("", " "), ("code", "code ")])
