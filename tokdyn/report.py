@@ -1280,14 +1280,13 @@ def _scored_class_counts(a: RunAnalysis) -> tuple[dict[str, int], str]:
     a token never recorded) is in no class's share of the tokens, as it is in no drop per token:
     counted, as class unfit, it shrank every class's share, and a class then read as losing
     more loss per token than the average token."""
-    codes, never = np.asarray(a.fit["class_code"]), never_scored(a.fit)
+    never = never_scored(a.fit)
     if not never.any():
         return {c: n for c, n in a.class_counts.items() if n}, ""
-    c, n = np.unique(codes[~never], return_counts=True)
     left = int(np.count_nonzero(never))
-    return ({CLASS_NAMES[int(k)]: int(v) for k, v in zip(c, n)},
+    return (scored_counts(a.fit)[0],
             f" Left out of the shares of the tokens: {left:,} probe token{'s' * (left != 1)} with no recorded loss "
-            f"(of {codes.size:,}).")  # fmt: skip
+            f"(of {never.size:,}).")  # fmt: skip
 
 
 def _fig_class_changes(a: RunAnalysis, drops: dict[str, float]) -> Figure:
