@@ -87,7 +87,7 @@ def numba_setting(environ=None, *, compiled: bool = True) -> str | None:
 
     env = os.environ if environ is None else environ
     v = env.get("NUMBA_NUM_THREADS")
-    if v is not None and not (_int_text(v) is not None and _int_text(v) >= 1):
+    if v is not None and (_int_text(v) or 0) < 1:
         return f"NUMBA_NUM_THREADS={v!r} is no number of threads for numba (an integer >= 1); set one, or unset it"
     if not compiled:
         return None

@@ -305,11 +305,11 @@ def compare_curves(baseline: dict[int, dict], arm: dict[int, dict]) -> dict:
             continue
         steps_b, _ = steps_to_reach(b["steps"], b["val_loss"], target)
         steps_a, reached = steps_to_reach(a["steps"], a["val_loss"], target)
-        # a baseline that reached its loss at step 0 gives no speed-up to read: NaN, not a
-        # ZeroDivisionError (a diverged one read 0.0, "no effect")
-        speed.append(1.0 - steps_a / steps_b if steps_b > 0 else float("nan"))
-        if not steps_b > 0:  # named, as the mixture A/B names it: left out unnamed, the mean read as if of every seed
-            unreadable.append(s)
+        if steps_b > 0:
+            speed.append(1.0 - steps_a / steps_b)
+        else:  # a baseline that reached its loss at step 0 gives no speed-up to read: NaN, not a ZeroDivisionError
+            speed.append(float("nan"))  # (a diverged one read 0.0, "no effect"), and named, as the mixture A/B names it:
+            unreadable.append(s)  # left out unnamed, the mean read as if of every seed
         auc.append(float(np.trapezoid(a["val_loss"], a["steps"]) / np.trapezoid(b["val_loss"], b["steps"])))
         if not reached:
             missed.append(s)

@@ -25,12 +25,11 @@ from typing import Any
 import numpy as np
 
 from tokdyn._checks import numba_setting
-from tokdyn._text import one_line
+from tokdyn._text import one_line, shown
 from tokdyn.errors import InputError
 from tokdyn.fit.grid import grid_start, two_start
 from tokdyn.fit.lm import MODEL_SIGMOID, LMResult, cholesky_solve, levenberg_marquardt
 from tokdyn.fit.models import two_sigmoid_evaluate
-from tokdyn.fit.options import _shown
 from tokdyn.fit.prepare import NEGATIVE_TOLERANCE, SUMMARY_FIELDS, prepare
 from tokdyn.fit.projection import sigmoid_amplitudes, sigmoid_projected
 from tokdyn.fit.sigmoid import LEVEL_FLOOR, s_min_of, sigmoid_evaluate
@@ -78,9 +77,9 @@ def _cuda_available() -> bool:
 def resolve_backend(backend: str, device: Any = None) -> tuple[str, Any]:
     """Turn ``backend``/``device`` into a concrete (backend, device) pair, or raise InputError."""
     if not isinstance(backend, str) or backend not in BACKENDS:
-        raise InputError(f"backend: expected one of {BACKENDS}, got {_shown(backend)}")
+        raise InputError(f"backend: expected one of {BACKENDS}, got {shown(backend)}")
     if device is not None and backend not in ("auto", "torch"):
-        raise InputError(f"device={_shown(device)} only applies to backend='torch', got "
+        raise InputError(f"device={shown(device)} only applies to backend='torch', got "
                          f"{backend!r}")
     if backend == "auto":
         if device is not None:
@@ -104,7 +103,7 @@ def resolve_backend(backend: str, device: Any = None) -> tuple[str, Any]:
             device = torch.device(device if device is not None else
                                   ("cuda" if torch.cuda.is_available() else "cpu"))
         except Exception as err:  # RuntimeError, TypeError, ValueError, by torch version
-            raise InputError(f"device: expected a torch device, got {_shown(device)}") from err
+            raise InputError(f"device: expected a torch device, got {shown(device)}") from err
         if device.type == "cuda" and not torch.cuda.is_available():
             raise InputError(f"device {device} requested but CUDA is not available")
         _check_device(torch, device)

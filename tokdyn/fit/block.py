@@ -37,6 +37,7 @@ from tokdyn.fit.models import (
     two_sigmoid_bounds,
     two_sigmoid_start,
 )
+from tokdyn._text import shown
 from tokdyn.fit.options import (
     CLASS_CODES,
     CLASS_NAMES,
@@ -45,7 +46,6 @@ from tokdyn.fit.options import (
     STATUS_NAMES,
     INT64_MAX,
     FitOptions,
-    _shown,
 )
 from tokdyn.fit.sigmoid import age_of_acquisition, check_axis, refuse_masked, s_min_of
 
@@ -565,7 +565,7 @@ def fit_sigmoids(
         if (isinstance(block_rows, (bool, np.bool_)) or not isinstance(block_rows, numbers.Integral)
                 or not 1 <= operator.index(block_rows) <= INT64_MAX):
             raise InputError(f"block_rows: expected None or an int in [1, {INT64_MAX}], got "
-                             f"{_shown(block_rows)}")
+                             f"{shown(block_rows)}")
         block_rows = int(block_rows)
     backend, device = resolve_backend(backend, device)
     if block_rows is None:

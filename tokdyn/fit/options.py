@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from tokdyn._text import shown as _shown
+from tokdyn._text import shown
 from tokdyn.errors import InputError
 
 __all__ = [
@@ -186,7 +186,7 @@ MIN_FIT_POINTS = 5
 
 
 def _bad(name: str, value: object, expected: str) -> InputError:
-    return InputError(f"FitOptions.{name}: expected {expected}, got {_shown(value)}")
+    return InputError(f"FitOptions.{name}: expected {expected}, got {shown(value)}")
 
 
 def _is_bool(value: object) -> bool:
