@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import tempfile
 
@@ -116,7 +117,7 @@ def _added_per_document(split) -> tuple[list[str], list[str]]:
 def _check_arguments(args: argparse.Namespace) -> None:
     """The numbers and output paths, checked before any work (the library checks the numbers
     again, but only after reading the corpus)."""
-    _FOLDERS.clear()  # the source's folders, listed once for the checks below (a walk of the whole tree)
+    read_with_source = _read_with_source_test(args.source)  # the source's folders listed once for the checks below
     if args.seed < 0:
         raise InputError(f"--seed must be an integer >= 0, got {args.seed}")
     if args.context < 1:
@@ -147,7 +148,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
         for option, path in (("--out", args.out), ("--held-out", args.held_out)):  # one would overwrite the other
             if path is not None and "://" not in path and os.path.realpath(path) == os.path.realpath(args.save_tokenizer):
                 raise InputError(f"--save-tokenizer {args.save_tokenizer} is the {option} path too; give each its own path")
-        if os.path.exists(args.source) and _read_with_source(args.save_tokenizer, args.source):
+        if os.path.exists(args.source) and read_with_source(args.save_tokenizer):
             raise InputError(f"--save-tokenizer {args.save_tokenizer} is part of the source {args.source}; the tokenizer "
                              "would be read as a document the next time: give a path outside it (or in a hidden folder of it)")  # fmt: skip
     else:
@@ -155,7 +156,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
             if value is not None:
                 raise InputError(f"{option} is for the tokenizer --tokenizer bpe trains; {args.tokenizer} is not trained here")
     if args.tokenizer not in ("byte", "bpe") and os.path.isdir(args.source) and os.path.exists(args.tokenizer) \
-            and _read_with_source(args.tokenizer, args.source):  # fmt: skip
+            and read_with_source(args.tokenizer):  # fmt: skip
         raise InputError(f"--tokenizer {args.tokenizer} is part of the source {args.source}; its files would be read as "
                          "documents (trained on, or in the probe): move it out of the source, or into a hidden folder of it")
     out = args.out
@@ -167,7 +168,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
             raise InputError(f"--out {out} is a folder that holds files but no store; give a new path or an existing store")
     elif "://" not in out:  # a new store: the folder it goes in must exist (as for every output)
         check_output_path(out, what="store (--out)", folder_ok=True)
-    if "://" not in out and os.path.isdir(args.source) and _read_with_source(out, args.source):
+    if "://" not in out and os.path.isdir(args.source) and read_with_source(out):
         raise InputError(f"--out {out} is inside the source folder {args.source}; the store's own files would be read "
                          "as documents the next time; give a path outside the source (or in a hidden folder of it)")  # fmt: skip
     held = args.held_out
@@ -176,7 +177,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     check_output_path(held, what="held-out keys (--held-out)")
     if "://" not in out and os.path.abspath(held) == os.path.abspath(out):
         raise InputError(f"--held-out {held} is the --out store's path; give another file")
-    if os.path.exists(args.source) and _read_with_source(held, args.source):
+    if os.path.exists(args.source) and read_with_source(held):
         raise InputError(f"--held-out {held} is part of the source {args.source}; writing the keys there would change the corpus")
     if args.tokenizer not in ("byte", "bpe"):  # a tokenizer file, or a folder of its files (tokdyn.tokenizer.HFTokenizer)
         tok = os.path.realpath(args.tokenizer)
@@ -186,27 +187,31 @@ def _check_arguments(args: argparse.Namespace) -> None:
                              "would replace it: give another file")  # fmt: skip
 
 
-_FOLDERS: dict[str, list] = {}  # source -> source_folders(source), for one _check_arguments
+def _read_with_source_test(source: str):
+    """A test of whether a path is the ``source`` or would be read with it: a file or folder under
+    the source folder or a folder linked in it (read as part of it), unless inside a hidden one
+    (``.name``: never read as documents). The source's folders are listed (a walk of the whole
+    tree) once, for every path the test is asked about."""
 
+    @functools.cache
+    def folders() -> list:
+        from ..corpus import source_folders
 
-def _read_with_source(path: str, source: str) -> bool:
-    """Whether ``path`` is the ``source`` or would be read with it: a file or folder under the
-    source folder or a folder linked in it (read as part of it), unless inside a hidden one
-    (``.name``: never read as documents)."""
-    from ..corpus import source_folders
+        return source_folders(source)
 
-    target = os.path.realpath(path)
-    if target == os.path.realpath(source):
-        return True
-    if not os.path.isdir(source):
-        return False
-    if source not in _FOLDERS:
-        _FOLDERS[source] = source_folders(source)
-    for folder in _FOLDERS[source]:
-        parts = os.path.relpath(target, folder).split(os.sep)
-        if parts[0] != ".." and not any(part.startswith(".") for part in parts):
+    def read(path: str) -> bool:
+        target = os.path.realpath(path)
+        if target == os.path.realpath(source):
             return True
-    return False
+        if not os.path.isdir(source):
+            return False
+        for folder in folders():
+            parts = os.path.relpath(target, folder).split(os.sep)
+            if parts[0] != ".." and not any(part.startswith(".") for part in parts):
+                return True
+        return False
+
+    return read
 
 
 def _held_out_tmp(held: str) -> str:
