@@ -387,8 +387,9 @@ def units_by_group(events: Events, sample_id: np.ndarray, group: np.ndarray | No
     give every group of tokens (``group [N]`` codes; None: the whole probe, one group) two at
     least among its scored tokens: the probe's own (documents where it tells them apart), and for
     a group whose scored tokens lie in one of them, its windows (``sample_id [N]``), else its
-    tokens (with ``tokens=False``, never: it stays in its one window). The one rule of the spectrum's interval (:func:`run_events`, the whole probe) and of
-    the curriculum's domain rates (:func:`tokdyn.curriculum.pilot_events`, each domain).
+    tokens (with ``tokens=False``, never: it stays in its one window). The one rule of the
+    spectrum's interval (:func:`run_events`, the whole probe) and of the curriculum's domain
+    rates (:func:`tokdyn.curriculum.pilot_events`, each domain).
 
     A domain that is one document drew the same rate in every resample of documents: its error
     read 0, and its whole difference from the others, noise included, was kept as real. A probe of
@@ -412,7 +413,7 @@ def units_by_group(events: Events, sample_id: np.ndarray, group: np.ndarray | No
     if not chosen.any():
         return events  # every group has two units of the probe's own kind at least
     picked = np.choose(chosen, [codes for codes, _ in levels])
-    joint = np.unique(chosen * (n + 1) + picked, return_inverse=True)[1].reshape(-1)  # (level, unit): distinct codes
+    joint = chosen * (n + 1) + picked  # (level, unit): distinct values, which Events codes 0 .. G-1
     kinds = {levels[i][1] for i in np.unique(chosen)}
     return replace(events, unit=joint.astype(np.int64), unit_kind=kinds.pop() if len(kinds) == 1 else "sampling unit")
 
