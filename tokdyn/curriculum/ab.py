@@ -675,11 +675,12 @@ def summarize_runs(runs: list[dict], cfg: MixtureABConfig, domains) -> dict:
         for s in seeds:
             ls = [lo for b, lo in zip(cfg.ladder, ladder[s]) if b != 0.9]
             vals.append(speedup(rest, ls, ladder[s][i], used=1.0)[0])
+        finite = {s: bool(np.all(np.isfinite(ladder[s]))) for s in seeds}
         control = {"expected": 1 - 1 / 0.9, "speedup": paired_bootstrap(vals), "per_seed": vals,
                    # a seed whose ladder is not finite diverged (as the arms say); one whose
                    # rungs give no budget to read is unreadable
-                   "diverged": [s for s in seeds if not np.all(np.isfinite(ladder[s]))],
-                   "unreadable": [s for s, v in zip(seeds, vals) if not math.isfinite(v) and np.all(np.isfinite(ladder[s]))],
+                   "diverged": [s for s in seeds if not finite[s]],
+                   "unreadable": [s for s, v in zip(seeds, vals) if not math.isfinite(v) and finite[s]],
                    "matched_budget": paired_bootstrap([1 / (1 - v) for v in vals])}  # fmt: skip
         c = control["speedup"]["ci95"]
         control["detected"] = bool(c[0] <= control["expected"] <= c[1] and c[1] < 0)
@@ -703,8 +704,7 @@ def headline_lines(res: dict) -> list[str]:
     if c:
         s = c["speedup"]
         head = f"positive control (0.9x baseline as a full run; true {c['expected']:+.1%}): "
-        gone = ((f"; loss not finite (diverged) on seeds {c['diverged']}, left out" if c.get("diverged") else "")
-                + (f"; no budget to read on seeds {c['unreadable']}, left out" if c.get("unreadable") else ""))  # fmt: skip
+        gone = _diverged_note(c, why_unread="no budget to read")
         if s["n"] < 2:  # no interval to judge it by (its ci95 is NaN): not "NOT detected: the interval reaches 0"
             lines.append(head + (f"{s['mean']:+.1%}, n=1 (no interval from one seed, so not judged)" if s["n"] else
                                  "no seed's ladder could be read, so not judged") + gone)  # fmt: skip
@@ -733,13 +733,15 @@ def headline_lines(res: dict) -> list[str]:
     return lines
 
 
-def _diverged_note(c: dict) -> str:
+def _diverged_note(c: dict, why_unread: str = "the ladder has no budget for the arm's loss (a rung no lower than the "
+                                               "one below it)") -> str:
     """``; diverged on seeds [..] (left out)`` for an arm whose loss, or its baseline's, was not
-    finite on some seeds (they have no speed-up; the mean and its interval are of the others)."""
+    finite on some seeds (they have no speed-up; the mean and its interval are of the others),
+    and likewise for the seeds whose speed-up could not be read (``why_unread``), of an arm or of
+    the positive control."""
     bad, unread = c.get("diverged") or [], c.get("unreadable") or []
     return ((f"; loss not finite (diverged) on seeds {bad}, left out" if bad else "")
-            + (f"; the ladder has no budget for the arm's loss (a rung no lower than the one below it) on seeds {unread}, "
-               "left out" if unread else ""))  # fmt: skip
+            + (f"; {why_unread} on seeds {unread}, left out" if unread else ""))
 
 
 def plot_mixture(res: dict, path: Path) -> None:
