@@ -277,7 +277,8 @@ def branched_decay_sweep(
     # What the sweep writes on its runs is its own: a run_attrs {"sweep": "D"} (as a recorder's
     # runs are tagged) was kept on the trunk, a T run at the largest budget without a decay, and
     # assemble_axis took it as a D point (or as a seed of the last one, with --repeats mean).
-    clash = sorted(set(dict(run_attrs or {})) & set(SWEEP_ATTRS))
+    attrs = dict(run_attrs or {})
+    clash = sorted(set(attrs) & set(SWEEP_ATTRS))
     if clash:
         raise InputError(f"run_attrs sets {clash}, which the sweep writes on its runs itself (the branches' sweep tag "
                          f"and data budgets, each run's learning-rate schedule; the trunk is a T run, no D point); "
@@ -285,7 +286,7 @@ def branched_decay_sweep(
     taken = [n for n in (trunk, *names, *cal_names) if n in store.runs]
     if taken:
         raise InputError(f"runs {taken} already exist in {store.url}; use another prefix or a fresh store")
-    base = {**dict(run_attrs or {}), "decay_sweep": {k: v for k, v in asdict(cfg).items() if k not in ("budgets", "calibration")},
+    base = {**attrs, "decay_sweep": {k: v for k, v in asdict(cfg).items() if k not in ("budgets", "calibration")},
             "tokens_per_step": int(tokens_per_step)}  # fmt: skip
     last = int(cfg.trunk_steps or cfg.budgets[-1])
     schedule = geometric_schedule(last, cfg.trunk_points)
