@@ -1,0 +1,157 @@
+"""The docs as a researcher follows them (hunt 24): every option a page gives a command exists
+on it, every option a command has is in the docs, what the README lists is there, and a
+pipeline's command does what the page says with the options it is given."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline_scripts import load
+from tokdyn.cli import build_parser
+
+# -- pipelines/curriculum_ab.py --v1 takes only the first design's options --------------------
+
+
+def _options_and_values(help_text: str) -> dict[str, list[str]]:
+    """Every ``--option`` of a usage text, with a value it accepts (its first choice, or ``1``;
+    none for a flag)."""
+    usage = help_text.split("\n\n")[0]
+    found = {}
+    for name, metavar in re.findall(r"\[(--[a-z0-9-]+)(?: ([^\]\s]+))?", usage):
+        found[name] = [] if not metavar else [metavar.strip("{}").split(",")[0] if metavar.startswith("{") else "1"]
+    return found
+
+
+def _run_ab_main(monkeypatch, capsys, argv: list[str]):
+    """``curriculum_ab.py ARGV`` in this process, with the two designs' runners replaced by
+    ones that record their config: (exit code, config given to a runner or None, stdout, stderr)."""
+    import tokdyn.curriculum.ab as ab
+    import tokdyn.curriculum.experiment as experiment
+
+    given = []
+
+    def runner(out, cfg):
+        given.append(cfg)
+        raise SystemExit(99)
+
+    monkeypatch.setattr(experiment, "run_ab", runner)
+    monkeypatch.setattr(ab, "run_mixture_ab", runner)
+    monkeypatch.setattr(sys, "argv", ["curriculum_ab.py", *argv])
+    try:
+        rc = load("curriculum_ab").main()
+    except SystemExit as exc:
+        rc = exc.code
+    out, err = capsys.readouterr()
+    return rc, (given[0] if given else None), out, err
+
+
+def test_an_option_the_first_design_does_not_take_is_refused_not_dropped(monkeypatch, capsys, tmp_path):
+    """docs/curriculum.md runs ``curriculum_ab.py --v1 ... --steps 3000 --n-layer 6``: the first
+    design took the options its config has and dropped every other one without a word, so
+    ``--v1 --source my_texts/`` measured the standard library and ``--v1 --workers 8`` ran on
+    the default 2 (the mixture design refuses ``--wide-width``, the first design's, in one line)."""
+    from tokdyn.curriculum.experiment import ABConfig
+
+    rc, _, usage, _ = _run_ab_main(monkeypatch, capsys, ["--help"])
+    options = _options_and_values(usage)
+    assert "--source" in options and "--workers" in options  # the help was read
+    v1_fields = {f.name for f in dataclasses.fields(ABConfig)}
+    foreign = [o for o in options if o[2:].replace("-", "_") not in v1_fields and o not in ("--out", "--quick", "--v1")]
+    assert foreign
+    for option in foreign:
+        argv = ["--v1", "--out", str(tmp_path / "ab"), option, *options[option]]
+        rc, cfg, _, err = _run_ab_main(monkeypatch, capsys, argv)
+        assert cfg is None, f"{option} with --v1: the first design ran without it"
+        assert rc == 1 and err.count("\n") == 1 and option in err and "--v1" in err, (option, rc, err)
+    # the first design's own options reach its config
+    rc, cfg, _, _ = _run_ab_main(monkeypatch, capsys, ["--v1", "--out", str(tmp_path / "ab"), "--width", "0.3"])
+    assert rc == 99 and cfg.width == 0.3
+
+
+# -- the command line as the pages give it ---------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+GUIDES = [ROOT / "README.md", *(p for p in sorted((ROOT / "docs").glob("*.md")) if p.name not in ("benchmarks.md", "reliability.md"))]
+_OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+_COMMAND = re.compile(r"\btokdyn\s+([a-z][a-z-]*)(?:\s+([a-z][a-z-]*))?")
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    """``"fit"``, ``"curriculum schedule"``, ...: each command's parser."""
+    found = {}
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found[" ".join((*path, name))] = sub
+                    walk(sub, (*path, name))
+
+    walk(build_parser(), ())
+    return found
+
+
+def options_given_to_commands(text: str, commands: dict) -> list[tuple[int, str, str]]:
+    """``(line, command, option)`` for every ``--option`` written after ``tokdyn COMMAND`` on
+    one line of ``text`` (a shell line continued by ``\\`` is one line), up to the next
+    ``tokdyn`` or, inside an inline code span, the span's end."""
+    given = []
+    for number, line in enumerate(text.replace("\\\n", " ").splitlines(), 1):
+        for m in _COMMAND.finditer(line):
+            if m[1] not in commands:
+                continue  # prose: "tokdyn records ..."
+            name, end = (f"{m[1]} {m[2]}", m.end(2)) if m[2] and f"{m[1]} {m[2]}" in commands else (m[1], m.end(1))
+            rest = line[end:]
+            rest = rest[: nxt.start()] if (nxt := re.search(r"\btokdyn\s", rest)) else rest
+            if line[: m.start()].count("`") % 2:  # an inline span: it ends at its closing backtick
+                rest = rest.split("`")[0]
+            given += [(number, name, option) for option in _OPTION.findall(rest)]
+    return given
+
+
+def test_the_scan_finds_an_option_given_to_a_command_and_no_other():
+    commands = _commands()
+    text = ("Run `tokdyn fit s.zarr --run r --no-such` then `tokdyn curriculum schedule p --steps 5` and\n"
+            "`--other` in prose; tokdyn records --nothing here\n"
+            "```bash\ntokdyn spectrum s.zarr \\\n    --boot 5   # tokdyn report s --out r.html\n```\n")  # fmt: skip
+    assert options_given_to_commands(text, commands) == [
+        (1, "fit", "--run"), (1, "fit", "--no-such"), (1, "curriculum schedule", "--steps"),
+        (4, "spectrum", "--boot"), (4, "report", "--out")]  # fmt: skip
+
+
+@pytest.mark.parametrize("page", GUIDES, ids=lambda p: p.name)
+def test_every_option_a_page_gives_a_command_is_one_of_its_options(page):
+    """What tests/test_docs.py does not run: the bash blocks not marked ``run`` and the commands
+    in the prose. An option renamed or removed would stay in the guide that teaches it."""
+    commands = _commands()
+    wrong = [f"{page.name}:{n}: tokdyn {cmd} has no {opt}" for n, cmd, opt in options_given_to_commands(page.read_text(encoding="utf-8"), commands)
+             if opt not in commands[cmd]._option_string_actions]  # fmt: skip
+    assert not wrong, wrong
+
+
+def test_every_option_of_every_command_is_in_the_guides():
+    """`tokdyn demo --points` and `--probe-sequences`, and `tokdyn fit --vocab-size`, were in
+    their command's --help and in no guide: a reader of the docs could not know them."""
+    text = "\n".join(p.read_text(encoding="utf-8") for p in GUIDES)
+    named = set(_OPTION.findall(text))
+    missing = [f"tokdyn {name} {option}" for name, parser in _commands().items()
+               for option in parser._option_string_actions if option.startswith("--") and option != "--help" and option not in named]  # fmt: skip
+    assert not missing, missing
+
+
+def test_the_readme_layout_names_every_module_and_pipeline():
+    """README.md's "Layout" lists the package's modules and the pipelines; it left out
+    pipelines/spectrum_units.py (a measurement benchmarks.md quotes) and the helpers `_text`,
+    `_fonts` and `_version`."""
+    layout = (ROOT / "README.md").read_text(encoding="utf-8").split("## Layout")[1]
+    named = set(re.findall(r"`([\w.]+?)/?`", layout))
+    modules = {p.stem for p in (ROOT / "tokdyn").glob("*.py") if p.stem not in ("__init__", "__main__")}
+    modules |= {p.parent.name for p in (ROOT / "tokdyn").glob("*/__init__.py")}
+    pipelines = {p.name for p in (ROOT / "pipelines").glob("*.py")}
+    assert not (modules | pipelines) - named, sorted((modules | pipelines) - named)
