@@ -155,3 +155,41 @@ def test_the_readme_layout_names_every_module_and_pipeline():
     modules |= {p.parent.name for p in (ROOT / "tokdyn").glob("*/__init__.py")}
     pipelines = {p.name for p in (ROOT / "pipelines").glob("*.py")}
     assert not (modules | pipelines) - named, sorted((modules | pipelines) - named)
+
+
+# -- tokdyn probe's source names ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["stdlib", "stdlib-mix"])
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_a_path_named_like_the_embedded_corpus_is_said_not_read_silently(name, kind, tmp_path, monkeypatch):
+    """``tokdyn probe stdlib`` (and ``prepare_corpus("stdlib-mix")``) read the embedded corpus
+    even where ``./stdlib`` was the user's own folder of text, without a word: a probe of the
+    Python standard library where the user meant theirs. It is warned about, naming the path to
+    give; the path itself reads the user's documents."""
+    import tokdyn.data as data
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(data, "stdlib_documents", lambda: ["embedded"])
+    monkeypatch.setattr(data, "stdlib_mixture_documents", lambda: ["embedded"])
+    if kind == "folder":
+        (tmp_path / name / "a").mkdir(parents=True)
+        (tmp_path / name / "a" / "doc.txt").write_text("my own text\n")
+    else:
+        (tmp_path / name).write_text("my own text\n")
+    with pytest.warns(UserWarning, match=rf"the {kind} \./{name} .*is not read: give \./{name}"):
+        assert data.load_documents(name) == ["embedded"]
+    mine = data.load_documents(f"./{name}")
+    assert [d.text for d in mine] == ["my own text\n"]
+
+
+def test_the_embedded_corpus_without_a_path_of_its_name_is_read_quietly(tmp_path, monkeypatch):
+    import warnings
+
+    import tokdyn.data as data
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(data, "stdlib_documents", lambda: ["embedded"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert data.load_documents("stdlib") == ["embedded"]
