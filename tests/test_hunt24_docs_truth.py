@@ -193,3 +193,15 @@ def test_the_embedded_corpus_without_a_path_of_its_name_is_read_quietly(tmp_path
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert data.load_documents("stdlib") == ["embedded"]
+
+
+def test_a_choice_the_help_calls_the_default_is_the_default():
+    """`tokdyn record-offline --axis` said "T (steps, default)", but a manifest's "axis" (or the
+    resumed run's) is the default: a D sweep listed in a manifest is recorded as D without it."""
+    wrong = []
+    for name, parser in _commands().items():
+        for a in parser._actions:
+            for choice in a.choices or ():
+                if re.search(rf"(?<![\w-]){re.escape(str(choice))} \([^()]*\bdefault\)", a.help or "") and a.default != choice:
+                    wrong.append(f"tokdyn {name} {a.option_strings}: the help calls {choice} the default, which is {a.default!r}")
+    assert not wrong, wrong
