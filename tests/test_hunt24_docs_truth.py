@@ -5,7 +5,9 @@ pipeline's command does what the page says with the options it is given."""
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
 import re
 import sys
 from pathlib import Path
@@ -204,4 +206,67 @@ def test_a_choice_the_help_calls_the_default_is_the_default():
             for choice in a.choices or ():
                 if re.search(rf"(?<![\w-]){re.escape(str(choice))} \([^()]*\bdefault\)", a.help or "") and a.default != choice:
                     wrong.append(f"tokdyn {name} {a.option_strings}: the help calls {choice} the default, which is {a.default!r}")
+    assert not wrong, wrong
+
+
+# -- the Python calls the pages write inline -----------------------------------------------------
+
+
+@functools.cache
+def _signatures() -> dict[str, list[set[str] | None]]:
+    """Every function, method and class of the package by name, read from its source (nothing
+    imported): the keywords each takes, None where it takes any (``**kwargs``, or a class whose
+    fields the source does not list)."""
+    found: dict[str, list] = {}
+
+    def params(f: ast.FunctionDef) -> set[str] | None:
+        a = f.args
+        return None if a.kwarg else {p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)}
+
+    for path in (ROOT / "tokdyn").rglob("*.py"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.setdefault(node.name, []).append(params(node))
+            elif isinstance(node, ast.ClassDef):
+                init, fields = None, set()
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        found.setdefault(item.name, []).append(params(item))
+                        init = params(item) if item.name == "__init__" else init
+                    elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        fields.add(item.target.id)
+                has_init = any(isinstance(i, ast.FunctionDef) and i.name == "__init__" for i in node.body)
+                found.setdefault(node.name, []).append(init if has_init else (fields or None) if not node.bases else None)
+    return found
+
+
+def keywords_no_function_takes(text: str, signatures: dict) -> list[str]:
+    """``name(kw=...)`` in the inline code spans of ``text`` where no tokdyn function, method or
+    class of that name takes ``kw``."""
+    wrong = []
+    for span in re.findall(r"`([^`]+\([^`]*\))`", text.replace("\n", " ")):
+        try:
+            tree = ast.parse(span.strip(), mode="eval")
+        except SyntaxError:
+            continue  # prose in a span: "fit(X)" and the like
+        for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+            name = getattr(call.func, "attr", None) or getattr(call.func, "id", None)
+            given = [k.arg for k in call.keywords if k.arg]
+            if given and name in signatures and not any(s is None or set(given) <= s for s in signatures[name]):
+                wrong.append(f"`{span}`: no {name}() of tokdyn takes {sorted(set(given) - set().union(*signatures[name]))}")
+    return wrong
+
+
+def test_the_keyword_scan_finds_a_keyword_no_function_takes():
+    signatures = _signatures()
+    assert keywords_no_function_takes("`fit_run(run, axis_min=10)` and `open_store(url, mode='r')`", signatures) == []
+    assert keywords_no_function_takes("see `tokdyn.fit_run(run, axis_minimum=10)`", signatures) == [
+        "`tokdyn.fit_run(run, axis_minimum=10)`: no fit_run() of tokdyn takes ['axis_minimum']"]
+
+
+@pytest.mark.parametrize("page", GUIDES, ids=lambda p: p.name)
+def test_every_keyword_a_page_passes_inline_is_taken(page):
+    """tests/test_docs.py checks the names a code block takes from tokdyn; the calls written
+    inline in the prose (`fit_run(run, axis_min=VALUE)`) were checked by nobody."""
+    wrong = keywords_no_function_takes(page.read_text(encoding="utf-8"), _signatures())
     assert not wrong, wrong
