@@ -270,3 +270,18 @@ def test_every_keyword_a_page_passes_inline_is_taken(page):
     inline in the prose (`fit_run(run, axis_min=VALUE)`) were checked by nobody."""
     wrong = keywords_no_function_takes(page.read_text(encoding="utf-8"), _signatures())
     assert not wrong, wrong
+
+
+def test_every_exit_code_of_the_command_line_is_in_the_readme():
+    """A script that runs tokdyn reads its exit code; README.md gave 1 (an error) and 2 (a usage
+    error), but not 130 (Ctrl-C), 143 (SIGTERM) or 141 (the reader left the pipe), which
+    docs/fitting.md named for `tokdyn fit` only."""
+    tree = ast.parse((ROOT / "tokdyn" / "cli" / "__init__.py").read_text(encoding="utf-8"))
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    codes = {n.value.value for n in ast.walk(main) if isinstance(n, ast.Return) and isinstance(n.value, ast.Constant)
+             and isinstance(n.value.value, int)}  # fmt: skip
+    codes.add(2)  # argparse's, for a usage error
+    assert {0, 1, 130, 143} <= codes  # the scan reads main()
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    missing = sorted(c for c in codes if not re.search(rf"\bexits? {c}\b", readme))
+    assert not missing, f"exit codes of tokdyn that README.md does not name: {missing}"
