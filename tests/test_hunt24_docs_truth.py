@@ -285,3 +285,20 @@ def test_every_exit_code_of_the_command_line_is_in_the_readme():
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     missing = sorted(c for c in codes if not re.search(rf"\bexits? {c}\b", readme))
     assert not missing, f"exit codes of tokdyn that README.md does not name: {missing}"
+
+
+@pytest.mark.parametrize("value", ["0", ""])
+def test_tokdyn_debug_set_to_0_or_empty_is_off(value, monkeypatch, capsys, tmp_path):
+    """The README says `TOKDYN_DEBUG=1` shows a traceback; `TOKDYN_DEBUG=0` (a script switching it
+    off) showed one too, where the command's one line was asked for (`TOKDYN_FUSED=0` turns its
+    setting off: 0 is off for both)."""
+    import tokdyn.cli.store as cli_store
+    from tokdyn.cli import main
+
+    def boom(*a, **k):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(cli_store, "open_cli_store", boom)
+    monkeypatch.setenv("TOKDYN_DEBUG", value)
+    assert main(["info", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.startswith("tokdyn info: error: ")
