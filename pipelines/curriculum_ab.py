@@ -84,7 +84,13 @@ def _v1(args) -> int:
 
     from tokdyn.curriculum.experiment import ARMS
 
-    given = {k: v for k, v in vars(args).items() if v is not None and k in {f.name for f in dataclasses.fields(ABConfig)}}
+    fields = {f.name for f in dataclasses.fields(ABConfig)}
+    given = {k: v for k, v in vars(args).items() if v is not None and v is not False and k not in ("out", "quick", "v1")}
+    other = ["--" + k.replace("_", "-") for k in given if k not in fields]  # dropped without a word, they were
+    if other:
+        print(f"curriculum_ab: error: {', '.join(other)} {'is not an option' if len(other) == 1 else 'are not options'} "
+              f"of the first design (--v1)", file=sys.stderr)  # fmt: skip
+        return 1
     if "arms" in given:
         unknown = [a for a in given["arms"] if a not in ARMS]
         if unknown:

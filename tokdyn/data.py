@@ -8,6 +8,7 @@ token stream with the probe built from the held-out side.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -49,10 +50,12 @@ def load_documents(source: str = "stdlib", *, text_field: str = "text", domain_f
             if value != default:
                 raise InputError(f"{name}={value!r} applies to a .jsonl source only; {source!r} is not one (a folder's "
                                  "domain is its first sub-folder; relabel documents with mapping=)")  # fmt: skip
-    if source == "stdlib":
-        return stdlib_documents()
-    if source == "stdlib-mix":
-        return stdlib_mixture_documents()
+    if source in ("stdlib", "stdlib-mix"):
+        if os.path.lexists(source):  # the user's own data under that name was read as the embedded corpus, unsaid
+            kind = "folder" if os.path.isdir(source) else "file"
+            warnings.warn(f"{source!r} is the embedded corpus (the Python standard library's own files); the {kind} "
+                          f"./{source} is not read: give ./{source} to read it", stacklevel=2)  # fmt: skip
+        return stdlib_documents() if source == "stdlib" else stdlib_mixture_documents()
     if not os.path.exists(source):
         raise InputError(f"corpus source not found: {source!r} (use 'stdlib', 'stdlib-mix', a folder, a text, .jsonl or .bin file)")
     if source_kind(source) == "jsonl":

@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - the one boundary: every error is one line
         settle_io()
-        if os.environ.get("TOKDYN_DEBUG"):
+        if os.environ.get("TOKDYN_DEBUG", "0") not in ("", "0"):  # 0 is off, as for TOKDYN_FUSED
             raise
         print(f"tokdyn {args.command}: error: {error_line(exc)}", file=sys.stderr)
         return 1

@@ -34,7 +34,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         "--model", metavar="JSON",
         help='model spec for bare state dicts: a JSON file, or the JSON itself, {"type": "tinygpt", "config": {...}}',
     )  # fmt: skip
-    parser.add_argument("--axis", choices=AXES, help="T (steps, default), or D/M for a sweep listed in a manifest")
+    parser.add_argument("--axis", choices=AXES, help="T (steps), or D/M for a sweep listed in a manifest (default: the resumed run's "
+                                                   "axis, else the manifest's \"axis\", else T)")
     parser.add_argument("--workers", type=int, metavar="N", help="checkpoints evaluated at once (default: min(4, cores); 2 on a GPU)")
     parser.add_argument("--device", default="cpu", help="torch device for the probe forwards (default: cpu)")
     parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="probe sequences per forward (default: 32)")
