@@ -266,6 +266,12 @@ def run_compare(args: argparse.Namespace) -> int:
         lo, hi = res["x_range"]
         print(f"  over the {res['axis']} range both runs observed, log10 {lo:.3g}..{hi:.3g} "
               f"({', '.join(f'{k!r} observed {v[0]:.3g}..{v[1]:.3g}' for k, v in ranges.items())})")  # fmt: skip
+    cens = res["censored"]
+    if cens["n_tokens"]:
+        cut = cens["cut_in"]
+        print(f"  censored (not in the shifts): {cens['n_tokens']} tokens learned in both, {cens['drop_share']:.1%} of "
+              f"{res['run_a']!r}'s drop, whose drop that range cuts in one run (in {res['run_a']!r}: "
+              f"{cut[res['run_a']]}, in {res['run_b']!r}: {cut[res['run_b']]}), which saw it past the range's edge")  # fmt: skip
     print(f"  {'group':<24} {'tokens':>7} {'median':>8} {'q25':>8} {'q75':>8} {'earlier':>8} {'drop moved earlier':>19} {'later':>7}")
     rows = [("all", res["overall"])] + [(f"class {k}", v) for k, v in res["by_class"].items()] + \
            [(f"domain {k}", v) for k, v in zip(labels(res["by_domain"]), res["by_domain"].values())]  # fmt: skip
