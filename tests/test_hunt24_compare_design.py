@@ -166,7 +166,9 @@ def test_the_cli_prints_the_censored_tokens(planted, capsys):
     cens = res["censored"]
     assert main(["compare", str(st.url), "--run", "A", "--run", "x10"]) == 0
     out = capsys.readouterr().out
-    assert f"censored (not in the shifts): {cens['n_tokens']} tokens learned in both, {cens['drop_share']:.1%}" in out
-    assert f"in 'A': {cens['cut_in']['A']}, in 'x10': {cens['cut_in']['x10']}" in out
+    assert f"{res['overall']['n_tokens']} of {N} tokens with an event in both seen whole over the range both observed" in out
+    assert f"censored (not in the shifts): {cens['n_tokens']} tokens learned in both, {cens['drop_share']:.1%} of the drop in 'A'" in out
+    assert f"(in 'A': {cens['cut_in']['A']}, in 'x10': {cens['cut_in']['x10']})" in out
     assert main(["compare", str(st.url), "--run", "A", "--run", "half"]) == 0
-    assert "censored" not in capsys.readouterr().out  # one range: nothing censored, nothing said
+    out = capsys.readouterr().out  # one range: nothing censored, nothing said
+    assert "censored" not in out and "seen whole" not in out
