@@ -51,6 +51,7 @@ def planted(tmp_path_factory):
     for c in (3, 10):
         _write(st, f"x{c}", STEPS * c, p.Y)  # A's losses, every step times c
     _write(st, "later", np.round(STEPS * 10**3.8).astype(np.int64), p.Y)  # A's, 3.8 decades later
+    _write(st, "to99000", np.r_[STEPS[:-1], 99_000], p.Y)  # A's, its last step 1 % earlier
     _write(st, "range2-6", STEPS * 10, losses(x + 1, t["mu"]))  # A's schedule over log10 steps 2..6
     moved = np.where(np.arange(N) % 2 == 0, -0.5, 0.0)
     _write(st, "half", STEPS, losses(x, t["mu"] + moved))
@@ -129,6 +130,16 @@ def test_runs_over_one_range_censor_nothing_and_keep_a_partial_shift(planted):
     inner = (mu > 2.0) & (mu < 4.5)  # both events seen whole
     assert np.median(shift[inner & (moved < 0)]) == pytest.approx(-0.5, abs=0.03)
     assert np.median(shift[inner & (moved == 0)]) == pytest.approx(0.0, abs=0.03)
+
+
+def test_a_range_a_hair_shorter_censors_nothing(planted):
+    """The same losses with the last step at 99,000 instead of 100,000 (0.004 decades): the
+    range both observed shows the drops the other run saw there to within far less than 5 %, so
+    nothing is censored and every shift is that of the points (none past the tolerance)."""
+    st, _, _ = planted
+    res = compare_runs(st, "A", "to99000")
+    assert res["censored"]["n_tokens"] == 0 and res["overall"]["n_tokens"] == min(res["n_learned"].values())
+    assert res["overall"]["drop_share_earlier"] + res["overall"]["drop_share_later"] < 0.02
 
 
 @pytest.mark.parametrize("b", ["x10", "range2-6", "half"])
