@@ -63,8 +63,9 @@ def two_runs(tmp_path_factory):
 
 def _reference(st, run_a: str, run_b: str, tol: float) -> dict:
     """compare's result by the whole-fit route: every field of both fits read at once, their
-    events (tokdyn.spectrum.run_events), each token's learning time in the common range, and the
-    summaries computed here."""
+    events (tokdyn.spectrum.run_events), each token's learning time in the common range, the
+    share of its falling drop in the run's own range that the common range shows (censored
+    below WHOLE_SHARE in either run), and the summaries computed here."""
     from tokdyn.fit.options import CLASS_NAMES
     from tokdyn.spectrum import run_events
 
@@ -73,8 +74,8 @@ def _reference(st, run_a: str, run_b: str, tol: float) -> dict:
     evs = [run_events(r, fit=f) for r, f in zip(runs, fits)]
     common = (max(e.x_range[0] for e in evs), min(e.x_range[1] for e in evs))
 
-    def times(ev, fit):
-        ev = dataclasses.replace(ev, x_range=common)
+    def times(own, fit):
+        ev = dataclasses.replace(own, x_range=common)
         n = ev.n_tokens
         seen = ev.realized_drop()
         drop = np.bincount(ev.token, weights=seen, minlength=n)
@@ -84,12 +85,18 @@ def _reference(st, run_a: str, run_b: str, tol: float) -> dict:
         learned = (drop > 0) & (wsum > 0) & (fit["model"] >= 2)  # a sigmoid or two chosen: a step
         mu = np.divide(wmu, wsum, out=np.full(n, np.nan), where=learned)
         names = np.array([CLASS_NAMES.get(c, "?") for c in range(max(CLASS_NAMES) + 1)])
-        return mu, np.where(learned, drop, 0.0), names[np.clip(fit["class_code"].astype(int), 0, names.size - 1)]
+        falls = ev.delta > 0
+        here = np.bincount(ev.token, weights=seen * falls, minlength=n)
+        there = np.bincount(own.token, weights=own.realized_drop() * falls, minlength=n)
+        cut = learned & (here < compare.WHOLE_SHARE * there)
+        return mu, np.where(learned, drop, 0.0), names[np.clip(fit["class_code"].astype(int), 0, names.size - 1)], cut
 
-    (mu_a, drop_a, klass), (mu_b, _, _) = times(evs[0], fits[0]), times(evs[1], fits[1])
+    (mu_a, drop_a, klass, cut_a), (mu_b, _, _, cut_b) = times(evs[0], fits[0]), times(evs[1], fits[1])
     probe = st.probe
     domain = np.array(list(probe.domains))[probe.token_arrays["domain"]]
-    both = np.isfinite(mu_a) & np.isfinite(mu_b)
+    learned = np.isfinite(mu_a) & np.isfinite(mu_b)
+    both = learned & ~cut_a & ~cut_b
+    censored = learned & (cut_a | cut_b)
     shift, drop = (mu_b - mu_a)[both], drop_a[both]
 
     def summary(sh, dr):
@@ -103,6 +110,8 @@ def _reference(st, run_a: str, run_b: str, tol: float) -> dict:
     out = {"run_a": run_a, "run_b": run_b, "axis": "T", "tolerance": tol, "n_probe_tokens": int(mu_a.size),
            "x_range": list(common), "x_ranges": {run_a: list(evs[0].x_range), run_b: list(evs[1].x_range)}, "has_domains": True,
            "n_learned": {run_a: int(np.isfinite(mu_a).sum()), run_b: int(np.isfinite(mu_b).sum())},
+           "censored": {"n_tokens": int(censored.sum()), "drop_share": float(drop_a[censored].sum() / drop_a[learned].sum()),
+                        "cut_in": {run_a: int((learned & cut_a).sum()), run_b: int((learned & cut_b).sum())}, "whole_share": compare.WHOLE_SHARE},
            "overall": summary(shift, drop), "by_class": {}, "by_domain": {},
            "histogram": {"counts": counts.tolist(), "edges": edges.tolist()}}  # fmt: skip
     for key, labels in (("by_class", klass[both]), ("by_domain", domain[both])):

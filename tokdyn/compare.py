@@ -8,19 +8,26 @@ the observed range: the mean of its falling events' seen centres (``two_step`` e
 one of a pair of opposite sign that cancel, does not make a learning time; nor does a token
 whose chosen model (BIC) in that run is a constant or a line: flat noise has no event, and the
 two sigmoids fitted to it put a "learning time" anywhere in the range. Over tokens learned (a
-step, with a positive drop) in both runs, ``shift = mu_B - mu_A`` (decades; < 0: learned
-earlier in B); reported overall, by the token's class in run A and by domain (when the probe
-labels its tokens by domain; else ``by_domain`` is empty): the median and quartiles of the
-shift, the share of tokens that moved earlier, and the share of run A's loss drop carried by
+step, with a positive drop) in both runs and not censored (below), ``shift = mu_B - mu_A``
+(decades; < 0: learned earlier in B); reported overall, by the token's class in run A and by
+domain (when the probe labels its tokens by domain; else ``by_domain`` is empty): the median
+and quartiles of the shift, the share of tokens that moved earlier, and the share of run A's loss drop carried by
 tokens that moved earlier by more than ``tolerance`` decades (and later). Both runs must lie
 on one axis (T, D or M): a shift between a step and a token count means nothing. Two runs
-observed over different ranges (one recorded to step 300, the other to 100,000) are compared
-over the range both observed (``x_range`` of the result): a token learned after the end of one
-run's range shows there only the start of its drop, and seemed learned earlier in it.
+observed over different ranges (one recorded to step 300, the other to 100,000; one run's steps
+scaled by 10) are read over the range both observed (``x_range`` of the result): an event fitted
+where only one run observed (a noise event of its two-sigmoid fit) would move that run's times
+alone. A drop that range cuts in one run, which saw it past the range's edge, and not in the
+other has a seen centre inside the edge in one run only, and a shift the edge made (every step
+x 10 read a median 0.14 decades short, 57 % of the drop past the tolerance): a token is compared
+only when, in each run, the range both observed shows at least ``WHOLE_SHARE`` of the falling
+drop that run saw; the others are counted apart (``censored``). Runs observed over one range
+censor nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -57,6 +64,11 @@ _STEP_MODELS = ("sigmoid", "two_sigmoids")
 # Tokens a slice: the fit's blocks (262,144 by default) hold that many, and a slice of the 17
 # fields with its events and float64 temporaries stays under 100 MB.
 SLICE_TOKENS = 262_144
+# A token is compared when, in each run, the range both observed shows at least this share of
+# the falling drop the run saw (module docstring). Measured (pipelines/compare_edge_bias.py, 3
+# seeds): every step x 10 read a median 0.023 decades short at 0.9, 0.020 at 0.95, 0.014 at 0.98
+# with 4 of 5 tokens learned in both censored (0.14 with none).
+WHOLE_SHARE = 0.95
 
 
 @dataclass(frozen=True)
@@ -96,11 +108,14 @@ def _open_fit(r) -> _Fitted:
 
 @dataclass(frozen=True)
 class _Times:
-    """Per probe token of one run: learning time, drop and class code (clipped to the names)."""
+    """Per probe token of one run: learning time, drop and class code (clipped to the names);
+    ``whole``, of the learned tokens, the share of the falling drop the run saw that the range
+    the times were read over shows (1 where not asked, or not learned)."""
 
     mu: np.ndarray
     drop: np.ndarray
     class_index: np.ndarray
+    whole: np.ndarray | None = None
 
 
 def _slices(f: _Fitted):
@@ -116,8 +131,6 @@ def _slice_events(f: _Fitted, part: dict, x_range: tuple[float, float]):
     every slice the range and the scored token it finds in the whole fit (it would refuse a
     slice whose tokens are all unfit), and the slice's own tokens give the events they give in
     the whole fit, in the same order."""
-    import dataclasses
-
     from .spectrum import events_from_fit
 
     def pad(k: str, v: np.ndarray) -> np.ndarray:
@@ -128,10 +141,11 @@ def _slice_events(f: _Fitted, part: dict, x_range: tuple[float, float]):
     return dataclasses.replace(ev, x_range=tuple(float(v) for v in x_range))
 
 
-def _run_times(f: _Fitted, x_range: tuple[float, float]) -> _Times:
+def _run_times(f: _Fitted, x_range: tuple[float, float], *, whole_of: tuple[float, float] | None = None) -> _Times:
     """Each token's learning time and seen drop inside ``x_range``, one slice of tokens at a
     time (module docstring; the numbers of the whole fit at once, bit for bit: each token's
-    events are summed in the same order)."""
+    events are summed in the same order); with ``whole_of`` (a range holding ``x_range``: the
+    run's own), the share of its falling events' drop there that ``x_range`` shows."""
     from .fit.options import CLASS_NAMES, MODEL_NAMES
 
     step_codes = [code for code, name in MODEL_NAMES.items() if name in _STEP_MODELS]
@@ -139,6 +153,7 @@ def _run_times(f: _Fitted, x_range: tuple[float, float]) -> _Times:
     mu_all, drop_all = np.empty(n), np.empty(n)
     n_names = max(CLASS_NAMES) + 1
     klass = np.empty(n, np.int64)
+    whole = None if whole_of is None else np.ones(n)
     for a, b in _slices(f):
         part = f.run.fit.read_tokens(a, b, f.fields)
         ev = _slice_events(f, part, x_range)
@@ -160,7 +175,13 @@ def _run_times(f: _Fitted, x_range: tuple[float, float]) -> _Times:
         mu_all[a:b][~fell] = np.nan
         drop_all[a:b] = np.where(fell, drop, 0.0)
         klass[a:b] = np.clip(np.asarray(part["class_code"]).astype(int), 0, n_names - 1)
-    return _Times(mu_all, drop_all, klass)
+        if whole_of is not None:  # of the falling drop the run saw, the share x_range shows
+            falls = ev.delta > 0
+            there = dataclasses.replace(ev, x_range=whole_of).realized_drop()
+            there = np.bincount(ev.token, weights=np.where(falls, there, 0.0), minlength=m + 1)[:m]
+            here = np.bincount(ev.token, weights=np.where(falls, seen, 0.0), minlength=m + 1)[:m]
+            whole[a:b] = np.divide(here, there, out=np.ones(m), where=fell & (there > 0))
+    return _Times(mu_all, drop_all, klass, whole)
 
 
 def _class_names() -> np.ndarray:
@@ -172,8 +193,9 @@ def _class_names() -> np.ndarray:
 def token_times(store, run: str, *, x_range: tuple[float, float] | None = None) -> TokenTimes:
     """Per-token learning times of a fitted run, from what its events did inside its observed
     range, or inside ``x_range`` (log10 axis values, within the observed range: an InputError
-    past it) when given: two runs observed over different ranges are compared over the range
-    both observed (:func:`compare_runs`)."""
+    past it) when given. :func:`compare_runs` reads two runs observed over different ranges
+    over the range both observed, and censors the tokens whose drop it cuts in one run only
+    (module docstring)."""
     from .store import as_store
 
     st = as_store(store, mode="r")
@@ -203,7 +225,9 @@ def _common_range(fa: _Fitted, fb: _Fitted, ra, rb) -> tuple[float, float]:
     """The range both runs observed (log10 axis values), checked, with their shared probe.
 
     Over the range both observed: a token learned past the end of one run's range shows there
-    only the start of its drop, whose seen centre lies early, and seemed learned earlier."""
+    only the start of its drop, whose seen centre lies early, and seemed learned earlier; and an
+    event fitted where only one run observed (a noise event of its two-sigmoid fit) moves its
+    time alone. A drop that range cuts in one run and not in the other is censored."""
     common = (max(fa.x_range[0], fb.x_range[0]), min(fa.x_range[1], fb.x_range[1]))
     if not common[1] > common[0]:
         raise InputError(f"runs {ra.name!r} and {rb.name!r} observed no common range of the {ra.axis} axis (log10 "
@@ -256,8 +280,9 @@ def _summary(shift: np.ndarray, drop: np.ndarray, tol: float) -> dict:
 def compare_runs(store, run_a: str, run_b: str, *, tolerance: float = 0.05) -> dict:
     """The learning-time shift of ``run_b`` against ``run_a`` (module docstring).
 
-    Raises :class:`InputError` when the runs are the same, lie on different axes or share no
-    token with an event, or when ``tolerance`` is not a finite number >= 0.
+    Raises :class:`InputError` when the runs are the same, lie on different axes, observed no
+    common range or share no token with an event seen whole in both, or when ``tolerance`` is
+    not a finite number >= 0.
     """
     from .store import as_store
 
@@ -273,19 +298,29 @@ def compare_runs(store, run_a: str, run_b: str, *, tolerance: float = 0.05) -> d
     with ra.fit.unchanged(), rb.fit.unchanged():  # each run's record, then its fields a slice at a time: of one fit
         fa, fb = _open_fit(ra), _open_fit(rb)  # the checks, then the range each observed
         common = _common_range(fa, fb, ra, rb)
-        a, b = _run_times(fa, common), _run_times(fb, common)
-    both = np.isfinite(a.mu) & np.isfinite(b.mu)
+        a, b = _run_times(fa, common, whole_of=fa.x_range), _run_times(fb, common, whole_of=fb.x_range)
+    learned = np.isfinite(a.mu) & np.isfinite(b.mu)
+    # seen whole (nearly) in both: a drop the common range cuts in one run, where that run saw it
+    # past the range's edge, and not in the other has a seen centre inside the edge in one run
+    # only, and a shift the edge made
+    cut = {run_a: learned & (a.whole < WHOLE_SHARE), run_b: learned & (b.whole < WHOLE_SHARE)}
+    censored = cut[run_a] | cut[run_b]
+    both = learned & ~censored
     if not both.any():
-        raise InputError(f"no probe token has a positive learning event in both {run_a!r} and {run_b!r}")
+        whole = f" seen whole over the range both observed ({int(censored.sum())} cut by its edge in one run)"
+        raise InputError(f"no probe token has a positive learning event in both {run_a!r} and {run_b!r}{whole if censored.any() else ''}")
     shift, drop = (b.mu - a.mu)[both], a.drop[both]
     # learned in one run only: not in the shifts (a token a curriculum pushed past the end of
-    # its run, or learned only there), so counted apart
-    learned = {run_a: int(np.isfinite(a.mu).sum()), run_b: int(np.isfinite(b.mu).sum())}
+    # its run, or learned only there), so counted apart; and the censored ones
+    n_learned = {run_a: int(np.isfinite(a.mu).sum()), run_b: int(np.isfinite(b.mu).sum())}
+    total = a.drop[learned].sum()
+    cens = {"n_tokens": int(censored.sum()), "drop_share": float(a.drop[censored].sum() / total) if total > 0 else float("nan"),
+            "cut_in": {k: int(v.sum()) for k, v in cut.items()}, "whole_share": WHOLE_SHARE}
     del b
     domains = _domain_index(st.probe)
     out = {"run_a": run_a, "run_b": run_b, "axis": ra.axis, "tolerance": float(tolerance), "n_probe_tokens": int(a.mu.size),
            "x_range": list(common), "x_ranges": {run_a: list(fa.x_range), run_b: list(fb.x_range)},
-           "has_domains": domains is not None, "n_learned": learned,
+           "has_domains": domains is not None, "n_learned": n_learned, "censored": cens,
            "overall": _summary(shift, drop, tolerance), "by_class": {}, "by_domain": {},
            "histogram": dict(zip(("counts", "edges"), (lambda h: (h[0].tolist(), h[1].tolist()))(np.histogram(shift, bins=40))))}  # fmt: skip
     # by run A's class of each token, and by domain: groups of codes (a label a token would be

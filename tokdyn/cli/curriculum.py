@@ -257,7 +257,8 @@ def run_compare(args: argparse.Namespace) -> int:
         print_json(res)
         return 0
     print(f"learning-time shift of {res['run_b']!r} against {res['run_a']!r} (decades; < 0: learned earlier), "
-          f"{res['overall']['n_tokens']} of {res['n_probe_tokens']} tokens with an event in both")  # fmt: skip
+          f"{res['overall']['n_tokens']} of {res['n_probe_tokens']} tokens with an event in both"
+          f"{' seen whole over the range both observed' if res['censored']['n_tokens'] else ''}")  # fmt: skip
     n_a, n_b = (res["n_learned"][r] for r in (res["run_a"], res["run_b"]))
     print(f"  learned (a step in the loss, falling inside the range) in {res['run_a']!r}: {n_a}, in {res['run_b']!r}: "
           f"{n_b}; a token learned in one run only has no shift")  # fmt: skip
@@ -266,6 +267,12 @@ def run_compare(args: argparse.Namespace) -> int:
         lo, hi = res["x_range"]
         print(f"  over the {res['axis']} range both runs observed, log10 {lo:.3g}..{hi:.3g} "
               f"({', '.join(f'{k!r} observed {v[0]:.3g}..{v[1]:.3g}' for k, v in ranges.items())})")  # fmt: skip
+    cens = res["censored"]
+    if cens["n_tokens"]:
+        cut = cens["cut_in"]
+        print(f"  censored (not in the shifts): {cens['n_tokens']} tokens learned in both, {cens['drop_share']:.1%} of the "
+              f"drop in {res['run_a']!r}, whose drop that range cuts in one run, which saw it past the range's edge "
+              f"(in {res['run_a']!r}: {cut[res['run_a']]}, in {res['run_b']!r}: {cut[res['run_b']]})")  # fmt: skip
     print(f"  {'group':<24} {'tokens':>7} {'median':>8} {'q25':>8} {'q75':>8} {'earlier':>8} {'drop moved earlier':>19} {'later':>7}")
     rows = [("all", res["overall"])] + [(f"class {k}", v) for k, v in res["by_class"].items()] + \
            [(f"domain {k}", v) for k, v in zip(labels(res["by_domain"]), res["by_domain"].values())]  # fmt: skip
