@@ -225,3 +225,27 @@ def test_lightning_fit_from_an_earlier_ckpt_path_with_clipping_keeps_the_rows_an
     run = read_run(store, "r")
     assert run.steps.tolist() == list(range(13))
     np.testing.assert_array_equal(run.losses(), first)
+
+
+# -- a distributed launch's environment -----------------------------------------------------
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_launchers_world_without_a_process_group_is_refused_before_the_store(tmp_path, probe4, monkeypatch, rank):
+    """``WORLD_SIZE=2`` (torchrun, accelerate launch) with a recorder built before
+    ``init_process_group``: each process took itself for the only writer, rank 0 wrote the whole
+    run and rank 1 failed on its lock, said to be another job's. Now one line, before any store is
+    made; ``rank=``/``world_size=`` given still record from this process alone."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    store = str(tmp_path / "s.zarr")
+    with pytest.raises(tokdyn.errors.InputError, match=r"WORLD_SIZE=2, RANK=%s.*not initialised.*init_process_group" % rank):
+        TokenLossRecorder(_tiny(), probe4, store, "r", schedule=[0])
+    assert not (tmp_path / "s.zarr").exists()
+    with TokenLossRecorder(_tiny(), probe4, store, "r", schedule=[0], rank=0, world_size=1) as rec:
+        rec.maybe_record(0)
+    assert read_run(store, "r").steps.tolist() == [0]
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with TokenLossRecorder(_tiny(), probe4, store, "r", schedule=[0, 1], resume=True) as rec:
+        rec.maybe_record(1)
+    assert read_run(store, "r").steps.tolist() == [0, 1]

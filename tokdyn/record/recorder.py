@@ -924,9 +924,21 @@ def model_attrs(model: torch.nn.Module) -> dict:
 
 
 def _dist_position(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)``: as given, else torch.distributed's. A launcher's environment that
+    says several processes (torchrun's, accelerate's ``WORLD_SIZE``) without a process group is
+    refused: every rank would write the whole run as rank 0, and all but one fail on the run's
+    writer lock (another job's, it said) or find the run made by another."""
     dist = torch.distributed
     if rank is None and world_size is None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
+    said = os.environ.get("WORLD_SIZE", "").strip()
+    if rank is None and world_size is None and said.isdigit() and int(said) > 1:
+        raise InputError(
+            f"the environment says this is one of {int(said)} processes (WORLD_SIZE={said}, RANK="
+            f"{os.environ.get('RANK', '?')}) but torch.distributed is not initialised: build the recorder after "
+            "init_process_group (with the Hugging Face Trainer, after TrainingArguments(...); with Lightning, pass a "
+            "factory), or pass rank= and world_size= (rank=0, world_size=1 records from this process alone)"
+        )
     rank = 0 if rank is None else int(rank)
     world_size = 1 if world_size is None else int(world_size)
     if not 0 <= rank < world_size:
