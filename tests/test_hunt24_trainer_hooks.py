@@ -249,3 +249,31 @@ def test_a_launchers_world_without_a_process_group_is_refused_before_the_store(t
     with TokenLossRecorder(_tiny(), probe4, store, "r", schedule=[0, 1], resume=True) as rec:
         rec.maybe_record(1)
     assert read_run(store, "r").steps.tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_hf_the_same_trainer_resumed_from_an_earlier_checkpoint_in_the_process_is_compared_too(tmp_path, probe4, changed):
+    """The same ``Trainer`` and callback (``close=False``) trained to step 12, then
+    ``trainer.train(resume_from_checkpoint=".../checkpoint-4")`` in the same process, clipping
+    added or not: the callback handed the replayed steps to no one (each at or before the last one
+    it had seen), so even the check of a new recorder could not run. Now the same comparison."""
+    tf = _hf()
+    from tokdyn.record.hf import TokdynTrainerCallback
+
+    store, out = str(tmp_path / "s.zarr"), tmp_path / "out"
+    model = _gpt2(tf)
+    rec = TokenLossRecorder(model, probe4, store, "r", schedule=range(13))
+    trainer = _hf_trainer(tf, out, model, [TokdynTrainerCallback(rec, close=False)])
+    trainer.train()
+    first = read_run(store, "r").losses()
+    if changed:
+        trainer.args.max_grad_norm = 0.05
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    rec.close()
+    said = replay_warnings(caught)
+    assert (len(said) == 1 and "at step 12" in said[0]) if changed else said == [], said
+    run = read_run(store, "r")
+    assert run.steps.tolist() == list(range(13))
+    np.testing.assert_array_equal(run.losses(), first)

@@ -610,6 +610,7 @@ class TokenLossRecorder:
         self.check_trains(_tensors_of(optimizer), "the optimizer given to attach()")
         state = {"step": int(start_step)}
         self._warn_skipped(int(start_step))
+        self._begins_at(int(start_step))
         self._followed = True
 
         def seen(step: int) -> int | None:
@@ -636,6 +637,14 @@ class TokenLossRecorder:
         finally:
             handle.remove()
         self.flush()
+
+    def _begins_at(self, start_step: int) -> None:
+        """A training begins at ``start_step`` after this recorder recorded later steps (a restart,
+        in this process, from an earlier checkpoint): commit those rows, and compare the training
+        with the last of them when it gets there again, as for a run resumed by a new recorder."""
+        if self._last_queued is not None and start_step < self._last_queued and self._replayed is None:
+            self.flush()
+            self._replayed = self._last_stored_row()
 
     def _last_stored_row(self) -> tuple[int, int] | None:
         """The last committed row of a resumed run whose step this recorder's schedule holds:
