@@ -81,6 +81,9 @@ class RecorderBinding:
         if model is not None:  # the model the framework trains: the recorder must watch it
             self.recorder.check_trains(list(model.parameters()), "the trainer")
         self.recorder._warn_skipped(step)  # a resumed training after rows that were never committed
+        self.recorder._begins_at(step)  # a restart from an earlier checkpoint than the last row: compared there
+        if self._last_step is not None and step < self._last_step:
+            self._last_step = None  # its steps up to the last row reach the recorder, which skips (and checks) them
         self.recorder._followed = True
         self.snapshot_lr(optimizer if step == 0 else None)
         return self.recorder

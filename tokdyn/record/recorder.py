@@ -451,6 +451,7 @@ class TokenLossRecorder:
         self._followed = False  # a training was followed (attach() or a framework callback began)
         self._pending: collections.deque[int] = collections.deque()  # steps handed to the writer, not yet seen committed
         self._rows_queued = self._writer.rows
+        self._replayed = self._last_stored_row()  # (step, row) a resumed training is compared at, if it gets there
         self.n_recorded = 0
         self.record_seconds = 0.0  # training-thread time spent inside record()
         self.forward_seconds = 0.0  # of which in the probe forwards (token_losses)
@@ -507,9 +508,12 @@ class TokenLossRecorder:
         return step in self._scheduled and (self._last_queued is None or step > self._last_queued)
 
     def maybe_record(self, step: int, *, tokens_seen: int | None = None, lr: float | None = None) -> bool:
-        """Record if ``step`` is scheduled (and not yet stored); returns whether it did."""
+        """Record if ``step`` is scheduled (and not yet stored); returns whether it did. A resumed
+        run's last stored scheduled step is evaluated once when it is reached again, and a
+        warning says when its losses are not the stored row's (:meth:`_check_replayed`)."""
         self._check_error()
         if not self.should_record(step):
+            self._check_replayed(step)
             return False
         self.record(step, tokens_seen=tokens_seen, lr=lr)
         return True
@@ -606,6 +610,7 @@ class TokenLossRecorder:
         self.check_trains(_tensors_of(optimizer), "the optimizer given to attach()")
         state = {"step": int(start_step)}
         self._warn_skipped(int(start_step))
+        self._begins_at(int(start_step))
         self._followed = True
 
         def seen(step: int) -> int | None:
@@ -619,6 +624,7 @@ class TokenLossRecorder:
                 self.record(s, tokens_seen=seen(s), lr=float(opt.param_groups[0]["lr"]))
             else:
                 self._check_error()
+                self._check_replayed(s)
                 self.hook_seconds += time.perf_counter() - t0
 
         # Only before the first update is the optimizer's rate the one of the row's update; after a
@@ -631,6 +637,56 @@ class TokenLossRecorder:
         finally:
             handle.remove()
         self.flush()
+
+    def _begins_at(self, start_step: int) -> None:
+        """A training begins at ``start_step`` after this recorder recorded later steps (a restart,
+        in this process, from an earlier checkpoint): commit those rows, and compare the training
+        with the last of them when it gets there again, as for a run resumed by a new recorder."""
+        if self._last_queued is not None and start_step < self._last_queued and self._replayed is None:
+            self.flush()
+            self._replayed = self._last_stored_row()
+
+    def _last_stored_row(self) -> tuple[int, int] | None:
+        """The last committed row of a resumed run whose step this recorder's schedule holds:
+        ``(step, row)``, or None (a new run, or no stored step scheduled)."""
+        if self._writer.last_step is None:
+            return None
+        steps = self._writer.run.steps
+        rows = np.flatnonzero(np.isin(steps, self.schedule))
+        return (int(steps[rows[-1]]), int(rows[-1])) if rows.size else None
+
+    def _check_replayed(self, step: int) -> None:
+        """A resumed training that reaches the last stored scheduled step again (a restart from a
+        training checkpoint saved before it) must be the training that recorded it: its row is
+        kept, and the rows after it are this training's. Once, there, the probe is evaluated and
+        compared with the stored row; a training restarted from an earlier checkpoint after a
+        change (a lower rate after a divergence, other data, another seed) gives other losses,
+        and the run would silently join two trainings: a warning says so, with the difference."""
+        if self._replayed is None or int(step) != self._replayed[0]:
+            return
+        step, row = self._replayed
+        self._replayed = None
+        run, a, b = self._writer.run, self._writer.token_start, self._writer.token_stop
+        stored = run.losses(tokens=slice(a, b), rows=slice(row, row + 1))[0].astype(np.float32)
+        now = token_losses(self.model, self._tokens, batch_size=self.batch_size, forward=self.forward,
+                           max_target=self._max_target).cpu().numpy().astype(run.dtype).astype(np.float32)  # fmt: skip
+        with np.errstate(invalid="ignore"):
+            delta = np.abs(now - stored)
+        nan_apart = np.isnan(now) != np.isnan(stored)
+        if not nan_apart.any() and not (np.nan_to_num(delta) > REPLAY_TOLERANCE).any():
+            return
+        finite = np.isfinite(delta)
+        said = (f"by up to {float(delta[finite].max()):.3g} nats (mean {float(delta[finite].mean()):.3g})" if finite.any() else "")
+        said += f"{', and ' if said else ''}{int(nan_apart.sum())} token(s) finite in one and not the other" if nan_apart.any() else ""
+        warnings.warn(
+            f"run {self.run_name!r}: this training is not the one that recorded it: at step {step}, the run's last stored "
+            f"step it has reached again, its probe losses differ from the stored row's {said}. It restarted from a "
+            f"training checkpoint before step {step} and trains otherwise (a changed rate after a divergence, other data "
+            f"or seed?): the run keeps the earlier training's rows up to step {step} and gets this one's after it. Record "
+            "a changed training into a new run (another run name), from its restart step",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def _warn_skipped(self, start_step: int) -> None:
         """A resumed loop that starts after scheduled steps that were never committed will never
@@ -813,6 +869,12 @@ class TokenLossRecorder:
             ) from exc
 
 
+# Nats by which a token's loss may differ from its stored row's when a resumed training reaches a
+# stored step again: a replay of the same training (the same weights) gives the same losses, up
+# to the kernels' non-determinism on a GPU; a training changed since gives others.
+REPLAY_TOLERANCE = 1e-3
+
+
 def _steps_text(steps: Sequence[int]) -> str:
     """``step 40`` / ``steps [40, 50, 60]`` / ``steps 40..900 (12 rows)``."""
     if len(steps) == 1:
@@ -871,9 +933,21 @@ def model_attrs(model: torch.nn.Module) -> dict:
 
 
 def _dist_position(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)``: as given, else torch.distributed's. A launcher's environment that
+    says several processes (torchrun's, accelerate's ``WORLD_SIZE``) without a process group is
+    refused: every rank would write the whole run as rank 0, and all but one fail on the run's
+    writer lock (another job's, it said) or find the run made by another."""
     dist = torch.distributed
     if rank is None and world_size is None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
+    said = os.environ.get("WORLD_SIZE", "").strip()
+    if rank is None and world_size is None and said.isdigit() and int(said) > 1:
+        raise InputError(
+            f"the environment says this is one of {int(said)} processes (WORLD_SIZE={said}, RANK="
+            f"{os.environ.get('RANK', '?')}) but torch.distributed is not initialised: build the recorder after "
+            "init_process_group (with the Hugging Face Trainer, after TrainingArguments(...); with Lightning, pass a "
+            "factory), or pass rank= and world_size= (rank=0, world_size=1 records from this process alone)"
+        )
     rank = 0 if rank is None else int(rank)
     world_size = 1 if world_size is None else int(world_size)
     if not 0 <= rank < world_size:
