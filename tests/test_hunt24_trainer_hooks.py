@@ -277,3 +277,25 @@ def test_hf_the_same_trainer_resumed_from_an_earlier_checkpoint_in_the_process_i
     run = read_run(store, "r")
     assert run.steps.tolist() == list(range(13))
     np.testing.assert_array_equal(run.losses(), first)
+
+
+def test_tokdyns_own_one_process_trainings_record_under_a_launchers_world_size(tmp_path, monkeypatch):
+    """tokdyn's own loops (``record_tiny_run``: the demo's and the pilot's training; the
+    mixture pilot; the A/B arms) train in one process: a ``WORLD_SIZE=2`` left in the
+    environment (a job script's, a notebook started under a launcher) must not refuse them as
+    it refuses a user's recorder built before its process group."""
+    from tokdyn.data import Corpus
+    from tokdyn.tokenizer import ByteTokenizer
+    from tokdyn.train import TrainConfig, record_tiny_run
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    rng = np.random.default_rng(0)
+    probe = tokdyn.ProbeSet.from_tokens(rng.integers(0, 256, size=(2, 17)), tokenizer={"kind": "byte"})
+    corpus = Corpus(rng.integers(0, 256, size=4000).astype(np.int32), probe, ByteTokenizer(), 1, 1)
+    cfg = tokdyn.model.GPTConfig(vocab_size=257, context=16, n_layer=1, n_head=2, n_embd=16)
+    record_tiny_run(str(tmp_path / "s.zarr"), corpus=corpus, model_config=cfg, progress=False, n_points=4,
+                    train_config=TrainConfig(steps=8, batch_size=2))
+    run = read_run(str(tmp_path / "s.zarr"), "tiny")
+    assert run.n_committed >= 4 and run.steps[-1] == 8
+    assert np.isfinite(run.losses()[-1]).all()

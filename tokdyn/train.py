@@ -147,7 +147,7 @@ def record_tiny_run(
                              seed=train_config.seed, device=device)  # fmt: skip
     bar = _progress(train_config.steps, progress)
     with TokenLossRecorder(model, corpus.probe, store, run, schedule=schedule, dtype=dtype, device=device,
-                           resume=resume, run_attrs=attrs) as rec:  # fmt: skip
+                           resume=resume, run_attrs=attrs, rank=0, world_size=1) as rec:  # fmt: skip (one process trains: a launcher's WORLD_SIZE is not ours)
         stats = train(model, batches, train_config, recorder=rec, on_step=lambda s, l: bar(s, l))
     bar(None, None)
     return {**stats, "rows_recorded": rec.n_recorded, "record_seconds": rec.record_seconds,

@@ -316,7 +316,7 @@ def _run_job(job: tuple[int, str, float], record: dict | None = None) -> dict:
         from ..schedule import geometric_schedule
 
         rec = stack.enter_context(TokenLossRecorder(model, record["probe"], record["store"], record["run"], device=dev,
-                                                    schedule=geometric_schedule(steps, record["n_points"])))  # fmt: skip
+                                                    schedule=geometric_schedule(steps, record["n_points"]), rank=0, world_size=1))  # fmt: skip (one process trains)
         stack.enter_context(rec.attach(opt))
     with stack:
         kept = _loop(model, opt, sched, sampler, spec, ds, val, cfg, tc, eval_at, dev, digest, curve)

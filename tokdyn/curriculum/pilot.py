@@ -245,7 +245,7 @@ def run_mixture_pilot(
     attrs = {"model_config": model_config.to_dict(), "seed": train_config.seed,
              "tokens_per_step": train_config.batch_size * model_config.context}  # fmt: skip
     with TokenLossRecorder(model, probe, os.fspath(store), run, schedule=geometric_schedule(train_config.steps, n_points),
-                           device=device, run_attrs=attrs) as rec:  # fmt: skip
+                           device=device, run_attrs=attrs, rank=0, world_size=1) as rec:  # fmt: skip (one process trains)
         stats = train(model, batches, train_config, recorder=rec)
     from ..store import open_store
 
