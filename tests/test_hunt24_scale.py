@@ -135,3 +135,58 @@ def _as_mask(m, n: int) -> np.ndarray:
     out = np.zeros(n, bool)
     out[m] = True
     return out
+
+
+# -- the fit's block: all rows of a loss chunk, held once --------------------------------------
+
+
+class _Read(Exception):
+    """Raised by the stub fit: the block has been read."""
+
+
+def test_a_fit_block_holds_its_rows_once(tmp_path, monkeypatch):
+    """A fit block is every row of a loss chunk (262,144 tokens): at 5,000 checkpoints 5.2 GB of
+    float32. Its rows were then gathered by index (``Y[rows - first]``; the rows a fit takes
+    are always one run of rows, the ones past step 0 and axis_min), a second whole copy made
+    beside the first: 10.5 GB a worker. Over the bare read of the block (tracemalloc), the
+    fit's own read now adds its result fields only (272 bytes a token, under a tenth of the
+    block's 600 rows of float32 here); it added a whole block more before."""
+    import tracemalloc
+
+    import tokdyn.fit.job as job
+    from tokdyn.fit.options import FitOptions
+    from tokdyn.probe import ProbeSet
+    from tokdyn.store import open_store
+
+    k, n = 600, 4096
+    probe = ProbeSet.from_tokens(np.random.default_rng(0).integers(0, 50, (n // 64, 65)))
+    st = open_store(str(tmp_path / "s.zarr"), probe, mode="w")
+    st.create_run("r", axis="T", capacity=k)
+    w = st.run("r").writer()
+    w.append_rows(np.random.default_rng(1).uniform(1, 5, (k, n)).astype(np.float32), [{"step": s} for s in range(k)])
+    w.release()
+    r = st.run("r")
+    rows, x = job.fit_inputs(r)
+    assert rows.tolist() == list(range(1, k)) and r.token_chunk == n  # step 0 left out: one run of rows; one block
+
+    def peak(f) -> int:
+        tracemalloc.start()
+        try:
+            f()
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    def read_only(x, Y, **_):
+        raise _Read(tracemalloc.get_traced_memory()[1])
+
+    monkeypatch.setattr(job, "fit_block", read_only)
+    bare = peak(lambda: r.losses(tokens=slice(0, n), rows=slice(1, k)))
+    tracemalloc.start()
+    try:
+        with pytest.raises(_Read) as got:
+            job._fit_one_block(0, url=st.url, storage_options=None, run="r", rows=rows, x=x, options=FitOptions(), backend="numpy",
+                               device=None, block=n, n=n, batch_rows=1024, fit_id="x", store=st)  # fmt: skip
+    finally:
+        tracemalloc.stop()
+    assert got.value.args[0] - bare < 0.5 * (k - 1) * n * 4
