@@ -190,3 +190,36 @@ def test_a_fit_block_holds_its_rows_once(tmp_path, monkeypatch):
     finally:
         tracemalloc.stop()
     assert got.value.args[0] - bare < 0.5 * (k - 1) * n * 4
+
+
+# -- a selection's checks read the commit records once ------------------------------------------
+
+
+def test_losses_at_reads_the_commit_records_once_a_call(monkeypatch):
+    """``losses_at`` (the report's trajectories and viewer) reads whole chunks, 32 rows at a
+    time, and checked each against the commit record read again each time: the record holds
+    every row's checksums (4.6 MB of JSON at 5,000 rows of a 20M-token probe), so 18 tokens in
+    18 chunks read it K/32 x 18 times: rows x rows x chunks (500, 1,000, 2,000 rows of 77
+    chunks: 6.5, 17.3, 43 s; now 6.9 s and 10.2 s at 1,000 and 2,000). Once a call now, NaN
+    counts too; the values are those of ``losses()``."""
+    from tokdyn.probe import ProbeSet
+    from tokdyn.store import open_store
+    from tokdyn.store.run import Run
+
+    k, c, chunks = 70, 8, 6
+    probe = ProbeSet.from_tokens(np.random.default_rng(0).integers(0, 50, (chunks, c + 1)))
+    st = open_store("memory://hunt24-losses-at", probe, mode="w")
+    st.create_run("r", axis="T", capacity=k, token_chunk=c)
+    y = np.random.default_rng(1).uniform(1, 5, (k, c * chunks)).astype(np.float32)
+    y[:, 3] = np.nan  # a token never finite: every block has NaN to count
+    w = st.run("r").writer()
+    w.append_rows(y, [{"step": s + 1} for s in range(k)], warn_nonfinite=False)
+    w.release()
+    r = st.run("r")
+    reads = []
+    real = Run._commit
+    monkeypatch.setattr(Run, "_commit", lambda self, j: reads.append(j) or real(self, j))
+    rows, tokens = np.arange(k)[::-1], np.array([3, 9, 20, 47, 30, 9])
+    got = r.losses_at(rows, tokens)
+    assert len(reads) <= 3  # the row count, the checksums, the non-finite counts (19 before: 3 row groups x 5 chunks, 3 x NaN, 1)
+    np.testing.assert_array_equal(got, r.losses()[np.ix_(rows, tokens)])
