@@ -37,7 +37,7 @@ import numpy as np
 from ._checks import is_real
 from ._text import shown
 from .errors import InputError
-from .spectrum import EVENT_FIELDS
+from .spectrum import EVENT_FIELDS, group_members
 
 __all__ = ["TokenTimes", "token_times", "compare_runs"]
 
@@ -256,14 +256,14 @@ def _domain_index(probe) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def _groups(names: np.ndarray, index: np.ndarray) -> list[tuple[str, np.ndarray]]:
-    """The labels ``names[index]`` takes, sorted, each with a mask of where it is taken: the
-    groups of ``sorted(set(names[index].tolist()))``, without making the labels token by token
-    (two codes of one name, such as two unknown classes, are one group)."""
-    present = np.unique(index)
-    by_name: dict[str, list[int]] = {}
-    for code, name in zip(present.tolist(), names[present].tolist()):
-        by_name.setdefault(name, []).append(code)
-    return [(name, np.isin(index, by_name[name])) for name in sorted(by_name)]
+    """The labels ``names[index]`` takes, sorted, each with the positions where it is taken
+    (ascending): the groups of ``sorted(set(names[index].tolist()))``, without making the labels
+    token by token (two codes of one name, such as two unknown classes, are one group), and by
+    one sort, not a pass over every token a name (tokens x domains)."""
+    present, code_at = np.unique(index, return_inverse=True)
+    labels, label_of = np.unique(names[present], return_inverse=True)  # sorted as sorted() sorts str
+    found, members = group_members(label_of.reshape(-1)[code_at.reshape(-1)])
+    return [(str(labels[k]), m) for k, m in zip(found.tolist(), members)]
 
 
 def _summary(shift: np.ndarray, drop: np.ndarray, tol: float) -> dict:

@@ -425,8 +425,10 @@ def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backe
     st = store if store is not None else as_store(url, mode="r+", storage_options=storage_options or None)
     r = st.run(run)
     a, e = b * block, min(n, (b + 1) * block)
-    first = int(rows.min())  # a fit window (axis_min) leaves the early rows unread
-    Y = r.losses(tokens=slice(a, e), rows=slice(first, int(rows.max()) + 1))[rows - first]  # [K, B] in the stored dtype; damage is a StoreError
+    first, last = int(rows.min()), int(rows.max()) + 1  # a fit window (axis_min) leaves the early rows unread
+    Y = r.losses(tokens=slice(a, e), rows=slice(first, last))  # [K, B] in the stored dtype; damage is a StoreError
+    if rows.size != last - first:  # (the rows a fit takes are one run, those past step 0 and axis_min: no gathered copy
+        Y = Y[rows - first]  # of a block that is K x token_chunk, 5 GB of float32 at 5,000 rows)
     out = {name: np.empty(e - a, dtype=dt) for name, dt in FIT_FIELDS.items()}
     for s in range(0, e - a, batch_rows):
         if stop is not None and stop.is_set():
