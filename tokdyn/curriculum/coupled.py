@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .._checks import as_values
 from ..errors import InputError
 from .sampler import StepSampler
 
@@ -136,9 +137,9 @@ class CoupledSampler(StepSampler):
 def _floats(values, what: str) -> np.ndarray:
     """``values`` as a float64 array, or :class:`InputError` naming ``what`` (strings, ragged lists)."""
     try:
-        return np.asarray(values, np.float64)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"{what} must be numbers, got {type(values).__name__} ({exc})") from None
+        return as_values(what, values)  # a new float64 array: a masked value, a bool or text is refused
+    except InputError as err:
+        raise InputError(f"{what} must be numbers, got {str(err).partition(', got ')[2]}") from None
 
 
 def _described(ids: np.ndarray) -> str:
