@@ -208,3 +208,50 @@ def test_a_writer_stores_any_layouts_values_and_refuses_masked_losses(tmp_path):
         want = losses if name != "bfloat16" else torch.tensor(losses).bfloat16().float().numpy()
         np.testing.assert_array_equal(st_.run("r").losses()[-1], want.astype(np.float32), err_msg=name)
     assert np.array_equal(losses, np.linspace(0.5, 3.0, n))  # the caller's array as it was
+
+
+@pytest.mark.parametrize("steps, what", [
+    (np.array([[5, 1], [3, 2]]), "1-D"),  # before: a 2-D "schedule", sorted row by row
+    (np.array([1, 2**64 - 1], np.uint64), "past int64"),  # before: step -1, sorted first
+    ([1.0, 1e30], "past int64"),  # before: "must be >= 0, got -9223372036854775808"
+    (np.ma.array([1, 2, 3], mask=[0, 1, 0]), "masked"),
+    (np.array(5), "1-D"),  # before: TypeError: iteration over a 0-d array
+    ([0, 2.5], "no whole number"),
+], ids=["2-d", "uint64 past int64", "1e30", "masked", "0-d", "2.5"])  # fmt: skip
+def test_explicit_schedule_refuses_what_is_no_list_of_steps(steps, what):
+    from tokdyn.schedule import explicit_schedule
+
+    with pytest.raises(InputError, match=f"schedule steps: .*{what}"):
+        explicit_schedule(steps)
+
+
+@pytest.mark.parametrize("steps", [np.array([30, 1, 7], ">i8"), np.array([30.0, 1.0, 7.0], ">f4"), torch.tensor([30, 1, 7]),
+                                   np.array([99, 30, 5, 1, 3, 7])[1::2], (s for s in (30, 1, 7)), np.array([30, 7, 1], np.uint16)])
+def test_explicit_schedule_of_any_layout_is_its_sorted_steps(steps):
+    from tokdyn.schedule import explicit_schedule
+
+    got = explicit_schedule(steps)
+    assert got.dtype == np.int64 and got.tolist() == [1, 7, 30]
+
+
+@pytest.mark.parametrize("last", [float("nan"), float("inf"), 1e30, 2**70, True, "100"])
+def test_a_schedule_bound_that_is_no_step_is_one_input_error(last):
+    """NaN and inf were int()'s ValueError and OverflowError, 1e30 a schedule holding step
+    -2**63, 2**70 numpy's TypeError, True the schedule [0, 1]."""
+    from tokdyn.schedule import geometric_schedule, pythia_schedule
+
+    for make in (lambda: geometric_schedule(last, 5), lambda: pythia_schedule(last)):
+        with pytest.raises(InputError, match="schedule bounds must be integers"):
+            make()
+
+
+@settings(max_examples=60, deadline=None)
+@given(last=st.integers(0, 2**63 - 1), n=st.integers(2, 60), first=st.integers(0, 2**63 - 1))
+def test_a_geometric_schedule_is_distinct_steps_from_first_to_last(last, n, first):
+    """Past 2**53 float64 rounds the end: 2**63 - 1 gave step -2**63, 2**53 + 1 a step 2**53
+    beside it; and last=0 had a step 1 past it."""
+    from tokdyn.schedule import geometric_schedule
+
+    first = min(first, last)
+    got = geometric_schedule(last, n, first=first)
+    assert got[0] == first and got[-1] == last and np.all(np.diff(got) > 0) and got.size <= n + 2

@@ -54,7 +54,7 @@ def check_count(name: str, v, minimum: int = 1) -> int:
 # What as_values makes of an array, by kind: the dtype, the dtype kinds it takes, and what it says it expected
 VALUE_KINDS = {
     "real": (np.float64, "iuf", "real numbers"),
-    "index": (np.int64, "iuf", "integer indices"),  # a whole float too (an npz may hold indices as floats)
+    "index": (np.int64, "iuf", "integers"),  # a whole float too (an npz may hold indices as floats)
     "code": (np.int64, "iu", "an integer array"),  # integers only
     "flag": (np.bool_, "b", "bools"),  # not 0/1 numbers: [0, 2] may be meant as indices
 }
@@ -70,8 +70,8 @@ def as_array(name: str, value, kinds: str, expected: str) -> np.ndarray:
             value = value.float()
     if isinstance(value, np.ma.MaskedArray) and np.ma.getmaskarray(value).any():
         raise InputError(f"{name}: expected {expected}, got a masked array with {int(np.ma.getmaskarray(value).sum())} "
-                         "masked value(s), whose values numpy would take as data: give each as what it is (a missing "
-                         "loss as NaN) or leave it out")  # fmt: skip
+                         "masked value(s), whose values numpy would take as data: give each as what it is (NaN where "
+                         "a value is missing) or leave it out")  # fmt: skip
     try:
         a = np.asarray(value)
     except Exception as err:  # ragged, an object whose conversion fails
