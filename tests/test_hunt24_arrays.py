@@ -255,3 +255,42 @@ def test_a_geometric_schedule_is_distinct_steps_from_first_to_last(last, n, firs
     first = min(first, last)
     got = geometric_schedule(last, n, first=first)
     assert got[0] == first and got[-1] == last and np.all(np.diff(got) > 0) and got.size <= n + 2
+
+
+@pytest.fixture
+def four_rows(tmp_path):
+    """A run of 6 tokens at 4 rows: token t's loss at row i is t + i + 1."""
+    import tokdyn
+
+    n = 6
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.arange(n), "token_pos": np.ones(n, np.int64)})
+    st_ = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="a")
+    w = st_.create_run("r").writer()
+    for s in range(1, 5):
+        w.append(np.arange(n) + float(s), step=s)
+    return st_.run("r")
+
+
+@pytest.mark.parametrize("args, what", [
+    (dict(tokens=np.array([0, 5, 1, 1, 2, 3])), "tokens: expected bools"),  # before: tokens 1..5, not the indices
+    (dict(tokens=np.array([0.2, 0, 0, 0, 0, 1.0])), "tokens: expected bools"),  # before: 0.2 was True
+    (dict(tokens=np.ma.array(np.ones(6, bool), mask=[1, 0, 0, 0, 0, 0])), "tokens: .*masked"),
+    (dict(rows=np.ma.array([0, 3], mask=[0, 1])), "rows: .*masked"),  # before: row 3, masked out, was read
+    (dict(rows=np.array([0.5, 2.7])), "rows: expected row indices"),  # before: dask's IndexError
+    (dict(rows=np.array([9])), "rows: expected indices of the run's 4 rows"),  # before: dask's IndexError
+], ids=["int tokens", "float tokens", "masked tokens", "masked rows", "float rows", "row past the run"])  # fmt: skip
+def test_the_mean_probe_loss_refuses_a_selection_it_would_misread(four_rows, args, what):
+    from tokdyn.reconstruct import mean_probe_loss, measured_mean_loss
+
+    for mean in (mean_probe_loss, measured_mean_loss):
+        with pytest.raises(InputError, match=what):
+            mean(four_rows, **args)
+
+
+def test_the_mean_probe_loss_of_rows_given_any_way_is_their_mean(four_rows):
+    from tokdyn.reconstruct import mean_probe_loss, measured_mean_loss
+
+    want = np.array([1.0, 3.0]) + 2.5  # rows 0 and 2: the mean of t + i + 1 over t = 0..5
+    for rows in (np.array([0, 2], ">i4"), np.array([True, False, True, False]), [0, -2], np.array([0, 0, 2, 2])[::2]):
+        np.testing.assert_array_equal(mean_probe_loss(four_rows, rows), want)
+        np.testing.assert_array_equal(measured_mean_loss(four_rows, rows).loss, want)

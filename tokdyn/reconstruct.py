@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._checks import as_values
+from ._checks import as_array, as_values
 from .errors import InputError
 from .fit.models import SHARE_MIN_NET
 from .spectrum import Events, PowerLaw, Spectrum, learning_time_spectrum, loss_power_law, run_events, spectrum_power_law
@@ -531,7 +531,7 @@ def measured_mean_loss(r, rows: np.ndarray | None = None, *, tokens: np.ndarray 
     """
     arr, sel, n_asked = _selection(r, rows, tokens)
     k = arr.shape[0]
-    idx = np.arange(k) if rows is None else np.asarray(rows).reshape(-1)
+    idx = np.arange(k) if rows is None else _row_indices(rows, r.n_committed)
     p = _parts(arr, sel)
     need = MEASURED_MIN_SHARE * n_asked
     missing = p.observed < need
@@ -601,18 +601,35 @@ def _selection(r, rows, tokens):
     """(the dask array of ``rows`` of run ``r``, chunked over tokens only; the token mask or None; tokens asked for)."""
     arr = r.to_dask()
     if rows is not None:
-        arr = arr[np.asarray(rows)]
+        arr = arr[_row_indices(rows, arr.shape[0])]
     if arr.numblocks[0] != 1:
         arr = arr.rechunk({0: -1})
     n = arr.shape[1]
     if tokens is None:
         return arr, None, n
-    tokens = np.asarray(tokens, bool)
+    tokens = as_values("tokens", tokens, "flag")  # token indices (or 0.2) cast to bools were another selection
     if tokens.shape != (n,):
         raise InputError(f"tokens: expected {n} booleans, got shape {tokens.shape}")
     if not tokens.any():
         raise InputError("tokens: no token selected for the mean probe loss")
     return arr, tokens, int(np.count_nonzero(tokens))
+
+
+def _row_indices(rows, k: int) -> np.ndarray:
+    """``rows`` as int64 indices of a run's ``k`` rows: integers (numpy's rule: -1 is the last)
+    or a boolean mask of ``k``. A float row (2.7), one past the run and a masked array with masked
+    values were dask's IndexError or, masked, rows the caller had masked out; a mask's row names
+    in the notes were its bools."""
+    a = as_array("rows", rows, "biu", "row indices or a boolean mask")
+    if a.ndim != 1:
+        raise InputError(f"rows: expected a 1-D array of row indices or a boolean mask, got shape {a.shape}")
+    if a.dtype.kind == "b":
+        if a.size != k:
+            raise InputError(f"rows: a boolean mask needs one value for each of the {k} rows, got {a.size}")
+        return np.flatnonzero(a)
+    if a.size and (int(a.min()) < -k or int(a.max()) >= k):
+        raise InputError(f"rows: expected indices of the run's {k} rows, got {int(a.min())}..{int(a.max())}")
+    return np.where(a < 0, a + k, a).astype(np.int64)
 
 
 def _count(n: int, what: str) -> str:
