@@ -294,3 +294,21 @@ def test_the_mean_probe_loss_of_rows_given_any_way_is_their_mean(four_rows):
     for rows in (np.array([0, 2], ">i4"), np.array([True, False, True, False]), [0, -2], np.array([0, 0, 2, 2])[::2]):
         np.testing.assert_array_equal(mean_probe_loss(four_rows, rows), want)
         np.testing.assert_array_equal(measured_mean_loss(four_rows, rows).loss, want)
+
+
+def test_fit_sigmoids_of_tensors_with_grad_or_in_bfloat16_fits_their_values():
+    """A tensor of a model's losses with grad was "RuntimeError: Can't call numpy() on Tensor that
+    requires grad", and bfloat16 "unsupported ScalarType"; both are their values now, fitted as
+    the same values in float64 are (bit for bit: the numpy backend is deterministic)."""
+    from tokdyn.fit import fit_sigmoids
+
+    rng = np.random.default_rng(0)
+    x = np.linspace(0.0, 3.0, 16)
+    mu = rng.uniform(0.5, 2.5, 5)
+    Y = 3 - 2 / (1 + np.exp(-(x[None] - mu[:, None]) / 0.2)) + rng.normal(0, 0.05, (5, 16))
+    for tensor, values in ((torch.tensor(Y, requires_grad=True), Y),
+                           (torch.tensor(Y).bfloat16(), torch.tensor(Y).bfloat16().float().numpy())):  # fmt: skip
+        got = fit_sigmoids(torch.tensor(x), tensor, backend="numpy")
+        want = fit_sigmoids(x, values.astype(np.float64), backend="numpy")
+        np.testing.assert_array_equal(got.mu, want.mu)
+        np.testing.assert_array_equal(got.delta, want.delta)

@@ -60,14 +60,22 @@ VALUE_KINDS = {
 }
 
 
+def host_values(value):
+    """A torch tensor as a CPU tensor numpy converts (its values: detached from its graph, off
+    its device, bfloat16 as float32, which holds each value exactly); anything else as it is.
+    ``np.asarray`` refused a tensor with grad (RuntimeError) and bfloat16 (TypeError)."""
+    if type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach"):
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":
+            value = value.float()
+    return value
+
+
 def as_array(name: str, value, kinds: str, expected: str) -> np.ndarray:
     """``np.asarray(value)`` of dtype kind in ``kinds`` (a view where numpy makes one), or one
     :class:`InputError` naming ``name`` and saying ``expected``: a CPU torch tensor (with grad,
     in bfloat16) is its values; a masked array with masked values is refused (:func:`as_values`)."""
-    if type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach"):
-        value = value.detach().cpu()
-        if str(value.dtype) == "torch.bfloat16":  # numpy has no bfloat16: float32 holds each value exactly
-            value = value.float()
+    value = host_values(value)
     if isinstance(value, np.ma.MaskedArray) and np.ma.getmaskarray(value).any():
         raise InputError(f"{name}: expected {expected}, got a masked array with {int(np.ma.getmaskarray(value).sum())} "
                          "masked value(s), whose values numpy would take as data: give each as what it is (NaN where "
