@@ -312,3 +312,13 @@ def test_fit_sigmoids_of_tensors_with_grad_or_in_bfloat16_fits_their_values():
         want = fit_sigmoids(x, values.astype(np.float64), backend="numpy")
         np.testing.assert_array_equal(got.mu, want.mu)
         np.testing.assert_array_equal(got.delta, want.delta)
+
+
+def test_a_runs_readers_refuse_masked_indices(four_rows):
+    """``run.losses_at(rows, tokens)`` read the rows and tokens under a mask (row 3, masked out,
+    was read as asked for)."""
+    with pytest.raises(InputError, match="rows: .*masked"):
+        four_rows.losses_at(np.ma.array([0, 3], mask=[0, 1]), [0])
+    with pytest.raises(InputError, match="tokens: .*masked"):
+        four_rows.losses_at([0], np.ma.array([0, 5], mask=[1, 0]))
+    np.testing.assert_array_equal(four_rows.losses_at(np.array([3, 0], ">i2"), torch.tensor([5, 0])), [[9.0, 4.0], [6.0, 1.0]])
