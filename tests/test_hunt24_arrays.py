@@ -322,3 +322,21 @@ def test_a_runs_readers_refuse_masked_indices(four_rows):
     with pytest.raises(InputError, match="tokens: .*masked"):
         four_rows.losses_at([0], np.ma.array([0, 5], mask=[1, 0]))
     np.testing.assert_array_equal(four_rows.losses_at(np.array([3, 0], ">i2"), torch.tensor([5, 0])), [[9.0, 4.0], [6.0, 1.0]])
+
+
+def test_groups_domain_ids_and_a_loss_curve_with_masked_values_are_refused():
+    """units_by_group took a masked or a 0.5 group code as a group; domain_probabilities drew a
+    masked-out sample at its domain's rate; loss_power_law fitted the losses under a mask."""
+    from tokdyn.curriculum import domain_probabilities
+    from tokdyn.spectrum import loss_power_law, units_by_group
+
+    ev = Events(np.arange(6), np.linspace(0.5, 2.5, 6), np.full(6, 0.1), np.ones(6), 6, (0.0, 3.0))
+    for group in (np.ma.array([0, 0, 0, 1, 1, 1], mask=[0, 0, 0, 0, 0, 1]), np.array([0, 0, 0.5, 1, 1, 1])):
+        with pytest.raises(InputError, match="group: expected an integer array"):
+            units_by_group(ev, np.arange(6), group)
+    with pytest.raises(InputError, match="domain ids must be one integer per sample.*masked"):
+        domain_probabilities(np.ma.array([0, 1, 1], mask=[0, 0, 1]), [0.5, 0.5])
+    np.testing.assert_array_equal(domain_probabilities(np.array([0, 1, 1], ">i4"), [0.5, 0.5]), [0.5, 0.25, 0.25])
+    x = np.linspace(0.0, 3.0, 20)
+    with pytest.raises(InputError, match="loss: .*7 masked"):
+        loss_power_law(x, np.ma.array(3 * 10 ** (-0.3 * x), mask=x > 2))

@@ -403,7 +403,7 @@ def units_by_group(events: Events, sample_id: np.ndarray, group: np.ndarray | No
     its spectrum had no interval, where the same probe without the padding had one over windows."""
     unit, _ = events.units()
     n = events.n_tokens
-    group = np.zeros(n, np.int64) if group is None else np.asarray(group)
+    group = np.zeros(n, np.int64) if group is None else as_values("group", group, "code")  # 0.5, a masked code: no group
     levels = [(unit, events.unit_kind)]
     for kind in _FINER.get(events.unit_kind, ()):
         if kind == "token" and not tokens:
@@ -1023,7 +1023,7 @@ def loss_power_law(x: np.ndarray, loss: np.ndarray) -> PowerLaw:
     """
     from scipy.optimize import curve_fit
 
-    x, loss = np.asarray(x, np.float64), np.asarray(loss, np.float64)
+    x, loss = as_values("x", x), as_values("loss", loss)  # a masked loss is refused: a missing one is NaN
     if x.ndim != 1 or x.shape != loss.shape:
         raise InputError(f"x and loss: expected two 1-D arrays of one length, got {x.shape} and {loss.shape}")
     ok = np.isfinite(x) & np.isfinite(loss)
