@@ -340,3 +340,21 @@ def test_groups_domain_ids_and_a_loss_curve_with_masked_values_are_refused():
     x = np.linspace(0.0, 3.0, 20)
     with pytest.raises(InputError, match="loss: .*7 masked"):
         loss_power_law(x, np.ma.array(3 * 10 ** (-0.3 * x), mask=x > 2))
+
+
+def test_a_learnability_table_refuses_masked_token_ids_and_reads_any_layout():
+    """predict and fit looked up the ids under a mask (a researcher's padding, masked out) as
+    contexts; big-endian, Fortran-order and tensor ids are their values."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 8, (20, 5))
+    targets = {"delta": rng.uniform(0, 1, 80), "mu": rng.uniform(0, 2, 80), "weight": np.ones(80)}
+    table = LearnabilityTable.fit(tokens, targets, vocab_size=8)
+    masked = np.ma.array(tokens[:3], mask=np.eye(3, 5, dtype=bool))
+    with pytest.raises(InputError, match="tokens: .*3 masked"):
+        table.predict(masked)
+    with pytest.raises(InputError, match="pilot tokens: .*masked"):
+        LearnabilityTable.fit(np.ma.array(tokens, mask=tokens == 3), targets, vocab_size=8)
+    ref = table.predict(tokens[:3])
+    for ids in (tokens[:3].astype(">i2"), np.asfortranarray(tokens[:3]), torch.tensor(tokens[:3])):
+        got = table.predict(ids)
+        assert all(np.array_equal(got[k], ref[k]) for k in ref)

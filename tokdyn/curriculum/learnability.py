@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._checks import as_values, check_count, is_int as _is_int, is_real as _is_real
+from .._checks import as_array, as_values, check_count, is_int as _is_int, is_real as _is_real
 from .._version import __version__
 from ..errors import InputError, StoreError, UnsafeFileError
 from ..store.schema import jsonable, utc_now  # numpy scalars and arrays as JSON, one InputError otherwise
@@ -342,7 +342,7 @@ class LearnabilityTable:
         """Host-side :meth:`lookup` of windows ``tokens [N, L]`` in batches: numpy ``mu``,
         ``delta`` (float32) and ``level`` (int8), each ``[N, L-1]``."""
         batch = check_count("batch", batch)  # -1 returned the unfilled arrays, 2.5 was range()'s TypeError
-        arr = np.asarray(tokens)
+        arr = as_array("tokens", tokens, "biufc", "token ids")  # (a masked id's value was looked up; floats: below)
         if arr.ndim != 2 or arr.shape[1] < 2:
             raise InputError(f"tokens must have shape [N, L] with L >= 2, got {arr.shape}")
         self.check_tokens(arr)
@@ -643,7 +643,7 @@ def _check_level(k: int, lev: Mapping[str, torch.Tensor], vocab_size: int) -> No
 
 def _pilot_arrays(tokens, targets, *, vocab_size: int, order: int):
     """Flat keys (one int64 array per order) and targets ``[S*C]`` of pilot windows."""
-    t = np.asarray(tokens)
+    t = as_array("pilot tokens", tokens, "biufc", "token ids")  # a masked id's value was a context
     if t.ndim != 2 or t.shape[1] < 2 or t.dtype.kind not in "iu":
         raise InputError(f"pilot tokens must be integer windows [S, C+1], got {t.dtype} {t.shape}")
     v = _check_vocab(vocab_size, order)
