@@ -358,3 +358,19 @@ def test_a_learnability_table_refuses_masked_token_ids_and_reads_any_layout():
     for ids in (tokens[:3].astype(">i2"), np.asfortranarray(tokens[:3]), torch.tensor(tokens[:3])):
         got = table.predict(ids)
         assert all(np.array_equal(got[k], ref[k]) for k in ref)
+
+
+def test_a_probe_refuses_masked_arrays_and_keeps_any_layouts_values():
+    """ProbeSet took a masked per-token array's data (a domain code the researcher had masked out
+    became the token's domain); a tensor or a big-endian array is its values, one fingerprint."""
+    import tokdyn
+
+    n = 6
+    arrays = {"sample_id": np.arange(n), "token_pos": np.ones(n, np.int64)}
+    with pytest.raises(InputError, match="probe array 'token_pos': .*1 masked"):
+        tokdyn.ProbeSet(None, {**arrays, "token_pos": np.ma.array(np.ones(n, np.int64), mask=np.arange(n) == 4)})
+    ref = tokdyn.ProbeSet(None, arrays).fingerprint
+    for sid in (torch.arange(n), np.arange(n, dtype=">i8"), np.repeat(np.arange(n), 2)[::2]):
+        assert tokdyn.ProbeSet(None, {**arrays, "sample_id": sid}).fingerprint == ref
+    with pytest.raises(InputError, match="probe tokens: .*masked"):  # ids under a mask were windows' tokens
+        tokdyn.ProbeSet(np.ma.array(np.ones((2, 4), np.int64), mask=np.eye(2, 4, dtype=bool)), arrays)

@@ -71,8 +71,8 @@ def host_values(value):
     return value
 
 
-def as_array(name: str, value, kinds: str, expected: str) -> np.ndarray:
-    """``np.asarray(value)`` of dtype kind in ``kinds`` (a view where numpy makes one), or one
+def as_array(name: str, value, kinds: str | None, expected: str) -> np.ndarray:
+    """``np.asarray(value)`` of dtype kind in ``kinds`` (None: any; a view where numpy makes one), or one
     :class:`InputError` naming ``name`` and saying ``expected``: a CPU torch tensor (with grad,
     in bfloat16) is its values; a masked array with masked values is refused (:func:`as_values`)."""
     value = host_values(value)
@@ -85,7 +85,7 @@ def as_array(name: str, value, kinds: str, expected: str) -> np.ndarray:
     except Exception as err:  # ragged, an object whose conversion fails
         raise InputError(f"{name}: expected {expected}, got a {type(value).__name__} that numpy cannot convert "
                          f"({f'{type(err).__name__}: {err}'.splitlines()[0][:200]})") from None  # fmt: skip
-    if a.dtype.kind not in kinds:
+    if kinds is not None and a.dtype.kind not in kinds:
         raise InputError(f"{name}: expected {expected}, got dtype {a.dtype}")
     return a
 
