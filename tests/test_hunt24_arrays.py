@@ -374,3 +374,17 @@ def test_a_probe_refuses_masked_arrays_and_keeps_any_layouts_values():
         assert tokdyn.ProbeSet(None, {**arrays, "sample_id": sid}).fingerprint == ref
     with pytest.raises(InputError, match="probe tokens: .*masked"):  # ids under a mask were windows' tokens
         tokdyn.ProbeSet(np.ma.array(np.ones((2, 4), np.int64), mask=np.eye(2, 4, dtype=bool)), arrays)
+
+
+def test_a_sample_schedule_refuses_masked_windows():
+    """SampleSchedule binned the ids under a mask as the samples' tokens."""
+    from test_curriculum import HAND, V, _table
+    from tokdyn.curriculum import CurriculumConfig, SampleSchedule
+
+    windows = np.random.default_rng(2).integers(0, 5, size=(40, 6))
+    tab, cfg = _table(HAND, mu_global=1.0, delta_global=0.5), CurriculumConfig(total_steps=1000, width=0.4)
+    with pytest.raises(InputError, match="windows: .*2 masked"):
+        SampleSchedule(tab, np.ma.array(windows, mask=np.eye(40, 6, dtype=bool) & (np.arange(40) < 2)[:, None]), cfg,
+                       tokenizer=V)  # fmt: skip
+    ref = SampleSchedule(tab, windows, cfg, tokenizer=V).probabilities(30)
+    np.testing.assert_array_equal(SampleSchedule(tab, windows.astype(">i2").T.copy().T, cfg, tokenizer=V).probabilities(30), ref)
