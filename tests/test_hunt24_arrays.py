@@ -388,3 +388,18 @@ def test_a_sample_schedule_refuses_masked_windows():
                        tokenizer=V)  # fmt: skip
     ref = SampleSchedule(tab, windows, cfg, tokenizer=V).probabilities(30)
     np.testing.assert_array_equal(SampleSchedule(tab, windows.astype(">i2").T.copy().T, cfg, tokenizer=V).probabilities(30), ref)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), dtype=st.sampled_from(["<f8", ">f8", "<f4", ">f4", ">f2", "<f2"]), step=st.integers(1, 3),
+       n=st.integers(1, 12))  # fmt: skip
+def test_events_of_any_float_dtype_and_stride_are_those_of_their_float64_values(data, dtype, step, n):
+    """Events' compiled sums (numba) read the values whatever their width, byte order and strides."""
+    floats = st.floats(0.0625, 3.0, width=16)  # representable in every width drawn
+    mu = data.draw(hnp.arrays(dtype, n * step, elements=floats))[::step]
+    s = data.draw(hnp.arrays(dtype, n * step, elements=floats))[::step]
+    token = data.draw(hnp.arrays(">i4", n, elements=st.integers(0, 4)))
+    got = Events(token, mu, s, np.ones(n, ">f2"), 5, (0.0, 3.0))
+    want = Events(token.astype(np.int64), mu.astype(np.float64), s.astype(np.float64), np.ones(n), 5, (0.0, 3.0))
+    np.testing.assert_array_equal(got.curve(XS.astype(">f4")), want.curve(XS.astype(np.float32).astype(np.float64)))
+    np.testing.assert_array_equal(got.derivative(XS[::2]), want.derivative(XS[::2].copy()))
