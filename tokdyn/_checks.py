@@ -1,5 +1,6 @@
 """Type checks of settings given as numbers, shared by the stages that take them: ``True`` is no
-count, ``"3"`` no prior, and an int past 1e308 no float; and what a fit's log axis can tell apart
+count, ``"3"`` no prior, and an int past 1e308 no float; arrays from a researcher's own code as
+the stages compute on them (:func:`as_values`); and what a fit's log axis can tell apart
 (:func:`log_tie`), shared by the fit and the stages that take axis values for it. Imports nothing
 of tokdyn but its errors (and, to write a value in one, ``_text.shown``)."""
 
@@ -48,6 +49,75 @@ def check_count(name: str, v, minimum: int = 1) -> int:
     if not (is_int(v) or is_whole(v)) or v < minimum:
         raise InputError(f"{name} must be an integer >= {minimum}, got {shown(v.item() if isinstance(v, np.generic) else v)}")
     return int(v)
+
+
+# What as_values makes of an array, by kind: the dtype, the dtype kinds it takes, and what it says it expected
+VALUE_KINDS = {
+    "real": (np.float64, "iuf", "real numbers"),
+    "index": (np.int64, "iuf", "integers"),  # a whole float too (an npz may hold indices as floats)
+    "code": (np.int64, "iu", "an integer array"),  # integers only
+    "flag": (np.bool_, "b", "bools"),  # not 0/1 numbers: [0, 2] may be meant as indices
+}
+
+
+def host_values(value):
+    """A torch tensor as a CPU tensor numpy converts (its values: detached from its graph, off
+    its device, bfloat16 as float32, which holds each value exactly); anything else as it is.
+    ``np.asarray`` refused a tensor with grad (RuntimeError) and bfloat16 (TypeError)."""
+    if type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach"):
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":
+            value = value.float()
+    return value
+
+
+def as_array(name: str, value, kinds: str | None, expected: str) -> np.ndarray:
+    """``np.asarray(value)`` of dtype kind in ``kinds`` (None: any; a view where numpy makes one), or one
+    :class:`InputError` naming ``name`` and saying ``expected``: a CPU torch tensor (with grad,
+    in bfloat16) is its values; a masked array with masked values is refused (:func:`as_values`)."""
+    value = host_values(value)
+    if isinstance(value, np.ma.MaskedArray) and np.ma.getmaskarray(value).any():
+        raise InputError(f"{name}: expected {expected}, got a masked array with {int(np.ma.getmaskarray(value).sum())} "
+                         "masked value(s), whose values numpy would take as data: give each as what it is (NaN where "
+                         "a value is missing) or leave it out")  # fmt: skip
+    try:
+        a = np.asarray(value)
+    except Exception as err:  # ragged, an object whose conversion fails
+        raise InputError(f"{name}: expected {expected}, got a {type(value).__name__} that numpy cannot convert "
+                         f"({f'{type(err).__name__}: {err}'.splitlines()[0][:200]})") from None  # fmt: skip
+    if kinds is not None and a.dtype.kind not in kinds:
+        raise InputError(f"{name}: expected {expected}, got dtype {a.dtype}")
+    return a
+
+
+def as_values(name: str, value, kind: str = "real") -> np.ndarray:
+    """``value`` as a new native-endian, C-contiguous array of ``kind`` (:data:`VALUE_KINDS`), or
+    one :class:`InputError` naming ``name``: the caller's array is never the one computed on or
+    written.
+
+    Arrays from a researcher's own code come as lists, big-endian, strided or read-only numpy
+    arrays, numpy subclasses and torch tensors (a CPU tensor with grad or in bfloat16 is taken
+    as its values). What ``np.asarray(value, dtype)`` took without a word is refused: a masked
+    array with masked values (it took the values under the mask); as indices, a float that is
+    no whole number, or a value past int64 (2.9 was index 2, NaN was -2**63); as flags, numbers
+    (0.2 was True, and [0, 2] may be meant as indices); and anywhere a bool as a number, a
+    complex number (its imaginary part dropped) or text ("1" was 1.0)."""
+    dtype, kinds, expected = VALUE_KINDS[kind]
+    a = as_array(name, value, kinds, expected)
+    if kind in ("index", "code") and a.size:
+        whole = np.isfinite(a) & (a == np.round(a)) if a.dtype.kind == "f" else None
+        if whole is not None and not whole.all():
+            raise InputError(f"{name}: expected {expected}, got {int((~whole).sum())} value(s) that are no whole "
+                             f"number, such as {shown(a[~whole][0].item())}")  # fmt: skip
+        with np.errstate(over="ignore"):  # 2**63 as a float16 is inf: still above every float16
+            past = a.max() > INT64_MAX if a.dtype.kind == "u" else a.dtype.kind == "f" and abs(a).max() >= 2.0**63
+        if past:
+            raise InputError(f"{name}: expected {expected}, got a value past int64 ({shown(a.max().item())})")
+    with np.errstate(over="ignore"):  # a float past float64 (a longdouble) becomes inf: the caller's finiteness check
+        return np.array(a, dtype=dtype, order="C", copy=True)
+
+
+INT64_MAX = np.iinfo(np.int64).max
 
 
 def log_tie(values) -> int | None:

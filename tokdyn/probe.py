@@ -36,7 +36,7 @@ from functools import cached_property
 import numpy as np
 
 from .corpus import Document
-from ._checks import check_count
+from ._checks import as_array, check_count
 from .errors import InputError
 from .tokenizer import Tokenizer
 
@@ -109,7 +109,10 @@ def _num(x: int | float) -> str:
 
 
 def _array(name: str, value) -> np.ndarray:
-    """``np.asarray(value)``, with a ragged or unconvertible input as one :class:`InputError`."""
+    """``np.asarray(value)``, with a ragged or unconvertible input, and a masked array with masked
+    values (their data were taken as ids), as one :class:`InputError` (:func:`tokdyn._checks.as_array`)."""
+    if isinstance(value, np.ma.MaskedArray):
+        value = as_array(name, value, None, "an array of numbers")
     try:
         return np.asarray(value)
     except (ValueError, TypeError) as exc:  # a ragged list: "setting an array element with a sequence ..."
@@ -254,7 +257,8 @@ class ProbeSet:
     def __post_init__(self, stored: bool) -> None:
         arrays = {}
         for k, v in self.token_arrays.items():
-            v = np.asarray(v)  # native byte order: zarr hands arrays back that way, and the fingerprint hashes dtypes
+            v = as_array(f"probe array {k!r}", v, None, "one value per token")  # a masked value's data was the probe's
+            # native byte order: zarr hands arrays back that way, and the fingerprint hashes dtypes
             arrays[k] = v.astype(v.dtype.newbyteorder("=")) if v.dtype.byteorder not in "=|" else v
         for name in ("sample_id", "token_pos"):
             if name not in arrays:

@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._checks import as_array, as_values
 from .errors import InputError
 from .fit.models import SHARE_MIN_NET
 from .spectrum import Events, PowerLaw, Spectrum, learning_time_spectrum, loss_power_law, run_events, spectrum_power_law
@@ -63,7 +64,7 @@ def measured_derivative(x, loss, *, smoothing: float | None = None) -> np.ndarra
     regression, and the derivative at a NaN loss is NaN: nothing was measured there (the local
     quadratic of its neighbours used to print there as a measured value).
     """
-    x, loss = np.asarray(x, np.float64), np.asarray(loss, np.float64)
+    x, loss = as_values("x", x), as_values("loss", loss)  # a masked loss is refused: a missing one is NaN
     if x.ndim != 1 or x.shape != loss.shape:
         raise InputError(f"x and loss: expected two 1-D arrays of one length, got {x.shape} and {loss.shape}")
     if x.size < 3:
@@ -103,7 +104,7 @@ def scores(predicted, measured, *, min_points: int = 2) -> dict:
     """R^2 and relative L2 error of a predicted curve against a measured one, over the points
     where both are finite; NaN for both on fewer than ``min_points`` of them (a reconstruction's
     scores: :data:`SCORE_MIN_POINTS`)."""
-    p, m = np.asarray(predicted, np.float64), np.asarray(measured, np.float64)
+    p, m = as_values("predicted", predicted), as_values("measured", measured)
     ok = np.isfinite(p) & np.isfinite(m)
     if ok.sum() < max(int(min_points), 2):
         return {"r2": float("nan"), "rel_l2": float("nan")}
@@ -242,7 +243,7 @@ def reconstruct(
     measured point), and a note says so (``notes``, when given, say it instead: what the caller
     left out and why). Each note is also warned (:class:`MeasuredMeanWarning`).
     """
-    x, mean_loss = np.asarray(x, np.float64), np.asarray(mean_loss, np.float64)
+    x, mean_loss = as_values("x", x), as_values("mean_loss", mean_loss)  # a masked loss is refused: a missing one is NaN
     if not isinstance(events, Events):
         raise InputError(f"events must be an Events, got {type(events).__name__}")
     measured = measured_derivative(x, mean_loss, smoothing=smoothing)
@@ -256,7 +257,7 @@ def reconstruct(
     if at is None:
         at, jac = x, np.ones_like(x)
     else:
-        at = np.asarray(at, np.float64)
+        at = as_values("at", at)
         if at.shape != x.shape or not (np.all(np.isfinite(at)) and np.all(np.diff(at) > 0)):
             raise InputError(f"at: expected {x.size} finite, increasing positions on the events' axis, got shape {at.shape}")
         jac = np.gradient(at, x)  # d at / dx
@@ -275,7 +276,7 @@ def reconstruct(
     curve = events.curve(at)
     extra = np.zeros_like(x)
     if loss_offset is not None:
-        offset = np.asarray(loss_offset, np.float64)
+        offset = as_values("loss_offset", loss_offset)
         if offset.shape != x.shape or not np.all(np.isfinite(offset)):
             raise InputError(f"loss_offset: expected {x.size} finite values, got shape {offset.shape}")
         curve = curve + offset
@@ -530,7 +531,7 @@ def measured_mean_loss(r, rows: np.ndarray | None = None, *, tokens: np.ndarray 
     """
     arr, sel, n_asked = _selection(r, rows, tokens)
     k = arr.shape[0]
-    idx = np.arange(k) if rows is None else np.asarray(rows).reshape(-1)
+    idx = np.arange(k) if rows is None else _row_indices(rows, r.n_committed)
     p = _parts(arr, sel)
     need = MEASURED_MIN_SHARE * n_asked
     missing = p.observed < need
@@ -600,18 +601,35 @@ def _selection(r, rows, tokens):
     """(the dask array of ``rows`` of run ``r``, chunked over tokens only; the token mask or None; tokens asked for)."""
     arr = r.to_dask()
     if rows is not None:
-        arr = arr[np.asarray(rows)]
+        arr = arr[_row_indices(rows, arr.shape[0])]
     if arr.numblocks[0] != 1:
         arr = arr.rechunk({0: -1})
     n = arr.shape[1]
     if tokens is None:
         return arr, None, n
-    tokens = np.asarray(tokens, bool)
+    tokens = as_values("tokens", tokens, "flag")  # token indices (or 0.2) cast to bools were another selection
     if tokens.shape != (n,):
         raise InputError(f"tokens: expected {n} booleans, got shape {tokens.shape}")
     if not tokens.any():
         raise InputError("tokens: no token selected for the mean probe loss")
     return arr, tokens, int(np.count_nonzero(tokens))
+
+
+def _row_indices(rows, k: int) -> np.ndarray:
+    """``rows`` as int64 indices of a run's ``k`` rows: integers (numpy's rule: -1 is the last)
+    or a boolean mask of ``k``. A float row (2.7), one past the run and a masked array with masked
+    values were dask's IndexError or, masked, rows the caller had masked out; a mask's row names
+    in the notes were its bools."""
+    a = as_array("rows", rows, "biu", "row indices or a boolean mask")
+    if a.ndim != 1:
+        raise InputError(f"rows: expected a 1-D array of row indices or a boolean mask, got shape {a.shape}")
+    if a.dtype.kind == "b":
+        if a.size != k:
+            raise InputError(f"rows: a boolean mask needs one value for each of the {k} rows, got {a.size}")
+        return np.flatnonzero(a)
+    if a.size and (int(a.min()) < -k or int(a.max()) >= k):
+        raise InputError(f"rows: expected indices of the run's {k} rows, got {int(a.min())}..{int(a.max())}")
+    return np.where(a < 0, a + k, a).astype(np.int64)
 
 
 def _count(n: int, what: str) -> str:

@@ -11,7 +11,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ._checks import check_count, is_int
+from ._checks import INT64_MAX, as_values, check_count, is_int, is_whole
+from ._text import shown
 from .errors import InputError
 
 __all__ = ["geometric_schedule", "pythia_schedule", "explicit_schedule", "make_schedule"]
@@ -27,8 +28,12 @@ def geometric_schedule(last: int, n: int, *, first: int = 0) -> np.ndarray:
     if not is_int(n) or n < 2:  # 10.5 was numpy's TypeError
         raise InputError(f"a geometric schedule needs n >= 2 points (an integer), got {n}")
     lo = max(first, 1)
-    steps = np.round(np.geomspace(lo, last, n)).astype(np.int64) if last > lo else np.array([lo])
-    return _finish(np.concatenate([[first, last], steps]))
+    # the points between lo and last, rounded in float64: kept below last, which float64 may round
+    # up (2**63 - 1 became step -2**63; 2**53 + 1 gained a step 2**53 beside it)
+    inner = np.round(np.geomspace(lo, last, n)[1:-1]) if last > lo else np.array([])
+    inner = inner[inner < float(last)].astype(np.int64)
+    ends = [first, lo, last] if lo <= last else [first, last]  # (last 0 had a step 1 past it)
+    return _finish(np.concatenate([np.array(ends, np.int64), inner[inner < last]]))
 
 
 def pythia_schedule(last: int, *, every: int = 1000, first: int = 0) -> np.ndarray:
@@ -41,19 +46,23 @@ def pythia_schedule(last: int, *, every: int = 1000, first: int = 0) -> np.ndarr
 
 
 def explicit_schedule(steps: Iterable[int]) -> np.ndarray:
-    """A user-given list of steps (sorted; duplicates and negatives are an error)."""
-    arr = np.asarray(list(steps))
+    """A user-given list of steps (sorted; duplicates and negatives are an error).
+
+    ``steps`` is any 1-D sequence of whole numbers (an array of any integer or float dtype, a
+    tensor, a range, a generator); :func:`tokdyn._checks.as_values` refuses what no step is (a
+    masked value, 2.5, a step past int64: a uint64 2**64 - 1 was step -1)."""
+    if not (hasattr(steps, "__len__") or hasattr(steps, "__array__")):  # a generator: its values
+        steps = list(steps)
+    arr = as_values("schedule steps", steps, "index")
+    if arr.ndim != 1:  # a 2-D array was sorted row by row and handed back as a 2-D "schedule"
+        raise InputError(f"schedule steps: expected a 1-D sequence of steps, got shape {arr.shape}")
     if arr.size == 0:
         raise InputError("explicit schedule is empty")
-    if arr.dtype.kind not in "iu":
-        if arr.dtype.kind != "f" or not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
-            raise InputError("schedule steps must be integers")
-        arr = arr.astype(np.int64)
     if arr.min() < 0:
         raise InputError(f"schedule steps must be >= 0, got {int(arr.min())}")
     if np.unique(arr).size != arr.size:
         raise InputError("schedule has duplicate steps")
-    return np.sort(arr.astype(np.int64))
+    return np.sort(arr)
 
 
 def make_schedule(kind: str, last: int, *, n: int = 40, every: int = 1000, steps: Iterable[int] | None = None) -> np.ndarray:
@@ -70,9 +79,12 @@ def make_schedule(kind: str, last: int, *, n: int = 40, every: int = 1000, steps
 
 
 def _check_range(first: int, last: int) -> None:
-    if int(first) != first or int(last) != last:
-        raise InputError("schedule bounds must be integers")
-    if first < 0 or last < first:
+    # NaN and inf were int()'s ValueError and OverflowError, 1e30 a schedule of steps -2**63 and
+    # 10**15, True step 1, "100" a TypeError deeper down
+    for name, v in (("first", first), ("last", last)):
+        if not ((is_int(v) or is_whole(v)) and 0 <= v <= INT64_MAX):
+            raise InputError(f"schedule bounds must be integers in [0, 2**63), got {name}={shown(v)}")
+    if last < first:
         raise InputError(f"schedule needs 0 <= first <= last, got first={first}, last={last}")
 
 

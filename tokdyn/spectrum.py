@@ -24,6 +24,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ._event_grid import BETWEEN, CURVE, DERIVATIVE, GRID_MULTIPLE, event_cells, event_sums, resample_cells
+from ._checks import as_values, check_count, is_finite, is_int, is_whole
+from ._text import shown
 from .errors import InputError
 from .fit.options import CLASS_CODES, STATUS_CODES, FitOptions
 
@@ -107,36 +109,40 @@ class Events:
     scored: np.ndarray | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        arrays = {name: np.asarray(getattr(self, name)) for name in ("token", "mu", "s", "delta")}
+        # each a new native array (as_values): a float token, a masked value, a flag of 0.2 are refused
+        arrays = {name: as_values(f"Events.{name}", getattr(self, name), "index" if name == "token" else "real")
+                  for name in ("token", "mu", "s", "delta")}  # fmt: skip
         n = arrays["mu"].shape
+        if len(n) != 1:
+            raise InputError(f"Events.mu: expected a 1-D array, got shape {n}")
         for name, a in arrays.items():
-            if a.ndim != 1 or a.shape != n:
-                raise InputError(f"Events.{name}: expected a 1-D array of length {n[0] if n else '?'}, got shape {a.shape}")
+            if a.shape != n:
+                raise InputError(f"Events.{name}: expected a 1-D array of length {n[0]}, got shape {a.shape}")
         for name in ("mu", "s", "delta"):
             if not np.all(np.isfinite(arrays[name])):
                 raise InputError(f"Events.{name}: every event needs a finite value")
         if np.any(arrays["s"] <= 0):
             raise InputError("Events.s: widths must be > 0")
-        if int(self.n_tokens) < 1:
-            raise InputError(f"Events.n_tokens must be >= 1, got {self.n_tokens}")
-        if arrays["token"].size and (arrays["token"].min() < 0 or arrays["token"].max() >= int(self.n_tokens)):
+        object.__setattr__(self, "n_tokens", check_count("Events.n_tokens", self.n_tokens))
+        if arrays["token"].size and (arrays["token"].min() < 0 or arrays["token"].max() >= self.n_tokens):
             raise InputError("Events.token: token indices must lie in [0, n_tokens)")
-        lo, hi = (float(v) for v in self.x_range)
-        if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo):
-            raise InputError(f"Events.x_range: expected two finite x with first < last, got {self.x_range}")
-        wf = np.ones(n, bool) if self.well_fitted is None else np.asarray(self.well_fitted, bool)
+        x_range = as_values("Events.x_range", self.x_range)
+        if x_range.shape != (2,) or not (np.all(np.isfinite(x_range)) and x_range[1] > x_range[0]):
+            raise InputError(f"Events.x_range: expected two finite x with first < last, got {shown(self.x_range)}")
+        wf = np.ones(n, bool) if self.well_fitted is None else as_values("Events.well_fitted", self.well_fitted, "flag")
         if wf.shape != n:
             raise InputError(f"Events.well_fitted: expected length {n[0]}, got shape {wf.shape}")
         for name, a in arrays.items():
-            object.__setattr__(self, name, a.astype(np.int64 if name == "token" else np.float64))
+            object.__setattr__(self, name, a)
         object.__setattr__(self, "well_fitted", wf)
-        object.__setattr__(self, "x_range", (lo, hi))
-        object.__setattr__(self, "n_tokens", int(self.n_tokens))
+        object.__setattr__(self, "x_range", (float(x_range[0]), float(x_range[1])))
+        if self.n_scored is not None and not (is_int(self.n_scored) or is_whole(self.n_scored)):
+            raise InputError(f"Events.n_scored must be None or a whole number of tokens, got {shown(self.n_scored)}")
         if self.scored is not None:
-            mask = np.asarray(self.scored)
-            if mask.shape != (self.n_tokens,) or mask.dtype != bool:
+            mask = as_values("Events.scored", self.scored, "flag")
+            if mask.shape != (self.n_tokens,):
                 raise InputError(f"Events.scored: expected a bool array of length n_tokens={self.n_tokens}, got "
-                                 f"{mask.dtype} of shape {mask.shape}")  # fmt: skip
+                                 f"shape {mask.shape}")  # fmt: skip
             n = int(np.count_nonzero(mask))
             if self.n_scored is not None and int(self.n_scored) != n:
                 raise InputError(f"Events.n_scored ({self.n_scored}) is not the number of tokens scored ({n})")
@@ -146,14 +152,14 @@ class Events:
         if not 1 <= scored <= self.n_tokens:
             raise InputError(f"Events.n_scored must lie in [1, n_tokens={self.n_tokens}], got {self.n_scored}")
         object.__setattr__(self, "n_scored", scored)
-        if not (math.isfinite(self.resolution) and self.resolution >= 0):
-            raise InputError(f"Events.resolution must be a finite number >= 0, got {self.resolution}")
+        if not (is_finite(self.resolution) and self.resolution >= 0):
+            raise InputError(f"Events.resolution must be a finite number >= 0, got {shown(self.resolution)}")
         object.__setattr__(self, "resolution", float(self.resolution))
         if self.unit is not None:
-            unit = np.asarray(self.unit)
-            if unit.shape != (self.n_tokens,) or unit.dtype.kind not in "iu":
+            unit = as_values("Events.unit", self.unit, "code")
+            if unit.shape != (self.n_tokens,):
                 raise InputError(f"Events.unit: expected an integer array of length n_tokens={self.n_tokens}, got "
-                                 f"{unit.dtype} of shape {unit.shape}")  # fmt: skip
+                                 f"shape {unit.shape}")  # fmt: skip
             if not _dense_codes(unit):  # (a copy made by subset or replace is dense already: no sort again)
                 unit = np.unique(unit, return_inverse=True)[1].reshape(-1)
             object.__setattr__(self, "unit", unit.astype(np.int64, copy=False))
@@ -165,7 +171,7 @@ class Events:
 
     def subset(self, mask: np.ndarray) -> "Events":
         """The events where ``mask [E]`` is true (same N, so densities stay comparable)."""
-        m = np.asarray(mask, bool)
+        m = as_values("Events.subset: mask", mask, "flag")
         if m.shape != self.mu.shape:
             raise InputError(f"Events.subset: mask must have shape {self.mu.shape}, got {m.shape}")
         return self._take(np.flatnonzero(m))
@@ -201,7 +207,7 @@ class Events:
         return int(np.count_nonzero(self.scored_in(token_mask)))
 
     def _token_mask(self, token_mask: np.ndarray, name: str) -> np.ndarray:
-        t = np.asarray(token_mask, bool)
+        t = as_values(f"Events.{name}: mask", token_mask, "flag")
         if t.shape != (self.n_tokens,):
             raise InputError(f"Events.{name}: mask must have shape ({self.n_tokens},), got {t.shape}")
         return t
@@ -259,7 +265,7 @@ class Events:
 
 def _at_points(kind: int, events: Events, x) -> np.ndarray:
     """:func:`tokdyn._event_grid.event_sums` of the events at x (any shape)."""
-    x = np.asarray(x, np.float64)
+    x = as_values("x", x)
     return event_sums(kind, events.mu, events.s, events.delta, x.ravel()).reshape(x.shape)
 
 
@@ -406,7 +412,7 @@ def units_by_group(events: Events, sample_id: np.ndarray, group: np.ndarray | No
     its spectrum had no interval, where the same probe without the padding had one over windows."""
     unit, _ = events.units()
     n = events.n_tokens
-    group = np.zeros(n, np.int64) if group is None else np.asarray(group)
+    group = np.zeros(n, np.int64) if group is None else as_values("group", group, "code")  # 0.5, a masked code: no group
     levels = [(unit, events.unit_kind)]
     for kind in _FINER.get(events.unit_kind, ()):
         if kind == "token" and not tokens:
@@ -690,7 +696,7 @@ def learning_time_spectrum(
 
 
 def _check_weights(weights, n: int) -> np.ndarray:
-    w = np.asarray(weights, np.float64)
+    w = as_values("weights", weights)
     if w.shape != (n,) or not np.all(np.isfinite(w)) or np.any(w < 0):
         raise InputError(f"weights: expected {n} finite non-negative numbers, got shape {w.shape}")
     return w
@@ -1037,7 +1043,7 @@ def loss_power_law(x: np.ndarray, loss: np.ndarray) -> PowerLaw:
     """
     from scipy.optimize import curve_fit
 
-    x, loss = np.asarray(x, np.float64), np.asarray(loss, np.float64)
+    x, loss = as_values("x", x), as_values("loss", loss)  # a masked loss is refused: a missing one is NaN
     if x.ndim != 1 or x.shape != loss.shape:
         raise InputError(f"x and loss: expected two 1-D arrays of one length, got {x.shape} and {loss.shape}")
     ok = np.isfinite(x) & np.isfinite(loss)

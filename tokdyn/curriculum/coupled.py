@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .._checks import as_array, as_values
 from ..errors import InputError
 from .sampler import StepSampler
 
@@ -30,8 +31,12 @@ __all__ = ["CoupledSampler", "domain_probabilities"]
 def domain_probabilities(domain_ids: np.ndarray, weights) -> np.ndarray:
     """Per-sample probabilities ``[N]`` of a domain mixture: ``weights[k] / n_k`` for each of
     the ``n_k`` samples of domain ``k`` (``domain_ids [N]``, ``weights [D]`` summing to 1)."""
-    ids = np.asarray(domain_ids)
     w = _floats(weights, "domain weights")
+    try:  # no copy of a plain array (this runs at every step); a masked one's masked samples were drawn
+        ids = as_array("domain ids", domain_ids, "iu", "one integer per sample")
+    except InputError as err:
+        raise InputError(f"domain ids must be one integer per sample, indices into the {w.size} domain weights, got "
+                         f"{str(err).partition(', got ')[2]}") from None  # fmt: skip
     if w.ndim != 1 or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
         raise InputError(f"domain weights must be >= 0 and sum to 1, got {w.tolist()}")
     if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= w.size:
@@ -136,9 +141,9 @@ class CoupledSampler(StepSampler):
 def _floats(values, what: str) -> np.ndarray:
     """``values`` as a float64 array, or :class:`InputError` naming ``what`` (strings, ragged lists)."""
     try:
-        return np.asarray(values, np.float64)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"{what} must be numbers, got {type(values).__name__} ({exc})") from None
+        return as_values(what, values)  # a new float64 array: a masked value, a bool or text is refused
+    except InputError as err:
+        raise InputError(f"{what} must be numbers, got {str(err).partition(', got ')[2]}") from None
 
 
 def _described(ids: np.ndarray) -> str:

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._checks import check_count, is_int as _is_int, is_real as _is_real
+from .._checks import as_array, as_values, check_count, is_int as _is_int, is_real as _is_real
 from .._version import __version__
 from ..errors import InputError, StoreError, UnsafeFileError
 from ..store.schema import jsonable, utc_now  # numpy scalars and arrays as JSON, one InputError otherwise
@@ -171,9 +171,7 @@ def token_targets(events: Mapping[str, np.ndarray], n_tokens: int, scored: np.nd
     clipped at 0 (a drop undone by a rise of the same token carries no weight); ``mu``: the
     positive-drop-weighted mean learning time of its events (NaN when its weight is 0).
     """
-    tok = np.asarray(events["token"], dtype=np.int64)
-    mu = np.asarray(events["mu"], dtype=np.float64)
-    delta = np.asarray(events["delta"], dtype=np.float64)
+    tok, mu, delta = _event_arrays(events, ("mu", "delta"))
     if not (tok.shape == mu.shape == delta.shape and tok.ndim == 1):
         raise InputError("events must hold 1-D arrays token, mu, delta of one length")
     if tok.size and (tok.min() < 0 or tok.max() >= n_tokens):
@@ -185,7 +183,7 @@ def token_targets(events: Mapping[str, np.ndarray], n_tokens: int, scored: np.nd
     p = np.bincount(tok, weights=pos, minlength=n_tokens)
     wmu = np.bincount(tok, weights=pos * mu, minlength=n_tokens)
     if scored is not None:
-        scored = np.asarray(scored, bool)
+        scored = as_values("scored", scored, "flag")
         if scored.shape != (n_tokens,):
             raise InputError(f"scored must be one bool per token ({n_tokens}), got shape {scored.shape}")
         d = np.where(scored, d, np.nan)  # never observed: no target (a drop of 0 would say "nothing to learn")
@@ -193,6 +191,12 @@ def token_targets(events: Mapping[str, np.ndarray], n_tokens: int, scored: np.nd
     with np.errstate(invalid="ignore", divide="ignore"):
         m = np.where((w > 0) & (p > 0), wmu / p, np.nan)
     return {"delta": d, "mu": m, "weight": np.where(np.isfinite(m), w, 0.0)}
+
+
+def _event_arrays(events: Mapping[str, np.ndarray], names: tuple[str, ...]) -> list[np.ndarray]:
+    """``events["token"]`` as indices and ``events[name]`` as floats, each a new array
+    (:func:`tokdyn._checks.as_values`: a token of 2.9 was token 2, a masked value taken)."""
+    return [as_values("events['token']", events["token"], "index"), *(as_values(f"events[{k!r}]", events[k]) for k in names)]
 
 
 def seen_drops(events: Mapping[str, np.ndarray], n_tokens: int, x_range: tuple[float, float]) -> dict[str, np.ndarray]:
@@ -206,8 +210,7 @@ def seen_drops(events: Mapping[str, np.ndarray], n_tokens: int, x_range: tuple[f
     """
     from ..spectrum import Events
 
-    tok = np.asarray(events["token"], dtype=np.int64)
-    mu, s, delta = (np.asarray(events[k], dtype=np.float64) for k in ("mu", "s", "delta"))
+    tok, mu, s, delta = _event_arrays(events, ("mu", "s", "delta"))
     ok = np.isfinite(mu) & np.isfinite(s) & np.isfinite(delta) & (s > 0)
     ev = Events(tok[ok], mu[ok], s[ok], delta[ok], n_tokens=n_tokens, x_range=x_range)
     return {"token": ev.token, "mu": ev.mu, "s": ev.s, "delta": ev.realized_drop()}
@@ -339,7 +342,7 @@ class LearnabilityTable:
         """Host-side :meth:`lookup` of windows ``tokens [N, L]`` in batches: numpy ``mu``,
         ``delta`` (float32) and ``level`` (int8), each ``[N, L-1]``."""
         batch = check_count("batch", batch)  # -1 returned the unfilled arrays, 2.5 was range()'s TypeError
-        arr = np.asarray(tokens)
+        arr = as_array("tokens", tokens, "biufc", "token ids")  # (a masked id's value was looked up; floats: below)
         if arr.ndim != 2 or arr.shape[1] < 2:
             raise InputError(f"tokens must have shape [N, L] with L >= 2, got {arr.shape}")
         self.check_tokens(arr)
@@ -640,7 +643,7 @@ def _check_level(k: int, lev: Mapping[str, torch.Tensor], vocab_size: int) -> No
 
 def _pilot_arrays(tokens, targets, *, vocab_size: int, order: int):
     """Flat keys (one int64 array per order) and targets ``[S*C]`` of pilot windows."""
-    t = np.asarray(tokens)
+    t = as_array("pilot tokens", tokens, "biufc", "token ids")  # a masked id's value was a context
     if t.ndim != 2 or t.shape[1] < 2 or t.dtype.kind not in "iu":
         raise InputError(f"pilot tokens must be integer windows [S, C+1], got {t.dtype} {t.shape}")
     v = _check_vocab(vocab_size, order)
@@ -649,7 +652,7 @@ def _pilot_arrays(tokens, targets, *, vocab_size: int, order: int):
     n = t.shape[0] * (t.shape[1] - 1)
     arrays = []
     for name in ("delta", "mu", "weight"):
-        a = np.asarray(targets[name], dtype=np.float64)
+        a = as_values(f"target {name!r}", targets[name])  # a masked value is refused: a missing delta is NaN
         if a.shape != (n,):
             raise InputError(f"target {name!r} must have shape ({n},) (one per pilot target), got {a.shape}")
         arrays.append(a)

@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .._checks import is_finite, is_int, is_real, is_whole
+from .._checks import as_values, is_finite, is_int, is_real, is_whole
 from ..errors import InputError
 from ._common import domain_names as _domain_names
 
@@ -210,7 +210,7 @@ class DomainRates:
         from ..spectrum import _event_bootstrap, learning_time_spectrum
 
         domains = _domain_names(domains)
-        dom = np.asarray(token_domain)
+        dom = as_values("token_domain", token_domain, "code")  # a masked array's mask would be no domain
         if dom.shape != (events.n_tokens,):
             raise InputError(f"token_domain must have one entry per probe token ({events.n_tokens}), got shape {dom.shape}")
         _check_width(width)
@@ -338,11 +338,12 @@ def _check_width(width) -> None:
 
 
 def _floats(name: str, values) -> np.ndarray:
-    """``values`` as a float64 array, or one :class:`InputError` naming ``name``."""
+    """``values`` as a new float64 array (:func:`tokdyn._checks.as_values`: a masked value, a bool
+    or text is refused), or one :class:`InputError` naming ``name``."""
     try:
-        return np.asarray(values, np.float64)
-    except (TypeError, ValueError):
-        raise InputError(f"{name} must be numbers, got {values!r}"[:200]) from None
+        return as_values(name, values)
+    except InputError as err:
+        raise InputError(f"{name} must be numbers, got {str(err).partition(', got ')[2]}") from None
 
 
 class MixtureSchedule:
@@ -583,7 +584,10 @@ def mixture_sampler(domain_ids, schedule: MixtureSchedule, *, samples_per_step: 
     if hasattr(domain_ids, "domain_ids") and hasattr(domain_ids, "domains"):  # a MixtureDataset: match by name
         domains = domain_ids.domains if domains is None else domains
         domain_ids = domain_ids.domain_ids
-    ids = np.asarray(domain_ids)
+    try:
+        ids = as_values("domain_ids", domain_ids, "code")  # a masked array's mask would be no domain
+    except InputError as err:
+        raise InputError(f"domain_ids must be one integer per sample, got {str(err).partition(', got ')[2]}") from None
     names = list(schedule.domains) if domains is None else [str(d) for d in domains]
     if len(set(names)) != len(names):  # two pool domains of one name would be drawn as one
         raise InputError(f"domains must be distinct names, got {names}")

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._checks import check_count, is_real, is_whole
+from .._checks import as_array, check_count, is_real, is_whole
 from ..errors import InputError
 from .learnability import LearnabilityTable
 
@@ -190,7 +190,8 @@ class SampleSchedule:
             raise InputError(f"bin_width must be > 0, got {bin_width!r}")
         batch = check_count("batch", batch)  # -1 binned no window: said as "no sample has a positive predicted loss drop"
         table.check_tokenizer(tokenizer)
-        w = windows.windows() if hasattr(windows, "windows") else np.asarray(windows)
+        # (no copy; a masked array's masked ids were binned as the samples' tokens)
+        w = windows.windows() if hasattr(windows, "windows") else as_array("windows", windows, None, "token windows")
         if w.ndim != 2 or w.shape[0] < 1 or w.shape[1] < 2:
             raise InputError(f"windows must have shape [N, C+1] with N >= 1, C >= 1, got {w.shape}")
         self.table = table.to("cpu")

@@ -37,6 +37,7 @@ from tokdyn.fit.models import (
     two_sigmoid_bounds,
     two_sigmoid_start,
 )
+from tokdyn._checks import host_values
 from tokdyn._text import shown
 from tokdyn.fit.options import (
     CLASS_CODES,
@@ -146,8 +147,8 @@ def _real_dtype(a: np.ndarray) -> bool:
 
 def _as_array(name: str, value: Any) -> np.ndarray:
     """``np.asarray(value)``, or one InputError saying why it is no array (a ragged list, an
-    object whose conversion fails, a tensor on a GPU)."""
-    return _converted(name, value, np.asarray)
+    object whose conversion fails); a torch tensor is its values (:func:`tokdyn._checks.host_values`)."""
+    return _converted(name, host_values(value), np.asarray)  # a tensor with grad, in bfloat16: its values
 
 
 def _converted(name: str, value: Any, convert, **kwargs) -> np.ndarray:

@@ -13,7 +13,7 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync as zarr_sync
 
-from .._checks import is_int
+from .._checks import as_array, is_int
 from ..errors import InputError, SchemaVersionError, StoreError
 from .fit import FitResults
 from .locks import LOCK_NAME
@@ -470,10 +470,9 @@ def _indices(name: str, value, n: int, what: str) -> np.ndarray:
     another length are an :class:`InputError`, never cast (1.5 read as 1, True as index 1)."""
     if value is None or isinstance(value, (str, bytes)):
         raise InputError(f"{name} must be a 1-D array of indices or a boolean mask, got {type(value).__name__}")
-    try:
-        a = np.asarray(value)
-    except (ValueError, TypeError) as exc:  # ragged nested lists
-        raise InputError(f"{name} must be a 1-D array of indices or a boolean mask ({exc})") from None
+    # (ragged nested lists, text, and a masked array with masked values, whose indices under the mask
+    # were read, are refused here; a float, below, with its values)
+    a = as_array(name, value, "biuf", "a 1-D array of indices or a boolean mask")
     if a.ndim != 1:
         raise InputError(f"{name} must be a 1-D array of indices or a boolean mask, got {a.ndim}-D ({a.shape})")
     if a.dtype == np.bool_:

@@ -16,7 +16,7 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync as zarr_sync
 
-from .._checks import log_tie
+from .._checks import as_array, log_tie
 from ..errors import InputError, RunBusyError, RunExistsError, StepOrderError, StoreError
 from .fit import GROUPS as FIT_GROUPS
 from .locks import LOCK_NAME, KeyLock, remove_stale_partials
@@ -130,7 +130,7 @@ class RunWriter:
         Non-finite losses are stored as NaN and counted in the commit record (and warned about
         unless ``warn_nonfinite=False``, for sources where NaN already means "missing").
         """
-        values = np.asarray(losses)
+        values = _losses(losses)
         if values.shape != (self.n_tokens,):
             raise InputError(f"losses must have shape ({self.n_tokens},) for tokens [{self.token_start}, {self.token_stop}), got {values.shape}")
         row = {"step": step, "axis_value": axis_value, "tokens_seen": tokens_seen, "lr": lr, "wall_time": wall_time,
@@ -146,7 +146,7 @@ class RunWriter:
         data: a crash leaves all of them or none. The zarr calls and the commit are paid once per
         call, not per row, which is most of a small row's cost.
         """
-        values = np.asarray(losses)
+        values = _losses(losses)
         k = len(rows)
         if values.ndim != 2 or values.shape != (k, self.n_tokens):
             raise InputError(
@@ -155,8 +155,6 @@ class RunWriter:
             )
         if not k:
             return range(self.rows, self.rows)
-        if values.dtype.kind not in "fiu":
-            raise InputError(f"losses must be numbers, got dtype {values.dtype}")
         # Every value of every row checked and converted before anything is written: a value the
         # store's arrays cannot hold is refused, never truncated (step 1.7 was stored as 1), and an
         # axis value not after the row before's is refused (step 2**53 + 1 rounds to 2**53's).
@@ -299,6 +297,13 @@ class RunWriter:
             self.run._loss.resize((k, self.run.n_tokens))
             for arr in self._arrays.values():
                 arr.resize((k,))
+
+
+def _losses(losses: Any) -> np.ndarray:
+    """A row's (or rows') losses as numbers, without a copy where numpy makes none: a torch tensor
+    with grad or in bfloat16 is its values; a masked array with masked values is refused (they
+    were stored as the values under the mask: a missing loss is NaN)."""
+    return as_array("losses", losses, "fiu", "numbers")
 
 
 def _whole(value: Any, name: str, lo: int, hi: int) -> int:
