@@ -17,6 +17,7 @@ Every recorded row is checked against a manual forward of its checkpoint.
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from offline_fixtures import direct_losses, make_hf_model, make_model, make_prob
 from tokdyn.cli import main
 from tokdyn.errors import InputError
 from tokdyn.record.offline import discover_checkpoints, record_offline
+from tokdyn.record.offline import recording as offline_recording
 from tokdyn.record.offline.discovery import drop_unfinished
 from tokdyn.store import open_store
 
@@ -146,6 +148,51 @@ def test_the_command_says_it_in_one_line_and_exits_0(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "recorded 1 checkpoint(s) (steps 30..30, 2 already committed)" in out and not err
     _check_rows(store, [10, 20, 30])
+
+
+# == 2. a checkpoint deleted after it was listed =====================================================
+
+
+def _delete_after_listing(monkeypatch, victim: Path) -> None:
+    """Rotate ``victim`` away (as save_total_limit does) between listing the folder and reading it."""
+    listed = offline_recording.discover_checkpoints
+
+    def discover_then_rotate(*args, **kw):
+        refs = listed(*args, **kw)
+        shutil.rmtree(victim) if victim.is_dir() else victim.unlink()
+        return refs
+
+    monkeypatch.setattr(offline_recording, "discover_checkpoints", discover_then_rotate)
+
+
+@pytest.mark.parametrize("gone", [10, 20, 40])
+def test_a_checkpoint_rotated_away_after_listing_is_skipped_with_a_warning(tmp_path, monkeypatch, gone):
+    d = _folder(tmp_path, (10, 20, 30, 40))
+    _delete_after_listing(monkeypatch, d / f"step_{gone}.pt")
+    store = tmp_path / "s.zarr"
+    with pytest.warns(UserWarning, match=rf"step_{gone}\.pt \(step {gone}\) was deleted after it was listed"):
+        summary = _record(d, store)
+    kept = [s for s in (10, 20, 30, 40) if s != gone]
+    assert summary["recorded"] == kept
+    _check_rows(store, kept)
+
+
+def test_an_hf_folder_rotated_away_after_listing_is_skipped(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    d = tmp_path / "out"
+    for s in (2, 4, 6):
+        make_hf_model(s).save_pretrained(d / f"checkpoint-{s}")
+    _delete_after_listing(monkeypatch, d / "checkpoint-2")
+    with pytest.warns(UserWarning, match=r"checkpoint-2 \(step 2\) was deleted after it was listed"):
+        assert _record(d, tmp_path / "s.zarr")["recorded"] == [4, 6]
+
+
+def test_a_listed_checkpoint_that_is_gone_from_a_list_of_refs_too(tmp_path):
+    d = _folder(tmp_path, (10, 20, 30))
+    refs = discover_checkpoints(d)
+    (d / "step_20.pt").unlink()
+    with pytest.warns(UserWarning, match="was deleted after it was listed"):
+        assert _record(refs, tmp_path / "s.zarr")["recorded"] == [10, 30]
 
 
 @pytest.mark.parametrize("ext", ["pt", "safetensors"])

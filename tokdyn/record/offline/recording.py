@@ -105,7 +105,8 @@ def record_offline(
     -------
     dict
         ``store``, ``run``, ``axis``, ``recorded`` (steps written now), ``skipped`` (steps already
-        committed), ``rows`` (committed rows now), ``duplicates`` (pairs of steps with identical
+        committed), ``deleted`` (steps whose checkpoint was deleted after it was listed, e.g. by a
+        training's ``save_total_limit``: warned about, not recorded), ``rows`` (committed rows now), ``duplicates`` (pairs of steps with identical
         weights), ``fingerprints`` ({step: uint64} of the rows written now), ``seconds``.
     """
     t0 = time.perf_counter()
@@ -285,12 +286,16 @@ def _record_in_order(todo: Sequence[CheckpointRef], evaluate: Callable, rows: _R
             results = _compute(evaluate, batch, workers)
             # Evaluated rows are written even if Ctrl-C comes meanwhile (it is raised after them):
             # evaluating them took far longer than writing them takes.
-            evaluated = [ref.step for ref, _ in itertools.takewhile(lambda rr: not isinstance(rr[1], BaseException), zip(batch, results))]
+            done = itertools.takewhile(lambda rr: not isinstance(rr[1], BaseException), zip(batch, results))
+            evaluated = [ref.step for ref, res in done if not isinstance(res, _Deleted)]
             with hold_interrupts(functools.partial(rows.writing_notice, evaluated), functools.partial(rows.lost_notice, evaluated)):
                 for ref, res in zip(batch, results):
                     if isinstance(res, BaseException):
                         raise res
-                    rows.append(ref, res)
+                    if isinstance(res, _Deleted):
+                        rows.deleted_after_listing(ref)
+                    else:
+                        rows.append(ref, res)
                     bar.update(1)
     finally:
         bar.close()
@@ -335,9 +340,11 @@ def _evaluate(
     restore_threads: int,
     stop: threading.Event | None = None,
     forward: ForwardFn | None = None,
-) -> _Evaluated | BaseException:
+) -> _Evaluated | _Deleted | BaseException:
     """Load, fingerprint and evaluate one checkpoint. Runs in a dask worker thread; a failure
-    is returned (not raised) so that the rows before it can still be committed in order. Once
+    is returned (not raised) so that the rows before it can still be committed in order, and a
+    checkpoint deleted since it was listed (a training's ``save_total_limit`` rotating old ones
+    away) gives :class:`_Deleted`, whatever its load failed on. Once
     ``stop`` is set (the recording was interrupted) it gives up before its next forward: the
     interpreter waits for worker threads at exit, and a large model's probe takes minutes."""
     torch.set_num_threads(threads)  # per calling thread with OpenMP: keep workers x threads <= cores
@@ -357,6 +364,8 @@ def _evaluate(
             raise (type(exc) if isinstance(exc, _NeedsForward) else InputError)(f"{where}: {exc}") from exc
         return _Evaluated(losses, fp, model_attrs(model), _saved_at(ref))
     except Exception as exc:  # noqa: BLE001 - re-raised in order by record_offline
+        if not os.path.exists(ref.path):  # deleted since it was listed (save_total_limit): nothing left to record
+            return _Deleted()
         if _is_out_of_memory(exc):  # not chained: its traceback holds the tensors that filled the memory
             exc = _OutOfMemory(
                 f"{where}: out of memory on {device} ({short_error(exc, limit=160)}); evaluate fewer probe sequences per "
@@ -391,6 +400,10 @@ def _check_input_vocabulary(model: torch.nn.Module, max_id: int, where: str) -> 
             f"{where}: the model's vocabulary has {n} tokens but the probe's token ids reach {max_id}; "
             "the model must use the probe's tokenizer"
         )
+
+
+class _Deleted:
+    """What evaluating a checkpoint that was deleted after it was listed gives: no row."""
 
 
 class _Stopped(TokdynError):
@@ -442,6 +455,7 @@ class _RunRows:
         self.writer = existing.writer(resume=True) if existing is not None else None
         self.recorded: list[int] = []
         self.skipped: list[int] = []
+        self.deleted: list[int] = []
         self.fingerprints: dict[int, int] = {}
         self.duplicates: list[list[int]] = []
         self._seen: dict[int, tuple[int, str]] = {}  # fingerprint -> (step, "step S (path)")
@@ -489,6 +503,15 @@ class _RunRows:
         self.recorded.append(ref.step)
         self.fingerprints[ref.step] = res.fingerprint
 
+    def deleted_after_listing(self, ref: CheckpointRef) -> None:
+        """Skip ``ref``, gone since it was listed, with a warning: no rerun can record it."""
+        self.deleted.append(ref.step)
+        warnings.warn(
+            f"{ref.path} (step {ref.step}) was deleted after it was listed (a training's save_total_limit rotating old "
+            "checkpoints away?) and is not recorded; the run has no row at that step",
+            stacklevel=4,  # record_offline's caller
+        )
+
     def _uncommitted(self, steps: Sequence[int]) -> list[int]:
         last = None if self.writer is None else self.writer.last_step
         return [s for s in steps if last is None or s > last]
@@ -526,6 +549,7 @@ class _RunRows:
             "axis": self.axis,
             "recorded": self.recorded,
             "skipped": self.skipped,
+            "deleted": self.deleted,
             "rows": 0 if self.writer is None else self.writer.rows,
             "duplicates": self.duplicates,
             "fingerprints": self.fingerprints,
