@@ -195,6 +195,28 @@ def test_a_listed_checkpoint_that_is_gone_from_a_list_of_refs_too(tmp_path):
         assert _record(refs, tmp_path / "s.zarr")["recorded"] == [10, 30]
 
 
+# == 3. files saved under a temporary name ===========================================================
+
+
+@pytest.mark.parametrize("name", ["tmp_step_30.pt", "tmp-step_30.pt", "step_30.tmp.pt", "step_30.partial.safetensors",
+                                  "tmpab12cd_3.pt", "tmp4k2j9xq0.safetensors"])  # fmt: skip
+def test_a_file_under_a_temporary_name_is_not_recorded(tmp_path, name):
+    d = _folder(tmp_path, (10, 20))
+    SAVERS["safetensors" if name.endswith(".safetensors") else "pt"](make_model(30), d / name)
+    with pytest.warns(UserWarning, match=rf"\['{name}'\] are named as saves still being written"):
+        refs = discover_checkpoints(d)
+    assert [r.step for r in refs] == [10, 20]
+
+
+def test_names_that_merely_start_with_tmp_letters_are_still_checkpoints(tmp_path):
+    """``tmp`` glued to a word is not tempfile's name: ``tmpl_step_5.pt`` is a checkpoint of step 5."""
+    d = _folder(tmp_path, ())
+    save_torch(make_model(5), d / "tmpl_step_5.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [r.step for r in discover_checkpoints(d)] == [5]
+
+
 @pytest.mark.parametrize("ext", ["pt", "safetensors"])
 def test_the_only_checkpoint_cut_short_is_one_error_line_naming_it(tmp_path, ext, capsys):
     """Nothing else to record: one line naming the file and what it lacks, not a warning naming it

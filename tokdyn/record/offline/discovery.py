@@ -97,6 +97,9 @@ _TRAINING_STATE = re.compile(r"^(?:training_args\.bin|optimizer\.pt|scheduler\.p
 # A name still being written, or left by a save that died: checkpoint-500.tmp/, transformers 4.36's
 # tmp-checkpoint-500/ (renamed when complete). Its number is a step whose weights may be half there.
 _IN_PROGRESS = re.compile(r"^tmp[-_]|\.(?:tmp|temp|partial|incomplete)$", re.IGNORECASE)
+# A file named by tempfile (NamedTemporaryFile(dir=..., suffix=".pt"), renamed into place when
+# written): "tmp" and 8 random letters, digits or underscores.
+_TEMPFILE = re.compile(r"^tmp[a-z0-9_]{8}$")
 # The name the Hugging Face Trainer gives its checkpoint folders.
 _TRAINER_SAVE = re.compile(r"^checkpoint-\d+$")
 # A Hugging Face folder's own weights: they hold no step (the folder does).
@@ -190,7 +193,7 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
     for p in sorted(root.iterdir()):
         if p.name.startswith(".") or _TRAINING_STATE.match(p.name):
             continue
-        if p.is_dir() and _IN_PROGRESS.search(p.name) and (_kind_of(p) is not None or _holds_weights(p)):
+        if _in_progress_name(p) and (_kind_of(p) is not None or (p.is_dir() and _holds_weights(p))):
             in_progress.append(p.name)
             continue
         kind = _kind_of(p)
@@ -276,6 +279,19 @@ _NO_STEP = (
     f"({', '.join(STEP_KEYS)}; an HF folder's trainer_state.json)"
 )
 _NO_STEP_FIX = f"Rename them (e.g. step_000100.pt), move them out, or list every checkpoint with its \"step\" in {MANIFEST}"
+
+
+def _in_progress_name(p: Path) -> bool:
+    """Whether ``p`` is named as a save still being written: a folder (``checkpoint-500.tmp/``,
+    ``tmp-checkpoint-500/``), or a checkpoint file whose name without its suffix is such a name
+    (``tmp_step_500.pt``, ``step_500.tmp.pt``) or tempfile's (``tmpk3j2x9ab.pt``; not one that
+    names a step: ``tmpl_step_5.pt`` is step 5)."""
+    if p.is_dir():
+        return bool(_IN_PROGRESS.search(p.name))
+    if file_kind(p) is None:
+        return False
+    stem = p.name[: -len("".join(p.suffixes[-2:]))] if file_kind(Path(p.stem)) is not None else p.stem  # .pth.tar: both
+    return bool(_IN_PROGRESS.search(stem) or (_TEMPFILE.match(stem) and "step" not in stem.lower()))
 
 
 def _is_dcp(folder: Path) -> bool:
