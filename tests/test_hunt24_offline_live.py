@@ -28,7 +28,7 @@ from hypothesis import strategies as hs
 
 from offline_fixtures import direct_losses, make_hf_model, make_model, make_probe, save_safetensors, save_torch, write_spec
 from tokdyn.cli import main
-from tokdyn.errors import InputError
+from tokdyn.errors import InputError, RunBusyError
 from tokdyn.record.offline import discover_checkpoints, record_offline
 from tokdyn.record.offline import recording as offline_recording
 from tokdyn.record.offline.discovery import drop_unfinished
@@ -228,3 +228,30 @@ def test_the_only_checkpoint_cut_short_is_one_error_line_naming_it(tmp_path, ext
     assert main(["record-offline", "--checkpoints", str(d), "--out", str(store), "--run", "r", "--no-progress", "--resume"]) == 1
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("tokdyn record-offline: error: ") and f"step_10.{ext} (step 10), the only checkpoint, is cut short" in line
+
+
+# == 4. two recordings of one run at once ============================================================
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_a_run_created_by_another_recording_meanwhile_is_said_as_such(tmp_path, monkeypatch, resume):
+    """Two cron runs overlapping on a new run: both find no run, both evaluate their first
+    checkpoints, the first creates it. The second said "already exists ...; resume it", to a
+    command given --resume. Now it says another process made it meanwhile, and writes nothing."""
+    d = _folder(tmp_path, (10, 20))
+    store = tmp_path / "s.zarr"
+    open_store(store, PROBE, mode="a")
+    listed = offline_recording.discover_checkpoints
+
+    def discover_then_the_other_creates_it(*args, **kw):
+        refs = listed(*args, **kw)
+        other = open_store(store, mode="r+").create_run("r")
+        writer = other.writer()
+        writer.append(direct_losses(make_model(10), PROBE), step=10)
+        writer.release()
+        return refs
+
+    monkeypatch.setattr(offline_recording, "discover_checkpoints", discover_then_the_other_creates_it)
+    with pytest.raises(RunBusyError, match=r"run 'r' of .* was created by another process while this one evaluated"):
+        _record(d, store, resume=resume)
+    assert open_store(store).run("r").steps.tolist() == [10]  # the other's rows, untouched

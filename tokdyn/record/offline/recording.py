@@ -25,7 +25,7 @@ import torch
 
 from ..._files import not_a_folder
 from ..._checks import check_count
-from ...errors import InputError, NotAStoreError, RunExistsError, StoreError, TokdynError
+from ...errors import InputError, NotAStoreError, RunBusyError, RunExistsError, StoreError, TokdynError
 from ...probe import ProbeSet
 from ...runtime import resolve_device
 from ...store import AXES, LOSS_DTYPES, TrajectoryStore, open_store
@@ -483,7 +483,15 @@ class _RunRows:
 
     def append(self, ref: CheckpointRef, res: _Evaluated) -> None:
         if self.writer is None:
-            self.writer = self._create(res=res).writer()
+            try:
+                created = self._create(res=res)
+            except RunExistsError:  # it was not there when this recording began: another one made it
+                raise RunBusyError(
+                    f"run {self.run!r} of {self.ts.url} was created by another process while this one evaluated its first "
+                    "checkpoints (a second record-offline of the same run?); this one stops without writing: rerun it "
+                    "with --resume (resume=True) once the other has finished"
+                ) from None
+            self.writer = created.writer()
         label = f"step {ref.step} ({ref.path})"
         if res.fingerprint in self._seen:
             first_step, first_label = self._seen[res.fingerprint]
