@@ -17,6 +17,7 @@ Every recorded row is checked against a manual forward of its checkpoint.
 
 from __future__ import annotations
 
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -255,3 +256,46 @@ def test_a_run_created_by_another_recording_meanwhile_is_said_as_such(tmp_path, 
     with pytest.raises(RunBusyError, match=r"run 'r' of .* was created by another process while this one evaluated"):
         _record(d, store, resume=resume)
     assert open_store(store).run("r").steps.tolist() == [10]  # the other's rows, untouched
+
+
+# == 5. a checkpoint rewritten by a training restarted from an earlier one ===========================
+
+
+def _resave(path: Path, seed: int, ext: str = "pt") -> None:
+    SAVERS[ext](make_model(seed), path)
+    st = path.stat()
+    os.utime(path, (st.st_atime + 100, st.st_mtime + 100))  # saved later, whatever the clock's resolution
+
+
+@pytest.mark.parametrize("ext", ["pt", "safetensors"])
+def test_a_restart_that_rewrote_the_last_recorded_checkpoint_is_said(tmp_path, ext):
+    """A training restarted from step 10 (after a divergence, with a fix) saves step_20 and step_30
+    again, then step_40: --resume skipped 20 and 30 (committed) and appended 40 after the first
+    training's rows without a word. Now the checkpoint at the run's last committed step, saved
+    again with other weights, is warned about (its fingerprint against the row's)."""
+    d = _folder(tmp_path, (10, 20, 30), ext)
+    store = tmp_path / "s.zarr"
+    _record(d, store)
+    for s in (20, 30):
+        _resave(d / f"step_{s}.{ext}", 100 + s, ext)
+    SAVERS[ext](make_model(40), d / f"step_40.{ext}")
+    with pytest.warns(UserWarning, match=rf"run 'r': step_30\.{ext}, the checkpoint at its last committed step 30, now holds "
+                                         r"other weights than its row"):
+        assert _record(d, store, resume=True)["recorded"] == [40]
+
+
+def test_the_same_checkpoints_saved_again_or_copied_say_nothing(tmp_path):
+    """The invariance: a checkpoint whose time changed but whose weights did not (the folder copied,
+    the file touched, saved again from the same weights) is no restart."""
+    d = _folder(tmp_path, (10, 20, 30))
+    store = tmp_path / "s.zarr"
+    _record(d, store)
+    _resave(d / "step_30.pt", 30)  # the same weights, saved again later
+    copy = tmp_path / "copy"
+    shutil.copytree(d, copy)  # every time new
+    SAVERS["pt"](make_model(40), copy / "step_40.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _record(d, store, resume=True)["recorded"] == []
+        assert _record(copy, store, resume=True)["recorded"] == [40]
+    _check_rows(store, [10, 20, 30, 40])

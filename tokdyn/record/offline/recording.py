@@ -139,6 +139,8 @@ def record_offline(
             restore_threads=restore_threads, stop=stop,
         )  # fmt: skip
         with hf_progress_bars(progress):
+            rows.check_saved_again(refs, functools.partial(_fingerprint_of, model_factory=model_factory, device=device,
+                                                           model_dtype=model_dtype))  # fmt: skip
             _record_in_order(todo, evaluate, rows, workers=workers, progress=progress)
     except BaseException:
         stop.set()  # Ctrl-C or a failure: the checkpoints still in the workers stop at their next forward
@@ -379,6 +381,15 @@ def _evaluate(
         torch.set_num_threads(restore_threads)
 
 
+def _fingerprint_of(ref: CheckpointRef, *, model_factory: ModelFactory | None, device: torch.device, model_dtype: str | None) -> int | None:
+    """:func:`weights_fingerprint` of ``ref``'s model as a row of it stores it, or None when it cannot
+    be loaded now (being saved again, say)."""
+    try:
+        return weights_fingerprint(load_checkpoint(ref, model_factory=model_factory, device=device, model_dtype=model_dtype))
+    except Exception:  # noqa: BLE001 - a check only: loading it for its row says what is wrong
+        return None
+
+
 def _saved_at(ref: CheckpointRef) -> float:
     """When ``ref`` was saved: its file's modification time; an HF folder's, its weight files' (the
     folder's own changes whenever a file in it is added or removed, e.g. an optimizer state deleted
@@ -480,6 +491,33 @@ class _RunRows:
                 if fp:
                     self._seen.setdefault(int(fp), (int(s), f"step {s} (committed earlier)"))
         return todo
+
+    def check_saved_again(self, refs: Sequence[CheckpointRef], fingerprint: Callable[[CheckpointRef], int | None]) -> None:
+        """Warn when the checkpoint at the run's last committed step was saved again, since its row
+        was recorded, with other weights: a training restarted from an earlier checkpoint (after a
+        divergence, with a fix) rewrites the checkpoints after it, and the rows appended now would
+        be its, after the first training's. Only a checkpoint whose save time is not its row's
+        ``wall_time`` is loaded (one, at most, per call); the same weights saved again or copied
+        say nothing."""
+        if self.existing is None or self.axis != "T" or not self.existing.n_committed:
+            return
+        last, row = int(self.existing.steps[-1]), self.existing.n_committed - 1
+        ref = next((r for r in refs if r.step == last), None)
+        stored = int(self.existing.coord("ckpt_fingerprint")[row])
+        try:
+            if ref is None or not stored or _saved_at(ref) == float(self.existing.coord("wall_time")[row]):
+                return
+        except OSError:  # gone meanwhile: nothing to compare
+            return
+        now = fingerprint(ref)
+        if now is not None and now != stored:
+            warnings.warn(
+                f"run {self.run!r}: {ref.path.name}, the checkpoint at its last committed step {last}, now holds other weights "
+                f"than its row (fingerprint {now:016x}, the row's {stored:016x}): saved again by a training restarted from an "
+                f"earlier checkpoint? Its rows up to step {last} are then the first training's and those appended now the new "
+                "one's; record the new training into a new run to keep them apart",
+                stacklevel=3,  # record_offline's caller
+            )
 
     def append(self, ref: CheckpointRef, res: _Evaluated) -> None:
         if self.writer is None:
