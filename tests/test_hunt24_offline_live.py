@@ -299,3 +299,26 @@ def test_the_same_checkpoints_saved_again_or_copied_say_nothing(tmp_path):
         assert _record(d, store, resume=True)["recorded"] == []
         assert _record(copy, store, resume=True)["recorded"] == [40]
     _check_rows(store, [10, 20, 30, 40])
+
+
+def test_a_failed_recording_never_removes_a_store_another_records_into(tmp_path, monkeypatch):
+    """Two first cron runs with --probe: the one that made the store fails (the other made the run
+    meanwhile) and removed the new store, the other's run and its held writer with it: the other
+    then failed on its lost lock, its evaluated rows gone. Now a store holding a run this call did
+    not make is left in place."""
+    d = _folder(tmp_path, (10, 20))
+    store = tmp_path / "s.zarr"
+    listed = offline_recording.discover_checkpoints
+    held = {}
+
+    def discover_then_the_other_creates_it(*args, **kw):
+        refs = listed(*args, **kw)
+        held["writer"] = open_store(store, mode="r+").create_run("r").writer()  # the other holds it, nothing committed yet
+        return refs
+
+    monkeypatch.setattr(offline_recording, "discover_checkpoints", discover_then_the_other_creates_it)
+    with pytest.raises(RunBusyError, match="was created by another process"):
+        record_offline(d, store, "r", probe=PROBE, resume=True, progress=False, workers=1)
+    held["writer"].append(direct_losses(make_model(10), PROBE), step=10)  # the other goes on
+    held["writer"].release()
+    _check_rows(store, [10])
