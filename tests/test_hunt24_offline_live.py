@@ -322,3 +322,20 @@ def test_a_failed_recording_never_removes_a_store_another_records_into(tmp_path,
     held["writer"].append(direct_losses(make_model(10), PROBE), step=10)  # the other goes on
     held["writer"].release()
     _check_rows(store, [10])
+
+
+def test_a_checkpoint_deleted_while_its_probe_is_evaluated_keeps_its_row(tmp_path):
+    """Its weights were read: the row is the checkpoint's, stored with the time it was saved (the
+    time was read after the forwards, from a file then gone: the row was lost)."""
+    d = _folder(tmp_path, (20,))
+    saved = (d / "step_20.pt").stat().st_mtime
+
+    def forward_then_rotate(model, ids):
+        (d / "step_20.pt").unlink(missing_ok=True)
+        return model(ids)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _record(d, tmp_path / "s.zarr", forward=forward_then_rotate)["recorded"] == [20]
+    assert open_store(tmp_path / "s.zarr").run("r").coord("wall_time").tolist() == [saved]
+    _check_rows(tmp_path / "s.zarr", [20])

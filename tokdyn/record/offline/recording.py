@@ -353,6 +353,7 @@ def _evaluate(
     where = f"checkpoint {ref.path} (step {ref.step})"
     try:
         _check_stop(stop)
+        saved = _saved_at(ref)  # before reading it: a checkpoint rotated away after that keeps its row
         model = load_checkpoint(ref, model_factory=model_factory, device=device, model_dtype=model_dtype)
         fp = weights_fingerprint(model)
         _check_input_vocabulary(model, max_id, where)
@@ -364,7 +365,7 @@ def _evaluate(
             if str(exc).startswith(where):
                 raise
             raise (type(exc) if isinstance(exc, _NeedsForward) else InputError)(f"{where}: {exc}") from exc
-        return _Evaluated(losses, fp, model_attrs(model), _saved_at(ref))
+        return _Evaluated(losses, fp, model_attrs(model), saved)
     except Exception as exc:  # noqa: BLE001 - re-raised in order by record_offline
         if not os.path.exists(ref.path):  # deleted since it was listed (save_total_limit): nothing left to record
             return _Deleted()
