@@ -91,6 +91,7 @@ UNREADABLE = {
 @pytest.mark.parametrize("what", list(UNREADABLE))
 def test_an_unreadable_checkpoint_is_one_line_naming_it(what, tmp_path, probe_store, capsys):
     folder = checkpoint_folder(tmp_path, UNREADABLE[what])
+    save_torch(make_model(0), folder / "step_2.pt")  # step_1.pt is not the newest: not a save still being written
     code, err = record(folder, tmp_path / "o.zarr", probe_store, capsys)
     line = cli_error_line(err)  # no torch warning lines before it
     assert code == 1
@@ -167,6 +168,7 @@ def test_an_unreadable_safetensors_file_is_one_line_naming_it(what, tmp_path, pr
     save_safetensors(make_model(0), folder / "step_1.safetensors")
     good = (folder / "step_1.safetensors").read_bytes()
     (folder / "step_1.safetensors").write_bytes(SAFETENSORS_DAMAGE[what](good))
+    save_safetensors(make_model(0), folder / "step_2.safetensors")  # not the newest: not a save still being written
     code, err = record(folder, tmp_path / "o.zarr", probe_store, capsys)
     assert code == 1
     assert "step_1.safetensors is not a readable safetensors file" in cli_error_line(err)

@@ -294,6 +294,7 @@ class TrajectoryStore:
         self._probe: ProbeSet | None = None
         self.created = False  # made by this object (create, or open_store mode "a"/"w" on nothing)
         self._folder_before: tuple[str, int] | None = None  # a local folder that was there before create()
+        self._made_runs: set[str] = set()  # runs this object created (discard_if_new removes no other's)
 
     # -- opening --------------------------------------------------------------------------
 
@@ -513,6 +514,7 @@ class TrajectoryStore:
         check_writer_ranges(ranges, n, chunk)
         run_attrs = jsonable(dict(attrs or {}), "run attrs")
         g = self._claim_run_name(name)
+        self._made_runs.add(name)
         g.create_array(
             "loss", shape=(cap, n), chunks=(1, chunk), dtype=dtype, fill_value=np.nan,
             dimension_names=("checkpoint", "token"), compressors=compressors,
@@ -578,12 +580,15 @@ class TrajectoryStore:
         zarr_sync(self._group.store.delete_dir(join(self._group.path, "runs", name)))
 
     def discard_if_new(self) -> bool:
-        """Remove the whole store if this object created it and it holds no committed row: what
-        a command that failed half-way calls, so that it leaves no new store behind. Returns
-        whether the store was removed."""
+        """Remove the whole store if this object created it and it holds no committed row and no
+        run another process made meanwhile (two first recordings at once: the other may hold its
+        writer): what a command that failed half-way calls, so that it leaves no new store behind.
+        Returns whether the store was removed."""
         if not (self.created and self.writable):
             return False
         for name in self.runs:
+            if name not in self._made_runs:  # another process made it meanwhile (and may be writing it): its store too
+                return False
             try:
                 if self.run(name).n_committed:
                     return False

@@ -9,9 +9,11 @@ records (safely: ``torch.load(weights_only=True)``, or an HF folder's ``trainer_
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import warnings
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +28,7 @@ from ..._files import check_regular
 from .files import check_regular_tree, read_json
 
 __all__ = ["CheckpointRef", "discover_checkpoints", "held_step", "recorded_step", "order_refs", "manifest_axis", "MANIFEST", "KINDS",
-           "MODEL_DTYPE_NAMES", "STEP_KEYS", "step_value", "trainer_state_coords", "drop_unfinished", "hf_weight_files",
+           "MODEL_DTYPE_NAMES", "STEP_KEYS", "step_value", "trainer_state_coords", "drop_unfinished", "cut_short", "hf_weight_files",
            "is_adapter_folder", "file_kind"]
 
 MANIFEST = "manifest.json"
@@ -95,6 +97,9 @@ _TRAINING_STATE = re.compile(r"^(?:training_args\.bin|optimizer\.pt|scheduler\.p
 # A name still being written, or left by a save that died: checkpoint-500.tmp/, transformers 4.36's
 # tmp-checkpoint-500/ (renamed when complete). Its number is a step whose weights may be half there.
 _IN_PROGRESS = re.compile(r"^tmp[-_]|\.(?:tmp|temp|partial|incomplete)$", re.IGNORECASE)
+# A file named by tempfile (NamedTemporaryFile(dir=..., suffix=".pt"), renamed into place when
+# written): "tmp" and 8 random letters, digits or underscores.
+_TEMPFILE = re.compile(r"^tmp[a-z0-9_]{8}$")
 # The name the Hugging Face Trainer gives its checkpoint folders.
 _TRAINER_SAVE = re.compile(r"^checkpoint-\d+$")
 # A Hugging Face folder's own weights: they hold no step (the folder does).
@@ -188,7 +193,7 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
     for p in sorted(root.iterdir()):
         if p.name.startswith(".") or _TRAINING_STATE.match(p.name):
             continue
-        if p.is_dir() and _IN_PROGRESS.search(p.name) and (_kind_of(p) is not None or _holds_weights(p)):
+        if _in_progress_name(p) and (_kind_of(p) is not None or (p.is_dir() and _holds_weights(p))):
             in_progress.append(p.name)
             continue
         kind = _kind_of(p)
@@ -276,6 +281,19 @@ _NO_STEP = (
 _NO_STEP_FIX = f"Rename them (e.g. step_000100.pt), move them out, or list every checkpoint with its \"step\" in {MANIFEST}"
 
 
+def _in_progress_name(p: Path) -> bool:
+    """Whether ``p`` is named as a save still being written: a folder (``checkpoint-500.tmp/``,
+    ``tmp-checkpoint-500/``), or a checkpoint file whose name without its suffix is such a name
+    (``tmp_step_500.pt``, ``step_500.tmp.pt``) or tempfile's (``tmpk3j2x9ab.pt``; not one that
+    names a step: ``tmpl_step_5.pt`` is step 5)."""
+    if p.is_dir():
+        return bool(_IN_PROGRESS.search(p.name))
+    if file_kind(p) is None:
+        return False
+    stem = p.name[: -len("".join(p.suffixes[-2:]))] if file_kind(Path(p.stem)) is not None else p.stem  # .pth.tar: both
+    return bool(_IN_PROGRESS.search(stem) or (_TEMPFILE.match(stem) and "step" not in stem.lower()))
+
+
 def _is_dcp(folder: Path) -> bool:
     """Whether ``folder`` is a torch.distributed.checkpoint save (torchtitan's ``step-50/``)."""
     try:
@@ -321,27 +339,86 @@ def hf_weight_files(folder: Path) -> list[Path] | None:
 
 
 def drop_unfinished(refs: Sequence[CheckpointRef], where: str) -> list[CheckpointRef]:
-    """``refs`` (in step order) without the last one when it is a Hugging Face folder still being
-    written: its weights not all there yet, or, for a Trainer's ``checkpoint-N`` folder, no
-    ``trainer_state.json`` (the Trainer writes it last) where every other checkpoint folder has one. Named in a warning: ``resume=True`` records it
-    later. An unfinished folder before the last is left to fail when loaded (a damaged run)."""
-    hf = [r for r in refs if r.kind == "hf"]
-    if not refs or refs[-1].kind != "hf" or is_adapter_folder(refs[-1].path):
+    """``refs`` (in step order) without the last one when it is a save still being written: a
+    Hugging Face folder whose weights are not all there yet, or, for a Trainer's ``checkpoint-N``
+    folder, that has no ``trainer_state.json`` (the Trainer writes it last) where every other
+    checkpoint folder has one; or a file (an HF folder's weight file) cut short of what its format
+    says it holds (:func:`cut_short`). Named in a warning: ``resume=True`` records it later. An
+    unfinished checkpoint before the last is left to fail when loaded (a damaged run). The only
+    checkpoint, unfinished, is an :class:`~tokdyn.errors.InputError` naming it: nothing to record."""
+    if not refs:
         return list(refs)
-    last = refs[-1].path
-    # only a Trainer's own save (checkpoint-N) is written with its state: a folder saved by
-    # save_pretrained, or copied in by hand, never gets one, and must not wait for it for good
-    stateless = bool(_TRAINER_SAVE.match(last.name)) and not (last / "trainer_state.json").is_file() and len(hf) > 1 \
-        and all((r.path / "trainer_state.json").is_file() for r in hf[:-1])  # fmt: skip
-    if hf_weight_files(last) is not None and not stateless:
+    missing = _unfinished_folder(refs) if refs[-1].kind == "hf" else None
+    short = cut_short(refs[-1]) if missing is None else None
+    if missing is None and short is None:
         return list(refs)
-    missing = "its trainer_state.json" if hf_weight_files(last) is not None else "its weights"
+    what = f"lacks {missing}" if missing else f"is cut short ({short})"
+    if len(refs) == 1:
+        raise InputError(f"{where}: {refs[-1].path.name} (step {refs[-1].step}), the only checkpoint, {what}: a save still "
+                         "being written, or damaged; nothing to record until it is complete")  # fmt: skip
     warnings.warn(
-        f"{where}: {last.name} (step {refs[-1].step}), the newest checkpoint, lacks {missing}: taken for a save still "
-        "being written and not recorded; --resume (resume=True) records it once it is complete",
+        f"{where}: {refs[-1].path.name} (step {refs[-1].step}), the newest checkpoint, {what}: taken for a save still being "
+        "written and not recorded; --resume (resume=True) records it once it is complete",
         stacklevel=3,
     )
     return list(refs[:-1])
+
+
+def _unfinished_folder(refs: Sequence[CheckpointRef]) -> str | None:
+    """What the newest checkpoint, an HF folder, lacks for a complete save ("its weights", "its
+    trainer_state.json"), or None."""
+    last = refs[-1].path
+    if is_adapter_folder(last):
+        return None
+    if hf_weight_files(last) is None:
+        return "its weights"
+    # only a Trainer's own save (checkpoint-N) is written with its state: a folder saved by
+    # save_pretrained, or copied in by hand, never gets one, and must not wait for it for good
+    hf = [r for r in refs if r.kind == "hf"]
+    stateless = bool(_TRAINER_SAVE.match(last.name)) and not (last / "trainer_state.json").is_file() and len(hf) > 1 \
+        and all((r.path / "trainer_state.json").is_file() for r in hf[:-1])  # fmt: skip
+    return "its trainer_state.json" if stateless else None
+
+
+# safetensors refuses a header longer than this (its MAX_HEADER_SIZE): no file's of ours
+_MAX_SAFETENSORS_HEADER = 100_000_000
+_ZIP_START = b"PK\x03\x04"
+
+
+def cut_short(ref: CheckpointRef) -> str | None:
+    """Why checkpoint ``ref`` is shorter than its format says, as a save caught half-way leaves it,
+    or None: an empty file; a safetensors file shorter than its header, or than the tensors its
+    header lists; a zip-format torch file without its end record (``torch.save`` writes it last).
+    An HF folder's weight files are each checked. A file damaged otherwise is None here: loading it
+    says what is wrong."""
+    files = [ref.path] if ref.kind != "hf" else hf_weight_files(ref.path) or []
+    for f in files:
+        short = _file_cut_short(f)
+        if short is not None:
+            return short if ref.kind != "hf" else f"{f.name}: {short}"
+    return None
+
+
+def _file_cut_short(f: Path) -> str | None:
+    try:
+        size = f.stat().st_size
+        if size == 0:
+            return "an empty file"
+        with open(f, "rb") as fh:
+            head = fh.read(8)
+            if file_kind(f) != "safetensors":
+                zipped = head[:4] == _ZIP_START or (size < 4 and _ZIP_START.startswith(head))
+                return "a zip archive without its end record, which torch.save writes last" if zipped and not zipfile.is_zipfile(f) else None
+            n = int.from_bytes(head, "little")
+            if size < 8 or n > _MAX_SAFETENSORS_HEADER:
+                return f"{size} bytes, less than its header's length" if size < 8 else None
+            if size < 8 + n:
+                return f"{size:,} of the {8 + n:,} bytes of its header"
+            header = json.loads(fh.read(n))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
+        return None  # unreadable or not this format: loading it says so
+    return f"{size:,} of the {8 + n + end:,} bytes its header promises" if size < 8 + n + end else None
 
 
 def trainer_state_coords(folder: Path, step: int) -> tuple[int | None, float | None]:

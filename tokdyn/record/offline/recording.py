@@ -25,7 +25,7 @@ import torch
 
 from ..._files import not_a_folder
 from ..._checks import check_count
-from ...errors import InputError, NotAStoreError, RunExistsError, StoreError, TokdynError
+from ...errors import InputError, NotAStoreError, RunBusyError, RunExistsError, StoreError, TokdynError
 from ...probe import ProbeSet
 from ...runtime import resolve_device
 from ...store import AXES, LOSS_DTYPES, TrajectoryStore, open_store
@@ -105,7 +105,8 @@ def record_offline(
     -------
     dict
         ``store``, ``run``, ``axis``, ``recorded`` (steps written now), ``skipped`` (steps already
-        committed), ``rows`` (committed rows now), ``duplicates`` (pairs of steps with identical
+        committed), ``deleted`` (steps whose checkpoint was deleted after it was listed, e.g. by a
+        training's ``save_total_limit``: warned about, not recorded), ``rows`` (committed rows now), ``duplicates`` (pairs of steps with identical
         weights), ``fingerprints`` ({step: uint64} of the rows written now), ``seconds``.
     """
     t0 = time.perf_counter()
@@ -138,6 +139,8 @@ def record_offline(
             restore_threads=restore_threads, stop=stop,
         )  # fmt: skip
         with hf_progress_bars(progress):
+            rows.check_saved_again(refs, functools.partial(_fingerprint_of, model_factory=model_factory, device=device,
+                                                           model_dtype=model_dtype))  # fmt: skip
             _record_in_order(todo, evaluate, rows, workers=workers, progress=progress)
     except BaseException:
         stop.set()  # Ctrl-C or a failure: the checkpoints still in the workers stop at their next forward
@@ -285,12 +288,16 @@ def _record_in_order(todo: Sequence[CheckpointRef], evaluate: Callable, rows: _R
             results = _compute(evaluate, batch, workers)
             # Evaluated rows are written even if Ctrl-C comes meanwhile (it is raised after them):
             # evaluating them took far longer than writing them takes.
-            evaluated = [ref.step for ref, _ in itertools.takewhile(lambda rr: not isinstance(rr[1], BaseException), zip(batch, results))]
+            done = itertools.takewhile(lambda rr: not isinstance(rr[1], BaseException), zip(batch, results))
+            evaluated = [ref.step for ref, res in done if not isinstance(res, _Deleted)]
             with hold_interrupts(functools.partial(rows.writing_notice, evaluated), functools.partial(rows.lost_notice, evaluated)):
                 for ref, res in zip(batch, results):
                     if isinstance(res, BaseException):
                         raise res
-                    rows.append(ref, res)
+                    if isinstance(res, _Deleted):
+                        rows.deleted_after_listing(ref)
+                    else:
+                        rows.append(ref, res)
                     bar.update(1)
     finally:
         bar.close()
@@ -335,15 +342,18 @@ def _evaluate(
     restore_threads: int,
     stop: threading.Event | None = None,
     forward: ForwardFn | None = None,
-) -> _Evaluated | BaseException:
+) -> _Evaluated | _Deleted | BaseException:
     """Load, fingerprint and evaluate one checkpoint. Runs in a dask worker thread; a failure
-    is returned (not raised) so that the rows before it can still be committed in order. Once
+    is returned (not raised) so that the rows before it can still be committed in order, and a
+    checkpoint deleted since it was listed (a training's ``save_total_limit`` rotating old ones
+    away) gives :class:`_Deleted`, whatever its load failed on. Once
     ``stop`` is set (the recording was interrupted) it gives up before its next forward: the
     interpreter waits for worker threads at exit, and a large model's probe takes minutes."""
     torch.set_num_threads(threads)  # per calling thread with OpenMP: keep workers x threads <= cores
     where = f"checkpoint {ref.path} (step {ref.step})"
     try:
         _check_stop(stop)
+        saved = _saved_at(ref)  # before reading it: a checkpoint rotated away after that keeps its row
         model = load_checkpoint(ref, model_factory=model_factory, device=device, model_dtype=model_dtype)
         fp = weights_fingerprint(model)
         _check_input_vocabulary(model, max_id, where)
@@ -355,8 +365,10 @@ def _evaluate(
             if str(exc).startswith(where):
                 raise
             raise (type(exc) if isinstance(exc, _NeedsForward) else InputError)(f"{where}: {exc}") from exc
-        return _Evaluated(losses, fp, model_attrs(model), _saved_at(ref))
+        return _Evaluated(losses, fp, model_attrs(model), saved)
     except Exception as exc:  # noqa: BLE001 - re-raised in order by record_offline
+        if not os.path.exists(ref.path):  # deleted since it was listed (save_total_limit): nothing left to record
+            return _Deleted()
         if _is_out_of_memory(exc):  # not chained: its traceback holds the tensors that filled the memory
             exc = _OutOfMemory(
                 f"{where}: out of memory on {device} ({short_error(exc, limit=160)}); evaluate fewer probe sequences per "
@@ -368,6 +380,15 @@ def _evaluate(
         return exc
     finally:
         torch.set_num_threads(restore_threads)
+
+
+def _fingerprint_of(ref: CheckpointRef, *, model_factory: ModelFactory | None, device: torch.device, model_dtype: str | None) -> int | None:
+    """:func:`weights_fingerprint` of ``ref``'s model as a row of it stores it, or None when it cannot
+    be loaded now (being saved again, say)."""
+    try:
+        return weights_fingerprint(load_checkpoint(ref, model_factory=model_factory, device=device, model_dtype=model_dtype))
+    except Exception:  # noqa: BLE001 - a check only: loading it for its row says what is wrong
+        return None
 
 
 def _saved_at(ref: CheckpointRef) -> float:
@@ -391,6 +412,10 @@ def _check_input_vocabulary(model: torch.nn.Module, max_id: int, where: str) -> 
             f"{where}: the model's vocabulary has {n} tokens but the probe's token ids reach {max_id}; "
             "the model must use the probe's tokenizer"
         )
+
+
+class _Deleted:
+    """What evaluating a checkpoint that was deleted after it was listed gives: no row."""
 
 
 class _Stopped(TokdynError):
@@ -442,6 +467,7 @@ class _RunRows:
         self.writer = existing.writer(resume=True) if existing is not None else None
         self.recorded: list[int] = []
         self.skipped: list[int] = []
+        self.deleted: list[int] = []
         self.fingerprints: dict[int, int] = {}
         self.duplicates: list[list[int]] = []
         self._seen: dict[int, tuple[int, str]] = {}  # fingerprint -> (step, "step S (path)")
@@ -467,9 +493,44 @@ class _RunRows:
                     self._seen.setdefault(int(fp), (int(s), f"step {s} (committed earlier)"))
         return todo
 
+    def check_saved_again(self, refs: Sequence[CheckpointRef], fingerprint: Callable[[CheckpointRef], int | None]) -> None:
+        """Warn when the checkpoint at the run's last committed step was saved again, since its row
+        was recorded, with other weights: a training restarted from an earlier checkpoint (after a
+        divergence, with a fix) rewrites the checkpoints after it, and the rows appended now would
+        be its, after the first training's. Only a checkpoint whose save time is not its row's
+        ``wall_time`` is loaded (one, at most, per call); the same weights saved again or copied
+        say nothing."""
+        if self.existing is None or self.axis != "T" or not self.existing.n_committed:
+            return
+        last, row = int(self.existing.steps[-1]), self.existing.n_committed - 1
+        ref = next((r for r in refs if r.step == last), None)
+        stored = int(self.existing.coord("ckpt_fingerprint")[row])
+        try:
+            if ref is None or not stored or _saved_at(ref) == float(self.existing.coord("wall_time")[row]):
+                return
+        except OSError:  # gone meanwhile: nothing to compare
+            return
+        now = fingerprint(ref)
+        if now is not None and now != stored:
+            warnings.warn(
+                f"run {self.run!r}: {ref.path.name}, the checkpoint at its last committed step {last}, now holds other weights "
+                f"than its row (fingerprint {now:016x}, the row's {stored:016x}): saved again by a training restarted from an "
+                f"earlier checkpoint? Its rows up to step {last} are then the first training's and those appended now the new "
+                "one's; record the new training into a new run to keep them apart",
+                stacklevel=3,  # record_offline's caller
+            )
+
     def append(self, ref: CheckpointRef, res: _Evaluated) -> None:
         if self.writer is None:
-            self.writer = self._create(res=res).writer()
+            try:
+                created = self._create(res=res)
+            except RunExistsError:  # it was not there when this recording began: another one made it
+                raise RunBusyError(
+                    f"run {self.run!r} of {self.ts.url} was created by another process while this one evaluated its first "
+                    "checkpoints (a second record-offline of the same run?); this one stops without writing: rerun it "
+                    "with --resume (resume=True) once the other has finished"
+                ) from None
+            self.writer = created.writer()
         label = f"step {ref.step} ({ref.path})"
         if res.fingerprint in self._seen:
             first_step, first_label = self._seen[res.fingerprint]
@@ -488,6 +549,15 @@ class _RunRows:
         )  # fmt: skip
         self.recorded.append(ref.step)
         self.fingerprints[ref.step] = res.fingerprint
+
+    def deleted_after_listing(self, ref: CheckpointRef) -> None:
+        """Skip ``ref``, gone since it was listed, with a warning: no rerun can record it."""
+        self.deleted.append(ref.step)
+        warnings.warn(
+            f"{ref.path} (step {ref.step}) was deleted after it was listed (a training's save_total_limit rotating old "
+            "checkpoints away?) and is not recorded; the run has no row at that step",
+            stacklevel=4,  # record_offline's caller
+        )
 
     def _uncommitted(self, steps: Sequence[int]) -> list[int]:
         last = None if self.writer is None else self.writer.last_step
@@ -526,6 +596,7 @@ class _RunRows:
             "axis": self.axis,
             "recorded": self.recorded,
             "skipped": self.skipped,
+            "deleted": self.deleted,
             "rows": 0 if self.writer is None else self.writer.rows,
             "duplicates": self.duplicates,
             "fingerprints": self.fingerprints,
