@@ -1,0 +1,160 @@
+"""Hunt 24: tokdyn in a long-lived process (a notebook, a training script that also analyses).
+
+Objects held across cells while another process (or another handle) deletes a run, makes it
+again, or replaces the store: every read through the held object either gives what a fresh
+process reads or says in one line what happened, never another run's rows under the held view's
+shape, and never "damaged" for a store that is whole."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import zarr
+
+import tokdyn
+from tokdyn.errors import StoreError
+
+N_SEQ, C = 4, 16  # 64 tokens
+TC = 16
+
+
+def _probe(fill: int = 0) -> tokdyn.ProbeSet:
+    return tokdyn.ProbeSet.from_tokens(np.full((N_SEQ, C + 1), fill), tokenizer={"kind": "byte"})
+
+
+def _record(store, name: str, rows: np.ndarray, *, token_chunk: int = TC, dtype: str = "float32", legacy: bool = False) -> None:
+    """Run ``name`` of ``rows`` (steps 1..K), made again where it exists; ``legacy``: without the
+    position checksums (a run an older tokdyn made), made at a second of its own (such a run is
+    told from one made again under its name by its creation time, to the second)."""
+    if name in store.runs:
+        store.delete_run(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with store.create_run(name, dtype=dtype, token_chunk=token_chunk).writer() as w:
+            for j, row in enumerate(rows):
+                w.append(row, step=j + 1)
+    if legacy:
+        g = zarr.open_group(f"{store.url}/runs/{name}", mode="r+")
+        meta = dict(g.attrs["tokdyn_run"])
+        meta.pop("integrity")
+        _record.made += 1
+        meta["created"] = f"2020-01-01T00:00:{_record.made % 60:02d}+00:00"
+        g.update_attributes({"tokdyn_run": meta})
+
+
+_record.made = 0
+
+
+def _rows(k: int, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).random((k, N_SEQ * C)) + seed).astype(np.float32)
+
+
+READERS = {
+    "losses": lambda run, held: run.losses(),
+    "losses_at": lambda run, held: run.losses_at([0, 1], [3, 40]),
+    "steps": lambda run, held: run.steps,
+    "n_committed": lambda run, held: run.n_committed,
+    "info": lambda run, held: run.info(),
+    "to_dask": lambda run, held: run.to_dask(),
+    "to_xarray": lambda run, held: run.to_xarray(),
+    "fit.read": lambda run, held: run.fit.read(["mu"]),
+    "dask made before": lambda run, held: held["dask"].compute(),
+    "xarray made before": lambda run, held: held["xarray"]["loss"].values,
+}
+
+
+def _hold(url: str, legacy: bool):
+    store = tokdyn.open_store(url, _probe(), mode="a")
+    _record(store, "r", _rows(5, 0), legacy=legacy)
+    run = tokdyn.open_store(url, mode="r").run("r")
+    return run, {"dask": run.to_dask(), "xarray": run.to_xarray()}
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["checksummed", "legacy"])
+@pytest.mark.parametrize("change", ["deleted", "made again", "made again, 7 rows", "made again, other chunks", "made again, float16"])
+def test_a_held_run_whose_run_was_deleted_or_made_again_says_so(tmp_path, legacy, change):
+    """A run deleted, or deleted and recorded again under its name, by another handle while a
+    notebook holds a view of it (and a dask array, a Dataset made from it): each read says the
+    run was deleted (and made again) since the view was opened, and to open it again. Before,
+    the view's cached metadata read the new run: 'loss chunk (row 0, token chunk 0) does not hold
+    the values committed there; it was moved, swapped, left stale or damaged', 'cannot decode ...
+    is damaged', 'commit record of token range 0 is unreadable (GroupNotFoundError ...)' (a
+    whole store said damaged), and, for a run without position checksums, the new run's rows
+    read under the old view's shape without a word."""
+    url = str(tmp_path / "s.zarr")
+    run, held = _hold(url, legacy)
+    other = tokdyn.open_store(url, mode="r+")
+    if change == "deleted":
+        other.delete_run("r")
+    else:
+        k = 7 if "7 rows" in change else 5
+        _record(other, "r", _rows(k, 1), legacy=legacy, token_chunk=32 if "chunks" in change else TC,
+                dtype="float16" if "float16" in change else "float32")
+    for reader, read in READERS.items():
+        with pytest.raises(StoreError) as err:
+            read(run, held)
+        msg = str(err.value)
+        assert f"run 'r' in {url} was deleted" in msg and "open it again" in msg and "damaged" not in msg, (reader, msg)
+        assert ("made again" in msg) == (change != "deleted"), (reader, msg)
+    # and a view opened now reads the run there is
+    if change != "deleted":
+        fresh = tokdyn.open_store(url, mode="r").run("r")
+        assert np.array_equal(fresh.losses(), _rows(fresh.n_committed, 1).astype(fresh.dtype))
+
+
+def test_a_held_run_reads_rows_another_process_appends(tmp_path):
+    """The ordinary case stays as it was: rows another process commits (a resumed writer) are
+    read by the held view, as by a fresh process; a dask array made before keeps its rows."""
+    url = str(tmp_path / "s.zarr")
+    store = tokdyn.open_store(url, _probe(), mode="a")
+    full = _rows(8, 3)
+    _record(store, "r", full[:5])
+    run = tokdyn.open_store(url, mode="r").run("r")
+    before = run.to_dask()
+    code = (
+        "import sys, numpy as np, tokdyn\n"
+        f"full = (np.random.default_rng(3).random((8, {N_SEQ * C})) + 3).astype(np.float32)\n"
+        f"with tokdyn.open_store({url!r}, mode='r+').run('r').writer(resume=True) as w:\n"
+        "    [w.append(full[j], step=j + 1) for j in range(5, 8)]\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert run.n_committed == 8 and np.array_equal(run.losses(), full) and np.array_equal(run.steps, np.arange(1, 9))
+    assert np.array_equal(before.compute(), full[:5])
+    assert "rows=8" in repr(run)
+
+
+def test_repr_of_a_run_that_is_gone_says_so_without_raising(tmp_path):
+    """A notebook shows a held object's repr first: for a run deleted meanwhile it raised
+    ('commit record of token range 0 is unreadable'); it names the run and says it is gone."""
+    url = str(tmp_path / "s.zarr")
+    run, _ = _hold(url, False)
+    assert repr(run) == "Run('r', axis=T, rows=5, tokens=64, fit=none)"
+    tokdyn.open_store(url, mode="r+").delete_run("r")
+    assert repr(run) == "Run('r', axis=T, tokens=64: deleted after this view was opened)"
+
+
+def test_a_held_store_replaced_by_a_store_of_another_probe_says_so(tmp_path):
+    """The store a notebook holds is removed and a store of another probe made at its path (the
+    demo run again, a pipeline's 'w'): the held store's probe (cached) is not the runs' probe, so
+    a run read through it paired the new run with the old probe's tokens, domains and
+    documents, without a word (or, where the probe was not read yet, said 'the probe arrays were
+    modified or damaged'). Now each says in one line that the store was replaced."""
+    url = str(tmp_path / "s.zarr")
+    held = tokdyn.open_store(url, _probe(0), mode="a")
+    _record(held, "r", _rows(5, 0))
+    first = tokdyn.open_store(url, mode="r")
+    assert first.probe.fingerprint == _probe(0).fingerprint  # read and cached, as a notebook would
+    lazy = tokdyn.open_store(url, mode="r")  # its probe not read yet
+    new = tokdyn.open_store(url, _probe(1), mode="w")
+    _record(new, "r", _rows(5, 1))
+    for reader in (lambda: first.run("r"), lambda: lazy.probe, lambda: lazy.run("r")):
+        with pytest.raises(StoreError) as err:
+            reader()
+        msg = str(err.value)
+        assert f"{url} was replaced by another store" in msg and "open it again" in msg and "damaged" not in msg, msg
+    fresh = tokdyn.open_store(url, mode="r")
+    assert fresh.probe.fingerprint == _probe(1).fingerprint and np.array_equal(fresh.run("r").losses(), _rows(5, 1))
