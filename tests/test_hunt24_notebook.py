@@ -142,7 +142,9 @@ def test_a_held_store_replaced_by_a_store_of_another_probe_says_so(tmp_path):
     demo run again, a pipeline's 'w'): the held store's probe (cached) is not the runs' probe, so
     a run read through it paired the new run with the old probe's tokens, domains and
     documents, without a word (or, where the probe was not read yet, said 'the probe arrays were
-    modified or damaged'). Now each says in one line that the store was replaced."""
+    modified or damaged'), and a run created through the held store (a recorder holding it) was
+    recorded with the old probe's tokens into the store of the new one. Now each says in one
+    line that the store was replaced."""
     url = str(tmp_path / "s.zarr")
     held = tokdyn.open_store(url, _probe(0), mode="a")
     _record(held, "r", _rows(5, 0))
@@ -151,10 +153,11 @@ def test_a_held_store_replaced_by_a_store_of_another_probe_says_so(tmp_path):
     lazy = tokdyn.open_store(url, mode="r")  # its probe not read yet
     new = tokdyn.open_store(url, _probe(1), mode="w")
     _record(new, "r", _rows(5, 1))
-    for reader in (lambda: first.run("r"), lambda: lazy.probe, lambda: lazy.run("r")):
+    for reader in (lambda: first.run("r"), lambda: lazy.probe, lambda: lazy.run("r"), lambda: held.create_run("next")):
         with pytest.raises(StoreError) as err:
             reader()
         msg = str(err.value)
         assert f"{url} was replaced by another store" in msg and "open it again" in msg and "damaged" not in msg, msg
     fresh = tokdyn.open_store(url, mode="r")
+    assert fresh.runs == ["r"]
     assert fresh.probe.fingerprint == _probe(1).fingerprint and np.array_equal(fresh.run("r").losses(), _rows(5, 1))
