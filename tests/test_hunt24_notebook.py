@@ -161,3 +161,56 @@ def test_a_held_store_replaced_by_a_store_of_another_probe_says_so(tmp_path):
     fresh = tokdyn.open_store(url, mode="r")
     assert fresh.runs == ["r"]
     assert fresh.probe.fingerprint == _probe(1).fingerprint and np.array_equal(fresh.run("r").losses(), _rows(5, 1))
+
+
+def _tiny_recorder(url: str, *, resume: bool = False):
+    import torch
+
+    from tokdyn.model import GPTConfig, TinyGPT
+
+    probe = tokdyn.ProbeSet.from_tokens(np.random.default_rng(0).integers(0, 257, size=(N_SEQ, C + 1)), tokenizer={"kind": "byte"})
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=257, context=C, n_layer=1, n_head=2, n_embd=32))
+    return tokdyn.TokenLossRecorder(model, probe, url, "r", schedule=range(1, 9), resume=resume, commit_every=0)
+
+
+def _wait_for(rec) -> None:
+    rec._thread.join(10)
+    assert not rec._thread.is_alive()
+
+
+def test_a_recorder_whose_writer_failed_unsaid_says_at_exit_which_rows_are_lost(tmp_path, caplog):
+    """A cell run again makes a second recorder of the run in the same process (it takes the
+    writer lock over from the first, by design); the first one, still held, records a step: its
+    writer stops ('no longer holds its lock') and the row is lost. The script (or kernel) then
+    ends without another call to the first recorder: nothing was said, because the exit flush
+    skipped a recorder whose writer thread had ended. Now the exit says the writer's failure
+    and the steps lost, once: not again for a failure its training thread was already told."""
+    from tokdyn.record import recorder as recorder_module
+
+    url = str(tmp_path / "s.zarr")
+    first = _tiny_recorder(url)
+    first.record(1)
+    first.flush()
+    second = _tiny_recorder(url, resume=True)
+    first.record(2)
+    _wait_for(first)
+    with caplog.at_level("ERROR", logger=recorder_module.__name__):
+        recorder_module._flush_at_exit()
+    said = [r.getMessage() for r in caplog.records if "run 'r'" in r.getMessage()]
+    assert len(said) == 1 and "no longer holds its lock" in said[0] and "step 2" in said[0] and "lost" in said[0], said
+    second.close()
+    assert tokdyn.open_store(url, mode="r").run("r").steps.tolist() == [1]  # what the line says: step 2 is not there
+    # a failure the training thread was told of is not said again at exit
+    caplog.clear()
+    third = _tiny_recorder(url, resume=True)
+    third.record(3)
+    fourth = _tiny_recorder(url, resume=True)
+    third.record(4)
+    _wait_for(third)
+    with pytest.raises(tokdyn.WriterError):
+        third.record(5)
+    with caplog.at_level("ERROR", logger=recorder_module.__name__):
+        recorder_module._flush_at_exit()
+    assert not [r for r in caplog.records if "run 'r'" in r.getMessage()]
+    fourth.close()
