@@ -214,3 +214,48 @@ def test_a_recorder_whose_writer_failed_unsaid_says_at_exit_which_rows_are_lost(
         recorder_module._flush_at_exit()
     assert not [r for r in caplog.records if "run 'r'" in r.getMessage()]
     fourth.close()
+
+
+SCRIPT = """
+import os, sys
+import numpy as np
+import tokdyn
+with open(sys.argv[2], "a") as fh:  # who ran this top level
+    fh.write(f"{os.getpid()}\\n")
+s = tokdyn.open_store(sys.argv[1], tokdyn.ProbeSet.from_tokens(np.zeros((4, 17), int)), mode="w")
+losses = np.load(sys.argv[3])
+with s.create_run("r", token_chunk=16).writer() as w:
+    for j, row in enumerate(losses):
+        w.append(row, step=int(10 * 1.3**j))
+tokdyn.fit_run(s.run("r"), backend="numpy", scheduler="processes", workers=2, progress=False)
+print("fitted", flush=True)
+"""
+
+
+def test_a_script_that_fits_with_worker_processes_is_not_run_again_by_them(tmp_path):
+    """A training script that also analyses, written without `if __name__ == "__main__":`, fits
+    with ``scheduler="processes"``: each worker, started by "spawn", ran the script's top level
+    again before fitting (Python's rule for a pool of the user's own functions; the fit's tasks
+    are tokdyn's). Its `open_store(..., mode="w")` deleted the store the parent was fitting,
+    recorded run included, and the parent said 'a worker process of the fit died ... (killed, or
+    out of memory?)'. The fit's workers now start without the parent's main module: the script
+    runs once, and the fit is the one a single thread makes."""
+    rng = np.random.default_rng(5)
+    x = np.log10(10 * 1.3 ** np.arange(24))
+    losses = (1 + 3 / (1 + np.exp((x[:, None] - rng.uniform(1.5, 3.0, 64)) / 0.2))
+              + rng.normal(0, 0.05, (24, 64))).astype(np.float32)  # fmt: skip
+    np.save(tmp_path / "losses.npy", losses)
+    (tmp_path / "train_and_fit.py").write_text(SCRIPT)
+    url, ran = str(tmp_path / "s.zarr"), tmp_path / "ran.txt"
+    done = subprocess.run([sys.executable, str(tmp_path / "train_and_fit.py"), url, str(ran), str(tmp_path / "losses.npy")],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "fitted" in done.stdout, done.stderr[-2000:]
+    assert len(ran.read_text().split()) == 1  # the top level ran in the script's own process only
+    # the independent answer: the same losses fitted on one thread, in this process
+    ref = tokdyn.open_store(str(tmp_path / "ref.zarr"), tokdyn.ProbeSet.from_tokens(np.zeros((4, 17), int)), mode="a")
+    with ref.create_run("r", token_chunk=16).writer() as w:
+        for j, row in enumerate(losses):
+            w.append(row, step=int(10 * 1.3**j))
+    tokdyn.fit_run(ref.run("r"), backend="numpy", scheduler="sync", progress=False)
+    got, want = tokdyn.open_store(url, mode="r").run("r").fit.read(["mu", "status"]), ref.run("r").fit.read(["mu", "status"])
+    assert np.array_equal(got["status"], want["status"]) and np.allclose(got["mu"], want["mu"], equal_nan=True)
