@@ -259,3 +259,24 @@ def test_a_script_that_fits_with_worker_processes_is_not_run_again_by_them(tmp_p
     tokdyn.fit_run(ref.run("r"), backend="numpy", scheduler="sync", progress=False)
     got, want = tokdyn.open_store(url, mode="r").run("r").fit.read(["mu", "status"]), ref.run("r").fit.read(["mu", "status"])
     assert np.array_equal(got["status"], want["status"]) and np.allclose(got["mu"], want["mu"], equal_nan=True)
+
+
+def test_each_import_of_a_loop_says_its_own_infinite_and_overflowing_losses(tmp_path):
+    """Python says a warning once per text and place (its "default" rule, which a notebook
+    keeps): a loop importing several files, each with as many infinite losses (or finite losses
+    past float16) as the one before, was told of the first file only, and the line did not say
+    which file or run it was about. Each import's lines now name the file and the run."""
+    from tokdyn.interchange import import_npz
+
+    for j in range(3):
+        lm = np.ones((4, 3), np.float32)
+        lm[0, j], lm[1, j] = np.inf, 1e6  # one infinite loss, one beyond float16, in each file
+        np.savez(tmp_path / f"seed{j}.npz", axis_values=np.array([1.0, 2.0, 4.0]), loss_matrix=lm, axis_name=np.array(["T"]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for j in range(3):
+            import_npz(tmp_path / f"seed{j}.npz", tmp_path / "s.zarr", dtype="float16")
+    said = [str(w.message) for w in caught]
+    for j in range(3):
+        mine = [m for m in said if f"seed{j}.npz" in m and f"run 'seed{j}'" in m]
+        assert len(mine) == 2 and any("1 infinite losses" in m for m in mine) and any("1 finite losses beyond" in m for m in mine), said
