@@ -106,6 +106,21 @@ def test_a_held_run_whose_run_was_deleted_or_made_again_says_so(tmp_path, legacy
         assert np.array_equal(fresh.losses(), _rows(fresh.n_committed, 1).astype(fresh.dtype))
 
 
+def test_a_writer_from_a_view_of_a_run_made_again_is_refused(tmp_path):
+    """A writer made from a held view of a run that was since deleted and made again would
+    write the old run's checksums (its id) into the new run, whose reads then fail as 'moved,
+    swapped, left stale or damaged': it is refused, and the new run keeps its rows."""
+    url = str(tmp_path / "s.zarr")
+    store = tokdyn.open_store(url, _probe(), mode="a")
+    _record(store, "r", _rows(3, 0))
+    held = store.run("r")
+    _record(tokdyn.open_store(url, mode="r+"), "r", _rows(3, 1))
+    with pytest.raises(StoreError, match="was deleted and made again after this view"):
+        with held.writer(resume=True) as w:
+            w.append(_rows(4, 0)[3], step=4)
+    assert np.array_equal(tokdyn.open_store(url, mode="r").run("r").losses(), _rows(3, 1))
+
+
 def test_a_held_run_reads_rows_another_process_appends(tmp_path):
     """The ordinary case stays as it was: rows another process commits (a resumed writer) are
     read by the held view, as by a fresh process; a dask array made before keeps its rows."""

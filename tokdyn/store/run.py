@@ -114,7 +114,6 @@ class Run:
                              f"open it again (store.run({self.name!r}))")
 
     def _commit(self, j: int) -> _Commit:
-        self._require_same_run()
         try:
             a = zarr.open_group(store=self._group.store, path=f"{self._group.path}/commits/w{j}", mode="r").attrs
             if not is_int(a["rows"]):  # "3" or 2.5 read as a count of rows
@@ -141,7 +140,10 @@ class Run:
 
     @property
     def n_committed(self) -> int:
-        """Rows complete in every token range: the rows readers see."""
+        """Rows complete in every token range: the rows readers see. Every reader reads it
+        first, so each read checks once that the run is still the one this view was opened on
+        (one small read; a writer checks its lock before each row)."""
+        self._require_same_run()
         k = min(self._commit(j).rows for j in range(len(self.writers)))
         self._refresh(k)
         if k > self._loss.shape[0]:
@@ -420,6 +422,7 @@ class Run:
 
     def nonfinite(self) -> tuple[int, dict[int, int]]:
         """Total count of non-finite losses recorded (stored as NaN) and the count per row."""
+        self._require_same_run()
         total, per_row = 0, {}
         for j in range(len(self.writers)):
             c = self._commit(j)
@@ -448,6 +451,7 @@ class Run:
     def writer(self, *, writer: int = 0, resume: bool = False) -> "RunWriter":
         """A :class:`RunWriter` appending rows for token range ``writer``."""
         self.store.require_writable()
+        self._require_same_run()  # it would write the old run's checksums into the new one
         return RunWriter(self, writer, resume=resume)
 
     def __repr__(self) -> str:
