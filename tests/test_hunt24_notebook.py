@@ -168,7 +168,8 @@ def test_a_held_store_replaced_by_a_store_of_another_probe_says_so(tmp_path):
     lazy = tokdyn.open_store(url, mode="r")  # its probe not read yet
     new = tokdyn.open_store(url, _probe(1), mode="w")
     _record(new, "r", _rows(5, 1))
-    for reader in (lambda: first.run("r"), lambda: lazy.probe, lambda: lazy.run("r"), lambda: held.create_run("next")):
+    for reader in (lambda: first.run("r"), lambda: lazy.probe, lambda: lazy.run("r"), lambda: held.create_run("next"),
+                   lambda: first.info()):
         with pytest.raises(StoreError) as err:
             reader()
         msg = str(err.value)
@@ -176,6 +177,20 @@ def test_a_held_store_replaced_by_a_store_of_another_probe_says_so(tmp_path):
     fresh = tokdyn.open_store(url, mode="r")
     assert fresh.runs == ["r"]
     assert fresh.probe.fingerprint == _probe(1).fingerprint and np.array_equal(fresh.run("r").losses(), _rows(5, 1))
+
+
+def test_a_held_store_whose_folder_was_deleted_says_so(tmp_path):
+    """store.info() of a store deleted meanwhile described the cached probe, no runs and 0
+    bytes, as if an empty store were there; run() and info() now say it was deleted."""
+    import shutil
+
+    url = str(tmp_path / "s.zarr")
+    held = tokdyn.open_store(url, _probe(), mode="a")
+    _record(held, "r", _rows(2, 0))
+    shutil.rmtree(url)
+    for reader in (held.info, lambda: held.run("r")):
+        with pytest.raises(StoreError, match=f"{url} was deleted after this object opened it: open it again"):
+            reader()
 
 
 def _tiny_recorder(url: str, *, resume: bool = False):

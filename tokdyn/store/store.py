@@ -736,6 +736,7 @@ class TrajectoryStore:
 
     def info(self) -> dict:
         """A JSON-able description: probe, runs (shapes, steps, NaNs), size on disk."""
+        self._require_same_store()  # the cached probe beside another store's runs, or none at all
         runs = {}
         for name in self.runs:
             try:
