@@ -174,6 +174,8 @@ def test_a_held_store_replaced_by_a_store_of_another_probe_says_so(tmp_path):
             reader()
         msg = str(err.value)
         assert f"{url} was replaced by another store" in msg and "open it again" in msg and "damaged" not in msg, msg
+    with pytest.raises(StoreError, match="was replaced by another store"):
+        held.delete_run("r")  # the new store's run, which the held handle never held: it used to go
     fresh = tokdyn.open_store(url, mode="r")
     assert fresh.runs == ["r"]
     assert fresh.probe.fingerprint == _probe(1).fingerprint and np.array_equal(fresh.run("r").losses(), _rows(5, 1))

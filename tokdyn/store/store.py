@@ -647,6 +647,7 @@ class TrajectoryStore:
         run half deleted."""
         self.require_writable()
         check_run_name(name)
+        self._require_same_store()  # a held handle of a store replaced meanwhile deleted the new store's run
         store, where = self._group.store, join(self._group.path, "runs", name)
         if name not in self.runs and not has_keys(store, where + "/"):  # (a legacy name the listing leaves out)
             raise RunNotFoundError(f"no run {name!r} in {self.url}; runs: {', '.join(self.runs) or 'none'}")
