@@ -133,7 +133,7 @@ def test_finite_losses_the_stored_dtype_cannot_hold_are_said(tmp_path_factory, v
         warnings.simplefilter("always")
         r = import_npz(_npz(d / "a.npz", lm=lm), str(d / "s.zarr"), dtype="float16")
     said = [str(w.message) for w in caught if "beyond the range" in str(w.message)]
-    assert said == ([f"loss_matrix holds {lost:,} finite losses beyond the range of float16 (largest 65504); they are stored "
+    assert said == ([f"{d / 'a.npz'} (run 'a'): loss_matrix holds {lost:,} finite losses beyond the range of float16 (largest 65504); they are stored "
                      f"as NaN (import with a wider --dtype, e.g. {np.dtype(dtype).name}, to keep them)"] if lost else [])  # fmt: skip
     got = r.losses().T
     with np.errstate(over="ignore"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing.context as _mp
+import multiprocessing.spawn as _spawn
 import os
 import signal
 import sys
@@ -65,8 +66,39 @@ def _start_resource_tracker() -> None:
         sys.warnoptions.remove(_TRACKER_QUIET)
 
 
+# A process "spawn" starts first runs its parent's main module again (a script's top level, not
+# under `if __name__ == "__main__":`), for the parent's own functions it may be handed. The
+# fit's workers are handed tokdyn's functions only, and a training script that also fitted
+# with worker processes was run again by each of them: its `open_store(..., mode="w")` deleted
+# the store being fitted. Their processes start without it (the thread that starts one says
+# so here; any other start, in this process or another thread, is left as multiprocessing
+# makes it).
+_WITHOUT_MAIN = threading.local()
+
+
+def _preparation_data(name, *, _made=_spawn.get_preparation_data):
+    data = _made(name)
+    if getattr(_WITHOUT_MAIN, "on", False):
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+    return data
+
+
 class _SpawnProcess(_mp.SpawnProcess):
+    without_main = False  # start without the parent's main module (see _WITHOUT_MAIN)
+
     def start(self) -> None:
+        if not self.without_main:
+            return self._start()
+        if _spawn.get_preparation_data is not _preparation_data:  # once, where multiprocessing looks it up
+            _spawn.get_preparation_data = _preparation_data
+        _WITHOUT_MAIN.on = True
+        try:
+            return self._start()
+        finally:
+            _WITHOUT_MAIN.on = False
+
+    def _start(self) -> None:
         if not _SIGMASK:
             return super().start()
         # The resource tracker, started on the first spawn, unblocks SIGINT in the calling thread
@@ -83,12 +115,22 @@ class _SpawnContext(_mp.SpawnContext):
     Process = _SpawnProcess
 
 
-def spawn_context() -> _mp.SpawnContext:
+class _SpawnWithoutMainProcess(_SpawnProcess):
+    without_main = True
+
+
+class _SpawnWithoutMainContext(_mp.SpawnContext):
+    Process = _SpawnWithoutMainProcess
+
+
+def spawn_context(*, main: bool = True) -> _mp.SpawnContext:
     """The "spawn" multiprocessing context, whose processes start with SIGINT blocked: call
-    :func:`take_interrupts` in the pool's initializer, once the worker is set up."""
+    :func:`take_interrupts` in the pool's initializer, once the worker is set up. ``main=False``:
+    they start without running the parent's main module again (a pool handed tokdyn's own
+    functions only), so a script's top level runs once whatever guards it."""
     if _SIGMASK:  # before the pool's queues, whose locks start the tracker as they are made
         _start_resource_tracker()
-    return _SpawnContext()
+    return _SpawnContext() if main else _SpawnWithoutMainContext()
 
 
 def take_interrupts() -> None:

@@ -370,11 +370,13 @@ def import_npz(
         if w is not None:
             w.release()
     if infinite:  # the store keeps every non-finite loss as NaN (docs/store.md)
-        warnings.warn(f"loss_matrix holds {infinite:,} infinite losses; the store keeps every non-finite loss as NaN, "
+        # each line names its file and run: Python says a text once per place, so a loop of imports
+        # with as many such losses each was told of the first file only, and not which
+        warnings.warn(f"{os.fspath(path)} (run {name!r}): loss_matrix holds {infinite:,} infinite losses; the store keeps every non-finite loss as NaN, "
                       "so they export as NaN", UserWarning, stacklevel=2)  # fmt: skip
     overflow = w.overflowed  # finite losses the run's dtype cannot hold (a narrower --dtype): stored as NaN
     if overflow:  # --dtype narrower than the file: rounding was asked for, losing values was not
-        warnings.warn(f"loss_matrix holds {overflow:,} finite losses beyond the range of {dtype} (largest "
+        warnings.warn(f"{os.fspath(path)} (run {name!r}): loss_matrix holds {overflow:,} finite losses beyond the range of {dtype} (largest "
                       f"{float(np.finfo(dtype).max):g}); they are stored as NaN (import with a wider --dtype, e.g. "
                       f"{lm.dtype.newbyteorder('=').name}, to keep them)", UserWarning, stacklevel=2)  # fmt: skip
     return r

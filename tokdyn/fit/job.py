@@ -749,8 +749,9 @@ def _process_pool(workers: int):
     from concurrent.futures import ProcessPoolExecutor
 
     threads = max(1, (os.cpu_count() or 1) // workers)
-    # spawn_context: a Ctrl-C while a worker imports is the job's, not a traceback of the worker's
-    return ProcessPoolExecutor(max_workers=workers, mp_context=spawn_context(),
+    # spawn_context: a Ctrl-C while a worker imports is the job's, not a traceback of the worker's;
+    # main=False: the tasks are tokdyn's functions, so a worker does not run the user's script again
+    return ProcessPoolExecutor(max_workers=workers, mp_context=spawn_context(main=False),
                                initializer=_worker_threads, initargs=(threads, os.getpid()))
 
 

@@ -446,6 +446,7 @@ class TokenLossRecorder:
         # Rows waiting to be committed together live in one block (at most 16 MiB, 64 rows).
         self._batch_rows = 1 if self.commit_every == 0 else max(1, min(64, (16 << 20) // (4 * self._writer.n_tokens)))
         self._error: BaseException | None = None
+        self._error_said = False  # the writer's failure was raised in the training thread
         self._closed = False
         self._last_queued: int | None = self._writer.last_step  # the last step handed to the writer
         self._followed = False  # a training was followed (attach() or a framework callback began)
@@ -863,6 +864,7 @@ class TokenLossRecorder:
     def _check_error(self) -> None:
         if self._error is not None:
             exc = self._error
+            self._error_said = True
             raise WriterError(
                 f"tokdyn writer for run {self.run_name!r} failed: {type(exc).__name__}: {exc}. "
                 f"Rows up to step {self._writer.last_step} are committed and readable."
@@ -902,14 +904,19 @@ def _register_exit_flush(rec: TokenLossRecorder) -> None:
 
 def _flush_at_exit() -> None:
     for rec in list(_OPEN):
-        if rec._closed or not rec._thread.is_alive():
+        # a writer that failed after the training thread's last call (its lock taken over by a
+        # recorder made again in this process, a full disk) has ended its thread too: it was
+        # skipped, and the rows it lost were never said
+        if rec._closed or (not rec._thread.is_alive() and (rec._error is None or rec._error_said)):
             continue
         try:
             rec.flush()
         except KeyboardInterrupt:  # Ctrl-C while exiting: flush() has said which rows, if any, are lost
             continue
         except Exception as exc:  # noqa: BLE001 - exiting anyway: say what was lost
-            log.error("tokdyn recorder for run %r could not write its last rows at exit: %s", rec.run_name, exc)
+            lost = rec._uncommitted_steps()
+            log.error("tokdyn recorder for run %r could not write its last rows at exit: %s%s", rec.run_name, exc,
+                      f" The rows of {_steps_text(lost)} are lost." if lost else "")  # fmt: skip
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:

@@ -72,7 +72,9 @@ class FitResults:
         self._run = run
 
     def _at(self, name: str) -> zarr.Group | None:
-        """The group ``name`` of the run (``fit`` or ``fit_next``); None when there is none."""
+        """The group ``name`` of the run (``fit`` or ``fit_next``); None when there is none.
+        A view of a run deleted (or made again) since it was opened reads no fit of it."""
+        self._run._require_same_run()
         g = self._run._group
         try:
             return g[name]

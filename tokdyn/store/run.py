@@ -14,7 +14,7 @@ import zarr
 from zarr.core.sync import sync as zarr_sync
 
 from .._checks import as_array, is_int
-from ..errors import InputError, SchemaVersionError, StoreError
+from ..errors import InputError, SchemaVersionError, StoreError, TokdynError
 from .fit import FitResults
 from .locks import LOCK_NAME
 from .schema import AXES, COORDS, LOSS_DTYPES, NOT_DAMAGE, SCHEMA_VERSION, damage, join, position_crc
@@ -68,6 +68,7 @@ class Run:
         ):  # fmt: skip
             raise StoreError(f"run {name!r} in {store.url} is damaged: its metadata does not match its checksum ({str(integrity)[:80]})")
         self._salt: str | None = integrity["run_id"] if integrity is not None else None
+        self._identity = _identity(meta)
         self.fit = FitResults(self)
         """The run's fit results (:class:`tokdyn.store.FitResults`)."""
 
@@ -87,6 +88,30 @@ class Run:
                 raise StoreError(f"{where}: {name} must be a 1-D {COORDS[name][0]} array, found {getattr(arr, 'dtype', type(arr).__name__)} {getattr(arr, 'shape', None)}")
 
     # -- commit state ---------------------------------------------------------------------
+
+    def _gone(self) -> str | None:
+        """What became of the run since this view was opened, where it is no longer the run the
+        view was opened on: ``"deleted"``, or ``"deleted and made again"`` (by another process,
+        or another handle of this one); None where it is the same run. The view's cached
+        metadata (run id, writers, chunks, dtype, the loss array's shape) are the old run's, so
+        nothing is read through it: the new run's chunks failed the old checksums as 'moved ...
+        or damaged', and a run without checksums was read under the old view's shape unsaid."""
+        try:
+            now = zarr.open_group(store=self._group.store, path=self._group.path, mode="r").attrs.get("tokdyn_run")
+        except (FileNotFoundError, zarr.errors.GroupNotFoundError):
+            return "deleted"
+        except (KeyError, ValueError, TypeError, RecursionError):  # damaged metadata: the reads say it, as before
+            return None
+        if isinstance(now, Mapping) and _identity(now) != self._identity:
+            return "deleted and made again"
+        return None
+
+    def _require_same_run(self) -> None:
+        """:class:`StoreError` when the run is no longer the one this view was opened on."""
+        gone = self._gone()
+        if gone is not None:
+            raise StoreError(f"run {self.name!r} in {self.store.url} was {gone} after this view of it was opened: "
+                             f"open it again (store.run({self.name!r}))")
 
     def _commit(self, j: int) -> _Commit:
         try:
@@ -115,7 +140,10 @@ class Run:
 
     @property
     def n_committed(self) -> int:
-        """Rows complete in every token range: the rows readers see."""
+        """Rows complete in every token range: the rows readers see. Every reader reads it
+        first, so each read checks once that the run is still the one this view was opened on
+        (one small read; a writer checks its lock before each row)."""
+        self._require_same_run()
         k = min(self._commit(j).rows for j in range(len(self.writers)))
         self._refresh(k)
         if k > self._loss.shape[0]:
@@ -394,6 +422,7 @@ class Run:
 
     def nonfinite(self) -> tuple[int, dict[int, int]]:
         """Total count of non-finite losses recorded (stored as NaN) and the count per row."""
+        self._require_same_run()
         total, per_row = 0, {}
         for j in range(len(self.writers)):
             c = self._commit(j)
@@ -422,10 +451,23 @@ class Run:
     def writer(self, *, writer: int = 0, resume: bool = False) -> "RunWriter":
         """A :class:`RunWriter` appending rows for token range ``writer``."""
         self.store.require_writable()
+        self._require_same_run()  # it would write the old run's checksums into the new one
         return RunWriter(self, writer, resume=resume)
 
     def __repr__(self) -> str:
-        return f"Run({self.name!r}, axis={self.axis}, rows={self.n_committed}, tokens={self.n_tokens})"
+        """The run, its committed rows and its fit's state (a few small reads, no loss read); a
+        run gone or unreadable is said, not raised (a notebook shows the repr first)."""
+        head = f"Run({self.name!r}, axis={self.axis}"
+        gone = self._gone()
+        if gone is not None:
+            return f"{head}, tokens={self.n_tokens}: {gone} after this view was opened)"
+        try:
+            k, fit = self.n_committed, self.fit.meta
+        except TokdynError as exc:
+            return f"{head}, tokens={self.n_tokens}: unreadable: {exc})"
+        state = "none" if not fit else "incomplete" if not fit.get("complete") else (
+            "complete" if fit.get("n_committed") == k else f"stale (made on {fit.get('n_committed')} rows)")
+        return f"{head}, rows={k}, tokens={self.n_tokens}, fit={state})"
 
 
 def nan_per_row(block: np.ndarray) -> np.ndarray:
@@ -487,6 +529,16 @@ def _indices(name: str, value, n: int, what: str) -> np.ndarray:
     if lo < 0 or hi >= n:
         raise InputError(f"{name} must lie in [0, {n}), the {what}; got indices {lo}..{hi}")
     return a.astype(np.int64)
+
+
+def _identity(meta: Mapping) -> tuple:
+    """What tells a run from another made under its name later (a run's metadata is written once,
+    when it is made): its random id; a run made before position checksums has none, and is told
+    by its creation time (to the second) and the layout its readers act on."""
+    integrity = meta.get("integrity")
+    if isinstance(integrity, Mapping):
+        return (integrity.get("run_id"),)
+    return tuple(str(meta.get(k)) for k in ("created", "axis", "dtype", "token_chunk", "codec", "writers"))
 
 
 def _clip(rows: slice, k: int) -> slice:

@@ -378,10 +378,32 @@ class TrajectoryStore:
 
     # -- probe ----------------------------------------------------------------------------
 
+    def _require_same_store(self) -> None:
+        """:class:`StoreError` when the store at :attr:`url` is no longer the one this object
+        opened: deleted, or replaced by a store of another probe (a demo made again, a script's
+        mode ``"w"``) while a notebook held it. This object's probe (read once, cached) and
+        fingerprint are the old store's: a run read through it was paired with the old probe's
+        tokens, domains and documents without a word, and a run created through it was recorded
+        with the old probe into a store of another. A store replaced by one of the same probe
+        reads on (each :class:`Run` view tells its own run from one made again)."""
+        try:
+            meta = zarr.open_group(store=self._group.store, path=self._group.path, mode="r").attrs.get("tokdyn")
+        except (FileNotFoundError, zarr.errors.GroupNotFoundError):
+            raise StoreError(f"{self.url} was deleted after this object opened it: open it again "
+                             f"(tokdyn.open_store({self.url!r}))") from None  # fmt: skip
+        except (KeyError, ValueError, TypeError, RecursionError):  # damaged metadata: the reads say it, as before
+            return
+        now = meta.get("probe_fingerprint") if isinstance(meta, Mapping) else None
+        if now != self.probe_fingerprint:
+            raise StoreError(f"{self.url} was replaced by another store after this object opened it (its probe is now "
+                             f"{now or 'not yet written'}, this object's {self.probe_fingerprint}): open it again "
+                             f"(tokdyn.open_store({self.url!r}))")  # fmt: skip
+
     @property
     def probe(self) -> ProbeSet:
         """The probe set, read from the store once and cached."""
         if self._probe is None:
+            self._require_same_store()
             self._probe = read_probe(self.probe_group())
             if self._probe.fingerprint != self.probe_fingerprint:
                 raise StoreError(
@@ -449,6 +471,7 @@ class TrajectoryStore:
     def run(self, name: str) -> "Run":
         """A read view of run ``name``."""
         check_run_name(name)
+        self._require_same_store()
         try:
             g = self._group[f"runs/{name}"]
         except KeyError:
@@ -496,6 +519,7 @@ class TrajectoryStore:
         """
         self.require_writable()
         check_run_name(name, new=True)
+        self._require_same_store()
         if name in self.runs:
             if self.has_run(name):
                 raise RunExistsError(f"run {name!r} already exists in {self.url}; resume it or choose another name")
@@ -628,6 +652,7 @@ class TrajectoryStore:
         run half deleted."""
         self.require_writable()
         check_run_name(name)
+        self._require_same_store()  # a held handle of a store replaced meanwhile deleted the new store's run
         store, where = self._group.store, join(self._group.path, "runs", name)
         if name not in self.runs and not has_keys(store, where + "/"):  # (a legacy name the listing leaves out)
             raise RunNotFoundError(f"no run {name!r} in {self.url}; runs: {', '.join(self.runs) or 'none'}")
@@ -717,6 +742,7 @@ class TrajectoryStore:
 
     def info(self) -> dict:
         """A JSON-able description: probe, runs (shapes, steps, NaNs), size on disk."""
+        self._require_same_store()  # the cached probe beside another store's runs, or none at all
         runs = {}
         for name in self.runs:
             try:
