@@ -23,6 +23,7 @@ import html
 import io
 import json
 import os
+import re
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,7 +33,7 @@ import numpy as np
 from ._version import build
 from ._files import check_output_path, write_atomically
 from ._fonts import LABEL_CHARS, drawable, legend_labels, use_fallback_fonts
-from ._text import visible
+from ._text import page_label, visible
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store, group_codes, run_order
 from .errors import InputError, StoreError, TokdynError
 from .fit.models import FLAT_NATS, SHARE_MIN_NET, never_scored, scored_counts, two_sigmoid_curve, unfit_reasons
@@ -146,8 +147,8 @@ def _legend_note(names) -> str:
     numbered, because another name would read the same (:func:`legend_labels`); in the page's
     text, which the browser draws, the name is as it is."""
     names = list(names)
-    said = [f"{label} is {visible(n)}" for n, label in zip(names, legend_labels(names, for_matplotlib=False))
-            if label != visible(n)]  # fmt: skip
+    said = [f"{label} is {page_label(n)}" for n, label in zip(names, legend_labels(names, for_matplotlib=False))
+            if label != page_label(n)]  # fmt: skip
     if not said:
         return ""
     return (" Legend entries that do not read as the whole name (cut, written with escapes where no font installed here "
@@ -550,6 +551,16 @@ def _pieces(row, decode, window: int = 8) -> list[str]:
     return out
 
 
+def _viewer_text(piece: str) -> str:
+    """A token's text as the viewer shows it: the probe's own text with what would disturb the
+    page escaped (:func:`visible` with ``data``: a right-to-left override made a token "evil" read
+    "live", and the line naming it under the pointer read backwards to its end), each line end
+    written ↵ before the line break it makes (a token that was only a newline was an empty span
+    no pointer could find), a tab kept as the text's own."""
+    lines = re.split(r"\r\n|\r|\n", piece)
+    return "↵\n".join("\t".join(visible(part, data=True) for part in line.split("\t")) for line in lines)
+
+
 def _viewer_data(st: TrajectoryStore, a: RunAnalysis, decode):
     """The viewer's data: every scored token of the first sequences, up to VIEW_TOKENS tokens."""
     from matplotlib import colormaps
@@ -586,7 +597,7 @@ def _viewer_data(st: TrajectoryStore, a: RunAnalysis, decode):
     seqs = []
     for s in range(shown):
         items = []
-        for p, piece in enumerate(_pieces(probe.tokens[s], decode)):
+        for p, piece in enumerate(map(_viewer_text, _pieces(probe.tokens[s], decode))):
             t = where.get((s, p))
             if t is None:
                 items.append([piece])
@@ -678,7 +689,7 @@ _VIEWER_JS = r"""
   function draw(s) {
     var tok = s.tok;
     while (svg.firstChild) svg.removeChild(svg.firstChild);
-    var W = 640, H = 250, L = 48, R = 12, T = 30, B = 38;
+    var W = 640, H = 250, L = 48, R = 26, T = 30, B = 38;  // R: half the widest tick ("10,000") fits
     var ys = tok[4].concat(tok[5]).filter(function (v) { return v !== null; }).map(function (v) { return v / 100; });
     var ymax = Math.max.apply(null, ys.concat([0.5])) * 1.08, x0 = D.x[0], x1 = D.x[D.x.length - 1];
     function px(x) { return L + (x - x0) / (x1 - x0 || 1) * (W - L - R); }
@@ -699,7 +710,8 @@ _VIEWER_JS = r"""
     tok[6].forEach(function (m) {
       if (m < x0 || m > x1) return;
       el("line", {x1: px(m), y1: T, x2: px(m), y2: py(0), stroke: "#d62728", "stroke-dasharray": "4 3"}, svg);
-      el("text", {x: px(m) + 4, y: T + 12, fill: "#d62728", "font-size": 11}, svg).textContent = "μ = " + value(Math.pow(10, m));
+      var late = px(m) > W - 90;  // a label that would run past the plot's right end is written to the line's left
+      el("text", {x: px(m) + (late ? -4 : 4), y: T + 12, fill: "#d62728", "font-size": 11, "text-anchor": late ? "end" : "start"}, svg).textContent = "μ = " + value(Math.pow(10, m));
     });
     var pts = [];
     tok[5].forEach(function (v, i) { if (v !== null) pts.push(px(D.xf[i]).toFixed(1) + "," + py(v / 100).toFixed(1)); });
@@ -721,6 +733,7 @@ _VIEWER_JS = r"""
     var cls = tok[1] >= 0 ? D.classes[tok[1]][0] : "?";
     info.textContent = "";
     var b = document.createElement("b");
+    b.dir = "auto";  // isolated: a right-to-left token does not reorder the words after it
     b.textContent = JSON.stringify(tok[0]);
     info.appendChild(b);
     info.appendChild(document.createTextNode(" (sequence " + s.seq + ", position " + s.pos + "): " + cls + "; " + tok[7] +
@@ -825,7 +838,11 @@ _VIEWER_JS = r"""
       tokens: spans.length, hits: hits.length, selected: pinned ? pinned.tok[0] : null,
       points: svg.querySelectorAll(".tv-point").length, curve: (svg.querySelector(".tv-curve") || {getAttribute: function () { return ""; }}).getAttribute("points").split(" ").length,
       text: box.textContent, images: imgs.length, decoded: imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length,
-      scroll_width: root.scrollWidth, client_width: root.clientWidth, overflowing: wide.slice(0, 10)
+      scroll_width: root.scrollWidth, client_width: root.clientWidth, overflowing: wide.slice(0, 10),
+      svg_outside: Array.prototype.filter.call(svg.querySelectorAll("text"), function (t) {  // labels cut at the plot's edges
+        var r = t.getBoundingClientRect(), p = svg.getBoundingClientRect();
+        return r.left < p.left - 0.5 || r.right > p.right + 0.5 || r.top < p.top - 0.5 || r.bottom > p.bottom + 0.5;
+      }).map(function (t) { return t.textContent; })
     });
     document.body.appendChild(out);
   });

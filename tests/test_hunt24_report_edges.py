@@ -1,0 +1,89 @@
+"""Hunt 24: the report at its edges, as a researcher reads it: a probe whose text holds
+right-to-left overrides, control characters and line ends only (the token viewer), domains named
+'' or ' ' (the legends), and the viewer's plot at the right end of its axis (in a browser)."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+
+import tokdyn
+from tokdyn import report
+from tokdyn._fonts import legend_labels, shown_label
+from tokdyn._text import _BIDI
+from tokdyn.analysis import analyze_store
+from test_report_browser import CHROMIUM, fitted_store, self_check
+
+HOSTILE_TOKENS = ["\u202eevil", "\u2067\u05e9\u05dc\u05d5\u05dd", "\x07", "\x00", "\n", "\r\n", "\t", "a\u2028b", "ok", " ", "\u05e9\u05dc\u05d5\u05dd"]
+
+
+class Vocab:
+    """Tokens that are whole strings: an override, an isolate, control characters, line ends."""
+
+    vocab = HOSTILE_TOKENS
+
+    def spec(self) -> dict:
+        return {"kind": "hostile-words", "vocab_size": len(self.vocab)}
+
+    def decode(self, ids) -> str:
+        return "".join(self.vocab[int(i)] for i in ids)
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    tokens = (np.arange(4 * 23) % len(HOSTILE_TOKENS)).astype(np.int32).reshape(4, 23)
+    st = fitted_store(tmp_path_factory.mktemp("h24") / "s.zarr", tokens, Vocab().spec())
+    return st, analyze_store(st, n_boot=0)
+
+
+def test_the_token_viewer_shows_overrides_and_control_characters_as_escapes(hostile):
+    """A token "\\u202eevil" read "live" in the viewer, and the line naming it under the
+    pointer read backwards to its end ('".ti egnahc gnirevoh tel ot ...'): the viewer showed the
+    probe's text as it is, where the example tokens' table escapes what would disturb the page.
+    A token that is only a line end was an empty span the pointer could not find."""
+    st, an = hostile
+    data, *_ = report._viewer_data(st, an.runs[0], report._decoder(st.probe, Vocab()))
+    shown = {tok[0] for seq in data["seqs"] for tok in seq}
+    want = {"\\u202eevil", "\\u2067\u05e9\u05dc\u05d5\u05dd", "\\x07", "\\x00", "↵\n", "\t", "a\\u2028b", "ok", " ", "\u05e9\u05dc\u05d5\u05dd"}
+    assert shown == want  # "\r\n" is one line end too
+    text = "".join(tok[0] for seq in data["seqs"] for tok in seq)
+    assert not _BIDI & set(text) and all(unicodedata.category(c) not in ("Cc", "Zl") for c in text if c not in "\n\t")
+
+
+@given(hst.text(max_size=12))
+@settings(max_examples=200, deadline=None)
+def test_a_viewer_token_never_holds_what_reorders_or_hides_text(piece):
+    shown = report._viewer_text(piece)
+    assert not _BIDI & set(shown)
+    assert all(unicodedata.category(c) not in ("Cc", "Zl", "Zp", "Cs") for c in shown if c not in "\n\t")
+    assert shown.count("\n") == len(re.findall(r"\r\n|\r|\n", piece))  # each line end is one line break, shown (↵) before it
+    assert shown.count("↵") - piece.count("↵") == shown.count("\n")
+
+
+@pytest.mark.parametrize("names", [["", "code"], ["code", "code "], [" ", "  ", "prose"], ["\t", "web"]])
+def test_a_domain_name_that_shows_nothing_at_an_end_is_quoted_in_a_legend(names):
+    """Domains named '' or ' ' were legend entries of no text (a curve nobody could name), and
+    'code ' beside 'code' two entries that read the same."""
+    labels = legend_labels(names, for_matplotlib=False)
+    assert all(lab.strip() == lab and lab for lab in labels) and len(set(labels)) == len(names)
+    for n, lab in zip(names, labels):
+        if n.strip() != n or not n:
+            assert lab == shown_label(repr(n))  # as the commands' lines name it (_text.labels)
+    note = report._legend_note([*names, "x" * 60])  # a cut name: the caption names the entries
+    assert not re.search(r" is (;|\.$|$)", note)  # never "'' is " and nothing after it
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed")
+def test_the_viewer_s_plot_draws_every_label_inside_it(tmp_path):
+    """The last tick of the viewer's plot, "10,000" at its right edge, was cut to "10,00" (and a
+    learning time near the end, "μ = 9,000", ran past it)."""
+    tokens = (np.arange(4 * 23) % len(HOSTILE_TOKENS)).astype(np.int32).reshape(4, 23)
+    st = fitted_store(tmp_path / "s.zarr", tokens, Vocab().spec())
+    page = tokdyn.write_report(st, tmp_path / "report.html", tokenizer=Vocab())
+    got, _ = self_check(page, "ok", tmp_path)
+    assert got["points"] > 0 and got["svg_outside"] == [], got["svg_outside"]
