@@ -87,3 +87,37 @@ def test_the_viewer_s_plot_draws_every_label_inside_it(tmp_path):
     page = tokdyn.write_report(st, tmp_path / "report.html", tokenizer=Vocab())
     got, _ = self_check(page, "ok", tmp_path)
     assert got["points"] > 0 and got["svg_outside"] == [], got["svg_outside"]
+
+
+def overlapping_tick_labels(fig) -> list[tuple[str, str]]:
+    """Pairs of neighbouring tick labels of one axis of ``fig`` that overlap as drawn."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    out = []
+    for ax in fig.axes:
+        for axis, lo in ((ax.xaxis, "x0"), (ax.yaxis, "y0")):
+            boxes = sorted(((t.get_window_extent(renderer), t.get_text()) for t in axis.get_ticklabels()
+                            if t.get_visible() and t.get_text()), key=lambda b: getattr(b[0], lo))  # fmt: skip
+            for (a, ta), (b, tb) in zip(boxes, boxes[1:]):
+                if a.overlaps(b):
+                    out.append((ta, tb))
+    return out
+
+
+def test_no_figure_writes_tick_labels_over_each_other(tmp_path, monkeypatch):
+    """A probe whose token ids each occur 61 to 89 times (a small vocabulary): the figure of
+    learning time against frequency labelled every tick of its count axis, 61 to 89, into one
+    unreadable run of digits ("61626364656667..."). Every figure's tick labels are checked."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 28, (40, 51)).astype(np.int32)
+    st = fitted_store(tmp_path / "s.zarr", tokens, {"kind": "ids", "vocab_size": 28})
+    seen = {}
+    real = report._png
+
+    def checked(fig):
+        seen[len(seen)] = overlapping_tick_labels(fig)
+        return real(fig)
+
+    monkeypatch.setattr(report, "_png", checked)
+    tokdyn.write_report(st, tmp_path / "report.html")
+    assert len(seen) >= 6 and not {k: v for k, v in seen.items() if v}

@@ -1529,12 +1529,15 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
                 b = np.clip(np.searchsorted(edges, v[inside], side="right") - 1, 0, edges.size - 2)
                 med = [np.median(mu[inside][b == i]) if (b == i).any() else np.nan for i in range(edges.size - 1)]
                 medians += ax.plot(0.5 * (edges[1:] + edges[:-1]), med, "o-", color="#d62728", ms=3)
+            # as many labels as fit the panel (counts of 61 to 89 over a narrow span were labelled
+            # at every tick, "61626364..."; learning times within a narrow span alike, on y)
+            size = ax.get_position().size * fig.get_size_inches()
             if log10:
-                _log_ticks(ax.xaxis, float(v[inside].min()), float(v[inside].max()))
+                _log_ticks(ax.xaxis, float(v[inside].min()), float(v[inside].max()), width_in=float(size[0]))
             else:
                 ticks = np.arange(0, np.ceil(v[inside].max()) + 1)
                 ax.set_xticks(ticks, [f"{2 ** int(k):,}" for k in ticks])
-            _log_ticks(ax.yaxis, float(mu[inside].min()), float(mu[inside].max()))
+            _log_ticks(ax.yaxis, float(mu[inside].min()), float(mu[inside].max()), width_in=float(size[1]))
         ax.set_xlabel(label)
     axes[0, 0].set_ylabel(f"learning time μ ({AXIS_LABEL.get(a.axis, a.axis)}, log scale)")
     if hb is not None:
