@@ -121,3 +121,35 @@ def test_no_figure_writes_tick_labels_over_each_other(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "_png", checked)
     tokdyn.write_report(st, tmp_path / "report.html")
     assert len(seen) >= 6 and not {k: v for k, v in seen.items() if v}
+
+
+def page_text(page: str) -> str:
+    """The words of a report page: no script, no image data, no markup."""
+    import html
+
+    page = re.sub(r"<script.*?</script>", "", page, flags=re.S)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", page))).split())
+
+
+@pytest.mark.parametrize("axis", ["D", "M"])
+def test_a_store_of_an_axis_run_only_speaks_of_its_axis(tmp_path, axis):
+    """A store holding only a D (or M) axis run: its metadata table said "steps 0..5" (the axis
+    run's row numbers, not its budgets 100,000 to 1e7), and what the classes mean said "a straight
+    fall in log steps" and "fitted ... in log steps" of a run that has none."""
+    from tokdyn.axes import AXIS_ATTRS, assemble_axis
+
+    from test_axes_report import BUDGETS, make_probe, planted_axis
+
+    Y, values = planted_axis(), BUDGETS[:6] / (1 if axis == "D" else 100)
+    st = tokdyn.open_store(tmp_path / "s.zarr", make_probe(), mode="w")
+    for j, v in enumerate(values):
+        with st.create_run(f"r{j}", capacity=2, attrs={AXIS_ATTRS[axis]: float(v)}).writer() as w:
+            w.append(Y[:, j] + 1, step=0)
+            w.append(Y[:, j], step=10)
+    tokdyn.fit_run(assemble_axis(st, axis), progress=False)
+    text = page_text(tokdyn.write_report(tokdyn.open_store(st.url), tmp_path / "r.html").read_text())
+    assert "log steps" not in text and "steps 0..5" not in text and " 0..5 " not in text
+    noun = {"D": "data budgets", "M": "model sizes"}[axis]
+    first, last = report._row_text(values[0]), report._row_text(values[-1])
+    assert f"axis-{axis} {axis} 6 x 1,500 {noun} {first}..{last}" in text
+    assert "r0 T 2 x 1,500 steps 0..10" in text  # the sources, T runs, by their steps

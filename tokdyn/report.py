@@ -436,7 +436,7 @@ def _class_help(o: dict) -> dict[str, str]:
         "multi_step": f"two fitted steps of {d:.1f} nats or more each, both centred inside the recorded range: two drops (learned "
                       "in two steps), or a drop and a rise (learned then forgotten, or the reverse; a spike at one point is also "
                       "one)",
-        "gradual": "a straight fall in log steps, without a step",
+        "gradual": "a straight fall along the log axis (of steps, budgets or sizes), without a step",
         "already_known": f"low ({known:.1f} nats or less) from the first recorded point",
         "not_yet_learned": f"above {known:.1f} nats and without a clear fall (less than {d:.1f} nats) up to the last recorded point",
         "forgotten": f"the loss rises by {d:.1f} nats or more",
@@ -467,9 +467,25 @@ def _classes_help(st: TrajectoryStore, an: StoreAnalysis) -> str:
     differ = (" The runs were fitted with different thresholds, so one table is given for each set of runs fitted alike."
               if len(sets) > 1 else "")  # fmt: skip
     return (f"<details><summary>What the token classes mean</summary>{''.join(tables)}"
-            "<p class=meta>Each token's loss curve is fitted by a constant, a line, a sigmoid and two sigmoids in log "
-            "steps; the simplest model that is not clearly beaten (by BIC) is kept, and the class says what that model "
+            "<p class=meta>Each token's loss curve is fitted by a constant, a line, a sigmoid and two sigmoids along "
+            "the log axis (log10 of the step, data budget or model size); the simplest model that is not clearly beaten (by BIC) is kept, and the class says what that model "
             f"does between the first and the last recorded point.{differ}</p></details>")  # fmt: skip
+
+
+AXIS_PLURAL = {"T": "steps", "D": "data budgets", "M": "model sizes"}
+
+
+def _recorded_at(r, steps) -> str:
+    """Where a run's rows were recorded: a T run's steps, a D or M run's budgets or sizes (its
+    steps are its row numbers: "steps 0..9" of an axis of model sizes 1,000 to 1e6)."""
+    if not steps:
+        return "none"
+    if r.axis == "T":
+        return f"steps {steps[0]}..{steps[-1]}"
+    v = np.asarray(r.axis_values, np.float64)
+    if not v.size or not np.isfinite(v[[0, -1]]).all():
+        return f"rows {steps[0]}..{steps[-1]}"
+    return f"{AXIS_PLURAL.get(r.axis, r.axis)} {_row_text(float(v[0]))}..{_row_text(float(v[-1]))}"
 
 
 def _metadata_tables(st: TrajectoryStore, an: StoreAnalysis) -> str:
@@ -482,10 +498,9 @@ def _metadata_tables(st: TrajectoryStore, an: StoreAnalysis) -> str:
             rows.append([_name_cell(name), "", "", "", "", f"cannot be read: {exc}"])
             continue
         attrs = {k: v for k, v in info["attrs"].items() if k not in ("schema_version", "tokdyn_version", "token_chunk", "codec")}
-        steps = info["steps"]
-        rows.append([_name_cell(name), r.axis, f"{info['shape'][0]} x {info['shape'][1]:,}",
-                     f"{steps[0]}..{steps[-1]}" if steps else "none", f"{info['nonfinite_losses']:,}", _fmt(attrs)])  # fmt: skip
-    table = _table(["run", "axis", "rows x tokens", "steps", "NaN losses", "metadata"], rows)
+        rows.append([_name_cell(name), r.axis, f"{info['shape'][0]} x {info['shape'][1]:,}", _recorded_at(r, info["steps"]),
+                     f"{info['nonfinite_losses']:,}", _fmt(attrs)])  # fmt: skip
+    table = _table(["run", "axis", "rows x tokens", "recorded at", "NaN losses", "metadata"], rows)
     return f"<details><summary>Every run in the store, with its recorded metadata ({len(rows)} run{'s' * (len(rows) != 1)})</summary>{table}</details>"
 
 
