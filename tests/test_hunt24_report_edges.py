@@ -153,3 +153,31 @@ def test_a_store_of_an_axis_run_only_speaks_of_its_axis(tmp_path, axis):
     first, last = report._row_text(values[0]), report._row_text(values[-1])
     assert f"axis-{axis} {axis} 6 x 1,500 {noun} {first}..{last}" in text
     assert "r0 T 2 x 1,500 steps 0..10" in text  # the sources, T runs, by their steps
+
+
+def test_no_figure_of_a_flat_run_scales_its_axis_by_a_factor_apart(tmp_path, monkeypatch):
+    """A run whose every token stayed flat: the figure of the classes' changes drew bars of
+    5e-5 nats on an axis ticked -1 to 6 with "1e-5" apart at its far end, beside labels that read
+    0.000: an axis read without that factor said the loss fell by 5 nats per token. No axis of
+    any figure may carry a factor (or offset) apart from its tick labels."""
+    probe = tokdyn.ProbeSet.from_tokens((np.arange(30 * 51) % 28).astype(np.int32).reshape(30, 51), tokenizer={"kind": "ids", "vocab_size": 28})
+    rng = np.random.default_rng(0)
+    rng.uniform(size=3 * probe.n_tokens)  # (the draws of a planted event, unused: these tokens stay flat)
+    st = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="w")
+    steps = np.unique(np.geomspace(1, 1e4, 16).astype(int))
+    Y = (1.0 + rng.normal(0, 0.03, (len(steps), probe.n_tokens))).clip(0.01)
+    with st.create_run("flat", capacity=len(steps)).writer() as w:
+        for k, step in enumerate(steps):
+            w.append(Y[k], step=int(step))
+    tokdyn.fit_run(st.run("flat"), options=tokdyn.FitOptions(two_step=False), progress=False)
+    apart, real = [], report._png
+
+    def checked(fig):
+        fig.canvas.draw()
+        apart.extend((ax.get_xlabel() or ax.get_title(), t) for ax in fig.axes
+                     for t in (ax.xaxis.get_offset_text().get_text(), ax.yaxis.get_offset_text().get_text()) if t)  # fmt: skip
+        return real(fig)
+
+    monkeypatch.setattr(report, "_png", checked)
+    page = tokdyn.write_report(st, tmp_path / "report.html").read_text()
+    assert "How much each class" in page and apart == []

@@ -114,7 +114,10 @@ def render_report(
     import matplotlib
 
     matplotlib.use("Agg", force=False)
-    return _render(st, an, title=title, extra=extra, decode=_decoder(st.probe, tokenizer))
+    # Tick labels say their values whole: no offset or factor written apart at an axis's end
+    # ("1e-5" at the far right of bars ticked -1 to 6 read as a fall of 5 nats per token).
+    with matplotlib.rc_context({"axes.formatter.useoffset": False, "axes.formatter.limits": (-9, 9)}):
+        return _render(st, an, title=title, extra=extra, decode=_decoder(st.probe, tokenizer))
 
 
 def _fit_ids(st: TrajectoryStore, names=None) -> dict[str, str | None]:
@@ -1338,7 +1341,8 @@ def _fig_class_changes(a: RunAnalysis, drops: dict[str, float]) -> Figure:
     ax.set_yticks(y, [f"{c} ({held.get(c, 0) / total:.0%} of tokens)" for c in names])
     ax.invert_yaxis()
     ax.axvline(0, color="k", lw=0.5)
-    span = max(abs(v) for v in vals) if vals and max(abs(v) for v in vals) > 0 else 1.0
+    # at least the bars' precision: changes that all round to 0.000 look it (5e-5 nats filled the axis)
+    span = max([FLAT_NATS, *(abs(v) for v in vals)])
     ax.set_xlim(min(0.0, *vals) - 0.25 * span, max(0.0, *vals) + 0.25 * span)  # room for the labels
     net, gross = sum(drops.values()), sum(abs(v) for v in drops.values())
     ax.set_xlabel("fall of the loss, nats per probe token (< 0: it rose)")
