@@ -181,3 +181,28 @@ def test_no_figure_of_a_flat_run_scales_its_axis_by_a_factor_apart(tmp_path, mon
     monkeypatch.setattr(report, "_png", checked)
     page = tokdyn.write_report(st, tmp_path / "report.html").read_text()
     assert "How much each class" in page and apart == []
+
+
+def test_long_domain_names_leave_the_group_panels_their_width(tmp_path):
+    """Domains named like 'common-crawl-2024-snapshot-xxxx...-part-07': their legend in two
+    columns was wider than its panel, and the layout narrowed all four panels of the figure of
+    the spectrum split by group to 13 % of its width each (their curves a thumbnail)."""
+    from tokdyn.analysis import analyze_store as analyze
+
+    n, d = 3000, 30
+    names = [f"common-crawl-2024-snapshot-{'x' * 40}-part-{i:02d}" for i in range(d)]
+    tokens = np.random.default_rng(0).integers(0, 40, (n // 50, 51)).astype(np.int32)
+    probe = tokdyn.ProbeSet.from_tokens(tokens, domain=np.arange(n // 50) % d, domains=names, tokenizer={"kind": "ids", "vocab_size": 40})
+    rng = np.random.default_rng(1)
+    steps = np.unique(np.geomspace(1, 1e4, 16).astype(int))
+    x, mu = np.log10(steps), rng.uniform(0.5, 3.5, n)
+    Y = 1 + rng.uniform(1, 3, n) / (1 + np.exp((x[:, None] - mu[None, :]) / 0.15)) + rng.normal(0, 0.03, (len(steps), n))
+    st = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="w")
+    with st.create_run("r", capacity=len(steps)).writer() as w:
+        for k, step in enumerate(steps):
+            w.append(Y[k].clip(0.01), step=int(step))
+    tokdyn.fit_run(st.run("r"), options=tokdyn.FitOptions(two_step=False), progress=False)
+    fig = report._fig_groups(st, analyze(st, n_boot=0).runs[0]).fig
+    fig.canvas.draw()
+    widths = [ax.get_window_extent().width / (fig.get_figwidth() * fig.dpi) for ax in fig.axes]
+    assert len(widths) == 4 and min(widths) >= 0.6 / len(widths), widths  # each panel at least 60 % of an equal share

@@ -1418,7 +1418,10 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
         # Handles and labels given explicitly: a legend drops artists whose label starts with "_"
         # (a domain such as "__future__" was missing from it).
         legends += spectra
-        _legend_below(ax, lines, legend_labels(spectra), ncol=2 if len(spectra) > 4 else 1,
+        labels = legend_labels(spectra)
+        # two columns only of short names: two of 40 characters side by side are wider than the
+        # panel, and the layout narrowed every panel to a seventh of the figure to make room
+        _legend_below(ax, lines, labels, ncol=2 if len(spectra) > 4 and max(map(len, labels)) <= 16 else 1,
                       title={"frequency": "occurrences of the token id", "position": "position in the sequence"}.get(k))  # fmt: skip
     axes[0][0].set_ylabel("ρ (nats per decade per token)")
     dom = ""
