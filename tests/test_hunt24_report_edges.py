@@ -206,3 +206,32 @@ def test_long_domain_names_leave_the_group_panels_their_width(tmp_path):
     fig.canvas.draw()
     widths = [ax.get_window_extent().width / (fig.get_figwidth() * fig.dpi) for ax in fig.axes]
     assert len(widths) == 4 and min(widths) >= 0.6 / len(widths), widths  # each panel at least 60 % of an equal share
+
+
+def test_a_run_of_too_few_measured_points_never_reads_nan(tmp_path):
+    """A run whose mean loss is measured at 4 points (its other rows hold a loss for under half
+    the tokens) has no R²: the headline read "rebuild its rate of change with R² nan", the
+    scores "nan" and the legend "(R² nan)". The page now says why there is none."""
+    rng = np.random.default_rng(0)
+    probe = tokdyn.ProbeSet.from_tokens(rng.integers(0, 40, (30, 51)).astype(np.int32), tokenizer={"kind": "ids", "vocab_size": 40})
+    n, steps = probe.n_tokens, np.unique(np.geomspace(1, 1e4, 16).astype(int))
+    x, mu = np.log10(steps), rng.uniform(0.2, 1.0, probe.n_tokens)
+    Y = 1 + rng.uniform(1, 3, n) / (1 + np.exp((x[:, None] - mu[None, :]) / 0.1)) + rng.normal(0, 0.03, (len(steps), n))
+    Y[4:, 8:] = np.nan  # all but 8 tokens observed at the first 4 steps only (unfit)
+    st = tokdyn.open_store(tmp_path / "s.zarr", probe, mode="w")
+    with pytest.warns(RuntimeWarning), st.create_run("r", capacity=len(steps)).writer() as w:
+        for k, step in enumerate(steps):
+            w.append(Y[k].clip(0.01), step=int(step))
+    tokdyn.fit_run(st.run("r"), options=tokdyn.FitOptions(two_step=False), progress=False)
+    seen, real = [], report._png
+
+    def legends(fig):
+        seen.extend(t.get_text() for leg in fig.legends + [ax.get_legend() for ax in fig.axes] if leg for t in leg.get_texts())
+        return real(fig)
+
+    with pytest.MonkeyPatch.context() as mp, pytest.warns(Warning):
+        mp.setattr(report, "_png", legends)
+        text = page_text(tokdyn.write_report(st, tmp_path / "r.html").read_text())
+    assert "R² n/a" in " ".join(seen) and not [t for t in seen if re.search(r"\bnan\b", t, flags=re.I)]
+    assert not re.search(r"\bnan\b", text), re.findall(r".{60}\bnan\b.{20}", text)  # ("NaN losses" is a column)
+    assert "too few points were measured to score" in text and "no R^2 or relative L2 error: 4 measured points" in text

@@ -277,6 +277,12 @@ def _e(s) -> str:
     return html.escape(visible(s))
 
 
+def _score(v: float, digits: int = 3) -> str:
+    """An R² or relative error: "n/a" where there is none (too few measured points; the note
+    under the scores says why), never "nan"."""
+    return f"{v:.{digits}f}" if np.isfinite(v) else "n/a"
+
+
 def _fmt(v) -> _Html:
     """A value as a table cell: a dict as a table of its own, a list on one line."""
     if isinstance(v, float):
@@ -345,8 +351,9 @@ def _headline(a: RunAnalysis, options: dict | None = None) -> str:
     n = rec.spectrum.n_tokens
     return (f"<p><b>Run {_e(a.run)}:</b> the mean loss of the {n:,} probe token{'s' * (n != 1)} {moved} "
             f"between {name} {_row_text(10.0 ** rec.x[first])} "
-            f"and {_row_text(10.0 ** rec.x[last])}; the fitted per-token events rebuild its rate of change with R² "
-            f"{rec.r2_events:.3f}. {_e(carried)}.{_multi_step_text(a)}{_unfit_text(a, options)}</p>")  # fmt: skip
+            f"and {_row_text(10.0 ** rec.x[last])}; " + (f"the fitted per-token events rebuild its rate of change with R² "
+            f"{rec.r2_events:.3f}" if np.isfinite(rec.r2_events) else "too few points were measured to score how well the fitted "
+            "per-token events rebuild its rate of change (the note under the scores says why)") + f". {_e(carried)}.{_multi_step_text(a)}{_unfit_text(a, options)}</p>")  # fmt: skip
 
 
 def _multi_step_text(a: RunAnalysis) -> str:
@@ -388,8 +395,8 @@ def _scores_table(an: StoreAnalysis) -> str:
         s = a.reconstruction.summary()
         rose = a.reconstruction.mean_loss_rose
         cols.append([
-            f"{s['n_points']}", f"{s['n_tokens']:,}", f"{s['r2_events']:.3f}", f"{s['r2_spectrum']:.3f}",
-            f"{s['rel_l2_events']:.3f}", f"{s['rel_l2_spectrum']:.3f}", _share_text(s['drop_share_events'], rose),
+            f"{s['n_points']}", f"{s['n_tokens']:,}", _score(s['r2_events']), _score(s['r2_spectrum']),
+            _score(s['rel_l2_events']), _score(s['rel_l2_spectrum']), _share_text(s['drop_share_events'], rose),
             _share_text(s['drop_share_well_fitted'], rose), _power_law_text(s["loss_power_law"], a.reconstruction.loss_power_law_why),
             _power_law_text(s["spectrum_power_law"], a.reconstruction.spectrum_power_law_why),
         ])  # fmt: skip
@@ -484,7 +491,7 @@ def _recorded_at(r, steps) -> str:
     if not steps:
         return "none"
     if r.axis == "T":
-        return f"steps {steps[0]}..{steps[-1]}"
+        return f"steps {steps[0]:,}..{steps[-1]:,}"
     v = np.asarray(r.axis_values, np.float64)
     if not v.size or not np.isfinite(v[[0, -1]]).all():
         return f"rows {steps[0]}..{steps[-1]}"
@@ -957,12 +964,12 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     ax0.set_ylabel("mean probe loss (nats)")
     ax0.set_title("mean probe loss")
     ax1.plot(rec.x, rec.measured, "o", ms=4, color="k", label="measured")
-    ax1.plot(rec.x, rec.from_events, "-", color="C0", label=f"sum of fitted events (R² {rec.r2_events:.3f})")
-    ax1.plot(rec.x, rec.from_spectrum, "--", color="C3", label=f"spectrum alone (R² {rec.r2_spectrum:.3f})")
+    ax1.plot(rec.x, rec.from_events, "-", color="C0", label=f"sum of fitted events (R² {_score(rec.r2_events)})")
+    ax1.plot(rec.x, rec.from_spectrum, "--", color="C3", label=f"spectrum alone (R² {_score(rec.r2_spectrum)})")
     for k, ((label, other), shown) in enumerate(zip(a.across.items(), legend_labels(a.across))):  # e.g. D from the events of a T run, no fit on D
         ax1.plot(other.x, other.from_events, linestyle=ACROSS_STYLES[(k + k // len(ACROSS_STYLES)) % len(ACROSS_STYLES)],
                  color=ACROSS_COLORS[k % len(ACROSS_COLORS)], lw=1.2,
-                 label=f"{shown} (R² {other.r2_events:.3f})")  # fmt: skip
+                 label=f"{shown} (R² {_score(other.r2_events)})")  # fmt: skip
     ax1.axhline(0, color="#999", lw=0.5)
     _axis_x(ax1, a.axis, rec.x)
     ax1.set_ylabel("-dL/dlog10 a (nats per decade)")
