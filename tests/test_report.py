@@ -183,7 +183,7 @@ def test_the_token_viewer_shows_the_probe_text_and_each_tokens_fit(store_and_pag
     a = analyze_run(st.run("r"), n_boot=0)
     data, shown, total, n = report._viewer_data(st, a, report._decoder(st.probe, None))
     assert (shown, total, n) == (2, 24, 80)
-    assert "".join(tok[0] for tok in data["seqs"][0]) == TEXT[:41]  # the sequence's text, token by token
+    assert "".join(tok[0] for tok in data["seqs"][0]) == TEXT[:41].replace("\n", "↵\n")  # the sequence's text, token by token (line ends shown)
     scored = [tok for seq in data["seqs"] for tok in seq if len(tok) > 1]
     assert len(scored) == 80 and all(len(tok[4]) == len(data["x"]) and len(tok[5]) == len(data["xf"]) for tok in scored)
     t = 5  # a token's recorded losses in centinats, and its fitted curve as the figures draw it

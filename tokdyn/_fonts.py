@@ -122,8 +122,11 @@ def shown_label(text, limit: int = LABEL_CHARS) -> str:
     """A user's string as a figure shows it: what shows nothing and what no font draws as escapes
     (:func:`visible`, :func:`drawable`), then cut in the middle to ``limit`` characters between
     escapes, never inside one (a legend of names hundreds of characters long squeezed its panels
-    to nothing)."""
-    text = drawable(visible(text))
+    to nothing). A name that shows nothing at an end (``''``, ``' '``, ``'code '`` beside ``'code'``)
+    is quoted as Python writes it, as the commands' lines name it (:func:`tokdyn._text.labels`):
+    unquoted it was a legend entry of no text, or one that read as another."""
+    text = str(text)
+    text = drawable(visible(text if text and text == text.strip() else repr(text)))
     if len(text) <= limit:
         return text
     units = _UNIT.findall(text)

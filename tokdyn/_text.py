@@ -73,6 +73,14 @@ def visible(text, *, data: bool = False) -> str:
     return "".join(out)
 
 
+def page_label(name) -> str:
+    """A name as the page's text writes it: :func:`visible`, and quoted as Python writes it where
+    it shows nothing at an end (``''``, ``' '``, ``'code '``), as :func:`labels` does (a caption
+    saying which domain a legend entry is read "'' is " and nothing after it)."""
+    name = str(name)
+    return visible(name) if name and name == name.strip() else repr(name)
+
+
 def labels(names) -> list[str]:
     """Each of ``names`` as :func:`visible` shows it, unless two different names would show the
     same (a domain ``"a\\n"`` holding a newline and one holding a backslash and ``n``): then

@@ -23,6 +23,7 @@ import html
 import io
 import json
 import os
+import re
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,7 +33,7 @@ import numpy as np
 from ._version import build
 from ._files import check_output_path, write_atomically
 from ._fonts import LABEL_CHARS, drawable, legend_labels, use_fallback_fonts
-from ._text import visible
+from ._text import page_label, visible
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store, group_codes, run_order
 from .errors import InputError, StoreError, TokdynError
 from .fit.models import FLAT_NATS, SHARE_MIN_NET, never_scored, scored_counts, two_sigmoid_curve, unfit_reasons
@@ -113,7 +114,10 @@ def render_report(
     import matplotlib
 
     matplotlib.use("Agg", force=False)
-    return _render(st, an, title=title, extra=extra, decode=_decoder(st.probe, tokenizer))
+    # Tick labels say their values whole: no offset or factor written apart at an axis's end
+    # ("1e-5" at the far right of bars ticked -1 to 6 read as a fall of 5 nats per token).
+    with matplotlib.rc_context({"axes.formatter.useoffset": False, "axes.formatter.limits": (-9, 9)}):
+        return _render(st, an, title=title, extra=extra, decode=_decoder(st.probe, tokenizer))
 
 
 def _fit_ids(st: TrajectoryStore, names=None) -> dict[str, str | None]:
@@ -146,8 +150,8 @@ def _legend_note(names) -> str:
     numbered, because another name would read the same (:func:`legend_labels`); in the page's
     text, which the browser draws, the name is as it is."""
     names = list(names)
-    said = [f"{label} is {visible(n)}" for n, label in zip(names, legend_labels(names, for_matplotlib=False))
-            if label != visible(n)]  # fmt: skip
+    said = [f"{label} is {page_label(n)}" for n, label in zip(names, legend_labels(names, for_matplotlib=False))
+            if label != page_label(n)]  # fmt: skip
     if not said:
         return ""
     return (" Legend entries that do not read as the whole name (cut, written with escapes where no font installed here "
@@ -273,6 +277,12 @@ def _e(s) -> str:
     return html.escape(visible(s))
 
 
+def _score(v: float, digits: int = 3) -> str:
+    """An R² or relative error: "n/a" where there is none (too few measured points; the note
+    under the scores says why), never "nan"."""
+    return f"{v:.{digits}f}" if np.isfinite(v) else "n/a"
+
+
 def _fmt(v) -> _Html:
     """A value as a table cell: a dict as a table of its own, a list on one line."""
     if isinstance(v, float):
@@ -341,8 +351,9 @@ def _headline(a: RunAnalysis, options: dict | None = None) -> str:
     n = rec.spectrum.n_tokens
     return (f"<p><b>Run {_e(a.run)}:</b> the mean loss of the {n:,} probe token{'s' * (n != 1)} {moved} "
             f"between {name} {_row_text(10.0 ** rec.x[first])} "
-            f"and {_row_text(10.0 ** rec.x[last])}; the fitted per-token events rebuild its rate of change with R² "
-            f"{rec.r2_events:.3f}. {_e(carried)}.{_multi_step_text(a)}{_unfit_text(a, options)}</p>")  # fmt: skip
+            f"and {_row_text(10.0 ** rec.x[last])}; " + (f"the fitted per-token events rebuild its rate of change with R² "
+            f"{rec.r2_events:.3f}" if np.isfinite(rec.r2_events) else "too few points were measured to score how well the fitted "
+            "per-token events rebuild its rate of change (the note under the scores says why)") + f". {_e(carried)}.{_multi_step_text(a)}{_unfit_text(a, options)}</p>")  # fmt: skip
 
 
 def _multi_step_text(a: RunAnalysis) -> str:
@@ -384,8 +395,8 @@ def _scores_table(an: StoreAnalysis) -> str:
         s = a.reconstruction.summary()
         rose = a.reconstruction.mean_loss_rose
         cols.append([
-            f"{s['n_points']}", f"{s['n_tokens']:,}", f"{s['r2_events']:.3f}", f"{s['r2_spectrum']:.3f}",
-            f"{s['rel_l2_events']:.3f}", f"{s['rel_l2_spectrum']:.3f}", _share_text(s['drop_share_events'], rose),
+            f"{s['n_points']}", f"{s['n_tokens']:,}", _score(s['r2_events']), _score(s['r2_spectrum']),
+            _score(s['rel_l2_events']), _score(s['rel_l2_spectrum']), _share_text(s['drop_share_events'], rose),
             _share_text(s['drop_share_well_fitted'], rose), _power_law_text(s["loss_power_law"], a.reconstruction.loss_power_law_why),
             _power_law_text(s["spectrum_power_law"], a.reconstruction.spectrum_power_law_why),
         ])  # fmt: skip
@@ -435,7 +446,7 @@ def _class_help(o: dict) -> dict[str, str]:
         "multi_step": f"two fitted steps of {d:.1f} nats or more each, both centred inside the recorded range: two drops (learned "
                       "in two steps), or a drop and a rise (learned then forgotten, or the reverse; a spike at one point is also "
                       "one)",
-        "gradual": "a straight fall in log steps, without a step",
+        "gradual": "a straight fall along the log axis (of steps, budgets or sizes), without a step",
         "already_known": f"low ({known:.1f} nats or less) from the first recorded point",
         "not_yet_learned": f"above {known:.1f} nats and without a clear fall (less than {d:.1f} nats) up to the last recorded point",
         "forgotten": f"the loss rises by {d:.1f} nats or more",
@@ -466,9 +477,25 @@ def _classes_help(st: TrajectoryStore, an: StoreAnalysis) -> str:
     differ = (" The runs were fitted with different thresholds, so one table is given for each set of runs fitted alike."
               if len(sets) > 1 else "")  # fmt: skip
     return (f"<details><summary>What the token classes mean</summary>{''.join(tables)}"
-            "<p class=meta>Each token's loss curve is fitted by a constant, a line, a sigmoid and two sigmoids in log "
-            "steps; the simplest model that is not clearly beaten (by BIC) is kept, and the class says what that model "
+            "<p class=meta>Each token's loss curve is fitted by a constant, a line, a sigmoid and two sigmoids along "
+            "the log axis (log10 of the step, data budget or model size); the simplest model that is not clearly beaten (by BIC) is kept, and the class says what that model "
             f"does between the first and the last recorded point.{differ}</p></details>")  # fmt: skip
+
+
+AXIS_PLURAL = {"T": "steps", "D": "data budgets", "M": "model sizes"}
+
+
+def _recorded_at(r, steps) -> str:
+    """Where a run's rows were recorded: a T run's steps, a D or M run's budgets or sizes (its
+    steps are its row numbers: "steps 0..9" of an axis of model sizes 1,000 to 1e6)."""
+    if not steps:
+        return "none"
+    if r.axis == "T":
+        return f"steps {steps[0]:,}..{steps[-1]:,}"
+    v = np.asarray(r.axis_values, np.float64)
+    if not v.size or not np.isfinite(v[[0, -1]]).all():
+        return f"rows {steps[0]}..{steps[-1]}"
+    return f"{AXIS_PLURAL.get(r.axis, r.axis)} {_row_text(float(v[0]))}..{_row_text(float(v[-1]))}"
 
 
 def _metadata_tables(st: TrajectoryStore, an: StoreAnalysis) -> str:
@@ -481,10 +508,9 @@ def _metadata_tables(st: TrajectoryStore, an: StoreAnalysis) -> str:
             rows.append([_name_cell(name), "", "", "", "", f"cannot be read: {exc}"])
             continue
         attrs = {k: v for k, v in info["attrs"].items() if k not in ("schema_version", "tokdyn_version", "token_chunk", "codec")}
-        steps = info["steps"]
-        rows.append([_name_cell(name), r.axis, f"{info['shape'][0]} x {info['shape'][1]:,}",
-                     f"{steps[0]}..{steps[-1]}" if steps else "none", f"{info['nonfinite_losses']:,}", _fmt(attrs)])  # fmt: skip
-    table = _table(["run", "axis", "rows x tokens", "steps", "NaN losses", "metadata"], rows)
+        rows.append([_name_cell(name), r.axis, f"{info['shape'][0]} x {info['shape'][1]:,}", _recorded_at(r, info["steps"]),
+                     f"{info['nonfinite_losses']:,}", _fmt(attrs)])  # fmt: skip
+    table = _table(["run", "axis", "rows x tokens", "recorded at", "NaN losses", "metadata"], rows)
     return f"<details><summary>Every run in the store, with its recorded metadata ({len(rows)} run{'s' * (len(rows) != 1)})</summary>{table}</details>"
 
 
@@ -550,6 +576,16 @@ def _pieces(row, decode, window: int = 8) -> list[str]:
     return out
 
 
+def _viewer_text(piece: str) -> str:
+    """A token's text as the viewer shows it: the probe's own text with what would disturb the
+    page escaped (:func:`visible` with ``data``: a right-to-left override made a token "evil" read
+    "live", and the line naming it under the pointer read backwards to its end), each line end
+    written ↵ before the line break it makes (a token that was only a newline was an empty span
+    no pointer could find), a tab kept as the text's own."""
+    lines = re.split(r"\r\n|\r|\n", piece)
+    return "↵\n".join("\t".join(visible(part, data=True) for part in line.split("\t")) for line in lines)
+
+
 def _viewer_data(st: TrajectoryStore, a: RunAnalysis, decode):
     """The viewer's data: every scored token of the first sequences, up to VIEW_TOKENS tokens."""
     from matplotlib import colormaps
@@ -586,7 +622,7 @@ def _viewer_data(st: TrajectoryStore, a: RunAnalysis, decode):
     seqs = []
     for s in range(shown):
         items = []
-        for p, piece in enumerate(_pieces(probe.tokens[s], decode)):
+        for p, piece in enumerate(map(_viewer_text, _pieces(probe.tokens[s], decode))):
             t = where.get((s, p))
             if t is None:
                 items.append([piece])
@@ -678,7 +714,7 @@ _VIEWER_JS = r"""
   function draw(s) {
     var tok = s.tok;
     while (svg.firstChild) svg.removeChild(svg.firstChild);
-    var W = 640, H = 250, L = 48, R = 12, T = 30, B = 38;
+    var W = 640, H = 250, L = 48, R = 26, T = 30, B = 38;  // R: half the widest tick ("10,000") fits
     var ys = tok[4].concat(tok[5]).filter(function (v) { return v !== null; }).map(function (v) { return v / 100; });
     var ymax = Math.max.apply(null, ys.concat([0.5])) * 1.08, x0 = D.x[0], x1 = D.x[D.x.length - 1];
     function px(x) { return L + (x - x0) / (x1 - x0 || 1) * (W - L - R); }
@@ -699,7 +735,8 @@ _VIEWER_JS = r"""
     tok[6].forEach(function (m) {
       if (m < x0 || m > x1) return;
       el("line", {x1: px(m), y1: T, x2: px(m), y2: py(0), stroke: "#d62728", "stroke-dasharray": "4 3"}, svg);
-      el("text", {x: px(m) + 4, y: T + 12, fill: "#d62728", "font-size": 11}, svg).textContent = "μ = " + value(Math.pow(10, m));
+      var late = px(m) > W - 90;  // a label that would run past the plot's right end is written to the line's left
+      el("text", {x: px(m) + (late ? -4 : 4), y: T + 12, fill: "#d62728", "font-size": 11, "text-anchor": late ? "end" : "start"}, svg).textContent = "μ = " + value(Math.pow(10, m));
     });
     var pts = [];
     tok[5].forEach(function (v, i) { if (v !== null) pts.push(px(D.xf[i]).toFixed(1) + "," + py(v / 100).toFixed(1)); });
@@ -721,6 +758,7 @@ _VIEWER_JS = r"""
     var cls = tok[1] >= 0 ? D.classes[tok[1]][0] : "?";
     info.textContent = "";
     var b = document.createElement("b");
+    b.dir = "auto";  // isolated: a right-to-left token does not reorder the words after it
     b.textContent = JSON.stringify(tok[0]);
     info.appendChild(b);
     info.appendChild(document.createTextNode(" (sequence " + s.seq + ", position " + s.pos + "): " + cls + "; " + tok[7] +
@@ -825,7 +863,11 @@ _VIEWER_JS = r"""
       tokens: spans.length, hits: hits.length, selected: pinned ? pinned.tok[0] : null,
       points: svg.querySelectorAll(".tv-point").length, curve: (svg.querySelector(".tv-curve") || {getAttribute: function () { return ""; }}).getAttribute("points").split(" ").length,
       text: box.textContent, images: imgs.length, decoded: imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length,
-      scroll_width: root.scrollWidth, client_width: root.clientWidth, overflowing: wide.slice(0, 10)
+      scroll_width: root.scrollWidth, client_width: root.clientWidth, overflowing: wide.slice(0, 10),
+      svg_outside: Array.prototype.filter.call(svg.querySelectorAll("text"), function (t) {  // labels cut at the plot's edges
+        var r = t.getBoundingClientRect(), p = svg.getBoundingClientRect();
+        return r.left < p.left - 0.5 || r.right > p.right + 0.5 || r.top < p.top - 0.5 || r.bottom > p.bottom + 0.5;
+      }).map(function (t) { return t.textContent; })
     });
     document.body.appendChild(out);
   });
@@ -922,12 +964,12 @@ def _fig_reconstruction(st: TrajectoryStore, a: RunAnalysis) -> Figure:
     ax0.set_ylabel("mean probe loss (nats)")
     ax0.set_title("mean probe loss")
     ax1.plot(rec.x, rec.measured, "o", ms=4, color="k", label="measured")
-    ax1.plot(rec.x, rec.from_events, "-", color="C0", label=f"sum of fitted events (R² {rec.r2_events:.3f})")
-    ax1.plot(rec.x, rec.from_spectrum, "--", color="C3", label=f"spectrum alone (R² {rec.r2_spectrum:.3f})")
+    ax1.plot(rec.x, rec.from_events, "-", color="C0", label=f"sum of fitted events (R² {_score(rec.r2_events)})")
+    ax1.plot(rec.x, rec.from_spectrum, "--", color="C3", label=f"spectrum alone (R² {_score(rec.r2_spectrum)})")
     for k, ((label, other), shown) in enumerate(zip(a.across.items(), legend_labels(a.across))):  # e.g. D from the events of a T run, no fit on D
         ax1.plot(other.x, other.from_events, linestyle=ACROSS_STYLES[(k + k // len(ACROSS_STYLES)) % len(ACROSS_STYLES)],
                  color=ACROSS_COLORS[k % len(ACROSS_COLORS)], lw=1.2,
-                 label=f"{shown} (R² {other.r2_events:.3f})")  # fmt: skip
+                 label=f"{shown} (R² {_score(other.r2_events)})")  # fmt: skip
     ax1.axhline(0, color="#999", lw=0.5)
     _axis_x(ax1, a.axis, rec.x)
     ax1.set_ylabel("-dL/dlog10 a (nats per decade)")
@@ -1306,7 +1348,8 @@ def _fig_class_changes(a: RunAnalysis, drops: dict[str, float]) -> Figure:
     ax.set_yticks(y, [f"{c} ({held.get(c, 0) / total:.0%} of tokens)" for c in names])
     ax.invert_yaxis()
     ax.axvline(0, color="k", lw=0.5)
-    span = max(abs(v) for v in vals) if vals and max(abs(v) for v in vals) > 0 else 1.0
+    # at least the bars' precision: changes that all round to 0.000 look it (5e-5 nats filled the axis)
+    span = max([FLAT_NATS, *(abs(v) for v in vals)])
     ax.set_xlim(min(0.0, *vals) - 0.25 * span, max(0.0, *vals) + 0.25 * span)  # room for the labels
     net, gross = sum(drops.values()), sum(abs(v) for v in drops.values())
     ax.set_xlabel("fall of the loss, nats per probe token (< 0: it rose)")
@@ -1382,7 +1425,10 @@ def _fig_groups(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
         # Handles and labels given explicitly: a legend drops artists whose label starts with "_"
         # (a domain such as "__future__" was missing from it).
         legends += spectra
-        _legend_below(ax, lines, legend_labels(spectra), ncol=2 if len(spectra) > 4 else 1,
+        labels = legend_labels(spectra)
+        # two columns only of short names: two of 40 characters side by side are wider than the
+        # panel, and the layout narrowed every panel to a seventh of the figure to make room
+        _legend_below(ax, lines, labels, ncol=2 if len(spectra) > 4 and max(map(len, labels)) <= 16 else 1,
                       title={"frequency": "occurrences of the token id", "position": "position in the sequence"}.get(k))  # fmt: skip
     axes[0][0].set_ylabel("ρ (nats per decade per token)")
     dom = ""
@@ -1512,12 +1558,15 @@ def _fig_time_vs_token(st: TrajectoryStore, a: RunAnalysis) -> Figure | None:
                 b = np.clip(np.searchsorted(edges, v[inside], side="right") - 1, 0, edges.size - 2)
                 med = [np.median(mu[inside][b == i]) if (b == i).any() else np.nan for i in range(edges.size - 1)]
                 medians += ax.plot(0.5 * (edges[1:] + edges[:-1]), med, "o-", color="#d62728", ms=3)
+            # as many labels as fit the panel (counts of 61 to 89 over a narrow span were labelled
+            # at every tick, "61626364..."; learning times within a narrow span alike, on y)
+            size = ax.get_position().size * fig.get_size_inches()
             if log10:
-                _log_ticks(ax.xaxis, float(v[inside].min()), float(v[inside].max()))
+                _log_ticks(ax.xaxis, float(v[inside].min()), float(v[inside].max()), width_in=float(size[0]))
             else:
                 ticks = np.arange(0, np.ceil(v[inside].max()) + 1)
                 ax.set_xticks(ticks, [f"{2 ** int(k):,}" for k in ticks])
-            _log_ticks(ax.yaxis, float(mu[inside].min()), float(mu[inside].max()))
+            _log_ticks(ax.yaxis, float(mu[inside].min()), float(mu[inside].max()), width_in=float(size[1]))
         ax.set_xlabel(label)
     axes[0, 0].set_ylabel(f"learning time μ ({AXIS_LABEL.get(a.axis, a.axis)}, log scale)")
     if hb is not None:
