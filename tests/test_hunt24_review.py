@@ -62,3 +62,22 @@ def test_a_plain_resume_of_a_float16_run_whose_replay_differs_by_kernel_noise_sa
             rec2.maybe_record(16)
     assert not [str(w.message) for w in caught if "not the one that recorded it" in str(w.message)]
     assert tokdyn.open_store(store, mode="r").run("r").steps.tolist() == [0, 8, 16]
+
+
+def test_a_folder_whose_every_checkpoint_is_named_tmp_is_recorded(tmp_path):
+    """Hunt 24 skips a checkpoint file under a temporary name (tmp_step_30.pt beside step_20.pt:
+    a save not yet renamed into place). A folder whose every checkpoint is so named (a scratch
+    run's tmp_ckpt_100.pt, 200, 300) has no final names to wait for: it was recorded before hunt
+    24 and then said 'no checkpoints in ...'. It is recorded again, by the steps in the names; a
+    temporary name beside final ones is still skipped."""
+    import torch
+
+    from tokdyn.record.offline.discovery import discover_checkpoints
+
+    for s in (100, 200, 300):
+        torch.save({"w": torch.zeros(2)}, tmp_path / f"tmp_ckpt_{s}.pt")
+    assert [(r.step, r.path.name) for r in discover_checkpoints(tmp_path)] == [
+        (100, "tmp_ckpt_100.pt"), (200, "tmp_ckpt_200.pt"), (300, "tmp_ckpt_300.pt")]
+    torch.save({"w": torch.zeros(2)}, tmp_path / "step_400.pt")
+    with pytest.warns(UserWarning, match="saves still being written"):
+        assert [r.step for r in discover_checkpoints(tmp_path)] == [400]
