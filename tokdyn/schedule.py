@@ -7,7 +7,7 @@ a sorted array of distinct integer steps that always contains its first and last
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -51,7 +51,7 @@ def explicit_schedule(steps: Iterable[int]) -> np.ndarray:
     ``steps`` is any 1-D sequence of whole numbers (an array of any integer or float dtype, a
     tensor, a range, a generator); :func:`tokdyn._checks.as_values` refuses what no step is (a
     masked value, 2.5, a step past int64: a uint64 2**64 - 1 was step -1)."""
-    if not (hasattr(steps, "__len__") or hasattr(steps, "__array__")):  # a generator: its values
+    if not (isinstance(steps, Sequence) or hasattr(steps, "__array__")):  # a generator, a set, dict keys: its values
         steps = list(steps)
     arr = as_values("schedule steps", steps, "index")
     if arr.ndim != 1:  # a 2-D array was sorted row by row and handed back as a 2-D "schedule"
