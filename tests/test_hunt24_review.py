@@ -3,6 +3,7 @@ user, each failing on the merge before its fix."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tokdyn.schedule import explicit_schedule, geometric_schedule
@@ -81,3 +82,16 @@ def test_a_folder_whose_every_checkpoint_is_named_tmp_is_recorded(tmp_path):
     torch.save({"w": torch.zeros(2)}, tmp_path / "step_400.pt")
     with pytest.warns(UserWarning, match="saves still being written"):
         assert [r.step for r in discover_checkpoints(tmp_path)] == [400]
+
+
+@pytest.mark.parametrize("predicted, measured", [(np.ones((3, 4)), np.ones(4)), (np.ones(5), np.ones(4)), (np.ones(4), np.ones((4, 1))),
+                                                 (np.float64(1.0), np.ones(1))])
+def test_scores_of_curves_of_other_shapes_is_one_input_error(predicted, measured):
+    """``reconstruct.scores`` of a 2-D array, or of two curves of other lengths, was an IndexError
+    or a broadcast R^2 over a grid no curve has; it is one line naming both shapes."""
+    from tokdyn.errors import InputError
+    from tokdyn.reconstruct import scores
+
+    with pytest.raises(InputError, match="two curves of one length"):
+        scores(predicted, measured)
+    assert scores(np.arange(4.0), np.arange(4.0))["r2"] == 1.0

@@ -105,6 +105,8 @@ def scores(predicted, measured, *, min_points: int = 2) -> dict:
     where both are finite; NaN for both on fewer than ``min_points`` of them (a reconstruction's
     scores: :data:`SCORE_MIN_POINTS`)."""
     p, m = as_values("predicted", predicted), as_values("measured", measured)
+    if p.ndim != 1 or p.shape != m.shape:
+        raise InputError(f"predicted and measured must be two curves of one length (1-D), got shapes {p.shape} and {m.shape}")
     ok = np.isfinite(p) & np.isfinite(m)
     if ok.sum() < max(int(min_points), 2):
         return {"r2": float("nan"), "rel_l2": float("nan")}
