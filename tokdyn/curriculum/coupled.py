@@ -38,7 +38,7 @@ def domain_probabilities(domain_ids: np.ndarray, weights) -> np.ndarray:
                    lead=f"domain ids must be one integer per sample, indices into the {w.size} domain weights")  # fmt: skip
     if w.ndim != 1 or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
         raise InputError(f"domain weights must be >= 0 and sum to 1, got {w.tolist()}")
-    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= w.size:
+    if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= w.size:  # (integers: as_array)
         raise InputError(f"domain ids must be one integer per sample, indices into the {w.size} domain weights, "
                          f"got {_described(ids)}")  # fmt: skip
     counts = np.bincount(ids, minlength=w.size)
