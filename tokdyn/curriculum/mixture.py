@@ -580,7 +580,7 @@ def mixture_sampler(domain_ids, schedule: MixtureSchedule, *, samples_per_step: 
     names = list(schedule.domains) if domains is None else [str(d) for d in domains]
     if len(set(names)) != len(names):  # two pool domains of one name would be drawn as one
         raise InputError(f"domains must be distinct names, got {names}")
-    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= len(names):
+    if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= len(names):  # (integers: as_values)
         raise InputError(f"domain_ids must be one integer per sample, indices into the {len(names)} domains "
                          f"{names}{'' if domains is None else ' given'}, got {_described(ids)}")  # fmt: skip
     if domains is not None:
