@@ -123,6 +123,15 @@ def as_values(name: str, value, kind: str = "real", *, lead: str | None = None) 
 INT64_MAX = np.iinfo(np.int64).max
 
 
+def as_curve(x, loss) -> tuple[np.ndarray, np.ndarray]:
+    """An axis ``x`` and a loss curve over it as two new 1-D float64 arrays of one length
+    (:func:`as_values`: a masked loss is refused, a missing one is NaN), or one :class:`InputError`."""
+    x, loss = as_values("x", x), as_values("loss", loss)
+    if x.ndim != 1 or x.shape != loss.shape:
+        raise InputError(f"x and loss: expected two 1-D arrays of one length, got {x.shape} and {loss.shape}")
+    return x, loss
+
+
 def log_tie(values) -> int | None:
     """The first ``i`` where the axis values ``values[i]`` and ``values[i + 1]`` (strictly
     increasing) are both positive and give one log10 in float64, else None.
