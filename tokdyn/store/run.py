@@ -460,13 +460,11 @@ class Run:
         """The run, its committed rows and its fit's state (a few small reads, no loss read); a
         run gone or unreadable is said, not raised (a notebook shows the repr first)."""
         head = f"Run({self.name!r}, axis={self.axis}"
-        gone = self._gone()
-        if gone is not None:
-            return f"{head}, tokens={self.n_tokens}: {gone} after this view was opened)"
         try:
-            k, fit = self.n_committed, self.fit.meta
+            k, fit = self.n_committed, self.fit.meta  # (each first checks the run is this view's)
         except TokdynError as exc:
-            return f"{head}, tokens={self.n_tokens}: unreadable: {exc})"
+            gone = self._gone()
+            return f"{head}, tokens={self.n_tokens}: {f'{gone} after this view was opened' if gone else f'unreadable: {exc}'})"
         state = "none" if not fit else "incomplete" if not fit.get("complete") else (
             "complete" if fit.get("n_committed") == k else f"stale (made on {fit.get('n_committed')} rows)")
         return f"{head}, rows={k}, tokens={self.n_tokens}, fit={state})"
