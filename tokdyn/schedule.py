@@ -60,9 +60,10 @@ def explicit_schedule(steps: Iterable[int]) -> np.ndarray:
         raise InputError("explicit schedule is empty")
     if arr.min() < 0:
         raise InputError(f"schedule steps must be >= 0, got {int(arr.min())}")
-    if np.unique(arr).size != arr.size:
+    steps = np.unique(arr)  # sorted
+    if steps.size != arr.size:
         raise InputError("schedule has duplicate steps")
-    return np.sort(arr)
+    return steps
 
 
 def make_schedule(kind: str, last: int, *, n: int = 40, every: int = 1000, steps: Iterable[int] | None = None) -> np.ndarray:
