@@ -71,29 +71,31 @@ def host_values(value):
     return value
 
 
-def as_array(name: str, value, kinds: str | None, expected: str) -> np.ndarray:
+def as_array(name: str, value, kinds: str | None, expected: str, *, lead: str | None = None) -> np.ndarray:
     """``np.asarray(value)`` of dtype kind in ``kinds`` (None: any; a view where numpy makes one), or one
     :class:`InputError` naming ``name`` and saying ``expected``: a CPU torch tensor (with grad,
-    in bfloat16) is its values; a masked array with masked values is refused (:func:`as_values`)."""
+    in bfloat16) is its values; a masked array with masked values is refused (:func:`as_values`).
+    ``lead``: what the error says before ``, got ...`` (default ``"{name}: expected {expected}"``)."""
+    lead = lead or f"{name}: expected {expected}"
     value = host_values(value)
     if isinstance(value, np.ma.MaskedArray) and np.ma.getmaskarray(value).any():
-        raise InputError(f"{name}: expected {expected}, got a masked array with {int(np.ma.getmaskarray(value).sum())} "
+        raise InputError(f"{lead}, got a masked array with {int(np.ma.getmaskarray(value).sum())} "
                          "masked value(s), whose values numpy would take as data: give each as what it is (NaN where "
                          "a value is missing) or leave it out")  # fmt: skip
     try:
         a = np.asarray(value)
     except Exception as err:  # ragged, an object whose conversion fails
-        raise InputError(f"{name}: expected {expected}, got a {type(value).__name__} that numpy cannot convert "
+        raise InputError(f"{lead}, got a {type(value).__name__} that numpy cannot convert "
                          f"({f'{type(err).__name__}: {err}'.splitlines()[0][:200]})") from None  # fmt: skip
     if kinds is not None and a.dtype.kind not in kinds:
-        raise InputError(f"{name}: expected {expected}, got dtype {a.dtype}")
+        raise InputError(f"{lead}, got dtype {a.dtype}")
     return a
 
 
-def as_values(name: str, value, kind: str = "real") -> np.ndarray:
+def as_values(name: str, value, kind: str = "real", *, lead: str | None = None) -> np.ndarray:
     """``value`` as a new native-endian, C-contiguous array of ``kind`` (:data:`VALUE_KINDS`), or
-    one :class:`InputError` naming ``name``: the caller's array is never the one computed on or
-    written.
+    one :class:`InputError` naming ``name`` (or saying ``lead``, as :func:`as_array`): the caller's
+    array is never the one computed on or written.
 
     Arrays from a researcher's own code come as lists, big-endian, strided or read-only numpy
     arrays, numpy subclasses and torch tensors (a CPU tensor with grad or in bfloat16 is taken
@@ -103,21 +105,31 @@ def as_values(name: str, value, kind: str = "real") -> np.ndarray:
     (0.2 was True, and [0, 2] may be meant as indices); and anywhere a bool as a number, a
     complex number (its imaginary part dropped) or text ("1" was 1.0)."""
     dtype, kinds, expected = VALUE_KINDS[kind]
-    a = as_array(name, value, kinds, expected)
+    lead = lead or f"{name}: expected {expected}"
+    a = as_array(name, value, kinds, expected, lead=lead)
     if kind in ("index", "code") and a.size:
         whole = np.isfinite(a) & (a == np.round(a)) if a.dtype.kind == "f" else None
         if whole is not None and not whole.all():
-            raise InputError(f"{name}: expected {expected}, got {int((~whole).sum())} value(s) that are no whole "
+            raise InputError(f"{lead}, got {int((~whole).sum())} value(s) that are no whole "
                              f"number, such as {shown(a[~whole][0].item())}")  # fmt: skip
         with np.errstate(over="ignore"):  # 2**63 as a float16 is inf: still above every float16
             past = a.max() > INT64_MAX if a.dtype.kind == "u" else a.dtype.kind == "f" and abs(a).max() >= 2.0**63
         if past:
-            raise InputError(f"{name}: expected {expected}, got a value past int64 ({shown(a.max().item())})")
+            raise InputError(f"{lead}, got a value past int64 ({shown(a.max().item())})")
     with np.errstate(over="ignore"):  # a float past float64 (a longdouble) becomes inf: the caller's finiteness check
         return np.array(a, dtype=dtype, order="C", copy=True)
 
 
 INT64_MAX = np.iinfo(np.int64).max
+
+
+def as_curve(x, loss) -> tuple[np.ndarray, np.ndarray]:
+    """An axis ``x`` and a loss curve over it as two new 1-D float64 arrays of one length
+    (:func:`as_values`: a masked loss is refused, a missing one is NaN), or one :class:`InputError`."""
+    x, loss = as_values("x", x), as_values("loss", loss)
+    if x.ndim != 1 or x.shape != loss.shape:
+        raise InputError(f"x and loss: expected two 1-D arrays of one length, got {x.shape} and {loss.shape}")
+    return x, loss
 
 
 def log_tie(values) -> int | None:

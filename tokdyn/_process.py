@@ -85,20 +85,7 @@ def _preparation_data(name, *, _made=_spawn.get_preparation_data):
 
 
 class _SpawnProcess(_mp.SpawnProcess):
-    without_main = False  # start without the parent's main module (see _WITHOUT_MAIN)
-
     def start(self) -> None:
-        if not self.without_main:
-            return self._start()
-        if _spawn.get_preparation_data is not _preparation_data:  # once, where multiprocessing looks it up
-            _spawn.get_preparation_data = _preparation_data
-        _WITHOUT_MAIN.on = True
-        try:
-            return self._start()
-        finally:
-            _WITHOUT_MAIN.on = False
-
-    def _start(self) -> None:
         if not _SIGMASK:
             return super().start()
         # The resource tracker, started on the first spawn, unblocks SIGINT in the calling thread
@@ -116,7 +103,16 @@ class _SpawnContext(_mp.SpawnContext):
 
 
 class _SpawnWithoutMainProcess(_SpawnProcess):
-    without_main = True
+    """A :class:`_SpawnProcess` that starts without the parent's main module (see _WITHOUT_MAIN)."""
+
+    def start(self) -> None:
+        if _spawn.get_preparation_data is not _preparation_data:  # once, where multiprocessing looks it up
+            _spawn.get_preparation_data = _preparation_data
+        _WITHOUT_MAIN.on = True
+        try:
+            super().start()
+        finally:
+            _WITHOUT_MAIN.on = False
 
 
 class _SpawnWithoutMainContext(_mp.SpawnContext):

@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._checks import as_array, as_values
+from ._checks import as_array, as_curve, as_values
 from .errors import InputError
 from .fit.models import SHARE_MIN_NET
 from .spectrum import Events, PowerLaw, Spectrum, learning_time_spectrum, loss_power_law, run_events, spectrum_power_law
@@ -64,9 +64,7 @@ def measured_derivative(x, loss, *, smoothing: float | None = None) -> np.ndarra
     regression, and the derivative at a NaN loss is NaN: nothing was measured there (the local
     quadratic of its neighbours used to print there as a measured value).
     """
-    x, loss = as_values("x", x), as_values("loss", loss)  # a masked loss is refused: a missing one is NaN
-    if x.ndim != 1 or x.shape != loss.shape:
-        raise InputError(f"x and loss: expected two 1-D arrays of one length, got {x.shape} and {loss.shape}")
+    x, loss = as_curve(x, loss)  # a masked loss is refused: a missing one is NaN
     if x.size < 3:
         raise InputError(f"a derivative needs at least 3 axis points, got {x.size}")
     if not (np.all(np.isfinite(x)) and np.all(np.diff(x) > 0)):

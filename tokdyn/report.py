@@ -485,17 +485,19 @@ def _classes_help(st: TrajectoryStore, an: StoreAnalysis) -> str:
 AXIS_PLURAL = {"T": "steps", "D": "data budgets", "M": "model sizes"}
 
 
-def _recorded_at(r, steps) -> str:
-    """Where a run's rows were recorded: a T run's steps, a D or M run's budgets or sizes (its
-    steps are its row numbers: "steps 0..9" of an axis of model sizes 1,000 to 1e6)."""
+def _recorded_at(axis: str, info: dict) -> str:
+    """Where a run's rows were recorded, from its ``info()``: a T run's steps, a D or M run's
+    budgets or sizes (its steps are its row numbers: "steps 0..9" of an axis of model sizes
+    1,000 to 1e6)."""
+    steps = info["steps"]
     if not steps:
         return "none"
-    if r.axis == "T":
+    if axis == "T":
         return f"steps {steps[0]:,}..{steps[-1]:,}"
-    v = np.asarray(r.axis_values, np.float64)
+    v = np.asarray(info["axis_values"], np.float64)
     if not v.size or not np.isfinite(v[[0, -1]]).all():
         return f"rows {steps[0]}..{steps[-1]}"
-    return f"{AXIS_PLURAL.get(r.axis, r.axis)} {_row_text(float(v[0]))}..{_row_text(float(v[-1]))}"
+    return f"{AXIS_PLURAL.get(axis, axis)} {_row_text(float(v[0]))}..{_row_text(float(v[-1]))}"
 
 
 def _metadata_tables(st: TrajectoryStore, an: StoreAnalysis) -> str:
@@ -508,7 +510,7 @@ def _metadata_tables(st: TrajectoryStore, an: StoreAnalysis) -> str:
             rows.append([_name_cell(name), "", "", "", "", f"cannot be read: {exc}"])
             continue
         attrs = {k: v for k, v in info["attrs"].items() if k not in ("schema_version", "tokdyn_version", "token_chunk", "codec")}
-        rows.append([_name_cell(name), r.axis, f"{info['shape'][0]} x {info['shape'][1]:,}", _recorded_at(r, info["steps"]),
+        rows.append([_name_cell(name), r.axis, f"{info['shape'][0]} x {info['shape'][1]:,}", _recorded_at(r.axis, info),
                      f"{info['nonfinite_losses']:,}", _fmt(attrs)])  # fmt: skip
     table = _table(["run", "axis", "rows x tokens", "recorded at", "NaN losses", "metadata"], rows)
     return f"<details><summary>Every run in the store, with its recorded metadata ({len(rows)} run{'s' * (len(rows) != 1)})</summary>{table}</details>"

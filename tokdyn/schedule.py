@@ -31,9 +31,9 @@ def geometric_schedule(last: int, n: int, *, first: int = 0) -> np.ndarray:
     # the points between lo and last, rounded in float64: kept below last, which float64 may round
     # up (2**63 - 1 became step -2**63; 2**53 + 1 gained a step 2**53 beside it)
     inner = np.round(np.geomspace(lo, last, n)[1:-1]) if last > lo else np.array([])
-    inner = inner[inner < float(last)].astype(np.int64)
+    inner = inner[inner < float(last)].astype(np.int64)  # each then below last too
     ends = [first, lo, last] if lo <= last else [first, last]  # (last 0 had a step 1 past it)
-    return _finish(np.concatenate([np.array(ends, np.int64), inner[inner < last]]))
+    return _finish(np.concatenate([np.array(ends, np.int64), inner]))
 
 
 def pythia_schedule(last: int, *, every: int = 1000, first: int = 0) -> np.ndarray:
@@ -60,9 +60,10 @@ def explicit_schedule(steps: Iterable[int]) -> np.ndarray:
         raise InputError("explicit schedule is empty")
     if arr.min() < 0:
         raise InputError(f"schedule steps must be >= 0, got {int(arr.min())}")
-    if np.unique(arr).size != arr.size:
+    steps = np.unique(arr)  # sorted
+    if steps.size != arr.size:
         raise InputError("schedule has duplicate steps")
-    return np.sort(arr)
+    return steps
 
 
 def make_schedule(kind: str, last: int, *, n: int = 40, every: int = 1000, steps: Iterable[int] | None = None) -> np.ndarray:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ._event_grid import BETWEEN, CURVE, DERIVATIVE, GRID_MULTIPLE, event_cells, event_sums, resample_cells
-from ._checks import as_values, check_count, is_finite, is_int, is_whole
+from ._checks import as_curve, as_values, check_count, is_finite, is_int, is_whole
 from ._text import shown
 from .errors import InputError
 from .fit.options import CLASS_CODES, STATUS_CODES, FitOptions
@@ -1043,9 +1043,7 @@ def loss_power_law(x: np.ndarray, loss: np.ndarray) -> PowerLaw:
     """
     from scipy.optimize import curve_fit
 
-    x, loss = as_values("x", x), as_values("loss", loss)  # a masked loss is refused: a missing one is NaN
-    if x.ndim != 1 or x.shape != loss.shape:
-        raise InputError(f"x and loss: expected two 1-D arrays of one length, got {x.shape} and {loss.shape}")
+    x, loss = as_curve(x, loss)  # a masked loss is refused: a missing one is NaN
     ok = np.isfinite(x) & np.isfinite(loss)
     x, loss = x[ok], loss[ok]
     if x.size < LOSS_LAW_MIN_POINTS:

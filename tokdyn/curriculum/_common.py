@@ -1,7 +1,9 @@
-"""What the curriculum's readers share: the pilot run's axis check, and domain names."""
+"""What the curriculum's readers share: the pilot run's axis check, domain names, and numbers given
+as arrays (:func:`floats`)."""
 
 from __future__ import annotations
 
+from .._checks import as_values
 from ..errors import InputError
 
 __all__ = ["require_step_axis", "domain_names"]
@@ -33,3 +35,9 @@ def domain_names(domains) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise InputError(f"domain names must be distinct, got {list(names)}")
     return names
+
+
+def floats(name: str, values):
+    """``values`` as a new float64 array (:func:`tokdyn._checks.as_values`: a masked value, a bool
+    or text is refused), or one :class:`InputError` saying ``"{name} must be numbers, got ..."``."""
+    return as_values(name, values, lead=f"{name} must be numbers")

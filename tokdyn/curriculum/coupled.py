@@ -21,8 +21,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .._checks import as_array, as_values
+from .._checks import as_array
 from ..errors import InputError
+from ._common import floats as _floats
 from .sampler import StepSampler
 
 __all__ = ["CoupledSampler", "domain_probabilities"]
@@ -31,15 +32,13 @@ __all__ = ["CoupledSampler", "domain_probabilities"]
 def domain_probabilities(domain_ids: np.ndarray, weights) -> np.ndarray:
     """Per-sample probabilities ``[N]`` of a domain mixture: ``weights[k] / n_k`` for each of
     the ``n_k`` samples of domain ``k`` (``domain_ids [N]``, ``weights [D]`` summing to 1)."""
-    w = _floats(weights, "domain weights")
-    try:  # no copy of a plain array (this runs at every step); a masked one's masked samples were drawn
-        ids = as_array("domain ids", domain_ids, "iu", "one integer per sample")
-    except InputError as err:
-        raise InputError(f"domain ids must be one integer per sample, indices into the {w.size} domain weights, got "
-                         f"{str(err).partition(', got ')[2]}") from None  # fmt: skip
+    w = _floats("domain weights", weights)
+    # no copy of a plain array (this runs at every step); a masked one's masked samples were drawn
+    ids = as_array("domain ids", domain_ids, "iu", "one integer per sample",
+                   lead=f"domain ids must be one integer per sample, indices into the {w.size} domain weights")  # fmt: skip
     if w.ndim != 1 or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
         raise InputError(f"domain weights must be >= 0 and sum to 1, got {w.tolist()}")
-    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= w.size:
+    if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= w.size:  # (integers: as_array)
         raise InputError(f"domain ids must be one integer per sample, indices into the {w.size} domain weights, "
                          f"got {_described(ids)}")  # fmt: skip
     counts = np.bincount(ids, minlength=w.size)
@@ -82,14 +81,14 @@ class CoupledSampler(StepSampler):
     def __init__(self, base: np.ndarray, probabilities: Callable[[int], np.ndarray] | np.ndarray | None = None, *,
                  samples_per_step: int, total_steps: int, seed: int = 0, rank: int = 0, world_size: int = 1,
                  fingerprint: str | None = None) -> None:  # fmt: skip
-        p0 = _floats(base, "base")
+        p0 = _floats("base", base)
         if p0.ndim != 1 or p0.size < 1 or np.any(p0 < 0) or not np.isclose(p0.sum(), 1.0):
             raise InputError(f"base must be probabilities [N] (>= 0, sum 1), got shape {p0.shape}, sum {p0.sum():.6g}")
         if probabilities is not None and not callable(probabilities):
             if isinstance(probabilities, (str, bytes)) or not hasattr(probabilities, "__len__"):
                 raise InputError(f"probabilities must be a callable step -> [N], an array [N] or None, "
                                  f"got {type(probabilities).__name__}")  # fmt: skip
-            fixed = _floats(probabilities, "the arm's probabilities")
+            fixed = _floats("the arm's probabilities", probabilities)
             if fixed.shape != p0.shape:
                 raise InputError(f"the arm's probabilities have shape {fixed.shape}; the pool has {p0.shape}")
             if not (np.isclose(fixed.sum(), 1.0) and fixed.min() >= 0):
@@ -113,7 +112,7 @@ class CoupledSampler(StepSampler):
         idx = np.minimum(idx, self.n_samples - 1)
         if self.probabilities is None:
             return idx, np.ones(idx.size, bool)
-        p = _floats(self.probabilities(step), f"the arm's probabilities at step {step}")
+        p = _floats(f"the arm's probabilities at step {step}", self.probabilities(step))
         if p.shape != self.base.shape:
             raise InputError(f"the arm's probabilities have shape {p.shape}; the pool has {self.base.shape}")
         total = p.sum()
@@ -136,14 +135,6 @@ class CoupledSampler(StepSampler):
 
     def _setting(self, key: str):
         return {"base": self._base_fingerprint, "arm": self._arm}.get(key) if key in ("base", "arm") else getattr(self, key)
-
-
-def _floats(values, what: str) -> np.ndarray:
-    """``values`` as a float64 array, or :class:`InputError` naming ``what`` (strings, ragged lists)."""
-    try:
-        return as_values(what, values)  # a new float64 array: a masked value, a bool or text is refused
-    except InputError as err:
-        raise InputError(f"{what} must be numbers, got {str(err).partition(', got ')[2]}") from None
 
 
 def _described(ids: np.ndarray) -> str:

@@ -52,7 +52,7 @@ import numpy as np
 
 from .._checks import as_values, is_finite, is_int, is_real, is_whole
 from ..errors import InputError
-from ._common import domain_names as _domain_names
+from ._common import domain_names as _domain_names, floats as _floats
 
 __all__ = ["MixtureConfig", "DomainRates", "MixtureSchedule", "enrichment_verdict", "ContextSchedule", "PilotEvents",
            "pilot_events", "load_mixture_schedule", "mixture_sampler", "MAX_MIXTURE_STEPS"]
@@ -337,15 +337,6 @@ def _check_width(width) -> None:
         raise InputError(f"width must be >= 0 decades, got {width!r}")
 
 
-def _floats(name: str, values) -> np.ndarray:
-    """``values`` as a new float64 array (:func:`tokdyn._checks.as_values`: a masked value, a bool
-    or text is refused), or one :class:`InputError` naming ``name``."""
-    try:
-        return as_values(name, values)
-    except InputError as err:
-        raise InputError(f"{name} must be numbers, got {str(err).partition(', got ')[2]}") from None
-
-
 class MixtureSchedule:
     """Domain weights step by step (module docstring), from :class:`DomainRates`.
 
@@ -584,14 +575,12 @@ def mixture_sampler(domain_ids, schedule: MixtureSchedule, *, samples_per_step: 
     if hasattr(domain_ids, "domain_ids") and hasattr(domain_ids, "domains"):  # a MixtureDataset: match by name
         domains = domain_ids.domains if domains is None else domains
         domain_ids = domain_ids.domain_ids
-    try:
-        ids = as_values("domain_ids", domain_ids, "code")  # a masked array's mask would be no domain
-    except InputError as err:
-        raise InputError(f"domain_ids must be one integer per sample, got {str(err).partition(', got ')[2]}") from None
+    # a masked array's mask would be no domain
+    ids = as_values("domain_ids", domain_ids, "code", lead="domain_ids must be one integer per sample")
     names = list(schedule.domains) if domains is None else [str(d) for d in domains]
     if len(set(names)) != len(names):  # two pool domains of one name would be drawn as one
         raise InputError(f"domains must be distinct names, got {names}")
-    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= len(names):
+    if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= len(names):  # (integers: as_values)
         raise InputError(f"domain_ids must be one integer per sample, indices into the {len(names)} domains "
                          f"{names}{'' if domains is None else ' given'}, got {_described(ids)}")  # fmt: skip
     if domains is not None:

@@ -668,14 +668,15 @@ class TokenLossRecorder:
         step, row = self._replayed
         self._replayed = None
         run, a, b = self._writer.run, self._writer.token_start, self._writer.token_stop
-        stored = run.losses(tokens=slice(a, b), rows=slice(row, row + 1))[0].astype(np.float32)
+        row_losses = run.losses(tokens=slice(a, b), rows=slice(row, row + 1))[0]  # in the run's dtype
+        stored = row_losses.astype(np.float32)
         now = token_losses(self.model, self._tokens, batch_size=self.batch_size, forward=self.forward,
                            max_target=self._max_target).cpu().numpy().astype(run.dtype).astype(np.float32)  # fmt: skip
         with np.errstate(invalid="ignore"):
             delta = np.abs(now - stored)
         nan_apart = np.isnan(now) != np.isnan(stored)
         # a float16 row is rounded to steps of 0.004 nats near 5: a replay off by noise may round one step apart
-        limit = REPLAY_TOLERANCE + np.abs(np.spacing(stored.astype(run.dtype))).astype(np.float32)
+        limit = REPLAY_TOLERANCE + np.abs(np.spacing(row_losses)).astype(np.float32)
         if not nan_apart.any() and not (np.nan_to_num(delta) > limit).any():
             return
         finite = np.isfinite(delta)

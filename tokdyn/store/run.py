@@ -5,7 +5,8 @@ make that safe while a writer appends)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -353,7 +354,7 @@ class Run:
         chunk_of = tokens // tc
         found = np.unique(chunk_of).tolist()
         committed = self._loss_checksums(np.unique(rows).tolist(), range(found[0], found[-1] + 1)) if found else {}
-        counted: list = []  # the non-finite counts by row, read at the first NaN
+        counted = functools.cache(lambda: self._nonfinite()[1])  # the non-finite counts by row, read at the first NaN
         for c in found:
             cols = np.flatnonzero(chunk_of == c)
             ca, cb = c * tc, min(self.n_tokens, (c + 1) * tc)
@@ -366,18 +367,15 @@ class Run:
                 out[r0 : r0 + 32, cols] = block[:, tokens[cols] - ca]
         return out
 
-    def _check_nan_counts(self, block: np.ndarray, rows: range, counted: list | None = None) -> None:
+    def _check_nan_counts(self, block: np.ndarray, rows: range, counted: Callable[[], dict] | None = None) -> None:
         """A missing chunk reads as NaN (the fill value). Every NaN a writer stored is counted in
         its commit record, so a row with more NaN than counted has lost chunk data. ``counted``:
-        a list that holds the counts by row once read (a caller checking many blocks)."""
+        a function giving the counts by row (a caller checking many blocks reads them once). The
+        caller has checked that the run is still this view's (:attr:`n_committed`)."""
         nan = nan_per_row(block)
         if not nan.any():
             return
-        if counted is None:
-            counted = []
-        if not counted:
-            counted.append(self.nonfinite()[1])
-        by_row = counted[0]
+        by_row = self._nonfinite()[1] if counted is None else counted()
         for i, r in enumerate(rows):
             if nan[i] > by_row.get(r, 0):
                 raise StoreError(
@@ -423,6 +421,10 @@ class Run:
     def nonfinite(self) -> tuple[int, dict[int, int]]:
         """Total count of non-finite losses recorded (stored as NaN) and the count per row."""
         self._require_same_run()
+        return self._nonfinite()
+
+    def _nonfinite(self) -> tuple[int, dict[int, int]]:
+        """:meth:`nonfinite` of a view its caller has checked is still of its run."""
         total, per_row = 0, {}
         for j in range(len(self.writers)):
             c = self._commit(j)
@@ -432,8 +434,8 @@ class Run:
         return total, per_row
 
     def info(self) -> dict:
-        k = self.n_committed  # read the commit records once
-        nonfinite, _ = self.nonfinite()
+        k = self.n_committed  # read the commit records once (and checked the run is this view's)
+        nonfinite, _ = self._nonfinite()
         return {
             "axis": self.axis,
             "shape": [k, self.n_tokens],
@@ -458,13 +460,11 @@ class Run:
         """The run, its committed rows and its fit's state (a few small reads, no loss read); a
         run gone or unreadable is said, not raised (a notebook shows the repr first)."""
         head = f"Run({self.name!r}, axis={self.axis}"
-        gone = self._gone()
-        if gone is not None:
-            return f"{head}, tokens={self.n_tokens}: {gone} after this view was opened)"
         try:
-            k, fit = self.n_committed, self.fit.meta
+            k, fit = self.n_committed, self.fit.meta  # (each first checks the run is this view's)
         except TokdynError as exc:
-            return f"{head}, tokens={self.n_tokens}: unreadable: {exc})"
+            gone = self._gone()
+            return f"{head}, tokens={self.n_tokens}: {f'{gone} after this view was opened' if gone else f'unreadable: {exc}'})"
         state = "none" if not fit else "incomplete" if not fit.get("complete") else (
             "complete" if fit.get("n_committed") == k else f"stale (made on {fit.get('n_committed')} rows)")
         return f"{head}, rows={k}, tokens={self.n_tokens}, fit={state})"

@@ -193,10 +193,10 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
     for p in sorted(root.iterdir()):
         if p.name.startswith(".") or _TRAINING_STATE.match(p.name):
             continue
-        if _in_progress_name(p) and (_kind_of(p) is not None or (p.is_dir() and _holds_weights(p))):
-            in_progress.append(p)
-            continue
         kind = _kind_of(p)
+        if _in_progress_name(p) and (kind is not None or (p.is_dir() and _holds_weights(p))):
+            in_progress.append((p, kind))
+            continue
         if kind is None:
             if p.is_dir() and is_adapter_folder(p):
                 adapters.append(p.name)
@@ -206,10 +206,10 @@ def discover_checkpoints(path: str | os.PathLike, *, axis: str | None = None) ->
                 dcp.append(p.name)
             continue
         entries.append((p, kind))
-    if not entries and any(p.is_file() for p in in_progress):  # every checkpoint file so named (tmp_ckpt_100.pt): a naming
-        entries = [(p, _kind_of(p)) for p in in_progress if p.is_file()]
-        in_progress = [p for p in in_progress if not p.is_file()]
-    in_progress = [p.name for p in in_progress]
+    if not entries and any(p.is_file() for p, _ in in_progress):  # every checkpoint file so named (tmp_ckpt_100.pt): a naming
+        entries = [(p, kind) for p, kind in in_progress if p.is_file()]
+        in_progress = [(p, kind) for p, kind in in_progress if not p.is_file()]
+    in_progress = [p.name for p, _ in in_progress]
     found, unnamed = [], []
     for p, kind in _one_per_file(entries, root):
         step = _last_int(p)

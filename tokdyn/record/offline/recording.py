@@ -500,13 +500,16 @@ class _RunRows:
         be its, after the first training's. Only a checkpoint whose save time is not its row's
         ``wall_time`` is loaded (one, at most, per call); the same weights saved again or copied
         say nothing."""
-        if self.existing is None or self.axis != "T" or not self.existing.n_committed:
+        if self.existing is None or self.axis != "T":
             return
-        last, row = int(self.existing.steps[-1]), self.existing.n_committed - 1
-        ref = next((r for r in refs if r.step == last), None)
+        steps = self.existing.steps  # one read of the committed rows (then two coordinates, where a checkpoint is there)
+        ref = next((r for r in refs if steps.size and r.step == steps[-1]), None)
+        if ref is None:
+            return
+        last, row = int(steps[-1]), steps.size - 1
         stored = int(self.existing.coord("ckpt_fingerprint")[row])
         try:
-            if ref is None or not stored or _saved_at(ref) == float(self.existing.coord("wall_time")[row]):
+            if not stored or _saved_at(ref) == float(self.existing.coord("wall_time")[row]):
                 return
         except OSError:  # gone meanwhile: nothing to compare
             return
