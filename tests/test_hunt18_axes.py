@@ -18,7 +18,7 @@ import tokdyn
 from tokdyn.annealing import AnnealingWarning, annealing_area, decay_schedule, fit_annealing_gain
 from tokdyn.axes import _check_replaceable, assemble_axis, axis_run_problem, axis_sources, source_runs
 from tokdyn.cli import main
-from tokdyn.errors import InputError
+from tokdyn.errors import InputError, StoreError
 from tokdyn.store import as_store
 
 N = 40
@@ -129,8 +129,12 @@ def test_an_assembled_axis_of_the_other_axis_is_named_as_such(tmp_path):
 def test_a_rebuild_still_replaces_an_assembled_axis(tmp_path):
     st = _d_store(tmp_path / "d.zarr")
     first = assemble_axis(st, "D")
+    n_first = first.n_committed
     again = assemble_axis(st, "D", overwrite=True)
-    assert again.n_committed == first.n_committed == 5
+    assert again.n_committed == n_first == 5
+    # the view of the axis run it replaced says so (hunt 24: a held view of a run made again)
+    with pytest.raises(StoreError, match="deleted and made again after this view of it was opened"):
+        first.n_committed
 
 
 # -- what is held fixed along an axis, compared as values ---------------------------------------
