@@ -1,0 +1,54 @@
+"""Hunt 25: the training-time axis at its edges (step 0, resumed runs at 1e6, steps as tokens
+seen, near 2**53 and beyond, narrow and wide spans), end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+
+# -- a figure's axis names the value at every tick, on any part of the axis ---------------------
+
+
+def _tick_labels(lo: float, hi: float, width_in: float | None) -> list[tuple[float, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tokdyn.report import _log_ticks
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.set_xlim(lo, hi)
+    _log_ticks(ax.xaxis, lo, hi, width_in=width_in)
+    fig.canvas.draw()
+    shown = [(t.get_loc(), t.label1.get_text()) for t in ax.xaxis.get_major_ticks()
+             if lo - 1e-9 <= t.get_loc() <= hi + 1e-9 and t.label1.get_text()]  # fmt: skip
+    plt.close(fig)
+    return shown
+
+
+@settings(max_examples=25, deadline=None)
+@given(lo=hs.floats(-2.0, 18.0), span=hs.floats(0.05, 4.0), width_in=hs.sampled_from([None, 1.5, 3.0, 8.0]))
+def test_every_tick_label_names_its_value_at_any_step_scale(lo, span, width_in):
+    """A run resumed at step 1,000,000 and recorded to 1,300,000 (or tokens seen, 1e11..1e12)
+    had its ticks at 1.0, 1.1, 1.2, 1.3e6 all labelled "1e6" (and 1.5e6 "2e6")."""
+    for loc, text in _tick_labels(lo, lo + span, width_in):
+        assert float(text.replace(",", "")) == pytest.approx(10.0**loc, rel=1e-9), (loc, text)
+
+
+@pytest.mark.parametrize("lo, hi", [(6.0, 6.1), (6.0, 6.3), (12.0, 12.3), (12.0, 12.45), (np.log10(2e5), np.log10(3e5))])
+@pytest.mark.parametrize("width_in", [None, 3.0])
+def test_a_short_axis_at_any_scale_has_two_distinct_labels(lo, hi, width_in):
+    """Steps 1e12 to 2.0e12 (0.3 decades of tokens seen) had one label, "1e12", in view."""
+    texts = [text for _, text in _tick_labels(lo, hi, width_in)]
+    assert len(texts) >= 2 and len(set(texts)) == len(texts), texts
+
+
+def test_a_time_in_the_report_text_keeps_two_digits_past_1e5():
+    from tokdyn.report import _value_text
+
+    assert [_value_text(v) for v in (1e5, 1.1e5, 1.5e6, 2.3e12, 9.99e5)] == ["1e5", "1.1e5", "1.5e6", "2.3e12", "1e6"]
+    assert [_value_text(v) for v in (1.0, 30.0, 1234.0, 99_000.0)] == ["1", "30", "1,200", "99,000"]
