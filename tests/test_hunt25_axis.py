@@ -52,3 +52,35 @@ def test_a_time_in_the_report_text_keeps_two_digits_past_1e5():
 
     assert [_value_text(v) for v in (1e5, 1.1e5, 1.5e6, 2.3e12, 9.99e5)] == ["1e5", "1.1e5", "1.5e6", "2.3e12", "1e6"]
     assert [_value_text(v) for v in (1.0, 30.0, 1234.0, 99_000.0)] == ["1", "30", "1,200", "99,000"]
+
+
+# -- record-offline: a folder whose steps no fit can tell apart is refused before any work --------
+
+
+@pytest.mark.parametrize("steps, said", [
+    ([10, 2**53, 2**53 + 1], "9007199254740992 and 9007199254740993"),  # one float64: the order rule stopped it after a row
+    ([10, 10**15, 10**15 + 1], "too close to tell apart on a log scale"),  # one log10: recorded, then no fit could use it
+])  # fmt: skip
+def test_record_offline_refuses_steps_the_axis_cannot_tell_apart_before_recording(tmp_path, capsys, steps, said):
+    """Steps as tokens seen, near 2**53: the folder was evaluated up to the step that its float64
+    axis value tied, and the command stopped there, its run holding the rows before; a log10 tie
+    was recorded whole and then every fit refused the run. The folder is known in full first (as
+    assemble_axis and import-npz know theirs): such steps are now refused before anything runs."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from offline_fixtures import make_model, make_probe, save_torch, write_spec
+    from reliability_fixtures import cli_error_line, run_cli
+
+    import tokdyn
+
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    write_spec(folder)
+    for i, step in enumerate(steps):
+        save_torch(make_model(i), folder / f"step_{step}.pt")
+    store = tokdyn.open_store(tmp_path / "s.zarr", make_probe(), mode="w")
+    code, err = run_cli(["record-offline", "--checkpoints", str(folder), "--out", str(store.url), "--run", "r",
+                         "--no-progress", "--workers", "1"], capsys)  # fmt: skip
+    assert code == 1 and said in cli_error_line(err), err
+    assert "r" not in tokdyn.open_store(tmp_path / "s.zarr").runs  # nothing evaluated, no run made
