@@ -84,3 +84,28 @@ def test_record_offline_refuses_steps_the_axis_cannot_tell_apart_before_recordin
                          "--no-progress", "--workers", "1"], capsys)  # fmt: skip
     assert code == 1 and said in cli_error_line(err), err
     assert "r" not in tokdyn.open_store(tmp_path / "s.zarr").runs  # nothing evaluated, no run made
+
+
+# -- docs/fitting.md's quick start on a run that has no step 0 -------------------------------------
+
+
+@pytest.mark.parametrize("first", [0, 1, 1_000_000])
+def test_the_fitting_quick_start_keeps_every_positive_step(first):
+    """The recipe was ``log_axis(steps[1:])`` and ``losses[:, 1:]``: on a run resumed at step
+    1,000,000 (or starting at 1) it dropped the first real checkpoint without a word."""
+    import re
+    from pathlib import Path
+
+    from tokdyn.fit.synthetic import plant_sigmoids
+
+    text = (Path(__file__).parent.parent / "docs" / "fitting.md").read_text()
+    block = re.search(r"## Quick start.*?```python\n(.*?)```", text, re.S).group(1)
+    steps = np.unique(np.round(np.geomspace(max(first, 1), max(first, 1) * 1e3, 12)).astype(np.int64))
+    steps = np.r_[0, steps] if first == 0 else steps
+    positive = steps[steps > 0]
+    p = plant_sigmoids(6, np.log10(positive.astype(float)), rng=np.random.default_rng(0), noise=0.02)
+    losses = p.Y if first else np.c_[p.Y[:, :1], p.Y]
+    env = {"steps": steps, "losses": losses}
+    exec(block.split("fit.mu")[0].replace("vocab_size=50304", "vocab_size=64"), env)  # up to the fit
+    assert np.array_equal(env["x"], np.log10(positive.astype(float)))
+    assert env["fit"].mu.shape == (6,) and np.nanmax(np.abs(env["fit"].mu - p.truth["mu"])) < 0.2
