@@ -109,3 +109,48 @@ def test_the_fitting_quick_start_keeps_every_positive_step(first):
     exec(block.split("fit.mu")[0].replace("vocab_size=50304", "vocab_size=64"), env)  # up to the fit
     assert np.array_equal(env["x"], np.log10(positive.astype(float)))
     assert env["fit"].mu.shape == (6,) and np.nanmax(np.abs(env["fit"].mu - p.truth["mu"])) < 0.2
+
+
+# -- the online recorder: a step whose axis value ties the row before's -----------------------------
+
+
+B = 2**53
+
+
+def test_the_recorder_refuses_at_the_call_a_step_whose_axis_value_ties_and_keeps_the_rows_before(tmp_path):
+    """record(2**53 + 1) after record(2**53) (steps as tokens seen) was taken at the call; its
+    writer's thread then refused it (one float64 axis value) and stopped, and close() raised a
+    WriterError saying "Rows up to step None are committed": steps 0 and 2**53, queued with it,
+    were lost too. The call now refuses it as the writer would, and the rows before are kept."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from offline_fixtures import make_model, make_probe
+
+    import tokdyn
+    from tokdyn.errors import StepOrderError
+    from tokdyn.record import TokenLossRecorder
+
+    probe = make_probe()
+    path = tmp_path / "s.zarr"
+    tokdyn.open_store(path, probe, mode="w")
+    with TokenLossRecorder(make_model(0), probe, path, "r", schedule=[0, B, B + 1024]) as rec:
+        rec.record(0)
+        rec.record(B)
+        with pytest.raises(StepOrderError, match="9007199254740993"):
+            rec.record(B + 1)
+        rec.record(B + 1024)  # an axis value of its own, and a log10 of its own
+    run = tokdyn.open_store(path).run("r")
+    assert run.steps.tolist() == [0, B, B + 1024] and np.all(np.diff(run.axis_values) > 0)
+
+
+@pytest.mark.parametrize("steps", [[0, 10, B, B + 1], [0, 10**15, 10**15 + 1]])
+def test_a_schedule_whose_steps_one_axis_value_holds_is_refused(steps):
+    """A recorder given such a schedule recorded until the second step, then stopped (float64
+    tie) or made a run no fit takes (log10 tie); the schedule is known in full first."""
+    from tokdyn.errors import InputError
+    from tokdyn.schedule import explicit_schedule
+
+    with pytest.raises(InputError, match="tell apart"):
+        explicit_schedule(steps)
+    assert explicit_schedule([0, 10, B, B + 1024]).tolist() == [0, 10, B, B + 1024]
