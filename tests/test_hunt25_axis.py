@@ -154,3 +154,31 @@ def test_a_schedule_whose_steps_one_axis_value_holds_is_refused(steps):
     with pytest.raises(InputError, match="tell apart"):
         explicit_schedule(steps)
     assert explicit_schedule([0, 10, B, B + 1024]).tolist() == [0, 10, B, B + 1024]
+
+
+@pytest.mark.parametrize("lo, hi", [(6.0, 6.1), (6.0, 6.3), (3.0, 3.2), (12.0, 12.3), (17.5, 18.6), (15.9, 16.0)])
+@pytest.mark.parametrize("ncols", [1, 4])
+def test_tick_labels_of_a_short_axis_at_any_scale_do_not_overlap(lo, hi, ncols):
+    """Steps 1e6..1.26e6 in the report's panels: labels '1e6' written over each other (and, once
+    they named their values, '9.9e5' in the axis margin over '1e6')."""
+    import sys
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from test_hunt13_report_stores import _overlapping_labels
+
+    from tokdyn import report
+
+    fig, axes = plt.subplots(1, ncols, figsize=(2.9 * ncols + 1, 4.4), layout="constrained", squeeze=False)
+    for ax in axes.flat:
+        x = np.linspace(lo, hi, 50)
+        ax.plot(x, x)
+        report._axis_x(ax, "T", x)
+    try:
+        assert _overlapping_labels(axes.flat[0]) == []
+    finally:
+        plt.close(fig)

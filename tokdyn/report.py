@@ -921,6 +921,14 @@ def _log_ticks(axis_obj, lo: float, hi: float, width_in: float | None = None) ->
     axis_obj.set_major_locator(FixedLocator(major))
     axis_obj.set_minor_locator(FixedLocator(minor))
     labelled = {round(k + np.log10(m), 9) for k in decades for m in mantissas if k % every == 0}
+    if width_in is not None:  # no two labels closer than their widths: 9.9e5 beside 1e6 (0.004 decades apart)
+        per_decade = width_in / span  # inches
+        kept: list[float] = []
+        for v in sorted(labelled, key=lambda v: (abs(v - round(v)) > 1e-9, v)):  # powers of ten first
+            w = (0.08 * len(_value_text(10.0**v)) + 0.1) / per_decade  # half its own and half a neighbour's room, about
+            if all(abs(v - u) >= w for u in kept):
+                kept.append(v)
+        labelled = set(kept)
     axis_obj.set_major_formatter(FuncFormatter(lambda v, _: _value_text(10.0**v) if round(v, 9) in labelled else ""))
 
 
