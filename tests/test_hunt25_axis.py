@@ -182,3 +182,36 @@ def test_tick_labels_of_a_short_axis_at_any_scale_do_not_overlap(lo, hi, ncols):
         assert _overlapping_labels(axes.flat[0]) == []
     finally:
         plt.close(fig)
+
+
+# -- record-offline --resume: a checkpoint appended later, before the last committed step -----------
+
+
+def test_resume_summary_does_not_call_an_out_of_order_step_committed(tmp_path, capsys):
+    """A folder recorded at steps 0, 10, 100, then given step_50.pt and step_200.pt: the warning
+    said step 50 is not recorded, and the summary line then said "4 already committed" (3 were)."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from offline_fixtures import make_model, make_probe, save_torch, write_spec
+    from reliability_fixtures import run_cli
+
+    import tokdyn
+
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    write_spec(folder)
+    for i, step in enumerate([0, 10, 100]):
+        save_torch(make_model(i), folder / f"step_{step}.pt")
+    store = str(tokdyn.open_store(tmp_path / "s.zarr", make_probe(), mode="w").url)
+    argv = ["record-offline", "--checkpoints", str(folder), "--out", store, "--run", "r", "--no-progress", "--workers", "1"]
+    assert run_cli(argv, capsys)[0] == 0
+    for i, step in [(5, 50), (6, 200)]:
+        save_torch(make_model(i), folder / f"step_{step}.pt")
+    capsys.readouterr()
+    from tokdyn.cli import main
+
+    assert main(argv + ["--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "3 already committed" in out and "1 before the last committed step, not recorded (step 50)" in out, out
+    assert tokdyn.open_store(store).run("r").steps.tolist() == [0, 10, 100, 200]
