@@ -52,6 +52,7 @@ def test_a_time_in_the_report_text_keeps_two_digits_past_1e5():
 
     assert [_value_text(v) for v in (1e5, 1.1e5, 1.5e6, 2.3e12, 9.99e5)] == ["1e5", "1.1e5", "1.5e6", "2.3e12", "1e6"]
     assert [_value_text(v) for v in (1.0, 30.0, 1234.0, 99_000.0)] == ["1", "30", "1,200", "99,000"]
+    assert [_value_text(v) for v in (float("inf"), 1e300)] == ["inf", "1e300"]  # as before (no mantissa to split)
 
 
 # -- record-offline: a folder whose steps no fit can tell apart is refused before any work --------

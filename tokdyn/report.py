@@ -944,6 +944,8 @@ def _value_text(v: float) -> str:
     """A step, budget or size for a tick or a table, to two significant digits as the finest
     ticks are placed (1.0 to 9.9 times a power of ten): 1, 30, 1,000, 1.5e6, 3e6. (One digit past
     1e5 labelled the ticks of a run resumed at step 1e6 "1e6, 1e6, 1e6" and 1.5e6 "2e6".)"""
+    if not np.isfinite(v):
+        return f"{v:g}"
     if v >= 1e5:
         mantissa, exponent = f"{v:.1e}".split("e")
         return f"{float(mantissa):g}e{int(exponent)}"
