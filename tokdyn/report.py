@@ -651,8 +651,8 @@ _VIEWER_JS = r"""
   var box = document.getElementById("tv-text"), svg = document.getElementById("tv-svg");
   var info = document.getElementById("tv-info"), legend = document.getElementById("tv-legend");
   var NS = "http://www.w3.org/2000/svg", spans = [], pinned = null, mode = "mu", hits = [], hit = -1;
-  function value(v) {  // a step, budget or size as the report writes it: 1, 30, 1,000, 3e5
-    if (v >= 1e5) return v.toExponential(0).replace("e+", "e");
+  function value(v) {  // a step, budget or size as the report writes it: 1, 30, 1,000, 1.5e6, 3e5
+    if (v >= 1e5) return v.toExponential(1).replace(".0e", "e").replace("e+", "e");
     if (v >= 1) return Math.round(Number(v.toPrecision(2))).toLocaleString("en");
     return v.toPrecision(2);
   }
@@ -894,18 +894,22 @@ def _log_ticks(axis_obj, lo: float, hi: float, width_in: float | None = None) ->
     from matplotlib.ticker import FixedLocator, FuncFormatter
 
     span = max(hi - lo, 1e-9)
-    # Within a short span, ticks at 1, 3 (1, 2, 5; 1 to 9; 1.0 to 9.9) times a power of ten, two or
-    # more in view down to a span of 0.05 decades: the values the labels name. (Ticks at half
-    # decades, 10^0.5 = 3.16, were labelled "3".)
-    choices = ((1,), (1, 3), (1, 2, 5), tuple(range(1, 10)), tuple(m / 10 for m in range(10, 100)))
-    first = 0 if span >= 2 else 1 if span >= 1 else 2 if span >= 0.7 else 3 if span >= 0.3 else 4
+    # Within a short span, ticks at 1, 3 (1, 2, 5; 1 to 9; 1.0 to 9.5 by 0.5, by 0.2, by 0.1) times
+    # a power of ten, two or more in view down to a span of 0.05 decades: the values the labels
+    # name. (Ticks at half decades, 10^0.5 = 3.16, were labelled "3".)
+    choices = ((1,), (1, 3), (1, 2, 5), tuple(range(1, 10)),
+               *(tuple(m / 10 for m in range(10, 100, by)) for by in (5, 2, 1)))  # fmt: skip
+    first = 0 if span >= 2 else 1 if span >= 1 else 2 if span >= 0.7 else 3 if span >= 0.3 else len(choices) - 1
     decades = range(int(np.floor(lo)) - 1, int(np.ceil(hi)) + 1)
+
+    def shown(ms, step):
+        return [10.0 ** (k + np.log10(m)) for k in decades for m in ms
+                if k % step == 0 and lo - 1e-9 <= k + np.log10(m) <= hi + 1e-9]  # fmt: skip
+
+    # finer where fewer than two would be in view (10^12..10^12.35 holds 1e12 alone of 1 to 9)
+    first = next((i for i in range(first, len(choices)) if len(shown(choices[i], 1)) >= 2), first)
     mantissas, every = choices[first], 1
     if width_in is not None:  # coarser ticks, then every 2nd, 3rd... decade, until the labels fit
-        def shown(ms, step):
-            return [10.0 ** (k + np.log10(m)) for k in decades for m in ms
-                    if k % step == 0 and lo - 1e-9 <= k + np.log10(m) <= hi + 1e-9]  # fmt: skip
-
         def width(values):  # a 10-point digit is about 0.08 inch wide, plus room between labels
             return len(values) * (0.08 * max((len(_value_text(v)) for v in values), default=1) + 0.2)
 
@@ -917,6 +921,14 @@ def _log_ticks(axis_obj, lo: float, hi: float, width_in: float | None = None) ->
     axis_obj.set_major_locator(FixedLocator(major))
     axis_obj.set_minor_locator(FixedLocator(minor))
     labelled = {round(k + np.log10(m), 9) for k in decades for m in mantissas if k % every == 0}
+    if width_in is not None:  # no two labels closer than their widths: 9.9e5 beside 1e6 (0.004 decades apart)
+        per_decade = width_in / span  # inches
+        kept: list[float] = []
+        for v in sorted(labelled, key=lambda v: (abs(v - round(v)) > 1e-9, v)):  # powers of ten first
+            w = (0.08 * len(_value_text(10.0**v)) + 0.1) / per_decade  # half its own and half a neighbour's room, about
+            if all(abs(v - u) >= w for u in kept):
+                kept.append(v)
+        labelled = set(kept)
     axis_obj.set_major_formatter(FuncFormatter(lambda v, _: _value_text(10.0**v) if round(v, 9) in labelled else ""))
 
 
@@ -929,9 +941,14 @@ def _row_text(v: float) -> str:
 
 
 def _value_text(v: float) -> str:
-    """A step, budget or size for a tick or a table: 1, 30, 1,000, 3e+06."""
+    """A step, budget or size for a tick or a table, to two significant digits as the finest
+    ticks are placed (1.0 to 9.9 times a power of ten): 1, 30, 1,000, 1.5e6, 3e6. (One digit past
+    1e5 labelled the ticks of a run resumed at step 1e6 "1e6, 1e6, 1e6" and 1.5e6 "2e6".)"""
+    if not np.isfinite(v):
+        return f"{v:g}"
     if v >= 1e5:
-        return f"{v:.0e}".replace("e+0", "e").replace("e+", "e")
+        mantissa, exponent = f"{v:.1e}".split("e")
+        return f"{float(mantissa):g}e{int(exponent)}"
     if v >= 1:
         r = float(f"{v:.2g}")
         return f"{r:,.0f}" if r.is_integer() else f"{r:g}"  # 1.5 (a tick of a short axis), not "2"

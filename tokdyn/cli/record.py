@@ -75,7 +75,11 @@ def run_cli(args: argparse.Namespace) -> int:
         ) from None
     steps = summary["recorded"]
     span = f"steps {steps[0]}..{steps[-1]}" if steps else "nothing new"
-    skipped = f", {len(summary['skipped'])} already committed" if summary["skipped"] else ""
+    lost = summary["out_of_order"]  # warned about; not committed ("4 already committed" counted them)
+    done = len(summary["skipped"]) - len(lost)
+    skipped = (f", {done} already committed" if done else "") + (
+        f", {len(lost)} before the last committed step, not recorded (step{'s' * (len(lost) > 1)} "
+        f"{', '.join(map(str, lost[:5]))}{', ...' * (len(lost) > 5)})" if lost else "")
     print(visible(
         f"recorded {len(steps)} checkpoint(s) ({span}{skipped}) into run {summary['run']!r} (axis {summary['axis']}, "
         f"{summary['rows']} rows) of {summary['store']} in {summary['seconds']:.1f} s"

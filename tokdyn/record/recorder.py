@@ -532,6 +532,11 @@ class TokenLossRecorder:
                 f"step {step} is not after step {self._last_queued}, the last one recorded in run {self.run_name!r}; "
                 "rows are never overwritten or duplicated"
             )
+        if self._last_queued is not None and not float(step) > float(self._last_queued):  # past 2**53: the writer's rule
+            raise StepOrderError(  # (its thread refused the row and stopped, losing the rows queued with it)
+                f"step {step} has the axis value {float(step)!r} of step {self._last_queued}, the last one recorded in run "
+                f"{self.run_name!r} (float64 holds whole numbers exactly only to 2**53); a run's axis values strictly increase"
+            )
         if self.world_size > 1 and self._rows_queued >= self._writer.run.capacity:
             raise StoreError(
                 f"run {self.run_name!r} was allocated {self._writer.run.capacity} rows (its schedule) and is full; "

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._checks import is_int, is_real
+from ..._checks import is_int, is_real, log_tie
 from ...errors import InputError
 from ...store import AXES
 from ..._files import check_regular
@@ -721,6 +721,17 @@ def order_refs(refs: Sequence[CheckpointRef], axis: str, where: str) -> list[Che
     for a, b in zip(refs, refs[1:]):
         if getattr(a, key) == getattr(b, key):
             raise InputError(f"{where}: {a.path} and {b.path} both have {key} {getattr(a, key)}; keep one, or give steps in a {MANIFEST}")
+    # The axis a fit reads, known in full before any checkpoint is evaluated (as assemble_axis and
+    # import-npz know theirs): steps past 2**53 whose float64 values tie stopped the recording at
+    # the second, its rows before kept; a log10 tie was recorded whole, and no fit could use it.
+    values = np.array([float(getattr(r, key)) for r in refs])
+    tie = next((i for i in range(len(values) - 1) if values[i] == values[i + 1]), log_tie(values))
+    if tie is not None:
+        a, b = refs[tie], refs[tie + 1]
+        why = (f"one float64 axis value ({float(values[tie])!r})" if values[tie] == values[tie + 1] else
+               f"too close to tell apart on a log scale (log10 = {float(np.log10(values[tie]))!r} both, in float64)")
+        raise InputError(f"{where}: {a.path} and {b.path} ({key} {getattr(a, key)!r} and {getattr(b, key)!r}) are {why}: "
+                         f"one point on a fit's log axis, so no fit could use the run; leave one of them out")  # fmt: skip
     if axis != "T":
         refs = [dataclasses.replace(r, step=k) for k, r in enumerate(refs)]
     return refs

@@ -104,8 +104,9 @@ def record_offline(
     Returns
     -------
     dict
-        ``store``, ``run``, ``axis``, ``recorded`` (steps written now), ``skipped`` (steps already
-        committed), ``deleted`` (steps whose checkpoint was deleted after it was listed, e.g. by a
+        ``store``, ``run``, ``axis``, ``recorded`` (steps written now), ``skipped`` (steps at or
+        before the run's last committed step: already committed, or ``out_of_order``: never stored,
+        a checkpoint saved later inside the committed range, warned about), ``deleted`` (steps whose checkpoint was deleted after it was listed, e.g. by a
         training's ``save_total_limit``: warned about, not recorded), ``rows`` (committed rows now), ``duplicates`` (pairs of steps with identical
         weights), ``fingerprints`` ({step: uint64} of the rows written now), ``seconds``.
     """
@@ -467,6 +468,7 @@ class _RunRows:
         self.writer = existing.writer(resume=True) if existing is not None else None
         self.recorded: list[int] = []
         self.skipped: list[int] = []
+        self.out_of_order: list[int] = []  # of skipped, the steps no row holds
         self.deleted: list[int] = []
         self.fingerprints: dict[int, int] = {}
         self.duplicates: list[list[int]] = []
@@ -479,6 +481,7 @@ class _RunRows:
         todo = [r for r in refs if last is None or r.step > last]
         self.skipped = [r.step for r in refs if last is not None and r.step <= last]
         lost = sorted(set(self.skipped) - set(self.existing.steps.tolist())) if self.skipped else []
+        self.out_of_order = lost
         if lost:
             warnings.warn(
                 f"run {self.run!r}: checkpoints at steps {lost} come before its last committed step {last} and are not "
@@ -599,6 +602,7 @@ class _RunRows:
             "axis": self.axis,
             "recorded": self.recorded,
             "skipped": self.skipped,
+            "out_of_order": self.out_of_order,
             "deleted": self.deleted,
             "rows": 0 if self.writer is None else self.writer.rows,
             "duplicates": self.duplicates,
