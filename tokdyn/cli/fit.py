@@ -71,6 +71,8 @@ def _fit(args: argparse.Namespace) -> int:
               f"(block{'s' * (k != 1)} {', '.join(map(str, res.blocks_repaired[:8]))}{', ...' if k > 8 else ''})")
     if res.rows_left_out:  # which rows the point count leaves out, and why (step 0, --axis-min)
         print(f"  {res.rows_left_out}")
+    for line in (res.missing_losses or "").splitlines():  # rows of a diverged run, tokens whose loss turned NaN
+        print(f"  {line}")
     if res.n_rows_committed_since:  # a recorder appended while this ran: said now, not first by the next reader
         k = res.n_rows_committed_since
         print(f"  not covered: {k:,} row{'s' * (k != 1)} the run committed while this fit ran; the fit is already stale: "
