@@ -114,3 +114,16 @@ def test_missing_losses_counts_against_a_count_by_hand(lost, empty_rows, padding
         assert f"({int((K - want_empty - n_points[short]).sum()):,} losses NaN or inf)" in line
     if want_empty:
         assert f"{want_empty:,} of the {K} points" in line
+
+
+def test_a_token_whose_every_loss_was_inf_is_not_called_padding_alone(tmp_path, capsys):
+    """A target whose logit is masked to -inf has an infinite loss at every checkpoint (stored as
+    NaN, as padding is): `tokdyn fit` said "8 of the 64 probe tokens with no recorded loss
+    (padding, or never recorded)", a cause those tokens do not have."""
+    Y = learning(64)
+    Y[:8] = np.inf
+    planted(tmp_path / "s.zarr", Y)
+    code, out, err = run_cli(["fit", str(tmp_path / "s.zarr"), "--no-progress"], capsys)
+    assert code == 0, err
+    assert "8 of the 64 probe tokens with no recorded loss (padding, never recorded, or NaN or inf at every point)" in out, out
+    assert "missing:" not in out  # no observed token misses a point

@@ -90,8 +90,9 @@ def _fit(args: argparse.Namespace) -> int:
         print(f"  unfit: {why}")
     if res.n_unscored:  # padding: no loss at any fitted row, so in no class, no share and no mean above
         k = res.n_unscored
+        # a loss recorded NaN or inf at every point is stored as padding is: the store cannot tell them apart
         print(f"  not in the classes above: {k:,} of the {res.n_tokens:,} probe tokens with no recorded loss "
-              f"(padding, or never recorded){' in the fitted rows' if res.axis_min is not None else ''}")
+              f"(padding, never recorded, or NaN or inf at every point){' in the fitted rows' if res.axis_min is not None else ''}")
     return 0
 
 
