@@ -5,6 +5,7 @@ and what `tokdyn fit` says of them."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import warnings
 
 import numpy as np
@@ -127,3 +128,19 @@ def test_a_token_whose_every_loss_was_inf_is_not_called_padding_alone(tmp_path, 
     assert code == 0, err
     assert "8 of the 64 probe tokens with no recorded loss (padding, never recorded, or NaN or inf at every point)" in out, out
     assert "missing:" not in out  # no observed token misses a point
+
+
+def test_the_spectrum_json_of_a_refused_interval_is_what_the_docs_say(tmp_path, capsys):
+    """docs/spectrum.md said a refused interval is `"alpha_ci95": [NaN, NaN]` in the JSON: a
+    reader written to that (NaN is no JSON) met `[null, null]`."""
+    Y = learning(64)
+    Y[:8, 12:] = 1e3  # 8 tokens blow up: the spectrum goes negative past x 1.8
+    planted(tmp_path / "s.zarr", Y)
+    assert run_cli(["fit", str(tmp_path / "s.zarr"), "--no-progress"], capsys)[0] == 0
+    code, out, err = run_cli(["spectrum", str(tmp_path / "s.zarr"), "--json"], capsys)
+    assert code == 0, err
+    got = json.loads(out, parse_constant=lambda c: pytest.fail(f"bare {c} in --json"))
+    law = got["spectrum_power_law"]
+    assert law["alpha_ci95"] == [None, None] and law["alpha_ci95_why"], law  # 8 windows: no interval
+    docs = (Path(__file__).parents[1] / "docs" / "spectrum.md").read_text()
+    assert "`alpha_ci95` is `[null, null]`" in docs and "[NaN, NaN]" not in docs
