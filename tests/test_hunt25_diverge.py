@@ -19,10 +19,12 @@ from tokdyn.cli import main
 STEPS = np.unique(np.geomspace(1, 10_000, 25).astype(int))  # 24 steps, 1..10,000
 
 
-def planted(path, Y: np.ndarray, *, dtype: str = "float32") -> tokdyn.TrajectoryStore:
-    """A store of one run 'r' with losses ``Y`` [tokens, len(STEPS)], NaN and inf kept as given."""
+def planted(path, Y: np.ndarray, *, dtype: str = "float32", domains: tuple = ()) -> tokdyn.TrajectoryStore:
+    """A store of one run 'r' with losses ``Y`` [tokens, len(STEPS)], NaN and inf kept as given;
+    with ``domains``, its sequences of 8 tokens split among them in order, in equal parts."""
     tokens = np.random.default_rng(0).integers(0, 257, size=(Y.shape[0] // 8, 9))
-    probe = tokdyn.ProbeSet.from_tokens(tokens, tokenizer={"kind": "byte", "vocab_size": 257})
+    split = {} if not domains else {"domains": domains, "domain": np.repeat(np.arange(len(domains)), len(tokens) // len(domains))}
+    probe = tokdyn.ProbeSet.from_tokens(tokens, tokenizer={"kind": "byte", "vocab_size": 257}, **split)
     st = tokdyn.open_store(str(path), probe, mode="w")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the writer's "non-finite losses stored as NaN"
@@ -144,3 +146,23 @@ def test_the_spectrum_json_of_a_refused_interval_is_what_the_docs_say(tmp_path, 
     assert law["alpha_ci95"] == [None, None] and law["alpha_ci95_why"], law  # 8 windows: no interval
     docs = (Path(__file__).parents[1] / "docs" / "spectrum.md").read_text()
     assert "`alpha_ci95` is `[null, null]`" in docs and "[NaN, NaN]" not in docs
+
+
+def test_spectrum_by_domain_says_a_domain_whose_every_loss_was_nan(tmp_path, capsys):
+    """The prose half of the probe diverged from the start (every loss NaN): `tokdyn spectrum
+    --by domain` listed `code` alone, prose in no line (not even the small groups'), and its JSON
+    had no trace of it."""
+    Y = learning(128)
+    Y[64:] = np.nan
+    planted(tmp_path / "s.zarr", Y, domains=("code", "prose"))
+    assert run_cli(["fit", str(tmp_path / "s.zarr"), "--no-progress"], capsys)[0] == 0
+    code, out, err = run_cli(["spectrum", str(tmp_path / "s.zarr"), "--by", "domain"], capsys)
+    assert code == 0, err
+    assert "  no events in 1 domain (no fitted step in its tokens' losses, or no loss at all): prose" in out, out
+    code, out, err = run_cli(["spectrum", str(tmp_path / "s.zarr"), "--by", "domain", "--json"], capsys)
+    assert json.loads(out)["no_events"] == ["prose"] and list(json.loads(out)["groups"]) == ["code"]
+    Y[64:] = learning(64, seed=1)  # both domains learn: no such line
+    planted(tmp_path / "t.zarr", Y, domains=("code", "prose"))
+    assert run_cli(["fit", str(tmp_path / "t.zarr"), "--no-progress"], capsys)[0] == 0
+    code, out, err = run_cli(["spectrum", str(tmp_path / "t.zarr"), "--by", "domain"], capsys)
+    assert code == 0 and "no events" not in out and "  prose " in out, out
