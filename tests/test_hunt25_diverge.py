@@ -166,3 +166,23 @@ def test_spectrum_by_domain_says_a_domain_whose_every_loss_was_nan(tmp_path, cap
     assert run_cli(["fit", str(tmp_path / "t.zarr"), "--no-progress"], capsys)[0] == 0
     code, out, err = run_cli(["spectrum", str(tmp_path / "t.zarr"), "--by", "domain"], capsys)
     assert code == 0 and "no events" not in out and "  prose " in out, out
+
+
+def test_compare_gives_a_row_to_a_domain_with_no_token_compared(tmp_path, capsys):
+    """The prose half of run 'r' diverged from the start (every loss NaN); `tokdyn compare` had
+    rows for `all`, `class learned` and `domain code`, and none for prose: a domain that had
+    nothing to compare read as one the probe does not have. It is a row of 0 now (text and JSON)."""
+    Y = learning(128)
+    Y[64:] = np.nan
+    st = planted(tmp_path / "s.zarr", Y, domains=("code", "prose"))
+    with st.create_run("r2", capacity=len(STEPS)).writer() as w:
+        for j, step in enumerate(STEPS):
+            w.append(learning(128, seed=2)[:, j], step=int(step))
+    for run in ("r", "r2"):
+        tokdyn.fit_run(st.run(run), progress=False)
+    code, out, err = run_cli(["compare", str(tmp_path / "s.zarr"), "--run", "r", "--run", "r2"], capsys)
+    assert code == 0, err
+    assert "  domain prose                   0   (no token of it learned in both runs and compared)" in out, out
+    code, out, err = run_cli(["compare", str(tmp_path / "s.zarr"), "--run", "r", "--run", "r2", "--json"], capsys)
+    by = json.loads(out)["by_domain"]
+    assert list(by) == ["code", "prose"] and by["prose"] == {"n_tokens": 0} and by["code"]["n_tokens"] > 0
