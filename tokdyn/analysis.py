@@ -23,7 +23,7 @@ from .fit.job import fit_run, stored_axis_min
 from .fit.models import ClassDrops, class_loss_share, fit_class_drops, never_scored, scored_counts
 from .fit.options import CLASS_NAMES, MIN_FIT_POINTS, FitOptions
 from .reconstruct import Reconstruction, reconstruct_run
-from .spectrum import Events, fit_scored, run_events, spectra_by
+from .spectrum import Events, fit_scored, group_labels, run_events, spectra_by
 from .store import Run, TrajectoryStore, as_store
 from .tokenstats import TokenStats, frequency_bands, position_bands, token_stats
 
@@ -254,6 +254,9 @@ class RunSpectrum:
     reconstruction: Reconstruction
     by: str | None = None
     groups: dict = field(default_factory=dict)  # {label: Spectrum}
+    # the probe's domains (by="domain") with no event at all: in no group's line, not even the
+    # small groups' (a domain whose every loss was NaN vanished from the table without a word)
+    no_events: list = field(default_factory=list)
 
     def summary(self) -> dict:
         rec, spec = self.reconstruction, self.reconstruction.spectrum
@@ -266,7 +269,7 @@ class RunSpectrum:
     def to_dict(self) -> dict:
         out = {**self.summary(), "spectrum": self.reconstruction.spectrum.to_dict()}
         if self.by:
-            out.update(by=self.by, groups={k: g.to_dict() for k, g in self.groups.items()})
+            out.update(by=self.by, groups={k: g.to_dict() for k, g in self.groups.items()}, no_events=list(self.no_events))
         return out
 
 
@@ -293,7 +296,13 @@ def run_spectrum(
         groups = group_spectra(run, rec.events, fit, bandwidth=rec.spectrum.bandwidth, kernel=kernel, placement=placement)
     if by not in groups:
         raise InputError(f"by {by}: the probe has no {by} information (available: {', '.join(groups)})")
-    return RunSpectrum(rec, by, groups[by])
+    none = []
+    if by == "domain":  # a domain the probe declares: said where it has no event (classes and bands are not declared)
+        codes, names = group_codes(run.store.probe, fit)["domain"]
+        seen = np.zeros(len(names), bool)
+        seen[np.unique(codes[rec.events.token])] = True
+        none = [label for label, s in zip(group_labels(names), seen) if not s]
+    return RunSpectrum(rec, by, groups[by], none)
 
 
 @dataclass(frozen=True)

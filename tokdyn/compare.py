@@ -331,4 +331,6 @@ def compare_runs(store, run_a: str, run_b: str, *, tolerance: float = 0.05) -> d
     for key, names, index in groups:
         for lab, m in _groups(names, index):
             out[key][lab] = _summary(shift[m], drop[m], tolerance)
+    if domains is not None:  # a domain with no token compared (none learned in both runs) is a row of 0, not no row
+        out["by_domain"] = {lab: out["by_domain"].get(lab, {"n_tokens": 0}) for lab in sorted({str(d) for d in domains[0]})}
     return out

@@ -93,6 +93,10 @@ def _spectrum(args: argparse.Namespace) -> int:
     if res.by is not None:
         for line in _group_lines(res.by, res.groups, spec):
             print(line)
+        if res.no_events:  # not even in the small groups' line
+            k = len(res.no_events)
+            print(f"  no events in {k:,} {res.by}{'s' * (k != 1)} (no fitted step in {'their' if k != 1 else 'its'} tokens' losses, "
+                  f"or no loss at all): {', '.join(labels(res.no_events[:8]))}{', ...' if k > 8 else ''}")  # fmt: skip
     for what, pl in (("spectrum", rec.spectrum_power_law), ("loss", rec.loss_power_law)):
         if pl is None:
             print(f"power law of the {what:<8} none: {getattr(rec, f'{what}_power_law_why') or 'the fit was refused'}")

@@ -280,6 +280,8 @@ def run_compare(args: argparse.Namespace) -> int:
         if s.get("n_tokens"):
             print(f"  {name:<24} {s['n_tokens']:>7} {s['median_shift']:>+8.3f} {s['q25']:>+8.3f} {s['q75']:>+8.3f} "
                   f"{s['share_earlier']:>8.1%} {s['drop_share_earlier']:>19.1%} {s['drop_share_later']:>7.1%}")  # fmt: skip
+        elif name.startswith("domain "):  # a domain of the probe none of whose tokens is compared
+            print(f"  {name:<24} {0:>7}   (no token of it learned in both runs and compared)")
     if not res["has_domains"]:
         print("  (no rows by domain: the probe does not label its tokens by domain)")
     return 0

@@ -71,6 +71,8 @@ def _fit(args: argparse.Namespace) -> int:
               f"(block{'s' * (k != 1)} {', '.join(map(str, res.blocks_repaired[:8]))}{', ...' if k > 8 else ''})")
     if res.rows_left_out:  # which rows the point count leaves out, and why (step 0, --axis-min)
         print(f"  {res.rows_left_out}")
+    for line in (res.missing_losses or "").splitlines():  # rows of a diverged run, tokens whose loss turned NaN
+        print(f"  {line}")
     if res.n_rows_committed_since:  # a recorder appended while this ran: said now, not first by the next reader
         k = res.n_rows_committed_since
         print(f"  not covered: {k:,} row{'s' * (k != 1)} the run committed while this fit ran; the fit is already stale: "
@@ -88,8 +90,9 @@ def _fit(args: argparse.Namespace) -> int:
         print(f"  unfit: {why}")
     if res.n_unscored:  # padding: no loss at any fitted row, so in no class, no share and no mean above
         k = res.n_unscored
+        # a loss recorded NaN or inf at every point is stored as padding is: the store cannot tell them apart
         print(f"  not in the classes above: {k:,} of the {res.n_tokens:,} probe tokens with no recorded loss "
-              f"(padding, or never recorded){' in the fitted rows' if res.axis_min is not None else ''}")
+              f"(padding, never recorded, or NaN or inf at every point){' in the fitted rows' if res.axis_min is not None else ''}")
     return 0
 
 

@@ -41,7 +41,7 @@ from tokdyn.store.fit import made_on, recorded_inputs
 from tokdyn.store.schema import jsonable
 
 __all__ = ["FitSummary", "fit_run", "read_fit", "stored_options", "stored_axis_min", "fit_inputs", "fitted_inputs",
-           "rows_left_out", "LOCAL_SCHEDULERS"]
+           "rows_left_out", "missing_losses", "LOCAL_SCHEDULERS"]
 
 LOCAL_SCHEDULERS = ("threads", "processes", "sync")
 
@@ -97,6 +97,39 @@ def rows_left_out(run: Run, rows, *, axis_min: float | None = None, n_committed:
         if n:
             parts.append(f"{n:,} row{'s' * (n != 1)} at {_axis_span(run.axis, av[which])} ({why})")
     return "left out: " + "; ".join(parts)
+
+
+def missing_losses(axis_values, axis: str, rows, n_points, nonfinite_rows, n_tokens: int) -> tuple[str | None, int, int]:
+    """What a fit on ``rows`` was made without: the rows where no token has a loss (each NaN or
+    inf, as a model whose weights turned NaN gives at every later checkpoint) and the observed
+    tokens missing a loss at some other row. Returns ``(line, n_rows_without_loss,
+    n_tokens_missing_points)``; the line is None where nothing is missing, else e.g. ``"no loss:
+    the last 5 of the 24 points (steps 2424-10000) hold no token's loss ..."``.
+
+    ``axis_values`` [committed rows], ``rows`` the fitted ones among them, ``n_points`` [N] each
+    token's observed points (a fit's field), ``nonfinite_rows`` {row: NaN count} (the commit
+    records', :meth:`Run.nonfinite`: padding's NaN counted too, so a row of ``n_tokens`` has none).
+    A fit of a run whose last rows were all NaN said "on 24 points" and "learned 100%" alone."""
+    rows = np.asarray(rows, np.int64)
+    empty = np.array([nonfinite_rows.get(int(r), 0) >= n_tokens for r in rows], bool)
+    k, e = int(rows.size), int(empty.sum())
+    n_points = np.asarray(n_points, np.int64)
+    short = (n_points > 0) & (n_points < k - e)  # a token set aside (invalid_input) counts no point: not missing
+    m, lost = int(short.sum()), int((k - e - n_points[short]).sum())
+    parts = []
+    if e:
+        av = np.asarray(axis_values, np.float64)[rows[empty]]
+        last = bool(empty[k - e:].all())
+        noun = {"T": "step", "D": "data budget", "M": "model size"}.get(axis, "axis value")
+        named = (_axis_span(axis, av) if last or e == 1 else
+                 f"{noun}s {', '.join(f'{v:g}' for v in av[:4])}{', ...' if e > 4 else ''}")  # fmt: skip
+        parts.append(f"no loss: {'the last ' if last and e < k else ''}{e:,} of the {k:,} points ({named}) hold no token's loss "
+                     f"(each NaN or inf: a model that diverged?); the classes are of the other {k - e:,}")  # fmt: skip
+    if m:
+        of = f"{k:,} points" if not e else f"{k - e:,} points with losses"
+        parts.append(f"missing: {m:,} of the {n_tokens:,} tokens have no loss at some of the {of} ({lost:,} losses NaN or inf); "
+                     "each is fitted on its others")  # fmt: skip
+    return ("\n".join(parts) or None), e, m
 
 
 def _axis_span(axis: str, values: np.ndarray) -> str:
@@ -169,6 +202,11 @@ class FitSummary:
     # blocks marked done by an earlier call whose stored results were damaged (a chunk cut short,
     # deleted, overwritten): fitted again by this call (counted in blocks_fitted)
     blocks_repaired: list = field(default_factory=list)
+    # the fitted rows where no token has a loss (a model that diverged), and the observed tokens
+    # missing a loss at some other fitted row (missing_losses()); missing_losses None: none
+    missing_losses: str | None = None
+    n_rows_without_loss: int = 0
+    n_tokens_missing_points: int = 0
     # each class's drop and whether shares of it mean something (the rule the report and the
     # command line say it by); not in summary(), whose class_loss_share holds the shares
     class_drops: ClassDrops | None = field(default=None, repr=False)
@@ -315,6 +353,8 @@ def fit_run(
             since = run.n_committed - n_committed
     fitted = sum(min(block, n - b * block) for b in todo)  # tokens fitted by this call
     class_counts, status_counts, unscored = scored_counts(res)  # of the scored tokens: padding is in no class
+    missing, n_empty, n_short = missing_losses(run.axis_values[:n_committed], run.axis, rows, res["n_points"],
+                                               run.nonfinite()[1], n)  # fmt: skip
     return FitSummary(
         run=run.name, n_tokens=n, n_points=int(rows.size), blocks=n_blocks, blocks_fitted=len(todo),
         blocks_resumed=n_blocks - len(todo), seconds=seconds, fits_per_s=fitted / seconds if fitted else 0.0,
@@ -322,7 +362,7 @@ def fit_run(
         class_loss_share=class_loss_share(res["class_code"], res["drop"]), axis_min=axis_min,
         rows_left_out=rows_left_out(run, rows, axis_min=axis_min, n_committed=n_committed),
         n_rows_left_out=n_committed - int(rows.size), n_rows_committed_since=since, class_drops=fit_class_drops(res),
-        blocks_repaired=repaired,
+        blocks_repaired=repaired, missing_losses=missing, n_rows_without_loss=n_empty, n_tokens_missing_points=n_short,
     )  # fmt: skip
 
 
