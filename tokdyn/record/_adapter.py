@@ -3,6 +3,7 @@ hands each step over once, and a learning-rate snapshot read without a device sy
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 
@@ -77,6 +78,7 @@ class RecorderBinding:
             if not isinstance(rec, TokenLossRecorder):
                 raise InputError(f"the recorder factory returned {type(rec).__name__}, not a TokenLossRecorder")
             self.recorder = rec
+        _check_process(self.recorder)
         _check_placement(self.recorder, self.placement_hint)
         if model is not None:  # the model the framework trains: the recorder must watch it
             self.recorder.check_trains(list(model.parameters()), "the trainer")
@@ -163,6 +165,17 @@ class RecorderBinding:
             self.recorder.close()
         else:
             self.recorder.flush()
+
+
+def _check_process(rec: TokenLossRecorder) -> None:
+    """A recorder copied into a forked process (Lightning's ``ddp_fork``, ``ddp_notebook``) lacks
+    its writer thread, and every copy takes itself for the only writer."""
+    if rec._pid != os.getpid():
+        raise InputError(
+            f"the recorder of run {rec.run_name!r} was built in process {rec._pid}, and this is process {os.getpid()}, "
+            "a fork of it (as strategy='ddp_fork' or 'ddp_notebook' makes): its writer thread stayed there; pass a factory "
+            "(lambda: TokenLossRecorder(...)) so that each process builds its own"
+        )
 
 
 def _check_placement(rec: TokenLossRecorder, hint: str) -> None:

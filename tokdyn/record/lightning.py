@@ -20,9 +20,13 @@ after both, on every rank.
 
 from __future__ import annotations
 
+import copy
 import logging
+import os
+import pickle
 from collections.abc import Callable
 
+from ..errors import InputError
 from ._adapter import RecorderBinding
 from .recorder import TokenLossRecorder
 
@@ -79,6 +83,27 @@ class TokdynLightningCallback(pl.Callback):
             "Lightning places the model, or pass device=...",
         )  # fmt: skip
 
+    def __getstate__(self) -> dict:
+        # Lightning pickles the trainer, callbacks included, into every process of a spawn strategy
+        # (strategy="ddp_spawn"); pickle failed there on the recorder's lock or on a lambda factory.
+        binding = self._binding
+        if binding.recorder is not None:
+            raise InputError(_unsendable(f"holds the recorder of run {binding.recorder.run_name!r}, which"))
+        try:
+            pickle.Pickler(_Discard()).dump(binding._factory)  # streamed away: no second copy of the model
+        except Exception as exc:  # noqa: BLE001 - whatever pickle says, said in one line
+            raise InputError(_unsendable(f"was given the recorder factory {binding._factory!r}, which ({exc})")) from None
+        return self.__dict__
+
+    def __deepcopy__(self, memo) -> "TokdynLightningCallback":
+        # A copy in this process (XLA's launcher deep-copies the trainer): a factory needs no pickling.
+        if self._binding.recorder is not None:
+            raise InputError(_unsendable(f"holds the recorder of run {self._binding.recorder.run_name!r}, which"))
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
+
     @property
     def recorder(self) -> TokenLossRecorder | None:
         """The recorder (None until training starts when a factory was given)."""
@@ -108,9 +133,24 @@ class TokdynLightningCallback(pl.Callback):
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         # Flush, not close: close() waits on a barrier under DDP, which a failed rank never reaches.
-        if self.recorder is None:
+        if self.recorder is None or self.recorder._pid != os.getpid():  # a forked copy has no writer to flush
             return
         try:
             self.recorder.flush()
         except Exception as exc:  # noqa: BLE001 - never mask the training error
             log.error("tokdyn recorder failed while flushing after a training error: %s", exc)
+
+
+class _Discard:
+    """A file that forgets what is written to it: pickles a factory only to see that it can."""
+
+    def write(self, data) -> int:
+        return len(data)
+
+
+def _unsendable(what: str) -> str:
+    return (
+        f"the tokdyn callback {what} cannot be sent to another process, as strategy='ddp_spawn' sends every callback; "
+        "pass a factory that pickles: functools.partial(TokenLossRecorder, net, probe, path, run, schedule=...), or a "
+        "function defined at module level"
+    )

@@ -1,0 +1,189 @@
+"""The Lightning callback under Lightning's own features: the spawn and fork strategies (the
+callback sent to, or copied into, other processes), run on CPU with tiny models.
+
+Each check compares against an independent answer: the losses of the trained weights computed
+apart from tokdyn, the steps Lightning reports, or the one-line refusal the user must see.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tokdyn
+from framework_fixtures import lightning as _lightning
+from tokdyn.errors import InputError
+from tokdyn.model import GPTConfig, TinyGPT
+from tokdyn.record import TokenLossRecorder
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
+
+VOCAB, C = 257, 16
+
+
+def read_run(path: str, name: str) -> tokdyn.Run:
+    return tokdyn.open_store(path, mode="r").run(name)
+
+
+def tiny_net() -> TinyGPT:
+    torch.manual_seed(0)
+    return TinyGPT(GPTConfig(vocab_size=VOCAB, context=C, n_layer=1, n_head=2, n_embd=16)).train()
+
+
+@pytest.fixture
+def probe16() -> tokdyn.ProbeSet:
+    rng = np.random.default_rng(7)
+    return tokdyn.ProbeSet.from_tokens(rng.integers(0, VOCAB, size=(4, C + 1)), tokenizer={"kind": "byte"})
+
+
+def loader(n: int = 32) -> torch.utils.data.DataLoader:
+    g = torch.Generator().manual_seed(0)
+    return torch.utils.data.DataLoader(torch.randint(0, VOCAB, (n, C + 1), generator=g), batch_size=4)
+
+
+def _lit_class():
+    pl = _lightning()
+
+    class Lit(pl.LightningModule):  # module level through _LIT below: spawned processes import it
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def training_step(self, b, batch_idx):
+            return F.cross_entropy(self.net(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    Lit.__qualname__ = Lit.__name__ = "Lit"
+    return Lit
+
+
+try:
+    Lit = _lit_class()
+except BaseException:  # no Lightning: each test skips through _lightning()
+    Lit = None
+
+
+def trainer(callbacks, **kwargs):
+    pl = _lightning()
+    base = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                enable_model_summary=False)  # fmt: skip
+    base.update(kwargs)
+    return pl.Trainer(callbacks=callbacks, **base)
+
+
+def fit(tr, module, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tr.fit(module, *args, **kwargs)
+
+
+@torch.no_grad()
+def losses_of(net, tokens) -> np.ndarray:
+    """Per-token losses of ``net`` in eval mode, apart from tokdyn: ``[S * C]``."""
+    was = net.training
+    net.eval()
+    t = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
+    out = F.cross_entropy(net(t[:, :-1]).flatten(0, 1).float(), t[:, 1:].flatten(), reduction="none")
+    net.train(was)
+    return out.double().numpy()
+
+
+# -- the callback sent to other processes (ddp_spawn pickles it, XLA's launcher deep-copies it) ------
+
+
+def test_a_callback_that_cannot_reach_spawned_processes_is_refused_in_one_line(tmp_path, probe16):
+    """``strategy="ddp_spawn"`` pickles the trainer, callbacks included, into every process. A
+    callback holding a recorder failed with ``TypeError: cannot pickle '_thread.lock' object``,
+    and one holding the docs' lambda factory with ``Can't pickle local object``: neither says what
+    to do. Each is now an InputError naming the picklable form; that form, and deep copies of a
+    factory callback, still work."""
+    _lightning()
+    from tokdyn.record.lightning import TokdynLightningCallback
+
+    net, store = tiny_net(), str(tmp_path / "s.zarr")
+    rec = TokenLossRecorder(net, probe16, store, "held", schedule=[0, 1])
+    try:
+        for held in (rec, TokdynLightningCallback(rec)):
+            with pytest.raises(InputError, match="cannot be sent to another process.*functools.partial"):
+                pickle.dumps(held)
+            with pytest.raises(InputError, match="cannot be sent to another process"):
+                copy.deepcopy(held)
+    finally:
+        rec.close()
+    with pytest.raises(InputError, match=r"recorder factory .* cannot be sent to another process.*functools.partial"):
+        pickle.dumps(TokdynLightningCallback(lambda: TokenLossRecorder(net, probe16, store, "lam", schedule=[0])))
+    lam = TokdynLightningCallback(lambda: TokenLossRecorder(net, probe16, store, "lam", schedule=[0]))
+    assert copy.deepcopy(lam).recorder is None  # a deep copy (no process boundary) keeps working
+
+    part = functools.partial(TokenLossRecorder, net, probe16, store, "part", schedule=[0, 1])
+    cb = pickle.loads(pickle.dumps(TokdynLightningCallback(part)))
+    assert cb.recorder is None
+    fit(trainer([cb], max_steps=1), Lit(cb._binding._factory.args[0]), loader())
+    assert read_run(store, "part").steps.tolist() == [0, 1]
+
+
+def test_ddp_spawn_with_a_held_recorder_is_refused_before_any_process_starts(tmp_path, probe16):
+    _lightning()
+    from tokdyn.record.lightning import TokdynLightningCallback
+
+    net, store = tiny_net(), str(tmp_path / "s.zarr")
+    rec = TokenLossRecorder(net, probe16, store, "held", schedule=[0, 1])
+    tr = trainer([TokdynLightningCallback(rec)], max_steps=2, strategy="ddp_spawn", devices=2)
+    with pytest.raises(InputError, match="cannot be sent to another process"):
+        fit(tr, Lit(net), loader())
+    rec.close()
+    assert read_run(store, "held").steps.tolist() == []
+
+
+@pytest.mark.slow
+def test_ddp_spawn_with_a_picklable_factory_records_the_trained_weights(tmp_path, probe16):
+    """Two spawned CPU ranks each evaluate their shard; the rows are those of one process, and the
+    last is the losses of the weights Lightning hands back to the parent."""
+    _lightning()
+    from tokdyn.record.lightning import TokdynLightningCallback
+
+    net, store = tiny_net(), str(tmp_path / "s.zarr")
+    first = losses_of(net, probe16.tokens)
+    cb = TokdynLightningCallback(functools.partial(TokenLossRecorder, net, probe16, store, "sp", schedule=[0, 2, 4]))
+    fit(trainer([cb], max_steps=4, strategy="ddp_spawn", devices=2), Lit(net), loader())
+    run = read_run(store, "sp")
+    assert run.steps.tolist() == [0, 2, 4]
+    np.testing.assert_allclose(run.losses()[0], first, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run.losses()[-1], losses_of(net, probe16.tokens), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(run.losses()[0], run.losses()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["held", "factory"])
+def test_ddp_fork_refuses_a_recorder_built_before_the_fork_and_records_with_a_factory(tmp_path, probe16, form):
+    """``strategy="ddp_fork"`` copies a recorder built beforehand into each process without its
+    writer thread, each copy taking itself for the only writer: every rank failed at step 0 with
+    ``WriterError: background writer stopped unexpectedly``. Now each rank refuses it at train
+    start, in one line naming the factory; with a factory, each rank builds its own."""
+    _lightning()
+    from tokdyn.record.lightning import TokdynLightningCallback
+
+    net, store = tiny_net(), str(tmp_path / "s.zarr")
+    first = losses_of(net, probe16.tokens)
+    if form == "held":
+        rec = TokenLossRecorder(net, probe16, store, "fk", schedule=[0, 2, 4])
+        with pytest.raises(Exception, match="was built in process .* a fork of it .*pass a factory"):
+            fit(trainer([TokdynLightningCallback(rec)], max_steps=4, strategy="ddp_fork", devices=2), Lit(net), loader())
+        rec.close()
+        assert read_run(store, "fk").steps.tolist() == []
+        return
+    cb = TokdynLightningCallback(lambda: TokenLossRecorder(net, probe16, store, "fk", schedule=[0, 2, 4]))
+    fit(trainer([cb], max_steps=4, strategy="ddp_fork", devices=2), Lit(net), loader())
+    run = read_run(store, "fk")
+    assert run.steps.tolist() == [0, 2, 4]
+    np.testing.assert_allclose(run.losses()[0], first, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run.losses()[-1], losses_of(net, probe16.tokens), rtol=1e-5, atol=1e-5)
