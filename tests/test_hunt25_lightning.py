@@ -187,3 +187,35 @@ def test_ddp_fork_refuses_a_recorder_built_before_the_fork_and_records_with_a_fa
     assert run.steps.tolist() == [0, 2, 4]
     np.testing.assert_allclose(run.losses()[0], first, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(run.losses()[-1], losses_of(net, probe16.tokens), rtol=1e-5, atol=1e-5)
+
+
+# -- fast_dev_run -----------------------------------------------------------------------------
+
+
+def test_fast_dev_run_records_nothing_and_leaves_the_run_to_the_real_training(tmp_path, probe16):
+    """``Trainer(fast_dev_run=...)``, Lightning's smoke test that suppresses logging and
+    checkpointing, wrote its rows 0..3 into the real run: the real training afterwards was refused
+    (the run existed), or with ``resume=True`` kept the smoke test's rows as its own. Now the
+    callback records nothing there (said once) and builds no recorder; the real run is whole."""
+    _lightning()
+    from tokdyn.record.lightning import TokdynLightningCallback
+
+    net, store = tiny_net(), str(tmp_path / "s.zarr")
+    first = losses_of(net, probe16.tokens)
+
+    def recorder():
+        return TokenLossRecorder(net, probe16, store, "r", schedule=[0, 1, 2, 3, 6])
+
+    smoke = TokdynLightningCallback(recorder)
+    with pytest.warns(UserWarning, match="fast_dev_run: tokdyn records nothing"):
+        trainer([smoke], fast_dev_run=3).fit(Lit(net), loader())
+    assert smoke.recorder is None
+    assert not tokdyn.open_store(store, probe16, mode="a").has_run("r")
+
+    net2 = tiny_net()  # the real training, from the same start
+    fit(trainer([TokdynLightningCallback(lambda: TokenLossRecorder(net2, probe16, store, "r", schedule=[0, 1, 2, 3, 6]))],
+                max_steps=6), Lit(net2), loader())  # fmt: skip
+    run = read_run(store, "r")
+    assert run.steps.tolist() == [0, 1, 2, 3, 6]
+    np.testing.assert_allclose(run.losses()[0], first, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run.losses()[-1], losses_of(net2, probe16.tokens), rtol=1e-5, atol=1e-5)

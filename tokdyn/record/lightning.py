@@ -11,7 +11,8 @@ The callback records at ``trainer.global_step`` (optimizer updates done) after e
 batch, and at the starting step when training starts; the recorder skips unscheduled and
 already-stored steps, and the callback never hands it one step twice (with gradient
 accumulation several batches end on one step). It closes the recorder when training ends, and
-flushes it when training raises, so the rows recorded before the error stay readable.
+flushes it when training raises, so the rows recorded before the error stay readable. Under
+``fast_dev_run`` (Lightning's smoke test) it records nothing and builds no recorder.
 
 Under DDP pass a factory (a zero-argument callable returning the recorder): Lightning starts the
 process group and moves the model to its device inside ``fit``, and the recorder must be built
@@ -24,6 +25,7 @@ import copy
 import logging
 import os
 import pickle
+import warnings
 from collections.abc import Callable
 
 from ..errors import InputError
@@ -82,6 +84,7 @@ class TokdynLightningCallback(pl.Callback):
             placement_hint="pass a factory (lambda: TokenLossRecorder(...)) so the recorder is built after "
             "Lightning places the model, or pass device=...",
         )  # fmt: skip
+        self._dev_run = False  # this training is Lightning's fast_dev_run: nothing recorded
 
     def __getstate__(self) -> dict:
         # Lightning pickles the trainer, callbacks included, into every process of a spawn strategy
@@ -112,6 +115,15 @@ class TokdynLightningCallback(pl.Callback):
     # -- Lightning hooks ------------------------------------------------------------------
 
     def on_train_start(self, trainer, pl_module) -> None:
+        self._dev_run = bool(getattr(trainer, "fast_dev_run", False))
+        if self._dev_run:  # Lightning's smoke test: its rows would become the run's (a real training is refused)
+            warnings.warn(
+                "fast_dev_run: tokdyn records nothing (no recorder is built, no run made), as Lightning suppresses "
+                "logging and checkpointing",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
         self._binding.start(trainer.optimizers[0] if trainer.optimizers else None, step=trainer.global_step, model=pl_module)
         self._record(trainer)
 
@@ -119,7 +131,8 @@ class TokdynLightningCallback(pl.Callback):
         self._binding.snapshot_lr(optimizer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._record(trainer)  # once per step, even with gradient accumulation
+        if not self._dev_run:
+            self._record(trainer)  # once per step, even with gradient accumulation
 
     def _record(self, trainer) -> None:
         self._binding.set_epochs(getattr(trainer, "num_training_batches", None), getattr(trainer, "accumulate_grad_batches", 1))
