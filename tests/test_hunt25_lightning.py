@@ -219,3 +219,48 @@ def test_fast_dev_run_records_nothing_and_leaves_the_run_to_the_real_training(tm
     assert run.steps.tolist() == [0, 1, 2, 3, 6]
     np.testing.assert_allclose(run.losses()[0], first, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(run.losses()[-1], losses_of(net2, probe16.tokens), rtol=1e-5, atol=1e-5)
+
+
+# -- several optimizers -----------------------------------------------------------------------
+
+
+class TwoOptimizers(Lit if Lit is not None else object):
+    """Manual optimization stepping two optimizers a batch (a GAN's pattern): global_step moves by
+    2 a batch; the first optimizer's rate decays by half each of its updates, the second's is 0.5."""
+
+    def __init__(self, net):
+        super().__init__(net)
+        self.automatic_optimization = False
+
+    def training_step(self, b, batch_idx):
+        for opt in self.optimizers():
+            loss = F.cross_entropy(self.net(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten())
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+        self.lr_schedulers().step()
+
+    def configure_optimizers(self):
+        ps = list(self.parameters())
+        first = torch.optim.SGD(ps[: len(ps) // 2], lr=0.08)
+        sched = torch.optim.lr_scheduler.ExponentialLR(first, gamma=0.5)
+        return [first, torch.optim.SGD(ps[len(ps) // 2 :], lr=0.5)], [sched]
+
+
+def test_with_several_optimizers_every_row_gets_the_first_optimizers_rate(tmp_path, probe16):
+    """The step-0 row took the first optimizer's rate and every later row the rate of whichever
+    optimizer stepped last (0.5, the second's): one run's lr column mixed two optimizers. Every
+    row now gets the first optimizer's rate of the update that made its weights (the batch k's
+    update ran at 0.08 / 2**(k-1), its weights are row 2k)."""
+    _lightning()
+    from tokdyn.record.lightning import TokdynLightningCallback
+
+    net, store = tiny_net(), str(tmp_path / "s.zarr")
+    cb = TokdynLightningCallback(lambda: TokenLossRecorder(net, probe16, store, "two", schedule=[0, 2, 4, 6]))
+    tr = trainer([cb], max_steps=6)
+    fit(tr, TwoOptimizers(net), loader())
+    assert tr.global_step == 6
+    run = read_run(store, "two")
+    assert run.steps.tolist() == [0, 2, 4, 6]
+    np.testing.assert_allclose(run.coord("lr"), [0.08, 0.08, 0.04, 0.02], rtol=1e-12)
+    np.testing.assert_allclose(run.losses()[-1], losses_of(net, probe16.tokens), rtol=1e-5, atol=1e-5)

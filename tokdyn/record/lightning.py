@@ -68,7 +68,8 @@ class TokdynLightningCallback(pl.Callback):
 
     The learning rate stored with a row is that of the update that produced the weights (read
     just before ``optimizer.step()``; Lightning steps the scheduler before the batch-end hook);
-    step 0 gets the first update's.
+    step 0 gets the first update's. With several optimizers (manual optimization) it is the
+    first one's, ``trainer.optimizers[0]``.
     """
 
     def __init__(
@@ -128,7 +129,9 @@ class TokdynLightningCallback(pl.Callback):
         self._record(trainer)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        self._binding.snapshot_lr(optimizer)
+        first = trainer.optimizers[0] if trainer.optimizers else None
+        if first is None or optimizer is first or getattr(optimizer, "optimizer", None) is first:
+            self._binding.snapshot_lr(optimizer)  # with several (manual optimization), the first's, as at step 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self._dev_run:
