@@ -264,3 +264,23 @@ def test_with_several_optimizers_every_row_gets_the_first_optimizers_rate(tmp_pa
     assert run.steps.tolist() == [0, 2, 4, 6]
     np.testing.assert_allclose(run.coord("lr"), [0.08, 0.08, 0.04, 0.02], rtol=1e-12)
     np.testing.assert_allclose(run.losses()[-1], losses_of(net, probe16.tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_fast_dev_run_leaves_a_held_recorder_open_for_the_real_training(tmp_path, probe16):
+    """A notebook's smoke test then its training, one callback holding a recorder: the smoke test
+    closed the recorder at its end, and the real training was refused ("closed when an earlier
+    training ended"). The smoke test now leaves it as it found it."""
+    _lightning()
+    from tokdyn.record.lightning import TokdynLightningCallback
+
+    net, store = tiny_net(), str(tmp_path / "s.zarr")
+    first = losses_of(net, probe16.tokens)
+    cb = TokdynLightningCallback(TokenLossRecorder(net, probe16, store, "r", schedule=[0, 1, 2, 3, 6]))
+    with pytest.warns(UserWarning, match="fast_dev_run"):
+        trainer([cb], fast_dev_run=2).fit(Lit(net), loader())
+    net.load_state_dict(tiny_net().state_dict())  # the smoke test trained it: back to the start
+    fit(trainer([cb], max_steps=6), Lit(net), loader())
+    run = read_run(store, "r")
+    assert run.steps.tolist() == [0, 1, 2, 3, 6]
+    np.testing.assert_allclose(run.losses()[0], first, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run.losses()[-1], losses_of(net, probe16.tokens), rtol=1e-5, atol=1e-5)
