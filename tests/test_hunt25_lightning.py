@@ -123,6 +123,11 @@ def test_a_callback_that_cannot_reach_spawned_processes_is_refused_in_one_line(t
         pickle.dumps(TokdynLightningCallback(lambda: TokenLossRecorder(net, probe16, store, "lam", schedule=[0])))
     lam = TokdynLightningCallback(lambda: TokenLossRecorder(net, probe16, store, "lam", schedule=[0]))
     assert copy.deepcopy(lam).recorder is None  # a deep copy (no process boundary) keeps working
+    odd = tiny_net()
+    odd.hook = lambda: None  # a model that does not pickle, inside a partial: said in one short line
+    with pytest.raises(InputError, match=r"factory functools.partial\(TokenLossRecorder, \.\.\.\), which") as said:
+        pickle.dumps(TokdynLightningCallback(functools.partial(TokenLossRecorder, odd, probe16, store, "odd")))
+    assert "\n" not in str(said.value) and len(str(said.value)) < 600
 
     part = functools.partial(TokenLossRecorder, net, probe16, store, "part", schedule=[0, 1])
     cb = pickle.loads(pickle.dumps(TokdynLightningCallback(part)))

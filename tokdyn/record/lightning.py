@@ -28,6 +28,8 @@ import pickle
 import warnings
 from collections.abc import Callable
 
+import torch
+
 from ..errors import InputError
 from ._adapter import RecorderBinding
 from .recorder import TokenLossRecorder
@@ -94,9 +96,9 @@ class TokdynLightningCallback(pl.Callback):
         if binding.recorder is not None:
             raise InputError(_unsendable(f"holds the recorder of run {binding.recorder.run_name!r}, which"))
         try:
-            pickle.Pickler(_Discard()).dump(binding._factory)  # streamed away: no second copy of the model
+            _Probe(_Discard()).dump(binding._factory)  # all but the tensors' data, written nowhere
         except Exception as exc:  # noqa: BLE001 - whatever pickle says, said in one line
-            raise InputError(_unsendable(f"was given the recorder factory {binding._factory!r}, which ({exc})")) from None
+            raise InputError(_unsendable(f"was given the recorder factory {_name(binding._factory)}, which ({exc})")) from None
         return self.__dict__
 
     def __deepcopy__(self, memo) -> "TokdynLightningCallback":
@@ -158,11 +160,26 @@ class TokdynLightningCallback(pl.Callback):
             log.error("tokdyn recorder failed while flushing after a training error: %s", exc)
 
 
+class _Probe(pickle.Pickler):
+    """Pickles an object's structure to see that it can be: tensors (a model's weights) are left out."""
+
+    def persistent_id(self, obj):
+        return id(obj) if isinstance(obj, torch.Tensor) else None
+
+
 class _Discard:
     """A file that forgets what is written to it: pickles a factory only to see that it can."""
 
     def write(self, data) -> int:
         return len(data)
+
+
+def _name(factory) -> str:
+    """A factory's name, short (a partial's repr holds the whole probe and model)."""
+    func = getattr(factory, "func", None)
+    if func is not None and hasattr(factory, "args"):
+        return f"functools.partial({getattr(func, '__qualname__', type(func).__name__)}, ...)"
+    return getattr(factory, "__qualname__", type(factory).__name__)
 
 
 def _unsendable(what: str) -> str:
