@@ -289,3 +289,39 @@ def test_fast_dev_run_leaves_a_held_recorder_open_for_the_real_training(tmp_path
     assert run.steps.tolist() == [0, 1, 2, 3, 6]
     np.testing.assert_allclose(run.losses()[0], first, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(run.losses()[-1], losses_of(net, probe16.tokens), rtol=1e-5, atol=1e-5)
+
+
+# -- a training stopped inside the recording, then fit again ---------------------------------------
+
+
+def test_a_step_whose_recording_failed_is_recorded_when_fit_goes_on(tmp_path, probe16):
+    """The probe forward failed at step 3 (an out-of-memory on the device, a Ctrl-C that Lightning
+    turns into an exit a notebook survives): the callback had already taken step 3 as handed over,
+    so ``fit`` again on the same Trainer, which starts at step 3 on the same weights, skipped it
+    without a word. Now the step is taken only once its row is; the retry records it."""
+    _lightning()
+    from tokdyn.record.lightning import TokdynLightningCallback
+
+    net, store = tiny_net(), str(tmp_path / "s.zarr")
+    rec = TokenLossRecorder(net, probe16, store, "r", schedule=[0, 1, 3, 5])
+    own, calls = rec.forward, []
+
+    def flaky(model, tokens):
+        calls.append(1)
+        if len(calls) == 3:  # the third recorded step, 3
+            raise RuntimeError("out of memory (simulated)")
+        return own(model, tokens)
+
+    rec.forward = flaky
+    cb = TokdynLightningCallback(rec, close=False)
+    tr = trainer([cb], max_steps=5)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        fit(tr, Lit(net), loader())
+    assert tr.global_step == 3
+    at3 = losses_of(net, probe16.tokens)
+    fit(tr, Lit(net), loader())  # the same Trainer goes on from step 3
+    rec.close()
+    run = read_run(store, "r")
+    assert run.steps.tolist() == [0, 1, 3, 5]
+    np.testing.assert_allclose(run.losses()[2], at3, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run.losses()[3], losses_of(net, probe16.tokens), rtol=1e-5, atol=1e-5)

@@ -129,7 +129,6 @@ class RecorderBinding:
         prev = self._last_step
         if prev is not None and step <= prev:
             return
-        self._last_step = step
         rec = self.recorder
         if prev is not None and step > prev + 1 and not self._warned_jump:
             # several optimizer steps between two hooks (Lightning's manual optimization with two
@@ -150,6 +149,7 @@ class RecorderBinding:
             rec.record(step, tokens_seen=tokens_seen, lr=None if self.lr is None else float(self.lr))
         else:
             rec.maybe_record(step)  # records nothing; raises a pending writer failure
+        self._last_step = step  # only now: a step whose recording raised is tried again when training goes on
 
     def flush(self) -> None:
         """A training checkpoint is being saved: commit every row recorded so far (rows wait up to
