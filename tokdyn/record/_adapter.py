@@ -3,6 +3,7 @@ hands each step over once, and a learning-rate snapshot read without a device sy
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 
@@ -77,6 +78,7 @@ class RecorderBinding:
             if not isinstance(rec, TokenLossRecorder):
                 raise InputError(f"the recorder factory returned {type(rec).__name__}, not a TokenLossRecorder")
             self.recorder = rec
+        _check_process(self.recorder)
         _check_placement(self.recorder, self.placement_hint)
         if model is not None:  # the model the framework trains: the recorder must watch it
             self.recorder.check_trains(list(model.parameters()), "the trainer")
@@ -127,7 +129,6 @@ class RecorderBinding:
         prev = self._last_step
         if prev is not None and step <= prev:
             return
-        self._last_step = step
         rec = self.recorder
         if prev is not None and step > prev + 1 and not self._warned_jump:
             # several optimizer steps between two hooks (Lightning's manual optimization with two
@@ -148,6 +149,7 @@ class RecorderBinding:
             rec.record(step, tokens_seen=tokens_seen, lr=None if self.lr is None else float(self.lr))
         else:
             rec.maybe_record(step)  # records nothing; raises a pending writer failure
+        self._last_step = step  # only now: a step whose recording raised is tried again when training goes on
 
     def flush(self) -> None:
         """A training checkpoint is being saved: commit every row recorded so far (rows wait up to
@@ -163,6 +165,17 @@ class RecorderBinding:
             self.recorder.close()
         else:
             self.recorder.flush()
+
+
+def _check_process(rec: TokenLossRecorder) -> None:
+    """A recorder copied into a forked process (Lightning's ``ddp_fork``, ``ddp_notebook``) lacks
+    its writer thread, and every copy takes itself for the only writer."""
+    if rec._pid != os.getpid():
+        raise InputError(
+            f"the recorder of run {rec.run_name!r} was built in process {rec._pid}, and this is process {os.getpid()}, "
+            "a fork of it (as strategy='ddp_fork' or 'ddp_notebook' makes): its writer thread stayed there; pass a factory "
+            "(lambda: TokenLossRecorder(...)) so that each process builds its own"
+        )
 
 
 def _check_placement(rec: TokenLossRecorder, hint: str) -> None:

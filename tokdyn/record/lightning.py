@@ -11,7 +11,8 @@ The callback records at ``trainer.global_step`` (optimizer updates done) after e
 batch, and at the starting step when training starts; the recorder skips unscheduled and
 already-stored steps, and the callback never hands it one step twice (with gradient
 accumulation several batches end on one step). It closes the recorder when training ends, and
-flushes it when training raises, so the rows recorded before the error stay readable.
+flushes it when training raises, so the rows recorded before the error stay readable. Under
+``fast_dev_run`` (Lightning's smoke test) it records nothing and builds no recorder.
 
 Under DDP pass a factory (a zero-argument callable returning the recorder): Lightning starts the
 process group and moves the model to its device inside ``fit``, and the recorder must be built
@@ -20,9 +21,16 @@ after both, on every rank.
 
 from __future__ import annotations
 
+import copy
 import logging
+import os
+import pickle
+import warnings
 from collections.abc import Callable
 
+import torch
+
+from ..errors import InputError
 from ._adapter import RecorderBinding
 from .recorder import TokenLossRecorder
 
@@ -62,7 +70,8 @@ class TokdynLightningCallback(pl.Callback):
 
     The learning rate stored with a row is that of the update that produced the weights (read
     just before ``optimizer.step()``; Lightning steps the scheduler before the batch-end hook);
-    step 0 gets the first update's.
+    step 0 gets the first update's. With several optimizers (manual optimization) it is the
+    first one's, ``trainer.optimizers[0]``.
     """
 
     def __init__(
@@ -78,6 +87,28 @@ class TokdynLightningCallback(pl.Callback):
             placement_hint="pass a factory (lambda: TokenLossRecorder(...)) so the recorder is built after "
             "Lightning places the model, or pass device=...",
         )  # fmt: skip
+        self._dev_run = False  # this training is Lightning's fast_dev_run: nothing recorded
+
+    def __getstate__(self) -> dict:
+        # Lightning pickles the trainer, callbacks included, into every process of a spawn strategy
+        # (strategy="ddp_spawn"); pickle failed there on the recorder's lock or on a lambda factory.
+        binding = self._binding
+        if binding.recorder is not None:
+            raise InputError(_unsendable(f"holds the recorder of run {binding.recorder.run_name!r}, which"))
+        try:
+            _Probe(_Discard()).dump(binding._factory)  # all but the tensors' data, written nowhere
+        except Exception as exc:  # noqa: BLE001 - whatever pickle says, said in one line
+            raise InputError(_unsendable(f"was given the recorder factory {_name(binding._factory)}, which ({exc})")) from None
+        return self.__dict__
+
+    def __deepcopy__(self, memo) -> "TokdynLightningCallback":
+        # A copy in this process (XLA's launcher deep-copies the trainer): a factory needs no pickling.
+        if self._binding.recorder is not None:
+            raise InputError(_unsendable(f"holds the recorder of run {self._binding.recorder.run_name!r}, which"))
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
 
     @property
     def recorder(self) -> TokenLossRecorder | None:
@@ -87,30 +118,73 @@ class TokdynLightningCallback(pl.Callback):
     # -- Lightning hooks ------------------------------------------------------------------
 
     def on_train_start(self, trainer, pl_module) -> None:
+        self._dev_run = bool(getattr(trainer, "fast_dev_run", False))
+        if self._dev_run:  # Lightning's smoke test: its rows would become the run's (a real training is refused)
+            warnings.warn(
+                "fast_dev_run: tokdyn records nothing (no recorder is built, no run made), as Lightning suppresses "
+                "logging and checkpointing",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
         self._binding.start(trainer.optimizers[0] if trainer.optimizers else None, step=trainer.global_step, model=pl_module)
         self._record(trainer)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        self._binding.snapshot_lr(optimizer)
+        first = trainer.optimizers[0] if trainer.optimizers else None
+        if first is None or optimizer is first or getattr(optimizer, "optimizer", None) is first:
+            self._binding.snapshot_lr(optimizer)  # with several (manual optimization), the first's, as at step 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._record(trainer)  # once per step, even with gradient accumulation
+        if not self._dev_run:
+            self._record(trainer)  # once per step, even with gradient accumulation
 
     def _record(self, trainer) -> None:
         self._binding.set_epochs(getattr(trainer, "num_training_batches", None), getattr(trainer, "accumulate_grad_batches", 1))
         self._binding.record(trainer.global_step)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._binding.end()
+        if not self._dev_run:  # a smoke test leaves a held recorder open for the training after it
+            self._binding.end()
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         self._binding.flush()  # the rows recorded before this checkpoint are committed with it
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         # Flush, not close: close() waits on a barrier under DDP, which a failed rank never reaches.
-        if self.recorder is None:
+        if self.recorder is None or self.recorder._pid != os.getpid():  # a forked copy has no writer to flush
             return
         try:
             self.recorder.flush()
         except Exception as exc:  # noqa: BLE001 - never mask the training error
             log.error("tokdyn recorder failed while flushing after a training error: %s", exc)
+
+
+class _Probe(pickle.Pickler):
+    """Pickles an object's structure to see that it can be: tensors (a model's weights) are left out."""
+
+    def persistent_id(self, obj):
+        return id(obj) if isinstance(obj, torch.Tensor) else None
+
+
+class _Discard:
+    """A file that forgets what is written to it: pickles a factory only to see that it can."""
+
+    def write(self, data) -> int:
+        return len(data)
+
+
+def _name(factory) -> str:
+    """A factory's name, short (a partial's repr holds the whole probe and model)."""
+    func = getattr(factory, "func", None)
+    if func is not None and hasattr(factory, "args"):
+        return f"functools.partial({getattr(func, '__qualname__', type(func).__name__)}, ...)"
+    return getattr(factory, "__qualname__", type(factory).__name__)
+
+
+def _unsendable(what: str) -> str:
+    return (
+        f"the tokdyn callback {what} cannot be sent to another process, as strategy='ddp_spawn' sends every callback; "
+        "pass a factory that pickles: functools.partial(TokenLossRecorder, net, probe, path, run, schedule=...), or a "
+        "function defined at module level"
+    )

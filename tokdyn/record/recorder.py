@@ -461,6 +461,7 @@ class TokenLossRecorder:
         # script ends (normally or with an exception) are written by _flush_at_exit.
         self._thread = threading.Thread(target=self._write_loop, name=f"tokdyn-writer-{run}", daemon=True)
         self._thread.start()
+        self._pid = os.getpid()  # a forked process has a copy of this recorder, but not its writer thread
         _register_exit_flush(self)
 
     # -- set-up ---------------------------------------------------------------------------
@@ -779,6 +780,14 @@ class TokenLossRecorder:
         return (
             f"run {self.run_name!r}: stopped while writing; the rows of {_steps_text(steps)} were recorded but are not "
             f"committed and are lost (the run's last committed step is {last})"
+        )
+
+    def __getstate__(self):
+        # pickle and copy.deepcopy both come here; without this they failed on the writer's lock
+        raise InputError(
+            f"the recorder of run {self.run_name!r} cannot be sent to another process or copied (it holds its open store "
+            "and its writer thread); build it in the process that records: with Lightning's strategy='ddp_spawn', pass the "
+            "callback a factory that pickles, functools.partial(TokenLossRecorder, net, probe, path, run, schedule=...)"
         )
 
     def __enter__(self) -> "TokenLossRecorder":
