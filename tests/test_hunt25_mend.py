@@ -1,0 +1,155 @@
+"""Hunt 25 (mend): what hunt 24 noticed and left, and held handles whose store changes under them.
+
+A store replaced, or a run deleted and made again, under a held writer, recorder or command that
+then fails: each says in one line what happened, writes nothing into what is there now, and
+removes nothing of it (a failed first recording removed the store that replaced its own, rows
+of another recording included)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import tokdyn
+from tokdyn.errors import StoreError
+
+from test_hunt24_notebook import _probe, _rows, _tiny_recorder, _wait_for
+
+
+def _append(w, rows: np.ndarray, first_step: int = 1) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for j, row in enumerate(rows):
+            w.append(row, step=first_step + j)
+
+
+def _other_recording(url: str, *, same_probe: bool, rows: int, keep_writer: bool = False):
+    """What another process does meanwhile: replace the store (mode "w"; or, with ``same_probe``,
+    delete run 'r' and make it again in the store there), and record ``rows`` rows into its run
+    'r'. Returns its writer where ``keep_writer`` (a recording still going on)."""
+    if same_probe:
+        other = tokdyn.open_store(url, mode="r+")
+        other.delete_run("r")
+    else:
+        other = tokdyn.open_store(url, _probe(1), mode="w")
+    w = other.create_run("r", token_chunk=16).writer()
+    _append(w, _rows(rows, 5))
+    if keep_writer:
+        return w
+    w.release()
+    return None
+
+
+@pytest.mark.parametrize("rows", [0, 3], ids=["its run just made", "3 rows"])
+@pytest.mark.parametrize("same_probe", [False, True], ids=["store replaced", "run made again"])
+def test_a_failed_first_recording_leaves_what_replaced_its_store_or_run(tmp_path, same_probe, rows):
+    """A command that made a store and fails half-way removes it (``discard_if_new``) when it
+    holds no committed row and no run of another. A store replaced meanwhile (its probe another)
+    was taken as this command's aborted run and removed whole, 3 rows of another recording
+    included; a run deleted and made again by another process, whose writer had committed nothing
+    yet, as this command's own empty run: the store went with it, under the other's writer. Both
+    are the other's now, and are left."""
+    url = str(tmp_path / "s.zarr")
+    st = tokdyn.open_store(url, _probe(), mode="a")
+    assert st.created
+    st.create_run("r", token_chunk=16)
+    other = _other_recording(url, same_probe=same_probe, rows=rows, keep_writer=True)
+    assert st.discard_if_new() is False
+    run = tokdyn.open_store(url, mode="r").run("r")
+    assert run.n_committed == rows
+    np.testing.assert_array_equal(run.losses(), _rows(rows, 5).reshape(rows, 64))
+    _append(other, _rows(1, 6), first_step=rows + 1)  # the other recording goes on
+    other.release()
+    assert tokdyn.open_store(url, mode="r").run("r").n_committed == rows + 1
+
+
+def test_a_failed_first_recording_still_removes_its_own_store(tmp_path):
+    """The control: a store this object made, whose only run is its own and empty, is removed;
+    one whose run was made by another object (under another name) is not."""
+    url = str(tmp_path / "s.zarr")
+    st = tokdyn.open_store(url, _probe(), mode="a")
+    st.create_run("r", token_chunk=16)
+    assert st.discard_if_new() is True
+    assert not (tmp_path / "s.zarr").exists()
+    st = tokdyn.open_store(url, _probe(), mode="a")
+    st.create_run("r", token_chunk=16)
+    tokdyn.open_store(url, mode="r+").create_run("q", token_chunk=16)
+    assert st.discard_if_new() is False and tokdyn.open_store(url, mode="r").runs == ["q", "r"]
+
+
+CHANGES = {
+    "store deleted": "{url} was deleted after this object opened it",
+    "store replaced": "{url} was replaced by another store after this object opened it",
+    "run deleted": "run 'r' in {url} was deleted after this writer opened it",
+    "run made again": "run 'r' in {url} was deleted and made again after this writer opened it",
+}
+
+
+def _change(url: str, change: str) -> int:
+    """Do ``change`` to the store at ``url`` as another process would; the rows there after it."""
+    import shutil
+
+    if change == "store deleted":
+        shutil.rmtree(url)
+        return 0
+    if change == "run deleted":
+        tokdyn.open_store(url, mode="r+").delete_run("r")
+        return 0
+    _other_recording(url, same_probe=change == "run made again", rows=3)
+    return 3
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_writer_whose_run_or_store_went_says_what_became_of_it(tmp_path, change):
+    """A writer appending after its store was deleted or replaced, or its run deleted or made
+    again, stopped with "this writer of run 'r' token range 0 no longer holds its lock (held by
+    nobody (it was released)); it stops rather than interleave its writes with the other
+    writer": no writer had released it or taken over. It now says what became of the store or
+    run, in one line, and still writes nothing."""
+    url = str(tmp_path / "s.zarr")
+    w = tokdyn.open_store(url, _probe(), mode="a").create_run("r", token_chunk=16).writer()
+    _append(w, _rows(2, 0))
+    rows = _change(url, change)
+    with pytest.raises(StoreError) as err:
+        _append(w, _rows(1, 0), first_step=3)
+    msg = str(err.value)
+    assert msg.startswith(CHANGES[change].format(url=url)) and "no longer holds its lock" not in msg, msg
+    assert "\n" not in msg
+    if rows:
+        np.testing.assert_array_equal(tokdyn.open_store(url, mode="r").run("r").losses(), _rows(rows, 5).reshape(rows, 64))
+
+
+def test_a_writer_that_lost_its_lock_to_another_writer_says_so_as_before(tmp_path):
+    """The control: a second writer of the same run (it takes a lock over only from a process
+    that is gone: here its key is broken) is still "no longer holds its lock"."""
+    url = str(tmp_path / "s.zarr")
+    run = tokdyn.open_store(url, _probe(), mode="a").create_run("r", token_chunk=16)
+    w = run.writer()
+    _append(w, _rows(1, 0))
+    run.break_lock()
+    w2 = tokdyn.open_store(url, mode="r+").run("r").writer(resume=True)
+    with pytest.raises(tokdyn.RunBusyError, match="no longer holds its lock"):
+        _append(w, _rows(1, 0), first_step=2)
+    w2.release()
+
+
+def test_a_recorder_whose_store_was_replaced_does_not_say_its_rows_are_readable(tmp_path):
+    """A recorder held in a notebook while its store is made again (a demo cell run again): its
+    next row failed as "... no longer holds its lock (held by nobody (it was released)) ...
+    Rows up to step 1 are committed and readable", and they were not (the store that held them
+    is gone). It says the store was replaced, and claims no rows."""
+    url = str(tmp_path / "s.zarr")
+    rec = _tiny_recorder(url)
+    rec.record(1)
+    rec.flush()
+    tokdyn.open_store(url, _probe(1), mode="w")
+    rec.record(2)
+    _wait_for(rec)
+    with pytest.raises(tokdyn.WriterError) as err:
+        rec.record(3)
+    msg = str(err.value)
+    assert "was replaced by another store after this object opened it" in msg and "readable" not in msg, msg
+    assert tokdyn.open_store(url, mode="r").runs == []
+
