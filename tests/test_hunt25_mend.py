@@ -153,3 +153,98 @@ def test_a_recorder_whose_store_was_replaced_does_not_say_its_rows_are_readable(
     assert "was replaced by another store after this object opened it" in msg and "readable" not in msg, msg
     assert tokdyn.open_store(url, mode="r").runs == []
 
+
+# -- one line for one bad curve, at every public entry that takes a curve ----------------------
+
+def _curve_entries():
+    from tokdyn.curriculum.measure import matched_budget
+    from tokdyn.reconstruct import measured_derivative, reconstruct, scores
+    from tokdyn.spectrum import loss_power_law
+
+    return {  # entry: (its names of the two curves, a call of it on them)
+        "measured_derivative": (("x", "loss"), lambda a, b: measured_derivative(a, b)),
+        "loss_power_law": (("x", "loss"), lambda a, b: loss_power_law(a, b)),
+        "scores": (("predicted", "measured"), lambda a, b: scores(a, b)),
+        "reconstruct": (("x", "mean_loss"), lambda a, b: reconstruct(a, b, None)),
+        "matched_budget": (("budgets", "losses"), lambda a, b: matched_budget(a, b, 3.0)),
+    }
+
+
+def _spoiled(kind: str, good: np.ndarray):
+    """``good`` (a 1-D curve) made bad in the way ``kind`` names."""
+    n = good.size
+    if kind == "masked":
+        return np.ma.masked_array(good, mask=np.arange(n) == n - 1)
+    if kind == "2-D":
+        return good.reshape(1, n)
+    if kind == "other length":
+        return np.append(good, good[-1] + 1.0)
+    if kind == "0-d":
+        return np.float64(good[0])
+    if kind == "text":
+        return [str(v) for v in good]
+    if kind == "complex":
+        return good + 0j
+    if kind == "bools":
+        return good > good[0]
+    return [good[:1].tolist(), good.tolist()]  # "ragged"
+
+
+SPOILS = ["masked", "2-D", "other length", "0-d", "text", "complex", "bools", "ragged"]
+
+
+def _said_as(entry: str, names: tuple[str, str], msg: str) -> str:
+    """``msg`` with the entry's names of its curves at its head said as "A" and "B"."""
+    head, sep, rest = msg.partition(": ")
+    a, b = names
+    return {a: "A", b: "B", f"{a} and {b}": "A and B"}.get(head, head) + sep + rest
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as hst  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=hst.integers(6, 12), kind=hst.sampled_from(SPOILS), second=hst.booleans(), seed=hst.integers(0, 2**16))
+def test_every_entry_that_takes_a_curve_says_one_line_of_a_bad_one(n, kind, second, seed):
+    """``reconstruct.scores`` checked its curves by hand ("predicted and measured must be two
+    curves of one length (1-D), got shapes ..."), beside ``as_curve``'s "x and loss: expected two
+    1-D arrays of one length, got ..." of ``measured_derivative`` and ``loss_power_law``;
+    ``reconstruct`` named ``mean_loss`` "loss"; ``matched_budget`` (the curriculum's budget
+    ladder) took a masked rung's value under its mask without a word, and said a ladder of other
+    lengths or of text in a line of its own. Every entry now says the same one line of the same
+    bad curve, its own names of the two curves at its head (an invariance: the lines are equal
+    once the names are set aside), and the line says what was wrong."""
+    rng = np.random.default_rng(seed)
+    x = np.cumsum(rng.uniform(0.1, 1.0, n)) + 1.0
+    y = 5.0 * np.exp(-x / x[-1]) + rng.uniform(0, 0.01, n)
+    pair = (x, _spoiled(kind, y)) if second else (_spoiled(kind, x), y)
+    said = {}
+    for entry, (names, call) in _curve_entries().items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(tokdyn.InputError) as err:
+                call(*pair)
+        msg = str(err.value)
+        assert "\n" not in msg, (entry, msg)
+        said[entry] = _said_as(entry, names, msg)
+    assert len(set(said.values())) == 1, said
+    line = next(iter(said.values()))
+    expect = {"masked": "masked value", "2-D": "two curves of one length", "other length": "two curves of one length",
+              "0-d": "two curves of one length", "text": "got dtype <U", "complex": "got dtype complex",
+              "bools": "got dtype bool", "ragged": "cannot convert"}[kind]
+    assert expect in line and line.startswith(("A and B: ", "B: " if second else "A: ")), line
+
+
+def test_a_good_curve_reads_as_before_at_each_entry():
+    """The control, by hand: a prediction off by a constant 0.1 from a line 0..3 has R^2 =
+    1 - 4 * 0.01 / 5 and relative L2 error 0.2 / sqrt(14); a ladder 0.8, 1.0 of losses 3.2, 3.0
+    reaches 3.1 at sqrt(0.8) (linear in log budget)."""
+    from tokdyn.curriculum.measure import matched_budget
+    from tokdyn.reconstruct import scores
+
+    s = scores(np.arange(4.0) + 0.1, np.arange(4.0))
+    assert s["r2"] == pytest.approx(1 - 0.04 / 5) and s["rel_l2"] == pytest.approx(0.2 / np.sqrt(14))
+    assert matched_budget([0.8, 1.0], [3.2, 3.0], 3.1) == (pytest.approx(np.sqrt(0.8)), True)
+    with pytest.raises(tokdyn.InputError, match="min_points must be an integer >= 0, got 2.5"):
+        scores(np.arange(4.0), np.arange(4.0), min_points=2.5)
