@@ -248,3 +248,121 @@ def test_a_good_curve_reads_as_before_at_each_entry():
     assert matched_budget([0.8, 1.0], [3.2, 3.0], 3.1) == (pytest.approx(np.sqrt(0.8)), True)
     with pytest.raises(tokdyn.InputError, match="min_points must be an integer >= 0, got 2.5"):
         scores(np.arange(4.0), np.arange(4.0), min_points=2.5)
+
+
+# -- one read of a run's identity and commit records per operation ------------------------------
+
+def _fitted_store(url: str):
+    st = tokdyn.open_store(url, _probe(), mode="a")
+    rows = (np.random.default_rng(0).random((8, 64)) * np.linspace(5, 1, 8)[:, None]).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with st.create_run("r", token_chunk=16).writer() as w:
+            for j, row in enumerate(rows):
+                w.append(row, step=10 * 2**j)
+        tokdyn.fit_run(st.run("r"), backend="numpy", progress=False)
+    return st
+
+
+OPERATIONS = {  # a read of a held view: (what it gives, compared with a fresh view's)
+    "n_committed": lambda run: run.n_committed,
+    "losses": lambda run: run.losses(),
+    "losses reversed": lambda run: run.losses(rows=slice(None, None, -2)),
+    "losses_at": lambda run: run.losses_at([0, 5, 5], [3, 40]),
+    "steps": lambda run: run.steps,
+    "coord": lambda run: run.coord("lr"),
+    "nonfinite": lambda run: run.nonfinite(),
+    "info": lambda run: run.info(),
+    "repr": repr,
+    "to_dask": lambda run: run.to_dask().compute(),
+    "fit.meta": lambda run: run.fit.meta,
+    "fit.complete": lambda run: run.fit.complete,
+    "fit.check": lambda run: run.fit.check(),
+    "fit.read": lambda run: run.fit.read(["mu", "s"]),
+    "fit.read_tokens": lambda run: run.fit.read_tokens(8, 24, ["mu"]),
+    "fit.summary": lambda run: run.fit.summary(),
+    "fit.fields": lambda run: run.fit.fields,
+    "fit.options": lambda run: run.fit.options(),
+}
+
+
+def _counting(monkeypatch):
+    """Counts of the keys read through the local stores from now on."""
+    import collections
+
+    from tokdyn.store.store import RegularFilesStore
+
+    counts = collections.Counter()
+    get = RegularFilesStore.get
+
+    async def counted(self, key, prototype=None, byte_range=None):
+        counts[key] += 1
+        return await get(self, key, prototype, byte_range)
+
+    monkeypatch.setattr(RegularFilesStore, "get", counted)
+    return counts
+
+
+def _same(a, b) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b)
+        for u, v in zip(a, b):
+            _same(u, v)
+    else:
+        np.testing.assert_array_equal(a, b)
+
+
+def test_each_read_of_a_held_view_reads_its_run_id_and_commit_records_once(tmp_path, monkeypatch):
+    """A held view checks on each read that its run is still the one it was opened on (hunt
+    24). A read made of other reads checked at each: ``run.info()`` read the run's metadata
+    (its id) 4 times and its commit record 8 times, ``fit.summary()`` and ``repr`` 2 or 3, each
+    ``fit.read_tokens`` of a slice (a reader going over a large fit) 2, and ``losses`` and
+    ``losses_at`` the commit record twice (its rows, then their checksums: 4.6 MB of JSON at
+    5,000 rows of 77 chunks). Each read now reads each once; what it gives is what a fresh view
+    gives."""
+    url = str(tmp_path / "s.zarr")
+    _fitted_store(url)
+    held = tokdyn.open_store(url, mode="r").run("r")
+    counts = _counting(monkeypatch)
+    for name, op in OPERATIONS.items():
+        counts.clear()
+        got = op(held)
+        reads = 5 if name == "to_dask" else 1  # to_dask, then each of its 4 blocks: a read of its own (hunt 24)
+        assert counts["runs/r/zarr.json"] == reads, (name, dict(counts))
+        assert counts["runs/r/commits/w0/zarr.json"] <= reads, (name, dict(counts))
+        fresh = tokdyn.open_store(url, mode="r").run("r")
+        if name != "repr":
+            _same(got, op(fresh))
+        else:
+            assert got == repr(fresh) == "Run('r', axis=T, rows=8, tokens=64, fit=complete)"
+    counts.clear()
+    info = held.store.info()
+    assert counts["zarr.json"] == 1 and counts["runs/r/commits/w0/zarr.json"] == 1, dict(counts)
+    assert info["runs"]["r"]["shape"] == [8, 64]
+
+
+def test_one_read_per_operation_still_says_a_run_made_again_at_the_next(tmp_path):
+    """The check is once per operation, not once per view: after the run is made again, the
+    held view's next read of each kind says so, and a view is still pickled (dask's workers)."""
+    import pickle
+
+    url = str(tmp_path / "s.zarr")
+    st = _fitted_store(url)
+    held = tokdyn.open_store(url, mode="r").run("r")
+    held.info()
+    assert pickle.loads(pickle.dumps(held)).n_committed == 8
+    st.delete_run("r")
+    st.create_run("r", token_chunk=16)
+    for name, op in OPERATIONS.items():
+        if name == "repr":
+            assert "deleted and made again after this view was opened" in op(held)
+            continue
+        if name == "fit.summary":  # says what it cannot read, as tokdyn info shows it
+            assert "was deleted and made again after this view" in op(held)["fit"]["error"]
+            continue
+        with pytest.raises(StoreError, match="was deleted and made again after this view"):
+            op(held)

@@ -79,6 +79,8 @@ from .schema import (
     has_keys,
     join,
     jsonable,
+    operation,
+    operation_state,
     utc_now,
 )
 
@@ -404,10 +406,16 @@ class TrajectoryStore:
 
     def _require_same_store(self) -> None:
         """:class:`StoreError` when the store at :attr:`url` is no longer the one this object
-        opened (:meth:`_replaced`)."""
+        opened (:meth:`_replaced`); once per operation (:func:`~tokdyn.store.schema.operation`:
+        ``info`` read the store's metadata once for itself, once for its probe and once for each run)."""
+        state = operation_state(self)
+        if state is not None and state.get("checked"):
+            return
         what = self._replaced()
         if what is not None:
             raise StoreError(f"{self.url} was {what}: open it again (tokdyn.open_store({self.url!r}))")
+        if state is not None:
+            state["checked"] = True
 
     @property
     def probe(self) -> ProbeSet:
@@ -773,7 +781,11 @@ class TrajectoryStore:
 
     def info(self) -> dict:
         """A JSON-able description: probe, runs (shapes, steps, NaNs), size on disk."""
-        self._require_same_store()  # the cached probe beside another store's runs, or none at all
+        with operation(self):
+            self._require_same_store()  # the cached probe beside another store's runs, or none at all
+            return self._info()
+
+    def _info(self) -> dict:
         runs = {}
         for name in self.runs:
             try:
