@@ -366,3 +366,48 @@ def test_one_read_per_operation_still_says_a_run_made_again_at_the_next(tmp_path
             continue
         with pytest.raises(StoreError, match="was deleted and made again after this view"):
             op(held)
+
+
+# -- a writer that lost its lock resizes nothing ---------------------------------------------
+
+def test_a_writer_whose_lock_was_taken_over_does_not_trim_the_run_under_the_other(tmp_path):
+    """A writer trims the run's arrays to its committed rows when it closes. One whose lock
+    another writer of the run had taken over (in the same process) trimmed them under that
+    writer, whose next row was committed past their end: the whole run read as "the commit
+    records count 3 rows, but the loss array holds 2; the store is damaged". It trims nothing
+    now; the other's rows read back as written."""
+    url = str(tmp_path / "s.zarr")
+    w1 = tokdyn.open_store(url, _probe(), mode="a").create_run("r", token_chunk=16, capacity=16).writer()
+    _append(w1, _rows(1, 0))
+    w2 = tokdyn.open_store(url, mode="r+").run("r").writer(resume=True)
+    _append(w2, _rows(1, 1), first_step=2)
+    w1.trim()
+    w1.release()
+    _append(w2, _rows(1, 2), first_step=3)
+    run = tokdyn.open_store(url, mode="r").run("r")
+    assert run.steps.tolist() == [1, 2, 3]
+    np.testing.assert_array_equal(run.losses(), np.concatenate([_rows(1, s) for s in (0, 1, 2)]))
+    w2.trim()  # its own trim still trims
+    w2.release()
+    assert tokdyn.open_store(url, mode="r").run("r").capacity == 3
+
+
+def test_a_recorder_closed_after_a_cell_made_it_again_leaves_the_new_ones_rows_readable(tmp_path):
+    """The notebook form: a cell run again makes a second recorder of the run (it takes the
+    writer lock over, by design); closing the first then trimmed the run under the second,
+    and a read between the second's rows called the run damaged."""
+    url = str(tmp_path / "s.zarr")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = _tiny_recorder(url)
+        first.record(1)
+        first.flush()
+        second = _tiny_recorder(url, resume=True)
+        second.record(2)
+        second.flush()
+        first.close()
+        second.record(3)
+        second.flush()
+        assert tokdyn.open_store(url, mode="r").run("r").steps.tolist() == [1, 2, 3]
+        second.close()
+    assert tokdyn.open_store(url, mode="r").run("r").steps.tolist() == [1, 2, 3]

@@ -309,8 +309,14 @@ class RunWriter:
 
     def trim(self) -> None:
         """Shrink the arrays to the committed rows, so xarray sees no padding. Single writer
-        only: a run of several writers keeps its capacity (it cannot grow again on resume)."""
-        if len(self.run.writers) > 1:  # never resize a multi-writer run: it could not be resumed
+        only: a run of several writers keeps its capacity (it cannot grow again on resume).
+
+        Only while this writer holds the run's lock: one whose lock another writer took over (a
+        recorder of the run made again in the same process, the first then closed) shrank the
+        arrays under the other, whose next rows were committed past their end, and the whole
+        run read as "the commit records count 3 rows, but the loss array holds 2; the store is
+        damaged". A run gone or made again is not this writer's to trim either."""
+        if len(self.run.writers) > 1 or not self._lock.held():  # never resize a multi-writer run: it could not be resumed
             return
         k = self.run.n_committed
         if k and self.run.capacity != k:
