@@ -123,12 +123,15 @@ def as_values(name: str, value, kind: str = "real", *, lead: str | None = None) 
 INT64_MAX = np.iinfo(np.int64).max
 
 
-def as_curve(x, loss) -> tuple[np.ndarray, np.ndarray]:
-    """An axis ``x`` and a loss curve over it as two new 1-D float64 arrays of one length
-    (:func:`as_values`: a masked loss is refused, a missing one is NaN), or one :class:`InputError`."""
-    x, loss = as_values("x", x), as_values("loss", loss)
+def as_curve(x, loss, *, names: tuple[str, str] = ("x", "loss")) -> tuple[np.ndarray, np.ndarray]:
+    """Two curves over the same points (an axis ``x`` and a loss over it; a prediction and a
+    measurement) as two new 1-D float64 arrays of one length (:func:`as_values`: a masked value
+    is refused, a missing one is NaN), or one :class:`InputError` naming them by ``names``: every
+    public entry that takes a curve says the same line of the same bad input."""
+    a, b = names
+    x, loss = as_values(a, x), as_values(b, loss)
     if x.ndim != 1 or x.shape != loss.shape:
-        raise InputError(f"x and loss: expected two 1-D arrays of one length, got {x.shape} and {loss.shape}")
+        raise InputError(f"{a} and {b}: expected two curves of one length (1-D arrays), got shapes {x.shape} and {loss.shape}")
     return x, loss
 
 

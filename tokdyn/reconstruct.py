@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._checks import as_array, as_curve, as_values
+from ._checks import as_array, as_curve, as_values, check_count
 from .errors import InputError
 from .fit.models import SHARE_MIN_NET
 from .spectrum import Events, PowerLaw, Spectrum, learning_time_spectrum, loss_power_law, run_events, spectrum_power_law
@@ -102,11 +102,9 @@ def scores(predicted, measured, *, min_points: int = 2) -> dict:
     """R^2 and relative L2 error of a predicted curve against a measured one, over the points
     where both are finite; NaN for both on fewer than ``min_points`` of them (a reconstruction's
     scores: :data:`SCORE_MIN_POINTS`)."""
-    p, m = as_values("predicted", predicted), as_values("measured", measured)
-    if p.ndim != 1 or p.shape != m.shape:
-        raise InputError(f"predicted and measured must be two curves of one length (1-D), got shapes {p.shape} and {m.shape}")
+    p, m = as_curve(predicted, measured, names=("predicted", "measured"))
     ok = np.isfinite(p) & np.isfinite(m)
-    if ok.sum() < max(int(min_points), 2):
+    if ok.sum() < max(check_count("min_points", min_points, 0), 2):
         return {"r2": float("nan"), "rel_l2": float("nan")}
     p, m = p[ok], m[ok]
     ss = ((m - m.mean()) ** 2).sum()
@@ -243,7 +241,7 @@ def reconstruct(
     measured point), and a note says so (``notes``, when given, say it instead: what the caller
     left out and why). Each note is also warned (:class:`MeasuredMeanWarning`).
     """
-    x, mean_loss = as_values("x", x), as_values("mean_loss", mean_loss)  # a masked loss is refused: a missing one is NaN
+    x, mean_loss = as_curve(x, mean_loss, names=("x", "mean_loss"))  # a masked loss is refused: a missing one is NaN
     if not isinstance(events, Events):
         raise InputError(f"events must be an Events, got {type(events).__name__}")
     measured = measured_derivative(x, mean_loss, smoothing=smoothing)

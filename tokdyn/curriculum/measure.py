@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from .._checks import is_real
+from .._checks import as_curve, is_real
 from ..errors import InputError
 
 __all__ = ["matched_budget", "speedup", "paired_bootstrap", "auc_ratio"]
@@ -34,12 +34,8 @@ def matched_budget(budgets, losses, loss: float) -> tuple[float, bool]:
     ``(nan, False)`` where the ladder cannot be read: a loss that is not finite (a run that
     diverged), a segment that does not fall, or an extrapolation whose budget a float cannot
     hold (0 or past 1e308)."""
-    try:
-        b, l = np.asarray(budgets, np.float64), np.asarray(losses, np.float64)
-    except (TypeError, ValueError):
-        raise InputError("a ladder needs >= 2 increasing positive budgets and one loss per budget, as numbers") from None
-    if b.ndim != 1 or b.shape != l.shape or b.size < 2 or not np.all(np.isfinite(b)) or np.any(np.diff(b) <= 0) \
-            or np.any(b <= 0):  # fmt: skip
+    b, l = as_curve(budgets, losses, names=("budgets", "losses"))  # a masked rung is refused (its value was read)
+    if b.size < 2 or not np.all(np.isfinite(b)) or np.any(np.diff(b) <= 0) or np.any(b <= 0):
         raise InputError("a ladder needs >= 2 increasing positive budgets and one loss per budget")
     if not is_real(loss):
         raise InputError(f"loss must be a number, got {loss!r}")

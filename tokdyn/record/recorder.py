@@ -882,10 +882,9 @@ class TokenLossRecorder:
         if self._error is not None:
             exc = self._error
             self._error_said = True
-            raise WriterError(
-                f"tokdyn writer for run {self.run_name!r} failed: {type(exc).__name__}: {exc}. "
-                f"Rows up to step {self._writer.last_step} are committed and readable."
-            ) from exc
+            # a run or store gone under the writer holds none of its rows (a store replaced meanwhile: another's)
+            kept = "" if self._writer.gone() else f" Rows up to step {self._writer.last_step} are committed and readable."
+            raise WriterError(f"tokdyn writer for run {self.run_name!r} failed: {type(exc).__name__}: {exc}.{kept}") from exc
 
 
 # Nats by which a token's loss may differ from its stored row's when a resumed training reaches a

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import uuid
 import warnings
@@ -50,7 +51,7 @@ from .._text import command_line, exact, one_line
 from .._version import __version__, build
 from ..errors import InputError, StoreError
 from .locks import KeyLock, owner_state, remove_stale_partials
-from .schema import NOT_DAMAGE, compressor, damage, folders, has_keys, join, jsonable, position_crc, utc_now
+from .schema import NOT_DAMAGE, compressor, damage, folders, has_keys, join, jsonable, operation, position_crc, utc_now
 
 if TYPE_CHECKING:
     from .run import Run
@@ -63,6 +64,19 @@ NEXT = "fit_next"  # a refit of a complete fit, until it is complete and takes G
 GROUPS = (GROUP, NEXT)
 META = "tokdyn_fit"
 LOCK_KEY = ("commits", "fit.lock")
+
+
+def _one_operation(method):
+    """A public read of a fit as one operation of its run's view (:func:`~tokdyn.store.schema.operation`):
+    the run's id and commit records are read once for all its parts (a read of the fit's groups,
+    its record and the run's rows each read them)."""
+
+    @functools.wraps(method)
+    def read(self, *args, **kwargs):
+        with operation(self._run):
+            return method(self, *args, **kwargs)
+
+    return read
 
 
 class FitResults:
@@ -104,26 +118,31 @@ class FitResults:
         return g
 
     @property
+    @_one_operation
     def meta(self) -> dict:
         """``attrs["tokdyn_fit"]`` of the fit group ({} when there is none)."""
         return _meta_of(self._group())
 
     @property
+    @_one_operation
     def exists(self) -> bool:
         """Whether a fit was started (complete or not)."""
         return bool(self.meta)
 
     @property
+    @_one_operation
     def complete(self) -> bool:
         """Whether a fit finished and still matches the run's committed rows."""
         return _current(self.meta, self._run)
 
     @property
+    @_one_operation
     def staged_meta(self) -> dict:
         """The record of a refit written beside the fit and not yet swapped in (``fit_next``: a
         refit running, or one stopped, which a fit on its inputs resumes); {} when there is none."""
         return _meta_of(self._staged())
 
+    @_one_operation
     def summary(self) -> dict:
         """Where the run's fit stands, as ``tokdyn info`` shows it (JSON values):
 
@@ -194,6 +213,7 @@ class FitResults:
             raise StoreError(f"the fit of run {self._run.name!r} was replaced while it was being read (a refit finished "
                              "meanwhile), so what was read would mix two fits; run the command again")  # fmt: skip
 
+    @_one_operation
     def check(self, *, current: bool = True) -> dict:
         """The fit's metadata; :class:`StoreError` saying what to run when there is no complete,
         current fit (with ``current=False``, a complete fit of rows the run has since added to
@@ -241,14 +261,17 @@ class FitResults:
         return None
 
     @property
+    @_one_operation
     def fields(self) -> list[str]:
         """Names of the stored result fields."""
         return _fields(self.meta, self._group())
 
+    @_one_operation
     def options(self) -> dict:
         """The options the fit was made with, as stored (a dict of JSON values)."""
         return dict(self.check().get("options", {}))
 
+    @_one_operation
     def read(self, fields: Sequence[str] | None = None, *, current: bool = True) -> dict[str, np.ndarray]:
         """The stored fit as a dict of ``[token]`` arrays (every field by default).
 
@@ -258,6 +281,7 @@ class FitResults:
         """
         return self._read_range(0, self._run.n_tokens, fields, current)
 
+    @_one_operation
     def read_tokens(self, start: int, stop: int, fields: Sequence[str] | None = None, *, current: bool = True) -> dict[str, np.ndarray]:
         """The stored fit of tokens ``[start, stop)`` only, as :meth:`read` gives it for all of
         them (every field by default): a reader that goes over a large fit a slice at a time

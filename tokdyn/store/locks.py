@@ -124,6 +124,10 @@ class KeyLock:
             return None
         return dict(found) if isinstance(found, Mapping) else {}
 
+    def held(self) -> bool:
+        """Whether this object still holds the lock."""
+        return self.token is not None and (self.holder() or {}).get("token") == self.token
+
     def check(self) -> None:
         """Raise :class:`RunBusyError` unless this object still holds the lock."""
         holder = self.holder()

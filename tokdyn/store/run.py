@@ -18,7 +18,7 @@ from .._checks import as_array, is_int
 from ..errors import InputError, SchemaVersionError, StoreError, TokdynError
 from .fit import FitResults
 from .locks import LOCK_NAME
-from .schema import AXES, COORDS, LOSS_DTYPES, NOT_DAMAGE, SCHEMA_VERSION, damage, join, position_crc
+from .schema import AXES, COORDS, LOSS_DTYPES, NOT_DAMAGE, SCHEMA_VERSION, damage, join, operation, operation_state, position_crc
 from .writer import COORD_RECORD, RunWriter, run_meta_crc
 
 if TYPE_CHECKING:
@@ -35,6 +35,18 @@ class _Commit:
     nonfinite_rows: dict
     crc: dict  # {row: [checksum of each loss chunk of the range]} (runs with an integrity id)
     coord_crc: dict  # {row: checksum of the row's per-checkpoint values} (writer 0)
+
+
+def _operation(method):
+    """A public read of a run as one operation of its view (:func:`~tokdyn.store.schema.operation`):
+    the run's id and its commit records are read once for all the reads it is made of."""
+
+    @functools.wraps(method)
+    def read(self, *args, **kwargs):
+        with operation(self):
+            return method(self, *args, **kwargs)
+
+    return read
 
 
 class Run:
@@ -108,13 +120,29 @@ class Run:
         return None
 
     def _require_same_run(self) -> None:
-        """:class:`StoreError` when the run is no longer the one this view was opened on."""
+        """:class:`StoreError` when the run is no longer the one this view was opened on; once
+        per operation (:func:`~tokdyn.store.schema.operation`)."""
+        state = operation_state(self)
+        if state is not None and state.get("checked"):
+            return
         gone = self._gone()
         if gone is not None:
             raise StoreError(f"run {self.name!r} in {self.store.url} was {gone} after this view of it was opened: "
                              f"open it again (store.run({self.name!r}))")
+        if state is not None:
+            state["checked"] = True
 
     def _commit(self, j: int) -> _Commit:
+        """The commit record of token range ``j``, read once in an operation of this view (its
+        rows, then the checksums of what it read: 4.6 MB of JSON at 5,000 rows of 77 chunks)."""
+        cache = operation_state(self)
+        if cache is None:
+            return self._read_commit(j)
+        if ("commit", j) not in cache:
+            cache["commit", j] = self._read_commit(j)
+        return cache["commit", j]
+
+    def _read_commit(self, j: int) -> _Commit:
         try:
             a = zarr.open_group(store=self._group.store, path=f"{self._group.path}/commits/w{j}", mode="r").attrs
             if not is_int(a["rows"]):  # "3" or 2.5 read as a count of rows
@@ -181,6 +209,7 @@ class Run:
         if k > self._loss.shape[0]:
             self._loss = self._group["loss"]
 
+    @_operation
     def coord(self, name: str) -> np.ndarray:
         """Per-checkpoint array ``name`` (one of ``step``, ``axis_value``, ``tokens_seen``, ...)."""
         if not isinstance(name, str) or name not in COORDS:  # a list is unhashable: the same one error line
@@ -295,6 +324,7 @@ class Run:
     def axis_values(self) -> np.ndarray:
         return self.coord("axis_value")
 
+    @_operation
     def losses(self, tokens: slice | None = None, rows: slice | None = None) -> np.ndarray:
         """Loss matrix ``[checkpoint, token]`` in nats (committed rows only; NaN = not finite)."""
         for name, value in (("rows", rows), ("tokens", tokens)):
@@ -326,6 +356,7 @@ class Run:
             return block[:, np.asarray(idx) - ca]
         return block if (lo, hi) == (ca, cb) else block[:, lo - ca : hi - ca].copy()
 
+    @_operation
     def losses_at(self, rows, tokens) -> np.ndarray:
         """Losses ``[len(rows), len(tokens)]`` of the given committed rows and tokens, read without
         the rest of their chunks' rows: ``losses()[np.ix_(rows, tokens)]``.
@@ -399,6 +430,7 @@ class Run:
         return da.from_array(_CommittedLoss(self, k), chunks=(k, int(token_block or self.token_chunk)), name=False,
                              meta=np.empty((0, 0), self.dtype))  # fmt: skip
 
+    @_operation
     def to_xarray(self):
         """An ``xarray.Dataset`` of the committed rows: ``loss`` (checkpoint, token) with coordinates."""
         import xarray as xr
@@ -418,6 +450,7 @@ class Run:
         ds = xr.Dataset({"loss": parts["loss"]}, coords={n: parts[n] for n in COORDS})
         return ds.assign_attrs(n_committed=k, **{"tokdyn_run": self.attrs})
 
+    @_operation
     def nonfinite(self) -> tuple[int, dict[int, int]]:
         """Total count of non-finite losses recorded (stored as NaN) and the count per row."""
         self._require_same_run()
@@ -433,8 +466,9 @@ class Run:
                 per_row[int(r)] = per_row.get(int(r), 0) + int(n)
         return total, per_row
 
+    @_operation
     def info(self) -> dict:
-        k = self.n_committed  # read the commit records once (and checked the run is this view's)
+        k = self.n_committed  # read the commit records once
         nonfinite, _ = self._nonfinite()
         return {
             "axis": self.axis,
@@ -461,7 +495,8 @@ class Run:
         run gone or unreadable is said, not raised (a notebook shows the repr first)."""
         head = f"Run({self.name!r}, axis={self.axis}"
         try:
-            k, fit = self.n_committed, self.fit.meta  # (each first checks the run is this view's)
+            with operation(self):  # the run's id read once for both
+                k, fit = self.n_committed, self.fit.meta
         except TokdynError as exc:
             gone = self._gone()
             return f"{head}, tokens={self.n_tokens}: {f'{gone} after this view was opened' if gone else f'unreadable: {exc}'})"

@@ -3,10 +3,13 @@ and values that every writer applies before anything reaches storage (docs/store
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
+import threading
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -18,7 +21,7 @@ from ..errors import InputError, TokdynError
 __all__ = [
     "SCHEMA_VERSION", "STORE_KIND", "LOSS_DTYPES", "AXES", "CODECS", "DEFAULT_TOKEN_CHUNK", "COORD_CHUNK", "INTEGRITY", "COORDS",
     "compressor", "position_crc", "folders", "has_keys", "utc_now", "join", "check_url", "local_url", "check_run_name", "check_writer_ranges", "jsonable",
-    "damage",
+    "damage", "operation", "operation_state",
 ]  # fmt: skip
 
 SCHEMA_VERSION = 1
@@ -194,3 +197,35 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, np.ndarray):
         return o.tolist()
     raise TypeError(f"{type(o).__name__} is not JSON-serialisable")
+
+
+
+# Per thread: the views (by id: a view is pickled to dask's workers, a lock is not) in an
+# operation, each with what that operation has read once for all its parts (operation_state).
+_OPERATIONS = threading.local()
+
+
+@contextlib.contextmanager
+def operation(view: object) -> Iterator[dict]:
+    """One operation of ``view`` (a store or run view: a public read, and the reads it is made
+    of): yields its state, what it has read once for all its parts (:func:`operation_state`).
+    Its first check that the view is still what it was opened on records ``"checked"`` there,
+    and the later ones inside it read nothing: ``Run.info`` read the run's id 4 times and its
+    commit record 8 times (its rows, the fit's record, its summary), a read of a fit slice the
+    id twice, and ``losses`` the commit record twice. A check that fails is not recorded (the
+    next one inside reads again, as before). Per thread: another thread's operation on the same
+    view reads for itself. An operation inside another of the same view is part of it."""
+    views = _OPERATIONS.__dict__.setdefault("views", {})
+    if id(view) in views:
+        yield views[id(view)]
+        return
+    views[id(view)] = state = {}
+    try:
+        yield state
+    finally:
+        del views[id(view)]
+
+
+def operation_state(view: object) -> dict | None:
+    """The state of the operation of ``view`` in progress in this thread (:func:`operation`), or None."""
+    return getattr(_OPERATIONS, "views", {}).get(id(view))

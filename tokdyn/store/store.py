@@ -79,6 +79,8 @@ from .schema import (
     has_keys,
     join,
     jsonable,
+    operation,
+    operation_state,
     utc_now,
 )
 
@@ -294,7 +296,9 @@ class TrajectoryStore:
         self._probe: ProbeSet | None = None
         self.created = False  # made by this object (create, or open_store mode "a"/"w" on nothing)
         self._folder_before: tuple[str, int] | None = None  # a local folder that was there before create()
-        self._made_runs: set[str] = set()  # runs this object created (discard_if_new removes no other's)
+        # runs this object created, each by its creation marker's token, then its run id: discard_if_new
+        # removes no other's, nor one made again under its name meanwhile
+        self._made_runs: dict[str, str] = {}
 
     # -- opening --------------------------------------------------------------------------
 
@@ -378,26 +382,40 @@ class TrajectoryStore:
 
     # -- probe ----------------------------------------------------------------------------
 
-    def _require_same_store(self) -> None:
-        """:class:`StoreError` when the store at :attr:`url` is no longer the one this object
-        opened: deleted, or replaced by a store of another probe (a demo made again, a script's
-        mode ``"w"``) while a notebook held it. This object's probe (read once, cached) and
+    def _replaced(self) -> str | None:
+        """What became of the store at :attr:`url` since this object opened it, where it is no
+        longer that store: ``"deleted after ..."``, or ``"replaced by another store after ..."`` (a store of
+        another probe: a demo made again, a script's mode ``"w"``, while a notebook or a recorder
+        held it); None where it is the same store. This object's probe (read once, cached) and
         fingerprint are the old store's: a run read through it was paired with the old probe's
         tokens, domains and documents without a word, and a run created through it was recorded
         with the old probe into a store of another. A store replaced by one of the same probe
-        reads on (each :class:`Run` view tells its own run from one made again)."""
+        reads on (each :class:`Run` view tells its own run from one made again). The one check
+        of every reader, creator and deleter here, and of a writer that lost its lock."""
         try:
             meta = zarr.open_group(store=self._group.store, path=self._group.path, mode="r").attrs.get("tokdyn")
         except (FileNotFoundError, zarr.errors.GroupNotFoundError):
-            raise StoreError(f"{self.url} was deleted after this object opened it: open it again "
-                             f"(tokdyn.open_store({self.url!r}))") from None  # fmt: skip
+            return "deleted after this object opened it"
         except (KeyError, ValueError, TypeError, RecursionError):  # damaged metadata: the reads say it, as before
-            return
+            return None
         now = meta.get("probe_fingerprint") if isinstance(meta, Mapping) else None
         if now != self.probe_fingerprint:
-            raise StoreError(f"{self.url} was replaced by another store after this object opened it (its probe is now "
-                             f"{now or 'not yet written'}, this object's {self.probe_fingerprint}): open it again "
-                             f"(tokdyn.open_store({self.url!r}))")  # fmt: skip
+            return (f"replaced by another store after this object opened it (its probe is now {now or 'not yet written'}, "
+                    f"this object's {self.probe_fingerprint})")
+        return None
+
+    def _require_same_store(self) -> None:
+        """:class:`StoreError` when the store at :attr:`url` is no longer the one this object
+        opened (:meth:`_replaced`); once per operation (:func:`~tokdyn.store.schema.operation`:
+        ``info`` read the store's metadata once for itself, once for its probe and once for each run)."""
+        state = operation_state(self)
+        if state is not None and state.get("checked"):
+            return
+        what = self._replaced()
+        if what is not None:
+            raise StoreError(f"{self.url} was {what}: open it again (tokdyn.open_store({self.url!r}))")
+        if state is not None:
+            state["checked"] = True
 
     @property
     def probe(self) -> ProbeSet:
@@ -538,7 +556,6 @@ class TrajectoryStore:
         check_writer_ranges(ranges, n, chunk)
         run_attrs = jsonable(dict(attrs or {}), "run attrs")
         g = self._claim_run_name(name)
-        self._made_runs.add(name)
         g.create_array(
             "loss", shape=(cap, n), chunks=(1, chunk), dtype=dtype, fill_value=np.nan,
             dimension_names=("checkpoint", "token"), compressors=compressors,
@@ -556,6 +573,7 @@ class TrajectoryStore:
         run_id = uuid.uuid4().hex
         meta["integrity"] = {"run_id": run_id, "checksums": INTEGRITY, "meta_crc": run_meta_crc(run_id, meta)}
         g.attrs.put({"tokdyn_run": {**meta, "schema_version": SCHEMA_VERSION, "tokdyn_version": __version__, "created": utc_now()}})
+        self._made_runs[name] = run_id
         return Run(self, name, g)
 
     def _claim_run_name(self, name: str) -> zarr.Group:
@@ -574,6 +592,7 @@ class TrajectoryStore:
         if not mine:
             raise RunBusyError(f"run {name!r} of {self.url} was created by another process at the same time; "
                                "this one leaves it to that one (resume it, or choose another name)")  # fmt: skip
+        self._made_runs[name] = marker["token"]
         return g
 
     def has_run(self, name: str) -> bool:
@@ -607,11 +626,14 @@ class TrajectoryStore:
         """Remove the whole store if this object created it and it holds no committed row and no
         run another process made meanwhile (two first recordings at once: the other may hold its
         writer): what a command that failed half-way calls, so that it leaves no new store behind.
+        A store replaced meanwhile (:meth:`_replaced`) is another's, and a run deleted and made
+        again under a name this object used another process's: both are left as they are (the
+        replaced store, rows of another recording included, was removed as an aborted creation).
         Returns whether the store was removed."""
-        if not (self.created and self.writable):
+        if not (self.created and self.writable) or self._replaced() is not None:
             return False
         for name in self.runs:
-            if name not in self._made_runs:  # another process made it meanwhile (and may be writing it): its store too
+            if not self._made_here(name):  # another process made it meanwhile (and may be writing it): its store too
                 return False
             try:
                 if self.run(name).n_committed:
@@ -627,6 +649,23 @@ class TrajectoryStore:
             shutil.rmtree(root, ignore_errors=True)
         _put_back(before)
         return True
+
+    def _made_here(self, name: str) -> bool:
+        """Whether run ``name`` is the one this object created: its run id, or, where its creation
+        never finished, its creation marker is this object's (a group whose metadata is lost holds
+        nothing that tells: this object's where it made a run of that name)."""
+        made = self._made_runs.get(name)
+        if made is None:
+            return False
+        try:
+            attrs = self._group[f"runs/{name}"].attrs
+        except (KeyError, ValueError, TypeError, RecursionError, zarr.errors.NodeTypeValidationError):
+            return True
+        meta, marker = attrs.get("tokdyn_run"), attrs.get(CREATING)
+        if isinstance(meta, Mapping):
+            integrity = meta.get("integrity")
+            return isinstance(integrity, Mapping) and integrity.get("run_id") == made
+        return isinstance(marker, Mapping) and marker.get("token") == made
 
     def linked_run(self, name: str) -> str | None:
         """Where the folder of run ``name`` leads when it is a link (a run of another store, or
@@ -742,7 +781,11 @@ class TrajectoryStore:
 
     def info(self) -> dict:
         """A JSON-able description: probe, runs (shapes, steps, NaNs), size on disk."""
-        self._require_same_store()  # the cached probe beside another store's runs, or none at all
+        with operation(self):
+            self._require_same_store()  # the cached probe beside another store's runs, or none at all
+            return self._info()
+
+    def _info(self) -> dict:
         runs = {}
         for name in self.runs:
             try:

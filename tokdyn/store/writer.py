@@ -86,14 +86,34 @@ class RunWriter:
 
     def _check_owner(self) -> None:
         """Before touching data: the lock must still be ours and the commit record must still be
-        where this writer left it; otherwise another writer has appended, and this one stops."""
-        self._lock.check()
+        where this writer left it; otherwise another writer has appended, and this one stops. A
+        lock lost because the run or its store is gone is said as such (:meth:`gone`)."""
+        try:
+            self._lock.check()
+        except RunBusyError:
+            gone = self.gone()
+            if gone is not None:
+                raise StoreError(f"{gone}: this writer of run {self.run.name!r} stops, writing nothing into it") from None
+            raise
         c = self.run._commit(self.index)
         if c.rows != self.rows or c.last_step != self.last_step:
             raise RunBusyError(
                 f"run {self.run.name!r} token range {self.index} was appended to by another writer "
                 f"({c.rows} rows, last step {c.last_step}; this writer expected {self.rows}, {self.last_step}); it stops"
             )
+
+    def gone(self) -> str | None:
+        """What became of this writer's run, where it is no longer there to write: its store
+        deleted (or moved) or replaced by another, or the run deleted or made again (by another
+        process, whose writer took the lock key over); None where it is. Its lock was then
+        "released" or "held by" another process: the writer stopped as if another writer of its
+        run had taken over, and a recorder said its rows were committed and readable."""
+        store = self.run.store
+        what = store._replaced()
+        if what is not None:
+            return f"{store.url} was {what}"
+        what = self.run._gone()
+        return None if what is None else f"run {self.run.name!r} in {store.url} was {what} after this writer opened it"
 
     def release(self) -> None:
         """Give the lock back (the recorder does this on close). Idempotent."""
@@ -289,8 +309,14 @@ class RunWriter:
 
     def trim(self) -> None:
         """Shrink the arrays to the committed rows, so xarray sees no padding. Single writer
-        only: a run of several writers keeps its capacity (it cannot grow again on resume)."""
-        if len(self.run.writers) > 1:  # never resize a multi-writer run: it could not be resumed
+        only: a run of several writers keeps its capacity (it cannot grow again on resume).
+
+        Only while this writer holds the run's lock: one whose lock another writer took over (a
+        recorder of the run made again in the same process, the first then closed) shrank the
+        arrays under the other, whose next rows were committed past their end, and the whole
+        run read as "the commit records count 3 rows, but the loss array holds 2; the store is
+        damaged". A run gone or made again is not this writer's to trim either."""
+        if len(self.run.writers) > 1 or not self._lock.held():  # never resize a multi-writer run: it could not be resumed
             return
         k = self.run.n_committed
         if k and self.run.capacity != k:
