@@ -563,13 +563,6 @@ def _connect(address: str):
     except OSError as exc:
         raise InputError(f"cannot reach the dask scheduler at {address}: {exc}") from None
     try:
-        workers = client.scheduler_info().get("workers") or {}
-    except Exception:  # noqa: BLE001 - only for the warning below
-        workers = None
-    if workers == {}:  # dask waits for a worker for good, without a word
-        warnings.warn(f"the dask scheduler at {address} has no workers; the fit waits until one joins it "
-                      "(Ctrl-C stops it; the blocks done are kept)", RuntimeWarning, stacklevel=3)  # fmt: skip
-    try:
         _check_cluster_tokdyn(client, address)
     except BaseException:
         client.close()
@@ -718,9 +711,10 @@ def _run_distributed(tasks, client, address: str, progress: bool) -> None:
     futures = client.compute(tasks)
     bar = _bar(len(tasks), progress)
     try:
-        for fut in as_completed(futures):
-            fut.result()  # re-raises a task's error here
-            bar.update(1)
+        with _watched(client, address):
+            for fut in as_completed(futures):
+                fut.result()  # re-raises a task's error here
+                bar.update(1)
     except BaseException as exc:
         try:
             client.cancel(futures)
@@ -740,6 +734,59 @@ def _run_distributed(tasks, client, address: str, progress: bool) -> None:
         raise
     finally:
         bar.close()
+
+
+# Seconds between looks at a cluster while the fit waits for its blocks (:func:`_watched`).
+CLUSTER_WATCH_INTERVAL = 2.0
+
+
+@contextlib.contextmanager
+def _watched(client, address: str):
+    """While the fit waits for its blocks: a warning each time the cluster comes to have no
+    worker that can run one (:func:`_cluster_stall`). dask holds the blocks left until one can,
+    for good and without a word: a cluster that lost its last worker mid-fit (one without a
+    nanny, a preempted batch job) or whose workers were all paused by their memory limit
+    waited silently; only a scheduler without workers when the fit began was said. The fit
+    goes on waiting (an adaptive cluster starts its workers when blocks are queued)."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        said = None
+        while True:
+            why = _cluster_stall(client, address)
+            if why is not None and why != said:
+                warnings.warn(f"{why}; the fit waits until one {'runs again' if 'paused' in why else 'joins'} "
+                              "(Ctrl-C stops it; the blocks done are kept)", RuntimeWarning, stacklevel=2)  # fmt: skip
+            said = why
+            if stop.wait(CLUSTER_WATCH_INTERVAL):
+                return
+
+    t = threading.Thread(target=watch, name="tokdyn-cluster-watch", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(CLUSTER_WATCH_INTERVAL + SCHEDULER_TIMEOUT)  # (a look in flight at a lost scheduler: dask's own deadline)
+
+
+def _cluster_stall(client, address: str) -> str | None:
+    """Why no worker of ``client``'s cluster can run a block now, or None: it has no workers
+    (none but closing ones), or every one is paused (its memory above dask's pause threshold)."""
+    try:
+        workers = list((client.scheduler_info().get("workers") or {}).values())
+    except Exception:  # noqa: BLE001 - a lost scheduler: its futures say so, as a ClusterError
+        return None
+    status = [str(getattr(w.get("status"), "value", w.get("status"))) for w in workers]
+    if "running" in status:
+        return None
+    paused = [w for w, s in zip(workers, status) if s == "paused"]
+    if not paused:
+        return f"the dask scheduler at {address} has no workers"
+    limits = sorted({w.get("memory_limit") for w in paused if w.get("memory_limit")})
+    limit = f" of their limit ({', '.join(f'{v / 2**30:.3g} GiB' for v in limits)})" if limits else ""
+    return (f"the dask workers at {address} are all paused ({len(paused)}): their memory is above dask's pause threshold "
+            f"(distributed.worker.memory.pause){limit}; give them more memory (dask worker --memory-limit)")  # fmt: skip
 
 
 def _process_pool(workers: int):

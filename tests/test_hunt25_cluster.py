@@ -1,0 +1,133 @@
+"""`tokdyn fit` on a dask.distributed cluster that misbehaves (hunt 25): the cluster loses its last
+worker mid-fit, its workers are all paused (memory above dask's pause threshold), its workers
+cannot see the store. Each test failed before its fix (docs/fitting.md, "Fitting a store")."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+from test_hunt12_schedulers import _fields_equal, _reference  # noqa: E402
+from test_store_fit import make_store, planted  # noqa: E402
+from tokdyn.fit import job as fitjob  # noqa: E402
+from tokdyn.fit.job import fit_run, read_fit  # noqa: E402
+
+_FIT_ONE_BLOCK = fitjob._fit_one_block
+
+
+@pytest.fixture(scope="module")
+def data():
+    return planted(400)[0]
+
+
+@pytest.fixture
+def quick_watch(monkeypatch):  # (raising=False: before the watch, there was none)
+    monkeypatch.setattr(fitjob, "CLUSTER_WATCH_INTERVAL", 0.2, raising=False)
+
+
+def _fit_in_thread(st, address: str) -> tuple[threading.Thread, dict, list]:
+    """``fit_run`` of run "r" on ``address`` in a thread: (thread, outcome, warnings said so far)."""
+    outcome: dict = {}
+    said: list = []
+
+    def fit():
+        try:
+            outcome["res"] = fit_run(st.run("r"), scheduler=address, progress=False)
+        except Exception as exc:  # noqa: BLE001
+            outcome["error"] = exc
+
+    catcher = warnings.catch_warnings(record=True)
+    said.extend([catcher, catcher.__enter__()])  # (global: the fit's threads warn into it too)
+    warnings.simplefilter("always")
+    t = threading.Thread(target=fit, daemon=True)
+    t.start()
+    return t, outcome, said
+
+
+def _wait_for(what, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if what():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _said(said: list, text: str) -> bool:
+    return any(text in str(w.message) for w in said[1])
+
+
+def _done(path: Path) -> int:
+    import zarr
+
+    try:
+        return int(zarr.open_array(str(path / "runs" / "r" / "fit" / "done"), mode="r")[...].sum())
+    except Exception:  # noqa: BLE001 - not made yet
+        return 0
+
+
+def slow_block(b: int, **kwargs):
+    """A block task that takes a while past block 0: the test acts between blocks."""
+    if b > 0:
+        time.sleep(0.4)
+    return _FIT_ONE_BLOCK(b, **kwargs)
+
+
+def test_a_cluster_that_loses_its_last_worker_mid_fit_says_so(tmp_path, data, quick_watch, monkeypatch):
+    """A worker without a nanny (`dask worker --no-nanny`, a preempted batch job) that was the
+    cluster's last dies mid-fit: dask holds the blocks left for a worker to join, and the fit
+    waited for good without a word (a scheduler without workers was said only when the fit
+    began). Now it says so when it happens; a worker that joins then finishes the fit, equal to
+    a local one."""
+    monkeypatch.setattr(fitjob, "_fit_one_block", slow_block)
+    st = make_store(tmp_path / "s.zarr", data, token_chunk=50)  # 8 blocks
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        t, outcome, said = _fit_in_thread(st, cluster.scheduler_address)
+        try:
+            assert _wait_for(lambda: _done(tmp_path / "s.zarr") >= 1, 60), outcome
+            assert not _said(said, "has no workers")
+            cluster.scale(0)
+            assert _wait_for(lambda: _said(said, "has no workers; the fit waits until one joins"), 20), \
+                [str(w.message) for w in said[1]]  # fmt: skip
+            assert t.is_alive() and _done(tmp_path / "s.zarr") < 8
+            cluster.scale(1)
+            t.join(60)
+        finally:
+            said[0].__exit__(None, None, None)
+    assert not t.is_alive() and "res" in outcome, outcome
+    _fields_equal(read_fit(st, "r"), _reference(tmp_path, data))  # (blocks of 100 there: the fit does not depend on them)
+
+
+def test_a_cluster_whose_workers_are_all_paused_says_so(tmp_path, data, quick_watch):
+    """A worker whose memory is above dask's pause threshold (80 % of its limit: a limit below
+    what its process holds once tokdyn and numba are imported) takes no task until it falls
+    again: the fit waited for good without a word. Now it says so, naming the threshold; once the
+    worker runs again the fit finishes, equal to a local one."""
+    import dask
+
+    st = make_store(tmp_path / "s.zarr", data[:200], token_chunk=100)
+    # a threshold of 4 MB, below what any Python process holds: dask's own monitor pauses the worker
+    memory = {f"distributed.worker.memory.{k}": v for k, v in dict(pause=0.001, terminate=False, spill=False, target=False).items()}
+    with dask.config.set(memory), distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="4GiB",
+                                                           dashboard_address=None) as cluster:  # fmt: skip
+        (worker,) = cluster.workers.values()
+        (seen,) = cluster.scheduler.workers.values()
+        assert _wait_for(lambda: seen.status == distributed.core.Status.paused, 10)
+        t, outcome, said = _fit_in_thread(st, cluster.scheduler_address)
+        try:
+            assert _wait_for(lambda: _said(said, "are all paused"), 30), [str(w.message) for w in said[1]]
+            msg = next(str(w.message) for w in said[1] if "are all paused" in str(w.message))
+            assert "distributed.worker.memory.pause) of their limit (4 GiB)" in msg and "Ctrl-C stops it" in msg
+            assert t.is_alive() and _done(tmp_path / "s.zarr") == 0
+            worker.memory_manager.memory_pause_fraction = 0.99  # its monitor resumes it
+            t.join(60)
+        finally:
+            said[0].__exit__(None, None, None)
+    assert not t.is_alive() and "res" in outcome, outcome
+    _fields_equal(read_fit(st, "r"), _reference(tmp_path, data[:200]))
