@@ -9,6 +9,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 distributed = pytest.importorskip("distributed")
@@ -131,3 +132,39 @@ def test_a_cluster_whose_workers_are_all_paused_says_so(tmp_path, data, quick_wa
             said[0].__exit__(None, None, None)
     assert not t.is_alive() and "res" in outcome, outcome
     _fields_equal(read_fit(st, "r"), _reference(tmp_path, data[:200]))
+
+
+@pytest.mark.parametrize("there", ["nothing", "another store"])
+def test_workers_that_cannot_see_the_store_say_so(there, tmp_path, data, monkeypatch):
+    """The store's path on this machine is not the workers' (a local disk, a cluster of other
+    machines; checked by hand with a worker in a mount namespace of its own): the fit said
+    "no tokdyn store at /abs/s.zarr" (or "no run 'r' in ...", where the workers hold another
+    store there) while the store is right there for the user. Now the line says that the
+    worker cannot see it, and where it looked. Here the workers' view is another folder."""
+    from tokdyn.errors import NotAStoreError, RunNotFoundError
+
+    st = make_store(tmp_path / "s.zarr", data[:200], token_chunk=100)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if there == "another store":
+        _other_store(elsewhere / "s.zarr", data)
+    real = fitjob.as_store
+    monkeypatch.setattr(fitjob, "as_store", lambda url, **kw: real(str(url).replace(str(tmp_path), str(elsewhere)), **kw))
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        with pytest.raises(NotAStoreError if there == "nothing" else RunNotFoundError) as err:
+            fit_run(st.run("r"), scheduler=cluster.scheduler_address, progress=False)
+    msg = str(err.value)
+    assert msg.startswith("the worker inproc://") and f"of the dask cluster at {cluster.scheduler_address} " in msg, msg
+    assert f"{tmp_path / 's.zarr'}" in msg and "the store must be reachable from the cluster's workers" in msg, msg
+
+
+def _other_store(url, data):
+    """A store at ``url`` whose one run is named "other", not "r"."""
+    import tokdyn
+
+    n = 100
+    probe = tokdyn.ProbeSet(None, {"sample_id": np.arange(n, dtype=np.int32), "token_pos": np.ones(n, np.int32)})
+    st = tokdyn.open_store(url, probe, mode="w")
+    w = st.create_run("other", capacity=2).writer()
+    w.append(data[:n, 0], step=1)
+    return st

@@ -30,7 +30,7 @@ from tokdyn._process import exit_with_parent, spawn_context, take_interrupts
 from tokdyn._text import exact, one_line
 from tokdyn._version import __version__
 from tokdyn._version import build as tokdyn_build
-from tokdyn.errors import ClusterError, InputError, StoreError
+from tokdyn.errors import ClusterError, InputError, NotAStoreError, RunNotFoundError, StoreError
 from tokdyn.fit.backends import resolve_backend
 from tokdyn.fit.block import FIT_FIELDS, fit_block
 from tokdyn.fit.models import TWO_EVENTS, ClassDrops, class_loss_share, fit_class_drops, scored_counts
@@ -422,8 +422,15 @@ def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backe
     task): the fit's version and code (`_version.build`), which this process must run."""
     if tokdyn_version is not None:
         _check_worker_version(tokdyn_version)
-    st = store if store is not None else as_store(url, mode="r+", storage_options=storage_options or None)
-    r = st.run(run)
+    try:
+        st = store if store is not None else as_store(url, mode="r+", storage_options=storage_options or None)
+        r = st.run(run)
+    except (NotAStoreError, RunNotFoundError) as exc:
+        if (where := _cluster_worker()) is None:
+            raise
+        # its own file system's answer, where the user sees the store: "no tokdyn store at /data/s.zarr"
+        raise type(exc)(f"{where} cannot see the store at {url} (it finds: {exc}): the store must be reachable from the "
+                        "cluster's workers at the same path or URL (a shared file system, an object store)") from None  # fmt: skip
     a, e = b * block, min(n, (b + 1) * block)
     first, last = int(rows.min()), int(rows.max()) + 1  # a fit window (axis_min) leaves the early rows unread
     Y = r.losses(tokens=slice(a, e), rows=slice(first, last))  # [K, B] in the stored dtype; damage is a StoreError
@@ -625,18 +632,26 @@ def _check_worker_version(wanted: str) -> None:
     with other code. The same in a worker process of this machine (``processes``), which imports
     tokdyn's files as they are when it starts: an edit since the fit's process imported them."""
     if (here := tokdyn_build()) != wanted:
-        try:
-            from distributed import get_worker
-
-            who = f"the worker {get_worker().address}"
-        except Exception:  # noqa: BLE001 - not a dask.distributed worker: one of this machine's processes
-            who = None
+        who = _cluster_worker(scheduler=False)
         if who is None:  # raised out of the except: the error, with no context, goes back to the job pickled
             raise InputError(f"a worker process of the fit imported tokdyn {here}, the fit's process {wanted}: tokdyn's "
                              "files changed after the fit's process imported them; run `tokdyn fit` again from a new "
                              "process (the blocks done are kept)")  # fmt: skip
         raise InputError(f"{who} of the dask cluster runs tokdyn {here}, the fit {wanted}: {_SAME_CODE}; the blocks done "
                          "are kept: run `tokdyn fit` again to fit the rest")  # fmt: skip
+
+
+def _cluster_worker(*, scheduler: bool = True) -> str | None:
+    """In a dask.distributed task: "the worker ADDRESS" (and " of the dask cluster at SCHEDULER"
+    with ``scheduler``); None in any other process or thread (one of this machine's)."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except Exception:  # noqa: BLE001 - not a dask.distributed worker (or dask.distributed not installed)
+        return None
+    at = getattr(getattr(worker, "scheduler", None), "address", None)
+    return f"the worker {worker.address}" + (f" of the dask cluster at {at}" if scheduler and at else "")
 
 
 def _tokdyn_on_scheduler(client):
