@@ -168,3 +168,23 @@ def _other_store(url, data):
     w = st.create_run("other", capacity=2).writer()
     w.append(data[:n, 0], step=1)
     return st
+
+
+def test_workers_without_the_fit_s_backend_say_so(tmp_path, data, monkeypatch):
+    """`backend="auto"` is resolved where the fit runs (numba, installed there); workers whose
+    environment lacks numba (checked by hand: a `dask worker` without it) said "backend 'numba'
+    is not installed; available: [...]", of the machine where it is. Now the line names the
+    worker and what to do. Here the workers' threads are told numba is missing."""
+    from tokdyn.errors import InputError
+    from tokdyn.fit import backends
+
+    real = backends.available_backends
+    monkeypatch.setattr(backends, "available_backends",
+                        lambda: [b for b in real() if b != "numba" or fitjob._cluster_worker() is None])  # fmt: skip
+    st = make_store(tmp_path / "s.zarr", data[:200], token_chunk=100)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        with pytest.raises(InputError) as err:
+            fit_run(st.run("r"), backend="numba", scheduler=cluster.scheduler_address, progress=False)
+    msg = str(err.value)
+    assert msg.startswith("the worker inproc://") and f"of the dask cluster at {cluster.scheduler_address} cannot fit" in msg, msg
+    assert "backend 'numba' is not installed" in msg and "--backend" in msg, msg

@@ -422,6 +422,7 @@ def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backe
     task): the fit's version and code (`_version.build`), which this process must run."""
     if tokdyn_version is not None:
         _check_worker_version(tokdyn_version)
+        _check_worker_backend(backend, device)
     try:
         st = store if store is not None else as_store(url, mode="r+", storage_options=storage_options or None)
         r = st.run(run)
@@ -639,6 +640,20 @@ def _check_worker_version(wanted: str) -> None:
                              "process (the blocks done are kept)")  # fmt: skip
         raise InputError(f"{who} of the dask cluster runs tokdyn {here}, the fit {wanted}: {_SAME_CODE}; the blocks done "
                          "are kept: run `tokdyn fit` again to fit the rest")  # fmt: skip
+
+
+def _check_worker_backend(backend: str, device: str | None) -> None:
+    """On a dask.distributed worker: InputError naming it unless it can fit on ``backend`` (and
+    ``device``), which were resolved where the fit runs (``auto``: numba, a GPU there). A worker
+    without them said "backend 'numba' is not installed; available: [...]", as if of the
+    machine where it is."""
+    if (where := _cluster_worker()) is None:
+        return
+    try:
+        resolve_backend(backend, device)
+    except InputError as exc:
+        raise InputError(f"{where} cannot fit with backend {backend!r}{f' on {device}' if device else ''} ({exc}): "
+                         "install it where the cluster's workers run, or name one they have (--backend numpy)") from None  # fmt: skip
 
 
 def _cluster_worker(*, scheduler: bool = True) -> str | None:
