@@ -188,3 +188,17 @@ def test_workers_without_the_fit_s_backend_say_so(tmp_path, data, monkeypatch):
     msg = str(err.value)
     assert msg.startswith("the worker inproc://") and f"of the dask cluster at {cluster.scheduler_address} cannot fit" in msg, msg
     assert "backend 'numba' is not installed" in msg and "--backend" in msg, msg
+
+
+def test_a_client_or_cluster_given_for_the_scheduler_says_which_address_to_pass(tmp_path, data):
+    """`fit_run(run, scheduler=client)` (a notebook's Client, or its LocalCluster) was refused
+    with the object's repr; the line now says to pass its scheduler's address, and names it."""
+    from tokdyn.errors import InputError
+
+    st = make_store(tmp_path / "s.zarr", data[:100], token_chunk=100)
+    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:  # fmt: skip
+        for given in (client, cluster):
+            with pytest.raises(InputError, match=rf"^scheduler must be a string .* got a dask\.distributed {type(given).__name__}: "
+                               rf"pass its scheduler's address, scheduler={cluster.scheduler_address!r}$"):  # fmt: skip
+                fit_run(st.run("r"), scheduler=given, progress=False)

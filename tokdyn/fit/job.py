@@ -205,7 +205,7 @@ def fit_run(
     backend, device : see :func:`tokdyn.fit.fit_sigmoids`.
     scheduler : {"threads", "processes", "sync"} or "tcp://HOST:PORT", optional
         Local dask scheduler (default ``"threads"``), or the address of a running
-        dask.distributed scheduler.
+        dask.distributed scheduler (of a ``Client``: ``client.scheduler.address``).
     workers : int, optional
         Local workers (default: one per core).
     batch_rows : int
@@ -236,7 +236,7 @@ def fit_run(
     if workers is not None and not _count(workers):
         raise InputError(f"workers must be None or an int >= 1, got {workers!r}")
     if scheduler is not None and not isinstance(scheduler, str):
-        raise InputError(f"scheduler must be a string (threads, processes, sync or tcp://HOST:PORT), got {scheduler!r}")
+        raise InputError(f"scheduler must be a string (threads, processes, sync or tcp://HOST:PORT), got {_not_an_address(scheduler)}")
     batch_rows, workers = int(batch_rows), None if workers is None else int(workers)
     st = run.store
     st.require_writable()
@@ -338,6 +338,17 @@ def _said_after_refit(fw: FitWriter):
         if not fw.staged:
             raise
         raise type(exc)(f"{exc} (the fit stored before is kept)") from None
+
+
+def _not_an_address(scheduler) -> str:
+    """What ``scheduler`` is, and for a dask.distributed Client or cluster (a notebook's) the
+    address to pass instead (its repr alone said neither)."""
+    address = getattr(scheduler, "scheduler_address", None)  # a cluster's
+    if address is None:  # a Client's
+        address = getattr(getattr(scheduler, "scheduler", None), "address", None)
+    if isinstance(address, str) and type(scheduler).__module__.split(".")[0] == "distributed":
+        return f"a dask.distributed {type(scheduler).__name__}: pass its scheduler's address, scheduler={address!r}"
+    return repr(scheduler)
 
 
 def _stored_inputs(run: Run, options: FitOptions | None, axis_min: float | None) -> tuple[FitOptions | None, float | None]:
