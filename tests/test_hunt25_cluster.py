@@ -202,3 +202,35 @@ def test_a_client_or_cluster_given_for_the_scheduler_says_which_address_to_pass(
             with pytest.raises(InputError, match=rf"^scheduler must be a string .* got a dask\.distributed {type(given).__name__}: "
                                rf"pass its scheduler's address, scheduler={cluster.scheduler_address!r}$"):  # fmt: skip
                 fit_run(st.run("r"), scheduler=given, progress=False)
+
+
+def test_a_scheduler_that_stops_answering_mid_fit_is_said(tmp_path, data, quick_watch, monkeypatch):
+    """A scheduler process that stops answering (SIGSTOP, swapping; checked by hand with a
+    `dask scheduler` sent SIGSTOP mid-fit) kept its connections open: the fit waited for good
+    without a word. Now the watch's look at it has a deadline, and the fit says so; here its
+    `identity` handler hangs while blocks go on, then answers again, and the fit ends equal to a
+    local one."""
+    import asyncio
+
+    monkeypatch.setattr(fitjob, "_fit_one_block", slow_block)
+    st = make_store(tmp_path / "s.zarr", data, token_chunk=50)  # 8 blocks
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        handlers = cluster.scheduler.handlers
+        identity = handlers["identity"]
+
+        async def hung(*args, **kwargs):
+            await asyncio.sleep(3600)
+
+        t, outcome, said = _fit_in_thread(st, cluster.scheduler_address)
+        try:
+            assert _wait_for(lambda: _done(tmp_path / "s.zarr") >= 1, 60), outcome
+            monkeypatch.setattr(fitjob, "SCHEDULER_TIMEOUT", 0.5)  # the watch's deadline (past the address check)
+            handlers["identity"] = hung
+            assert _wait_for(lambda: _said(said, "has not answered for 0.5 s"), 20), [str(w.message) for w in said[1]]
+            handlers["identity"] = identity
+            t.join(60)
+        finally:
+            handlers["identity"] = identity
+            said[0].__exit__(None, None, None)
+    assert not t.is_alive() and "res" in outcome, outcome
+    _fields_equal(read_fit(st, "r"), _reference(tmp_path, data))

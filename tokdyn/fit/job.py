@@ -13,6 +13,7 @@ hands them over, under the run's fit lock.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
@@ -479,7 +480,6 @@ def check_scheduler(address: str, timeout: float | None = None) -> None:
     address that is no address at all (no port, a port beyond 65535, another scheme) is said to
     be one at once, not after the deadline or as "another service".
     """
-    import asyncio
     import threading
 
     from distributed.comm import connect
@@ -796,8 +796,7 @@ def _watched(client, address: str):
         while True:
             why = _cluster_stall(client, address)
             if why is not None and why != said:
-                warnings.warn(f"{why}; the fit waits until one {'runs again' if 'paused' in why else 'joins'} "
-                              "(Ctrl-C stops it; the blocks done are kept)", RuntimeWarning, stacklevel=2)  # fmt: skip
+                warnings.warn(f"{why} (Ctrl-C stops it; the blocks done are kept)", RuntimeWarning, stacklevel=2)
             said = why
             if stop.wait(CLUSTER_WATCH_INTERVAL):
                 return
@@ -812,10 +811,16 @@ def _watched(client, address: str):
 
 
 def _cluster_stall(client, address: str) -> str | None:
-    """Why no worker of ``client``'s cluster can run a block now, or None: it has no workers
-    (none but closing ones), or every one is paused (its memory above dask's pause threshold)."""
+    """Why the cluster of ``client`` fits no block now and what the fit waits for, or None: its
+    scheduler does not answer within :data:`SCHEDULER_TIMEOUT` (stopped, swapping: the fit waited
+    for good), it has no workers (none but closing ones), or every one is paused (its memory above
+    dask's pause threshold)."""
     try:
-        workers = list((client.scheduler_info().get("workers") or {}).values())
+        info = client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=SCHEDULER_TIMEOUT)
+        workers = list((info.get("workers") or {}).values())
+    except (asyncio.TimeoutError, TimeoutError):
+        return (f"the dask scheduler at {address} has not answered for {SCHEDULER_TIMEOUT:g} s (stopped, or out of "
+                "memory and swapping?); the fit waits for it")  # fmt: skip
     except Exception:  # noqa: BLE001 - a lost scheduler: its futures say so, as a ClusterError
         return None
     status = [str(getattr(w.get("status"), "value", w.get("status"))) for w in workers]
@@ -823,11 +828,12 @@ def _cluster_stall(client, address: str) -> str | None:
         return None
     paused = [w for w, s in zip(workers, status) if s == "paused"]
     if not paused:
-        return f"the dask scheduler at {address} has no workers"
+        return f"the dask scheduler at {address} has no workers; the fit waits until one joins"
     limits = sorted({w.get("memory_limit") for w in paused if w.get("memory_limit")})
     limit = f" of their limit ({', '.join(f'{v / 2**30:.3g} GiB' for v in limits)})" if limits else ""
     return (f"the dask workers at {address} are all paused ({len(paused)}): their memory is above dask's pause threshold "
-            f"(distributed.worker.memory.pause){limit}; give them more memory (dask worker --memory-limit)")  # fmt: skip
+            f"(distributed.worker.memory.pause){limit}; give them more memory (dask worker --memory-limit); "
+            "the fit waits until one runs again")  # fmt: skip
 
 
 def _process_pool(workers: int):
