@@ -783,19 +783,19 @@ CLUSTER_WATCH_INTERVAL = 2.0
 
 @contextlib.contextmanager
 def _watched(client, address: str):
-    """While the fit waits for its blocks: a warning each time the cluster comes to have no
-    worker that can run one (:func:`_cluster_stall`). dask holds the blocks left until one can,
-    for good and without a word: a cluster that lost its last worker mid-fit (one without a
-    nanny, a preempted batch job) or whose workers were all paused by their memory limit
-    waited silently; only a scheduler without workers when the fit began was said. The fit
-    goes on waiting (an adaptive cluster starts its workers when blocks are queued)."""
+    """While the fit waits for its blocks: a warning each time the cluster comes to fit none
+    (:func:`_cluster_stall`). dask holds the blocks left until it can, for good and without a
+    word: a cluster that lost its last worker mid-fit (one without a nanny, a preempted batch
+    job), whose workers were all paused by their memory limit, or whose scheduler stopped
+    answering waited silently; only a scheduler without workers when the fit began was said.
+    The fit goes on waiting (an adaptive cluster starts its workers when blocks are queued)."""
     stop = threading.Event()
 
     def watch() -> None:
         said = None
         while True:
             why = _cluster_stall(client, address)
-            if why is not None and why != said:
+            if why is not None and why != said and not stop.is_set():  # (never after the wait, from a look still in flight)
                 warnings.warn(f"{why} (Ctrl-C stops it; the blocks done are kept)", RuntimeWarning, stacklevel=2)
             said = why
             if stop.wait(CLUSTER_WATCH_INTERVAL):
@@ -807,7 +807,7 @@ def _watched(client, address: str):
         yield
     finally:
         stop.set()
-        t.join(CLUSTER_WATCH_INTERVAL + SCHEDULER_TIMEOUT)  # (a look in flight at a lost scheduler: dask's own deadline)
+        t.join(1.0)  # a look in flight at a scheduler that does not answer ends at its deadline, on its own
 
 
 def _cluster_stall(client, address: str) -> str | None:
