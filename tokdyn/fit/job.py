@@ -13,6 +13,7 @@ hands them over, under the run's fit lock.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
@@ -30,7 +31,7 @@ from tokdyn._process import exit_with_parent, spawn_context, take_interrupts
 from tokdyn._text import exact, one_line
 from tokdyn._version import __version__
 from tokdyn._version import build as tokdyn_build
-from tokdyn.errors import ClusterError, InputError, StoreError
+from tokdyn.errors import ClusterError, InputError, NotAStoreError, RunNotFoundError, StoreError
 from tokdyn.fit.backends import resolve_backend
 from tokdyn.fit.block import FIT_FIELDS, fit_block
 from tokdyn.fit.models import TWO_EVENTS, ClassDrops, class_loss_share, fit_class_drops, scored_counts
@@ -243,7 +244,7 @@ def fit_run(
     backend, device : see :func:`tokdyn.fit.fit_sigmoids`.
     scheduler : {"threads", "processes", "sync"} or "tcp://HOST:PORT", optional
         Local dask scheduler (default ``"threads"``), or the address of a running
-        dask.distributed scheduler.
+        dask.distributed scheduler (of a ``Client``: ``client.scheduler.address``).
     workers : int, optional
         Local workers (default: one per core).
     batch_rows : int
@@ -274,7 +275,7 @@ def fit_run(
     if workers is not None and not _count(workers):
         raise InputError(f"workers must be None or an int >= 1, got {workers!r}")
     if scheduler is not None and not isinstance(scheduler, str):
-        raise InputError(f"scheduler must be a string (threads, processes, sync or tcp://HOST:PORT), got {scheduler!r}")
+        raise InputError(f"scheduler must be a string (threads, processes, sync or tcp://HOST:PORT), got {_not_an_address(scheduler)}")
     batch_rows, workers = int(batch_rows), None if workers is None else int(workers)
     st = run.store
     st.require_writable()
@@ -380,6 +381,17 @@ def _said_after_refit(fw: FitWriter):
         raise type(exc)(f"{exc} (the fit stored before is kept)") from None
 
 
+def _not_an_address(scheduler) -> str:
+    """What ``scheduler`` is, and for a dask.distributed Client or cluster (a notebook's) the
+    address to pass instead (its repr alone said neither)."""
+    address = getattr(scheduler, "scheduler_address", None)  # a cluster's
+    if address is None:  # a Client's
+        address = getattr(getattr(scheduler, "scheduler", None), "address", None)
+    if isinstance(address, str) and type(scheduler).__module__.split(".")[0] == "distributed":
+        return f"a dask.distributed {type(scheduler).__name__}: pass its scheduler's address, scheduler={address!r}"
+    return repr(scheduler)
+
+
 def _stored_inputs(run: Run, options: FitOptions | None, axis_min: float | None) -> tuple[FitOptions | None, float | None]:
     """For a repair: the stored fit's options where ``options`` are None or the defaults (as a
     bare ``tokdyn fit --repair`` gives them), and its window where ``axis_min`` is None, so that
@@ -462,8 +474,16 @@ def _fit_one_block(b: int, *, url, storage_options, run, rows, x, options, backe
     task): the fit's version and code (`_version.build`), which this process must run."""
     if tokdyn_version is not None:
         _check_worker_version(tokdyn_version)
-    st = store if store is not None else as_store(url, mode="r+", storage_options=storage_options or None)
-    r = st.run(run)
+        _check_worker_backend(backend, device)
+    try:
+        st = store if store is not None else as_store(url, mode="r+", storage_options=storage_options or None)
+        r = st.run(run)
+    except (NotAStoreError, RunNotFoundError) as exc:
+        if (where := _cluster_worker()) is None:
+            raise
+        # its own file system's answer, where the user sees the store: "no tokdyn store at /data/s.zarr"
+        raise type(exc)(f"{where} cannot see the store at {url} (it finds: {exc}): the store must be reachable from the "
+                        "cluster's workers at the same path or URL (a shared file system, an object store)") from None  # fmt: skip
     a, e = b * block, min(n, (b + 1) * block)
     first, last = int(rows.min()), int(rows.max()) + 1  # a fit window (axis_min) leaves the early rows unread
     Y = r.losses(tokens=slice(a, e), rows=slice(first, last))  # [K, B] in the stored dtype; damage is a StoreError
@@ -500,7 +520,6 @@ def check_scheduler(address: str, timeout: float | None = None) -> None:
     address that is no address at all (no port, a port beyond 65535, another scheme) is said to
     be one at once, not after the deadline or as "another service".
     """
-    import asyncio
     import threading
 
     from distributed.comm import connect
@@ -603,13 +622,6 @@ def _connect(address: str):
     except OSError as exc:
         raise InputError(f"cannot reach the dask scheduler at {address}: {exc}") from None
     try:
-        workers = client.scheduler_info().get("workers") or {}
-    except Exception:  # noqa: BLE001 - only for the warning below
-        workers = None
-    if workers == {}:  # dask waits for a worker for good, without a word
-        warnings.warn(f"the dask scheduler at {address} has no workers; the fit waits until one joins it "
-                      "(Ctrl-C stops it; the blocks done are kept)", RuntimeWarning, stacklevel=3)  # fmt: skip
-    try:
         _check_cluster_tokdyn(client, address)
     except BaseException:
         client.close()
@@ -672,18 +684,40 @@ def _check_worker_version(wanted: str) -> None:
     with other code. The same in a worker process of this machine (``processes``), which imports
     tokdyn's files as they are when it starts: an edit since the fit's process imported them."""
     if (here := tokdyn_build()) != wanted:
-        try:
-            from distributed import get_worker
-
-            who = f"the worker {get_worker().address}"
-        except Exception:  # noqa: BLE001 - not a dask.distributed worker: one of this machine's processes
-            who = None
+        who = _cluster_worker(scheduler=False)
         if who is None:  # raised out of the except: the error, with no context, goes back to the job pickled
             raise InputError(f"a worker process of the fit imported tokdyn {here}, the fit's process {wanted}: tokdyn's "
                              "files changed after the fit's process imported them; run `tokdyn fit` again from a new "
                              "process (the blocks done are kept)")  # fmt: skip
         raise InputError(f"{who} of the dask cluster runs tokdyn {here}, the fit {wanted}: {_SAME_CODE}; the blocks done "
                          "are kept: run `tokdyn fit` again to fit the rest")  # fmt: skip
+
+
+def _check_worker_backend(backend: str, device: str | None) -> None:
+    """On a dask.distributed worker: InputError naming it unless it can fit on ``backend`` (and
+    ``device``), which were resolved where the fit runs (``auto``: numba, a GPU there). A worker
+    without them said "backend 'numba' is not installed; available: [...]", as if of the
+    machine where it is."""
+    if (where := _cluster_worker()) is None:
+        return
+    try:
+        resolve_backend(backend, device)
+    except InputError as exc:
+        raise InputError(f"{where} cannot fit with backend {backend!r}{f' on {device}' if device else ''} ({exc}): "
+                         "install it where the cluster's workers run, or name one they have (--backend numpy)") from None  # fmt: skip
+
+
+def _cluster_worker(*, scheduler: bool = True) -> str | None:
+    """In a dask.distributed task: "the worker ADDRESS" (and " of the dask cluster at SCHEDULER"
+    with ``scheduler``); None in any other process or thread (one of this machine's)."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except Exception:  # noqa: BLE001 - not a dask.distributed worker (or dask.distributed not installed)
+        return None
+    at = getattr(getattr(worker, "scheduler", None), "address", None)
+    return f"the worker {worker.address}" + (f" of the dask cluster at {at}" if scheduler and at else "")
 
 
 def _tokdyn_on_scheduler(client):
@@ -758,9 +792,10 @@ def _run_distributed(tasks, client, address: str, progress: bool) -> None:
     futures = client.compute(tasks)
     bar = _bar(len(tasks), progress)
     try:
-        for fut in as_completed(futures):
-            fut.result()  # re-raises a task's error here
-            bar.update(1)
+        with _watched(client, address):
+            for fut in as_completed(futures):
+                fut.result()  # re-raises a task's error here
+                bar.update(1)
     except BaseException as exc:
         try:
             client.cancel(futures)
@@ -780,6 +815,65 @@ def _run_distributed(tasks, client, address: str, progress: bool) -> None:
         raise
     finally:
         bar.close()
+
+
+# Seconds between looks at a cluster while the fit waits for its blocks (:func:`_watched`).
+CLUSTER_WATCH_INTERVAL = 2.0
+
+
+@contextlib.contextmanager
+def _watched(client, address: str):
+    """While the fit waits for its blocks: a warning each time the cluster comes to fit none
+    (:func:`_cluster_stall`). dask holds the blocks left until it can, for good and without a
+    word: a cluster that lost its last worker mid-fit (one without a nanny, a preempted batch
+    job), whose workers were all paused by their memory limit, or whose scheduler stopped
+    answering waited silently; only a scheduler without workers when the fit began was said.
+    The fit goes on waiting (an adaptive cluster starts its workers when blocks are queued)."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        said = None
+        while True:
+            why = _cluster_stall(client, address)
+            if why is not None and why != said and not stop.is_set():  # (never after the wait, from a look still in flight)
+                warnings.warn(f"{why} (Ctrl-C stops it; the blocks done are kept)", RuntimeWarning, stacklevel=2)
+            said = why
+            if stop.wait(CLUSTER_WATCH_INTERVAL):
+                return
+
+    t = threading.Thread(target=watch, name="tokdyn-cluster-watch", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(1.0)  # a look in flight at a scheduler that does not answer ends at its deadline, on its own
+
+
+def _cluster_stall(client, address: str) -> str | None:
+    """Why the cluster of ``client`` fits no block now and what the fit waits for, or None: its
+    scheduler does not answer within :data:`SCHEDULER_TIMEOUT` (stopped, swapping: the fit waited
+    for good), it has no workers (none but closing ones), or every one is paused (its memory above
+    dask's pause threshold)."""
+    try:
+        info = client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=SCHEDULER_TIMEOUT)
+        workers = list((info.get("workers") or {}).values())
+    except (asyncio.TimeoutError, TimeoutError):
+        return (f"the dask scheduler at {address} has not answered for {SCHEDULER_TIMEOUT:g} s (stopped, or out of "
+                "memory and swapping?); the fit waits for it")  # fmt: skip
+    except Exception:  # noqa: BLE001 - a lost scheduler: its futures say so, as a ClusterError
+        return None
+    status = [str(getattr(w.get("status"), "value", w.get("status"))) for w in workers]
+    if "running" in status:
+        return None
+    paused = [w for w, s in zip(workers, status) if s == "paused"]
+    if not paused:
+        return f"the dask scheduler at {address} has no workers; the fit waits until one joins"
+    limits = sorted({w.get("memory_limit") for w in paused if w.get("memory_limit")})
+    limit = f" of their limit ({', '.join(f'{v / 2**30:.3g} GiB' for v in limits)})" if limits else ""
+    return (f"the dask workers at {address} are all paused ({len(paused)}): their memory is above dask's pause threshold "
+            f"(distributed.worker.memory.pause){limit}; give them more memory (dask worker --memory-limit); "
+            "the fit waits until one runs again")  # fmt: skip
 
 
 def _process_pool(workers: int):
