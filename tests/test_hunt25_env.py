@@ -1,0 +1,95 @@
+"""Hunt 25: tokdyn installed and run on machines unlike the developer's (read-only installs, numba's
+cache, odd interpreters, locales and streams, hash seeds)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import tokdyn
+
+PACKAGE = Path(tokdyn.__file__).parent
+
+
+def _copy_package(to: Path) -> Path:
+    """A copy of tokdyn's sources (no caches) under ``to``, for a process to import instead."""
+    shutil.copytree(PACKAGE, to / "tokdyn", ignore=shutil.ignore_patterns("__pycache__"))
+    return to
+
+
+def _python(code: str, root: Path, env: dict[str, str] | None = None, args: list[str] | None = None):
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_", "PYTHON", "TOKDYN_"))}
+    full.update(PYTHONPATH=str(root), **(env or {}))
+    cmd = [sys.executable, *(["-c", code] if code else []), *(args or [])]
+    return subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=300, cwd=root)
+
+
+# _sigmoid_columns (numba_kernels.py) clips z at Z_CLIP, a constant of sigmoid.py, another file
+_CLIPPED_Z = """
+import numpy as np
+from tokdyn.fit.numba_kernels import _sigmoid_columns
+z, g, h = np.zeros(1), np.zeros(1), np.zeros(1)
+_sigmoid_columns(np.array([1e3]), 1, 0.0, 1.0, z, g, h)
+print(z[0])
+"""
+
+
+def test_a_kernel_kept_on_disk_is_compiled_again_when_tokdyn_changes_in_another_file(tmp_path):
+    """numba keyed its cache by the kernel's own file: after a change to a constant or callee in
+    another file (an upgrade over an old __pycache__, a `git pull`) the old machine code ran."""
+    root = _copy_package(tmp_path)
+    first = _python(_CLIPPED_Z, root)
+    assert first.returncode == 0, first.stderr
+    assert float(first.stdout) == 50.0  # Z_CLIP as shipped
+    assert list((root / "tokdyn" / "fit" / "__pycache__").glob("numba_kernels._sigmoid_columns*.nbi"))  # kept on disk
+    sigmoid = root / "tokdyn" / "fit" / "sigmoid.py"
+    text = sigmoid.read_text()
+    assert "\nZ_CLIP = 50.0\n" in text
+    sigmoid.write_text(text.replace("\nZ_CLIP = 50.0\n", "\nZ_CLIP = 40.0\n"))
+    again = _python(_CLIPPED_Z, root)
+    assert again.returncode == 0, again.stderr
+    assert float(again.stdout) == 40.0  # the new code's answer (50.0 before: the old kernel, loaded)
+    cached = _python(_CLIPPED_Z, root)  # and the new entry is kept and used
+    assert float(cached.stdout) == 40.0
+
+
+def _no_cache_folder(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A copy of tokdyn where numba finds no folder to write its cache in, for any user (root
+    too): each package folder's __pycache__ is a file, and NUMBA_CACHE_DIR and the user's cache
+    folder lie under a file, as in a read-only install whose home cannot be written."""
+    root = _copy_package(tmp_path / "install")
+    for folder in [p for p in (root / "tokdyn").rglob("*") if p.is_dir()] + [root / "tokdyn"]:
+        (folder / "__pycache__").write_bytes(b"")
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    return root, {"NUMBA_CACHE_DIR": str(blocker / "numba"), "XDG_CACHE_HOME": str(blocker / "cache"),
+                  "HOME": str(blocker / "home")}
+
+
+def test_a_read_only_install_runs_every_command_and_says_once_that_kernels_are_not_kept(tmp_path):
+    """numba's cache=True raised "cannot cache function ...: no locator available" as tokdyn's
+    kernels were imported: a traceback for every command, --help included."""
+    root, env = _no_cache_folder(tmp_path)
+    helped = _python("", root, env, ["-m", "tokdyn", "--help"])
+    assert helped.returncode == 0 and "usage: tokdyn" in helped.stdout, helped.stderr
+    assert helped.stderr == ""  # nothing compiled, nothing said
+    # the fit's backend says it once (a second fit in the process says nothing), and the kernels run uncached
+    code = _CLIPPED_Z + """
+import warnings
+from tokdyn.fit.backends import resolve_backend
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    resolve_backend("numba")
+    resolve_backend("numba")
+print(len(said))
+print(said[0].message)
+"""
+    got = _python(code, root, env)
+    assert got.returncode == 0, got.stderr
+    z, count, message = got.stdout.splitlines()
+    assert float(z) == 50.0 and count == "1"
+    assert "numba cannot keep tokdyn's compiled kernels on disk" in message and "NUMBA_CACHE_DIR" in message
+    assert not any(p.suffix in (".nbi", ".nbc") for p in tmp_path.rglob("*"))
