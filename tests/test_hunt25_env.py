@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tokdyn
+from test_hostile import fitted_store
 
 PACKAGE = Path(tokdyn.__file__).parent
 
@@ -93,3 +96,26 @@ print(said[0].message)
     assert float(z) == 50.0 and count == "1"
     assert "numba cannot keep tokdyn's compiled kernels on disk" in message and "NUMBA_CACHE_DIR" in message
     assert not any(p.suffix in (".nbi", ".nbc") for p in tmp_path.rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    """A small store (tests/test_hostile.py's), unfitted: what is tested happens as it is opened."""
+    path = tmp_path_factory.mktemp("env") / "s.zarr"
+    fitted_store(path, fit=False)
+    return path
+
+
+@pytest.mark.parametrize("flag", [["-O"], ["-OO"], []], ids=["-O", "-OO", "PYTHONOPTIMIZE"])
+def test_python_optimized_is_said_as_such_not_as_a_damaged_store(flag, store):
+    """zarr 3.1 reads a group's metadata inside an assert: under python -O every store was
+    "the probe group's metadata is unreadable (TypeError: ...)", as if damaged."""
+    env = {} if flag else {"PYTHONOPTIMIZE": "1"}
+    for args in (["info", str(store)], ["spectrum", str(store)], ["report", str(store), "--out", str(store.parent / "r.html")]):
+        got = _python("", PACKAGE.parent, env, [*flag, "-m", "tokdyn", *args])
+        assert got.returncode == 1 and got.stdout == ""
+        assert got.stderr.count("\n") == 1 and "python -O" in got.stderr and "damaged" not in got.stderr
+        assert got.stderr.startswith(f"tokdyn {args[0]}: error: zarr ") and "unset PYTHONOPTIMIZE" in got.stderr
+    assert not (store.parent / "r.html").exists()
+    plain = _python("", PACKAGE.parent, {}, ["-m", "tokdyn", "info", str(store)])
+    assert plain.returncode == 0, plain.stderr
