@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import tokdyn
+from reliability_fixtures import cli_error_line, run_cli
 from test_hostile import fitted_store
 
 PACKAGE = Path(tokdyn.__file__).parent
@@ -119,3 +120,43 @@ def test_python_optimized_is_said_as_such_not_as_a_damaged_store(flag, store):
     assert not (store.parent / "r.html").exists()
     plain = _python("", PACKAGE.parent, {}, ["-m", "tokdyn", "info", str(store)])
     assert plain.returncode == 0, plain.stderr
+
+
+@pytest.mark.parametrize("category", [RuntimeWarning, DeprecationWarning, UserWarning, FutureWarning])
+def test_a_warning_made_an_error_is_said_as_the_warning_not_as_a_bug(category, store, monkeypatch, capsys):
+    """Under python -W error or PYTHONWARNINGS=error (a CI's setting), a warning of tokdyn or of a
+    dependency was "internal error in tokdyn ...: RuntimeWarning: ... (a bug: please report it)"."""
+    import warnings
+
+    import tokdyn.cli.store as cli_store
+
+    opened = cli_store.open_cli_store
+
+    def warns(*a, **k):  # as a dependency's warning, raised where the store is opened
+        warnings.warn(f"{category.__name__} from a dependency", category, stacklevel=2)
+        return opened(*a, **k)
+
+    monkeypatch.setattr(cli_store, "open_cli_store", warns)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        code, err = run_cli(["info", str(store)], capsys)
+    assert code == 1
+    line = cli_error_line(err)
+    assert line == (f"tokdyn info: error: {category.__name__} from a dependency "
+                    f"({category.__name__}, an error by python's -W or PYTHONWARNINGS)")
+    with warnings.catch_warnings():  # the warning as a warning, the command done
+        warnings.simplefilter("default")
+        code, err = run_cli(["info", str(store)], capsys)
+    assert code == 0 and err == f"tokdyn info: warning: {category.__name__} from a dependency\n"
+
+
+def test_tokdyns_own_warning_made_an_error_is_said_as_the_warning(store, capsys):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        code, err = run_cli(["fit", str(store), "--scheduler", "sync", "--workers", "4", "--no-progress"], capsys)
+    assert code == 1
+    assert cli_error_line(err) == ("tokdyn fit: error: workers=4 is ignored: the sync scheduler fits one block at a time "
+                                   "in this thread (use threads or processes for more) (RuntimeWarning, an error by "
+                                   "python's -W or PYTHONWARNINGS)")
