@@ -101,9 +101,10 @@ print(said[0].message)
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
-    """A small store (tests/test_hostile.py's), unfitted: what is tested happens as it is opened."""
+    """A small store (tests/test_hostile.py's), fitted by numpy (nothing to compile)."""
     path = tmp_path_factory.mktemp("env") / "s.zarr"
-    fitted_store(path, fit=False)
+    st = fitted_store(path, fit=False)
+    tokdyn.fit_run(st.run("r"), backend="numpy", scheduler="sync", progress=False)
     return path
 
 
@@ -160,3 +161,18 @@ def test_tokdyns_own_warning_made_an_error_is_said_as_the_warning(store, capsys)
     assert cli_error_line(err) == ("tokdyn fit: error: workers=4 is ignored: the sync scheduler fits one block at a time "
                                    "in this thread (use threads or processes for more) (RuntimeWarning, an error by "
                                    "python's -W or PYTHONWARNINGS)")
+
+
+@pytest.mark.parametrize("place", ["MPLCONFIGDIR", "HOME"])
+def test_a_matplotlib_settings_folder_that_cannot_be_written_is_one_warning(place, store, tmp_path):
+    """matplotlib logged two lines (the second of 300 characters) before the report's own line
+    where it could write no settings folder: a read-only home, an MPLCONFIGDIR that is a file."""
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    env = {"MPLCONFIGDIR": str(blocker / "mpl")} if place == "MPLCONFIGDIR" else {"HOME": str(blocker / "home"), "XDG_CONFIG_HOME": str(blocker / "config")}
+    out = tmp_path / "r.html"
+    got = _python("", PACKAGE.parent, env, ["-m", "tokdyn", "report", str(store), "--out", str(out)])
+    assert got.returncode == 0 and got.stdout == f"wrote {out}\n", got.stderr
+    assert got.stderr.count("\n") == 1 and got.stderr.startswith("tokdyn report: warning: matplotlib cannot write its settings folder (")
+    assert str(blocker) in got.stderr and got.stderr.endswith("; set MPLCONFIGDIR to a writable folder\n")
+    assert out.read_text().startswith("<!doctype html>")
