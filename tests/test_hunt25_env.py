@@ -176,3 +176,26 @@ def test_a_matplotlib_settings_folder_that_cannot_be_written_is_one_warning(plac
     assert got.stderr.count("\n") == 1 and got.stderr.startswith("tokdyn report: warning: matplotlib cannot write its settings folder (")
     assert str(blocker) in got.stderr and got.stderr.endswith("; set MPLCONFIGDIR to a writable folder\n")
     assert out.read_text().startswith("<!doctype html>")
+
+
+@pytest.mark.parametrize("argv, relative", [
+    (["info", "s.zarr"], "s.zarr"),
+    (["report", "{store}"], "report.html"),  # --out's default
+    (["report", "{store}", "--out", "r.html"], "r.html"),
+    (["spectrum", "s.zarr"], "s.zarr"),
+    (["export-npz", "{store}", "--run", "r", "x.npz"], "x.npz"),
+], ids=["info", "report-default-out", "report-out", "spectrum", "export-npz"])
+def test_a_relative_path_in_a_deleted_current_folder_is_said_as_such(argv, relative, store, tmp_path, monkeypatch, capsys):
+    """A shell still in a folder that was deleted (or renamed): a relative store read as "no
+    tokdyn store at s.zarr", a report's default --out as "[Errno 2] No such file or directory"."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    argv = [a.format(store=store) for a in argv]
+    code, err = run_cli(argv, capsys)
+    assert code == 1
+    line = cli_error_line(err)
+    assert line.startswith(f"tokdyn {argv[0]}: error: ")
+    assert f"'{relative}' is relative to the current folder, which no longer exists" in line
+    assert not list(tmp_path.rglob("*.html")) and not list(tmp_path.rglob("*.npz"))
