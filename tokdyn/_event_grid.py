@@ -31,7 +31,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from tokdyn._jit import njit
 
 # Levels of coarser grids: spacings dx * 2^l for l <= MAX_LEVEL, so the fine grid's cells
 # number a multiple of 2^MAX_LEVEL (tokdyn.spectrum._fine_grid).

@@ -7,18 +7,25 @@ as a fallback: :func:`use_fallback_fonts`) and writes the others as escapes (``\
 :func:`tokdyn._text.visible` writes what shows nothing. :func:`figure_label` is the one rule for
 a name in a figure, and :func:`legend_labels` keeps different names apart in one legend. Fonts
 are read only for a string with a character the default font lacks.
+
+:func:`load_matplotlib` is how tokdyn first imports matplotlib (the report, the curriculum's
+A/B figure): where matplotlib can write no settings folder (a read-only home), its own two log
+lines, the second of 300 characters, are one warning.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import re
+import sys
 import threading
+import warnings
 from collections import Counter
 
 from ._text import escape, visible
 
-__all__ = ["drawable", "fallback_families", "use_fallback_fonts", "shown_label", "figure_label", "legend_labels"]
+__all__ = ["load_matplotlib", "drawable", "fallback_families", "use_fallback_fonts", "shown_label", "figure_label", "legend_labels"]
 
 LABEL_CHARS = 40  # a user's name in a figure is cut to this many characters
 
@@ -29,6 +36,38 @@ _LOCK = threading.Lock()
 _NOT_A_FALLBACK = re.compile(r"^(last resort|stixsize|stixnonunicode|cm[a-z]+\d+$)", re.IGNORECASE)
 # one character as a figure shows it: an escape (visible's and drawable's), or one character
 _UNIT = re.compile(r"\\x[0-9a-f]{2}|\\u[0-9a-f]{4}|\\U[0-9a-f]{8}|\\[nrt]|.", re.DOTALL)
+
+
+def load_matplotlib():
+    """``matplotlib``, imported. Where it can write no settings folder (``~/.config/matplotlib``
+    in a read-only home, an ``MPLCONFIGDIR`` that is not a writable folder), matplotlib makes a
+    temporary one and logs two lines about it at its import ("mkdir -p failed ...", "Matplotlib
+    created a temporary cache directory ... highly recommended ..."), printed before a command's
+    own output; they are one warning instead, naming the folder."""
+    if "matplotlib" in sys.modules:
+        import matplotlib
+
+        return matplotlib
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        about = record.getMessage()
+        if about.startswith(("mkdir -p failed", "Matplotlib created a temporary")) or about.endswith("is not a writable directory"):
+            held.append(record)
+            return False
+        return True
+
+    log = logging.getLogger("matplotlib")
+    log.addFilter(hold)
+    try:
+        import matplotlib
+    finally:
+        log.removeFilter(hold)
+    if held:
+        why = "; ".join(r.getMessage() for r in held if not r.getMessage().startswith("Matplotlib created")) or "no home folder"
+        warnings.warn(f"matplotlib cannot write its settings folder ({why}) and uses a temporary one; "
+                      "set MPLCONFIGDIR to a writable folder", RuntimeWarning, stacklevel=2)
+    return matplotlib
 
 
 @functools.lru_cache(maxsize=64)

@@ -32,7 +32,7 @@ import numpy as np
 
 from ._version import build
 from ._files import check_output_path, write_atomically
-from ._fonts import LABEL_CHARS, drawable, legend_labels, use_fallback_fonts
+from ._fonts import LABEL_CHARS, drawable, legend_labels, load_matplotlib, use_fallback_fonts
 from ._text import page_label, visible
 from .analysis import RunAnalysis, StoreAnalysis, analyze_store, group_codes, run_order
 from .errors import InputError, StoreError, TokdynError
@@ -111,8 +111,7 @@ def render_report(
     st: TrajectoryStore, an: StoreAnalysis, *, title: str | None = None, extra: dict | None = None, tokenizer=None
 ) -> str:
     """The report's HTML (see :func:`write_report` for the arguments)."""
-    import matplotlib
-
+    matplotlib = load_matplotlib()
     matplotlib.use("Agg", force=False)
     # Tick labels say their values whole: no offset or factor written apart at an axis's end
     # ("1e-5" at the far right of bars ticked -1 to 6 read as a fall of 5 nats per token).

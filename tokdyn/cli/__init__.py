@@ -309,8 +309,9 @@ def settle_io(timeout: float = 10.0) -> None:
 
 
 def error_line(exc: BaseException) -> str:
-    """One line for the user: tokdyn's own errors, disk and missing-package errors as they are
-    worded; anything else as a bug report with the version."""
+    """One line for the user: tokdyn's own errors, disk and missing-package errors, and warnings
+    the interpreter was told to raise, as they are worded; anything else as a bug report with
+    the version."""
     if isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and exc.filename:
         text = _unwritable(exc)
     elif isinstance(exc, OSError) and exc.errno in _IN_THE_WAY and exc.filename:
@@ -318,6 +319,8 @@ def error_line(exc: BaseException) -> str:
         text = f"{exc.strerror or os.strerror(exc.errno)}: {os.fspath(exc.filename)} ({_IN_THE_WAY[exc.errno]})"
     elif isinstance(exc, (TokdynError, OSError, ImportError)):
         text = str(exc)
+    elif isinstance(exc, Warning):  # python -W error, PYTHONWARNINGS=error: a warning the user made an error, not a bug
+        text = f"{exc} ({type(exc).__name__}, an error by python's -W or PYTHONWARNINGS)"
     elif isinstance(exc, MemoryError):
         text = "out of memory (an input larger than this machine can hold?)"
     else:

@@ -60,11 +60,32 @@ def check_paths(actions, args) -> None:
     """Refuse an empty path (``--out ""``, an unset ``"$VAR"``) in one line naming its argument,
     before any work: the library read ``""`` as ``.``, and the commands said "output must end in
     .npz, got .", "npz file not found: .", "report path . is a folder", or, for ``--tokenizer ""``,
-    nothing at all (the report went on without one)."""
+    nothing at all (the report went on without one). A relative path where the current folder
+    was deleted is refused as that (:func:`_relative_to_a_deleted_folder`)."""
     for a in actions:
-        if a.dest in PATH_ARGUMENTS and getattr(args, a.dest, None) == "":
-            name = "/".join(a.option_strings) or (a.metavar if isinstance(a.metavar, str) else a.dest)
+        if a.dest not in PATH_ARGUMENTS:
+            continue
+        value = getattr(args, a.dest, None)
+        name = "/".join(a.option_strings) or (a.metavar if isinstance(a.metavar, str) else a.dest)
+        if value == "":
             raise InputError(f"{name} is an empty path; give the name of a file, folder or store")
+        for path in value if isinstance(value, list) else [value]:
+            if _relative_to_a_deleted_folder(path):
+                raise InputError(f"{name} {path!r} is relative to the current folder, which no longer exists (deleted "
+                                 "after the shell entered it); cd to a folder that exists, or give the path from /")
+
+
+def _relative_to_a_deleted_folder(path) -> bool:
+    """Whether ``path`` is a relative local path while the current folder is gone: it read as
+    "no tokdyn store at s.zarr" (the store is there, under the folder's new name or restored),
+    and a report's default --out as "[Errno 2] No such file or directory", naming nothing."""
+    if not isinstance(path, str) or "://" in path or os.path.isabs(os.path.expanduser(path)):
+        return False
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False
 
 
 def at_least(option: str, value, lo: int) -> None:

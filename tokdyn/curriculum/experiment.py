@@ -337,8 +337,9 @@ def summarize(values) -> dict:
 
 def plot_curves(results: dict, path: Path) -> None:
     """Validation loss of every arm (mean over seeds, band = min..max), full and late part."""
-    import matplotlib
+    from .._fonts import load_matplotlib
 
+    matplotlib = load_matplotlib()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

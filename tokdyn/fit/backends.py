@@ -96,6 +96,10 @@ def resolve_backend(backend: str, device: Any = None) -> tuple[str, Any]:
         )
     if backend == "numba":
         _require_numba_threads()
+        from tokdyn._jit import warn_uncached
+
+        load_numba()  # its kernels are made (kept on disk, or not: said once) as it is imported
+        warn_uncached()
     if backend == "torch":
         import torch
 

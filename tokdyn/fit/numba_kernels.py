@@ -7,7 +7,8 @@ is their reference. Why numba for the CPU: a batched numpy solver streams ~30 te
 [B, K] through memory per iteration; compiled, each trajectory's observed points sit in L1,
 the model is evaluated in short loops (with an arithmetic ``exp``: libm's is scalar), and
 chunks of trajectories run on all cores. Compiled functions are cached on disk
-(``cache=True``) so only the first fit on a machine pays the compile.
+(``cache=True``, keyed by tokdyn's code id: :mod:`tokdyn._jit`) so only the first fit on a
+machine pays the compile.
 
 Each kernel is a plain compiled function over one chunk of rows (``_*_chunk``, ``nogil``),
 which allocates the chunk's scratch and writes its rows of the caller's arrays;
@@ -33,8 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
-from numba import njit
 
+from tokdyn._jit import njit
 from tokdyn.fit.lanes import lane_maxima, lane_sums
 from tokdyn.fit.sigmoid import Z_CLIP
 

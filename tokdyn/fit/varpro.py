@@ -37,8 +37,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
+from tokdyn._jit import njit
 from tokdyn.fit.grid import TWO_MIN_DET, TWO_MIN_VAR
 from tokdyn.fit.lanes import LANES as _LANES
 from tokdyn.fit.lanes import clip, lane_maxima, lane_sums, row_dots, rows_dots

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import json
 import os
+import sys
 import threading
 import zlib
 from collections.abc import Iterator
@@ -16,12 +18,12 @@ import numpy as np
 from zarr.codecs import BloscCodec, Crc32cCodec
 from zarr.core.sync import sync as zarr_sync
 
-from ..errors import InputError, TokdynError
+from ..errors import InputError, StoreError, TokdynError
 
 __all__ = [
     "SCHEMA_VERSION", "STORE_KIND", "LOSS_DTYPES", "AXES", "CODECS", "DEFAULT_TOKEN_CHUNK", "COORD_CHUNK", "INTEGRITY", "COORDS",
     "compressor", "position_crc", "folders", "has_keys", "utc_now", "join", "check_url", "local_url", "check_run_name", "check_writer_ranges", "jsonable",
-    "damage", "operation", "operation_state",
+    "damage", "check_zarr", "operation", "operation_state",
 ]  # fmt: skip
 
 SCHEMA_VERSION = 1
@@ -100,6 +102,32 @@ def utc_now() -> str:
 def join(*parts: str) -> str:
     """A store key from path parts (no leading, trailing or doubled slashes)."""
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+@functools.cache
+def _zarr_refusal() -> str | None:
+    """Why this zarr cannot read a group here, or None: zarr 3.1 takes the group's ``node_type``
+    out of its metadata inside an ``assert``, which ``python -O`` skips, and then fails on it as
+    an unknown argument: every store read as damaged ("the probe group's metadata is
+    unreadable (TypeError: ...)")."""
+    from zarr import __version__
+    from zarr.core.group import GroupMetadata
+
+    try:
+        GroupMetadata.from_dict({"zarr_format": 3, "node_type": "group", "attributes": {}})
+    except TypeError:
+        how = f"python -O{'O' if sys.flags.optimize > 1 else ''}" + (" (PYTHONOPTIMIZE)" if os.environ.get("PYTHONOPTIMIZE") else "")
+        return (f"zarr {__version__} cannot read a store's groups under {how}: it skips an assert that reads their metadata; "
+                "run python without -O (unset PYTHONOPTIMIZE)")
+    return None
+
+
+def check_zarr() -> None:
+    """A StoreError where zarr cannot read stores in this interpreter (:func:`_zarr_refusal`),
+    before a store is opened or made, rather than every store said to be damaged."""
+    why = _zarr_refusal()
+    if why is not None:
+        raise StoreError(why)
 
 
 def check_url(url: Any) -> None:

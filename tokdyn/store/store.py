@@ -71,6 +71,7 @@ from .schema import (
     STORE_KIND,
     check_run_name,
     check_url,
+    check_zarr,
     damage,
     local_url,
     check_writer_ranges,
@@ -181,6 +182,7 @@ def _tokdyn_at(url: str | os.PathLike, storage_options: Mapping | None) -> bool:
 
 
 def _open_group(url: str | os.PathLike, mode: str, storage_options: Mapping | None = None, **kwargs) -> zarr.Group:
+    check_zarr()  # python -O: zarr reads no group (said once, not as damage)
     # fsspec's options are for a URL; a local path (a file:// URL made one) opens zarr's own
     # local store, which refuses them ("storage_options was provided but unused")
     if storage_options and "://" in os.fspath(url):
