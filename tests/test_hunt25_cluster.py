@@ -80,6 +80,20 @@ def slow_block(b: int, **kwargs):
     return _FIT_ONE_BLOCK(b, **kwargs)
 
 
+_GO_ON = threading.Event()
+_STARTED: list = []
+
+
+def gated_block(b: int, **kwargs):
+    """A block task that, past the first to start (whichever block dask runs first), waits
+    until the test lets it go on (an in-process cluster): the test sees what it waits for
+    without racing the blocks to the fit's end."""
+    _STARTED.append(b)
+    if len(_STARTED) > 1:
+        _GO_ON.wait(120)
+    return _FIT_ONE_BLOCK(b, **kwargs)
+
+
 def test_a_cluster_that_loses_its_last_worker_mid_fit_says_so(tmp_path, data, quick_watch, monkeypatch):
     """A worker without a nanny (`dask worker --no-nanny`, a preempted batch job) that was the
     cluster's last dies mid-fit: dask holds the blocks left for a worker to join, and the fit
@@ -212,7 +226,10 @@ def test_a_scheduler_that_stops_answering_mid_fit_is_said(tmp_path, data, quick_
     local one."""
     import asyncio
 
-    monkeypatch.setattr(fitjob, "_fit_one_block", slow_block)
+    go_on = _GO_ON
+    go_on.clear()
+    _STARTED.clear()
+    monkeypatch.setattr(fitjob, "_fit_one_block", gated_block)
     st = make_store(tmp_path / "s.zarr", data, token_chunk=50)  # 8 blocks
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
         handlers = cluster.scheduler.handlers
@@ -228,8 +245,10 @@ def test_a_scheduler_that_stops_answering_mid_fit_is_said(tmp_path, data, quick_
             handlers["identity"] = hung
             assert _wait_for(lambda: _said(said, "has not answered for 0.5 s"), 20), [str(w.message) for w in said[1]]
             handlers["identity"] = identity
+            go_on.set()
             t.join(60)
         finally:
+            go_on.set()
             handlers["identity"] = identity
             said[0].__exit__(None, None, None)
     assert not t.is_alive() and "res" in outcome, outcome
