@@ -8,12 +8,16 @@ spacing up to 1.2 (log-uniform ones, the demo's) keep the old width bit for bit.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from pipeline_scripts import load
+from test_hostile import fitted_store
+from test_hunt25_diverge import run_cli
 from tokdyn.reconstruct import default_smoothing, measured_derivative, scores
 from tokdyn.schedule import geometric_schedule
 
@@ -70,3 +74,36 @@ def test_width_ignores_how_the_points_cluster():
     bunched = np.concatenate([np.linspace(0, 4, 6)[:-1], np.linspace(4, 5, 96)])
     assert default_smoothing(bunched) >= 1.25 * 0.05 - 1e-15 > old_width(bunched)
     assert default_smoothing(even) == old_width(even)
+
+
+# -- the CLI's --smoothing ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0", "-0.1", "nan", "inf", "-inf", "1e-400"])
+def test_cli_refuses_a_width_that_is_no_positive_number_in_one_line(tmp_path, capsys, value):
+    """Refused before the store is opened (an axis would be assembled and fitted first)."""
+    code, out, err = run_cli(["reconstruct", str(tmp_path / "none.zarr"), f"--smoothing={value}"], capsys)
+    assert code != 0 and not out
+    assert err.strip().count("\n") == 0 and "--smoothing must be a positive, finite number of decades" in err
+    assert value in err and "Traceback" not in err
+
+
+def test_cli_refuses_a_width_that_is_no_number_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        run_cli(["reconstruct", str(tmp_path / "none.zarr"), "--smoothing", "wide"], capsys)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "invalid float value: 'wide'" in err.strip().splitlines()[-1]
+
+
+@pytest.mark.slow  # a fit (its kernels' first compile: about 35 s)
+def test_cli_width_is_used_and_reported(tmp_path, capsys):
+    fitted_store(tmp_path / "s.zarr")
+    code, out, _ = run_cli(["reconstruct", str(tmp_path / "s.zarr"), "--json", "--boot", "0"], capsys)
+    default = json.loads(out)
+    x = np.log10(np.unique(np.round(np.geomspace(1, 1000, 14)).astype(int)).astype(float))
+    assert code == 0 and default["smoothing"] == default_smoothing(x)
+    code, out, _ = run_cli(["reconstruct", str(tmp_path / "s.zarr"), "--json", "--boot", "0", "--smoothing", "0.4"], capsys)
+    wide = json.loads(out)
+    assert code == 0 and wide["smoothing"] == 0.4 and wide["r2_events"] != default["r2_events"]
+    code, out, _ = run_cli(["reconstruct", str(tmp_path / "s.zarr"), "--boot", "0", "--smoothing", "0.4"], capsys)
+    assert code == 0 and "local quadratics 0.4 decades wide" in out
