@@ -107,3 +107,24 @@ def test_cli_width_is_used_and_reported(tmp_path, capsys):
     assert code == 0 and wide["smoothing"] == 0.4 and wide["r2_events"] != default["r2_events"]
     code, out, _ = run_cli(["reconstruct", str(tmp_path / "s.zarr"), "--boot", "0", "--smoothing", "0.4"], capsys)
     assert code == 0 and "local quadratics 0.4 decades wide" in out
+
+
+# -- the library's smoothing= -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [True, np.bool_(True), "0.3", "abc", np.array([0.1, 0.2]), np.array(0.2), [0.2], 10**400,
+                                 0, -1e-3, float("nan"), float("inf"), None.__class__], ids=lambda v: repr(v)[:24])
+def test_library_refuses_a_width_that_is_no_positive_number(bad):
+    """One InputError each: a bool or a string was taken as a width (True as 1 decade), an array,
+    a list or a huge int raised numpy's or Python's own error."""
+    from tokdyn.errors import InputError
+    x = np.linspace(0, 3, 20)
+    with pytest.raises(InputError, match="smoothing must be a positive, finite number of decades"):
+        measured_derivative(x, np.exp(-x), smoothing=bad)
+
+
+@pytest.mark.parametrize("good", [0.2, 1, np.float32(0.2), np.int64(1), 1e-320, 1e300])
+def test_library_takes_any_positive_real_width(good):
+    x = np.linspace(0, 3, 20)
+    d = measured_derivative(x, np.exp(-x), smoothing=good)
+    assert np.all(np.isfinite(d)) and np.array_equal(d, measured_derivative(x, np.exp(-x), smoothing=float(good)))

@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._checks import as_array, as_curve, as_values, check_count
+from ._checks import as_array, as_curve, as_values, check_count, is_finite
 from .errors import InputError
 from .fit.models import SHARE_MIN_NET
 from .spectrum import Events, PowerLaw, Spectrum, learning_time_spectrum, loss_power_law, run_events, spectrum_power_law
@@ -73,6 +73,16 @@ def default_smoothing(x) -> float:
     return max(SMOOTHING_PER_MEDIAN * float(np.median(d)), SMOOTHING_PER_MEAN * float(d.mean()))
 
 
+def _check_smoothing(smoothing) -> float:
+    """``smoothing`` as a float, or one InputError: a bool or a string was taken as a width (True
+    as 1 decade, "0.3" as 0.3), and an array, a list or an int past 1e308 raised numpy's or
+    Python's own error."""
+    if not (is_finite(smoothing) and smoothing > 0):
+        shown = smoothing.item() if isinstance(smoothing, np.generic) else smoothing  # np.True_ as True
+        raise InputError(f"smoothing must be a positive, finite number of decades, got {shown!r:.40}")
+    return float(smoothing)
+
+
 def measured_derivative(x, loss, *, smoothing: float | None = None) -> np.ndarray:
     """``-dL/dx`` [K] of a curve sampled at increasing x [K], by local quadratic regression.
 
@@ -89,9 +99,7 @@ def measured_derivative(x, loss, *, smoothing: float | None = None) -> np.ndarra
         raise InputError(f"a derivative needs at least 3 axis points, got {x.size}")
     if not (np.all(np.isfinite(x)) and np.all(np.diff(x) > 0)):
         raise InputError("x must be finite and strictly increasing")
-    h = default_smoothing(x) if smoothing is None else float(smoothing)
-    if not (math.isfinite(h) and h > 0):
-        raise InputError(f"smoothing must be a positive number of decades, got {smoothing}")
+    h = default_smoothing(x) if smoothing is None else _check_smoothing(smoothing)
     ok = np.isfinite(loss)
     if ok.sum() < 3:
         raise InputError(f"a derivative needs at least 3 finite loss values, got {int(ok.sum())}")
@@ -279,7 +287,7 @@ def reconstruct(
         if at.shape != x.shape or not (np.all(np.isfinite(at)) and np.all(np.diff(at) > 0)):
             raise InputError(f"at: expected {x.size} finite, increasing positions on the events' axis, got shape {at.shape}")
         jac = np.gradient(at, x)  # d at / dx
-    h_s = default_smoothing(x) if smoothing is None else float(smoothing)
+    h_s = default_smoothing(x) if smoothing is None else _check_smoothing(smoothing)
 
     def same_grid(curve: np.ndarray) -> np.ndarray:
         """``-d curve/dx`` by the measurement's estimator on the points it measured (at a point
