@@ -178,3 +178,11 @@ def test_a_checkpoint_every_step_is_measured_in_seconds():
     assert time.perf_counter() - t < 15
     exact = 3 / 0.3 * np.exp((x - 2.5) / 0.3) / (1 + np.exp((x - 2.5) / 0.3)) ** 2
     assert scores(d, exact)["r2"] > 0.999
+
+
+def test_the_benchmark_script_prints_its_table(capsys):
+    check.main(["--seeds", "2", "--tokens", "300", "--c", "1.5"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| grid")]
+    assert [r.split(" | ")[0][2:] for r in rows] == list(GRIDS) and lines[-1].startswith("R^2 against the planted")
+    assert all(len(r.split(" | ")) == 8 for r in rows)
