@@ -36,12 +36,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._checks import as_array, as_curve, as_values, check_count
+from ._checks import as_array, as_curve, as_values, check_count, is_finite
 from .errors import InputError
 from .fit.models import SHARE_MIN_NET
 from .spectrum import Events, PowerLaw, Spectrum, learning_time_spectrum, loss_power_law, run_events, spectrum_power_law
 
-__all__ = ["Reconstruction", "MeasuredMean", "MeasuredMeanWarning", "measured_derivative", "measured_mean_loss",
+__all__ = ["Reconstruction", "MeasuredMean", "MeasuredMeanWarning", "default_smoothing", "measured_derivative", "measured_mean_loss",
            "mean_probe_loss", "reconstruct", "reconstruct_run", "reconstruct_across", "scores"]
 
 # The measured mean loss of a run (measured_mean_loss): a row is measured where at least this
@@ -54,12 +54,45 @@ class MeasuredMeanWarning(UserWarning):
     """The measured mean probe loss left rows or tokens out (:func:`measured_mean_loss`)."""
 
 
+# The measured derivative's default width (default_smoothing): 1.5 x the median spacing of the log
+# axis, but never less than 1.25 x its mean spacing (its span over its gaps). The median alone
+# read a grid dense in one part as dense everywhere: on Pythia's checkpoints (every 1000 steps to
+# 143,000 after 1, 2, 4, ..., 512; median 0.0065 decades, mean 0.034) or every step to 199 then
+# 8 points to 1e6, the width was a few hundredths of the events' and the measurement mostly noise
+# (R^2 against planted truth 0.63 and -3.7; 0.99 and 0.87 now: docs/benchmarks.md). 1.25 is the
+# widest round factor that leaves grids with mean / median spacing up to 1.2 as they were, bit
+# for bit: log-uniform ones (1.0) and the demo's (geometric_schedule(800, 40): 1.146).
+# The widths beyond which a point's weight in measured_derivative, sqrt(exp(-z^2 / 2)), is exactly
+# 0.0 in float64 (z > 54.6): those points are left out of its regression, which they do not move.
+WEIGHT_REACH = 56.0
+SMOOTHING_PER_MEDIAN = 1.5
+SMOOTHING_PER_MEAN = 1.25
+
+
+def default_smoothing(x) -> float:
+    """The default width (decades) of :func:`measured_derivative` on increasing log axis points
+    x [K >= 2]: ``max(1.5 x median spacing, 1.25 x mean spacing)`` (see the note above)."""
+    d = np.diff(np.asarray(x, dtype=np.float64))
+    return max(SMOOTHING_PER_MEDIAN * float(np.median(d)), SMOOTHING_PER_MEAN * float(d.mean()))
+
+
+def _check_smoothing(smoothing) -> float:
+    """``smoothing`` as a float, or one InputError: a bool or a string was taken as a width (True
+    as 1 decade, "0.3" as 0.3), and an array, a list or an int past 1e308 raised numpy's or
+    Python's own error."""
+    if not (is_finite(smoothing) and smoothing > 0):
+        shown = smoothing.item() if isinstance(smoothing, np.generic) else smoothing  # np.True_ as True
+        raise InputError(f"smoothing must be a positive, finite number of decades, got {shown!r:.40}")
+    return float(smoothing)
+
+
 def measured_derivative(x, loss, *, smoothing: float | None = None) -> np.ndarray:
     """``-dL/dx`` [K] of a curve sampled at increasing x [K], by local quadratic regression.
 
     At each point a quadratic in ``x - x_k`` is fitted by least squares with Gaussian weights
-    of standard deviation ``smoothing`` decades (default: 1.5 x the median spacing of x, so a
-    handful of neighbours count), widened where needed to reach the 3 nearest other points;
+    of standard deviation ``smoothing`` decades (default, :func:`default_smoothing`: 1.5 x the
+    median spacing of x, so a handful of neighbours count, and at least 1.25 x the mean spacing,
+    so a grid dense in one part is not measured by that part's width everywhere), widened where needed to reach the 3 nearest other points;
     its slope is the derivative (exact for a quadratic). NaN losses are skipped by the
     regression, and the derivative at a NaN loss is NaN: nothing was measured there (the local
     quadratic of its neighbours used to print there as a measured value).
@@ -69,22 +102,28 @@ def measured_derivative(x, loss, *, smoothing: float | None = None) -> np.ndarra
         raise InputError(f"a derivative needs at least 3 axis points, got {x.size}")
     if not (np.all(np.isfinite(x)) and np.all(np.diff(x) > 0)):
         raise InputError("x must be finite and strictly increasing")
-    h = 1.5 * float(np.median(np.diff(x))) if smoothing is None else float(smoothing)
-    if not (math.isfinite(h) and h > 0):
-        raise InputError(f"smoothing must be a positive number of decades, got {smoothing}")
+    h = default_smoothing(x) if smoothing is None else _check_smoothing(smoothing)
     ok = np.isfinite(loss)
     if ok.sum() < 3:
         raise InputError(f"a derivative needs at least 3 finite loss values, got {int(ok.sum())}")
     xo, lo = x[ok], loss[ok]
     out = np.empty(x.size)
+    nearest = min(3, xo.size - 1)
     for k, xk in enumerate(x):
-        d = xo - xk
         # LOESS-style floor: the 3 nearest other points lie within 2 bandwidths (weight >= e^-2;
         # the ends of a geometric grid are sparse), so the local quadratic is always determined.
-        hk = max(h, 0.5 * float(np.sort(np.abs(d))[min(3, d.size - 1)]))
+        # Those lie among the 4 sorted points on either side of xk.
+        j = int(np.searchsorted(xo, xk))
+        hk = max(h, 0.5 * float(np.sort(np.abs(xo[max(j - 4, 0) : j + 4] - xk))[nearest]))
+        # Only the points a weight reaches: beyond WEIGHT_REACH widths it is exactly 0. Each
+        # point's quadratic was fitted over every point, and all sorted: a checkpoint every step
+        # to 40,000 took 90 s, to Pythia's 143,000 about 20 minutes a curve.
+        rows = slice(int(np.searchsorted(xo, xk - WEIGHT_REACH * hk, side="left")),
+                     int(np.searchsorted(xo, xk + WEIGHT_REACH * hk, side="right")))
+        d = xo[rows] - xk
         w = np.sqrt(np.exp(-0.5 * (d / hk) ** 2))
         A = np.stack([np.ones_like(d), d, d * d], axis=1) * w[:, None]
-        coef, *_ = np.linalg.lstsq(A, lo * w, rcond=None)
+        coef, *_ = np.linalg.lstsq(A, lo[rows] * w, rcond=None)
         out[k] = -coef[1]
     out[~ok] = np.nan  # no measurement at a point whose loss is missing
     return out
@@ -259,7 +298,7 @@ def reconstruct(
         if at.shape != x.shape or not (np.all(np.isfinite(at)) and np.all(np.diff(at) > 0)):
             raise InputError(f"at: expected {x.size} finite, increasing positions on the events' axis, got shape {at.shape}")
         jac = np.gradient(at, x)  # d at / dx
-    h_s = 1.5 * float(np.median(np.diff(x))) if smoothing is None else float(smoothing)
+    h_s = default_smoothing(x) if smoothing is None else _check_smoothing(smoothing)
 
     def same_grid(curve: np.ndarray) -> np.ndarray:
         """``-d curve/dx`` by the measurement's estimator on the points it measured (at a point

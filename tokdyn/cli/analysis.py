@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import numpy as np
@@ -13,6 +14,7 @@ from ..errors import InputError
 from ..reconstruct import reconstruct_run
 from ..spectrum import BOOT_MIN_RESAMPLES, GROUP_MIN_EVENTS, MAX_BOOT, POWER_LAW_R2
 from ..report import check_writable, write_report
+from .curriculum import _number, _shown
 from ._common import add_run_argument, add_store_argument, open_cli_run, print_json, store_path
 
 
@@ -34,6 +36,9 @@ def register(sub) -> None:
     p.add_argument("--repeats", choices=("refuse", "mean"), default="refuse",
                    help="with --axis: runs sharing an axis value (seeds) are an error (default) or averaged token by token")
     p.add_argument("--curves", action="store_true", help="with --json: include the curves and the spectrum")
+    p.add_argument("--smoothing", type=_number, metavar="DECADES",
+                   help="width of the local quadratics that measure -dL/dlog10 a from the mean loss, decades (default: "
+                        "1.5x the median spacing of the log axis, at least 1.25x its mean spacing)")
     _analysis_options(p)
     p.set_defaults(func=_reconstruct)
 
@@ -174,6 +179,8 @@ def _histogram_lines(spec) -> list[str]:
 
 def _reconstruct(args: argparse.Namespace) -> int:
     _check_boot(args.boot)
+    if args.smoothing is not None and not (math.isfinite(args.smoothing) and args.smoothing > 0):  # before any assembly or fit
+        raise InputError(f"--smoothing must be a positive, finite number of decades, got {_shown(args.smoothing)}")
     if args.curves and not args.json:  # the text has no curves: ignored, as --runs without --axis is not
         raise InputError("--curves adds the curves to the --json output: pass --json too")
     if args.axis:
@@ -191,7 +198,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
             raise InputError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to an axis: pass --axis D or --axis M")
         run = open_cli_run(args.store, args.run)
     rec = reconstruct_run(run, which=args.events, bandwidth=args.bandwidth, n_boot=args.boot, placement=args.placement,
-                          kernel=args.kernel)
+                          kernel=args.kernel, smoothing=args.smoothing)
     if args.json:
         print_json(rec.to_dict() if args.curves else rec.summary())
         return 0
@@ -199,6 +206,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
     print(f"run {run.name!r} (axis {rec.axis}): {s['n_points']} points, {s['n_tokens']:,} tokens, {s['n_events']:,} events ({args.events})")
     if s.get("rows_left_out"):
         print(f"  {s['rows_left_out']}")
+    print(f"  measured -dL/dlog10 a by local quadratics {s['smoothing']:.4g} decades wide"
+          f"{'' if args.smoothing is not None else ' (the default; --smoothing sets it)'}")
     print(f"  R^2 of -dL/dlog10 a  sum of sigmoids {s['r2_events']:.3f}   spectrum alone {s['r2_spectrum']:.3f}")
     print(f"  relative L2 error    sum of sigmoids {s['rel_l2_events']:.3f}   spectrum alone {s['rel_l2_spectrum']:.3f}")
     if np.isfinite(s["drop_share_events"]):
