@@ -45,6 +45,28 @@ def test_an_old_axis_whose_source_has_new_rows_is_not_used_as_current(tmp_path):
     assert axis_run_problem(st.run("axis-D"), "D") is None  # and now told current
 
 
+def test_an_axis_without_source_ids_whose_source_was_recorded_again_is_not_current(tmp_path):
+    """An axis assembled 2026-12-04..05 (after 7302a8e, before 48da947) recorded each source's
+    rows but not its run id: a source deleted and recorded again with as many rows (other
+    losses) was taken as unchanged. An axis assembled now from runs without ids (made before
+    them) records ``run_id: None`` and is current."""
+    st = _d_store(tmp_path / "d.zarr", budgets=BUDGETS)
+    run = assemble_axis(st, "D")
+    assert axis_run_problem(st.run("axis-D"), "D") is None
+    st = _set_attr(st, "axis-D", "sources", [{k: v for k, v in s.items() if k != "run_id"} for s in run.attrs["sources"]])
+    rows = st.run("r2").n_committed
+    st.delete_run("r2")
+    with st.create_run("r2", capacity=3, attrs={"data_budget": 4000, "tokens_per_step": 10, "sweep": "D",
+                                                "model_config": {"w": 1}}).writer() as w:  # fmt: skip
+        for step in (200, 400)[:rows]:
+            w.append(np.full(st.probe.n_tokens, 2.5, np.float32), step=step, tokens_seen=step * 10)
+    why = axis_run_problem(st.run("axis-D"), "D")
+    assert why is not None and "no id of its source run 'r" in why
+    assert axis_run(st, "D").assembled
+    np.testing.assert_allclose(st.run("axis-D").losses()[2], 2.5)  # r2's new final row, budget 4000 third
+    assert axis_run_problem(st.run("axis-D"), "D") is None
+
+
 def test_an_old_axis_whose_sources_are_gone_keeps_its_own_rows(tmp_path):
     """A source that cannot be read is not a change (as for an axis made now): the axis run
     holds its own copy of each source's final row."""
