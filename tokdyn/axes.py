@@ -363,6 +363,14 @@ def axis_run_problem(run: Run, axis: str, runs: list[str] | None = None) -> str 
     attr = AXIS_ATTRS[axis]
     for s, n in zip(sources, names):
         then = s.get("n_committed") if isinstance(s, dict) else None
+        lacks = [key for key in ("n_committed", "run_id") if key not in s] if isinstance(s, dict) else []
+        if lacks and isinstance(n, str) and _legacy_source_now(run.store, s) is not None:
+            # assembled before sources recorded their rows (tokdyn before 2026-12-04) or their ids
+            # (before 2026-12-05): a source recorded further, or deleted and recorded again, went
+            # unseen, and the old axis was used as current without a word
+            what = "row count" if "n_committed" in lacks else "id"
+            return (f"it was assembled by an earlier tokdyn, which recorded no {what} of its source run {n!r}: "
+                    "whether that run changed since cannot be told")  # fmt: skip
         src = _source_now(run.store, s) if then is not None else None
         if src is None:
             continue
@@ -415,6 +423,21 @@ def _source_now(st: TrajectoryStore, source: dict) -> Run | None:
         return src.run(name) if src is not None and name in src.runs else None
     except (StoreError, InputError, OSError, ValueError):
         return None
+
+
+def _legacy_source_now(st: TrajectoryStore, source: dict) -> Run | None:
+    """The run a ``sources`` entry of an older axis (no row count, its store URL as typed then,
+    relative to a folder no longer known) may name now: at its URL, else a run of that name in
+    the axis's own store (where ``tokdyn reconstruct --axis`` took its runs from); None where
+    neither is there (the axis run holds its own copy of the rows)."""
+    src = _source_now(st, source)
+    name = source.get("run")
+    if src is None and isinstance(name, str):
+        try:
+            src = st.run(name) if name in st.runs else None
+        except (StoreError, InputError, OSError, ValueError):
+            src = None
+    return src
 
 
 def _source_store(st: TrajectoryStore, source: dict) -> TrajectoryStore | None:
