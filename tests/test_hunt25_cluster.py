@@ -253,3 +253,35 @@ def test_a_scheduler_that_stops_answering_mid_fit_is_said(tmp_path, data, quick_
             said[0].__exit__(None, None, None)
     assert not t.is_alive() and "res" in outcome, outcome
     _fields_equal(read_fit(st, "r"), _reference(tmp_path, data))
+
+
+def test_a_cluster_warning_made_an_error_stops_the_fit_with_it(tmp_path, data):
+    """python -W error (PYTHONWARNINGS=error) with a scheduler that has no workers: before the
+    watch, its warning was raised in the fit's own thread (the CLI's one line); the watch raised
+    it in its thread, which printed a traceback and died, and the fit waited for good without a
+    word. The warning now cancels the blocks and is the fit's error."""
+    st = make_store(tmp_path / "s.zarr", data, token_chunk=50)
+    errors: list = []
+    hook = threading.excepthook
+    threading.excepthook = lambda args: errors.append(args.exc_value)
+    try:
+        with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster:
+            outcome: dict = {}
+
+            def fit():
+                try:
+                    outcome["res"] = fit_run(st.run("r"), scheduler=cluster.scheduler_address, progress=False)
+                except BaseException as exc:  # noqa: BLE001
+                    outcome["error"] = exc
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", RuntimeWarning)
+                t = threading.Thread(target=fit, daemon=True)
+                t.start()
+                t.join(60)  # (a deadline for a fit that waits for good, not a timing)
+            alive = t.is_alive()
+    finally:
+        threading.excepthook = hook
+    assert not alive and not errors, errors
+    assert isinstance(outcome.get("error"), RuntimeWarning), outcome
+    assert "has no workers; the fit waits until one joins" in str(outcome["error"])

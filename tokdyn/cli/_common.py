@@ -10,7 +10,7 @@ from .._files import DEMO_STORE, strict_json
 from ..errors import InputError
 from ..store import Run, TrajectoryStore, as_store
 
-__all__ = ["store_path", "open_cli_store", "open_cli_run", "add_store_argument", "add_run_argument", "print_json",
+__all__ = ["store_path", "open_cli_store", "open_cli_run", "add_store_argument", "add_run_argument", "print_json", "Given", "number", "shown",
            "at_least", "check_paths", "PATH_ARGUMENTS"]
 
 
@@ -86,6 +86,28 @@ def _relative_to_a_deleted_folder(path) -> bool:
     except FileNotFoundError:
         return True
     return False
+
+
+class Given(float):
+    """A number option's value that keeps the text the user typed, to echo it in an error."""
+
+    text: str
+
+
+def number(text: str) -> float:
+    """``type=`` of the number options: a float that remembers its text (ValueError: argparse's
+    usage error, as ``type=float`` gives)."""
+    v = Given(text)
+    v.text = text
+    return v
+
+
+number.__name__ = "float"  # argparse names the type in its error: "invalid float value: 'x'"
+
+
+def shown(v) -> str:
+    """A number as the user typed it (``1e308``, ``-1``, ``inf``), or as Python writes it."""
+    return getattr(v, "text", None) or str(v)
 
 
 def at_least(option: str, value, lo: int) -> None:

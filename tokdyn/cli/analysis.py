@@ -14,8 +14,7 @@ from ..errors import InputError
 from ..reconstruct import reconstruct_run
 from ..spectrum import BOOT_MIN_RESAMPLES, GROUP_MIN_EVENTS, MAX_BOOT, POWER_LAW_R2
 from ..report import check_writable, write_report
-from .curriculum import _number, _shown
-from ._common import add_run_argument, add_store_argument, open_cli_run, print_json, store_path
+from ._common import add_run_argument, add_store_argument, number, open_cli_run, print_json, shown, store_path
 
 
 def register(sub) -> None:
@@ -36,7 +35,7 @@ def register(sub) -> None:
     p.add_argument("--repeats", choices=("refuse", "mean"), default="refuse",
                    help="with --axis: runs sharing an axis value (seeds) are an error (default) or averaged token by token")
     p.add_argument("--curves", action="store_true", help="with --json: include the curves and the spectrum")
-    p.add_argument("--smoothing", type=_number, metavar="DECADES",
+    p.add_argument("--smoothing", type=number, metavar="DECADES",
                    help="width of the local quadratics that measure -dL/dlog10 a from the mean loss, decades (default: "
                         "1.5x the median spacing of the log axis, at least 1.25x its mean spacing)")
     _analysis_options(p)
@@ -180,7 +179,7 @@ def _histogram_lines(spec) -> list[str]:
 def _reconstruct(args: argparse.Namespace) -> int:
     _check_boot(args.boot)
     if args.smoothing is not None and not (math.isfinite(args.smoothing) and args.smoothing > 0):  # before any assembly or fit
-        raise InputError(f"--smoothing must be a positive, finite number of decades, got {_shown(args.smoothing)}")
+        raise InputError(f"--smoothing must be a positive, finite number of decades, got {shown(args.smoothing)}")
     if args.curves and not args.json:  # the text has no curves: ignored, as --runs without --axis is not
         raise InputError("--curves adds the curves to the --json output: pass --json too")
     if args.axis:

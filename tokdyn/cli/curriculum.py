@@ -18,7 +18,7 @@ from .._checks import is_real
 from .._files import check_output_path
 from .._text import labels, visible
 from ..errors import InputError
-from ._common import print_json, store_path
+from ._common import Given, number, print_json, shown, store_path
 
 __all__ = ["register", "add_cli_arguments", "run_cli"]
 
@@ -40,8 +40,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output file (.npz)")
     p.add_argument("--order", type=int, default=3, help="longest key: the token and its order-1 preceding tokens (1-3, default 3)")
     p.add_argument("--min-count", type=int, default=5, help="keys of order >= 2 seen fewer times back off (default 5)")
-    p.add_argument("--prior", type=_number, default=5.0, help="shrinkage toward the shorter key, in pseudo-occurrences (default 5)")
-    p.add_argument("--holdout", type=_number, default=0.2, help="fraction of pilot sequences held out for the check (default 0.2; 0: none)")
+    p.add_argument("--prior", type=number, default=5.0, help="shrinkage toward the shorter key, in pseudo-occurrences (default 5)")
+    p.add_argument("--holdout", type=number, default=0.2, help="fraction of pilot sequences held out for the check (default 0.2; 0: none)")
     p.add_argument("--seed", type=int, default=0, help="chooses the held-out sequences (default 0)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("schedule", help="domain-mixture schedule (.json) from a fitted pilot whose probe is labelled by domain; prints its enrichment")
@@ -49,38 +49,16 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--run", required=True, help="the pilot run")
     p.add_argument("--steps", type=int, required=True, help="optimizer steps of the run the schedule is for (1 to 10,000,000)")
     p.add_argument("--out", required=True, help="output file (.json)")
-    p.add_argument("--floor", type=_number, default=0.3, help="share of each step's weight kept at the baseline mixture (default 0.3)")
-    p.add_argument("--temperature", type=_number, default=1.0, help="rates are raised to 1/T (default 1)")
-    p.add_argument("--width", type=_number, default=0.2, help="smoothing of each learning event, decades (default 0.2)")
-    p.add_argument("--lead", type=_number, default=0.0, help="decades to look ahead (default 0)")
-    p.add_argument("--time-scale", type=_number, default=1.0, help="pilot steps per training step (default 1)")
-    p.add_argument("--base", type=_number, nargs="+", help="baseline mixture, one weight per domain in the probe's order, rescaled to sum to 1 (default equal)")
+    p.add_argument("--floor", type=number, default=0.3, help="share of each step's weight kept at the baseline mixture (default 0.3)")
+    p.add_argument("--temperature", type=number, default=1.0, help="rates are raised to 1/T (default 1)")
+    p.add_argument("--width", type=number, default=0.2, help="smoothing of each learning event, decades (default 0.2)")
+    p.add_argument("--lead", type=number, default=0.0, help="decades to look ahead (default 0)")
+    p.add_argument("--time-scale", type=number, default=1.0, help="pilot steps per training step (default 1)")
+    p.add_argument("--base", type=number, nargs="+", help="baseline mixture, one weight per domain in the probe's order, rescaled to sum to 1 (default equal)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("show", help="what a learnability table holds and how well it predicted held-out pilot tokens")
     p.add_argument("table", help="a .npz written by `tokdyn curriculum build`")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-class _Given(float):
-    """A number option's value that keeps the text the user typed, to echo it in an error."""
-
-    text: str
-
-
-def _number(text: str) -> float:
-    """``type=`` of the number options: a float that remembers its text (ValueError: argparse's
-    usage error, as ``type=float`` gives)."""
-    v = _Given(text)
-    v.text = text
-    return v
-
-
-_number.__name__ = "float"  # argparse names the type in its error: "invalid float value: 'x'"
-
-
-def _shown(v) -> str:
-    """A number as the user typed it (``1e308``, ``-1``, ``inf``), or as Python writes it."""
-    return getattr(v, "text", None) or str(v)
 
 
 def _option_checks() -> dict:
@@ -111,15 +89,15 @@ def check_options(args: argparse.Namespace) -> None:
     for dest, (words, ok) in _option_checks().items():
         v = getattr(args, dest, None)
         if v is not None and not ok(v):
-            raise InputError(f"--{dest.replace('_', '-')} must be {words}, got {_shown(v)}")
+            raise InputError(f"--{dest.replace('_', '-')} must be {words}, got {shown(v)}")
     base = getattr(args, "base", None)
     if base is not None and not (all(math.isfinite(w) and w >= 0 for w in base) and 0 < sum(base) < math.inf):
-        raise InputError(f"--base must be finite weights >= 0 with a positive (finite) sum, got {' '.join(_shown(w) for w in base)}")
+        raise InputError(f"--base must be finite weights >= 0 with a positive (finite) sum, got {' '.join(shown(w) for w in base)}")
     for dest, v in list(vars(args).items()):  # plain floats from here on (into configs, JSON and files)
-        if isinstance(v, _Given):
+        if isinstance(v, Given):
             setattr(args, dest, float(v))
     if base is not None:
-        args.base_text = " ".join(_shown(w) for w in base)
+        args.base_text = " ".join(shown(w) for w in base)
         args.base = [float(w) for w in base]
 
 
@@ -241,7 +219,7 @@ def _x(v: float) -> str:
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("store", help="store holding both runs (one probe)")
     parser.add_argument("--run", action="append", required=True, metavar="NAME", help="give twice: --run A --run B (shift = B - A)")
-    parser.add_argument("--tolerance", type=_number, default=0.05, help="decades a token must move to count as earlier/later (default 0.05)")
+    parser.add_argument("--tolerance", type=number, default=0.05, help="decades a token must move to count as earlier/later (default 0.05)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -251,7 +229,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if len(args.run) != 2:
         raise InputError(f"give exactly two runs (--run A --run B), got {len(args.run)}")
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
-        raise InputError(f"--tolerance must be a finite number of decades >= 0, got {_shown(args.tolerance)}")
+        raise InputError(f"--tolerance must be a finite number of decades >= 0, got {shown(args.tolerance)}")
     res = compare_runs(store_path(args.store), args.run[0], args.run[1], tolerance=float(args.tolerance))
     if args.json:
         print_json(res)

@@ -792,7 +792,7 @@ def _run_distributed(tasks, client, address: str, progress: bool) -> None:
     futures = client.compute(tasks)
     bar = _bar(len(tasks), progress)
     try:
-        with _watched(client, address):
+        with _watched(client, address, futures):
             for fut in as_completed(futures):
                 fut.result()  # re-raises a task's error here
                 bar.update(1)
@@ -822,21 +822,29 @@ CLUSTER_WATCH_INTERVAL = 2.0
 
 
 @contextlib.contextmanager
-def _watched(client, address: str):
+def _watched(client, address: str, futures):
     """While the fit waits for its blocks: a warning each time the cluster comes to fit none
     (:func:`_cluster_stall`). dask holds the blocks left until it can, for good and without a
     word: a cluster that lost its last worker mid-fit (one without a nanny, a preempted batch
     job), whose workers were all paused by their memory limit, or whose scheduler stopped
     answering waited silently; only a scheduler without workers when the fit began was said.
-    The fit goes on waiting (an adaptive cluster starts its workers when blocks are queued)."""
+    The fit goes on waiting (an adaptive cluster starts its workers when blocks are queued).
+    A warning made an error (``python -W error``) cancels ``futures`` and is the fit's error."""
     stop = threading.Event()
+    raised: list[Warning] = []
 
     def watch() -> None:
         said = None
         while True:
             why = _cluster_stall(client, address)
             if why is not None and why != said and not stop.is_set():  # (never after the wait, from a look still in flight)
-                warnings.warn(f"{why} (Ctrl-C stops it; the blocks done are kept)", RuntimeWarning, stacklevel=2)
+                try:
+                    warnings.warn(f"{why} (Ctrl-C stops it; the blocks done are kept)", RuntimeWarning, stacklevel=2)
+                except Warning as exc:  # -W error: raised in this thread, it printed a traceback and the fit waited on
+                    raised.append(exc)
+                    with contextlib.suppress(Exception):
+                        client.cancel(futures)  # the wait ends, with the warning as its error (below)
+                    return
             said = why
             if stop.wait(CLUSTER_WATCH_INTERVAL):
                 return
@@ -845,6 +853,10 @@ def _watched(client, address: str):
     t.start()
     try:
         yield
+    except BaseException:
+        if raised:
+            raise raised[0] from None
+        raise
     finally:
         stop.set()
         t.join(1.0)  # a look in flight at a scheduler that does not answer ends at its deadline, on its own
