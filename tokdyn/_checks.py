@@ -151,6 +151,15 @@ def log_tie(values) -> int | None:
     return int(pos[same[0]]) if same.size else None
 
 
+def axis_tie(values) -> int | None:
+    """The first ``i`` where the increasing numbers ``values[i]`` and ``values[i + 1]`` (steps,
+    tokens seen) give one float64 axis value (past 2**53: 2**53 and 2**53 + 1), else the first
+    :func:`log_tie` of those axis values, else None: a pair a fit's log axis cannot tell apart."""
+    a = np.asarray(values, dtype=np.float64)
+    same = np.flatnonzero(np.diff(a) == 0)
+    return int(same[0]) if same.size else log_tie(a)
+
+
 # numba's threading layers by name (NUMBA_THREADING_LAYER): a specific one, or a kind it picks from
 NUMBA_LAYERS = ("default", "safe", "forksafe", "threadsafe", "tbb", "omp", "workqueue")
 

@@ -364,10 +364,12 @@ def axis_run_problem(run: Run, axis: str, runs: list[str] | None = None) -> str 
     for s, n in zip(sources, names):
         then = s.get("n_committed") if isinstance(s, dict) else None
         lacks = [key for key in ("n_committed", "run_id") if key not in s] if isinstance(s, dict) else []
-        if lacks and isinstance(n, str) and _legacy_source_now(run.store, s) is not None:
+        if lacks:
             # assembled before sources recorded their rows (tokdyn before 2026-12-04) or their ids
             # (before 2026-12-05): a source recorded further, or deleted and recorded again, went
             # unseen, and the old axis was used as current without a word
+            if _legacy_source_now(run.store, s) is None:  # none to compare: the axis's own rows
+                continue
             what = "row count" if "n_committed" in lacks else "id"
             return (f"it was assembled by an earlier tokdyn, which recorded no {what} of its source run {n!r}: "
                     "whether that run changed since cannot be told")  # fmt: skip

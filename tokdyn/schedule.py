@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ._checks import INT64_MAX, as_values, check_count, is_int, is_whole, log_tie
+from ._checks import INT64_MAX, as_values, check_count, axis_tie, is_int, is_whole
 from ._text import shown
 from .errors import InputError
 
@@ -65,11 +65,10 @@ def explicit_schedule(steps: Iterable[int]) -> np.ndarray:
         raise InputError("schedule has duplicate steps")
     # steps a fit's log axis cannot tell apart (2**53 and 2**53 + 1: one float64; 10**15 and
     # 10**15 + 1: one log10): a recorder stopped at the second, or made a run no fit takes
-    axis = steps.astype(np.float64)
-    i = next((int(j) for j in np.flatnonzero(np.diff(axis) == 0)), log_tie(axis))
+    i = axis_tie(steps)
     if i is not None:
         raise InputError(f"schedule steps {int(steps[i])} and {int(steps[i + 1])} are too close to tell apart on a fit's "
-                         f"log axis (log10 = {float(np.log10(axis[i]))!r} both, in float64); leave one of them out")  # fmt: skip
+                         f"log axis (log10 = {float(np.log10(float(steps[i])))!r} both, in float64); leave one of them out")  # fmt: skip
     return steps
 
 

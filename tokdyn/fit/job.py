@@ -121,7 +121,7 @@ def missing_losses(axis_values, axis: str, rows, n_points, nonfinite_rows, n_tok
     if e:
         av = np.asarray(axis_values, np.float64)[rows[empty]]
         last = bool(empty[k - e:].all())
-        noun = {"T": "step", "D": "data budget", "M": "model size"}.get(axis, "axis value")
+        noun = _AXIS_NOUN.get(axis, "axis value")
         named = (_axis_span(axis, av) if last or e == 1 else
                  f"{noun}s {', '.join(f'{v:g}' for v in av[:4])}{', ...' if e > 4 else ''}")  # fmt: skip
         parts.append(f"no loss: {'the last ' if last and e < k else ''}{e:,} of the {k:,} points ({named}) hold no token's loss "
@@ -133,9 +133,12 @@ def missing_losses(axis_values, axis: str, rows, n_points, nonfinite_rows, n_tok
     return ("\n".join(parts) or None), e, m
 
 
+_AXIS_NOUN = {"T": "step", "D": "data budget", "M": "model size"}  # one row's axis value, by axis
+
+
 def _axis_span(axis: str, values: np.ndarray) -> str:
     """'step 0', 'steps 1-8', 'data budget 1e+06', 'model sizes 1e+06-3e+06'."""
-    noun = {"T": "step", "D": "data budget", "M": "model size"}.get(axis, "axis value")
+    noun = _AXIS_NOUN.get(axis, "axis value")
     lo, hi = float(values.min()), float(values.max())
     return f"{noun} {lo:g}" if lo == hi else f"{noun}s {lo:g}-{hi:g}"
 

@@ -92,23 +92,27 @@ class TokdynLightningCallback(pl.Callback):
     def __getstate__(self) -> dict:
         # Lightning pickles the trainer, callbacks included, into every process of a spawn strategy
         # (strategy="ddp_spawn"); pickle failed there on the recorder's lock or on a lambda factory.
-        binding = self._binding
-        if binding.recorder is not None:
-            raise InputError(_unsendable(f"holds the recorder of run {binding.recorder.run_name!r}, which"))
+        self._refuse_if_built()
+        factory = self._binding._factory
         try:
-            _Probe(_Discard()).dump(binding._factory)  # all but the tensors' data, written nowhere
+            _Probe(_Discard()).dump(factory)  # all but the tensors' data, written nowhere
         except Exception as exc:  # noqa: BLE001 - whatever pickle says, said in one line
-            raise InputError(_unsendable(f"was given the recorder factory {_name(binding._factory)}, which ({exc})")) from None
+            raise InputError(_unsendable(f"was given the recorder factory {_name(factory)}, which ({exc})")) from None
         return self.__dict__
 
     def __deepcopy__(self, memo) -> "TokdynLightningCallback":
         # A copy in this process (XLA's launcher deep-copies the trainer): a factory needs no pickling.
-        if self._binding.recorder is not None:
-            raise InputError(_unsendable(f"holds the recorder of run {self._binding.recorder.run_name!r}, which"))
+        self._refuse_if_built()
         new = self.__class__.__new__(self.__class__)
         memo[id(self)] = new
         new.__dict__.update(copy.deepcopy(self.__dict__, memo))
         return new
+
+    def _refuse_if_built(self) -> None:
+        """InputError where this callback holds its built recorder (open store, lock, writer
+        thread), which no copy or pickle of it can take along."""
+        if self._binding.recorder is not None:
+            raise InputError(_unsendable(f"holds the recorder of run {self._binding.recorder.run_name!r}, which"))
 
     @property
     def recorder(self) -> TokenLossRecorder | None:

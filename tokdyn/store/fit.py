@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import uuid
 import warnings
@@ -51,7 +50,7 @@ from .._text import command_line, exact, one_line
 from .._version import __version__, build
 from ..errors import InputError, StoreError
 from .locks import KeyLock, owner_state, remove_stale_partials
-from .schema import NOT_DAMAGE, compressor, damage, folders, has_keys, join, jsonable, operation, position_crc, utc_now
+from .schema import NOT_DAMAGE, compressor, damage, folders, has_keys, join, jsonable, one_operation, position_crc, utc_now
 
 if TYPE_CHECKING:
     from .run import Run
@@ -66,17 +65,9 @@ META = "tokdyn_fit"
 LOCK_KEY = ("commits", "fit.lock")
 
 
-def _one_operation(method):
-    """A public read of a fit as one operation of its run's view (:func:`~tokdyn.store.schema.operation`):
-    the run's id and commit records are read once for all its parts (a read of the fit's groups,
-    its record and the run's rows each read them)."""
-
-    @functools.wraps(method)
-    def read(self, *args, **kwargs):
-        with operation(self._run):
-            return method(self, *args, **kwargs)
-
-    return read
+# a public read of a fit as one operation of its run's view: the run's id and commit records are
+# read once for all its parts (a read of the fit's groups, its record and the run's rows each read them)
+_one_operation = one_operation(lambda fit: fit._run)
 
 
 class FitResults:

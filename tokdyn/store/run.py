@@ -18,7 +18,7 @@ from .._checks import as_array, is_int
 from ..errors import InputError, SchemaVersionError, StoreError, TokdynError
 from .fit import FitResults
 from .locks import LOCK_NAME
-from .schema import AXES, COORDS, LOSS_DTYPES, NOT_DAMAGE, SCHEMA_VERSION, damage, join, operation, operation_state, position_crc
+from .schema import AXES, COORDS, LOSS_DTYPES, NOT_DAMAGE, SCHEMA_VERSION, damage, join, once, one_operation, operation, position_crc
 from .writer import COORD_RECORD, RunWriter, run_meta_crc
 
 if TYPE_CHECKING:
@@ -37,16 +37,9 @@ class _Commit:
     coord_crc: dict  # {row: checksum of the row's per-checkpoint values} (writer 0)
 
 
-def _operation(method):
-    """A public read of a run as one operation of its view (:func:`~tokdyn.store.schema.operation`):
-    the run's id and its commit records are read once for all the reads it is made of."""
-
-    @functools.wraps(method)
-    def read(self, *args, **kwargs):
-        with operation(self):
-            return method(self, *args, **kwargs)
-
-    return read
+# a public read of a run as one operation of its view: the run's id and its commit records are
+# read once for all the reads it is made of
+_operation = one_operation()
 
 
 class Run:
@@ -121,26 +114,20 @@ class Run:
 
     def _require_same_run(self) -> None:
         """:class:`StoreError` when the run is no longer the one this view was opened on; once
-        per operation (:func:`~tokdyn.store.schema.operation`)."""
-        state = operation_state(self)
-        if state is not None and state.get("checked"):
-            return
-        gone = self._gone()
-        if gone is not None:
-            raise StoreError(f"run {self.name!r} in {self.store.url} was {gone} after this view of it was opened: "
-                             f"open it again (store.run({self.name!r}))")
-        if state is not None:
-            state["checked"] = True
+        per operation (:func:`~tokdyn.store.schema.once`)."""
+
+        def check() -> None:
+            gone = self._gone()
+            if gone is not None:
+                raise StoreError(f"run {self.name!r} in {self.store.url} was {gone} after this view of it was opened: "
+                                 f"open it again (store.run({self.name!r}))")
+
+        once(self, "checked", check)
 
     def _commit(self, j: int) -> _Commit:
         """The commit record of token range ``j``, read once in an operation of this view (its
         rows, then the checksums of what it read: 4.6 MB of JSON at 5,000 rows of 77 chunks)."""
-        cache = operation_state(self)
-        if cache is None:
-            return self._read_commit(j)
-        if ("commit", j) not in cache:
-            cache["commit", j] = self._read_commit(j)
-        return cache["commit", j]
+        return once(self, ("commit", j), lambda: self._read_commit(j))
 
     def _read_commit(self, j: int) -> _Commit:
         try:

@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,7 @@ from ..errors import InputError, StoreError, TokdynError
 __all__ = [
     "SCHEMA_VERSION", "STORE_KIND", "LOSS_DTYPES", "AXES", "CODECS", "DEFAULT_TOKEN_CHUNK", "COORD_CHUNK", "INTEGRITY", "COORDS",
     "compressor", "position_crc", "folders", "has_keys", "utc_now", "join", "check_url", "local_url", "check_run_name", "check_writer_ranges", "jsonable",
-    "damage", "check_zarr", "operation", "operation_state",
+    "damage", "check_zarr", "operation", "one_operation", "once",
 ]  # fmt: skip
 
 SCHEMA_VERSION = 1
@@ -227,16 +227,15 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"{type(o).__name__} is not JSON-serialisable")
 
 
-
 # Per thread: the views (by id: a view is pickled to dask's workers, a lock is not) in an
-# operation, each with what that operation has read once for all its parts (operation_state).
+# operation, each with what that operation has read once for all its parts (once).
 _OPERATIONS = threading.local()
 
 
 @contextlib.contextmanager
 def operation(view: object) -> Iterator[dict]:
     """One operation of ``view`` (a store or run view: a public read, and the reads it is made
-    of): yields its state, what it has read once for all its parts (:func:`operation_state`).
+    of): yields its state, what it has read once for all its parts (:func:`once`).
     Its first check that the view is still what it was opened on records ``"checked"`` there,
     and the later ones inside it read nothing: ``Run.info`` read the run's id 4 times and its
     commit record 8 times (its rows, the fit's record, its summary), a read of a fit slice the
@@ -254,6 +253,30 @@ def operation(view: object) -> Iterator[dict]:
         del views[id(view)]
 
 
-def operation_state(view: object) -> dict | None:
-    """The state of the operation of ``view`` in progress in this thread (:func:`operation`), or None."""
-    return getattr(_OPERATIONS, "views", {}).get(id(view))
+def one_operation(view: Callable[[Any], object] = lambda self: self):
+    """A decorator: each call of the method is one :func:`operation` of ``view(self)`` (the
+    object itself; a fit's, its run), so the reads it is made of read the run's id and commit
+    records once."""
+
+    def decorate(method):
+        @functools.wraps(method)
+        def read(self, *args, **kwargs):
+            with operation(view(self)):
+                return method(self, *args, **kwargs)
+
+        return read
+
+    return decorate
+
+
+def once(view: object, key: Any, read: Callable[[], Any]) -> Any:
+    """``read()``, once in an :func:`operation` of ``view`` in this thread: kept in its state
+    under ``key`` for the later calls inside it (``"checked"``: the view is still what it was
+    opened on; a commit record); outside one, read at every call. A read that raises keeps
+    nothing (the next one inside reads again)."""
+    state = getattr(_OPERATIONS, "views", {}).get(id(view))
+    if state is None:
+        return read()
+    if key not in state:
+        state[key] = read()
+    return state[key]

@@ -80,8 +80,8 @@ from .schema import (
     has_keys,
     join,
     jsonable,
+    once,
     operation,
-    operation_state,
     utc_now,
 )
 
@@ -410,14 +410,13 @@ class TrajectoryStore:
         """:class:`StoreError` when the store at :attr:`url` is no longer the one this object
         opened (:meth:`_replaced`); once per operation (:func:`~tokdyn.store.schema.operation`:
         ``info`` read the store's metadata once for itself, once for its probe and once for each run)."""
-        state = operation_state(self)
-        if state is not None and state.get("checked"):
-            return
-        what = self._replaced()
-        if what is not None:
-            raise StoreError(f"{self.url} was {what}: open it again (tokdyn.open_store({self.url!r}))")
-        if state is not None:
-            state["checked"] = True
+
+        def check() -> None:
+            what = self._replaced()
+            if what is not None:
+                raise StoreError(f"{self.url} was {what}: open it again (tokdyn.open_store({self.url!r}))")
+
+        once(self, "checked", check)
 
     @property
     def probe(self) -> ProbeSet:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._checks import is_int, is_real, log_tie
+from ..._checks import axis_tie, is_int, is_real
 from ...errors import InputError
 from ...store import AXES
 from ..._files import check_regular
@@ -725,7 +725,7 @@ def order_refs(refs: Sequence[CheckpointRef], axis: str, where: str) -> list[Che
     # import-npz know theirs): steps past 2**53 whose float64 values tie stopped the recording at
     # the second, its rows before kept; a log10 tie was recorded whole, and no fit could use it.
     values = np.array([float(getattr(r, key)) for r in refs])
-    tie = next((i for i in range(len(values) - 1) if values[i] == values[i + 1]), log_tie(values))
+    tie = axis_tie(values)
     if tie is not None:
         a, b = refs[tie], refs[tie + 1]
         why = (f"one float64 axis value ({float(values[tie])!r})" if values[tie] == values[tie + 1] else
